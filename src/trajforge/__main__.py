@@ -1,0 +1,3 @@
+from trajforge.cli import main
+
+raise SystemExit(main())

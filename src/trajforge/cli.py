@@ -1,0 +1,238 @@
+"""Command line: flags (SPEC section 2) -> one validated RunConfig -> the runner. No run logic here.
+
+Every flag accepts `--a_b=v`, `--a_b v` and `--a-b v`. Errors are one line naming the flag, the
+value and what is allowed, with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+from trajforge import __version__
+from trajforge.config import RunConfig, build_config
+from trajforge.errors import TrajforgeError, UsageError
+
+# (flag, kind, help). kind: "str" | "int" | "float" | "bool" | "path" | "csv". Defaults come from RunConfig.
+FLAGS: list[tuple[str, str, str]] = [
+    ("dataset_file", "path", "JSONL dataset path (required)"),
+    ("batch_size", "int", "prompts per batch: one batch_N.jsonl per batch (required for batch_runner.py)"),
+    ("run_name", "str", "run name: output goes to <output_dir>/<run_name>/ (required for batch_runner.py)"),
+    ("distribution", "str", "toolset distribution to sample from (see --list_distributions)"),
+    ("model", "str", "model name; 'local' or 'local:/path/model.gguf' runs a GGUF model in-process"),
+    ("base_url", "str", "OpenAI-compatible API base URL (default: https://openrouter.ai/api/v1, or the "
+                        "local model when no API key is set)"),
+    ("api_key", "str", "API key (default: $OPENROUTER_API_KEY, then $OPENAI_API_KEY)"),
+    ("max_turns", "int", "max tool-calling iterations per prompt"),
+    ("num_workers", "int", "agent sessions in flight at once"),
+    ("parallelism", "int", "same as --num_workers"),
+    ("resume", "bool", "resume the run: skip finished samples, retry failed ones"),
+    ("overwrite", "bool", "delete an existing run directory of this name and start over"),
+    ("verbose", "bool", "log every step of every sample, and print the resolved configuration"),
+    ("max_samples", "int", "only the first N valid samples of the dataset"),
+    ("max_tokens", "int", "max tokens per model response (default: the model's)"),
+    ("providers_allowed", "csv", "comma-separated providers allowed (OpenRouter routing)"),
+    ("providers_ignored", "csv", "comma-separated providers to ignore (OpenRouter routing)"),
+    ("providers_order", "csv", "comma-separated preferred provider order (OpenRouter routing)"),
+    ("provider_sort", "str", "sort providers by: price, throughput or latency"),
+    ("reasoning_effort", "str", "none, minimal, low, medium, high or xhigh"),
+    ("reasoning_disabled", "bool", "disable reasoning/thinking tokens entirely"),
+    ("ephemeral_system_prompt", "str", "system prompt used at run time but never saved"),
+    ("log_prefix_chars", "int", "characters shown in log previews"),
+    ("prefill_messages_file", "path", "JSON file with a list of {role, content} few-shot messages"),
+    ("list_distributions", "bool", "print every distribution and exit"),
+    ("config", "path", "YAML config file; command-line flags override it"),
+    ("output_dir", "path", "parent directory of run directories"),
+    ("timeout", "float", "wall-clock seconds per sample before it is killed (default: none)"),
+    ("tool_timeout", "float", "seconds per terminal command"),
+    ("request_timeout", "float", "seconds per model request"),
+    ("max_retries", "int", "retries per model request on 429/5xx/timeouts"),
+    ("seed", "int", "seed of toolset sampling"),
+    ("skip_invalid", "bool", "skip (and count) invalid dataset lines instead of refusing to start"),
+    ("keep_no_reasoning", "bool", "keep samples with no reasoning (dropped by default)"),
+    ("keep_workspaces", "bool", "keep each sample's workspace directory after it ends"),
+    ("sandbox", "str", "auto, local, bwrap or container"),
+    ("sandbox_network", "str", "on or none: network inside bwrap/container sandboxes"),
+    ("max_sandboxes", "int", "containers being created at once"),
+    ("local_instances", "int", "model instances of the local backend"),
+    ("executor", "str", "local or ray"),
+    ("ray_address", "str", "Ray cluster address (default: start a local Ray instance)"),
+]
+_FLAG_NAMES = [f for f, _, _ in FLAGS]
+_PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "path": Path, "str": str, "csv": str}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _typed(kind: str, flag: str) -> Callable[[str], Any]:
+    convert = _PARSERS[kind]
+    allowed = {"int": "a whole number", "float": "a number"}.get(kind, "a value")
+
+    def parse(text: str) -> Any:
+        try:
+            return convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be {allowed}") from None
+
+    parse.__name__ = flag
+    return parse
+
+
+def _default_text(name: str) -> str:
+    field = RunConfig.model_fields.get(name)
+    if field is None or field.default in (None, False) or name in ("base_url",):
+        return ""
+    return f" [default: {field.default}]"
+
+
+def make_parser(prog: str) -> _Parser:
+    parser = _Parser(prog=prog, description="Run a tool-using agent over a JSONL dataset.",
+                     argument_default=argparse.SUPPRESS, allow_abbrev=False)
+    for name, kind, help_text in FLAGS:
+        opts = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
+        if kind == "bool":
+            parser.add_argument(*opts, dest=name, action="store_true", help=help_text)
+        else:
+            parser.add_argument(*opts, dest=name, type=_typed(kind, name), metavar=kind.upper(),
+                                help=help_text + _default_text(name))
+    parser.add_argument("--version", action="version", version=f"trajforge {__version__}")
+    return parser
+
+
+def _reject_unknown(prog: str, unknown: list[str]) -> None:
+    for arg in unknown:
+        if arg.startswith("--"):
+            name = arg[2:].split("=", 1)[0].replace("-", "_")
+            close = difflib.get_close_matches(name, _FLAG_NAMES, n=1)
+            hint = f"; did you mean --{close[0]}?" if close else "; see --help"
+            raise UsageError(f"unknown flag --{arg[2:].split('=', 1)[0]}{hint}")
+        raise UsageError(f"unexpected argument {arg!r}; flags look like --name=value (see --help)")
+
+
+def parse_run_args(argv: list[str], prog: str, *, strict_required: bool) -> tuple[RunConfig | None, dict[str, Any]]:
+    """Parse run flags into a RunConfig. Returns (None, flags) for --list_distributions."""
+    parser = make_parser(prog)
+    ns, unknown = parser.parse_known_args(argv)
+    _reject_unknown(prog, unknown)
+    values = vars(ns)
+    config_file = values.pop("config", None)
+    if "parallelism" in values:
+        values["num_workers"] = values.pop("parallelism")
+    list_only = values.pop("list_distributions", False)
+    config = build_config(values, config_file)
+    if list_only:
+        return None, {"config": config}
+    missing = [f for f in ("dataset_file", "batch_size", "run_name")
+               if getattr(config, f) is None and (strict_required or f == "dataset_file")]
+    if missing:
+        raise UsageError(f"missing required flag --{missing[0]} (give it on the command line or in --config)")
+    if config.run_name is None:
+        config.run_name = config.dataset_file.stem  # type: ignore[union-attr]
+    if config.batch_size is None:
+        config.batch_size = 100
+    return config, values
+
+
+def _cmd_run(argv: list[str], prog: str, strict_required: bool) -> int:
+    config, extra = parse_run_args(argv, prog, strict_required=strict_required)
+    if config is None:
+        return _print_distributions(extra["config"])
+    from trajforge.runner.main import run
+
+    return run(config)
+
+
+def _print_distributions(config: RunConfig) -> int:
+    from trajforge.tools.distributions import format_distributions
+
+    print(format_distributions(config.all_distributions()))
+    return 0
+
+
+def _cmd_distributions(argv: list[str]) -> int:
+    parser = _Parser(prog="trajforge distributions", description="List the toolset distributions.")
+    parser.add_argument("--config", type=Path, help="YAML config file with custom distributions")
+    ns = parser.parse_args(argv)
+    return _print_distributions(build_config({}, ns.config))
+
+
+def _cmd_validate(argv: list[str]) -> int:
+    parser = _Parser(prog="trajforge validate", description="Check a dataset file and report problems.")
+    parser.add_argument("--dataset_file", "--dataset-file", type=Path, required=True)
+    parser.add_argument("--skip_invalid", "--skip-invalid", action="store_true")
+    ns = parser.parse_args(argv)
+    from trajforge.dataset import load_dataset
+
+    ds = load_dataset(ns.dataset_file, skip_invalid=ns.skip_invalid)
+    dup = len(ds.samples) - len({s.identity.split(":")[0] for s in ds.samples})
+    print(f"{ns.dataset_file}: {len(ds.samples)} valid samples, {dup} duplicate prompts, "
+          f"{len(ds.skipped)} invalid lines skipped")
+    return 0
+
+
+def _subcommands() -> dict[str, Callable[[list[str]], int]]:
+    cmds: dict[str, Callable[[list[str]], int]] = {
+        "run": lambda a: _cmd_run(a, "trajforge run", strict_required=False),
+        "distributions": _cmd_distributions,
+        "validate": _cmd_validate,
+    }
+    for name, target in (("doctor", "trajforge.sandbox.doctor"), ("compress", "trajforge.compress.cli"),
+                         ("scheduler", "trajforge.executors.ray_cli"), ("worker", "trajforge.executors.ray_cli")):
+        cmds[name] = _lazy(target, name)
+    return cmds
+
+
+def _lazy(module: str, name: str) -> Callable[[list[str]], int]:
+    def call(argv: list[str]) -> int:
+        import importlib
+
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            raise UsageError(f"'trajforge {name}' is not available: {e}") from None
+        return mod.main(argv) if name != "worker" and name != "scheduler" else getattr(mod, f"{name}_main")(argv)
+
+    return call
+
+
+def _run_guarded(fn: Callable[[], int]) -> int:
+    try:
+        return fn()
+    except TrajforgeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cmds = _subcommands()
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: trajforge {" + ",".join(cmds) + "} [flags]   (trajforge run --help for run flags)")
+        print("       trajforge --version")
+        return 0 if argv else 2
+    if argv[0] == "--version":
+        print(f"trajforge {__version__}")
+        return 0
+    if argv[0] not in cmds:
+        if argv[0].startswith("--"):  # `trajforge --dataset_file=...` behaves like batch_runner.py
+            return batch_runner_main(argv)
+        close = difflib.get_close_matches(argv[0], list(cmds), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        print(f"trajforge: error: unknown command {argv[0]!r}{hint} (commands: {', '.join(cmds)})", file=sys.stderr)
+        return 2
+    return _run_guarded(lambda: cmds[argv[0]](argv[1:]))
+
+
+def batch_runner_main(argv: list[str] | None = None) -> int:
+    """`python batch_runner.py --flag=value ...`: the reference interface, required flags enforced."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return _run_guarded(lambda: _cmd_run(argv, "batch_runner.py", strict_required=True))

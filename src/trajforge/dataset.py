@@ -1,0 +1,127 @@
+"""The dataset contract: streaming JSONL reading, validation, and stable sample identity.
+
+A sample's identity is a hash of the content that decides how it runs (prompt, container image,
+cwd, task_type) plus its occurrence number among identical rows. Resume matches finished work by
+identity, so a reordered dataset resumes correctly and duplicate prompts stay distinct samples.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from trajforge.errors import DatasetError
+
+MAX_LISTED_PROBLEMS = 20
+_RUN_FIELDS = ("image", "cwd", "task_type")
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    index: int  # position among the valid samples: the prompt_index of its trajectory
+    line: int  # 1-based line number in the dataset file
+    prompt: str
+    identity: str  # "<content hash>:<occurrence>"
+    image: str | None = None
+    cwd: str | None = None
+    task_type: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class LoadedDataset:
+    path: Path
+    samples: list[Sample]
+    skipped: list[str]  # problems of rows skipped with --skip_invalid
+
+
+def content_hash(prompt: str, image: str | None, cwd: str | None, task_type: str | None) -> str:
+    canon = orjson.dumps({"prompt": prompt, "image": image, "cwd": cwd, "task_type": task_type},
+                         option=orjson.OPT_SORT_KEYS)
+    return hashlib.blake2b(canon, digest_size=12).hexdigest()
+
+
+def _check_row(obj: Any) -> tuple[str | None, dict[str, Any]]:
+    """Return (problem, run fields) for one decoded row."""
+    if not isinstance(obj, dict):
+        return f"expected a JSON object, got {type(obj).__name__}", {}
+    if "prompt" not in obj:
+        return "field 'prompt' is missing", {}
+    prompt = obj["prompt"]
+    if not isinstance(prompt, str):
+        return f"field 'prompt' must be a string, got {type(prompt).__name__}", {}
+    if not prompt.strip():
+        return "field 'prompt' is empty", {}
+    if "image" in obj and "docker_image" in obj and obj["image"] != obj["docker_image"]:
+        return "fields 'image' and 'docker_image' disagree; give one", {}
+    fields = {"image": obj.get("image", obj.get("docker_image")), "cwd": obj.get("cwd"),
+              "task_type": obj.get("task_type")}
+    for name, value in fields.items():
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            shown = "docker_image" if name == "image" and "docker_image" in obj else name
+            return f"field '{shown}' must be a non-empty string", {}
+    if fields["cwd"] is not None and not fields["cwd"].startswith("/") and fields["image"] is not None:
+        return "field 'cwd' must be an absolute path inside the image", {}
+    return None, fields
+
+
+def iter_rows(path: Path) -> Iterator[tuple[int, Any, str | None]]:
+    """Yield (line number, decoded object or None, problem) for every non-blank line."""
+    try:
+        f = path.open("rb")
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: dataset file not found") from None
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot read dataset file: {e.strerror or e}") from None
+    with f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield lineno, None, f"invalid UTF-8 at byte {e.start}"
+                continue
+            try:
+                yield lineno, orjson.loads(raw), None
+            except orjson.JSONDecodeError as e:
+                yield lineno, None, f"invalid JSON: {e}"
+
+
+def load_dataset(path: Path, *, skip_invalid: bool = False, max_samples: int | None = None) -> LoadedDataset:
+    """Read and validate the whole dataset, assigning identities; raise DatasetError on bad input."""
+    if path.is_dir():
+        raise DatasetError(f"{path}: is a directory, expected a JSONL file")
+    samples: list[Sample] = []
+    problems: list[str] = []
+    seen: Counter[str] = Counter()
+    for lineno, obj, problem in iter_rows(path):
+        if problem is None:
+            problem, fields = _check_row(obj)
+        if problem is not None:
+            problems.append(f"{path}:{lineno}: {problem}")
+            continue
+        if max_samples is not None and len(samples) >= max_samples:
+            continue  # still validate the rest, so a bad file is reported whole
+        h = content_hash(obj["prompt"], fields["image"], fields["cwd"], fields["task_type"])
+        occurrence = seen[h]
+        seen[h] += 1
+        extra = {k: v for k, v in obj.items() if k not in ("prompt", "image", "docker_image", *_RUN_FIELDS)}
+        samples.append(Sample(len(samples), lineno, obj["prompt"], f"{h}:{occurrence}", extra=extra, **fields))
+    if problems and not skip_invalid:
+        listed = problems[:MAX_LISTED_PROBLEMS]
+        more = len(problems) - len(listed)
+        if more:
+            listed.append(f"... and {more} more")
+        raise DatasetError(
+            f"{path}: {len(problems)} invalid line(s); fix them or pass --skip_invalid to skip them", listed
+        )
+    if not samples:
+        raise DatasetError(f"{path}: no samples: the file is empty or every line was invalid")
+    return LoadedDataset(path, samples, problems)

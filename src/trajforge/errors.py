@@ -1,0 +1,45 @@
+"""The run-fatal exception tree.
+
+Only problems that must stop a whole run live here (bad config, bad dataset, auth, disk).
+A failed *sample* is data, recorded by the runner, never an exception that escapes it.
+"""
+
+from __future__ import annotations
+
+
+class TrajforgeError(Exception):
+    """Base of every error the CLI turns into a clear message and a non-zero exit."""
+
+    exit_code = 1
+
+
+class UsageError(TrajforgeError):
+    """A flag or config value is invalid (exit code 2, like argparse)."""
+
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """A YAML config file is unreadable or holds an unknown key or a wrong type."""
+
+
+class DatasetError(TrajforgeError):
+    """The dataset cannot be used; `problems` lists file:line: message entries."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or []
+
+    def __str__(self) -> str:
+        head = super().__str__()
+        if not self.problems:
+            return head
+        return head + "\n" + "\n".join(f"  {p}" for p in self.problems)
+
+
+class RunStateError(TrajforgeError):
+    """The run directory is locked, or already holds results and --resume was not given."""
+
+
+class FatalModelError(TrajforgeError):
+    """The model API refuses us for good (bad key, no permission): stop before burning the dataset."""

@@ -1,0 +1,74 @@
+"""Typed values that cross the model boundary, and the ModelClient protocol the agent uses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # raw JSON text as the model wrote it; the agent parses and validates it
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost: float = 0.0
+
+    def add(self, other: Usage) -> None:
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        self.reasoning_tokens += other.reasoning_tokens
+        self.cost += other.cost
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "reasoning_tokens": self.reasoning_tokens, "cost": round(self.cost, 8)}
+
+
+@dataclass(slots=True)
+class Completion:
+    """One assistant response, normalised from whatever shape the provider used."""
+
+    content: str  # visible text, with <think>/<tool_call> blocks already removed
+    reasoning: str | None  # from reasoning / reasoning_content / reasoning_details / <think>
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: Usage = field(default_factory=Usage)
+
+
+class ModelClient(Protocol):
+    """What the agent loop needs from a model: one chat completion with tools offered."""
+
+    model_name: str
+
+    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
+        """Return one completion. Raises trajforge.model.errors.ModelCallError subclasses."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSettings:
+    """The part of the run configuration a model client needs (the model never sees RunConfig)."""
+
+    model: str
+    base_url: str | None = None  # None: the default remote URL, or the local model without a key
+    api_key: str | None = None  # explicit --api_key; environment lookup happens in the factory
+    max_tokens: int | None = None
+    request_timeout: float = 600.0
+    max_retries: int = 5
+    temperature: float | None = None
+    providers_allowed: list[str] | None = None
+    providers_ignored: list[str] | None = None
+    providers_order: list[str] | None = None
+    provider_sort: str | None = None
+    reasoning_effort: str | None = None
+    reasoning_disabled: bool = False
+    local_instances: int = 1

@@ -1,0 +1,1 @@
+"""Isolated per-sample environments: the Sandbox protocol and its backends."""

@@ -1,0 +1,85 @@
+"""Named toolset distributions and the seeded per-sample sampler (SPEC section 4).
+
+A distribution gives each toolset an independent probability in percent. Sampling flips each
+toolset on its own, then guarantees at least one: the highest-probability toolset. The random
+stream is seeded from the run seed and the sample identity, so a retried or resumed sample
+gets exactly the toolsets it had before, whatever the order samples run in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass, field
+
+TOOLSETS: tuple[str, ...] = ("web", "vision", "image_gen", "terminal", "file", "moa", "browser")
+
+
+@dataclass(frozen=True, slots=True)
+class Distribution:
+    name: str
+    description: str
+    probabilities: dict[str, float] = field(default_factory=dict)
+
+    def primary(self) -> str:
+        """The toolset guaranteed when no flip succeeds: highest probability, first listed on ties."""
+        return max(self.probabilities.items(), key=lambda kv: kv[1])[0]
+
+
+def _d(name: str, description: str, **probs: float) -> Distribution:
+    return Distribution(name, description, dict(probs))
+
+
+BUILTIN: dict[str, Distribution] = {
+    d.name: d
+    for d in (
+        _d("default", "all tools, all the time", web=100, vision=100, image_gen=100,
+           terminal=100, file=100, moa=100, browser=100),
+        _d("image_gen", "image generation with vision and web support",
+           image_gen=90, vision=90, web=55, terminal=45, moa=10),
+        _d("research", "web research with vision analysis and reasoning",
+           web=90, browser=70, vision=50, moa=40, terminal=10),
+        _d("science", "scientific research", web=94, terminal=94, file=94, vision=65,
+           browser=50, image_gen=15, moa=10),
+        _d("development", "terminal, files, reasoning, occasional web",
+           terminal=80, file=80, moa=60, web=30, vision=10),
+        _d("safe", "everything except terminal", web=80, browser=70, vision=60,
+           image_gen=60, moa=50),
+        _d("balanced", "equal probability of all toolsets", web=50, vision=50, image_gen=50,
+           terminal=50, file=50, moa=50, browser=50),
+        _d("minimal", "only web tools", web=100),
+        _d("terminal_only", "terminal and file tools", terminal=100, file=100),
+        _d("terminal_web", "terminal and file with web search", terminal=100, file=100, web=100),
+        _d("creative", "image generation and vision", image_gen=90, vision=90, web=30),
+        _d("reasoning", "heavy reasoning, few tools", moa=90, web=30, terminal=20),
+        _d("browser_use", "full browser interaction", browser=100, web=80, vision=70),
+        _d("browser_only", "only browser automation", browser=100),
+        _d("browser_tasks", "browser-focused", browser=97, vision=12, terminal=15),
+        _d("terminal_tasks", "terminal-focused, occasional others", terminal=97, file=97,
+           web=97, browser=75, vision=50, image_gen=10),
+        _d("mixed_tasks", "browser, terminal and file heavy", browser=92, terminal=92, file=92,
+           web=35, vision=15, image_gen=15),
+    )
+}
+
+
+def all_distributions(custom: dict[str, Distribution] | None = None) -> dict[str, Distribution]:
+    """Built-in distributions, with config-defined ones added (a custom name may override)."""
+    return {**BUILTIN, **(custom or {})}
+
+
+def sample_toolsets(dist: Distribution, seed: int, identity: str) -> list[str]:
+    """Flip every toolset independently; return the enabled ones in the distribution's order."""
+    digest = hashlib.sha256(f"{seed}\x00{dist.name}\x00{identity}".encode()).digest()
+    rng = random.Random(int.from_bytes(digest[:8], "big"))
+    chosen = [ts for ts, p in dist.probabilities.items() if rng.random() * 100 < p]
+    return chosen or [dist.primary()]
+
+
+def format_distributions(dists: dict[str, Distribution]) -> str:
+    lines = []
+    for d in dists.values():
+        lines.append(f"{d.name}: {d.description}")
+        probs = ", ".join(f"{ts} {p:g}%" for ts, p in d.probabilities.items())
+        lines.append(f"    {probs}")
+    return "\n".join(lines)
