@@ -60,7 +60,7 @@ class ModelSettings:
 
     model: str
     base_url: str | None = None  # None: the default remote URL, or the local model without a key
-    api_key: str | None = None  # explicit --api_key; environment lookup happens in the factory
+    api_key: str | None = field(default=None, repr=False)  # explicit --api_key; env lookup in the factory
     max_tokens: int | None = None
     request_timeout: float = 600.0
     max_retries: int = 5

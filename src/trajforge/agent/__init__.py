@@ -1,0 +1,1 @@
+"""One prompt in, one trajectory out: the agent loop, argument checks, ShareGPT conversion, stats."""

@@ -1,0 +1,122 @@
+"""The agent loop: ask the model, run the tools it calls, feed results back, until it answers.
+
+The loop records each assistant turn with its tool calls and their results as `Turn` values;
+conversion to the saved format happens elsewhere (agent.sharegpt). Messages that exist only at
+run time (ephemeral system prompt, prefill) are sent to the model but never recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from trajforge.agent.args import parse_arguments
+from trajforge.agent.prompts import runtime_system_message
+from trajforge.model.types import Completion, ModelClient, ToolCall, Usage
+from trajforge.tools.base import Tool, ToolContext, ToolInfraError, error, result_failed
+
+log = logging.getLogger("trajforge.agent")
+
+
+@dataclass(slots=True)
+class ToolResult:
+    call: ToolCall
+    result: str
+    failed: bool
+
+
+@dataclass(slots=True)
+class Turn:
+    """One assistant response and the results of the tools it called."""
+
+    content: str
+    reasoning: str | None
+    tool_calls: list[ToolCall]
+    results: list[ToolResult] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+@dataclass(slots=True)
+class SessionResult:
+    prompt: str
+    tools: list[dict[str, Any]]  # schemas offered to the model
+    turns: list[Turn]
+    completed: bool
+    partial: bool
+    api_calls: int
+    usage: Usage
+    end_reason: str  # "answer" | "length" | "max_turns"
+
+
+def _assistant_message(c: Completion) -> dict[str, Any]:
+    msg: dict[str, Any] = {"role": "assistant", "content": c.content or ""}
+    if c.tool_calls:
+        msg["tool_calls"] = [
+            {"id": tc.id, "type": "function", "function": {"name": tc.name, "arguments": tc.arguments or "{}"}}
+            for tc in c.tool_calls
+        ]
+    return msg
+
+
+async def call_tool(call: ToolCall, tools: dict[str, Tool], ctx: ToolContext) -> ToolResult:
+    """Run one tool call; anything the model did wrong becomes an error result it can read."""
+    tool = tools.get(call.name)
+    if tool is None:
+        offered = ", ".join(tools) or "none"
+        return ToolResult(call, error(f"unknown tool {call.name!r}; available tools: {offered}"), True)
+    args, problem = parse_arguments(call.arguments, tool.parameters)
+    if problem is not None:
+        return ToolResult(call, error(problem), True)
+    try:
+        result = await tool.run(args, ctx)  # type: ignore[arg-type]
+    except ToolInfraError:
+        raise
+    except Exception as e:  # a tool bug must not kill the sample; the model sees what happened
+        log.exception("tool %s raised", call.name)
+        result = error(f"tool {call.name} failed: {type(e).__name__}: {e}")
+    return ToolResult(call, result, result_failed(result))
+
+
+async def run_session(
+    prompt: str,
+    model: ModelClient,
+    tools: list[Tool],
+    ctx: ToolContext,
+    *,
+    max_turns: int,
+    ephemeral_system_prompt: str | None = None,
+    prefill: list[dict[str, Any]] | None = None,
+    trace: Any = None,
+) -> SessionResult:
+    """Run the loop for one prompt. Model errors propagate (the runner classifies them)."""
+    by_name = {t.name: t for t in tools}
+    schemas = [t.schema() for t in tools]
+    messages: list[dict[str, Any]] = [runtime_system_message(ephemeral_system_prompt), *(prefill or []),
+                                      {"role": "user", "content": prompt}]
+    turns: list[Turn] = []
+    usage = Usage()
+    end_reason = "max_turns"
+    for _ in range(max_turns):
+        completion = await model.complete(messages, schemas)
+        usage.add(completion.usage)
+        turn = Turn(completion.content, completion.reasoning, completion.tool_calls,
+                    finish_reason=completion.finish_reason)
+        turns.append(turn)
+        if trace is not None:
+            trace("model", turn)
+        if completion.finish_reason == "length":
+            end_reason = "length"
+            break
+        if not completion.tool_calls:
+            end_reason = "answer"
+            break
+        messages.append(_assistant_message(completion))
+        for call in completion.tool_calls:  # in order: calls of one step may depend on each other
+            res = await call_tool(call, by_name, ctx)
+            turn.results.append(res)
+            if trace is not None:
+                trace("tool", res)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": res.result})
+    completed = end_reason == "answer"
+    return SessionResult(prompt, schemas, turns, completed, not completed, len(turns), usage, end_reason)

@@ -1,0 +1,43 @@
+"""Build the saved trajectory record of one session (pure).
+
+Key order matters: `prompt_index` then `sample_id` lead every line so resume can read a sample's
+identity from a line's first bytes without decoding the whole conversation.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from trajforge.agent.loop import SessionResult
+from trajforge.agent.sharegpt import conversations
+from trajforge.agent.stats import reasoning_stats, tool_stats
+
+
+def build_record(
+    session: SessionResult,
+    *,
+    prompt_index: int,
+    sample_id: str,
+    batch_num: int,
+    model: str,
+    toolsets_used: list[str],
+    known_tools: tuple[str, ...],
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    stats, errors = tool_stats(session, known_tools)
+    ts = (now or datetime.now(timezone.utc)).replace(microsecond=0, tzinfo=None).isoformat()
+    return {
+        "prompt_index": prompt_index,
+        "sample_id": sample_id,
+        "conversations": conversations(session),
+        "metadata": {"batch_num": batch_num, "timestamp": ts, "model": model},
+        "completed": session.completed,
+        "partial": session.partial,
+        "api_calls": session.api_calls,
+        "toolsets_used": toolsets_used,
+        "tool_stats": stats,
+        "tool_error_counts": errors,
+        "reasoning": reasoning_stats(session),
+        "usage": session.usage.as_dict(),
+    }

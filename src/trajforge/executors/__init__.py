@@ -1,0 +1,1 @@
+"""Where samples run: in this process (local) or on a Ray cluster (ray)."""

@@ -1,0 +1,90 @@
+"""Choosing and building the model client for a run: API-key lookup, local vs remote backend.
+
+This is the one place that reads API keys from the environment, so the lookup order is defined
+once. It decides nothing about announcing a fallback to the local model; `should_use_local`
+only answers the question, and the runner says what it does.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+from trajforge.errors import UsageError
+from trajforge.model.client import DEFAULT_BASE_URL, OpenAIClient
+from trajforge.model.types import ModelClient, ModelSettings
+
+# The CLI's default --model (trajforge.config.DEFAULT_MODEL; a test keeps the two equal). The
+# model package does not import config, which pulls in the tools package.
+DEFAULT_REMOTE_MODEL = "anthropic/claude-sonnet-4.6"
+KEY_ENV_VARS = ("OPENROUTER_API_KEY", "OPENAI_API_KEY")
+NO_KEY_PLACEHOLDER = "no-key"
+
+
+def resolve_api_key(explicit: str | None, environ: Mapping[str, str]) -> str | None:
+    """The API key to use, in this order: the explicit --api_key value, then $OPENROUTER_API_KEY,
+    then $OPENAI_API_KEY. Empty or blank values are skipped. None when no key is found."""
+    candidates = [explicit] + [environ.get(name) for name in KEY_ENV_VARS]
+    for key in candidates:
+        if key and key.strip():
+            return key.strip()
+    return None
+
+
+def is_local_model(model: str) -> bool:
+    """`local` or `local:/path/model.gguf` selects the in-process backend."""
+    return model == "local" or model.startswith("local:")
+
+
+def is_loopback(url: str) -> bool:
+    """True when the URL's host is this machine (localhost, 127.0.0.0/8, ::1)."""
+    try:
+        host = urlsplit(url).hostname
+    except ValueError:
+        return False
+    if not host:
+        return False
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def should_use_local(settings: ModelSettings, environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the run will use the in-process local model.
+
+    Always for `--model local[:path]`. Otherwise only as a fallback: no --base_url, no API key
+    anywhere, and the model is the default one (a user who named a remote model explicitly gets
+    the "no API key" error instead of a silently different model).
+    """
+    if is_local_model(settings.model):
+        return True
+    return (settings.base_url is None and resolve_api_key(settings.api_key, environ) is None
+            and settings.model == DEFAULT_REMOTE_MODEL)
+
+
+def make_client(settings: ModelSettings, environ: Mapping[str, str] = os.environ) -> ModelClient:
+    """Build the client for `settings`: the local backend for `local[:path]`, else OpenAIClient.
+
+    Raises UsageError when a remote (non-loopback) URL has no API key, or when the local
+    backend is asked for but not installed.
+    """
+    if is_local_model(settings.model):
+        try:
+            from trajforge.model.local import LocalModelClient
+        except ImportError as exc:
+            raise UsageError(f"the local model backend is not installed ({exc.msg}); "
+                             "use a remote --model with --base_url / an API key instead") from exc
+        return LocalModelClient(settings)
+    base_url = settings.base_url or DEFAULT_BASE_URL
+    key = resolve_api_key(settings.api_key, environ)
+    if key is None:
+        if not is_loopback(base_url):
+            raise UsageError(f"no API key for {base_url}: pass --api_key or set "
+                             "OPENROUTER_API_KEY / OPENAI_API_KEY")
+        key = NO_KEY_PLACEHOLDER  # local servers (vLLM, llama.cpp) accept any key; the SDK needs one
+    return OpenAIClient(settings, key)

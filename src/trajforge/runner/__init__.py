@@ -1,0 +1,1 @@
+"""The batch job: planning, scheduling, durable output, checkpoint/resume, filters, statistics."""

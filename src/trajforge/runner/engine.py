@@ -1,0 +1,70 @@
+"""The scheduler: `capacity` worker tasks pull samples one at a time and hand outcomes to a sink.
+
+A sample is the unit of work, so a slow prompt never holds others back. Failed attempts are
+retried in-run up to the task type's retry limit. On a stop request workers take no new samples,
+in-flight ones get `grace` seconds, then are cancelled (their sandboxes are closed on the way out).
+A FatalModelError (bad key) stops everything at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+from trajforge.dataset import Sample
+from trajforge.runner.outcome import Outcome
+from trajforge.tools.base import Unavailable
+
+
+class Executor(Protocol):
+    capacity: int
+
+    async def start(self) -> list[Unavailable]: ...
+
+    async def process(self, sample: Sample, attempt: int) -> Outcome: ...
+
+    async def aclose(self) -> None: ...
+
+
+async def run_engine(
+    todo: Iterable[Sample],
+    executor: Executor,
+    sink: Callable[[Outcome], None],
+    retry_limit: Callable[[Sample], int],
+    stop: asyncio.Event,
+    *,
+    grace: float = 5.0,
+) -> bool:
+    """Process every sample of `todo`; return True when interrupted by `stop`."""
+    samples = iter(todo)
+
+    async def worker() -> None:
+        while not stop.is_set():
+            sample = next(samples, None)
+            if sample is None:
+                return
+            limit = retry_limit(sample)
+            attempt = 1
+            while True:
+                outcome = await executor.process(sample, attempt)
+                if outcome.status != "failed" or attempt > limit or stop.is_set():
+                    break
+                attempt += 1
+            sink(outcome)
+
+    async def watch(tasks: list[asyncio.Task[None]]) -> None:
+        stopped = asyncio.ensure_future(stop.wait())
+        finished = asyncio.ensure_future(asyncio.wait(tasks))
+        await asyncio.wait({stopped, finished}, return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set():
+            await asyncio.wait(tasks, timeout=grace)
+            for t in tasks:
+                t.cancel()
+        stopped.cancel()
+        finished.cancel()
+
+    async with asyncio.TaskGroup() as tg:
+        tasks = [tg.create_task(worker(), name=f"worker-{i}") for i in range(max(1, executor.capacity))]
+        tg.create_task(watch(tasks), name="stop-watch")
+    return stop.is_set()

@@ -1,0 +1,210 @@
+"""One invocation of a run, start to end: validate, lock, plan, execute, merge, report.
+
+Everything that can be wrong with the input (dataset, prefill file, model key) is checked before
+the run directory is touched, so bad input never alters existing output. The order of the end
+phase matters: batch files are closed and synced, the checkpoint is saved, then the merge and
+statistics are rebuilt from what is on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from trajforge.config import RunConfig
+from trajforge.dataset import LoadedDataset, Sample, load_dataset
+from trajforge.errors import FatalModelError, UsageError
+from trajforge.jsonio import atomic_write_json, dumps, loads
+from trajforge.runner import store
+from trajforge.runner.checkpoint import Checkpoint
+from trajforge.runner.engine import Executor, run_engine
+from trajforge.runner.merge import merge
+from trajforge.runner.outcome import Outcome
+from trajforge.runner.progress import Progress
+from trajforge.runner.rundir import RunDir
+from trajforge.runner.stats import Totals, render_table
+
+log = logging.getLogger("trajforge")
+
+
+def load_prefill(path: Path | None) -> list[dict[str, Any]] | None:
+    if path is None:
+        return None
+    try:
+        data = loads(path.read_bytes())
+    except OSError as e:
+        raise UsageError(f"--prefill_messages_file: cannot read {path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise UsageError(f"--prefill_messages_file: {path} is not valid JSON: {e}") from None
+    if not isinstance(data, list):
+        raise UsageError(f"--prefill_messages_file: {path} must hold a JSON list of messages")
+    for i, m in enumerate(data):
+        if not (isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
+                and isinstance(m.get("content"), str)):
+            raise UsageError(f"--prefill_messages_file: {path}: message {i} must be an object with role "
+                             "system/user/assistant and a string content")
+    return data
+
+
+def _choose_model(config: RunConfig) -> None:
+    from trajforge.model.factory import is_local_model, make_client, should_use_local
+
+    if should_use_local(config.model_settings()) and not is_local_model(config.model):
+        print("trajforge: no API key and no --base_url: using the bundled local model (--model local); "
+              "set OPENROUTER_API_KEY or pass --base_url/--api_key to use an API", file=sys.stderr)
+        config.model = "local"
+    if not is_local_model(config.model):
+        make_client(config.model_settings())  # fails fast on a missing key, before any work
+
+
+def run(config: RunConfig) -> int:
+    logging.basicConfig(level=logging.INFO if config.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    if config.verbose:
+        print(dumps(config.masked()).decode(), file=sys.stderr)
+    assert config.dataset_file is not None and config.run_name is not None
+    prefill = load_prefill(config.prefill_messages_file)
+    dataset = load_dataset(config.dataset_file, skip_invalid=config.skip_invalid, max_samples=config.max_samples)
+    _choose_model(config)
+    rundir = RunDir(config.output_dir / config.run_name)
+    rundir.acquire(resume=config.resume, overwrite=config.overwrite)
+    try:
+        return asyncio.run(_run(config, dataset, prefill, rundir))
+    finally:
+        rundir.release()
+
+
+def make_executor(config: RunConfig, prefill: list[dict[str, Any]] | None, run_dir: Path) -> Executor:
+    ws = run_dir / "workspaces" if config.keep_workspaces else None
+    if config.executor == "ray":
+        from trajforge.executors.ray import RayExecutor
+
+        return RayExecutor(config, prefill=prefill)
+    from trajforge.executors.local import LocalExecutor
+
+    return LocalExecutor(config, prefill=prefill, workspace_root=ws)
+
+
+async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str, Any]] | None,
+               rundir: RunDir) -> int:
+    run_dir = rundir.path
+    started_wall, t0 = time.time(), time.monotonic()
+    checkpoint = Checkpoint.load(run_dir / "checkpoint.json", config.run_name or "")
+    scan_problems: list[str] = []
+    finished = {ref.identity for ref in store.scan(run_dir, scan_problems)} | {
+        k for k, v in checkpoint.samples.items() if v["status"] == "discarded"}
+    todo = [s for s in dataset.samples if s.identity not in finished]
+    for p in scan_problems:
+        print(f"trajforge: {p}", file=sys.stderr)
+    if dataset.skipped:
+        print(f"trajforge: skipped {len(dataset.skipped)} invalid dataset line(s)", file=sys.stderr)
+    print(f"trajforge: run '{config.run_name}': {len(dataset.samples)} samples, "
+          f"{len(dataset.samples) - len(todo)} already finished, {len(todo)} to run -> {run_dir}", file=sys.stderr)
+    rundir.save_config(config.masked())
+
+    batch_store = store.BatchStore(run_dir)
+    invocation = Totals()
+    progress = Progress(len(dataset.samples), already=len(dataset.samples) - len(todo))
+    fatal: FatalModelError | None = None
+    interrupted = False
+
+    def sink(o: Outcome) -> None:
+        if o.status == "done" and o.record is not None:
+            batch_store.append(o.batch_num, dumps(o.record) + b"\n")
+            invocation.add_record(o.record)
+        elif o.status == "failed":
+            invocation.failed[o.reason or "internal"] += 1
+            log.warning("[B%d:P%d] failed (%s) after %d attempt(s): %s", o.batch_num, o.index, o.reason,
+                        o.attempts, o.message)
+        else:
+            invocation.discarded[o.reason or "unknown"] += 1
+        invocation.per_worker[o.worker] += 1
+        checkpoint.record(o)
+        checkpoint.save()
+        progress.update(o)
+
+    executor = make_executor(config, prefill, run_dir)
+    stop = asyncio.Event()
+    _install_signals(stop, batch_store, checkpoint)
+    try:
+        if todo:
+            for u in await executor.start():
+                print(f"trajforge: toolset '{u.toolset}' unavailable, not offered: {u.reason}", file=sys.stderr)
+            with progress:
+                interrupted = await run_engine(todo, executor, sink, lambda s: config.retry_limit(s.task_type), stop)
+    except* FatalModelError as eg:
+        fatal = eg.exceptions[0]  # type: ignore[assignment]
+    finally:
+        await executor.aclose()
+        batch_store.close()
+        for msg in batch_store.repaired:
+            print(f"trajforge: {msg}", file=sys.stderr)
+        seconds = time.monotonic() - t0
+        checkpoint.invocations.append({"started": started_wall, "seconds": round(seconds, 3),
+                                       "ran": sum(invocation.per_worker.values()), "interrupted": interrupted})
+        checkpoint.save(force=True)
+    stats = _finish(config, dataset.samples, run_dir, checkpoint, invocation, seconds)
+    _print_summary(stats, run_dir)
+    if fatal is not None:
+        print(f"error: {fatal}", file=sys.stderr)
+        return 1
+    return 130 if interrupted else 0
+
+
+def _finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint: Checkpoint,
+            invocation: Totals, seconds: float) -> dict[str, Any]:
+    totals = Totals()
+    current = {s.identity: s.index for s in samples}
+    result = merge(run_dir, current, totals)
+    for identity, entry in checkpoint.samples.items():
+        if identity not in current or identity in result.finished:
+            continue  # a sample no longer in the dataset, or one that a later attempt finished
+        if entry["status"] == "failed":
+            totals.failed[entry.get("reason", "internal")] += 1
+        elif entry["status"] == "discarded":
+            totals.discarded[entry.get("reason", "unknown")] += 1
+    total_seconds = sum(i.get("seconds", 0.0) for i in checkpoint.invocations)
+    stats = {
+        "run_name": config.run_name,
+        "model": config.model,
+        "distribution": config.distribution,
+        "dataset_file": str(config.dataset_file),
+        "invocations": len(checkpoint.invocations),
+        "run": totals.as_dict(total=len(samples), seconds=total_seconds),
+        "last_invocation": invocation.as_dict(total=None, seconds=seconds),
+        "merge": {"written": result.written, "hallucinated_filtered": result.hallucinated,
+                  "duplicates_ignored": result.duplicates, "problems": result.problems},
+    }
+    atomic_write_json(run_dir / "statistics.json", stats)
+    return stats
+
+
+def _print_summary(stats: dict[str, Any], run_dir: Path) -> None:
+    from rich.console import Console
+
+    console = Console(file=sys.stdout, width=100)
+    console.print(render_table(stats))
+    console.print(f"trajectories: {run_dir / 'trajectories.jsonl'}  statistics: {run_dir / 'statistics.json'}")
+
+
+def _install_signals(stop: asyncio.Event, batch_store: store.BatchStore, checkpoint: Checkpoint) -> None:
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        if not stop.is_set():
+            print("\ntrajforge: stopping: no new samples, in-flight ones get a few seconds "
+                  "(press Ctrl-C again to exit now)", file=sys.stderr)
+            stop.set()
+            return
+        batch_store.sync()
+        checkpoint.save(force=True)
+        os._exit(130)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)

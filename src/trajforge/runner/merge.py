@@ -1,0 +1,80 @@
+"""The final merge: trajectories.jsonl rebuilt atomically from every batch file.
+
+Exactly one line per finished sample (first occurrence wins), ordered by the sample's index in
+the current dataset (so a reordered dataset merges in its new order), with the corrupt-entry
+filter applied: a record that called a tool name that does not exist is dropped and counted.
+Memory holds one small reference per line, never the trajectories themselves.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from trajforge.runner import store
+from trajforge.runner.stats import Totals
+from trajforge.tools.registry import KNOWN_TOOLS
+
+_KNOWN = frozenset(KNOWN_TOOLS)
+
+
+@dataclass
+class MergeResult:
+    written: int
+    hallucinated: int
+    duplicates: int
+    problems: list[str]
+    finished: set[str]  # identities with a record in the batch files
+
+
+def merge(run_dir: Path, current_index: dict[str, int], totals: Totals) -> MergeResult:
+    """Write run_dir/trajectories.jsonl and add every kept record to `totals`."""
+    problems: list[str] = []
+    refs: dict[str, store.LineRef] = {}
+    duplicates = 0
+    for ref in store.scan(run_dir, problems):
+        if ref.identity in refs:
+            duplicates += 1
+            continue
+        refs[ref.identity] = ref
+    ordered = sorted(refs.values(), key=lambda r: (current_index.get(r.identity, 1 << 62), r.prompt_index))
+    finished = set(refs)
+    del refs
+    out = run_dir / "trajectories.jsonl"
+    fd, tmp = tempfile.mkstemp(prefix=".trajectories.", suffix=".tmp", dir=run_dir)
+    written = hallucinated = 0
+    handles: dict[Path, object] = {}
+    try:
+        with os.fdopen(fd, "wb", buffering=1 << 20) as w:
+            for ref in ordered:
+                f = handles.get(ref.path)
+                if f is None:
+                    f = handles[ref.path] = ref.path.open("rb")
+                f.seek(ref.offset)  # type: ignore[attr-defined]
+                line = f.read(ref.length)  # type: ignore[attr-defined]
+                rec = orjson.loads(line)
+                if any(name not in _KNOWN for name in rec.get("tool_stats", {})):
+                    hallucinated += 1
+                    totals.discarded["hallucinated_tool"] += 1
+                    continue
+                idx = current_index.get(ref.identity)
+                if idx is not None and idx != rec.get("prompt_index"):
+                    rec["prompt_index"] = idx  # the dataset was reordered: index in the current file
+                    line = orjson.dumps(rec) + b"\n"
+                totals.add_record(rec)
+                w.write(line)
+                written += 1
+            w.flush()
+            os.fsync(w.fileno())
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        for f in handles.values():
+            f.close()  # type: ignore[attr-defined]
+    return MergeResult(written, hallucinated, duplicates, problems, finished)

@@ -1,0 +1,23 @@
+"""The result of processing one sample: a plain, picklable value (it crosses Ray too)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+FAILURE_CLASSES = ("rate_limit", "api_error", "timeout", "sandbox", "model_error", "internal")
+Status = Literal["done", "discarded", "failed"]
+
+
+@dataclass(slots=True)
+class Outcome:
+    index: int
+    identity: str
+    batch_num: int
+    status: Status
+    record: dict[str, Any] | None = None  # the trajectory, when status == "done"
+    reason: str | None = None  # discard reason or failure class
+    message: str | None = None  # human-readable failure detail
+    attempts: int = 1
+    seconds: float = 0.0
+    worker: str = "local"

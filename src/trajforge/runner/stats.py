@@ -1,0 +1,119 @@
+"""Run statistics (pure aggregation) and their table.
+
+`Totals` accumulates over trajectory records and outcomes. The run-wide figures are rebuilt at
+the end from every batch file plus the checkpoint, so a resumed run reports the whole run; the
+last invocation's figures come from the outcomes it produced.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from trajforge.runner.outcome import FAILURE_CLASSES
+
+
+@dataclass
+class Totals:
+    finished: int = 0
+    completed: int = 0
+    partial: int = 0
+    failed: Counter[str] = field(default_factory=Counter)
+    discarded: Counter[str] = field(default_factory=Counter)
+    tools: dict[str, list[int]] = field(default_factory=dict)  # name -> [count, success, failure]
+    assistant_turns: int = 0
+    turns_with_reasoning: int = 0
+    api_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost: float = 0.0
+    per_worker: Counter[str] = field(default_factory=Counter)
+
+    def add_record(self, rec: dict[str, Any]) -> None:
+        self.finished += 1
+        self.completed += bool(rec.get("completed"))
+        self.partial += bool(rec.get("partial"))
+        self.api_calls += int(rec.get("api_calls", 0))
+        for name, s in rec.get("tool_stats", {}).items():
+            t = self.tools.setdefault(name, [0, 0, 0])
+            t[0] += s.get("count", 0)
+            t[1] += s.get("success", 0)
+            t[2] += s.get("failure", 0)
+        r = rec.get("reasoning") or {}
+        self.assistant_turns += int(r.get("total_assistant_turns", 0))
+        self.turns_with_reasoning += int(r.get("turns_with_reasoning", 0))
+        u = rec.get("usage") or {}
+        self.prompt_tokens += int(u.get("prompt_tokens", 0))
+        self.completion_tokens += int(u.get("completion_tokens", 0))
+        self.reasoning_tokens += int(u.get("reasoning_tokens", 0))
+        self.cost += float(u.get("cost", 0.0))
+
+    def as_dict(self, *, total: int | None = None, seconds: float | None = None) -> dict[str, Any]:
+        tools = {
+            name: {"count": c, "success": s, "failure": f,
+                   "success_rate": round(s / c, 4) if c else None,
+                   "failure_rate": round(f / c, 4) if c else None}
+            for name, (c, s, f) in sorted(self.tools.items())
+        }
+        turns = self.assistant_turns
+        out: dict[str, Any] = {
+            "samples": {
+                "total": total,
+                "finished": self.finished,
+                "completed": self.completed,
+                "partial": self.partial,
+                "failed": sum(self.failed.values()),
+                "failed_by_class": {c: self.failed.get(c, 0) for c in FAILURE_CLASSES},
+                "discarded": sum(self.discarded.values()),
+                "discarded_by_reason": dict(sorted(self.discarded.items())),
+            },
+            "tools": tools,
+            "reasoning": {
+                "assistant_turns": turns,
+                "with_reasoning": self.turns_with_reasoning,
+                "without_reasoning": turns - self.turns_with_reasoning,
+                "coverage": round(self.turns_with_reasoning / turns, 4) if turns else None,
+            },
+            "api_calls": self.api_calls,
+            "tokens": {"prompt": self.prompt_tokens, "completion": self.completion_tokens,
+                       "reasoning": self.reasoning_tokens,
+                       "total": self.prompt_tokens + self.completion_tokens},
+            "cost": round(self.cost, 6),
+        }
+        if seconds is not None:
+            out["duration_seconds"] = round(seconds, 3)
+            out["throughput_samples_per_minute"] = round(60 * self.finished / seconds, 2) if seconds > 0 else None
+        if self.per_worker:
+            out["per_worker"] = dict(sorted(self.per_worker.items()))
+        return out
+
+
+def render_table(stats: dict[str, Any]) -> Any:
+    """A rich renderable summarising statistics.json's run section."""
+    from rich.table import Table
+
+    run = stats["run"]
+    s = run["samples"]
+    table = Table(title=f"trajforge run '{stats['run_name']}'", show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [
+        ("samples total", s["total"]), ("finished", s["finished"]),
+        ("  completed / partial", f"{s['completed']} / {s['partial']}"),
+        ("failed", s["failed"]), ("discarded", s["discarded"]),
+    ]
+    rows += [(f"  failed: {k}", v) for k, v in s["failed_by_class"].items() if v]
+    rows += [(f"  discarded: {k}", v) for k, v in s["discarded_by_reason"].items() if v]
+    r = run["reasoning"]
+    cov = "-" if r["coverage"] is None else f"{100 * r['coverage']:.1f}%"
+    rows += [("reasoning coverage", cov), ("api calls", run["api_calls"]),
+             ("tokens (prompt/completion)", f"{run['tokens']['prompt']} / {run['tokens']['completion']}"),
+             ("cost", f"${run['cost']:.4f}"), ("duration (all invocations)", f"{run.get('duration_seconds', 0):.1f}s")]
+    for name, t in run["tools"].items():
+        if t["count"]:
+            rows.append((f"tool {name}", f"{t['count']} calls, {100 * (t['success_rate'] or 0):.0f}% ok"))
+    for k, v in rows:
+        table.add_row(k, str(v))
+    return table

@@ -1,0 +1,136 @@
+"""Durable append-only batch files: data/<run>/batch_N.jsonl.
+
+Every record is written as one whole line in a single write and flushed; files are fsynced at
+least every `sync_interval` seconds and on close. Before appending to a file left by a crashed
+run, a torn last line (no trailing newline) is cut off and reported, so new lines are never
+glued onto a fragment. Scanning for finished samples reads only each line's first bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import orjson
+
+BATCH_GLOB = "batch_*.jsonl"
+_BATCH_RE = re.compile(r"batch_(\d+)\.jsonl$")
+_HEAD_RE = re.compile(rb'^\{"prompt_index":(-?\d+),"sample_id":"([^"\\]+)"')
+
+
+def batch_files(run_dir: Path) -> list[Path]:
+    files = [p for p in run_dir.glob(BATCH_GLOB) if _BATCH_RE.search(p.name)]
+    return sorted(files, key=lambda p: int(_BATCH_RE.search(p.name).group(1)))  # type: ignore[union-attr]
+
+
+@dataclass(slots=True)
+class LineRef:
+    identity: str
+    prompt_index: int
+    path: Path
+    offset: int
+    length: int
+
+
+def read_head(line: bytes) -> tuple[int, str] | None:
+    """(prompt_index, sample_id) of a record line, from its first bytes when possible."""
+    m = _HEAD_RE.match(line)
+    if m:
+        return int(m.group(1)), m.group(2).decode()
+    try:
+        obj = orjson.loads(line)
+        return int(obj["prompt_index"]), str(obj["sample_id"])
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
+
+
+def scan(run_dir: Path, problems: list[str] | None = None) -> Iterator[LineRef]:
+    """Yield every complete, well-formed record line of every batch file."""
+    for path in batch_files(run_dir):
+        offset = 0
+        with path.open("rb") as f:
+            for lineno, line in enumerate(f, start=1):
+                start, offset = offset, offset + len(line)
+                if not line.endswith(b"\n"):
+                    if problems is not None:
+                        problems.append(f"{path.name}:{lineno}: torn last line ({len(line)} bytes) ignored")
+                    break
+                head = read_head(line)
+                if head is None:
+                    if problems is not None and line.strip():
+                        problems.append(f"{path.name}:{lineno}: unreadable line ignored")
+                    continue
+                yield LineRef(head[1], head[0], path, start, len(line))
+
+
+def cut_torn_tail(path: Path) -> int:
+    """Truncate a trailing partial line; return the number of bytes removed."""
+    size = path.stat().st_size
+    if size == 0:
+        return 0
+    with path.open("rb+") as f:
+        f.seek(max(0, size - 1))
+        if f.read(1) == b"\n":
+            return 0
+        chunk = 1 << 16
+        pos = size
+        while pos > 0:
+            start = max(0, pos - chunk)
+            f.seek(start)
+            data = f.read(pos - start)
+            nl = data.rfind(b"\n")
+            if nl != -1:
+                keep = start + nl + 1
+                break
+            pos = start
+        else:
+            keep = 0
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+        return size - keep
+
+
+class BatchStore:
+    def __init__(self, run_dir: Path, *, sync_interval: float = 2.0) -> None:
+        self.run_dir = run_dir
+        self.sync_interval = sync_interval
+        self._files: dict[int, BinaryIO] = {}
+        self._dirty: set[int] = set()
+        self._last_sync = time.monotonic()
+        self.repaired: list[str] = []
+
+    def _open(self, batch_num: int) -> BinaryIO:
+        f = self._files.get(batch_num)
+        if f is None:
+            path = self.run_dir / f"batch_{batch_num}.jsonl"
+            if path.exists():
+                cut = cut_torn_tail(path)
+                if cut:
+                    self.repaired.append(f"{path.name}: removed a torn last line of {cut} bytes")
+            f = self._files[batch_num] = path.open("ab", buffering=0)
+        return f
+
+    def append(self, batch_num: int, line: bytes) -> None:
+        f = self._open(batch_num)
+        f.write(line if line.endswith(b"\n") else line + b"\n")  # unbuffered: one write per line
+        self._dirty.add(batch_num)
+        if time.monotonic() - self._last_sync >= self.sync_interval:
+            self.sync()
+
+    def sync(self) -> None:
+        for n in self._dirty:
+            os.fsync(self._files[n].fileno())
+        self._dirty.clear()
+        self._last_sync = time.monotonic()
+
+    def close(self) -> None:
+        self.sync()
+        for f in self._files.values():
+            f.close()
+        self._files.clear()

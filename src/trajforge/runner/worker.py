@@ -1,0 +1,119 @@
+"""SampleWorker: everything needed to turn one sample into an Outcome, built once per process.
+
+It owns the run-level resources (model client, toolsets) and, per sample, samples the toolsets,
+starts a fresh sandbox, runs the agent loop under the per-sample wall-clock limit, applies the
+no-reasoning filter and classifies failures. The local executor and every Ray actor each hold one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from trajforge.agent.loop import SessionResult, run_session
+from trajforge.agent.record import build_record
+from trajforge.config import RunConfig
+from trajforge.dataset import Sample
+from trajforge.errors import FatalModelError
+from trajforge.model.errors import ModelCallError
+from trajforge.model.types import ModelClient
+from trajforge.runner.outcome import Outcome
+from trajforge.sandbox.base import SandboxError
+from trajforge.tools.base import ToolContext, ToolInfraError, Toolset, Unavailable
+from trajforge.tools.distributions import sample_toolsets
+from trajforge.tools.registry import KNOWN_TOOLS, build_toolsets, tools_for
+
+log = logging.getLogger("trajforge.worker")
+
+
+class SampleWorker:
+    def __init__(self, config: RunConfig, *, prefill: list[dict[str, Any]] | None = None,
+                 worker_id: str = "local", workspace_root: Path | None = None) -> None:
+        self.config = config
+        self.prefill = prefill
+        self.worker_id = worker_id
+        self.distribution = config.all_distributions()[config.distribution]
+        self.model: ModelClient | None = None
+        self.toolsets: dict[str, Toolset] = {}
+        self.unavailable: list[Unavailable] = []
+        self._root_override = workspace_root
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self.workspace_root: Path = Path()
+
+    async def start(self, model: ModelClient | None = None) -> list[Unavailable]:
+        from trajforge.model.factory import make_client
+
+        self.model = model or make_client(self.config.model_settings())
+        wanted = [ts for ts, p in self.distribution.probabilities.items() if p > 0]
+        self.toolsets, self.unavailable = await build_toolsets(wanted, self.config)
+        if self._root_override is not None:
+            self.workspace_root = self._root_override
+            self.workspace_root.mkdir(parents=True, exist_ok=True)
+        else:
+            self._tmp = tempfile.TemporaryDirectory(prefix="trajforge-ws-")
+            self.workspace_root = Path(self._tmp.name)
+        return self.unavailable
+
+    async def aclose(self) -> None:
+        for ts in self.toolsets.values():
+            try:
+                await ts.aclose()
+            except Exception:  # closing one backend must not leak the others
+                log.exception("closing toolset %s", ts.name)
+        if self.model is not None:
+            await self.model.aclose()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    async def process(self, sample: Sample, *, attempt: int = 1, trace: Any = None) -> Outcome:
+        """One attempt at one sample. Never raises except FatalModelError and cancellation."""
+        batch_num = sample.index // (self.config.batch_size or 1)
+        started = time.monotonic()
+
+        def outcome(status: str, **kw: Any) -> Outcome:
+            return Outcome(sample.index, sample.identity, batch_num, status, attempts=attempt,  # type: ignore[arg-type]
+                           seconds=time.monotonic() - started, worker=self.worker_id, **kw)
+
+        try:
+            async with asyncio.timeout(self.config.timeout):
+                toolsets, session = await self._run(sample, trace)
+        except FatalModelError:
+            raise
+        except TimeoutError:
+            return outcome("failed", reason="timeout", message=f"exceeded the {self.config.timeout:g}s sample limit")
+        except ModelCallError as e:
+            return outcome("failed", reason=e.failure_class, message=str(e))
+        except (SandboxError, ToolInfraError) as e:
+            return outcome("failed", reason="sandbox", message=str(e))
+        except Exception as e:  # a bug in one sample must not stop the run; it is recorded and retried
+            log.exception("sample %s failed", sample.identity)
+            return outcome("failed", reason="internal", message=f"{type(e).__name__}: {e}")
+        assert self.model is not None
+        record = build_record(session, prompt_index=sample.index, sample_id=sample.identity, batch_num=batch_num,
+                              model=self.model.model_name, toolsets_used=toolsets, known_tools=KNOWN_TOOLS)
+        if not self.config.keep_no_reasoning and not record["reasoning"]["has_any_reasoning"]:
+            return outcome("discarded", reason="no_reasoning", record=None)
+        return outcome("done", record=record)
+
+    async def _run(self, sample: Sample, trace: Any) -> tuple[list[str], SessionResult]:
+        from trajforge.sandbox.factory import create_sandbox
+
+        assert self.model is not None
+        sampled = sample_toolsets(self.distribution, self.config.seed, sample.identity)
+        offered = [ts for ts in sampled if ts in self.toolsets]
+        tools = tools_for(offered, self.toolsets)
+        sandbox = await create_sandbox(self.config, cwd=sample.cwd, image=sample.image, root=self.workspace_root)
+        try:
+            ctx = ToolContext(sandbox, self.config, sample.identity)
+            async with ctx.cleanup:
+                session = await run_session(
+                    sample.prompt, self.model, tools, ctx, max_turns=self.config.max_turns,
+                    ephemeral_system_prompt=self.config.ephemeral_system_prompt, prefill=self.prefill, trace=trace,
+                )
+        finally:
+            await asyncio.shield(sandbox.close())
+        return offered, session

@@ -1,0 +1,34 @@
+"""Shared fixtures: a scripted model server per test, and a clean environment for CLI runs."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.scripted_server import ScriptedServer
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    with ScriptedServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """No API keys from the developer's shell leak into a test."""
+    for var in ("OPENROUTER_API_KEY", "OPENAI_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO / "src")
+    return env
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "trajforge", *args]
