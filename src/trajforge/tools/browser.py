@@ -1,0 +1,87 @@
+"""The `browser` toolset: Playwright driving the system's Chromium, one Chromium per run.
+
+build() finds a Chromium executable (Debian's `chromium` by default; nothing ever downloads a
+browser), starts Playwright's driver and launches Chromium headless, and returns the toolset;
+when Playwright or Chromium is missing it returns Unavailable with the reason, so the toolset is
+simply not offered. Playwright is imported inside build() so importing this module stays cheap.
+The per-sample contexts live in browser_session.py, the tools in browser_tools.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trajforge.tools.base import Toolset, Unavailable
+
+if TYPE_CHECKING:
+    from trajforge.config import RunConfig
+    from trajforge.tools.browser_session import BrowserBackend
+    from trajforge.tools.settings import BrowserSettings
+
+NAME = "browser"
+CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+# Headless, as root, without GPU; the background-networking flags stop Chromium from calling
+# home (updates, sync, safe browsing), which on a closed network means endless failing retries.
+LAUNCH_ARGS = ("--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync",
+               "--disable-dev-shm-usage")
+NOT_FOUND = "install Debian's chromium or set tools.browser.executable_path"
+
+
+class BrowserToolset(Toolset):
+    """The ten browser tools plus the run's Chromium, which aclose() shuts down."""
+
+    def __init__(self, backend: BrowserBackend) -> None:
+        from trajforge.tools.browser_tools import make_tools
+
+        super().__init__(NAME, make_tools(backend))
+        self.backend = backend
+
+    async def aclose(self) -> None:
+        await self.backend.aclose()
+
+
+def find_chromium(settings: BrowserSettings) -> Path | None:
+    """The configured executable if it exists, else the first known Chromium name on PATH."""
+    if settings.executable_path is not None:
+        path = settings.executable_path.expanduser()
+        return path if path.is_file() and os.access(path, os.X_OK) else None
+    for name in CANDIDATES:
+        found = shutil.which(name)
+        if found:
+            return Path(found)
+    return None
+
+
+async def build(config: RunConfig) -> BrowserToolset | Unavailable:
+    settings = config.tools.browser
+    executable = find_chromium(settings)
+    if executable is None:
+        where = f" at {settings.executable_path}" if settings.executable_path else ""
+        return Unavailable(NAME, f"Chromium not found{where}: {NOT_FOUND}")
+    try:
+        from playwright.async_api import Error as PlaywrightError
+        from playwright.async_api import async_playwright
+
+        from trajforge.tools.browser_session import BrowserBackend
+    except ImportError as e:
+        return Unavailable(NAME, f"Playwright is not installed ({e}): pip install playwright")
+
+    playwright = await async_playwright().start()
+    try:
+        browser = await playwright.chromium.launch(
+            executable_path=str(executable), headless=settings.headless,
+            args=[*LAUNCH_ARGS, *settings.extra_args],
+            timeout=settings.navigation_timeout * 1000,
+        )
+    except PlaywrightError as e:
+        await playwright.stop()
+        first = (e.message or str(e)).split("\n")[0]
+        return Unavailable(NAME, f"Chromium at {executable} failed to start: {first}")
+    except BaseException:
+        await playwright.stop()
+        raise
+    return BrowserToolset(BrowserBackend(playwright, browser, settings))

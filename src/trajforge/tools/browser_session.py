@@ -1,0 +1,141 @@
+"""The run's Chromium and each sample's private browser context.
+
+One Chromium process serves the whole run (BrowserBackend, started by tools/browser.py build()
+and closed by the toolset's aclose()). Each sample gets its own BrowserContext (cookies,
+storage, cache) and page, created lazily on the sample's first browser tool call, kept in
+`ctx.state["browser"]` and closed by the sample's cleanup stack, so no two samples ever share
+state. A semaphore bounds how many contexts are open at once; one lock per sample serialises
+its browser calls because they all drive the same page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from playwright.async_api import Error as PlaywrightError
+
+from trajforge.tools.base import ToolContext, ToolInfraError
+
+if TYPE_CHECKING:
+    from playwright.async_api import Browser, BrowserContext, ConsoleMessage, Page, Playwright
+
+    from trajforge.tools.settings import BrowserSettings
+
+STATE_KEY = "browser"
+_CONSOLE_CAP = 200  # per sample; older messages are dropped first
+_TEXT_CAP = 1000
+
+
+class BrowserBackend:
+    """The run-level Playwright driver and Chromium process shared by every sample."""
+
+    def __init__(self, playwright: Playwright, browser: Browser, settings: BrowserSettings) -> None:
+        self.playwright = playwright
+        self.browser = browser
+        self.settings = settings
+        self.slots = asyncio.Semaphore(settings.max_contexts)
+
+    def session(self, ctx: ToolContext) -> BrowserSession:
+        """This sample's session, registered for cleanup the first time it is asked for."""
+        session = ctx.state.get(STATE_KEY)
+        if session is None:
+            session = BrowserSession(self)
+            ctx.state[STATE_KEY] = session
+            ctx.cleanup.push_async_callback(session.close)
+        return session
+
+    def check_alive(self) -> None:
+        if not self.browser.is_connected():
+            raise ToolInfraError("the shared Chromium process is gone (crashed or closed)")
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(PlaywrightError):
+            await self.browser.close()
+        with contextlib.suppress(PlaywrightError):
+            await self.playwright.stop()
+
+
+class BrowserSession:
+    """One sample's browser context, its current page, console log and ref counter."""
+
+    def __init__(self, backend: BrowserBackend) -> None:
+        self.backend = backend
+        self.next_ref = 1
+        self.console: deque[dict[str, Any]] = deque(maxlen=_CONSOLE_CAP)
+        self.errors: deque[dict[str, Any]] = deque(maxlen=_CONSOLE_CAP)
+        self.context: BrowserContext | None = None
+        self._page: Page | None = None
+        self._lock = asyncio.Lock()
+        self._holds_slot = False
+        self.closed = False
+
+    @contextlib.asynccontextmanager
+    async def use(self) -> AsyncIterator[Page]:
+        """Exclusive use of this sample's current page, opening the context on first use."""
+        async with self._lock:
+            if self.closed:
+                raise ToolInfraError("browser tool called after the sample's browser was closed")
+            self.backend.check_alive()
+            if self.context is None:
+                await self._open()
+            yield await self.current_page()
+
+    async def _open(self) -> None:
+        s = self.backend.settings
+        await self.backend.slots.acquire()
+        self._holds_slot = True
+        try:
+            self.context = await self.backend.browser.new_context(
+                viewport={"width": s.viewport_width, "height": s.viewport_height},
+                accept_downloads=False, service_workers="block",
+            )
+        except PlaywrightError as e:
+            self._release_slot()
+            raise ToolInfraError(f"could not open a browser context: {e.message}") from e
+        self.context.set_default_timeout(s.action_timeout * 1000)
+        self.context.set_default_navigation_timeout(s.navigation_timeout * 1000)
+        # Pages opened by the site (target=_blank, window.open) become the current page.
+        self.context.on("page", self._adopt)
+
+    async def current_page(self) -> Page:
+        """The page the model is on: the newest open one (a site may open or close tabs)."""
+        assert self.context is not None
+        if self._page is None or self._page.is_closed():
+            open_pages = [p for p in self.context.pages if not p.is_closed()]
+            if open_pages:
+                self._page = open_pages[-1]
+            else:
+                self._page = await self.context.new_page()  # fires "page", which adopts it
+        return self._page
+
+    def _adopt(self, page: Page) -> None:
+        self._page = page
+        page.on("console", lambda msg: self._on_console(page, msg))
+        page.on("pageerror", lambda err: self._on_error(page, err))
+
+    def _on_console(self, page: Page, msg: ConsoleMessage) -> None:
+        self.console.append({"type": msg.type, "text": msg.text[:_TEXT_CAP], "url": page.url})
+
+    def _on_error(self, page: Page, err: Exception) -> None:
+        message = getattr(err, "message", None) or str(err)
+        self.errors.append({"type": "exception", "text": message[:_TEXT_CAP], "url": page.url})
+
+    def _release_slot(self) -> None:
+        if self._holds_slot:
+            self._holds_slot = False
+            self.backend.slots.release()
+
+    async def close(self) -> None:
+        """End of the sample: drop the context (and with it every page and cookie). Idempotent."""
+        self.closed = True
+        context, self.context, self._page = self.context, None, None
+        try:
+            if context is not None:
+                with contextlib.suppress(PlaywrightError):
+                    await context.close()
+        finally:
+            self._release_slot()
