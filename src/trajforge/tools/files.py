@@ -1,0 +1,332 @@
+"""The `file` toolset: read_file, write_file, patch and search_files on the sample's workspace.
+
+Every path goes through `sandbox.resolve`, which refuses anything outside the workspace
+(`..`, absolute paths elsewhere, symlinks pointing out), so these tools work on host paths for
+every backend. File work runs in a thread so a large file never stalls the event loop. Whatever
+the model can fix (missing file, ambiguous patch, bad regex) comes back as an error result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import fnmatch
+import os
+import posixpath
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trajforge.sandbox.base import PathEscapeError, SandboxError
+from trajforge.tools.base import Tool, ToolContext, ToolInfraError, Toolset, error, ok
+
+if TYPE_CHECKING:
+    from trajforge.config import RunConfig
+
+MAX_READ_BYTES = 256 << 20  # beyond this, reading (even counting lines) is a job for `sed -n`
+MAX_READ_CHARS = 100_000  # content returned by one read_file call
+MAX_LINE_CHARS = 4_000
+MAX_SEARCH_FILE = 2 << 20  # larger files are skipped by content search
+MAX_SEARCH_FILES = 50_000
+SKIP_DIRS = {".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv", ".mypy_cache", ".pytest_cache", ".tox"}
+
+
+class _Refused(Exception):
+    """A problem the model can act on; becomes an error result."""
+
+
+def _str(args: dict[str, Any], name: str, *, allow_empty: bool = False) -> str:
+    value = args.get(name)
+    if not isinstance(value, str) or (not allow_empty and not value):
+        raise _Refused(f"'{name}' is required and must be a {'' if allow_empty else 'non-empty '}string")
+    return value
+
+
+def _opt_str(args: dict[str, Any], name: str, default: str | None) -> str | None:
+    value = args.get(name)
+    if value is None or value == "":
+        return default
+    if not isinstance(value, str):
+        raise _Refused(f"'{name}' must be a string")
+    return value
+
+
+def _int(args: dict[str, Any], name: str, default: int, lo: int, hi: int) -> int:
+    value = args.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _Refused(f"'{name}' must be an integer")
+    if not lo <= value <= hi:
+        raise _Refused(f"'{name}' must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _is_binary(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return b"\0" in f.read(8192)
+
+
+class _FileTool(Tool):
+    toolset = "file"
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        try:
+            return await self.act(args, ctx)
+        except (_Refused, PathEscapeError) as e:
+            return error(str(e))
+        except SandboxError as e:  # the sandbox itself is gone: fail the sample, not the call
+            raise ToolInfraError(str(e)) from e
+        except UnicodeDecodeError:
+            return error(f"{args.get('path')} is not UTF-8 text")
+        except OSError as e:
+            return error(f"{args.get('path')}: {e.strerror or e}")
+
+    async def act(self, args: dict[str, Any], ctx: ToolContext) -> str:  # the tool's work
+        raise NotImplementedError
+
+
+def _existing_file(host: Path, shown: str) -> None:
+    if not host.exists():
+        raise _Refused(f"file not found: {shown}")
+    if host.is_dir():
+        raise _Refused(f"{shown} is a directory; list it with search_files (target='files') or the terminal")
+    if not host.is_file():  # a FIFO or device would block or never end
+        raise _Refused(f"{shown} is not a regular file")
+
+
+class ReadFileTool(_FileTool):
+    name = "read_file"
+    description = (
+        "Read a text file. Returns the lines offset..offset+limit-1 as plain content plus "
+        "total_lines; call again with the returned next_offset to continue."
+    )
+    parameters = {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string", "description": "File path, relative to the working directory."},
+            "offset": {"type": "integer", "minimum": 1, "default": 1, "description": "First line to read (1-based)."},
+            "limit": {"type": "integer", "minimum": 1, "maximum": 2000, "default": 500, "description": "Maximum lines to read."},
+        },
+        "required": ["path"],
+    }
+
+    async def act(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        shown = _str(args, "path")
+        offset = _int(args, "offset", 1, 1, 10**9)
+        limit = _int(args, "limit", 500, 1, 2000)
+        host = ctx.sandbox.resolve(shown)
+        return await asyncio.to_thread(self._read, host, shown, offset, limit)
+
+    @staticmethod
+    def _read(host: Path, shown: str, offset: int, limit: int) -> str:
+        _existing_file(host, shown)
+        size = host.stat().st_size
+        if size > MAX_READ_BYTES:
+            raise _Refused(f"{shown} is too large ({size} bytes); read parts with the terminal (sed -n, head)")
+        if _is_binary(host):
+            raise _Refused(f"{shown} is a binary file ({size} bytes); inspect it with terminal tools (file, xxd)")
+        lines: list[str] = []
+        chars, total, cut = 0, 0, False
+        with open(host, encoding="utf-8", errors="replace") as f:
+            for total, line in enumerate(f, 1):
+                if total < offset or total >= offset + limit or cut:
+                    continue
+                if len(line) > MAX_LINE_CHARS:
+                    line = line[:MAX_LINE_CHARS] + " [... line truncated ...]\n"
+                if chars + len(line) > MAX_READ_CHARS and lines:
+                    cut = True
+                    continue
+                lines.append(line)
+                chars += len(line)
+        if offset > max(total, 1):
+            raise _Refused(f"offset {offset} is past the end of {shown} ({total} lines)")
+        end = offset + len(lines) - 1
+        more = {"next_offset": end + 1} if end < total else {}
+        return ok(path=shown, content="".join(lines), total_lines=total, start_line=offset,
+                  end_line=end, truncated=cut, **more)
+
+
+class WriteFileTool(_FileTool):
+    name = "write_file"
+    description = "Create or overwrite a text file with `content`; parent directories are created."
+    parameters = {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string", "description": "File path, relative to the working directory."},
+            "content": {"type": "string", "description": "The complete new file content."},
+        },
+        "required": ["path", "content"],
+    }
+
+    async def act(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        shown = _str(args, "path")
+        data = _str(args, "content", allow_empty=True).encode("utf-8")
+        host = ctx.sandbox.resolve(shown)
+        if host.exists() and not host.is_file():
+            raise _Refused(f"{shown} exists and is not a regular file")
+
+        def write() -> None:
+            host.parent.mkdir(parents=True, exist_ok=True)
+            host.write_bytes(data)
+
+        await asyncio.to_thread(write)
+        return ok(path=shown, bytes_written=len(data))
+
+
+class PatchTool(_FileTool):
+    name = "patch"
+    description = (
+        "Edit a file by replacing an exact string. `old_string` must occur exactly once (include "
+        "surrounding lines to make it unique) unless replace_all is true. Returns a diff."
+    )
+    parameters = {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string", "description": "File to edit, relative to the working directory."},
+            "old_string": {"type": "string", "description": "Exact text to replace, including whitespace."},
+            "new_string": {"type": "string", "description": "Replacement text."},
+            "replace_all": {"type": "boolean", "default": False, "description": "Replace every occurrence."},
+        },
+        "required": ["path", "old_string", "new_string"],
+    }
+
+    async def act(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        shown = _str(args, "path")
+        old = _str(args, "old_string")
+        new = _str(args, "new_string", allow_empty=True)
+        replace_all = args.get("replace_all", False) is True
+        if old == new:
+            raise _Refused("old_string and new_string are identical; nothing to change")
+        host = ctx.sandbox.resolve(shown)
+        return await asyncio.to_thread(self._patch, host, shown, old, new, replace_all)
+
+    @staticmethod
+    def _patch(host: Path, shown: str, old: str, new: str, replace_all: bool) -> str:
+        _existing_file(host, shown)
+        with open(host, encoding="utf-8", newline="") as f:  # newline="": keep CRLF as it is
+            text = f.read()
+        count = text.count(old)
+        if count == 0 and "\r\n" in text and "\r\n" not in old:
+            old, new = old.replace("\n", "\r\n"), new.replace("\n", "\r\n")
+            count = text.count(old)
+        if count == 0:
+            raise _Refused(f"old_string not found in {shown}; {_closest_hint(text, old)}")
+        if count > 1 and not replace_all:
+            lines = _occurrence_lines(text, old)
+            raise _Refused(f"old_string occurs {count} times in {shown} (lines {lines}); add surrounding "
+                           "context to make it unique, or pass replace_all=true")
+        updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
+        with open(host, "w", encoding="utf-8", newline="") as f:
+            f.write(updated)
+        diff = "".join(difflib.unified_diff(text.splitlines(True), updated.splitlines(True), shown, shown, n=2))
+        if len(diff) > 4000:
+            diff = diff[:4000] + "\n[... diff truncated ...]\n"
+        return ok(path=shown, replacements=count if replace_all else 1, diff=diff)
+
+
+def _occurrence_lines(text: str, needle: str, shown: int = 5) -> str:
+    starts = [m.start() for m in re.finditer(re.escape(needle), text)]
+    nums = [str(text.count("\n", 0, s) + 1) for s in starts[:shown]]
+    return ", ".join(nums) + (", ..." if len(starts) > shown else "")
+
+
+def _closest_hint(text: str, old: str) -> str:
+    if " ".join(old.split()) in " ".join(text.split()):
+        return "it matches only when whitespace is ignored: copy the exact indentation and line breaks from read_file"
+    first = next((ln.strip() for ln in old.splitlines() if ln.strip()), "")
+    lines = text.splitlines()[:20_000]
+    close = difflib.get_close_matches(first, [ln.strip() for ln in lines], n=1, cutoff=0.6) if first else []
+    if close:
+        num = next(i for i, ln in enumerate(lines, 1) if ln.strip() == close[0])
+        return f"the closest line is {num}: {close[0][:200]!r}; read_file the file and copy the text exactly"
+    return "read_file the file and copy the text to replace exactly"
+
+
+class SearchFilesTool(_FileTool):
+    name = "search_files"
+    description = (
+        "Search with a regular expression (Python syntax). target='content' (default) returns "
+        "matching lines as path:line: text; target='files' matches file names (or relative paths) "
+        f"and returns paths. Binary files, files over {MAX_SEARCH_FILE >> 20} MB, symlinks and "
+        f"{', '.join(sorted(SKIP_DIRS))} directories are skipped."
+    )
+    parameters = {
+        "type": "object",
+        "properties": {
+            "pattern": {"type": "string", "description": "Regular expression to search for."},
+            "path": {"type": "string", "default": ".", "description": "Directory (or file) to search in."},
+            "target": {"type": "string", "enum": ["content", "files"], "default": "content",
+                       "description": "Search file contents or file names."},
+            "file_glob": {"type": "string", "description": "Only files whose name matches this glob, e.g. '*.py'."},
+            "max_results": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50,
+                            "description": "Maximum results to return."},
+        },
+        "required": ["pattern"],
+    }
+
+    async def act(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        pattern = _str(args, "pattern")
+        shown = _opt_str(args, "path", ".") or "."
+        target = _opt_str(args, "target", "content")
+        if target not in ("content", "files"):
+            raise _Refused("'target' must be 'content' or 'files'")
+        glob = _opt_str(args, "file_glob", None)
+        limit = _int(args, "max_results", 50, 1, 500)
+        try:
+            rx = re.compile(pattern)
+        except re.error as e:
+            raise _Refused(f"invalid regular expression {pattern!r}: {e}") from None
+        host = ctx.sandbox.resolve(shown)
+        if not host.exists():
+            raise _Refused(f"path not found: {shown}")
+        found, more = await asyncio.to_thread(_search, host, shown, rx, target, glob, limit)
+        key = "matches" if target == "content" else "files"
+        hint = {"hint": "more results exist; narrow the pattern, path or file_glob"} if more else {}
+        return ok(**{key: found}, count=len(found), truncated=more, **hint)
+
+
+def _walk(root: Path, glob: str | None):  # type: ignore[no-untyped-def]
+    """(host path, path relative to root) of regular files, symlinks never followed."""
+    if root.is_file():
+        yield root, ""
+        return
+    seen = 0
+    for dirpath, dirnames, filenames in os.walk(root):  # followlinks=False
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+        for name in sorted(filenames):
+            full = Path(dirpath, name)
+            if full.is_symlink() or (glob and not fnmatch.fnmatch(name, glob)):
+                continue
+            seen += 1
+            if seen > MAX_SEARCH_FILES:
+                return
+            yield full, full.relative_to(root).as_posix()
+
+
+def _search(root: Path, shown: str, rx: re.Pattern[str], target: str, glob: str | None, limit: int) -> tuple[list[str], bool]:
+    found: list[str] = []
+    for full, rel in _walk(root, glob):
+        display = posixpath.normpath(posixpath.join(shown, rel)) if rel else shown
+        if target == "files":
+            if rx.search(full.name) or rx.search(rel):
+                if len(found) == limit:
+                    return found, True
+                found.append(display)
+            continue
+        try:
+            if full.stat().st_size > MAX_SEARCH_FILE or not full.is_file() or _is_binary(full):
+                continue
+            with open(full, encoding="utf-8", errors="replace") as f:
+                for num, line in enumerate(f, 1):
+                    if rx.search(line[:MAX_LINE_CHARS]):
+                        if len(found) == limit:
+                            return found, True
+                        found.append(f"{display}:{num}: {line.strip()[:300]}")
+        except OSError:  # vanished or unreadable while walking: skip it
+            continue
+    return found, False
+
+
+async def build(config: RunConfig) -> Toolset:
+    return Toolset("file", [ReadFileTool(), WriteFileTool(), PatchTool(), SearchFilesTool()])

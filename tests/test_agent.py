@@ -1,0 +1,135 @@
+"""The agent loop against the scripted server, with real tools in a real temporary workspace."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.support.scripted_server import ScriptedServer, chat, tool_call
+from trajforge.agent.args import parse_arguments
+from trajforge.agent.loop import SessionResult, run_session
+from trajforge.agent.record import build_record
+from trajforge.agent.sharegpt import conversations
+from trajforge.config import RunConfig
+from trajforge.model.client import OpenAIClient
+from trajforge.model.types import ModelSettings
+from trajforge.sandbox.local import LocalSandbox
+from trajforge.tools import files, terminal
+from trajforge.tools.base import ToolContext
+from trajforge.tools.registry import KNOWN_TOOLS
+
+
+def run(server: ScriptedServer, tmp_path: Path, prompt: str = "do it", **kw) -> SessionResult:
+    async def go() -> SessionResult:
+        config = RunConfig(tool_timeout=10)
+        tools = (await terminal.build(config)).tools + (await files.build(config)).tools
+        client = OpenAIClient(ModelSettings(model="m", base_url=server.url, max_retries=0), "k")
+        sb = LocalSandbox(tmp_path)
+        await sb.start()
+        try:
+            ctx = ToolContext(sb, config, "id")
+            async with ctx.cleanup:
+                return await run_session(prompt, client, tools, ctx, max_turns=kw.pop("max_turns", 5), **kw)
+        finally:
+            await sb.close()
+            await client.aclose()
+
+    return asyncio.run(go())
+
+
+def tool_contents(server: ScriptedServer) -> list[dict]:
+    last = server.chat_requests()[-1]
+    return [json.loads(m["content"]) for m in last["messages"] if m["role"] == "tool"]
+
+
+def test_echo_write_read_and_answer(server: ScriptedServer, tmp_path: Path) -> None:
+    server.script(
+        chat(None, reasoning="run echo", tool_calls=[tool_call("terminal", {"command": "echo tok-42"}, "c1")]),
+        chat(None, reasoning="write then read", tool_calls=[
+            tool_call("write_file", {"path": "a.txt", "content": "hello file"}, "c2"),
+            tool_call("read_file", {"path": "a.txt"}, "c3")]),
+        chat("All done", reasoning="finish"),
+    )
+    session = run(server, tmp_path)
+    assert session.completed and not session.partial and session.api_calls == 3
+    conv = conversations(session)
+    assert [t["from"] for t in conv] == ["system", "human", "gpt", "tool", "gpt", "tool", "gpt"]
+    assert "tok-42" in conv[3]["value"]
+    assert conv[5]["value"].count("<tool_response>") == 2 and "hello file" in conv[5]["value"]
+    blocks = [json.loads(b) for b in re.findall(r"<tool_response>\n(.*?)\n</tool_response>", conv[5]["value"])]
+    assert [b["tool_call_id"] for b in blocks] == ["c2", "c3"]
+    rec = build_record(session, prompt_index=0, sample_id="x:0", batch_num=0, model="m",
+                       toolsets_used=["terminal", "file"], known_tools=KNOWN_TOOLS)
+    assert rec["tool_stats"]["terminal"]["success"] == 1 and rec["tool_stats"]["read_file"]["count"] == 1
+    assert set(rec["tool_stats"]) == set(KNOWN_TOOLS)
+    offered = {t["function"]["name"] for t in server.chat_requests()[0]["tools"]}
+    assert offered == {"terminal", "process", "read_file", "write_file", "patch", "search_files"}
+
+
+def test_model_mistakes_become_error_results(server: ScriptedServer, tmp_path: Path) -> None:
+    server.script(
+        chat(None, tool_calls=[tool_call("terminal", "{not json", "c1"), tool_call("nope_tool", {}, "c2"),
+                               tool_call("read_file", {}, "c3"), tool_call("terminal", {"command": 5}, "c4")]),
+        chat("ok"),
+    )
+    session = run(server, tmp_path)
+    errors = [c["error"] for c in tool_contents(server)]
+    assert "invalid JSON" in errors[0]
+    assert "unknown tool 'nope_tool'" in errors[1]
+    assert "missing required argument(s): path" in errors[2]
+    assert "must be of type string" in errors[3]
+    assert all(r.failed for r in session.turns[0].results)
+    rec = build_record(session, prompt_index=0, sample_id="x:0", batch_num=0, model="m", toolsets_used=[],
+                       known_tools=KNOWN_TOOLS)
+    assert rec["tool_stats"]["nope_tool"]["failure"] == 1  # makes the corrupt-entry filter drop it
+    assert rec["tool_error_counts"]["terminal"] == 2
+
+
+def test_length_and_max_turns_are_partial(server: ScriptedServer, tmp_path: Path) -> None:
+    server.script(chat("cut", finish_reason="length"))
+    s = run(server, tmp_path)
+    assert s.partial and not s.completed and s.end_reason == "length"
+    server.handler = lambda req: chat(None, tool_calls=[tool_call("terminal", {"command": "true"})])
+    s = run(server, tmp_path, max_turns=3)
+    assert s.partial and s.api_calls == 3 and s.end_reason == "max_turns"
+
+
+@pytest.mark.parametrize("field", ["reasoning", "reasoning_content", "reasoning_details"])
+def test_reasoning_shapes_reach_think_blocks(server: ScriptedServer, tmp_path: Path, field: str) -> None:
+    server.script(chat("answer", reasoning="deep thought", reasoning_field=field))
+    conv = conversations(run(server, tmp_path))
+    assert conv[2]["value"] == "<think>\ndeep thought\n</think>\nanswer"
+
+
+def test_plain_text_hermes_tool_call_is_executed(server: ScriptedServer, tmp_path: Path) -> None:
+    server.script(
+        chat('<think>plan</think>Let me look.\n<tool_call>{"name": "terminal", "arguments": {"command": "echo hi-there"}}'
+             "</tool_call>"),
+        chat("done"),
+    )
+    session = run(server, tmp_path)
+    assert "hi-there" in session.turns[0].results[0].result
+    assert session.turns[0].reasoning == "plan"
+
+
+def test_ephemeral_and_prefill_are_sent_but_never_saved(server: ScriptedServer, tmp_path: Path) -> None:
+    server.script(chat("fine", reasoning="r"))
+    prefill = [{"role": "user", "content": "PREFILL-Q"}, {"role": "assistant", "content": "PREFILL-A"}]
+    session = run(server, tmp_path, ephemeral_system_prompt="EPHEMERAL-XYZ", prefill=prefill)
+    sent = json.dumps(server.chat_requests()[0]["messages"])
+    assert "EPHEMERAL-XYZ" in sent and "PREFILL-Q" in sent
+    saved = json.dumps(conversations(session))
+    assert "EPHEMERAL-XYZ" not in saved and "PREFILL" not in saved
+
+
+def test_argument_validation_is_pure() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "mode": {"enum": ["a", "b"]}},
+              "required": ["n"]}
+    assert parse_arguments('{"n": 3}', schema) == ({"n": 3}, None)
+    assert parse_arguments('{"n": true}', schema)[1] is not None
+    assert "one of" in parse_arguments('{"n": 1, "mode": "c"}', schema)[1]
+    assert "JSON object" in parse_arguments("[1]", schema)[1]

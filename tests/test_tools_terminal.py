@@ -1,0 +1,228 @@
+"""The terminal and process tools over a real LocalSandbox: real shells, real process trees."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trajforge.config import RunConfig
+from trajforge.sandbox.local import LocalSandbox
+from trajforge.tools import terminal
+from trajforge.tools.base import ToolContext, result_failed
+from trajforge.tools.registry import build_toolsets
+
+from tests.test_sandbox_local import alive, gone
+
+TERMINAL = terminal.TerminalTool()
+PROCESS = terminal.ProcessTool()
+
+
+@contextlib.asynccontextmanager
+async def session(root: Path, **config: Any) -> AsyncIterator[ToolContext]:
+    sandbox = LocalSandbox(root)
+    await sandbox.start()
+    ctx = ToolContext(sandbox=sandbox, config=RunConfig(**{"tool_timeout": 10, **config}))
+    try:
+        yield ctx
+    finally:
+        await ctx.cleanup.aclose()
+        await sandbox.close()
+
+
+async def call(tool: Any, ctx: ToolContext, **args: Any) -> dict[str, Any]:
+    text = await tool.run(args, ctx)
+    data = json.loads(text)
+    data["_failed"] = result_failed(text)
+    return data
+
+
+def test_command_output_and_exit_codes(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with session(tmp_path) as ctx:
+            r = await call(TERMINAL, ctx, command="echo token-42")
+            assert r["output"] == "token-42\n" and r["exit_code"] == 0 and r["error"] is None
+            assert not r["_failed"]
+            r = await call(TERMINAL, ctx, command="echo out; echo err >&2; exit 3")
+            assert r["output"] == "out\nerr\n" and r["exit_code"] == 3
+            assert r["error"] is None and not r["_failed"]  # a non-zero exit is not a tool failure
+            r = await call(TERMINAL, ctx, command="ls /definitely-missing")
+            assert r["exit_code"] != 0 and "definitely-missing" in r["output"]
+
+    asyncio.run(body())
+
+
+def test_timeout_kills_process_tree_and_is_an_error(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with session(tmp_path) as ctx:
+            t0 = time.monotonic()
+            r = await call(TERMINAL, ctx, command="sleep 100 & echo $!; sh -c 'echo $$; exec sleep 100'", timeout=1)
+            assert time.monotonic() - t0 < 5
+            assert r["error"].startswith("command timed out after 1s") and r["exit_code"] is None
+            assert r["_failed"]
+            pids = [int(p) for p in r["output"].split()]
+            assert len(pids) == 2 and all(gone(p) for p in pids)
+
+    asyncio.run(body())
+
+
+def test_timeout_is_capped_by_the_run_setting(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with session(tmp_path, tool_timeout=1) as ctx:
+            t0 = time.monotonic()
+            r = await call(TERMINAL, ctx, command="sleep 100", timeout=100)
+            assert time.monotonic() - t0 < 5 and "timed out after 1s" in r["error"]
+
+    asyncio.run(body())
+
+
+def test_long_output_keeps_head_and_tail(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with session(tmp_path) as ctx:
+            r = await call(TERMINAL, ctx, command="seq 1 100000")
+            out = r["output"]
+            assert out.startswith("1\n2\n3\n") and out.endswith("99999\n100000\n")
+            assert "bytes truncated ...]" in out and len(out.encode()) < terminal.OUTPUT_CAP + 200
+            assert r["exit_code"] == 0 and r["error"] is None
+
+    asyncio.run(body())
+
+
+def test_no_secrets_in_the_command_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "secret-xyz")
+    monkeypatch.setenv("OPENROUTER_API_KEY", "secret-xyz")
+    assert os.environ["OPENAI_API_KEY"] == "secret-xyz"
+
+    async def body() -> None:
+        async with session(tmp_path) as ctx:
+            r = await call(TERMINAL, ctx, command="env; cat /proc/self/environ")
+            assert r["exit_code"] == 0 and "HOME=" in r["output"]
+            assert "secret-xyz" not in r["output"]
+
+    asyncio.run(body())
+
+
+def test_bad_arguments_are_error_results(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with session(tmp_path) as ctx:
+            for args in ({}, {"command": ""}, {"command": 5}, {"command": "ls", "timeout": -1},
+                         {"command": "ls", "timeout": "soon"}):
+                r = await call(TERMINAL, ctx, **args)
+                assert r["_failed"] and r["error"]
+            for args in ({"action": "explode"}, {}, {"action": "start"}, {"action": "poll", "id": "proc_9"}):
+                r = await call(PROCESS, ctx, **args)
+                assert r["_failed"] and r["error"]
+
+    asyncio.run(body())
+
+
+async def wait_exited(ctx: ToolContext, job_id: str) -> dict[str, Any]:
+    """Poll until the job has exited, accumulating its output."""
+    output = ""
+    async with asyncio.timeout(10):
+        while True:
+            r = await call(PROCESS, ctx, action="poll", id=job_id)
+            output += r["output"]
+            if r["status"] == "exited":
+                return {**r, "output": output}
+            await asyncio.sleep(0.05)
+
+
+def test_process_start_poll_kill_list(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with session(tmp_path) as ctx:
+            r = await call(PROCESS, ctx, action="start", command="echo hello; echo problem >&2; exit 7")
+            assert r["id"] == "proc_1" and not r["_failed"]
+            done = await wait_exited(ctx, "proc_1")
+            assert done["output"] == "hello\nproblem\n" and done["exit_code"] == 7
+            again = await call(PROCESS, ctx, action="poll", id="proc_1")
+            assert again["output"] == ""  # only output produced since the last poll
+
+            r = await call(PROCESS, ctx, action="start", command="echo $$; exec sleep 300")
+            job2 = r["id"]
+            listed = await call(PROCESS, ctx, action="list")
+            assert {p["id"]: p["status"] for p in listed["processes"]} == {"proc_1": "exited", job2: "running"}
+            assert list(ctx.sandbox.workspace.iterdir()) == []  # logs live outside the workspace
+            pid = r["pid"]
+            assert alive(pid)
+            killed = await call(PROCESS, ctx, action="kill", id=job2)
+            assert killed["status"] == "exited" and killed["signal"] == 9 and gone(pid)
+
+    asyncio.run(body())
+
+
+def test_terminal_background_and_poll_truncation(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with session(tmp_path) as ctx:
+            r = await call(TERMINAL, ctx, command="seq 1 100000", background=True)
+            assert r["error"] is None and r["id"] == "proc_1" and "process tool" in r["output"]
+            done = await wait_exited(ctx, "proc_1")
+            assert done["exit_code"] == 0 and "bytes truncated ...]" in done["output"]
+            assert done["output"].endswith("100000\n")
+
+    asyncio.run(body())
+
+
+def test_background_jobs_die_with_the_sample(tmp_path: Path) -> None:
+    async def body() -> list[int]:
+        pids = []
+        async with session(tmp_path) as ctx:
+            for _ in range(2):
+                r = await call(PROCESS, ctx, action="start", command="sleep 300 & sleep 301")
+                pids.append(r["pid"])
+            log_dir = ctx.state["terminal"].log_dir
+            assert log_dir.is_dir()
+        assert not log_dir.exists()
+        return pids
+
+    assert all(gone(p) for p in asyncio.run(body()))
+
+    async def sandbox_close_alone() -> int:
+        sandbox = LocalSandbox(tmp_path)
+        await sandbox.start()
+        ctx = ToolContext(sandbox=sandbox, config=RunConfig())
+        r = await call(PROCESS, ctx, action="start", command="exec sleep 300")
+        await sandbox.close()  # even without the tool cleanup, closing the sandbox kills the job
+        await ctx.cleanup.aclose()
+        return r["pid"]
+
+    assert gone(asyncio.run(sandbox_close_alone()))
+
+
+def test_build_and_registry(tmp_path: Path) -> None:
+    async def body() -> None:
+        ready, missing = await build_toolsets(["terminal", "file"], RunConfig())
+        assert not missing
+        assert [t.name for t in ready["terminal"].tools] == ["terminal", "process"]
+        assert [t.name for t in ready["file"].tools] == ["read_file", "write_file", "patch", "search_files"]
+        for tool in ready["terminal"].tools + ready["file"].tools:
+            fn = tool.schema()["function"]
+            assert fn["description"] and fn["parameters"]["type"] == "object"
+            assert set(fn["parameters"]["required"]) <= set(fn["parameters"]["properties"])
+
+    asyncio.run(body())
+
+
+def test_a_closed_sandbox_is_an_infrastructure_failure(tmp_path: Path) -> None:
+    from trajforge.tools.base import ToolInfraError
+    from trajforge.tools.files import ReadFileTool
+
+    async def body() -> None:
+        sandbox = LocalSandbox(tmp_path)
+        await sandbox.start()
+        ctx = ToolContext(sandbox=sandbox, config=RunConfig())
+        await sandbox.close()
+        for tool, args in ((TERMINAL, {"command": "true"}), (PROCESS, {"action": "start", "command": "true"}),
+                           (ReadFileTool(), {"path": "a.txt"})):
+            with pytest.raises(ToolInfraError):
+                await tool.run(args, ctx)
+        await ctx.cleanup.aclose()
+
+    asyncio.run(body())
