@@ -108,3 +108,33 @@ def test_batch_runner_script_from_repo_root_form(tmp_path: Path, server: Scripte
                           cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert len(read_jsonl(tmp_path / "data" / "viaroot" / "trajectories.jsonl")) == 1
+
+
+def test_mixed_tool_trajectories_load_with_hugging_face_datasets(tmp_path: Path, server: ScriptedServer,
+                                                                 clean_env) -> None:
+    """Samples that used different tools (and one that used none) load as one schema."""
+    from tests.support.scripted_server import chat, tool_call
+
+    def handle(req):
+        body = req.body
+        prompt = [m for m in body["messages"] if m["role"] == "user"][-1]["content"]
+        if any(m["role"] == "tool" for m in body["messages"]):
+            return chat("finished", reasoning="done")
+        if "file" in prompt:
+            return chat(None, reasoning="w", tool_calls=[tool_call("write_file", {"path": "f", "content": "x"})])
+        if "none" in prompt:
+            return chat("no tools needed", reasoning="easy")
+        return chat(None, reasoning="t", tool_calls=[tool_call("terminal", {"command": "echo hi"})])
+
+    server.handler = handle
+    ds = write_dataset(tmp_path / "ds.jsonl", ["use file", "use terminal", "use none"])
+    proc = run_cli(tmp_path, clean_env, *base_args(server, ds))
+    assert proc.returncode == 0, proc.stderr
+    import datasets
+
+    loaded = datasets.load_dataset("json", data_files=str(tmp_path / "data" / "r" / "trajectories.jsonl"),
+                                   split="train", cache_dir=str(tmp_path / "hf-cache"))
+    assert loaded.num_rows == 3
+    assert loaded[0]["tool_stats"]["write_file"]["count"] == 1
+    assert loaded[1]["tool_stats"]["terminal"]["count"] == 1
+    assert loaded[2]["tool_stats"]["terminal"]["count"] == 0
