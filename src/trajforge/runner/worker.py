@@ -114,6 +114,9 @@ class SampleWorker:
                     sample.prompt, self.model, tools, ctx, max_turns=self.config.max_turns,
                     ephemeral_system_prompt=self.config.ephemeral_system_prompt, prefill=self.prefill, trace=trace,
                 )
+            tool_usage = ctx.state.get("tool_model_usage")
+            if tool_usage is not None:  # tokens spent by vision/moa calls belong to the sample's cost
+                session.usage.add(tool_usage)
         finally:
             await asyncio.shield(sandbox.close())
         return offered, session
