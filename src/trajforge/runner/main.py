@@ -53,14 +53,18 @@ def load_prefill(path: Path | None) -> list[dict[str, Any]] | None:
 
 
 def _choose_model(config: RunConfig) -> None:
-    from trajforge.model.factory import is_local_model, make_client, should_use_local
+    from trajforge.model.client import DEFAULT_BASE_URL
+    from trajforge.model.factory import is_local_model, is_loopback, resolve_api_key, should_use_local
 
-    if should_use_local(config.model_settings()) and not is_local_model(config.model):
+    settings = config.model_settings()
+    if should_use_local(settings) and not is_local_model(config.model):
         print("trajforge: no API key and no --base_url: using the bundled local model (--model local); "
               "set OPENROUTER_API_KEY or pass --base_url/--api_key to use an API", file=sys.stderr)
         config.model = "local"
-    if not is_local_model(config.model):
-        make_client(config.model_settings())  # fails fast on a missing key, before any work
+        return
+    url = settings.base_url or DEFAULT_BASE_URL
+    if not is_local_model(config.model) and not is_loopback(url) and resolve_api_key(settings.api_key, os.environ) is None:
+        raise UsageError(f"no API key for {url}: pass --api_key or set OPENROUTER_API_KEY / OPENAI_API_KEY")
 
 
 def run(config: RunConfig) -> int:
