@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
+import re
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -19,14 +22,13 @@ from trajforge.errors import TrajforgeError, UsageError
 
 # (flag, kind, help). kind: "str" | "int" | "float" | "bool" | "path" | "csv". Defaults come from RunConfig.
 FLAGS: list[tuple[str, str, str]] = [
-    ("dataset_file", "path", "JSONL dataset path (required)"),
-    ("batch_size", "int", "prompts per batch: one batch_N.jsonl per batch (required for batch_runner.py)"),
-    ("run_name", "str", "run name: output goes to <output_dir>/<run_name>/ (required for batch_runner.py)"),
+    ("dataset_file", "path", "JSONL dataset path"),
+    ("batch_size", "int", "prompts per batch: one batch_N.jsonl per batch"),
+    ("run_name", "str", "run name: output goes to <output_dir>/<run_name>/"),
     ("distribution", "str", "toolset distribution to sample from (see --list_distributions)"),
     ("model", "str", "model name; 'local' or 'local:/path/model.gguf' runs a GGUF model in-process"),
-    ("base_url", "str", "OpenAI-compatible API base URL (default: https://openrouter.ai/api/v1, or the "
-                        "local model when no API key is set)"),
-    ("api_key", "str", "API key (default: $OPENROUTER_API_KEY, then $OPENAI_API_KEY)"),
+    ("base_url", "str", "OpenAI-compatible API base URL"),
+    ("api_key", "str", "API key for the model"),
     ("max_turns", "int", "max tool-calling iterations per prompt"),
     ("num_workers", "int", "agent sessions in flight at once"),
     ("parallelism", "int", "same as --num_workers"),
@@ -34,7 +36,7 @@ FLAGS: list[tuple[str, str, str]] = [
     ("overwrite", "bool", "delete an existing run directory of this name and start over"),
     ("verbose", "bool", "log every step of every sample, and print the resolved configuration"),
     ("max_samples", "int", "only the first N valid samples of the dataset"),
-    ("max_tokens", "int", "max tokens per model response (default: the model's)"),
+    ("max_tokens", "int", "max tokens per model response"),
     ("providers_allowed", "csv", "comma-separated providers allowed (OpenRouter routing)"),
     ("providers_ignored", "csv", "comma-separated providers to ignore (OpenRouter routing)"),
     ("providers_order", "csv", "comma-separated preferred provider order (OpenRouter routing)"),
@@ -47,7 +49,7 @@ FLAGS: list[tuple[str, str, str]] = [
     ("list_distributions", "bool", "print every distribution and exit"),
     ("config", "path", "YAML config file; command-line flags override it"),
     ("output_dir", "path", "parent directory of run directories"),
-    ("timeout", "float", "wall-clock seconds per sample before it is killed (default: none)"),
+    ("timeout", "float", "wall-clock seconds per sample before it is killed"),
     ("tool_timeout", "float", "seconds per terminal command"),
     ("request_timeout", "float", "seconds per model request"),
     ("max_retries", "int", "retries per model request on 429/5xx/timeouts"),
@@ -58,9 +60,10 @@ FLAGS: list[tuple[str, str, str]] = [
     ("sandbox", "str", "auto, local, bwrap or container"),
     ("sandbox_network", "str", "on or none: network inside bwrap/container sandboxes"),
     ("max_sandboxes", "int", "containers being created at once"),
+    ("container_engine", "str", "auto, podman or docker: engine of the container sandbox"),
     ("local_instances", "int", "model instances of the local backend"),
     ("executor", "str", "local or ray"),
-    ("ray_address", "str", "Ray cluster address (default: start a local Ray instance)"),
+    ("ray_address", "str", "Ray cluster address"),
 ]
 _FLAG_NAMES = [f for f, _, _ in FLAGS]
 _PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "path": Path, "str": str, "csv": str}
@@ -68,6 +71,9 @@ _PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "path":
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
+        # "argument --batch_size/--batch-size: invalid value ..." -> "--batch_size: invalid value ...",
+        # the same shape as the errors RunConfig validation produces.
+        message = re.sub(r"^argument (--[\w-]+)(?:/--[\w-]+)*: ", r"\1: ", message)
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
@@ -85,23 +91,46 @@ def _typed(kind: str, flag: str) -> Callable[[str], Any]:
     return parse
 
 
-def _default_text(name: str) -> str:
-    field = RunConfig.model_fields.get(name)
-    if field is None or field.default in (None, False) or name in ("base_url",):
-        return ""
-    return f" [default: {field.default}]"
+# Defaults that are not a plain value of RunConfig (None there means "decided at run time").
+_DEFAULT_WORDS = {
+    "dataset_file": "required", "base_url": "https://openrouter.ai/api/v1, or the local model when no API key is set",
+    "api_key": "$OPENROUTER_API_KEY, then $OPENAI_API_KEY", "max_samples": "all", "max_tokens": "the model's",
+    "providers_allowed": "all", "providers_ignored": "none", "providers_order": "the router's",
+    "provider_sort": "the router's", "reasoning_effort": "the model's", "ephemeral_system_prompt": "none",
+    "prefill_messages_file": "none", "config": "none", "timeout": "none", "ray_address": "start a local Ray instance",
+}
 
 
-def make_parser(prog: str) -> _Parser:
-    parser = _Parser(prog=prog, description="Run a tool-using agent over a JSONL dataset.",
+def _default_text(name: str, strict_required: bool = True) -> str:
+    if name == "batch_size":
+        word = "required" if strict_required else "100"
+    elif name == "run_name":
+        word = "required" if strict_required else "the dataset file's name without extension"
+    elif name in _DEFAULT_WORDS:
+        word = _DEFAULT_WORDS[name]
+    else:
+        field = RunConfig.model_fields.get("num_workers" if name == "parallelism" else name)
+        default = field.default if field is not None else False
+        word = "off" if default is False else "none" if default is None else f"{default}"
+    return " (required)" if word == "required" else f" [default: {word}]"
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=40, width=100)
+
+
+def make_parser(prog: str, strict_required: bool = True) -> _Parser:
+    parser = _Parser(prog=prog, description="Run a tool-using agent over a JSONL dataset. Every flag also "
+                     "accepts --flag value and --flag-name spellings.", formatter_class=_HelpFormatter,
                      argument_default=argparse.SUPPRESS, allow_abbrev=False)
     for name, kind, help_text in FLAGS:
         opts = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
+        help_text += _default_text(name, strict_required)
         if kind == "bool":
             parser.add_argument(*opts, dest=name, action="store_true", help=help_text)
         else:
-            parser.add_argument(*opts, dest=name, type=_typed(kind, name), metavar=kind.upper(),
-                                help=help_text + _default_text(name))
+            parser.add_argument(*opts, dest=name, type=_typed(kind, name), metavar=kind.upper(), help=help_text)
     parser.add_argument("--version", action="version", version=f"trajforge {__version__}")
     return parser
 
@@ -118,13 +147,11 @@ def _reject_unknown(prog: str, unknown: list[str]) -> None:
 
 def parse_run_args(argv: list[str], prog: str, *, strict_required: bool) -> tuple[RunConfig | None, dict[str, Any]]:
     """Parse run flags into a RunConfig. Returns (None, flags) for --list_distributions."""
-    parser = make_parser(prog)
+    parser = make_parser(prog, strict_required)
     ns, unknown = parser.parse_known_args(argv)
     _reject_unknown(prog, unknown)
     values = vars(ns)
     config_file = values.pop("config", None)
-    if "parallelism" in values:
-        values["num_workers"] = values.pop("parallelism")
     list_only = values.pop("list_distributions", False)
     config = build_config(values, config_file)
     if list_only:
@@ -132,7 +159,9 @@ def parse_run_args(argv: list[str], prog: str, *, strict_required: bool) -> tupl
     missing = [f for f in ("dataset_file", "batch_size", "run_name")
                if getattr(config, f) is None and (strict_required or f == "dataset_file")]
     if missing:
-        raise UsageError(f"missing required flag --{missing[0]} (give it on the command line or in --config)")
+        names = ", ".join(f"--{f}" for f in missing)
+        raise UsageError(f"missing required flag{'s' if len(missing) > 1 else ''} {names} "
+                         f"(give {'them' if len(missing) > 1 else 'it'} on the command line or in --config)")
     if config.run_name is None:
         config.run_name = config.dataset_file.stem  # type: ignore[union-attr]
     if config.batch_size is None:
@@ -203,25 +232,34 @@ def _lazy(module: str, name: str) -> Callable[[list[str]], int]:
 
 
 def _run_guarded(fn: Callable[[], int]) -> int:
+    """Run a command; turn our errors into `error: ...` lines and an exit code, never a traceback."""
     try:
-        return fn()
+        code = fn()
+        sys.stdout.flush()
+        return code
     except TrajforgeError as e:
-        print(f"error: {e}", file=sys.stderr)
+        text = str(e)
+        if isinstance(e, UsageError):  # one problem per line, each a complete message
+            text = "\nerror: ".join(text.splitlines())
+        print(f"error: {text}", file=sys.stderr)
         return e.exit_code
+    except SystemExit as e:  # argparse's --help, --version and usage errors: a code, for in-process callers
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`--list_distributions | head -1`): not our error. Point stdout at
+        # /dev/null so the interpreter's final flush does not print a traceback, and exit like a
+        # process killed by SIGPIPE would.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cmds = _subcommands()
-    if not argv or argv[0] in ("-h", "--help"):
-        print("usage: trajforge {" + ",".join(cmds) + "} [flags]   (trajforge run --help for run flags)")
-        print("       trajforge --version")
-        return 0 if argv else 2
-    if argv[0] == "--version":
-        print(f"trajforge {__version__}")
-        return 0
+    if not argv or argv[0] in ("-h", "--help", "--version"):
+        return _run_guarded(lambda: _usage(argv, cmds))
     if argv[0] not in cmds:
         if argv[0].startswith("--"):  # `trajforge --dataset_file=...` behaves like batch_runner.py
             return batch_runner_main(argv)
@@ -230,6 +268,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trajforge: error: unknown command {argv[0]!r}{hint} (commands: {', '.join(cmds)})", file=sys.stderr)
         return 2
     return _run_guarded(lambda: cmds[argv[0]](argv[1:]))
+
+
+def _usage(argv: list[str], cmds: dict[str, Callable[[list[str]], int]]) -> int:
+    if argv and argv[0] == "--version":
+        print(f"trajforge {__version__}")
+        return 0
+    out = sys.stdout if argv else sys.stderr
+    print("usage: trajforge {" + ",".join(cmds) + "} [flags]   (trajforge run --help for run flags)", file=out)
+    print("       trajforge --version", file=out)
+    return 0 if argv else 2
 
 
 def batch_runner_main(argv: list[str] | None = None) -> int:

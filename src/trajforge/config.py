@@ -7,6 +7,8 @@ messages that name the flag or file key. It holds no run logic.
 
 from __future__ import annotations
 
+import difflib
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,17 +38,37 @@ class DistributionConfig(_Strict):
     description: str = ""
     toolsets: dict[str, float]
 
+    @field_validator("toolsets", mode="before")
+    @classmethod
+    def _no_bool_probabilities(cls, v: Any) -> Any:
+        # YAML `terminal: yes` would silently become 1%: demand a number.
+        if isinstance(v, dict):
+            for name, p in v.items():
+                if isinstance(p, bool):
+                    raise ValueError(f"probability of {name!r} must be a number of percent, got {p}")
+        return v
+
     @field_validator("toolsets")
     @classmethod
     def _known_toolsets(cls, v: dict[str, float]) -> dict[str, float]:
         for name, p in v.items():
             if name not in TOOLSETS:
-                raise ValueError(f"unknown toolset {name!r} (known: {', '.join(TOOLSETS)})")
+                raise ValueError(_unknown_choice("toolset", name, list(TOOLSETS)))
             if not 0 <= p <= 100:
-                raise ValueError(f"probability of {name!r} must be within 0..100, got {p}")
+                raise ValueError(f"probability of {name!r} must be within 0..100, got {p:g}")
         if not v:
             raise ValueError("a distribution needs at least one toolset")
+        if not any(v.values()):
+            raise ValueError("at least one toolset needs a probability above 0")
         return v
+
+
+class _UnknownDistribution(ValueError):
+    """Raised by RunConfig's whole-model check; _describe pins it on the `distribution` key."""
+
+    def __init__(self, value: str, allowed: list[str]) -> None:
+        super().__init__(_unknown_choice("distribution", value, allowed))
+        self.value, self.allowed = value, allowed
 
 
 class RunConfig(_Strict):
@@ -87,12 +109,30 @@ class RunConfig(_Strict):
     sandbox: Literal["auto", "local", "bwrap", "container"] = "auto"
     sandbox_network: Literal["on", "none"] = "on"
     max_sandboxes: int = Field(16, ge=1)
+    sandbox_nproc: int = Field(512, ge=16, description="processes of one bwrap sample (enforced when run as root)")
+    container_engine: Literal["auto", "podman", "docker"] = "auto"
+    container_image: str | None = Field(None, description="image of --sandbox container rows without an image")
+    container_memory: str | None = Field("4g", description="memory limit per container (docker/podman --memory)")
+    container_pids_limit: int = Field(1024, ge=16, description="processes per container")
+    container_cpus: float | None = Field(None, gt=0, description="CPUs per container (default: no limit)")
+    image_pull_timeout: float = Field(300.0, gt=0, description="seconds to pull one missing image")
     local_instances: int = Field(1, ge=1)
     executor: Literal["local", "ray"] = "local"
     ray_address: str | None = None
     task_types: dict[str, TaskTypeConfig] = Field(default_factory=dict)
     distributions: dict[str, DistributionConfig] = Field(default_factory=dict)
     tools: ToolsSettings = Field(default_factory=ToolsSettings)
+
+    @field_validator("batch_size", "max_turns", "num_workers", "max_samples", "max_tokens", "log_prefix_chars",
+                     "timeout", "tool_timeout", "request_timeout", "max_retries", "seed", "max_sandboxes",
+                     "sandbox_nproc", "container_pids_limit", "container_cpus", "image_pull_timeout",
+                     "local_instances", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, v: Any) -> Any:
+        # pydantic's lax mode reads True as 1; `max_turns: yes` in a config file is a mistake.
+        if isinstance(v, bool):
+            raise ValueError(f"must be a number, not {str(v).lower()}")
+        return v
 
     @field_validator("providers_allowed", "providers_ignored", "providers_order", mode="before")
     @classmethod
@@ -105,7 +145,7 @@ class RunConfig(_Strict):
     def _known_distribution(self) -> RunConfig:
         known = self.all_distributions()
         if self.distribution not in known:
-            raise ValueError(_unknown_choice("distribution", self.distribution, list(known)))
+            raise _UnknownDistribution(self.distribution, list(known))
         return self
 
     def all_distributions(self) -> dict[str, Distribution]:
@@ -138,19 +178,30 @@ class RunConfig(_Strict):
         return data
 
 
-def _unknown_choice(what: str, value: str, allowed: list[str]) -> str:
-    import difflib
-
+def _suggest(value: str, allowed: list[str]) -> str:
+    """'; did you mean 'x'? (allowed: a, b)': the closest name first, for typos."""
     close = difflib.get_close_matches(value, allowed, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"unknown {what} {value!r}{hint} (allowed: {', '.join(allowed)})"
+    return f"{hint} (allowed: {', '.join(allowed)})"
+
+
+def _unknown_choice(what: str, value: str, allowed: list[str]) -> str:
+    return f"unknown {what} {value!r}{_suggest(value, allowed)}"
 
 
 _NESTED_PARALLELISM = {"max_workers": "num_workers", "batch_size": "batch_size", "timeout": "timeout"}
+# Pydantic error types -> what is allowed, in words a user of the command line understands.
+_PLAIN = {"int_parsing": "must be a whole number", "int_type": "must be a whole number",
+          "int_from_float": "must be a whole number", "float_parsing": "must be a number",
+          "float_type": "must be a number", "string_type": "must be a string", "bool_parsing": "must be true or false",
+          "bool_type": "must be true or false", "dict_type": "must be a mapping", "model_type": "must be a mapping",
+          "list_type": "must be a list", "path_type": "must be a path", "string_too_short": "must not be empty"}
+_BOUNDS = {"greater_than_equal": "at least", "greater_than": "greater than", "less_than_equal": "at most",
+           "less_than": "less than"}
 
 
-def read_yaml(path: Path) -> dict[str, Any]:
-    """Read a YAML config file into flat RunConfig keys; errors name the file and key."""
+def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """Flat RunConfig keys, and for each the key as written in the file (for error messages)."""
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as e:
@@ -158,50 +209,86 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid YAML: {e}".splitlines()[0]) from None
     if raw is None:
-        return {}
+        return {}, {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(raw).__name__}")
     flat: dict[str, Any] = {}
+    origin: dict[str, str] = {}
     for key, value in raw.items():
         key = str(key).replace("-", "_")
-        if key == "parallelism":
-            if not isinstance(value, dict):
-                raise ConfigError(f"{path}: key 'parallelism' must be a mapping")
+        if key == "parallelism" and not isinstance(value, dict):
+            flat["num_workers"], origin["num_workers"] = value, key  # flat form of the --parallelism flag
+        elif key == "parallelism":
             for sub, v in value.items():
                 if sub not in _NESTED_PARALLELISM:
-                    raise ConfigError(
-                        f"{path}: unknown key 'parallelism.{sub}' (allowed: {', '.join(_NESTED_PARALLELISM)})"
-                    )
-                flat[_NESTED_PARALLELISM[sub]] = v
+                    allowed = [f"parallelism.{k}" for k in _NESTED_PARALLELISM]
+                    raise ConfigError(f"{path}: {_unknown_choice('key', f'parallelism.{sub}', allowed)}")
+                flat[_NESTED_PARALLELISM[sub]], origin[_NESTED_PARALLELISM[sub]] = v, f"parallelism.{sub}"
         elif key in RunConfig.model_fields:
-            flat[key] = value
+            flat[key], origin[key] = value, key
         else:
-            raise ConfigError(f"{path}: {_unknown_choice('key', key, list(RunConfig.model_fields))}")
-    return flat
+            allowed = [*RunConfig.model_fields, "parallelism"]
+            raise ConfigError(f"{path}: {_unknown_choice('key', key, allowed)}")
+    return flat, origin
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Read a YAML config file into flat RunConfig keys; errors name the file and key."""
+    return _read_yaml(path)[0]
 
 
 def build_config(cli_values: dict[str, Any], config_file: Path | None = None) -> RunConfig:
-    """Merge defaults < YAML < CLI and validate; errors name the flag (or file key) and value."""
-    file_values = read_yaml(config_file) if config_file else {}
-    merged = {**file_values, **cli_values}
+    """Merge defaults < YAML < CLI and validate; errors name the flag (or file key) and value.
+
+    `cli_values` may hold `parallelism`, the alias of `num_workers`; errors then name --parallelism.
+    """
+    file_values, origin = _read_yaml(config_file) if config_file else ({}, {})
+    cli = dict(cli_values)
+    flags = {k: f"--{k}" for k in cli}
+    if "parallelism" in cli:
+        workers = cli.pop("parallelism")
+        if "num_workers" in cli and cli["num_workers"] != workers:
+            raise UsageError(f"--parallelism={workers} and --num_workers={cli['num_workers']} disagree; give one")
+        cli["num_workers"] = workers
+        flags["num_workers"] = "--parallelism"
     try:
-        return RunConfig.model_validate(merged)
+        return RunConfig.model_validate({**file_values, **cli})
     except ValidationError as e:
-        raise UsageError(_describe(e, cli_values, config_file)) from None
+        raise UsageError(_describe(e, flags, config_file, origin)) from None
 
 
-def _describe(e: ValidationError, cli_values: dict[str, Any], config_file: Path | None) -> str:
+def _describe(e: ValidationError, flags: dict[str, str], config_file: Path | None, origin: dict[str, str]) -> str:
+    """One line per problem: `--flag: invalid value V: what is allowed`, or `file: key 'k': ...`."""
     lines = []
     for err in e.errors():
-        loc = ".".join(str(p) for p in err["loc"])
-        top = str(err["loc"][0]) if err["loc"] else ""
-        msg = err["msg"].removeprefix("Value error, ")
-        if "expected" in err.get("ctx", {}):
-            msg = f"must be one of {err['ctx']['expected']}"
-        value = err.get("input")
-        where = f"--{top}" if top in cli_values else (f"{config_file}: key '{loc}'" if config_file else f"--{top}")
-        if not top:
+        parts = [str(p) for p in err["loc"]]
+        msg, value = err["msg"].removeprefix("Value error, "), err.get("input")
+        exc = err.get("ctx", {}).get("error")
+        if not parts and isinstance(exc, _UnknownDistribution):
+            parts, value, msg = ["distribution"], exc.value, "no such distribution" + _suggest(exc.value, exc.allowed)
+        if not parts:
             lines.append(msg)
+            continue
+        top = parts[0]
+        if "expected" in err.get("ctx", {}):
+            choices = re.findall(r"'([^']*)'", err["ctx"]["expected"])
+            close = difflib.get_close_matches(value, choices, n=1) if isinstance(value, str) else []
+            msg = f"must be one of {err['ctx']['expected']}" + (f"; did you mean {close[0]!r}?" if close else "")
+        elif err["type"] in _BOUNDS:
+            bound = next(iter(err["ctx"].values()))
+            msg = f"must be {_BOUNDS[err['type']]} {f'{bound:g}' if isinstance(bound, float) else bound}"
+        else:
+            msg = _PLAIN.get(err["type"], msg)
+        if top in flags:
+            where = flags[top]
+        elif config_file is not None:
+            where = f"{config_file}: key '{'.'.join([origin.get(top, top), *parts[1:]])}'"
+        else:
+            where = f"--{top}"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"{where}: unknown key")
+        elif err["type"] == "missing":
+            lines.append(f"{where}: missing")
         else:
             shown = "***" if top == "api_key" else repr(value)
             lines.append(f"{where}: invalid value {shown}: {msg}")

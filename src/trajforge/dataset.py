@@ -81,6 +81,8 @@ def iter_rows(path: Path) -> Iterator[tuple[int, Any, str | None]]:
         raise DatasetError(f"{path}: cannot read dataset file: {e.strerror or e}") from None
     with f:
         for lineno, raw in enumerate(f, start=1):
+            if lineno == 1:
+                raw = raw.removeprefix(b"\xef\xbb\xbf")  # editors on Windows write a UTF-8 BOM
             if not raw.strip():
                 continue
             try:
@@ -91,7 +93,8 @@ def iter_rows(path: Path) -> Iterator[tuple[int, Any, str | None]]:
             try:
                 yield lineno, orjson.loads(raw), None
             except orjson.JSONDecodeError as e:
-                yield lineno, None, f"invalid JSON: {e}"
+                # orjson counts lines within this one line: report the column only.
+                yield lineno, None, f"invalid JSON at column {e.colno}: {e.msg}"
 
 
 def load_dataset(path: Path, *, skip_invalid: bool = False, max_samples: int | None = None) -> LoadedDataset:
@@ -101,7 +104,9 @@ def load_dataset(path: Path, *, skip_invalid: bool = False, max_samples: int | N
     samples: list[Sample] = []
     problems: list[str] = []
     seen: Counter[str] = Counter()
+    rows = 0
     for lineno, obj, problem in iter_rows(path):
+        rows += 1
         if problem is None:
             problem, fields = _check_row(obj)
         if problem is not None:
@@ -115,13 +120,18 @@ def load_dataset(path: Path, *, skip_invalid: bool = False, max_samples: int | N
         extra = {k: v for k, v in obj.items() if k not in ("prompt", "image", "docker_image", *_RUN_FIELDS)}
         samples.append(Sample(len(samples), lineno, obj["prompt"], f"{h}:{occurrence}", extra=extra, **fields))
     if problems and not skip_invalid:
-        listed = problems[:MAX_LISTED_PROBLEMS]
-        more = len(problems) - len(listed)
-        if more:
-            listed.append(f"... and {more} more")
-        raise DatasetError(
-            f"{path}: {len(problems)} invalid line(s); fix them or pass --skip_invalid to skip them", listed
-        )
+        raise DatasetError(f"{path}: {len(problems)} invalid line(s); fix them or pass --skip_invalid to skip them",
+                           _listed(problems))
+    if not rows:
+        raise DatasetError(f"{path}: no samples: the file is empty (blank lines are ignored)")
     if not samples:
-        raise DatasetError(f"{path}: no samples: the file is empty or every line was invalid")
+        raise DatasetError(f"{path}: no samples: all {rows} line(s) are invalid", _listed(problems))
     return LoadedDataset(path, samples, problems)
+
+
+def _listed(problems: list[str]) -> list[str]:
+    """The first MAX_LISTED_PROBLEMS problems, and a count of the rest."""
+    listed = problems[:MAX_LISTED_PROBLEMS]
+    if len(problems) > len(listed):
+        listed.append(f"... and {len(problems) - len(listed)} more")
+    return listed

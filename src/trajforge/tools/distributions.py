@@ -9,7 +9,7 @@ gets exactly the toolsets it had before, whatever the order samples run in.
 from __future__ import annotations
 
 import hashlib
-import random
+import struct
 from dataclasses import dataclass, field
 
 TOOLSETS: tuple[str, ...] = ("web", "vision", "image_gen", "terminal", "file", "moa", "browser")
@@ -68,11 +68,26 @@ def all_distributions(custom: dict[str, Distribution] | None = None) -> dict[str
     return {**BUILTIN, **(custom or {})}
 
 
+def _flips(seed: int, dist_name: str, identity: str, n: int) -> tuple[int, ...]:
+    """n uniform 32-bit numbers fixed by (seed, distribution, identity).
+
+    sha512, not random.Random or hash(): the same in every process and Python version
+    (PYTHONHASHSEED plays no part), and several times cheaper than seeding a Mersenne Twister.
+    """
+    block = hashlib.sha512(f"{seed}\x00{dist_name}\x00{identity}".encode()).digest()
+    while len(block) < 4 * n:  # more than 16 toolsets: extend the stream by hashing it
+        block += hashlib.sha512(block).digest()
+    return struct.unpack(f">{n}I", block[: 4 * n])
+
+
 def sample_toolsets(dist: Distribution, seed: int, identity: str) -> list[str]:
-    """Flip every toolset independently; return the enabled ones in the distribution's order."""
-    digest = hashlib.sha256(f"{seed}\x00{dist.name}\x00{identity}".encode()).digest()
-    rng = random.Random(int.from_bytes(digest[:8], "big"))
-    chosen = [ts for ts, p in dist.probabilities.items() if rng.random() * 100 < p]
+    """Flip every toolset independently; return the enabled ones in the distribution's order.
+
+    Toolset k is on when its number u_k satisfies u_k / 2**32 < p_k / 100; if none is on, the
+    primary (highest-probability) toolset is used.
+    """
+    flips = _flips(seed, dist.name, identity, len(dist.probabilities))
+    chosen = [ts for u, (ts, p) in zip(flips, dist.probabilities.items()) if u * 100 < p * 2**32]
     return chosen or [dist.primary()]
 
 

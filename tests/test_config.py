@@ -1,0 +1,238 @@
+"""The run configuration (issue 2 item 3): defaults < YAML (--config) < command line, validation
+messages that name the flag or the file and key, custom distributions, and API-key masking."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trajforge.config import DEFAULT_MODEL, RunConfig, build_config, read_yaml
+from trajforge.errors import ConfigError, UsageError
+
+
+def yaml_file(tmp_path: Path, text: str, name: str = "cfg.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def error_of(cli: dict, config_file: Path | None = None) -> str:
+    with pytest.raises(UsageError) as info:
+        build_config(cli, config_file)
+    return str(info.value)
+
+
+def test_defaults_are_the_spec_defaults() -> None:
+    c = build_config({})
+    assert (c.dataset_file, c.batch_size, c.run_name) == (None, None, None)
+    assert c.distribution == "default" and c.model == DEFAULT_MODEL == "anthropic/claude-sonnet-4.6"
+    assert c.max_turns == 10 and c.num_workers == 4 and c.log_prefix_chars == 100
+    assert c.output_dir == Path("data") and c.api_key is None and c.max_samples is None
+    assert not (c.resume or c.verbose or c.reasoning_disabled or c.skip_invalid)
+    assert c.providers_allowed is None and c.provider_sort is None and c.reasoning_effort is None
+    assert c.retry_limit("anything") == 1 and c.task_types == {} and c.distributions == {}
+
+
+def test_yaml_overrides_defaults_and_cli_overrides_yaml(tmp_path: Path) -> None:
+    cfg = yaml_file(tmp_path, """
+model: from-file
+max_turns: 3
+num_workers: 6
+distribution: research
+ephemeral_system_prompt: be brief
+""")
+    c = build_config({"max_turns": 7, "distribution": "science"}, cfg)
+    assert c.model == "from-file"  # file beats default
+    assert c.max_turns == 7 and c.distribution == "science"  # command line beats file
+    assert c.num_workers == 6 and c.ephemeral_system_prompt == "be brief"
+    assert c.batch_size is None and c.log_prefix_chars == 100  # untouched defaults
+
+
+def test_nested_parallelism_and_task_types(tmp_path: Path) -> None:
+    cfg = yaml_file(tmp_path, """
+parallelism: {max_workers: 16, batch_size: 128, timeout: 600}
+task_types: {image_gen: {retry_limit: 3}, code_eval: {retry_limit: 5}}
+""")
+    c = build_config({}, cfg)
+    assert (c.num_workers, c.batch_size, c.timeout) == (16, 128, 600.0)
+    assert c.retry_limit("image_gen") == 3 and c.retry_limit("code_eval") == 5
+    assert c.retry_limit(None) == 1 and c.retry_limit("other") == 1
+    assert build_config({"num_workers": 2, "batch_size": 9}, cfg).num_workers == 2
+    assert read_yaml(cfg) == {"num_workers": 16, "batch_size": 128, "timeout": 600,
+                              "task_types": {"image_gen": {"retry_limit": 3}, "code_eval": {"retry_limit": 5}}}
+
+
+def test_flat_and_dashed_keys(tmp_path: Path) -> None:
+    cfg = yaml_file(tmp_path, """
+batch-size: 12
+run_name: nightly
+parallelism: 8
+providers_allowed: anthropic, openai
+providers_order: [b, a]
+provider_sort: latency
+reasoning_effort: xhigh
+output_dir: out
+""")
+    c = build_config({}, cfg)
+    assert (c.batch_size, c.run_name, c.num_workers) == (12, "nightly", 8)
+    assert c.providers_allowed == ["anthropic", "openai"] and c.providers_order == ["b", "a"]
+    assert (c.provider_sort, c.reasoning_effort, c.output_dir) == ("latency", "xhigh", Path("out"))
+
+
+def test_empty_yaml_file_is_all_defaults(tmp_path: Path) -> None:
+    assert build_config({}, yaml_file(tmp_path, "# nothing set\n")) == build_config({})
+
+
+def test_cli_parallelism_is_num_workers() -> None:
+    assert build_config({"parallelism": 8}).num_workers == 8
+    assert build_config({"parallelism": 8, "num_workers": 8}).num_workers == 8
+    assert "--parallelism=8 and --num_workers=3 disagree" in error_of({"parallelism": 8, "num_workers": 3})
+    assert error_of({"parallelism": 0}) == "--parallelism: invalid value 0: must be at least 1"
+
+
+@pytest.mark.parametrize(("cli", "message"), [
+    ({"batch_size": 0}, "--batch_size: invalid value 0: must be at least 1"),
+    ({"max_turns": -1}, "--max_turns: invalid value -1: must be at least 1"),
+    ({"num_workers": 0}, "--num_workers: invalid value 0: must be at least 1"),
+    ({"provider_sort": "fast"}, "--provider_sort: invalid value 'fast': must be one of 'price', 'throughput' "
+                                "or 'latency'"),
+    ({"reasoning_effort": "huge"}, "--reasoning_effort: invalid value 'huge': must be one of 'none', 'minimal', "
+                                   "'low', 'medium', 'high' or 'xhigh'"),
+    ({"run_name": ""}, "--run_name: invalid value '': must not be empty"),
+    ({"timeout": 0.0}, "--timeout: invalid value 0.0: must be greater than 0"),
+    ({"sandbox": "vm"}, "--sandbox: invalid value 'vm': must be one of 'auto', 'local', 'bwrap' or 'container'"),
+    ({"reasoning_effort": "hihg"}, "--reasoning_effort: invalid value 'hihg': must be one of 'none', 'minimal', "
+                                   "'low', 'medium', 'high' or 'xhigh'; did you mean 'high'?"),
+])
+def test_invalid_cli_values_name_flag_value_and_what_is_allowed(cli: dict, message: str) -> None:
+    assert error_of(cli) == message
+
+
+def test_unknown_distribution_names_flag_value_suggestion_and_choices() -> None:
+    msg = error_of({"distribution": "reserch"})
+    assert msg.startswith("--distribution: invalid value 'reserch': no such distribution; did you mean 'research'?")
+    assert "(allowed: default, image_gen, research," in msg and msg.endswith("mixed_tasks)")
+    assert "did you mean" not in error_of({"distribution": "zzzzzzzz"})
+
+
+def test_several_problems_are_one_line_each() -> None:
+    lines = error_of({"batch_size": 0, "max_turns": 0, "provider_sort": "x"}).splitlines()
+    assert [ln.split(":")[0] for ln in lines] == ["--batch_size", "--max_turns", "--provider_sort"]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("parallelism: {max_workers: x}", "cfg.yaml: key 'parallelism.max_workers': invalid value 'x': "
+                                      "must be a whole number"),
+    ("parallelism: {max_workers: 0}", "cfg.yaml: key 'parallelism.max_workers': invalid value 0: must be at least 1"),
+    ("parallelism: {workers: 3}", "cfg.yaml: unknown key 'parallelism.workers'; did you mean "
+                                  "'parallelism.max_workers'?"),
+    ("parallelism: x", "cfg.yaml: key 'parallelism': invalid value 'x': must be a whole number"),
+    ("num_workrs: 3", "cfg.yaml: unknown key 'num_workrs'; did you mean 'num_workers'?"),
+    ("max_turns: lots", "cfg.yaml: key 'max_turns': invalid value 'lots': must be a whole number"),
+    ("max_turns: true", "cfg.yaml: key 'max_turns': invalid value True: must be a number, not true"),
+    ("batch_size: 2.5", "cfg.yaml: key 'batch_size': invalid value 2.5: must be a whole number"),
+    ("model: [a, b]", "cfg.yaml: key 'model': invalid value ['a', 'b']: must be a string"),
+    ("resume: maybe", "cfg.yaml: key 'resume': invalid value 'maybe': must be true or false"),
+    ("provider_sort: fast", "cfg.yaml: key 'provider_sort': invalid value 'fast': must be one of 'price'"),
+    ("distribution: mine", "cfg.yaml: key 'distribution': invalid value 'mine': no such distribution"),
+    ("task_types: 3", "cfg.yaml: key 'task_types': invalid value 3: must be a mapping"),
+    ("task_types: {a: {retry_limit: x}}", "cfg.yaml: key 'task_types.a.retry_limit': invalid value 'x': "
+                                          "must be a whole number"),
+    ("task_types: {a: {retry_limit: -1}}", "cfg.yaml: key 'task_types.a.retry_limit': invalid value -1: "
+                                           "must be at least 0"),
+    ("task_types: {a: {retries: 2}}", "cfg.yaml: key 'task_types.a.retries': unknown key"),
+    ("tools: {web: {bogus: 1}}", "cfg.yaml: key 'tools.web.bogus': unknown key"),
+    ("api_key: 12345", "cfg.yaml: key 'api_key': invalid value ***: must be a string"),
+    ("[1, 2]", "cfg.yaml: the top level must be a mapping of keys, got list"),
+    ("a: [unclosed", "cfg.yaml: not valid YAML"),
+])
+def test_bad_yaml_names_file_and_key(tmp_path: Path, text: str, message: str) -> None:
+    cfg = yaml_file(tmp_path, text + "\n")
+    assert error_of({}, cfg).startswith(f"{cfg}: " + message.removeprefix("cfg.yaml: "))
+
+
+def test_cli_value_wins_and_is_named_even_when_the_file_has_the_key(tmp_path: Path) -> None:
+    cfg = yaml_file(tmp_path, "batch_size: 5\n")
+    assert error_of({"batch_size": 0}, cfg) == "--batch_size: invalid value 0: must be at least 1"
+    assert build_config({"batch_size": 1}, yaml_file(tmp_path, "batch_size: 0\n", "bad.yaml")).batch_size == 1
+
+
+def test_unreadable_config_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"missing\.yaml: cannot read config file: No such file"):
+        build_config({}, tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match=r": cannot read config file: Is a directory"):
+        build_config({}, tmp_path)
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes(b"model: caf\xe9\n")
+    with pytest.raises(ConfigError, match=r"latin1\.yaml: not valid YAML: .*utf-8"):
+        build_config({}, bad)
+    assert issubclass(ConfigError, UsageError) and ConfigError("x").exit_code == 2
+
+
+def test_custom_distributions_from_yaml(tmp_path: Path) -> None:
+    cfg = yaml_file(tmp_path, """
+distributions:
+  mine: {description: terminal with some web, toolsets: {terminal: 50, web: 20}}
+  minimal: {toolsets: {web: 100, file: 100}}
+distribution: mine
+""")
+    c = build_config({}, cfg)
+    dists = c.all_distributions()
+    assert c.distribution == "mine"
+    assert dists["mine"].description == "terminal with some web"
+    assert dists["mine"].probabilities == {"terminal": 50.0, "web": 20.0}
+    assert dists["minimal"].probabilities == {"web": 100.0, "file": 100.0}  # a config may redefine a name
+    assert dists["minimal"].description == "custom (config file)"
+    assert len(dists) == 18
+    assert build_config({"distribution": "research"}, cfg).distribution == "research"
+
+
+@pytest.mark.parametrize(("toolsets", "message"), [
+    ("{termnal: 50}", "unknown toolset 'termnal'; did you mean 'terminal'? (allowed: web, vision,"),
+    ("{terminal: 150}", "probability of 'terminal' must be within 0..100, got 150"),
+    ("{terminal: -1}", "probability of 'terminal' must be within 0..100, got -1"),
+    ("{}", "a distribution needs at least one toolset"),
+    ("{web: 0, file: 0}", "at least one toolset needs a probability above 0"),
+    ("{web: yes}", "probability of 'web' must be a number of percent, got True"),
+])
+def test_bad_custom_distribution_names_file_and_key(tmp_path: Path, toolsets: str, message: str) -> None:
+    cfg = yaml_file(tmp_path, f"distributions: {{mine: {{description: d, toolsets: {toolsets}}}}}\n")
+    msg = error_of({}, cfg)
+    assert msg.startswith(f"{cfg}: key 'distributions.mine.toolsets': invalid value ")
+    assert message in msg
+
+
+def test_custom_distribution_without_toolsets(tmp_path: Path) -> None:
+    cfg = yaml_file(tmp_path, "distributions: {mine: {description: d}}\n")
+    assert error_of({}, cfg) == f"{cfg}: key 'distributions.mine.toolsets': missing"
+
+
+def test_masked_hides_the_api_key_everywhere() -> None:
+    c = build_config({"api_key": "sk-or-v1-SECRET", "model": "m", "batch_size": 3})
+    assert c.api_key is not None and c.api_key.get_secret_value() == "sk-or-v1-SECRET"
+    assert c.model_settings().api_key == "sk-or-v1-SECRET"  # the client still gets it
+    masked = c.masked()
+    assert masked["api_key"] == "***" and masked["batch_size"] == 3
+    assert "SECRET" not in json.dumps(masked) and "SECRET" not in repr(c) and "SECRET" not in str(c)
+    assert build_config({}).masked()["api_key"] is None
+    # A bad key type in an error message is masked too.
+    assert "SECRET" not in error_of({"api_key": ["sk-SECRET"]})
+
+
+def test_masked_is_json_and_round_trips() -> None:
+    c = build_config({"dataset_file": Path("d.jsonl"), "run_name": "r", "batch_size": 4,
+                      "providers_ignored": "together,deepinfra"})
+    data = json.loads(json.dumps(c.masked()))
+    assert data["dataset_file"] == "d.jsonl" and data["providers_ignored"] == ["together", "deepinfra"]
+    assert RunConfig.model_validate(data) == c
+
+
+def test_assignment_is_validated() -> None:
+    c = build_config({})
+    c.run_name = "later"
+    with pytest.raises(ValueError, match="no|unknown distribution"):
+        c.distribution = "nope"
+    with pytest.raises(ValueError):
+        c.batch_size = 0
