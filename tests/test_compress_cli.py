@@ -1,0 +1,183 @@
+"""The compressor's command line: flag spellings, errors, config files, both entry points, resume after kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.compress_data import pairs_intact, read_jsonl, trajectory, write_jsonl
+from tests.support.scripted_server import ScriptedServer, chat
+from trajforge.compress.cli import main
+from trajforge.compress.resume import DurableWriter, Paths
+from trajforge.errors import RunStateError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Path:
+    return write_jsonl(tmp_path / "in.jsonl", [trajectory(i, steps=8, response_words=120) for i in range(3)])
+
+
+@pytest.mark.parametrize("flags", [["--target_max_tokens=2000"], ["--target_max_tokens", "2000"],
+                                   ["--target-max-tokens", "2000"]])
+def test_flag_spellings(src: Path, flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([f"--input={src}", "--dry_run", *flags]) == 0
+    out = capsys.readouterr().out
+    assert "target 2,000 tokens" in out and "to summarise, will fit:         3" in out
+    assert sorted(p.name for p in src.parent.iterdir()) == ["in.jsonl"]  # a dry run writes nothing
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--inptu=x"], "unknown flag --inptu; did you mean --input?"),
+    (["--sample_percent=0"], "--sample_percent: invalid value 0"),
+    (["--sample_percent=abc"], "invalid value 'abc': must be a number"),
+    (["--sample_percent=10", "--sample_by=best"], "--sample_by: invalid value 'best'"),
+    (["--target_max_tokens=0"], "--target_max_tokens: invalid value 0"),
+    (["--seed"], "expected one argument"),
+    (["stray"], "unexpected argument 'stray'"),
+])
+def test_bad_flags_exit_2_with_one_clear_line(src: Path, flags: list[str], message: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([f"--input={src}", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("error: ")
+
+
+def test_missing_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "missing required flag --input" in capsys.readouterr().err
+    assert main([f"--input={tmp_path / 'nope.jsonl'}"]) == 1
+    assert "nope.jsonl: no such file or directory" in capsys.readouterr().err
+
+
+def test_reference_config_file_loads_and_unknown_keys_are_named(src: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    reference = {
+        "tokenizer": {"name": "cl100k_base", "trust_remote_code": True},
+        "compression": {"target_max_tokens": 1500, "summary_target_tokens": 300},
+        "protected_turns": {"first_system": True, "first_human": True, "first_gpt": True, "first_tool": True,
+                            "last_n_turns": 2},
+        "summarization": {"model": "google/gemini-3-flash-preview", "base_url": None,
+                          "api_key_env": "OPENROUTER_API_KEY", "temperature": 0.3, "max_retries": 3,
+                          "retry_delay": 2},
+        "output": {"add_summary_notice": True, "summary_notice_text": "\n\nSummarised.", "output_suffix": "_small"},
+        "processing": {"num_workers": 4, "max_concurrent_requests": 50, "skip_under_target": True,
+                       "save_over_limit": True, "per_trajectory_timeout": 300},
+        "metrics": {"enabled": True, "per_trajectory": True, "output_file": "compression_metrics.json"},
+    }
+    cfg = tmp_path / "compression.yaml"
+    cfg.write_text(yaml.safe_dump(reference), encoding="utf-8")
+    assert main([f"--input={src}", f"--config={cfg}", "--dry_run"]) == 0
+    out = capsys.readouterr().out
+    assert "target 1,500 tokens" in out and "in_small.jsonl" in out
+    # the flag wins over the file
+    assert main([f"--input={src}", f"--config={cfg}", "--dry_run", "--target_max_tokens=99999"]) == 0
+    assert "target 99,999 tokens" in capsys.readouterr().out
+    cfg.write_text("compression:\n  target_max_tokenz: 5\n", encoding="utf-8")
+    assert main([f"--input={src}", f"--config={cfg}"]) == 2
+    assert f"{cfg}: unknown key 'compression.target_max_tokenz'; did you mean 'target_max_tokens'?" in \
+        capsys.readouterr().err
+    cfg.write_text("protected_turns:\n  last_n_turns: -1\n", encoding="utf-8")
+    assert main([f"--input={src}", f"--config={cfg}"]) == 2
+    assert "key 'protected_turns.last_n_turns': invalid value -1" in capsys.readouterr().err
+
+
+def test_trajforge_compress_subcommand(src: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-m", "trajforge", "compress", "--input", str(src), "--dry-run",
+                           "--target-max-tokens", "2000"], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "to summarise, will fit:         3" in proc.stdout
+
+
+def test_second_writer_on_the_same_output_is_refused(tmp_path: Path) -> None:
+    paths = Paths.for_output(tmp_path / "out.jsonl")
+    first = DurableWriter(paths)
+    first.open({"x": 1}, fresh=False)
+    try:
+        with pytest.raises(RunStateError, match="another compressor is writing"):
+            DurableWriter(paths).open({"x": 1}, fresh=False)
+    finally:
+        first.close()
+
+
+def _compressor(args: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, str(ROOT / "trajectory_compressor.py"), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def test_resume_after_kill_writes_every_line_once_in_order(tmp_path: Path) -> None:
+    rows = [trajectory(i, steps=8, response_words=120) for i in range(30)]
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out.jsonl"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"processing": {"max_concurrent_requests": 2},
+                                   "summarization": {"max_retries": 0}}), encoding="utf-8")
+    busy = threading.Event()
+
+    def slow(rec: Any) -> Any:
+        if len(srv.requests) >= 20:  # about 2.5 s in: at least one periodic checkpoint has been saved
+            busy.set()
+        return chat("slow summary", delay=0.25)
+
+    args = [f"--input={src}", f"--output={out}", "--target_max_tokens=1500", f"--config={cfg}"]
+    with ScriptedServer(slow) as srv:
+        proc = _compressor([*args, f"--base_url={srv.url}"])
+        try:
+            assert busy.wait(30), proc.stderr.read() if proc.poll() is not None else "no progress"
+        finally:
+            proc.kill()
+            proc.communicate()
+        first_requests = len(srv.requests)
+    assert proc.returncode == -9
+    assert not out.exists()  # never a partial file at the output path
+    state = json.loads(Paths.for_output(out).state.read_text())
+    assert 0 < state["output_lines"] < 30
+
+    with ScriptedServer(lambda rec: chat("fast summary")) as srv:
+        proc = _compressor([*args, f"--base_url={srv.url}"])
+        stdout, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 0, stderr
+        second_requests = len(srv.requests)
+    assert "resuming" in stdout
+    assert second_requests == 30 - state["output_lines"]  # finished lines are not summarised again
+    assert first_requests + second_requests >= 30
+    result = read_jsonl(out)
+    assert [r["prompt_index"] for r in result] == list(range(30))
+    assert all(pairs_intact(r["conversations"]) for r in result)
+    m = json.loads((tmp_path / "out_metrics.json").read_text())
+    assert m["summary"]["total_trajectories"] == 30 and m["summary"]["compressed"] == 30
+    assert [t["input_line"] for t in m["trajectories"]] == list(range(1, 31))
+    assert m["tokens"]["total_after"] == sum(t["tokens_after"] for t in m["trajectories"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml", "in.jsonl", "out.jsonl", "out_metrics.json"]
+
+
+def test_resume_with_other_settings_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", [trajectory(0, steps=1, response_words=5)])
+    paths = Paths.for_output(tmp_path / "in_compressed.jsonl")
+    # An unfinished run left by someone else's settings.
+    writer = DurableWriter(paths)
+    writer.open({"other": True}, fresh=False)
+    writer.close()
+    assert main([f"--input={src}", "--target_max_tokens=100000"]) == 1
+    assert "--fresh" in capsys.readouterr().err
+    assert main([f"--input={src}", "--target_max_tokens=100000", "--fresh"]) == 0
+    assert read_jsonl(paths.output) == read_jsonl(src)
+
+
+def test_leftover_checkpoint_without_partial_file_is_ignored(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", [trajectory(0, steps=1, response_words=5)])
+    paths = Paths.for_output(tmp_path / "in_compressed.jsonl")
+    paths.state.write_text('{"version": 1, "output_bytes": 999}', encoding="utf-8")
+    assert main([f"--input={src}", "--target_max_tokens=100000"]) == 0
+    assert read_jsonl(paths.output) == read_jsonl(src)
+    assert not paths.state.exists() and not paths.partial.exists()
