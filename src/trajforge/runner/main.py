@@ -76,6 +76,11 @@ def run(config: RunConfig) -> int:
     prefill = load_prefill(config.prefill_messages_file)
     dataset = load_dataset(config.dataset_file, skip_invalid=config.skip_invalid, max_samples=config.max_samples)
     _choose_model(config)
+    if config.executor == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise UsageError("--executor ray: Ray is not installed; install it with: pip install 'trajforge[ray]'")
     rundir = RunDir(config.output_dir / config.run_name)
     rundir.acquire(resume=config.resume, overwrite=config.overwrite)
     try:

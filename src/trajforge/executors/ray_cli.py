@@ -1,0 +1,224 @@
+"""`trajforge scheduler` and `trajforge worker`: the reference's cluster commands as thin Ray wrappers.
+
+`trajforge scheduler --config distributed.yaml` starts a Ray head (`ray start --head --block`),
+optionally waits for workers to join, runs the job described by the file's run keys with
+`--executor ray` against that head, then stops the head. The file's `ray:` section (SchedulerRay)
+configures the head; every other key is an ordinary run key, and run flags after `--config`
+override them. `trajforge worker --address HEAD --pool_size N` becomes `ray start --address HEAD
+--block` offering N session slots (the `trajforge_slots` resource) and labelled with the worker id
+($TRAJFORGE_WORKER_ID, else the host name), which statistics show per worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from trajforge.errors import ConfigError, TrajforgeError, UsageError
+from trajforge.executors.ray import SLOT_RESOURCE, WORKER_ENV, WORKER_LABEL
+
+RAY_CLI = [sys.executable, "-m", "ray.scripts.scripts"]  # the `ray` command of this interpreter
+
+
+class SchedulerRay(BaseModel):
+    """The `ray:` section of a scheduler config file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    port: int = Field(6379, ge=1, le=65535, description="port of the head that workers join")
+    node_ip_address: str | None = Field(None, description="address workers reach the head at")
+    head_slots: int = Field(0, ge=0, description="session slots on the head itself (0: it only schedules)")
+    min_workers: int = Field(0, ge=0, description="start the job once this many nodes offer slots")
+    wait_timeout: float = Field(600.0, gt=0, description="seconds to wait for min_workers")
+    num_cpus: int | None = Field(None, ge=0, description="CPUs the head offers Ray")
+    object_store_memory: int | None = Field(None, ge=78_643_200, description="bytes of the head's object store")
+    temp_dir: Path | None = Field(None, description="Ray's session directory on the head")
+
+    @property
+    def address(self) -> str:
+        return f"{self.node_ip_address or '127.0.0.1'}:{self.port}"
+
+
+def load_scheduler_config(path: Path, overrides: list[str]) -> tuple[SchedulerRay, Any]:
+    """Split the file into its `ray:` section and a RunConfig (run keys < command-line overrides)."""
+    from trajforge.cli import parse_run_args
+
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config file: {e.strerror or e}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}".splitlines()[0]) from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys")
+    try:
+        settings = SchedulerRay.model_validate(raw.pop("ray", None) or {})
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise ConfigError(f"{path}: key 'ray.{'.'.join(map(str, err['loc']))}': {err['msg']}") from None
+    with tempfile.TemporaryDirectory(prefix="trajforge-sched-") as tmp:
+        run_keys = Path(tmp) / path.name
+        run_keys.write_text(yaml.safe_dump(raw), encoding="utf-8")
+        try:
+            config, _ = parse_run_args(["--config", str(run_keys), *overrides], "trajforge scheduler",
+                                       strict_required=False)
+        except UsageError as e:  # errors name the user's file, not the copy without `ray:`
+            raise type(e)(str(e).replace(str(run_keys), str(path))) from None
+    if config is None:
+        raise UsageError("trajforge scheduler runs a job; use 'trajforge distributions' to list distributions")
+    return settings, config
+
+
+class Head:
+    """A `ray start --head --block` child: ready when Ray says so, stopped (with its node) on close."""
+
+    def __init__(self, settings: SchedulerRay, verbose: bool) -> None:
+        cmd = [*RAY_CLI, "start", "--head", "--block", f"--port={settings.port}", "--include-dashboard=false",
+               "--disable-usage-stats", *_node_flags(settings.node_ip_address, settings.num_cpus,
+                                                      settings.object_store_memory, settings.temp_dir)]
+        if settings.head_slots:
+            cmd.append(f"--resources={json.dumps({SLOT_RESOURCE: settings.head_slots})}")
+        self.output: collections.deque[str] = collections.deque(maxlen=40)
+        self._ready = threading.Event()
+        self._verbose = verbose
+        # Popen, not asyncio: the head outlives the run's own event loop. Its own session keeps a
+        # Ctrl-C meant for the run away from it; PDEATHSIG takes it down if we are killed.
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True, preexec_fn=_die_with_parent)
+        threading.Thread(target=self._drain, name="ray-head-output", daemon=True).start()
+
+    def _drain(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.output.append(line.rstrip())
+            if self._verbose:
+                print(f"[ray head] {line.rstrip()}", file=sys.stderr)
+            if "Ray runtime started" in line:
+                self._ready.set()
+        self._ready.set()  # exited: wait_ready reports the failure
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        if not self._ready.wait(timeout) or self.proc.poll() is not None:
+            tail = "\n".join(self.output)
+            raise TrajforgeError(f"the Ray head did not start:\n{tail}")
+
+    def close(self, grace: float = 30.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # `ray start --block` then stops its node's processes
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def _node_flags(ip: str | None, num_cpus: int | None, store: int | None, temp_dir: Path | None) -> list[str]:
+    flags = [f"--node-ip-address={ip}"] if ip else []
+    flags += [f"--num-cpus={num_cpus}"] if num_cpus is not None else []
+    flags += [f"--object-store-memory={store}"] if store else []
+    return flags + ([f"--temp-dir={temp_dir}"] if temp_dir else [])
+
+
+def wait_for_workers(count: int, timeout: float) -> None:
+    """Block until `count` distinct nodes offer slots: a placement group is Ray's event for that."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    if count <= 0:
+        return
+    print(f"trajforge: waiting up to {timeout:g}s for {count} worker(s) to join", file=sys.stderr)
+    pg = placement_group([{SLOT_RESOURCE: 1}] * count, strategy="STRICT_SPREAD")
+    try:
+        ray.get(pg.ready(), timeout=timeout)
+    except ray.exceptions.GetTimeoutError:
+        raise TrajforgeError(f"only part of the {count} worker(s) (ray.min_workers) joined "
+                             f"within {timeout:g}s") from None
+    finally:
+        remove_placement_group(pg)
+
+
+def scheduler_main(argv: list[str]) -> int:
+    keys = "\n".join(f"  {name}: {f.description or ''} [default: {f.default}]"
+                     for name, f in SchedulerRay.model_fields.items())
+    parser = argparse.ArgumentParser(
+        prog="trajforge scheduler", formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="trajforge scheduler --config FILE [run flags that override the file]",
+        description="Start a Ray head, wait for workers, run the job of FILE on the cluster, stop the head.",
+        epilog=f"FILE holds run keys (as for `trajforge run --config`) plus a `ray:` section:\n{keys}")
+    parser.add_argument("--config", type=Path, required=True, help="YAML: run keys plus a `ray:` section")
+    ns, overrides = parser.parse_known_args(argv)
+    settings, config = load_scheduler_config(ns.config, overrides)
+    import ray
+
+    from trajforge.runner.main import run
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    head = Head(settings, config.verbose)
+    try:
+        head.wait_ready()
+        print(f"trajforge: Ray head at {settings.address}; join workers with: "
+              f"trajforge worker --address {settings.address} --pool_size N", file=sys.stderr)
+        ray.init(address=settings.address, logging_level=logging.WARNING, log_to_driver=config.verbose)
+        wait_for_workers(settings.min_workers, settings.wait_timeout)
+        config.executor = "ray"
+        config.ray_address = settings.address
+        return run(config)
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        head.close()
+
+
+def worker_command(address: str, pool_size: int, worker_id: str, extra: argparse.Namespace) -> list[str]:
+    return [*RAY_CLI, "start", "--block", f"--address={address}", "--disable-usage-stats",
+            f"--resources={json.dumps({SLOT_RESOURCE: pool_size})}", f"--labels={WORKER_LABEL}={worker_id}",
+            *_node_flags(extra.node_ip_address, extra.num_cpus, extra.object_store_memory, extra.temp_dir)]
+
+
+def worker_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="trajforge worker",
+                                     description="Join a trajforge Ray cluster, offering session slots.")
+    parser.add_argument("--address", required=True, help="the head's HOST:PORT (printed by trajforge scheduler)")
+    parser.add_argument("--pool_size", "--pool-size", type=int, default=4,
+                        help="sessions this node runs at once [default: 4]")
+    parser.add_argument("--worker_id", "--worker-id", default=os.environ.get(WORKER_ENV) or socket.gethostname(),
+                        help=f"name in statistics [default: ${WORKER_ENV}, else the host name]")
+    parser.add_argument("--node_ip_address", "--node-ip-address", help="address the head reaches this node at")
+    parser.add_argument("--num_cpus", "--num-cpus", type=int)
+    parser.add_argument("--object_store_memory", "--object-store-memory", type=int)
+    parser.add_argument("--temp_dir", "--temp-dir", type=Path)
+    ns = parser.parse_args(argv)
+    if ns.pool_size < 1:
+        raise UsageError(f"--pool_size: invalid value {ns.pool_size}: must be at least 1")
+    if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?", ns.worker_id):
+        raise UsageError(f"--worker_id: invalid value {ns.worker_id!r}: must be 1-63 letters, digits, '-', '_' "
+                         "or '.', starting and ending with a letter or digit (a Ray node label)")
+    cmd = worker_command(ns.address, ns.pool_size, ns.worker_id, ns)
+    env = {**os.environ, WORKER_ENV: ns.worker_id, "RAY_USAGE_STATS_ENABLED": "0"}
+    print(f"trajforge: worker {ns.worker_id!r} joining {ns.address} with {ns.pool_size} slot(s)", file=sys.stderr,
+          flush=True)
+    # Become `ray start --block`: signals reach Ray directly, which stops this node's processes.
+    os.execve(cmd[0], cmd, env)
+    return 1  # not reached
