@@ -77,7 +77,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _typed(kind: str, flag: str) -> Callable[[str], Any]:
+def typed(kind: str, flag: str) -> Callable[[str], Any]:
+    """An argparse `type` for int/float/path/str values whose error names what is allowed."""
     convert = _PARSERS[kind]
     allowed = {"int": "a whole number", "float": "a number"}.get(kind, "a value")
 
@@ -130,18 +131,18 @@ def make_parser(prog: str, strict_required: bool = True) -> _Parser:
         if kind == "bool":
             parser.add_argument(*opts, dest=name, action="store_true", help=help_text)
         else:
-            parser.add_argument(*opts, dest=name, type=_typed(kind, name), metavar=kind.upper(), help=help_text)
+            parser.add_argument(*opts, dest=name, type=typed(kind, name), metavar=kind.upper(), help=help_text)
     parser.add_argument("--version", action="version", version=f"trajforge {__version__}")
     return parser
 
 
-def _reject_unknown(prog: str, unknown: list[str]) -> None:
+def reject_unknown(unknown: list[str], names: list[str]) -> None:
+    """One clear error for the first argument argparse did not know, suggesting the closest flag."""
     for arg in unknown:
         if arg.startswith("--"):
-            name = arg[2:].split("=", 1)[0].replace("-", "_")
-            close = difflib.get_close_matches(name, _FLAG_NAMES, n=1)
-            hint = f"; did you mean --{close[0]}?" if close else "; see --help"
-            raise UsageError(f"unknown flag --{arg[2:].split('=', 1)[0]}{hint}")
+            name = arg[2:].split("=", 1)[0]
+            close = difflib.get_close_matches(name.replace("-", "_"), names, n=1)
+            raise UsageError(f"unknown flag --{name}" + (f"; did you mean --{close[0]}?" if close else "; see --help"))
         raise UsageError(f"unexpected argument {arg!r}; flags look like --name=value (see --help)")
 
 
@@ -149,7 +150,7 @@ def parse_run_args(argv: list[str], prog: str, *, strict_required: bool) -> tupl
     """Parse run flags into a RunConfig. Returns (None, flags) for --list_distributions."""
     parser = make_parser(prog, strict_required)
     ns, unknown = parser.parse_known_args(argv)
-    _reject_unknown(prog, unknown)
+    reject_unknown(unknown, _FLAG_NAMES)
     values = vars(ns)
     config_file = values.pop("config", None)
     list_only = values.pop("list_distributions", False)

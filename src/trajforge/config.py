@@ -112,7 +112,8 @@ class RunConfig(_Strict):
     sandbox_nproc: int = Field(512, ge=16, description="processes of one bwrap sample (enforced when run as root)")
     container_engine: Literal["auto", "podman", "docker"] = "auto"
     container_image: str | None = Field(None, description="image of --sandbox container rows without an image")
-    container_memory: str | None = Field("4g", description="memory limit per container (docker/podman --memory)")
+    container_memory: str | None = Field("4g", pattern=r"^[0-9]+(\.[0-9]+)?[bkmgBKMG]?$",
+                                         description="memory limit per container (docker/podman --memory)")
     container_pids_limit: int = Field(1024, ge=16, description="processes per container")
     container_cpus: float | None = Field(None, gt=0, description="CPUs per container (default: no limit)")
     image_pull_timeout: float = Field(300.0, gt=0, description="seconds to pull one missing image")
@@ -200,8 +201,8 @@ _BOUNDS = {"greater_than_equal": "at least", "greater_than": "greater than", "le
            "less_than": "less than"}
 
 
-def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
-    """Flat RunConfig keys, and for each the key as written in the file (for error messages)."""
+def load_yaml_mapping(path: Path) -> dict[Any, Any]:
+    """A YAML file whose top level is a mapping (empty file: {}); errors name the file."""
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as e:
@@ -209,9 +210,15 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid YAML: {e}".splitlines()[0]) from None
     if raw is None:
-        return {}, {}
+        return {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(raw).__name__}")
+    return raw
+
+
+def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """Flat RunConfig keys, and for each the key as written in the file (for error messages)."""
+    raw = load_yaml_mapping(path)
     flat: dict[str, Any] = {}
     origin: dict[str, str] = {}
     for key, value in raw.items():

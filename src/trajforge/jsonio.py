@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -25,22 +27,37 @@ def dumps_pretty(obj: Any) -> bytes:
     return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS) + b"\n"
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` so a reader sees either the old or the new file, never a mix."""
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_umask()
+
+
+@contextlib.contextmanager
+def atomic_writer(path: Path, *, buffering: int = -1) -> Iterator[BinaryIO]:
+    """Write `path` through a temp file in the same directory, fsynced, then os.replace'd:
+    a reader sees either the old file or the complete new one, never a mix or a fragment."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        with os.fdopen(fd, "wb", buffering=buffering) as f:
+            os.fchmod(f.fileno(), _FILE_MODE)  # mkstemp makes files private; outputs are meant to be read
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    with atomic_writer(path) as f:
+        f.write(data)
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:

@@ -9,11 +9,11 @@ exit 2, bad input exits 1 naming the file and line.
 from __future__ import annotations
 
 import argparse
-import difflib
 import sys
 from pathlib import Path
 from typing import NoReturn
 
+from trajforge.cli import reject_unknown, typed
 from trajforge.errors import TrajforgeError, UsageError
 
 PROG = "trajectory_compressor.py"
@@ -43,20 +43,6 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _typed(kind: str):  # type: ignore[no-untyped-def]
-    convert = {"int": int, "float": float, "path": Path, "str": str}[kind]
-    what = {"int": "a whole number", "float": "a number"}.get(kind, "a value")
-
-    def parse(text: str) -> object:
-        try:
-            return convert(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be {what}") from None
-
-    parse.__name__ = kind
-    return parse
-
-
 def make_parser(prog: str = PROG) -> _Parser:
     parser = _Parser(prog=prog, description="Fit trajectories into a training token budget, or keep a sample.",
                      allow_abbrev=False)
@@ -65,17 +51,8 @@ def make_parser(prog: str = PROG) -> _Parser:
         if kind == "bool":
             parser.add_argument(*opts, dest=name, action="store_true", help=help_text)
         else:
-            parser.add_argument(*opts, dest=name, type=_typed(kind), metavar=kind.upper(), help=help_text)
+            parser.add_argument(*opts, dest=name, type=typed(kind, name), metavar=kind.upper(), help=help_text)
     return parser
-
-
-def _reject_unknown(unknown: list[str]) -> None:
-    for arg in unknown:
-        if arg.startswith("--"):
-            name = arg[2:].split("=", 1)[0]
-            close = difflib.get_close_matches(name.replace("-", "_"), _NAMES, n=1)
-            raise UsageError(f"unknown flag --{name}" + (f"; did you mean --{close[0]}?" if close else "; see --help"))
-        raise UsageError(f"unexpected argument {arg!r}; flags look like --name=value (see --help)")
 
 
 def _run(argv: list[str], prog: str) -> int:
@@ -83,7 +60,7 @@ def _run(argv: list[str], prog: str) -> int:
     from trajforge.compress.pipeline import Options, run
 
     ns, unknown = make_parser(prog).parse_known_args(argv)
-    _reject_unknown(unknown)
+    reject_unknown(unknown, _NAMES)
     if ns.input is None:
         raise UsageError("missing required flag --input (a trajectories JSONL file or a run directory)")
     if ns.sample_percent is not None and not 0 < ns.sample_percent <= 100:

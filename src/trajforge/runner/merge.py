@@ -8,13 +8,13 @@ Memory holds one small reference per line, never the trajectories themselves.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import orjson
 
+from trajforge.jsonio import atomic_writer
 from trajforge.runner import store
 from trajforge.runner.stats import Totals
 from trajforge.tools.registry import KNOWN_TOOLS
@@ -44,18 +44,16 @@ def merge(run_dir: Path, current_index: dict[str, int], totals: Totals) -> Merge
     ordered = sorted(refs.values(), key=lambda r: (current_index.get(r.identity, 1 << 62), r.prompt_index))
     finished = set(refs)
     del refs
-    out = run_dir / "trajectories.jsonl"
-    fd, tmp = tempfile.mkstemp(prefix=".trajectories.", suffix=".tmp", dir=run_dir)
     written = hallucinated = 0
-    handles: dict[Path, object] = {}
+    handles: dict[Path, BinaryIO] = {}
     try:
-        with os.fdopen(fd, "wb", buffering=1 << 20) as w:
+        with atomic_writer(run_dir / "trajectories.jsonl", buffering=1 << 20) as w:
             for ref in ordered:
                 f = handles.get(ref.path)
                 if f is None:
                     f = handles[ref.path] = ref.path.open("rb")
-                f.seek(ref.offset)  # type: ignore[attr-defined]
-                line = f.read(ref.length)  # type: ignore[attr-defined]
+                f.seek(ref.offset)
+                line = f.read(ref.length)
                 rec = orjson.loads(line)
                 if any(name not in _KNOWN for name in rec.get("tool_stats", {})):
                     hallucinated += 1
@@ -68,13 +66,7 @@ def merge(run_dir: Path, current_index: dict[str, int], totals: Totals) -> Merge
                 totals.add_record(rec)
                 w.write(line)
                 written += 1
-            w.flush()
-            os.fsync(w.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     finally:
         for f in handles.values():
-            f.close()  # type: ignore[attr-defined]
+            f.close()
     return MergeResult(written, hallucinated, duplicates, problems, finished)
