@@ -36,3 +36,11 @@ def echo_policy(turns: int = 1, *, delay: float = 0.0, reasoning: bool = True) -
         return chat(f"Done: {str(last.get('output', '')).strip()}", reasoning=think and "All done.", delay=delay)
 
     return handle
+
+
+def prompt_command_policy(req: Recorded) -> Reply:
+    """Run the prompt itself as one `terminal` command, then answer with that command's output."""
+    done = tool_messages(req.body)
+    if not done:
+        return chat(None, tool_calls=[tool_call("terminal", {"command": user_prompt(req.body)})], reasoning="Run it.")
+    return chat("Output: " + str(json.loads(done[-1]["content"]).get("output")), reasoning="Done.")

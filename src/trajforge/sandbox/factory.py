@@ -1,8 +1,9 @@
 """Choosing and starting the sandbox backend for one sample (`--sandbox`).
 
-A small dispatch on `config.sandbox`; each backend module is imported only when chosen. Until
-the bwrap and container backends exist, "auto" means local and asking for them explicitly is a
-clear SandboxError rather than a silent downgrade.
+A small dispatch on `config.sandbox`; each backend module is imported only when chosen. A row
+with an image (or `--sandbox container`) runs in a container; "auto" means bwrap when a probe
+sandbox works on this machine, else local; asking for an unusable backend explicitly is a clear
+SandboxError rather than a silent downgrade.
 """
 
 from __future__ import annotations
@@ -29,13 +30,23 @@ async def create_sandbox(config: RunConfig, *, cwd: str | None, image: str | Non
     `image` is not honoured by the local backend (it runs on the host as is); the container
     backend will take it over when it lands."""
     kind = config.sandbox
-    if kind in ("auto", "local"):
+    if image is not None or kind == "container":
+        sandbox: Sandbox = await _container(config, cwd=cwd, image=image, root=root)
+    elif kind == "bwrap" or (kind == "auto" and await _bwrap_usable()):
+        from trajforge.sandbox.bwrap import BwrapSandbox, probe
+
+        status = await probe()
+        if not status.usable:
+            raise SandboxError(f"--sandbox bwrap is not usable here: {status.detail} (see `trajforge doctor`)")
+        sandbox = BwrapSandbox(root, keep=config.keep_workspaces, cwd=cwd, limits=limits_for(config),
+                               network=config.sandbox_network == "on", nproc=config.sandbox_nproc, bwrap=status.path)
+    elif kind in ("auto", "local"):
         from trajforge.sandbox.local import LocalSandbox
 
         if config.sandbox_network == "none":  # refusing beats silently leaving the network on
             raise SandboxError("the local sandbox cannot disable networking (--sandbox_network none); "
                                "use --sandbox bwrap or --sandbox container")
-        sandbox: Sandbox = LocalSandbox(root, keep=config.keep_workspaces, cwd=cwd, limits=limits_for(config))
+        sandbox = LocalSandbox(root, keep=config.keep_workspaces, cwd=cwd, limits=limits_for(config))
     else:
         raise SandboxError(f"sandbox backend {kind!r} is not available yet; use --sandbox local")
     try:
@@ -44,3 +55,25 @@ async def create_sandbox(config: RunConfig, *, cwd: str | None, image: str | Non
         await sandbox.close()
         raise
     return sandbox
+
+
+async def _bwrap_usable() -> bool:
+    from trajforge.sandbox.bwrap import probe
+
+    return (await probe()).usable
+
+
+async def _container(config: RunConfig, *, cwd: str | None, image: str | None, root: Path) -> Sandbox:
+    """A row with an image always runs in a container (the image is never silently ignored)."""
+    from trajforge.sandbox.container import ContainerSandbox, backend_for
+
+    image = image or config.container_image
+    if image is None:
+        raise SandboxError("--sandbox container needs an image: give the row an `image` field or set "
+                           "`container_image` in the config file")
+    backend = await backend_for(config)
+    return ContainerSandbox(
+        root, backend=backend, image=image, cwd=cwd, network=config.sandbox_network == "on",
+        memory=config.container_memory, pids_limit=config.container_pids_limit, cpus=config.container_cpus,
+        run_name=config.run_name, keep=config.keep_workspaces,
+    )

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from trajforge.sandbox.base import ExecResult, PathEscapeError, Sandbox, SandboxError
 from trajforge.sandbox.process import (
-    DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, SAFE_PATH, Limits, clean_env, kill_group, kill_tagged,
-    make_preexec, run_argv, spawn_argv,
+    DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, SAFE_PATH, Limits, bash_limits_prefix, clean_env, kill_group,
+    kill_tagged, make_preexec, run_argv, spawn_argv,
 )
 
 TAG_VAR = "TRAJFORGE_SANDBOX"
@@ -38,7 +38,11 @@ class LocalSandbox(Sandbox):
         self.root = Path(root)
         self.keep = keep
         self._cwd_arg = cwd
-        self._preexec = make_preexec(limits)
+        # bash sets the limits itself, so commands start with vfork (bash_limits_prefix says why).
+        if os.path.basename(_SHELL) == "bash":
+            self._limits_prefix, self._preexec = bash_limits_prefix(limits), None
+        else:
+            self._limits_prefix, self._preexec = "", make_preexec(limits)
         self.output_cap = output_cap
         self._jobs: list[asyncio.subprocess.Process] = []
         self._tag = f"{TAG_VAR}={secrets.token_hex(8)}"
@@ -72,8 +76,8 @@ class LocalSandbox(Sandbox):
         self._check_open()
         try:
             return await run_argv(
-                [_SHELL, "-c", command], timeout=timeout, cwd=self._host_cwd(cwd), env=self.env,
-                preexec_fn=self._preexec, output_cap=self.output_cap,
+                [_SHELL, "-c", self._limits_prefix + command], timeout=timeout, cwd=self._host_cwd(cwd),
+                env=self.env, preexec_fn=self._preexec, output_cap=self.output_cap,
             )
         except OSError as e:  # fork/exec failed or the cwd is unusable: not something to retry
             raise SandboxError(f"cannot start a command: {e}") from e
@@ -82,8 +86,8 @@ class LocalSandbox(Sandbox):
         self._check_open()
         try:
             proc = await spawn_argv(
-                [_SHELL, "-c", command], cwd=self._host_cwd(cwd), env=self.env, log_path=log_path,
-                preexec_fn=self._preexec,
+                [_SHELL, "-c", self._limits_prefix + command], cwd=self._host_cwd(cwd), env=self.env,
+                log_path=log_path, preexec_fn=self._preexec,
             )
         except OSError as e:
             raise SandboxError(f"cannot start a background command: {e}") from e

@@ -17,6 +17,7 @@ import contextlib
 import os
 import resource
 import signal
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,40 @@ def make_preexec(limits: Limits) -> Callable[[], None] | None:
 
     The values are computed here, in the parent, so the child only calls setrlimit (forked
     children of a threaded parent should do as little as possible)."""
+    pairs = limit_pairs(limits)
+    if not pairs:
+        return None
+
+    def apply() -> None:
+        for res, pair in pairs:
+            resource.setrlimit(res, pair)
+
+    return apply
+
+
+# bash's `ulimit` option and unit (bytes per step) of each resource Limits can set.
+_ULIMIT = {resource.RLIMIT_CPU: ("t", 1), resource.RLIMIT_AS: ("v", 1024),
+           resource.RLIMIT_FSIZE: ("f", 1024), resource.RLIMIT_NPROC: ("u", 1)}
+
+
+def bash_limits_prefix(limits: Limits) -> str:
+    """The limits of make_preexec, set by bash itself: a prefix for a `bash -c` script.
+
+    Any preexec_fn makes Python fork() the whole runner instead of vfork(); for an 80 MB runner
+    that costs ~8 ms of CPU per command instead of ~1.5 ms (bench/RESULTS.md), the largest
+    per-command cost there was. The prefix stays on the script's first line, so bash's line numbers
+    still match the command's; if a limit cannot be set the command does not run (exit 126).
+    Units round down, so a limit is never looser than asked. bash only: dash counts -f in 512s."""
+    steps = []
+    for res, (soft, hard) in limit_pairs(limits):
+        flag, unit = _ULIMIT[res]
+        # Soft first: lowering the hard limit below the current soft one would fail.
+        steps += [f"ulimit -S -{flag} {soft // unit}", f"ulimit -H -{flag} {hard // unit}"]
+    return " && ".join(steps) + " || exit 126; " if steps else ""
+
+
+def limit_pairs(limits: Limits) -> list[tuple[int, tuple[int, int]]]:
+    """(resource, (soft, hard)) for each limit that is set, capped by the runner's own hard limits."""
     pairs: list[tuple[int, tuple[int, int]]] = []
     for res, value in (
         (resource.RLIMIT_CPU, limits.cpu_seconds),
@@ -81,14 +116,7 @@ def make_preexec(limits: Limits) -> Callable[[], None] | None:
         # CPU: the soft limit sends SIGXCPU first; the hard one (a few seconds later) SIGKILLs.
         new_hard = cap + 5 if res == resource.RLIMIT_CPU and hard == resource.RLIM_INFINITY else cap
         pairs.append((res, (cap, new_hard)))
-    if not pairs:
-        return None
-
-    def apply() -> None:
-        for res, pair in pairs:
-            resource.setrlimit(res, pair)
-
-    return apply
+    return pairs
 
 
 class CappedBuffer:
@@ -233,33 +261,74 @@ async def spawn_argv(
         )
 
 
+# kill_tagged remembers what it read, per variable name: (pid, inode of /proc/<pid>) -> the values
+# of that variable in the process's environment. It runs at every sandbox close, and reading every
+# process's environ each time (a few µs each) was one of the largest per-sample costs left with a
+# few hundred samples in flight (bench/RESULTS.md). An entry stays valid while its process lives:
+# a /proc inode belongs to one process, and a process carries a tag from birth (inherited) or not
+# at all, since sandbox commands are spawned from the thread that scans and Popen returns only
+# after the exec. Entries go when their process does, and all of them every _TAG_CACHE_SECONDS.
+_TAG_CACHE_SECONDS = 2.0
+_tag_cache: dict[bytes, tuple[float, dict[tuple[int, int], frozenset[bytes]]]] = {}
+
+
+def _env_values(pid: str, name: bytes) -> frozenset[bytes] | None:
+    """Values of variable `name` ("NAME=") in a process's environment; None if unreadable."""
+    try:
+        fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:  # gone, or not ours to read
+        return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    environ = b"".join(chunks)
+    if name not in environ:  # almost every process: no split needed
+        return frozenset()
+    return frozenset(e[len(name):] for e in environ.split(b"\0") if e.startswith(name))
+
+
 def kill_tagged(marker: str) -> int:
     """SIGKILL every process whose environment contains `marker` ("NAME=value"); Linux only.
 
     Catches what process groups miss (children that called setsid, daemons). Rescans because a
     process may fork while we scan; returns how many processes were signalled."""
-    proc_dir = Path("/proc")
-    if not proc_dir.is_dir():
+    if not os.path.isdir("/proc"):
         return 0
-    needle = marker.encode()
+    name, _, value = marker.encode().partition(b"=")
+    name += b"="
+    now = time.monotonic()
+    stamp, cache = _tag_cache.get(name, (now, {}))
+    if now - stamp > _TAG_CACHE_SECONDS:
+        stamp, cache = now, {}
     me = os.getpid()
     killed: set[int] = set()
     for _ in range(20):
         found = []
-        for entry in os.scandir(proc_dir):
-            if not entry.name.isdigit() or int(entry.name) in killed or int(entry.name) == me:
+        seen: dict[tuple[int, int], frozenset[bytes]] = {}
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
                 continue
-            try:
-                with open(f"/proc/{entry.name}/environ", "rb") as f:
-                    environ = f.read()
-            except OSError:  # gone, or not ours to read
-                continue
-            if needle in environ.split(b"\0"):
-                found.append(int(entry.name))
+            pid = int(entry.name)
+            key = (pid, entry.inode())
+            values = cache.get(key)
+            if values is None:
+                values = _env_values(entry.name, name)
+                if values is None:
+                    continue
+            seen[key] = values
+            if value in values and pid not in killed and pid != me:
+                found.append(pid)
+        cache = seen
         if not found:
             break
         for pid in found:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
             killed.add(pid)
+    _tag_cache[name] = (stamp, cache)
     return len(killed)

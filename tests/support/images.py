@@ -1,0 +1,132 @@
+"""Local container images for tests, built without any registry.
+
+`localhost/trajforge-test-busybox` is a `podman import` of a root filesystem made from the
+static busybox binary (Debian's busybox-static): /bin/busybox, a relative symlink per applet,
+/tmp, a root account, `/image-marker.txt`, a file only this image has (tests prove a command
+ran inside the image by reading it), and `/app/readme.txt` (content at a row's cwd). Built once
+per test session; skips say exactly which tool is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import shutil
+import struct
+import subprocess
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trajforge.sandbox.engine import Engine, detect
+
+TEST_IMAGE = "localhost/trajforge-test-busybox:latest"
+MARKER = "trajforge test image marker 7f3a\n"
+APP_README = "shipped in the image at /app\n"
+MISSING_IMAGE = "localhost/trajforge-test-no-such-image:404"
+_BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
+
+
+def _is_static_elf(path: Path) -> bool:
+    """True for an ELF executable without a PT_INTERP header (no dynamic loader needed)."""
+    with open(path, "rb") as f:
+        head = f.read(64)
+        if head[:4] != b"\x7fELF" or head[4] != 2:  # 64-bit only; that is all Debian ships here
+            return False
+        phoff, = struct.unpack_from("<Q", head, 32)
+        phentsize, phnum = struct.unpack_from("<HH", head, 54)
+        f.seek(phoff)
+        table = f.read(phentsize * phnum)
+    return all(struct.unpack_from("<I", table, i * phentsize)[0] != 3 for i in range(phnum))
+
+
+def static_busybox() -> Path | None:
+    for cand in _BUSYBOX_CANDIDATES:
+        p = Path(cand)
+        if p.is_file() and _is_static_elf(p):
+            return p
+    return None
+
+
+def podman_skip_reason() -> str | None:
+    if shutil.which("podman") is None:
+        return "podman is not installed (apt-get install podman runc)"
+    if shutil.which("runc") is None and shutil.which("crun") is None:
+        return "no OCI runtime for podman (apt-get install runc)"
+    if static_busybox() is None:
+        return "no static busybox to build the test image from (apt-get install busybox-static)"
+    status = asyncio.run(detect("podman"))
+    if status.engine is None:
+        return f"podman is not usable here: {status.reasons.get('podman')}"
+    return None
+
+
+def podman_engine() -> Engine:
+    engine = asyncio.run(detect("podman")).engine
+    assert engine is not None
+    return engine
+
+
+def rootfs_tar(busybox: Path) -> bytes:
+    """The image's root filesystem as an uncompressed tar, built in memory."""
+    applets = subprocess.run([str(busybox), "--list"], capture_output=True, text=True, check=True).stdout.split()
+    buf = io.BytesIO()
+    now = time.time()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        def add_dir(name: str, mode: int = 0o755) -> None:
+            info = tarfile.TarInfo(name)
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, mode, now
+            tar.addfile(info)
+
+        def add_file(name: str, data: bytes, mode: int = 0o644) -> None:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), mode, now
+            tar.addfile(info, io.BytesIO(data))
+
+        for d in ("bin", "etc", "root", "app", "proc", "sys", "dev"):
+            add_dir(d)
+        add_dir("tmp", 0o1777)
+        add_file("bin/busybox", busybox.read_bytes(), 0o755)
+        for applet in applets:
+            if applet != "busybox":
+                link = tarfile.TarInfo(f"bin/{applet}")
+                link.type, link.linkname, link.mode, link.mtime = tarfile.SYMTYPE, "busybox", 0o777, now
+                tar.addfile(link)
+        add_file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n")
+        add_file("etc/group", b"root:x:0:\nnogroup:x:65534:\n")
+        add_file("image-marker.txt", MARKER.encode())
+        add_file("app/readme.txt", APP_README.encode())
+    return buf.getvalue()
+
+
+def build_test_image(engine: Engine, tag: str = TEST_IMAGE) -> str:
+    busybox = static_busybox()
+    assert busybox is not None
+    proc = subprocess.run([engine.binary, "import", "--change", "ENV PATH=/bin", "-", tag], input=rootfs_tar(busybox),
+                          env=engine.env, capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    return tag
+
+
+def containers_with_label(engine: Engine, label: str) -> list[str]:
+    proc = subprocess.run([engine.binary, "ps", "-a", "--filter", f"label={label}", "--format", "{{.Names}}"],
+                          env=engine.env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split()
+
+
+@pytest.fixture(scope="session")
+def podman() -> Engine:
+    reason = podman_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    return podman_engine()
+
+
+@pytest.fixture(scope="session")
+def busybox_image(podman: Engine) -> Iterator[str]:
+    """The test image, imported once per session and left in local storage for the next one."""
+    yield build_test_image(podman)

@@ -1,0 +1,339 @@
+"""The container backend for real: Podman (and the Docker CLI through `podman system service`)
+running samples in a locally imported busybox image; limits, kills, cleanup, missing images."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, cli
+from tests.support.images import (  # noqa: F401 (fixtures)
+    APP_README, MARKER, MISSING_IMAGE, busybox_image, containers_with_label, podman,
+)
+from tests.support.policies import prompt_command_policy
+from tests.support.scripted_server import ScriptedServer
+from trajforge.config import RunConfig
+from trajforge.sandbox.base import PathEscapeError, SandboxError
+from trajforge.sandbox.container import ContainerBackend, ContainerSandbox
+from trajforge.sandbox.engine import Engine, container_name, detect
+from trajforge.sandbox.factory import create_sandbox
+from trajforge.sandbox.images import ImageChecker
+from trajforge.sandbox.process import kill_group
+
+
+def config(**kw: object) -> RunConfig:
+    values = {"container_engine": "podman", "run_name": f"ctest-{os.getpid()}", **kw}
+    return RunConfig(**values)  # type: ignore[arg-type]
+
+
+async def processes(sb: ContainerSandbox) -> str:
+    return (await sb.exec("ps -o pid,args", timeout=20)).stdout
+
+
+def test_sample_runs_in_the_image_with_cwd_and_workspace(tmp_path: Path, busybox_image: str, podman: Engine,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-host-secret-123")
+
+    async def body() -> None:
+        sb = await create_sandbox(config(), cwd="/app", image=busybox_image, root=tmp_path)
+        assert isinstance(sb, ContainerSandbox) and sb.workdir == "/app"
+        try:
+            res = await sb.exec("cat /image-marker.txt; pwd; cat readme.txt", timeout=20)
+            assert res.exit_code == 0 and res.stdout == MARKER + "/app\n" + APP_README, res
+            assert (sb.workspace / "readme.txt").read_text() == APP_README  # the image's /app, copied in
+            sb.resolve("notes.txt").write_text("from the host\n")
+            res = await sb.exec("cat notes.txt && echo made > /app/made.txt && exit 3", timeout=20)
+            assert res.stdout == "from the host\n" and res.exit_code == 3
+            assert (sb.workspace / "made.txt").read_text() == "made\n"
+            assert sb.resolve("/app/made.txt") == sb.workspace / "made.txt"
+            for bad in ("/etc/passwd", "../outside", "/image-marker.txt"):
+                with pytest.raises(PathEscapeError):
+                    sb.resolve(bad)
+            env = (await sb.exec("env", timeout=20)).stdout
+            assert "sk-host-secret-123" not in env and "OPENAI_API_KEY" not in env
+            assert "PATH=/bin" in env  # the image's own environment
+            res = await sb.exec("mkdir -p sub && cd sub && pwd", timeout=20, cwd="sub")
+            assert res.stdout == "/app/sub/sub\n"
+        finally:
+            await sb.close()
+        assert sb.name is None and not sb.workspace.exists()
+
+    asyncio.run(body())
+    assert containers_with_label(podman, f"trajforge.run=ctest-{os.getpid()}") == []
+
+
+def test_limits_apply_inside_the_container(tmp_path: Path, busybox_image: str, podman: Engine) -> None:
+    async def body() -> None:
+        cfg = config(container_memory="64m", container_pids_limit=24, container_cpus=0.5, sandbox_network="none")
+        sb = await create_sandbox(cfg, cwd=None, image=busybox_image, root=tmp_path)
+        try:
+            assert sb.workdir == "/workspace"
+            name = sb.name
+            assert name is not None
+            inspect = await podman.run("inspect", "--format", "{{json .HostConfig}}", name)
+            host = json.loads(inspect.stdout)
+            assert host["Memory"] == 64 << 20 and host["PidsLimit"] == 24 and host["NanoCpus"] == 500_000_000
+            # A 200 MB allocation does not fit in 64 MB: the kernel kills it.
+            res = await sb.exec("dd if=/dev/zero of=/dev/null bs=200M count=1", timeout=30)
+            assert res.exit_code != 0, res
+            # Network off: loopback only.
+            res = await sb.exec("ls /sys/class/net", timeout=20)
+            assert res.stdout.split() == ["lo"]
+            # Forking past the pids limit fails inside (counted with shell builtins: no fork left).
+            res = await sb.exec("(i=0; while [ $i -lt 60 ]; do sleep 30 & i=$((i+1)); done) 2>/dev/null; "
+                                "set -- /proc/[0-9]*; echo $#", timeout=30)
+            assert int(res.stdout.split()[-1]) <= 24, res
+        finally:
+            await sb.close()
+
+    asyncio.run(body())
+
+
+def test_timeout_and_cancellation_kill_the_process_inside(tmp_path: Path, busybox_image: str, podman: Engine) -> None:
+    async def body() -> None:
+        sb = await create_sandbox(config(), cwd=None, image=busybox_image, root=tmp_path)
+        try:
+            t0 = time.monotonic()
+            res = await sb.exec("sleep 31 & sleep 32; echo never", timeout=1)
+            assert res.timed_out and res.exit_code is None and "never" not in res.stdout
+            assert time.monotonic() - t0 < 10
+            ps = await processes(sb)
+            assert "sleep 31" not in ps and "sleep 32" not in ps, ps
+
+            task = asyncio.create_task(sb.exec("sleep 33", timeout=60))
+            await asyncio.sleep(1.0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert "sleep 33" not in await processes(sb)
+
+            log = tmp_path / "job.log"
+            proc = await sb.spawn("echo started; sleep 34", log_path=log)
+            for _ in range(100):
+                if "sleep 34" in await processes(sb):
+                    break
+            kill_group(proc)  # what the process tool does
+            await proc.wait()
+            await asyncio.sleep(0.5)
+            assert "sleep 34" not in await processes(sb)
+            assert log.read_text().startswith("started")
+            # A background job that ends by itself reports its exit code.
+            proc = await sb.spawn("exit 5", log_path=log)
+            assert await proc.wait() == 5
+            assert (await sb.exec("exit 125", timeout=20)).exit_code == 125  # the command's own code
+            # The container disappearing under the sample is an infrastructure failure.
+            subprocess.run([podman.binary, *podman.rm_args(sb.name or "")], env=podman.env, capture_output=True)
+            with pytest.raises(SandboxError, match="exec in container"):
+                await sb.exec("true", timeout=20)
+        finally:
+            await sb.close()
+
+    asyncio.run(body())
+
+
+def test_missing_image_fails_the_sample_once_per_image(tmp_path: Path, busybox_image: str, podman: Engine,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    original = ImageChecker._check
+
+    async def counting(self: ImageChecker, image: str):  # type: ignore[no-untyped-def]
+        calls.append(image)
+        return await original(self, image)
+
+    monkeypatch.setattr(ImageChecker, "_check", counting)
+
+    async def body() -> None:
+        cfg = config(run_name=f"ctest-missing-{os.getpid()}")
+        results = await asyncio.gather(
+            *(create_sandbox(cfg, cwd=None, image=MISSING_IMAGE, root=tmp_path) for _ in range(3)),
+            *(create_sandbox(cfg, cwd=None, image=busybox_image, root=tmp_path) for _ in range(2)),
+            return_exceptions=True,
+        )
+        errors, sandboxes = results[:3], results[3:]
+        for e in errors:
+            assert isinstance(e, SandboxError)
+            assert MISSING_IMAGE in str(e) and "podman" in str(e) and "pull failed" in str(e)
+        for sb in sandboxes:
+            assert isinstance(sb, ContainerSandbox)
+            await sb.close()
+        assert sorted(calls) == sorted([MISSING_IMAGE, busybox_image])  # one check per distinct image
+        assert list(tmp_path.iterdir()) == []  # failed samples left no workspace
+
+    t0 = time.monotonic()
+    asyncio.run(body())
+    assert time.monotonic() - t0 < 60
+    assert containers_with_label(podman, f"trajforge.run=ctest-missing-{os.getpid()}") == []
+
+
+def test_container_creation_is_bounded_by_max_sandboxes(tmp_path: Path, busybox_image: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    in_flight, peak = 0, 0
+    original = Engine.run
+
+    async def counting(self: Engine, *args: str, timeout: float = 60.0):  # type: ignore[no-untyped-def]
+        nonlocal in_flight, peak
+        creating = args[:2] == ("run", "-d")
+        in_flight += creating
+        peak = max(peak, in_flight)
+        try:
+            return await original(self, *args, timeout=timeout)
+        finally:
+            in_flight -= creating
+
+    monkeypatch.setattr(Engine, "run", counting)
+
+    async def body() -> None:
+        cfg = config(max_sandboxes=1, run_name=f"ctest-bound-{os.getpid()}")
+        boxes = await asyncio.gather(*(create_sandbox(cfg, cwd=None, image=busybox_image, root=tmp_path)
+                                       for _ in range(3)))
+        try:
+            outs = await asyncio.gather(*(sb.exec("cat /image-marker.txt", timeout=20) for sb in boxes))
+            assert [o.stdout for o in outs] == [MARKER] * 3
+        finally:
+            await asyncio.gather(*(sb.close() for sb in boxes))
+        with pytest.raises(SandboxError, match="needs an image"):
+            await create_sandbox(config(sandbox="container"), cwd=None, image=None, root=tmp_path)
+
+    asyncio.run(body())
+    assert peak == 1
+
+
+def test_sweep_removes_containers_of_dead_runners(busybox_image: str, podman: Engine) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    name = container_name("sweeptest").replace(f"-{os.getpid()}-", f"-{dead.pid}-")
+    mine = container_name("alive")
+    for n in (name, mine):
+        proc = subprocess.run([podman.binary, "run", "-d", "--name", n, "--label", "trajforge=1", "--entrypoint",
+                               "sleep", busybox_image, "infinity"], env=podman.env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+
+    async def body() -> list[str]:
+        return await ContainerBackend(podman, max_creating=1, pull_timeout=10).sweep()
+
+    try:
+        removed = asyncio.run(body())
+        assert name in removed and mine not in removed
+        assert containers_with_label(podman, "trajforge=1").count(mine) == 1
+    finally:
+        subprocess.run([podman.binary, *podman.rm_args(name, mine)], env=podman.env, capture_output=True)
+
+
+CHILD = textwrap.dedent("""
+    import asyncio, sys
+    from pathlib import Path
+    from trajforge.config import RunConfig
+    from trajforge.sandbox.factory import create_sandbox
+
+    async def main():
+        cfg = RunConfig(container_engine="podman", run_name=sys.argv[2])
+        sb = await create_sandbox(cfg, cwd=None, image=sys.argv[1], root=Path(sys.argv[3]))
+        try:
+            print("ready", sb.name, flush=True)
+            await sb.exec("sleep 60", timeout=120)
+        finally:
+            await asyncio.shield(sb.close())
+
+    asyncio.run(main())
+""")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_interrupted_runner_leaves_no_container(tmp_path: Path, busybox_image: str, podman: Engine,
+                                                sig: signal.Signals) -> None:
+    run_name = f"ctest-sig{int(sig)}-{os.getpid()}"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    child = subprocess.Popen([sys.executable, "-c", CHILD, busybox_image, run_name, str(tmp_path)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    line = child.stdout.readline()
+    assert line.startswith("ready"), child.stderr.read() if child.stderr else ""
+    assert containers_with_label(podman, f"trajforge.run={run_name}") == [line.split()[1]]
+    child.send_signal(sig)  # Ctrl-C: close() runs; SIGKILL: nothing runs, the next sweep cleans up
+    child.wait(timeout=60)
+    if sig == signal.SIGKILL:
+        assert len(containers_with_label(podman, f"trajforge.run={run_name}")) == 1
+
+        async def sweep() -> list[str]:
+            return await ContainerBackend(podman, max_creating=1, pull_timeout=10).sweep()
+
+        assert asyncio.run(sweep()) == [line.split()[1]]
+    assert containers_with_label(podman, f"trajforge.run={run_name}") == []
+
+
+@pytest.fixture
+def docker_host(podman: Engine, tmp_path_factory: pytest.TempPathFactory,
+                monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The Docker CLI talking to `podman system service` on a private socket."""
+    if shutil.which("docker") is None:
+        pytest.skip("the docker CLI is not installed")
+    sock = tmp_path_factory.mktemp("docker") / "docker.sock"
+    service = subprocess.Popen([podman.binary, "system", "service", "--time=0", f"unix://{sock}"], env=podman.env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        monkeypatch.setenv("DOCKER_HOST", f"unix://{sock}")
+        yield f"unix://{sock}"
+    finally:
+        os.killpg(service.pid, signal.SIGKILL)
+        service.wait()
+
+
+def test_docker_cli_engine(tmp_path: Path, busybox_image: str, docker_host: str) -> None:
+    async def body() -> None:
+        status = await detect("docker", refresh=True)
+        assert status.engine is not None and status.engine.kind == "docker", status.reasons
+        assert status.engine.env["DOCKER_HOST"] == docker_host
+        cfg = config(container_engine="docker", run_name=f"ctest-docker-{os.getpid()}")
+        sb = await create_sandbox(cfg, cwd="/app", image=busybox_image, root=tmp_path)
+        try:
+            res = await sb.exec("cat /image-marker.txt && pwd", timeout=30)
+            assert res.stdout == MARKER + "/app\n", res
+            res = await sb.exec("sleep 35", timeout=1)
+            assert res.timed_out and "sleep 35" not in await processes(sb)
+        finally:
+            await sb.close()
+        with pytest.raises(SandboxError, match="not available"):
+            await create_sandbox(cfg, cwd=None, image=MISSING_IMAGE, root=tmp_path)
+        await detect("docker", refresh=True)
+
+    asyncio.run(body())
+
+
+def test_dataset_mixing_images_end_to_end(tmp_path: Path, busybox_image: str, podman: Engine,
+                                          clean_env: dict[str, str]) -> None:
+    run_name = f"mixed-{os.getpid()}"
+    rows = [{"prompt": "cat /image-marker.txt; pwd", "image": busybox_image, "cwd": "/app"},
+            {"prompt": "cat /image-marker.txt", "docker_image": MISSING_IMAGE},
+            {"prompt": "echo no-image-row; test -e /image-marker.txt || echo not-in-image"}]
+    ds = tmp_path / "ds.jsonl"
+    ds.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with ScriptedServer() as server:
+        server.handler = prompt_command_policy
+        proc = subprocess.run(cli("run", f"--dataset_file={ds}", "--batch_size=3", f"--run_name={run_name}",
+                                  f"--base_url={server.url}", "--model=scripted", "--distribution=terminal_only",
+                                  "--container_engine=podman"),
+                              cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "data" / run_name
+    records = {r["prompt_index"]: r for r in map(json.loads, (out / "trajectories.jsonl").read_text().splitlines())}
+    assert sorted(records) == [0, 2]
+    answer = records[0]["conversations"][-1]["value"]
+    assert MARKER.strip() in answer and "/app" in answer
+    assert "not-in-image" in records[2]["conversations"][-1]["value"]
+    stats = json.loads((out / "statistics.json").read_text())["run"]["samples"]
+    assert stats["failed_by_class"]["sandbox"] == 1, stats
+    assert containers_with_label(podman, f"trajforge.run={run_name}") == []
