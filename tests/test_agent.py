@@ -85,7 +85,7 @@ def test_model_mistakes_become_error_results(server: ScriptedServer, tmp_path: P
     assert all(r.failed for r in session.turns[0].results)
     rec = build_record(session, prompt_index=0, sample_id="x:0", batch_num=0, model="m", toolsets_used=[],
                        known_tools=KNOWN_TOOLS)
-    assert rec["tool_stats"]["nope_tool"]["failure"] == 1  # makes the corrupt-entry filter drop it
+    assert rec["tool_stats"]["unoffered:nope_tool"]["failure"] == 1  # makes the corrupt-entry filter drop it
     assert rec["tool_error_counts"]["terminal"] == 2
 
 

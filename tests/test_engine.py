@@ -199,3 +199,50 @@ def test_bad_dataset_leaves_existing_output_untouched(tmp_path: Path, server: Sc
     assert proc.returncode != 0 and "ds.jsonl:2" in proc.stderr and "prompt" in proc.stderr
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
     assert os.listdir(run)
+
+
+def test_merge_filters_unoffered_tools_and_samples_no_longer_in_the_dataset(tmp_path: Path, server: ScriptedServer,
+                                                                             clean_env) -> None:
+    def handle(req: Recorded) -> Reply:
+        if "stray" in user_prompt(req.body) and not any(m["role"] == "tool" for m in req.body["messages"]):
+            # web_search exists, but terminal_only never offers it: a corrupt entry for this sample
+            return chat(None, reasoning="r", tool_calls=[tool_call("web_search", {"query": "x"})])
+        return echo_policy(1)(req)
+
+    server.handler = handle
+    ds = write_dataset(tmp_path / "ds.jsonl", ["say a", "say stray", "say c"])
+    proc = run_cli(tmp_path, clean_env, *base_args(server, ds))
+    assert proc.returncode == 0, proc.stderr
+    stats = stats_of(tmp_path)
+    assert stats["run"]["samples"]["discarded_by_reason"] == {"hallucinated_tool": 1}
+    assert [r["conversations"][1]["value"] for r in read_jsonl(tmp_path / "data" / "r" / "trajectories.jsonl")] \
+        == ["say a", "say c"]
+    write_dataset(ds, ["say a"])  # the dataset shrank: the others stay in batch files only
+    proc = run_cli(tmp_path, clean_env, *base_args(server, ds), "--resume")
+    assert proc.returncode == 0, proc.stderr
+    assert "no longer in the dataset" in proc.stderr
+    lines = read_jsonl(tmp_path / "data" / "r" / "trajectories.jsonl")
+    assert [r["prompt_index"] for r in lines] == [0]
+    assert stats_of(tmp_path)["run"]["samples"]["finished"] == 1
+
+
+def test_provider_error_mid_generation_is_a_retried_failure(tmp_path: Path, server: ScriptedServer,
+                                                            clean_env) -> None:
+    server.handler = lambda req: chat("partial text", reasoning="r", finish_reason="error")
+    ds = write_dataset(tmp_path / "ds.jsonl", ["say e"])
+    proc = run_cli(tmp_path, clean_env, *base_args(server, ds))
+    assert proc.returncode == 0, proc.stderr
+    stats = stats_of(tmp_path)
+    assert stats["run"]["samples"]["failed_by_class"]["api_error"] == 1
+    assert stats["run"]["samples"]["finished"] == 0
+    assert len(server.requests) == 2  # the first attempt and its in-run retry
+
+
+def test_spend_of_discarded_samples_is_counted(tmp_path: Path, server: ScriptedServer, clean_env) -> None:
+    server.handler = echo_policy(turns=1, reasoning=False)
+    ds = write_dataset(tmp_path / "ds.jsonl", ["say a", "say b"])
+    assert run_cli(tmp_path, clean_env, *base_args(server, ds)).returncode == 0
+    assert run_cli(tmp_path, clean_env, *base_args(server, ds), "--resume").returncode == 0
+    run = stats_of(tmp_path)["run"]
+    assert run["samples"]["discarded"] == 2
+    assert run["api_calls"] == 4 and run["tokens"]["prompt"] == 4 * 10

@@ -49,7 +49,7 @@ FLAGS: list[tuple[str, str, str]] = [
     ("list_distributions", "bool", "print every distribution and exit"),
     ("config", "path", "YAML config file; command-line flags override it"),
     ("output_dir", "path", "parent directory of run directories"),
-    ("timeout", "float", "wall-clock seconds per sample before it is killed"),
+    ("timeout", "float", "wall-clock seconds per sample (after its sandbox is up) before it is killed"),
     ("tool_timeout", "float", "seconds per terminal command"),
     ("request_timeout", "float", "seconds per model request"),
     ("max_retries", "int", "retries per model request on 429/5xx/timeouts"),
@@ -98,7 +98,7 @@ _DEFAULT_WORDS = {
     "api_key": "$OPENROUTER_API_KEY, then $OPENAI_API_KEY", "max_samples": "all", "max_tokens": "the model's",
     "providers_allowed": "all", "providers_ignored": "none", "providers_order": "the router's",
     "provider_sort": "the router's", "reasoning_effort": "the model's", "ephemeral_system_prompt": "none",
-    "prefill_messages_file": "none", "config": "none", "timeout": "none", "ray_address": "start a local Ray instance",
+    "prefill_messages_file": "none", "config": "none", "ray_address": "start a local Ray instance",
 }
 
 

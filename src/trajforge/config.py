@@ -98,7 +98,7 @@ class RunConfig(_Strict):
     log_prefix_chars: int = Field(100, ge=0)
     prefill_messages_file: Path | None = None
     output_dir: Path = Path("data")
-    timeout: float | None = Field(None, gt=0, description="wall-clock seconds per sample")
+    timeout: float | None = Field(1800.0, gt=0, description="wall-clock seconds per sample")
     tool_timeout: float = Field(120.0, gt=0, description="seconds per terminal command")
     request_timeout: float = Field(600.0, gt=0, description="seconds per model request")
     max_retries: int = Field(5, ge=0, description="attempts per model request after the first")

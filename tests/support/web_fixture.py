@@ -2,15 +2,16 @@
 
 It serves real HTML pages, a SearXNG-compatible `/search?format=json` endpoint, Brave- and
 Tavily-compatible search APIs (checking their auth headers), a generated PDF with text, JSON,
-plain text, a PNG, binary data, redirect chains, a 404, a page of several megabytes and a page
-that answers only after a delay. It runs in a background thread like scripted_server.py so
-sync and async tests can use it; every request is recorded.
+plain text, a PNG, binary data, redirect chains, a 404, a page of several megabytes, a page
+that answers only after a delay, and a form page for browser runs. It runs in a background
+thread like scripted_server.py so sync and async tests can use it; every request is recorded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
 import json
 import struct
 import threading
@@ -41,6 +42,16 @@ See <a href="/other.html">the other page</a> for history.</p>
 OTHER = "<html><head><title>Other page</title></head><body><p>History of tidal mills.</p></body></html>"
 DATA = {"name": "tides", "values": [1, 2, 3], "nested": {"ok": True}}
 NOTES = "plain notes\nline two\n"
+
+# For browser runs: a GET form that submits to /greeting.html, an image and a console message.
+FORM = """<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>Greeting form</title></head><body>
+<h1>Greeting form</h1>
+<form action="/greeting.html" method="get"><label for="name">Your name</label>
+<input id="name" name="name" placeholder="name"> <button type="submit">Greet</button></form>
+<img src="/image.png" alt="Red box" width="40" height="30">
+<script>console.log("form page ready");</script>
+</body></html>"""
 
 
 def make_png(width: int = 4, height: int = 3, rgb: tuple[int, int, int] = (200, 30, 30)) -> bytes:
@@ -130,6 +141,13 @@ class WebFixture:
             return web.Response(text=ARTICLE, content_type="text/html", charset="utf-8")
         if path == "/other.html":
             return web.Response(text=OTHER, content_type="text/html")
+        if path == "/form.html":
+            return web.Response(text=FORM, content_type="text/html")
+        if path == "/greeting.html":  # the form's target; tall so that scrolling moves
+            name = html.escape(request.query.get("name", "nobody"))
+            page = (f"<html><head><title>Greeting</title></head><body><p>Hello, {name}!</p>"
+                    '<div style="height:4000px"></div><p>end</p></body></html>')
+            return web.Response(text=page, content_type="text/html")
         if path == "/latin1.html":
             page = "<html><title>Fran\u00e7ais</title><p>d\u00e9j\u00e0 vu</p></html>"
             return web.Response(body=page.encode("latin-1"), headers={"Content-Type": "text/html; charset=ISO-8859-1"})

@@ -13,6 +13,7 @@ from typing import Any
 
 from trajforge.agent.args import parse_arguments
 from trajforge.agent.prompts import runtime_system_message
+from trajforge.model.errors import APIFailure, ModelOutputError
 from trajforge.model.types import Completion, ModelClient, ToolCall, Usage
 from trajforge.tools.base import Tool, ToolContext, ToolInfraError, error, result_failed
 
@@ -24,6 +25,7 @@ class ToolResult:
     call: ToolCall
     result: str
     failed: bool
+    offered: bool = True  # False: the model called a tool that this sample was not given
 
 
 @dataclass(slots=True)
@@ -64,7 +66,7 @@ async def call_tool(call: ToolCall, tools: dict[str, Tool], ctx: ToolContext) ->
     tool = tools.get(call.name)
     if tool is None:
         offered = ", ".join(tools) or "none"
-        return ToolResult(call, error(f"unknown tool {call.name!r}; available tools: {offered}"), True)
+        return ToolResult(call, error(f"unknown tool {call.name!r}; available tools: {offered}"), True, False)
     args, problem = parse_arguments(call.arguments, tool.parameters)
     if problem is not None:
         return ToolResult(call, error(problem), True)
@@ -105,6 +107,10 @@ async def run_session(
         turns.append(turn)
         if trace is not None:
             trace("model", turn)
+        if completion.finish_reason == "error":  # the provider failed mid-generation: retry the sample
+            raise APIFailure("the provider reported an error during generation (finish_reason 'error')")
+        if completion.finish_reason == "content_filter":
+            raise ModelOutputError("the provider's content filter stopped the response")
         if completion.finish_reason == "length":
             end_reason = "length"
             break

@@ -1,8 +1,9 @@
 """Per-trajectory statistics (pure): tool usage, tool errors, reasoning coverage.
 
 tool_stats and tool_error_counts include every known tool with zeros so all records share one
-schema. A call to a tool name that does not exist is counted under its own name, which makes the
-record detectable (and dropped) by the corrupt-entry filter at merge time.
+schema. A call to a tool that was not offered to the sample (a name that does not exist, or a
+real tool of a toolset it was not given) is counted under `unoffered:<name>`, a key outside the
+known tools, which makes the record detectable (and dropped) by the corrupt-entry filter at merge.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ def tool_stats(session: SessionResult, known: tuple[str, ...]) -> tuple[dict[str
     errors = dict.fromkeys(known, 0)
     for turn in session.turns:
         for res in turn.results:
-            name = res.call.name
+            name = res.call.name if res.offered else f"unoffered:{res.call.name}"
             entry = stats.setdefault(name, {"count": 0, "success": 0, "failure": 0})
             entry["count"] += 1
             if res.failed:

@@ -31,6 +31,8 @@ class Checkpoint:
     _last_save: float = 0.0
     _save_cost: float = 0.0
     _dirty: bool = False
+    _current: dict[str, Any] | None = None
+    _invocation_t0: float = 0.0
 
     @classmethod
     def load(cls, path: Path, run_name: str) -> Checkpoint:
@@ -53,14 +55,27 @@ class Checkpoint:
             entry["reason"] = o.reason
         if o.status == "failed" and o.message:
             entry["message"] = o.message[:500]
+        if o.usage:
+            entry["usage"] = o.usage
+            entry["api_calls"] = o.api_calls
         prev = self.samples.get(o.identity)
         if prev is not None and prev["status"] != "failed" and o.status == "failed":
             return  # a finished sample never becomes failed again
         self.samples[o.identity] = entry
         self._dirty = True
 
+    def begin_invocation(self, started_wall: float) -> dict[str, Any]:
+        """Record this invocation now, so its duration counts even if the process is killed."""
+        entry: dict[str, Any] = {"started": started_wall, "seconds": 0.0, "ran": 0, "interrupted": False}
+        self.invocations.append(entry)
+        self._invocation_t0 = time.monotonic()
+        self._current = entry
+        return entry
+
     def save(self, *, force: bool = False) -> None:
         now = time.monotonic()
+        if self._current is not None:
+            self._current["seconds"] = round(now - self._invocation_t0, 3)
         if not force and (not self._dirty or now - self._last_save < max(1.0, 20 * self._save_cost)):
             return
         t0 = time.perf_counter()

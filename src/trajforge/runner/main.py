@@ -133,6 +133,8 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
                         o.attempts, o.message)
         else:
             invocation.discarded[o.reason or "unknown"] += 1
+            if o.usage:
+                invocation.add_usage(o.usage, o.api_calls)
         invocation.per_worker[o.worker] += 1
         checkpoint.record(o)
         checkpoint.save()
@@ -140,7 +142,10 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
 
     executor = make_executor(config, prefill, run_dir)
     stop = asyncio.Event()
+    this_invocation = checkpoint.begin_invocation(started_wall)
+    checkpoint.save(force=True)
     _install_signals(stop, batch_store, checkpoint)
+    flusher = asyncio.create_task(_flush_periodically(batch_store, checkpoint, progress))
     try:
         if todo:
             for u in await executor.start():
@@ -150,13 +155,14 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
     except* FatalModelError as eg:
         fatal = eg.exceptions[0]  # type: ignore[assignment]
     finally:
+        flusher.cancel()
+        _remove_signals()  # the merge below is safe to interrupt: every file it writes is atomic
         await executor.aclose()
         batch_store.close()
         for msg in batch_store.repaired:
             print(f"trajforge: {msg}", file=sys.stderr)
         seconds = time.monotonic() - t0
-        checkpoint.invocations.append({"started": started_wall, "seconds": round(seconds, 3),
-                                       "ran": sum(invocation.per_worker.values()), "interrupted": interrupted})
+        this_invocation.update(ran=sum(invocation.per_worker.values()), interrupted=interrupted)
         checkpoint.save(force=True)
     stats = _finish(config, dataset.samples, run_dir, checkpoint, invocation, seconds)
     _print_summary(stats, run_dir)
@@ -178,6 +184,7 @@ def _finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint:
             totals.failed[entry.get("reason", "internal")] += 1
         elif entry["status"] == "discarded":
             totals.discarded[entry.get("reason", "unknown")] += 1
+            totals.add_usage(entry.get("usage") or {}, int(entry.get("api_calls", 0)))
     total_seconds = sum(i.get("seconds", 0.0) for i in checkpoint.invocations)
     stats = {
         "run_name": config.run_name,
@@ -188,8 +195,14 @@ def _finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint:
         "run": totals.as_dict(total=len(samples), seconds=total_seconds),
         "last_invocation": invocation.as_dict(total=None, seconds=seconds),
         "merge": {"written": result.written, "hallucinated_filtered": result.hallucinated,
-                  "duplicates_ignored": result.duplicates, "problems": result.problems},
+                  "duplicates_ignored": result.duplicates, "not_in_dataset": result.stale,
+                  "problems": result.problems},
     }
+    for p in result.problems:
+        print(f"trajforge: {p}", file=sys.stderr)
+    if result.stale:
+        print(f"trajforge: {result.stale} finished sample(s) are no longer in the dataset; they stay in their "
+              "batch files but not in trajectories.jsonl", file=sys.stderr)
     atomic_write_json(run_dir / "statistics.json", stats)
     return stats
 
@@ -200,6 +213,22 @@ def _print_summary(stats: dict[str, Any], run_dir: Path) -> None:
     console = Console(file=sys.stdout, width=100)
     console.print(render_table(stats))
     console.print(f"trajectories: {run_dir / 'trajectories.jsonl'}  statistics: {run_dir / 'statistics.json'}")
+
+
+async def _flush_periodically(batch_store: store.BatchStore, checkpoint: Checkpoint, progress: Progress,
+                              every: float = 2.0) -> None:
+    """Keep the durability promises while no sample finishes: fsync, checkpoint, status line."""
+    while True:
+        await asyncio.sleep(every)
+        batch_store.sync()
+        checkpoint.save()
+        progress.tick()
+
+
+def _remove_signals() -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.remove_signal_handler(sig)
 
 
 def _install_signals(stop: asyncio.Event, batch_store: store.BatchStore, checkpoint: Checkpoint) -> None:

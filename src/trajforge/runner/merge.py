@@ -1,8 +1,10 @@
 """The final merge: trajectories.jsonl rebuilt atomically from every batch file.
 
-Exactly one line per finished sample (first occurrence wins), ordered by the sample's index in
-the current dataset (so a reordered dataset merges in its new order), with the corrupt-entry
-filter applied: a record that called a tool name that does not exist is dropped and counted.
+Exactly one line per finished sample of the current dataset (first occurrence wins), ordered by
+the sample's index in it (so a reordered dataset merges in its new order), with the corrupt-entry
+filter applied: a record that called a tool it was not offered is dropped and counted. Records of
+samples no longer in the dataset (an edited row, a lower --max_samples) stay in their batch file
+but are left out and counted, so prompt_index values never clash.
 Memory holds one small reference per line, never the trajectories themselves.
 """
 
@@ -29,6 +31,7 @@ class MergeResult:
     duplicates: int
     problems: list[str]
     finished: set[str]  # identities with a record in the batch files
+    stale: int = 0  # records of samples no longer in the dataset (left out of trajectories.jsonl)
 
 
 def merge(run_dir: Path, current_index: dict[str, int], totals: Totals) -> MergeResult:
@@ -44,7 +47,7 @@ def merge(run_dir: Path, current_index: dict[str, int], totals: Totals) -> Merge
     ordered = sorted(refs.values(), key=lambda r: (current_index.get(r.identity, 1 << 62), r.prompt_index))
     finished = set(refs)
     del refs
-    written = hallucinated = 0
+    written = hallucinated = stale = 0
     handles: dict[Path, BinaryIO] = {}
     try:
         with atomic_writer(run_dir / "trajectories.jsonl", buffering=1 << 20) as w:
@@ -54,7 +57,15 @@ def merge(run_dir: Path, current_index: dict[str, int], totals: Totals) -> Merge
                     f = handles[ref.path] = ref.path.open("rb")
                 f.seek(ref.offset)
                 line = f.read(ref.length)
-                rec = orjson.loads(line)
+                if ref.identity not in current_index:
+                    stale += 1  # finished for an earlier version of the dataset; kept in its batch file
+                    continue
+                try:
+                    rec = orjson.loads(line)
+                except orjson.JSONDecodeError as e:
+                    problems.append(f"{ref.path.name}: corrupt record of sample {ref.identity} ignored: {e}")
+                    finished.discard(ref.identity)
+                    continue
                 if any(name not in _KNOWN for name in rec.get("tool_stats", {})):
                     hallucinated += 1
                     totals.discarded["hallucinated_tool"] += 1
@@ -69,4 +80,4 @@ def merge(run_dir: Path, current_index: dict[str, int], totals: Totals) -> Merge
     finally:
         for f in handles.values():
             f.close()
-    return MergeResult(written, hallucinated, duplicates, problems, finished)
+    return MergeResult(written, hallucinated, duplicates, problems, finished, stale)

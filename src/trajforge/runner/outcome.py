@@ -21,3 +21,5 @@ class Outcome:
     attempts: int = 1
     seconds: float = 0.0
     worker: str = "local"
+    usage: dict[str, Any] | None = None  # tokens/cost of a discarded sample (a kept one has them in its record)
+    api_calls: int = 0

@@ -59,9 +59,17 @@ class Progress:
             self.failed += 1
         else:
             self.discarded += 1
+            if o.usage:
+                self.tokens += o.usage.get("prompt_tokens", 0) + o.usage.get("completion_tokens", 0)
+                self.cost += o.usage.get("cost", 0.0)
         if self._bar is not None:
             self._bar.update(self._task, advance=1, info=self._info())
         elif time.monotonic() - self._last_line >= self.interval:
+            self._emit()
+
+    def tick(self) -> None:
+        """Called periodically: without a terminal, print the status line when it is due."""
+        if not self.live and time.monotonic() - self._last_line >= self.interval:
             self._emit()
 
     def _info(self) -> str:

@@ -31,11 +31,18 @@ class Totals:
     cost: float = 0.0
     per_worker: Counter[str] = field(default_factory=Counter)
 
+    def add_usage(self, u: dict[str, Any], api_calls: int) -> None:
+        self.api_calls += api_calls
+        self.prompt_tokens += int(u.get("prompt_tokens", 0))
+        self.completion_tokens += int(u.get("completion_tokens", 0))
+        self.reasoning_tokens += int(u.get("reasoning_tokens", 0))
+        self.cost += float(u.get("cost", 0.0))
+
     def add_record(self, rec: dict[str, Any]) -> None:
         self.finished += 1
         self.completed += bool(rec.get("completed"))
         self.partial += bool(rec.get("partial"))
-        self.api_calls += int(rec.get("api_calls", 0))
+        self.add_usage(rec.get("usage") or {}, int(rec.get("api_calls", 0)))
         for name, s in rec.get("tool_stats", {}).items():
             t = self.tools.setdefault(name, [0, 0, 0])
             t[0] += s.get("count", 0)
@@ -44,11 +51,6 @@ class Totals:
         r = rec.get("reasoning") or {}
         self.assistant_turns += int(r.get("total_assistant_turns", 0))
         self.turns_with_reasoning += int(r.get("turns_with_reasoning", 0))
-        u = rec.get("usage") or {}
-        self.prompt_tokens += int(u.get("prompt_tokens", 0))
-        self.completion_tokens += int(u.get("completion_tokens", 0))
-        self.reasoning_tokens += int(u.get("reasoning_tokens", 0))
-        self.cost += float(u.get("cost", 0.0))
 
     def as_dict(self, *, total: int | None = None, seconds: float | None = None) -> dict[str, Any]:
         tools = {
@@ -110,7 +112,13 @@ def render_table(stats: dict[str, Any]) -> Any:
     cov = "-" if r["coverage"] is None else f"{100 * r['coverage']:.1f}%"
     rows += [("reasoning coverage", cov), ("api calls", run["api_calls"]),
              ("tokens (prompt/completion)", f"{run['tokens']['prompt']} / {run['tokens']['completion']}"),
-             ("cost", f"${run['cost']:.4f}"), ("duration (all invocations)", f"{run.get('duration_seconds', 0):.1f}s")]
+             ("cost", f"${run['cost']:.4f}"), ("duration (all invocations)", f"{run.get('duration_seconds', 0):.1f}s"),
+             ("throughput", f"{run.get('throughput_samples_per_minute') or 0:.1f} samples/min")]
+    last = stats.get("last_invocation")
+    if last and stats.get("invocations", 1) > 1:
+        ls = last["samples"]
+        rows.append(("this invocation", f"{ls['finished']} finished, {ls['failed']} failed, "
+                                        f"{ls['discarded']} discarded in {last.get('duration_seconds', 0):.1f}s"))
     for name, t in run["tools"].items():
         if t["count"]:
             rows.append((f"tool {name}", f"{t['count']} calls, {100 * (t['success_rate'] or 0):.0f}% ok"))

@@ -118,7 +118,9 @@ class BatchStore:
 
     def append(self, batch_num: int, line: bytes) -> None:
         f = self._open(batch_num)
-        f.write(line if line.endswith(b"\n") else line + b"\n")  # unbuffered: one write per line
+        data = memoryview(line if line.endswith(b"\n") else line + b"\n")
+        while data:  # unbuffered: one write per line, repeated only if the kernel took part of it
+            data = data[f.write(data):]
         self._dirty.add(batch_num)
         if time.monotonic() - self._last_sync >= self.sync_interval:
             self.sync()

@@ -79,8 +79,7 @@ class SampleWorker:
                            seconds=time.monotonic() - started, worker=self.worker_id, **kw)
 
         try:
-            async with asyncio.timeout(self.config.timeout):
-                toolsets, session = await self._run(sample, trace)
+            toolsets, session = await self._run(sample, trace)
         except FatalModelError:
             raise
         except TimeoutError:
@@ -96,7 +95,7 @@ class SampleWorker:
         record = build_record(session, prompt_index=sample.index, sample_id=sample.identity, batch_num=batch_num,
                               model=self.model.model_name, toolsets_used=toolsets, known_tools=KNOWN_TOOLS)
         if not self.config.keep_no_reasoning and not record["reasoning"]["has_any_reasoning"]:
-            return outcome("discarded", reason="no_reasoning", record=None)
+            return outcome("discarded", reason="no_reasoning", usage=record["usage"], api_calls=session.api_calls)
         return outcome("done", record=record)
 
     async def _run(self, sample: Sample, trace: Any) -> tuple[list[str], SessionResult]:
@@ -106,10 +105,12 @@ class SampleWorker:
         sampled = sample_toolsets(self.distribution, self.config.seed, sample.identity)
         offered = [ts for ts in sampled if ts in self.toolsets]
         tools = tools_for(offered, self.toolsets)
+        # The wall-clock limit starts once the sandbox exists: a shared image pull or a wait for a
+        # container slot is the run's cost, not this sample's.
         sandbox = await create_sandbox(self.config, cwd=sample.cwd, image=sample.image, root=self.workspace_root)
         try:
             ctx = ToolContext(sandbox, self.config, sample.identity)
-            async with ctx.cleanup:
+            async with asyncio.timeout(self.config.timeout), ctx.cleanup:
                 session = await run_session(
                     sample.prompt, self.model, tools, ctx, max_turns=self.config.max_turns,
                     ephemeral_system_prompt=self.config.ephemeral_system_prompt, prefill=self.prefill, trace=trace,
@@ -118,5 +119,10 @@ class SampleWorker:
             if tool_usage is not None:  # tokens spent by vision/moa calls belong to the sample's cost
                 session.usage.add(tool_usage)
         finally:
-            await asyncio.shield(sandbox.close())
+            closing = asyncio.ensure_future(sandbox.close())
+            try:
+                await asyncio.shield(closing)  # a cancellation must not leave its processes running
+            except asyncio.CancelledError:
+                await closing
+                raise
         return offered, session
