@@ -77,3 +77,17 @@ async def _container(config: RunConfig, *, cwd: str | None, image: str | None, r
         memory=config.container_memory, pids_limit=config.container_pids_limit, cpus=config.container_cpus,
         run_name=config.run_name, keep=config.keep_workspaces,
     )
+
+
+async def prefetch_images(config: RunConfig, images: set[str]) -> None:
+    """Start checking (and pulling) the run's distinct images in the background, before the first
+    sample needs them; a problem surfaces later as that image's samples' `sandbox` failure."""
+    if not images:
+        return
+    from trajforge.sandbox.container import backend_for
+
+    try:
+        backend = await backend_for(config)
+    except SandboxError:
+        return  # no engine: every sample with an image will say so
+    backend.images.prefetch(sorted(images))
