@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
+import stat
 from collections.abc import Callable, Coroutine
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
 
 from trajforge.config import RunConfig
+from trajforge.sandbox import safe_fs
+from trajforge.sandbox.bwrap import BwrapSandbox, probe
 from trajforge.sandbox.local import LocalSandbox
 from trajforge.tools import files
 from trajforge.tools.base import ToolContext, result_failed
@@ -18,9 +23,10 @@ from trajforge.tools.base import ToolContext, result_failed
 READ, WRITE, PATCH, SEARCH = files.ReadFileTool(), files.WriteFileTool(), files.PatchTool(), files.SearchFilesTool()
 
 
-def in_sandbox(tmp_path: Path, body: Callable[[ToolContext], Coroutine[Any, Any, None]], cwd: str | None = None) -> None:
+def in_sandbox(tmp_path: Path, body: Callable[[ToolContext], Coroutine[Any, Any, None]], cwd: str | None = None,
+               sandbox_cls: type[LocalSandbox] = LocalSandbox) -> None:
     async def main() -> None:
-        async with LocalSandbox(tmp_path, cwd=cwd) as sandbox:
+        async with sandbox_cls(tmp_path, cwd=cwd) as sandbox:
             await body(ToolContext(sandbox=sandbox, config=RunConfig()))
 
     asyncio.run(main())
@@ -170,3 +176,201 @@ def test_schemas_name_required_arguments(tool: Any) -> None:
     params = tool.schema()["function"]["parameters"]
     assert params["required"] and set(params["required"]) <= set(params["properties"])
     assert all(p.get("description") for p in params["properties"].values())
+
+
+# --- the resolve()-then-open race: a sandboxed job swaps a directory for a symlink in between ---
+
+
+def swap_for_link(directory: Path, target: Path) -> None:
+    """What a background job of the sample does: replace `directory` by a symlink to `target`."""
+    shutil.rmtree(directory)
+    directory.symlink_to(target, target_is_directory=True)
+
+
+def outside_tree(tmp_path: Path) -> Path:
+    outside = tmp_path / "outside"
+    (outside / "b").mkdir(parents=True)
+    (outside / "b" / "f.txt").write_text("outside secret\n")
+    return outside
+
+
+def test_low_level_helpers_refuse_a_directory_swapped_for_a_symlink(tmp_path: Path) -> None:
+    outside = outside_tree(tmp_path)
+    root = tmp_path / "ws"
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / "b" / "f.txt").write_text("inside\n")
+    rel = safe_fs.relative_in(root, Path(os.path.realpath(root / "a" / "b" / "f.txt")))  # what resolve() returned
+    assert rel == PurePosixPath("a/b/f.txt")
+    assert safe_fs.read_bytes_in(root, rel) == b"inside\n"
+
+    swap_for_link(root / "a", outside)  # the race is lost: a/ now leads to the outside tree
+    for attempt in (lambda: safe_fs.write_bytes_in(root, rel, b"pwned"),
+                    lambda: safe_fs.write_bytes_in(root, PurePosixPath("a/b/new.txt"), b"pwned"),
+                    lambda: safe_fs.write_bytes_in(root, PurePosixPath("a/c/d/new.txt"), b"pwned"),
+                    lambda: safe_fs.replace_in(root, rel, b"pwned"),
+                    lambda: safe_fs.read_bytes_in(root, rel),
+                    lambda: os.close(safe_fs.open_in(root, rel, os.O_RDONLY)),
+                    lambda: os.close(safe_fs.open_dir_in(root, PurePosixPath("a/b")))):
+        with pytest.raises(safe_fs.SymlinkError) as info:
+            attempt()
+        assert info.value.link == PurePosixPath("a") and "symbolic link" in str(info.value)
+    assert sorted(p.relative_to(outside).as_posix() for p in outside.rglob("*")) == ["b", "b/f.txt"]
+    assert (outside / "b" / "f.txt").read_text() == "outside secret\n"
+
+
+def test_low_level_helpers_refuse_a_final_symlink_and_never_create_through_it(tmp_path: Path) -> None:
+    outside = outside_tree(tmp_path)
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "f.txt").symlink_to(outside / "b" / "f.txt")
+    (root / "dangling").symlink_to(outside / "created-by-root.txt")
+    for rel in ("f.txt", "dangling"):
+        with pytest.raises(safe_fs.SymlinkError):
+            safe_fs.write_bytes_in(root, PurePosixPath(rel), b"pwned")
+        with pytest.raises(safe_fs.SymlinkError):
+            safe_fs.read_bytes_in(root, PurePosixPath(rel))
+    with pytest.raises(safe_fs.SymlinkError):
+        safe_fs.replace_in(root, PurePosixPath("f.txt"), b"pwned")
+    assert not (outside / "created-by-root.txt").exists()
+    assert (outside / "b" / "f.txt").read_text() == "outside secret\n"
+    with pytest.raises(safe_fs.PathEscapeError):
+        safe_fs.read_bytes_in(root, PurePosixPath("../outside/b/f.txt"))
+    with pytest.raises(safe_fs.PathEscapeError):
+        safe_fs.relative_in(root, outside / "b" / "f.txt")
+
+
+def test_low_level_write_replace_and_non_regular_files(tmp_path: Path) -> None:
+    root = tmp_path / "ws"
+    root.mkdir()
+    safe_fs.write_bytes_in(root, PurePosixPath("x/y/z.txt"), b"long first version\n")
+    safe_fs.write_bytes_in(root, PurePosixPath("x/y/z.txt"), b"short\n")  # truncated, not appended
+    assert (root / "x" / "y" / "z.txt").read_bytes() == b"short\n"
+    target = root / "x" / "y" / "z.txt"
+    target.chmod(0o751)
+    safe_fs.replace_in(root, PurePosixPath("x/y/z.txt"), b"replaced\n")
+    assert target.read_bytes() == b"replaced\n" and stat.S_IMODE(target.stat().st_mode) == 0o751
+    assert sorted(p.name for p in (root / "x" / "y").iterdir()) == ["z.txt"]  # no temp file left behind
+    os.mkfifo(root / "pipe")  # would block a plain open() forever
+    with pytest.raises(safe_fs.NotRegularFileError):
+        safe_fs.read_bytes_in(root, PurePosixPath("pipe"))
+    with pytest.raises(safe_fs.NotRegularFileError):
+        safe_fs.write_bytes_in(root, PurePosixPath("pipe"), b"x")
+    with pytest.raises(IsADirectoryError):
+        safe_fs.read_bytes_in(root, PurePosixPath("x"))
+    with pytest.raises(FileNotFoundError):
+        safe_fs.write_bytes_in(root, PurePosixPath("missing/f.txt"), b"x", create_dirs=False)
+
+
+def test_walk_files_skips_links_and_survives_deep_trees(tmp_path: Path) -> None:
+    root = tmp_path / "ws"
+    (root / "b" / "skip").mkdir(parents=True)
+    (root / "a").mkdir()
+    for name in ("z.txt", "a/1.txt", "b/2.txt", "b/skip/3.txt"):
+        (root / name).write_text("x")
+    (root / "to-etc").symlink_to("/etc")
+    (root / "to-passwd").symlink_to("/etc/passwd")
+    deep = root.joinpath(*["d"] * (safe_fs.MAX_DEPTH + 20))
+    deep.mkdir(parents=True)
+    (deep / "too-deep.txt").write_text("x")
+    walk = safe_fs.walk_files(root, PurePosixPath("."), skip_dirs={"skip"})
+    names = [sub for sub, _, _ in walk]
+    assert names == ["z.txt", "a/1.txt", "b/2.txt"]
+    assert [sub for sub, _, _ in safe_fs.walk_files(root, PurePosixPath("b/2.txt"))] == [""]
+    with pytest.raises(safe_fs.SymlinkError):
+        list(safe_fs.walk_files(root, PurePosixPath("to-etc")))
+
+
+class RacingSandbox(LocalSandbox):
+    """resolve() answers, then a background job of the sample swaps `a/` for a link to `outside`
+    before the file tool opens the path: the race, made deterministic."""
+
+    outside: Path | None = None
+
+    def resolve(self, path: str) -> Path:
+        real = super().resolve(path)
+        if self.outside is not None and (self.workspace / "a").is_dir() and not (self.workspace / "a").is_symlink():
+            swap_for_link(self.workspace / "a", self.outside)
+        return real
+
+
+def test_tools_refuse_a_directory_swapped_for_a_symlink_after_resolve(tmp_path: Path) -> None:
+    outside = outside_tree(tmp_path)
+
+    async def body(ctx: ToolContext) -> None:
+        sb = ctx.sandbox
+        assert isinstance(sb, RacingSandbox)
+        sb.outside = outside
+
+        def fresh() -> None:
+            if (sb.workspace / "a").is_symlink():
+                (sb.workspace / "a").unlink()
+            (sb.workspace / "a" / "b").mkdir(parents=True)
+            (sb.workspace / "a" / "b" / "f.txt").write_text("inside\n")
+
+        for tool, args in ((READ, {"path": "a/b/f.txt"}),
+                           (WRITE, {"path": "a/b/f.txt", "content": "pwned"}),
+                           (WRITE, {"path": "a/b/new/g.txt", "content": "pwned"}),
+                           (PATCH, {"path": "a/b/f.txt", "old_string": "secret", "new_string": "pwned"}),
+                           (PATCH, {"path": "a/b/f.txt", "old_string": "inside", "new_string": "pwned"}),
+                           (SEARCH, {"pattern": "secret", "path": "a/b"})):
+            fresh()
+            r = await call(tool, ctx, **args)
+            assert "symbolic link" in r["error"] and "(a in the workspace)" in r["error"], (tool.name, r)
+            assert "secret" not in json.dumps(r)
+        fresh()
+        r = await call(SEARCH, ctx, pattern="secret")  # a link met while walking is skipped
+        assert r["matches"] == []
+
+    in_sandbox(tmp_path, body, sandbox_cls=RacingSandbox)
+    assert sorted(p.relative_to(outside).as_posix() for p in outside.rglob("*")) == ["b", "b/f.txt"]
+    assert (outside / "b" / "f.txt").read_text() == "outside secret\n"
+
+
+def test_symlinks_inside_the_workspace_still_work(tmp_path: Path) -> None:
+    async def body(ctx: ToolContext) -> None:
+        ws = ctx.sandbox.workspace
+        (ws / "real").mkdir()
+        (ws / "real" / "doc.txt").write_text("hello\n")
+        (ws / "alias").symlink_to("real")
+        (ws / "alias.txt").symlink_to("real/doc.txt")
+        assert (await call(READ, ctx, path="alias/doc.txt"))["content"] == "hello\n"
+        assert (await call(READ, ctx, path="alias.txt"))["content"] == "hello\n"
+        r = await call(PATCH, ctx, path="alias/doc.txt", old_string="hello", new_string="bye")
+        assert r["replacements"] == 1 and (ws / "real" / "doc.txt").read_text() == "bye\n"
+        assert (ws / "alias.txt").is_symlink()  # the link was not replaced by a file
+        assert (await call(WRITE, ctx, path="alias/new.txt", content="n"))["success"]
+        assert (ws / "real" / "new.txt").read_text() == "n"
+
+    in_sandbox(tmp_path, body)
+
+
+def test_fifos_are_refused_without_blocking(tmp_path: Path) -> None:
+    async def body(ctx: ToolContext) -> None:
+        os.mkfifo(ctx.sandbox.workspace / "pipe")
+        async with asyncio.timeout(10):
+            assert "not a regular file" in (await call(READ, ctx, path="pipe"))["error"]
+            assert "not a regular file" in (await call(WRITE, ctx, path="pipe", content="x"))["error"]
+            assert "not a regular file" in (await call(PATCH, ctx, path="pipe", old_string="a", new_string="b"))["error"]
+            assert (await call(SEARCH, ctx, pattern="x"))["matches"] == []
+
+    in_sandbox(tmp_path, body)
+
+
+BWRAP = asyncio.run(probe())
+
+
+@pytest.mark.skipif(not BWRAP.usable or BWRAP.mode != "root", reason=f"needs bwrap as root: {BWRAP.detail}")
+def test_bwrap_root_mode_files_written_by_tools_belong_to_the_sandbox(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with BwrapSandbox(tmp_path, network=False) as sb:
+            ctx = ToolContext(sandbox=sb, config=RunConfig())
+            assert (await call(WRITE, ctx, path="new/dir/f.txt", content="one\n"))["success"]
+            res = await sb.exec("echo two >> new/dir/f.txt && stat -c %u new new/dir new/dir/f.txt", timeout=10)
+            assert res.exit_code == 0 and res.stdout.split() == [str(sb.uid)] * 3, res
+            assert (await call(PATCH, ctx, path="new/dir/f.txt", old_string="one", new_string="uno"))["success"]
+            f = sb.workspace / "new" / "dir" / "f.txt"
+            assert f.stat().st_uid == sb.uid and f.read_text() == "uno\ntwo\n"  # patch kept the owner
+            res = await sb.exec("echo tre >> new/dir/f.txt && cat new/dir/f.txt", timeout=10)
+            assert res.stdout == "uno\ntwo\ntre\n"
+
+    asyncio.run(main())

@@ -1,22 +1,29 @@
 """The `file` toolset: read_file, write_file, patch and search_files on the sample's workspace.
 
 Every path goes through `sandbox.resolve`, which refuses anything outside the workspace
-(`..`, absolute paths elsewhere, symlinks pointing out), so these tools work on host paths for
-every backend. File work runs in a thread so a large file never stalls the event loop. Whatever
-the model can fix (missing file, ambiguous patch, bad regex) comes back as an error result.
+(`..`, absolute paths elsewhere, symlinks pointing out) and returns its real host path. The
+runner (often root) then opens that path with `sandbox.safe_fs`, component by component from
+the workspace root without following links, so a sample's background job swapping a directory
+for a symlink after resolve() cannot steer a read or write outside the workspace. File work runs
+in a thread so a large file never stalls the event loop. Whatever the model can fix (missing
+file, ambiguous patch, bad regex, a link swapped in meanwhile) comes back as an error result.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import difflib
 import fnmatch
+import io
 import os
 import posixpath
 import re
-from pathlib import Path
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+from trajforge.sandbox import safe_fs
 from trajforge.sandbox.base import PathEscapeError, SandboxError
 from trajforge.tools.base import Tool, ToolContext, ToolInfraError, Toolset, error, ok
 
@@ -62,9 +69,17 @@ def _int(args: dict[str, Any], name: str, default: int, lo: int, hi: int) -> int
     return value
 
 
-def _is_binary(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return b"\0" in f.read(8192)
+def _is_binary(raw: io.BufferedReader) -> bool:
+    """A NUL in the first 8 KB; leaves `raw` at the start."""
+    head = raw.read(8192)
+    raw.seek(0)
+    return b"\0" in head
+
+
+def _locate(ctx: ToolContext, shown: str) -> tuple[Path, PurePosixPath]:
+    """(real workspace root, path relative to it) of a model-given path, checked by resolve()."""
+    root = Path(os.path.realpath(ctx.sandbox.workspace))
+    return root, safe_fs.relative_in(root, ctx.sandbox.resolve(shown))
 
 
 class _FileTool(Tool):
@@ -73,6 +88,9 @@ class _FileTool(Tool):
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         try:
             return await self.act(args, ctx)
+        except safe_fs.SymlinkError as e:  # only when a link appeared after resolve(): a race
+            return error(f"{args.get('path') or '.'} is or goes through a symbolic link ({e.link} in the "
+                         "workspace); the file tools do not follow links that change while they work")
         except (_Refused, PathEscapeError) as e:
             return error(str(e))
         except SandboxError as e:  # the sandbox itself is gone: fail the sample, not the call
@@ -86,13 +104,17 @@ class _FileTool(Tool):
         raise NotImplementedError
 
 
-def _existing_file(host: Path, shown: str) -> None:
-    if not host.exists():
-        raise _Refused(f"file not found: {shown}")
-    if host.is_dir():
-        raise _Refused(f"{shown} is a directory; list it with search_files (target='files') or the terminal")
-    if not host.is_file():  # a FIFO or device would block or never end
-        raise _Refused(f"{shown} is not a regular file")
+def _open_existing(root: Path, rel: PurePosixPath, shown: str) -> io.BufferedReader:
+    """The regular file to read, opened without following links."""
+    try:
+        fd, _ = safe_fs.open_regular_in(root, rel)
+    except FileNotFoundError:
+        raise _Refused(f"file not found: {shown}") from None
+    except IsADirectoryError:
+        raise _Refused(f"{shown} is a directory; list it with search_files (target='files') or the terminal") from None
+    except safe_fs.NotRegularFileError:  # a FIFO or device would block or never end
+        raise _Refused(f"{shown} is not a regular file") from None
+    return os.fdopen(fd, "rb")
 
 
 class ReadFileTool(_FileTool):
@@ -115,21 +137,20 @@ class ReadFileTool(_FileTool):
         shown = _str(args, "path")
         offset = _int(args, "offset", 1, 1, 10**9)
         limit = _int(args, "limit", 500, 1, 2000)
-        host = ctx.sandbox.resolve(shown)
-        return await asyncio.to_thread(self._read, host, shown, offset, limit)
+        root, rel = _locate(ctx, shown)
+        return await asyncio.to_thread(self._read, root, rel, shown, offset, limit)
 
     @staticmethod
-    def _read(host: Path, shown: str, offset: int, limit: int) -> str:
-        _existing_file(host, shown)
-        size = host.stat().st_size
-        if size > MAX_READ_BYTES:
-            raise _Refused(f"{shown} is too large ({size} bytes); read parts with the terminal (sed -n, head)")
-        if _is_binary(host):
-            raise _Refused(f"{shown} is a binary file ({size} bytes); inspect it with terminal tools (file, xxd)")
+    def _read(root: Path, rel: PurePosixPath, shown: str, offset: int, limit: int) -> str:
         lines: list[str] = []
         chars, total, cut = 0, 0, False
-        with open(host, encoding="utf-8", errors="replace") as f:
-            for total, line in enumerate(f, 1):
+        with _open_existing(root, rel, shown) as raw:
+            size = os.fstat(raw.fileno()).st_size
+            if size > MAX_READ_BYTES:
+                raise _Refused(f"{shown} is too large ({size} bytes); read parts with the terminal (sed -n, head)")
+            if _is_binary(raw):
+                raise _Refused(f"{shown} is a binary file ({size} bytes); inspect it with terminal tools (file, xxd)")
+            for total, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8", errors="replace"), 1):
                 if total < offset or total >= offset + limit or cut:
                     continue
                 if len(line) > MAX_LINE_CHARS:
@@ -162,15 +183,11 @@ class WriteFileTool(_FileTool):
     async def act(self, args: dict[str, Any], ctx: ToolContext) -> str:
         shown = _str(args, "path")
         data = _str(args, "content", allow_empty=True).encode("utf-8")
-        host = ctx.sandbox.resolve(shown)
-        if host.exists() and not host.is_file():
-            raise _Refused(f"{shown} exists and is not a regular file")
-
-        def write() -> None:
-            host.parent.mkdir(parents=True, exist_ok=True)
-            host.write_bytes(data)
-
-        await asyncio.to_thread(write)
+        root, rel = _locate(ctx, shown)
+        try:
+            await asyncio.to_thread(safe_fs.write_bytes_in, root, rel, data, create_dirs=True)
+        except (IsADirectoryError, safe_fs.NotRegularFileError):
+            raise _Refused(f"{shown} exists and is not a regular file") from None
         return ok(path=shown, bytes_written=len(data))
 
 
@@ -198,14 +215,13 @@ class PatchTool(_FileTool):
         replace_all = args.get("replace_all", False) is True
         if old == new:
             raise _Refused("old_string and new_string are identical; nothing to change")
-        host = ctx.sandbox.resolve(shown)
-        return await asyncio.to_thread(self._patch, host, shown, old, new, replace_all)
+        root, rel = _locate(ctx, shown)
+        return await asyncio.to_thread(self._patch, root, rel, shown, old, new, replace_all)
 
     @staticmethod
-    def _patch(host: Path, shown: str, old: str, new: str, replace_all: bool) -> str:
-        _existing_file(host, shown)
-        with open(host, encoding="utf-8", newline="") as f:  # newline="": keep CRLF as it is
-            text = f.read()
+    def _patch(root: Path, rel: PurePosixPath, shown: str, old: str, new: str, replace_all: bool) -> str:
+        with _open_existing(root, rel, shown) as f:
+            text = f.read().decode("utf-8")  # bytes, not text mode: CRLF stays as it is
         count = text.count(old)
         if count == 0 and "\r\n" in text and "\r\n" not in old:
             old, new = old.replace("\n", "\r\n"), new.replace("\n", "\r\n")
@@ -217,8 +233,10 @@ class PatchTool(_FileTool):
             raise _Refused(f"old_string occurs {count} times in {shown} (lines {lines}); add surrounding "
                            "context to make it unique, or pass replace_all=true")
         updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
-        with open(host, "w", encoding="utf-8", newline="") as f:
-            f.write(updated)
+        try:  # a temp file renamed over it: a reader never sees half a file
+            safe_fs.replace_in(root, rel, updated.encode("utf-8"))
+        except (IsADirectoryError, safe_fs.NotRegularFileError, FileNotFoundError):
+            raise _Refused(f"{shown} changed while it was patched; read it again") from None
         diff = "".join(difflib.unified_diff(text.splitlines(True), updated.splitlines(True), shown, shown, n=2))
         if len(diff) > 4000:
             diff = diff[:4000] + "\n[... diff truncated ...]\n"
@@ -277,53 +295,50 @@ class SearchFilesTool(_FileTool):
             rx = re.compile(pattern)
         except re.error as e:
             raise _Refused(f"invalid regular expression {pattern!r}: {e}") from None
-        host = ctx.sandbox.resolve(shown)
-        if not host.exists():
-            raise _Refused(f"path not found: {shown}")
-        found, more = await asyncio.to_thread(_search, host, shown, rx, target, glob, limit)
+        root, rel = _locate(ctx, shown)
+        try:
+            found, more = await asyncio.to_thread(_search, root, rel, shown, rx, target, glob, limit)
+        except FileNotFoundError:
+            raise _Refused(f"path not found: {shown}") from None
         key = "matches" if target == "content" else "files"
         hint = {"hint": "more results exist; narrow the pattern, path or file_glob"} if more else {}
         return ok(**{key: found}, count=len(found), truncated=more, **hint)
 
 
-def _walk(root: Path, glob: str | None):  # type: ignore[no-untyped-def]
-    """(host path, path relative to root) of regular files, symlinks never followed."""
-    if root.is_file():
-        yield root, ""
-        return
-    seen = 0
-    for dirpath, dirnames, filenames in os.walk(root):  # followlinks=False
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
-        for name in sorted(filenames):
-            full = Path(dirpath, name)
-            if full.is_symlink() or (glob and not fnmatch.fnmatch(name, glob)):
-                continue
-            seen += 1
-            if seen > MAX_SEARCH_FILES:
-                return
-            yield full, full.relative_to(root).as_posix()
+def _search(root: Path, rel: PurePosixPath, shown: str, rx: re.Pattern[str], target: str, glob: str | None,
+            limit: int) -> tuple[list[str], bool]:
+    with contextlib.closing(safe_fs.walk_files(root, rel, skip_dirs=SKIP_DIRS)) as walk:  # closes its fds on return
+        return _scan(walk, shown, rx, target, glob, limit)
 
 
-def _search(root: Path, shown: str, rx: re.Pattern[str], target: str, glob: str | None, limit: int) -> tuple[list[str], bool]:
+def _scan(walk: Iterator[tuple[str, int, str]], shown: str, rx: re.Pattern[str], target: str, glob: str | None,
+          limit: int) -> tuple[list[str], bool]:
     found: list[str] = []
-    for full, rel in _walk(root, glob):
-        display = posixpath.normpath(posixpath.join(shown, rel)) if rel else shown
+    seen = 0
+    for sub, dir_fd, name in walk:
+        if sub and glob and not fnmatch.fnmatch(name, glob):  # a file named by `path` itself is searched
+            continue
+        seen += 1
+        if seen > MAX_SEARCH_FILES:
+            break
+        display = posixpath.normpath(posixpath.join(shown, sub)) if sub else shown
         if target == "files":
-            if rx.search(full.name) or rx.search(rel):
+            if rx.search(name) or rx.search(sub):
                 if len(found) == limit:
                     return found, True
                 found.append(display)
             continue
         try:
-            if full.stat().st_size > MAX_SEARCH_FILE or not full.is_file() or _is_binary(full):
-                continue
-            with open(full, encoding="utf-8", errors="replace") as f:
-                for num, line in enumerate(f, 1):
+            fd, st = safe_fs.open_regular_at(dir_fd, name)
+            with open(fd, "rb") as raw:
+                if st.st_size > MAX_SEARCH_FILE or _is_binary(raw):
+                    continue
+                for num, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8", errors="replace"), 1):
                     if rx.search(line[:MAX_LINE_CHARS]):
                         if len(found) == limit:
                             return found, True
                         found.append(f"{display}:{num}: {line.strip()[:300]}")
-        except OSError:  # vanished or unreadable while walking: skip it
+        except (OSError, PathEscapeError):  # vanished, swapped for a link or unreadable: skip it
             continue
     return found, False
 
