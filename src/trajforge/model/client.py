@@ -3,10 +3,11 @@
 This module owns one chat-completion call end to end: the request body (tools, max_tokens,
 OpenRouter provider routing and reasoning control, each sent only when set), the retry policy,
 the mapping of HTTP failures to model.errors / FatalModelError, and normalising the response
-into a Completion. The SDK's own retries are switched off so the policy here is the only one:
-429, 5xx, 408/409, timeouts and dropped connections are retried with exponential backoff and
-full jitter (or the server's Retry-After, capped); other 4xx fail at once. The API key is held
-only by the SDK and is scrubbed from every message this module builds.
+into a Completion. Connections belong to model.transport, which does no retries of its own, so
+the policy here is the only one: 429, 5xx, 408/409, timeouts and dropped connections are retried
+with exponential backoff and full jitter (or the server's Retry-After, capped); other 4xx fail at
+once. The API key is held only by the transport and is scrubbed from every message this module
+builds.
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import httpx2
-import openai
-from openai import AsyncOpenAI
+import orjson
 
 from trajforge.errors import FatalModelError
 from trajforge.model.errors import APIFailure, ModelCallError, ModelOutputError, RateLimitedError
@@ -29,6 +28,7 @@ from trajforge.model.parse import (
     INVALID_TOOL_NAME, arguments_text, content_text, extract_hermes_tool_calls, join_reasoning,
     reasoning_from_message, split_reasoning,
 )
+from trajforge.model.transport import TransportError, make_transport
 from trajforge.model.types import Completion, ModelSettings, ToolCall, Usage
 
 log = logging.getLogger(__name__)
@@ -93,19 +93,23 @@ def backoff_delay(attempt: int, retry_after: float | None, *, base: float, maxim
     return rng.uniform(0, min(maximum, base * 2 ** attempt))
 
 
-def usage_from(raw: Any) -> Usage:
-    """Usage of one call; `cost` is OpenRouter's extra field, reasoning tokens sit in the details."""
-    if raw is None:
-        return Usage()
-    details = getattr(raw, "completion_tokens_details", None)
-    extra = getattr(raw, "model_extra", None) or {}
+def _number(value: Any, kind: type[int] | type[float]) -> Any:
     try:
-        cost = float(extra.get("cost") or 0.0)
+        return kind(value or 0)
     except (TypeError, ValueError):
-        cost = 0.0
-    return Usage(prompt_tokens=int(getattr(raw, "prompt_tokens", 0) or 0),
-                 completion_tokens=int(getattr(raw, "completion_tokens", 0) or 0),
-                 reasoning_tokens=int(getattr(details, "reasoning_tokens", 0) or 0), cost=cost)
+        return kind(0)
+
+
+def usage_from(raw: Any) -> Usage:
+    """Usage of one call (the decoded `usage` object); `cost` is OpenRouter's extra field,
+    reasoning tokens sit in the details."""
+    if not isinstance(raw, dict):
+        return Usage()
+    details = raw.get("completion_tokens_details")
+    reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else 0
+    return Usage(prompt_tokens=_number(raw.get("prompt_tokens"), int),
+                 completion_tokens=_number(raw.get("completion_tokens"), int),
+                 reasoning_tokens=_number(reasoning, int), cost=_number(raw.get("cost"), float))
 
 
 class _Retryable(Exception):
@@ -120,13 +124,16 @@ class _Retryable(Exception):
 class OpenAIClient:
     """ModelClient over any OpenAI-compatible /chat/completions endpoint.
 
-    One instance is shared by every concurrent sample of a run; its connection pool has no
-    connection cap, so the runner's concurrency limit is the only one.
+    One instance is shared by every concurrent sample of a run; its transport has no connection
+    cap, so the runner's concurrency limit is the only one. The request body is encoded once per
+    call with orjson and the reply decoded with orjson (the SDK's `chat.completions.create` spent
+    more CPU per call on its TypedDict transform and pydantic models than the rest of a trajectory).
+    `transport`: "auto", "aiohttp" or "sdk" (model.transport).
     """
 
     def __init__(self, settings: ModelSettings, api_key: str, *, backoff_base: float = 1.0,
                  backoff_max: float = 30.0, retry_after_cap: float = 60.0,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, transport: str = "auto") -> None:
         self.model_name = settings.model
         self.base_url = settings.base_url or DEFAULT_BASE_URL
         self._settings = settings
@@ -136,27 +143,27 @@ class OpenAIClient:
         self._retry_after_cap = retry_after_cap
         self._rng = rng or random.Random()
         self._options = request_options(settings)
-        timeout = httpx2.Timeout(settings.request_timeout, connect=min(settings.request_timeout, 30.0))
-        limits = httpx2.Limits(max_connections=None, max_keepalive_connections=1000, keepalive_expiry=30.0)
-        self._http = httpx2.AsyncClient(limits=limits, timeout=timeout)
-        self._api = AsyncOpenAI(api_key=api_key, base_url=self.base_url, max_retries=0, timeout=timeout,
-                                http_client=self._http)
+        # The body fields of every request; extra_body is merged at the top level, as the SDK does.
+        self._fields = {k: v for k, v in self._options.items() if k != "extra_body"}
+        self._fields.update(self._options.get("extra_body", {}))
+        self._transport = make_transport(self.base_url, api_key, settings.request_timeout, transport)
 
     def __repr__(self) -> str:
         return f"OpenAIClient(model={self.model_name!r}, base_url={self.base_url!r})"
 
     async def aclose(self) -> None:
-        await self._api.close()
+        await self._transport.aclose()
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
-        body: dict[str, Any] = {"model": self.model_name, "messages": messages, **self._options}
+        body: dict[str, Any] = {"model": self.model_name, "messages": messages, **self._fields}
         if tools:
             body["tools"] = tools
             body["tool_choice"] = "auto"
+        payload = orjson.dumps(body)  # once per call, not per attempt
         attempts = self._settings.max_retries + 1
         for attempt in range(attempts):
             try:
-                return await self._attempt(body)
+                return await self._attempt(payload)
             except _Retryable as failed:
                 if attempt + 1 >= attempts:
                     raise failed.final from failed.__cause__
@@ -170,37 +177,40 @@ class OpenAIClient:
         return backoff_delay(attempt, retry_after, base=self._backoff_base, maximum=self._backoff_max,
                              retry_after_cap=self._retry_after_cap, rng=self._rng)
 
-    async def _attempt(self, body: dict[str, Any]) -> Completion:
+    async def _attempt(self, payload: bytes) -> Completion:
         timeout = self._settings.request_timeout
         try:
             async with asyncio.timeout(timeout):
-                response = await self._api.chat.completions.create(**body)
-        except (openai.APITimeoutError, TimeoutError) as exc:
+                reply = await self._transport.post(payload)
+        except TimeoutError as exc:
             raise _Retryable(APIFailure(f"model API {self.base_url} timed out after {timeout:g}s")) from exc
-        except openai.APIConnectionError as exc:
+        except TransportError as exc:
             raise _Retryable(APIFailure(
                 f"connection to model API {self.base_url} failed: {self._scrub(str(exc))}")) from exc
-        except openai.APIStatusError as exc:
-            error = self._status_error(exc)
+        if reply.status >= 300:
+            error = self._status_error(reply.status, reply.headers, reply.body)
             if isinstance(error, FatalModelError):
-                raise error from None  # the SDK error's text may echo the rejected key
-            raise error from exc
-        except openai.APIError as exc:
-            raise APIFailure(f"model API {self.base_url} error: {self._scrub(str(exc))}") from exc
+                raise error from None
+            raise error
+        raw = reply.body
+        try:
+            response = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise APIFailure(f"model API {self.base_url} returned invalid JSON: "
+                             f"{self._scrub(raw[:200].decode(errors='replace'))}") from exc
         return self._completion(response)
 
-    def _status_error(self, exc: openai.APIStatusError) -> Exception:
-        status = exc.status_code
-        detail = self._scrub(_error_detail(exc))
+    def _status_error(self, status: int, headers: Mapping[str, str], body: bytes) -> Exception:
+        detail = self._scrub(_error_detail(body))
         if status in _FATAL_STATUS:
             return FatalModelError(
                 f"model API {self.base_url} refused the API key (HTTP {status}): {detail}. "
                 "Check --api_key / OPENROUTER_API_KEY / OPENAI_API_KEY and the key's permissions.")
         message = f"model API {self.base_url} returned HTTP {status}: {detail}"
         if status == 429:
-            return _Retryable(RateLimitedError(message), parse_retry_after(exc.response.headers))
+            return _Retryable(RateLimitedError(message), parse_retry_after(headers))
         if status >= 500 or status in _RETRYABLE_STATUS:
-            return _Retryable(APIFailure(message), parse_retry_after(exc.response.headers))
+            return _Retryable(APIFailure(message), parse_retry_after(headers))
         return APIFailure(message)
 
     def _scrub(self, text: str) -> str:
@@ -209,44 +219,51 @@ class OpenAIClient:
         return text[:500]
 
     def _completion(self, response: Any) -> Completion:
-        choices = getattr(response, "choices", None) or []
-        if not choices:
-            error = (getattr(response, "model_extra", None) or {}).get("error")
+        """Normalise the decoded response body; every field is checked, as providers vary."""
+        if not isinstance(response, dict):
+            raise ModelOutputError(f"model API {self.base_url} returned {type(response).__name__}, not an object")
+        choices = response.get("choices")
+        if not isinstance(choices, list) or not choices:
+            error = response.get("error")
             hint = f": {self._scrub(str(error))}" if error else ""
             raise ModelOutputError(f"model API {self.base_url} returned no choices{hint}")
         choice = choices[0]
-        message = getattr(choice, "message", None)
-        if message is None:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(message, dict):
             raise ModelOutputError(f"model API {self.base_url} returned a choice without a message")
-        extra = dict(getattr(message, "model_extra", None) or {})
-        text = content_text(message.content) or content_text(getattr(message, "refusal", None))
+        text = content_text(message.get("content")) or content_text(message.get("refusal"))
         content, inline_reasoning = split_reasoning(text)
-        calls = _native_calls(getattr(message, "tool_calls", None))
+        calls = _native_calls(message.get("tool_calls"))
         if not calls:
             content, calls = extract_hermes_tool_calls(content)
+        finish = choice.get("finish_reason")
         return Completion(content=content,
-                          reasoning=join_reasoning([reasoning_from_message(extra), inline_reasoning]),
-                          tool_calls=calls, finish_reason=getattr(choice, "finish_reason", None),
-                          usage=usage_from(getattr(response, "usage", None)))
+                          reasoning=join_reasoning([reasoning_from_message(message), inline_reasoning]),
+                          tool_calls=calls, finish_reason=finish if isinstance(finish, str) else None,
+                          usage=usage_from(response.get("usage")))
 
 
 def _native_calls(raw: Any) -> list[ToolCall]:
     calls: list[ToolCall] = []
-    for n, tc in enumerate(raw or [], start=1):
-        fn = getattr(tc, "function", None)
-        name = getattr(fn, "name", None) or INVALID_TOOL_NAME
-        calls.append(ToolCall(id=getattr(tc, "id", None) or f"call_{n}", name=name,
-                              arguments=arguments_text(getattr(fn, "arguments", None))))
+    for n, tc in enumerate(raw if isinstance(raw, list) else [], start=1):
+        tc = tc if isinstance(tc, dict) else {}
+        fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
+        name = fn.get("name") if isinstance(fn.get("name"), str) and fn.get("name") else INVALID_TOOL_NAME
+        call_id = tc.get("id") if isinstance(tc.get("id"), str) and tc.get("id") else f"call_{n}"
+        calls.append(ToolCall(id=call_id, name=name, arguments=arguments_text(fn.get("arguments"))))
     return calls
 
 
-def _error_detail(exc: openai.APIStatusError) -> str:
+def _error_detail(body: bytes) -> str:
     """The provider's own error message when the body has one (OpenRouter nests it in error.message)."""
-    body = exc.body
-    if isinstance(body, dict):
-        inner = body.get("error", body)
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        data = None
+    if isinstance(data, dict):
+        inner = data.get("error", data)
         if isinstance(inner, dict) and isinstance(inner.get("message"), str):
             return inner["message"]
-        if isinstance(body.get("message"), str):
-            return body["message"]
-    return exc.message
+        if isinstance(data.get("message"), str):
+            return data["message"]
+    return body.decode("utf-8", "replace").strip() or "(empty body)"

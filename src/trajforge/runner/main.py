@@ -98,6 +98,8 @@ def _use_pidfd_child_watcher() -> None:
     uses pidfds when the kernel has them (Linux 5.3+), so this only changes 3.11."""
     if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
         return
+    if type(asyncio.get_event_loop_policy()) is not asyncio.DefaultEventLoopPolicy:
+        return  # e.g. uvloop's, which waits for children its own way
     try:
         os.close(os.pidfd_open(os.getpid()))
     except OSError:  # an older kernel, or a seccomp filter that forbids it

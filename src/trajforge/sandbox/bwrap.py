@@ -161,6 +161,11 @@ async def _probe() -> None:
 
 
 class BwrapSandbox(MountedSandbox):
+    # Every command lives in a pid namespace that dies with its init (the holder in root mode, the
+    # command's own bwrap otherwise), so the /proc scan for escaped processes is not needed: at
+    # hundreds of sessions it was a quarter of the event loop's time (bench/RESULTS.md).
+    sweeps_escaped_processes = False
+
     def __init__(
         self, root: Path, *, keep: bool = False, cwd: str | None = None, limits: Limits = DEFAULT_LIMITS,
         network: bool = True, nproc: int | None = 512, bwrap: str | None = None, **kw: object,

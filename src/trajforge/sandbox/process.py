@@ -269,21 +269,24 @@ async def spawn_argv(
 # at all, since sandbox commands are spawned from the thread that scans and Popen returns only
 # after the exec. Entries go when their process does, and all of them every _TAG_CACHE_SECONDS.
 _TAG_CACHE_SECONDS = 2.0
-_tag_cache: dict[bytes, tuple[float, dict[tuple[int, int], frozenset[bytes]]]] = {}
+_tag_cache: dict[bytes, tuple[float, dict[tuple[str, int], frozenset[bytes]]]] = {}
 
 
-def _env_values(pid: str, name: bytes) -> frozenset[bytes] | None:
-    """Values of variable `name` ("NAME=") in a process's environment; None if unreadable."""
+def _env_values(pid: str, name: bytes) -> frozenset[bytes]:
+    """Values of variable `name` ("NAME=") in a process's environment.
+
+    Unreadable counts as none: kernel threads and exited processes have no environment (ESRCH)
+    and never will; one we may not read (EACCES) stays hidden from a fresh read as well."""
     try:
         fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:  # gone, or not ours to read
-        return None
+    except OSError:
+        return frozenset()
     try:
         chunks = []
         while chunk := os.read(fd, 1 << 16):
             chunks.append(chunk)
     except OSError:
-        return None
+        return frozenset()
     finally:
         os.close(fd)
     environ = b"".join(chunks)
@@ -308,22 +311,12 @@ def kill_tagged(marker: str) -> int:
     me = os.getpid()
     killed: set[int] = set()
     for _ in range(20):
-        found = []
-        seen: dict[tuple[int, int], frozenset[bytes]] = {}
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            pid = int(entry.name)
-            key = (pid, entry.inode())
-            values = cache.get(key)
-            if values is None:
-                values = _env_values(entry.name, name)
-                if values is None:
-                    continue
-            seen[key] = values
-            if value in values and pid not in killed and pid != me:
-                found.append(pid)
-        cache = seen
+        with os.scandir("/proc") as it:
+            keys = [(entry.name, entry.inode()) for entry in it if entry.name.isdigit()]
+        old = cache  # rebuilt from the listing, which drops the processes that are gone
+        cache = {key: v if (v := old.get(key)) is not None else _env_values(key[0], name) for key in keys}
+        found = [pid for pid in (int(k[0]) for k, v in cache.items() if value in v)
+                 if pid not in killed and pid != me]
         if not found:
             break
         for pid in found:

@@ -1,0 +1,111 @@
+"""The benchmark's own OpenAI-compatible model server: fixed latency with jitter, a scripted tool user.
+
+It must never be the bottleneck, because it shares the machine's cores with the runner under
+test. So the handler does the least possible work per request: it reads the body, counts the
+tool results already in the conversation (which says which turn this is), sleeps the injected
+latency and returns one of K+1 reply bodies encoded once at start-up. Replies: K turns with a
+`terminal` call each (reasoning included), then a final answer with reasoning.
+
+Latency is uniform in [latency * (1 - jitter), latency * (1 + jitter)], so its mean is `latency`.
+The server counts requests and tracks the maximum number in flight at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+
+import orjson
+from aiohttp import web
+
+# Both spellings, as clients differ in separators; content strings escape their quotes, so a
+# terminal output mentioning "role" cannot match.
+_TOOL_MARKERS = (b'"role":"tool"', b'"role": "tool"')
+_USAGE = {"prompt_tokens": 400, "completion_tokens": 60, "total_tokens": 460}
+
+
+def _completion(n: int, message: dict[str, object], finish: str) -> bytes:
+    return orjson.dumps({
+        "id": f"chatcmpl-bench-{n}", "object": "chat.completion", "created": 0, "model": "bench",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}], "usage": _USAGE,
+    })
+
+
+def scripted_replies(turns: int, command: str) -> list[bytes]:
+    """Reply bodies by turn: `turns` terminal calls, then the answer."""
+    replies = []
+    for k in range(turns):
+        args = orjson.dumps({"command": command}).decode()
+        call = {"id": f"call_{k + 1}", "type": "function", "function": {"name": "terminal", "arguments": args}}
+        msg = {"role": "assistant", "content": None, "tool_calls": [call],
+               "reasoning": f"Step {k + 1}: I should run a command to inspect the environment."}
+        replies.append(_completion(k, msg, "tool_calls"))
+    answer = {"role": "assistant", "content": "Done: the command ran and printed the expected output.",
+              "reasoning": "The tool output confirms the task is complete, so I can answer."}
+    replies.append(_completion(turns, answer, "stop"))
+    return replies
+
+
+@dataclass
+class ServerStats:
+    requests: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0
+    errors: int = 0
+    first_request: float = 0.0  # time.monotonic() of the first request and of the last reply
+    last_reply: float = 0.0
+
+
+class BenchServer:
+    """aiohttp on 127.0.0.1:<free port>, running on the caller's event loop."""
+
+    def __init__(self, *, turns: int, latency: float, jitter: float = 0.1, seed: int = 0,
+                 command: str = "echo bench-$((6*7))") -> None:
+        self.turns = turns
+        self.latency = latency
+        self.jitter = jitter
+        self.stats = ServerStats()
+        self._replies = scripted_replies(turns, command)
+        self._rng = random.Random(seed)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        st = self.stats
+        if not st.requests:
+            st.first_request = time.monotonic()
+        st.requests += 1
+        st.in_flight += 1
+        st.max_in_flight = max(st.max_in_flight, st.in_flight)
+        try:
+            body = await request.read()
+            done = sum(body.count(m) for m in _TOOL_MARKERS)
+            if done > self.turns:
+                st.errors += 1
+                return web.Response(status=400, body=b'{"error":{"message":"more tool results than scripted"}}',
+                                    content_type="application/json")
+            lo, hi = self.latency * (1 - self.jitter), self.latency * (1 + self.jitter)
+            await asyncio.sleep(self._rng.uniform(lo, hi))
+            return web.Response(body=self._replies[done], content_type="application/json")
+        finally:
+            st.in_flight -= 1
+            st.last_reply = time.monotonic()
+
+    async def start(self) -> None:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, backlog=8192)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def aclose(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()

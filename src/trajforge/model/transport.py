@@ -1,0 +1,164 @@
+"""The HTTP exchange of one chat-completion request: POST JSON bytes, get status, headers, body.
+
+The client (model.client) owns what a request says and what a failure means; this module owns
+connections. A transport returns every HTTP response, error statuses included, as a RawResponse,
+and raises only TransportError (the connection failed or dropped) or TimeoutError.
+
+Two implementations, chosen by `make_transport`:
+- AiohttpTransport, when aiohttp is installed: a C HTTP parser and a connection pool whose cost
+  does not grow with its size; ~0.13 ms of CPU per request (bench/http_clients.py).
+- SdkTransport otherwise: the openai SDK's raw `post` over httpx2, ~1 ms per request. httpcore's
+  pool rescans every connection (probing idle sockets) when a request starts or ends, so each
+  task gets a pool of its own, up to POOL_SHARDS, sharing one SSL context (~0.1 ms and a few KB
+  each); a task keeps its pool, so its keep-alive connection is reused.
+Both honour HTTP(S)_PROXY / NO_PROXY and verify TLS with the same SSL context, follow no redirects
+and have no connection cap: the runner's concurrency limit is the only one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import urllib.request
+import weakref
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from trajforge import __version__
+
+POOL_SHARDS = 256
+_KEEPALIVE_SECONDS = 30.0
+
+
+class TransportError(Exception):
+    """The request got no complete response: connection refused, reset or dropped."""
+
+
+@dataclass(slots=True)
+class RawResponse:
+    status: int
+    headers: Mapping[str, str]  # case-insensitive lookups
+    body: bytes
+
+
+class Transport(Protocol):
+    async def post(self, payload: bytes) -> RawResponse: ...
+
+    async def aclose(self) -> None: ...
+
+
+def make_transport(base_url: str, api_key: str, request_timeout: float, kind: str = "auto") -> Transport:
+    """`kind`: "aiohttp", "sdk", or "auto" (aiohttp when installed)."""
+    if kind in ("auto", "aiohttp"):
+        try:
+            import aiohttp  # noqa: F401
+        except ModuleNotFoundError:
+            if kind == "aiohttp":
+                raise
+        else:
+            return AiohttpTransport(base_url, api_key, request_timeout)
+    return SdkTransport(base_url, api_key, request_timeout)
+
+
+def env_proxy(url: str) -> str | None:
+    """The proxy the environment sets for `url` (HTTP(S)_PROXY, ALL_PROXY, minus NO_PROXY)."""
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies_environment()
+    if parts.hostname and urllib.request.proxy_bypass_environment(parts.hostname, proxies):
+        return None
+    return proxies.get(parts.scheme) or proxies.get("all")
+
+
+class AiohttpTransport:
+    def __init__(self, base_url: str, api_key: str, request_timeout: float) -> None:
+        self._url = base_url.rstrip("/") + "/chat/completions"
+        # Looked up once: aiohttp's trust_env would also consult ~/.netrc on every request.
+        self._proxy = env_proxy(self._url)
+        self._headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json",
+                         "Accept": "application/json", "User-Agent": f"trajforge/{__version__}"}
+        self._connect_timeout = min(request_timeout, 30.0)
+        self._session: Any = None  # created on first use: aiohttp wants a running loop
+
+    def _open(self) -> Any:
+        import aiohttp
+
+        ssl_context: Any = None
+        if self._url.startswith("https:"):  # httpx2 and a CA store cost ~0.1 s: only when needed
+            import httpx2
+
+            ssl_context = httpx2.create_ssl_context()
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=_KEEPALIVE_SECONDS, ssl=ssl_context)
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout))
+        return self._session
+
+    async def post(self, payload: bytes) -> RawResponse:
+        import aiohttp
+
+        session = self._session or self._open()
+        try:
+            async with session.post(self._url, data=payload, headers=self._headers, allow_redirects=False,
+                                    proxy=self._proxy) as r:
+                return RawResponse(r.status, r.headers, await r.read())
+        except aiohttp.ClientError as exc:
+            raise TransportError(str(exc) or type(exc).__name__) from exc
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+class SdkTransport:
+    def __init__(self, base_url: str, api_key: str, request_timeout: float) -> None:
+        import httpx2
+        from openai import AsyncOpenAI
+
+        timeout = httpx2.Timeout(request_timeout, connect=min(request_timeout, 30.0))
+        limits = httpx2.Limits(max_connections=None, max_keepalive_connections=1000,
+                               keepalive_expiry=_KEEPALIVE_SECONDS)
+        ssl_context = httpx2.create_ssl_context()
+
+        def new_api() -> AsyncOpenAI:
+            return AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout,
+                               http_client=httpx2.AsyncClient(verify=ssl_context, limits=limits, timeout=timeout))
+
+        self._new_api = new_api
+        self._apis = [new_api()]
+        self._api_of: weakref.WeakKeyDictionary[asyncio.Task[Any], AsyncOpenAI] = weakref.WeakKeyDictionary()
+        self._tasks_seen = itertools.count()
+
+    def _api(self) -> Any:
+        task = asyncio.current_task()
+        if task is None:
+            return self._apis[0]
+        api = self._api_of.get(task)
+        if api is None:
+            n = next(self._tasks_seen)
+            if n >= len(self._apis) and len(self._apis) < POOL_SHARDS:
+                self._apis.append(self._new_api())
+            api = self._api_of[task] = self._apis[n % len(self._apis)]
+        return api
+
+    async def post(self, payload: bytes) -> RawResponse:
+        import openai
+
+        try:
+            # The documented route for custom requests: our bytes out, bytes back, none of the
+            # TypedDict transform and pydantic parsing of `chat.completions.create`.
+            body = await self._api().post(
+                "/chat/completions", cast_to=bytes, content=payload,
+                options={"headers": {"Content-Type": "application/json"}, "security": {"bearer_auth": True}})
+        except openai.APIStatusError as exc:
+            return RawResponse(exc.status_code, exc.response.headers, exc.response.content)
+        except openai.APITimeoutError as exc:
+            raise TimeoutError(str(exc)) from exc
+        except openai.APIError as exc:  # connection errors, and anything else short of a response
+            raise TransportError(str(exc)) from exc
+        return RawResponse(200, {}, body)
+
+    async def aclose(self) -> None:
+        for api in self._apis:
+            await api.close()

@@ -1,0 +1,145 @@
+"""Both model transports (aiohttp and the openai SDK) give OpenAIClient the same behaviour,
+against the real scripted HTTP server on 127.0.0.1. tests/test_model_client.py covers the client's
+policy in depth through the default transport; this runs the cases that touch the wire on both."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import pytest
+
+from tests.support.scripted_server import Reply, ScriptedServer, chat, http_error, tool_call
+from trajforge.errors import FatalModelError
+from trajforge.model.client import OpenAIClient
+from trajforge.model.errors import APIFailure, RateLimitedError
+from trajforge.model.transport import AiohttpTransport, SdkTransport, env_proxy, make_transport
+from trajforge.model.types import Completion, ModelSettings
+
+KEY = "sk-test-SECRET-0123456789abcdef"
+MESSAGES = [{"role": "user", "content": "list files"}]
+TOOLS = [{"type": "function", "function": {"name": "terminal", "description": "run",
+                                            "parameters": {"type": "object", "properties": {}}}}]
+KINDS = ["aiohttp", "sdk"]
+
+
+def complete(srv: ScriptedServer, kind: str, n: int = 1, **settings: Any) -> list[Completion]:
+    async def run() -> list[Completion]:
+        client = OpenAIClient(ModelSettings(model="m", base_url=srv.url, **settings), KEY,
+                              backoff_base=0.001, backoff_max=0.01, transport=kind)
+        try:
+            return [await client.complete(MESSAGES, TOOLS) for _ in range(n)]
+        finally:
+            await client.aclose()
+
+    return asyncio.run(run())
+
+
+def test_make_transport_kinds() -> None:
+    assert isinstance(make_transport("http://127.0.0.1:1/v1", "k", 10, "aiohttp"), AiohttpTransport)
+    assert isinstance(make_transport("http://127.0.0.1:1/v1", "k", 10, "sdk"), SdkTransport)
+    assert isinstance(make_transport("http://127.0.0.1:1/v1", "k", 10), AiohttpTransport)  # installed here
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_request_and_response(kind: str) -> None:
+    with ScriptedServer() as srv:
+        srv.script(chat("ok", tool_calls=[tool_call("terminal", {"command": "ls"}, "c1")], reasoning="why"),
+                   chat("again"))
+        first, second = complete(srv, kind, n=2, max_tokens=64)
+        rec = srv.requests[0]
+    assert rec.path == "/v1/chat/completions"
+    assert rec.headers["Authorization"] == f"Bearer {KEY}"
+    assert rec.headers["Content-Type"] == "application/json"
+    assert rec.body == {"model": "m", "messages": MESSAGES, "max_tokens": 64, "tools": TOOLS, "tool_choice": "auto"}
+    assert (first.content, first.reasoning, first.tool_calls[0].id) == ("ok", "why", "c1")
+    assert json.loads(first.tool_calls[0].arguments) == {"command": "ls"}
+    assert second.content == "again" and first.usage.prompt_tokens == 10
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_status_errors(kind: str) -> None:
+    with ScriptedServer() as srv:
+        srv.script(http_error(429, headers={"Retry-After": "0.3"}), http_error(503), chat("ok"))
+        start = time.monotonic()
+        assert complete(srv, kind)[0].content == "ok"
+        assert time.monotonic() - start >= 0.25 and len(srv.chat_requests()) == 3
+    with ScriptedServer() as srv:
+        srv.script(*[http_error(429, "slow down", headers={"Retry-After": "0"})] * 2)
+        with pytest.raises(RateLimitedError, match="HTTP 429: slow down"):
+            complete(srv, kind, max_retries=1)
+    with ScriptedServer() as srv:
+        srv.script(http_error(400, "context length exceeded"))
+        with pytest.raises(APIFailure, match="HTTP 400: context length exceeded"):
+            complete(srv, kind)
+        assert len(srv.chat_requests()) == 1
+    with ScriptedServer() as srv:
+        srv.script(Reply(status=502, body="<html>bad gateway</html>"), Reply(status=502, body=""))
+        with pytest.raises(APIFailure, match="HTTP 502"):
+            complete(srv, kind, max_retries=1)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_auth_failure_is_fatal_and_hides_key(kind: str) -> None:
+    with ScriptedServer() as srv:
+        srv.script(http_error(401, f"Incorrect API key provided: {KEY}"))
+        with pytest.raises(FatalModelError) as info:
+            complete(srv, kind)
+    assert "HTTP 401" in str(info.value) and KEY not in str(info.value)
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_dropped_connection_and_timeout_are_retried(kind: str) -> None:
+    with ScriptedServer() as srv:
+        srv.script(Reply(drop=True), chat("late", delay=2.0), chat("second try"))
+        assert complete(srv, kind, request_timeout=0.5)[0].content == "second try"
+        assert len(srv.chat_requests()) == 3
+    with ScriptedServer() as srv:
+        srv.script(Reply(drop=True), Reply(drop=True))
+        with pytest.raises(APIFailure, match="connection to model API"):
+            complete(srv, kind, max_retries=1)
+
+
+def test_refused_connection_is_a_connection_failure() -> None:
+    with ScriptedServer() as srv:
+        url = srv.url
+    for kind in KINDS:  # the server is gone: nothing listens on its port any more
+        async def run(kind: str = kind) -> None:
+            client = OpenAIClient(ModelSettings(model="m", base_url=url, max_retries=0), KEY, transport=kind)
+            try:
+                await client.complete(MESSAGES, [])
+            finally:
+                await client.aclose()
+
+        with pytest.raises(APIFailure, match="connection to model API"):
+            asyncio.run(run())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_concurrency_is_not_capped(kind: str) -> None:
+    with ScriptedServer(handler=lambda rec: chat("ok", delay=1.0)) as srv:
+        async def run() -> list[Completion]:
+            client = OpenAIClient(ModelSettings(model="m", base_url=srv.url), KEY, transport=kind)
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    tasks = [tg.create_task(client.complete(MESSAGES, [])) for _ in range(120)]
+                return [t.result() for t in tasks]
+            finally:
+                await client.aclose()
+
+        assert all(r.content == "ok" for r in asyncio.run(run()))
+        assert srv.max_in_flight > 100
+
+
+def test_env_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
+                "NO_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    assert env_proxy("https://openrouter.ai/api/v1/chat/completions") is None
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
+    monkeypatch.setenv("NO_PROXY", "localhost,127.0.0.1")
+    assert env_proxy("https://openrouter.ai/api/v1/chat/completions") == "http://proxy.internal:3128"
+    assert env_proxy("http://127.0.0.1:8000/v1/chat/completions") is None
