@@ -22,6 +22,15 @@ class PathEscapeError(ValueError):
     """A path given by the model points outside the workspace; returned to the model as an error."""
 
 
+def check_model_path(path: object) -> str:
+    """The first check of every model-given path, before any backend maps it."""
+    if not isinstance(path, str) or not path.strip():
+        raise PathEscapeError("path must be a non-empty string")
+    if "\0" in path:
+        raise PathEscapeError("path contains a NUL byte")
+    return path
+
+
 @dataclass(slots=True)
 class ExecResult:
     exit_code: int | None  # None when killed by the timeout

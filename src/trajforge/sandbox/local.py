@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from trajforge.sandbox.base import ExecResult, PathEscapeError, Sandbox, SandboxError
+from trajforge.sandbox.base import ExecResult, PathEscapeError, Sandbox, SandboxError, check_model_path
 from trajforge.sandbox.process import (
     DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, SAFE_PATH, Limits, bash_limits_prefix, clean_env, kill_group,
     kill_tagged, make_preexec, run_argv, spawn_argv,
@@ -101,10 +101,7 @@ class LocalSandbox(Sandbox):
 
     def resolve(self, path: str) -> Path:
         self._check_open()
-        if not isinstance(path, str) or not path.strip():
-            raise PathEscapeError("path must be a non-empty string")
-        if "\0" in path:
-            raise PathEscapeError("path contains a NUL byte")
+        path = check_model_path(path)
         if path == "~" or path.startswith("~/"):  # HOME is the workspace
             path = self.workdir + path[1:]
         # realpath follows every symlink (dangling ones as far as they go), so a link

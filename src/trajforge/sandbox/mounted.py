@@ -14,7 +14,7 @@ import os
 import posixpath
 from pathlib import Path
 
-from trajforge.sandbox.base import PathEscapeError
+from trajforge.sandbox.base import PathEscapeError, check_model_path
 from trajforge.sandbox.local import LocalSandbox
 from trajforge.sandbox.process import clean_env
 
@@ -70,10 +70,7 @@ class MountedSandbox(LocalSandbox):
 
     def resolve(self, path: str) -> Path:
         self._check_open()
-        if not isinstance(path, str) or not path.strip():
-            raise PathEscapeError("path must be a non-empty string")
-        if "\0" in path:
-            raise PathEscapeError("path contains a NUL byte")
+        path = check_model_path(path)
         # realpath follows every symlink on the host, so a link the sandbox made pointing outside
         # (or at an in-sandbox absolute path, which means nothing on the host) is refused.
         real = Path(os.path.realpath(self._to_host(path)))
