@@ -292,9 +292,19 @@ def test_dropped_connection_exhausted() -> None:
         assert len(srv.chat_requests()) == 2
 
 
+def test_transient_error_inside_a_200_reply_is_retried() -> None:
+    with ScriptedServer() as srv:
+        srv.script(Reply(body={"error": {"message": "provider returned error", "code": 502}}), chat("ok"))
+        assert complete(settings(srv)).content == "ok"
+        assert len(srv.chat_requests()) == 2
+        srv.script(*[Reply(body={"error": {"message": "slow down", "code": 429}})] * 2)
+        with pytest.raises(RateLimitedError):
+            complete(settings(srv, max_retries=1))
+
+
 @pytest.mark.parametrize("body", [
     {"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": []},
-    {"error": {"message": "provider returned error", "code": 502}},
+    {"error": {"message": "bad request body", "code": 400}},
 ])
 def test_no_choices_is_model_output_error(body: dict[str, Any]) -> None:
     with ScriptedServer() as srv:

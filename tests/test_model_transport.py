@@ -143,3 +143,62 @@ def test_env_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NO_PROXY", "localhost,127.0.0.1")
     assert env_proxy("https://openrouter.ai/api/v1/chat/completions") == "http://proxy.internal:3128"
     assert env_proxy("http://127.0.0.1:8000/v1/chat/completions") is None
+
+
+async def _complete_against_raw(reply: bytes, kind: str) -> BaseException:
+    """Run one call against a bare TCP server that answers every request with `reply` bytes."""
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(reply)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = OpenAIClient(ModelSettings(model="m", base_url=f"http://127.0.0.1:{port}/v1", max_retries=0), KEY,
+                          transport=kind)
+    try:
+        async with server:
+            with pytest.raises(Exception) as info:
+                await client.complete(MESSAGES, [])
+    finally:
+        await client.aclose()
+    return info.value
+
+
+def _chain(exc: BaseException | None) -> list[BaseException]:
+    seen: list[BaseException] = []
+    while exc is not None and exc not in seen:
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return seen
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_malformed_http_reply_keeps_key_out_of_the_exception_chain(kind: str) -> None:
+    # aiohttp's parse errors carry request_info, whose repr prints the Authorization header.
+    error = asyncio.run(_complete_against_raw(b"HELLO WORLD\r\n\r\n", kind))
+    assert isinstance(error, APIFailure) and "connection to model API" in str(error)
+    for exc in _chain(error):
+        assert KEY not in repr(exc) and KEY not in str(exc)
+        assert KEY not in repr(getattr(exc, "request_info", ""))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_non_json_body_is_scrubbed_before_it_is_cut(kind: str) -> None:
+    body = b"<html>" + b"x" * 180 + KEY.encode() + b"</html>"
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+    error = asyncio.run(_complete_against_raw(head + body, kind))
+    assert isinstance(error, APIFailure) and "invalid JSON" in str(error)
+    assert KEY[:8] not in str(error)  # not even the part of the key before the 200-character cut
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_moderation_403_fails_the_sample_not_the_run(kind: str) -> None:
+    flagged = {"error": {"code": 403, "message": "input flagged",
+                         "metadata": {"reasons": ["violence"], "flagged_input": "...", "provider_name": "x"}}}
+    with ScriptedServer() as srv:
+        srv.script(Reply(status=403, body=flagged), chat("never sent"))
+        with pytest.raises(APIFailure, match="HTTP 403: input flagged"):
+            complete(srv, kind)
+        assert len(srv.chat_requests()) == 1

@@ -196,13 +196,14 @@ class OpenAIClient:
         try:
             response = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
+            # Scrubbed before it is cut: a key straddling the cut would otherwise leak its prefix.
             raise APIFailure(f"model API {self.base_url} returned invalid JSON: "
-                             f"{self._scrub(raw[:200].decode(errors='replace'))}") from exc
+                             f"{self._scrub(raw.decode(errors='replace'))[:200]}") from exc
         return self._completion(response)
 
     def _status_error(self, status: int, headers: Mapping[str, str], body: bytes) -> Exception:
         detail = self._scrub(_error_detail(body))
-        if status in _FATAL_STATUS:
+        if status in _FATAL_STATUS and not _is_moderation(body):
             return FatalModelError(
                 f"model API {self.base_url} refused the API key (HTTP {status}): {detail}. "
                 "Check --api_key / OPENROUTER_API_KEY / OPENAI_API_KEY and the key's permissions.")
@@ -226,6 +227,12 @@ class OpenAIClient:
         if not isinstance(choices, list) or not choices:
             error = response.get("error")
             hint = f": {self._scrub(str(error))}" if error else ""
+            code = error.get("code") if isinstance(error, dict) else None
+            # OpenRouter reports a provider failure after the stream started as HTTP 200 with an
+            # error object; a transient code there deserves the same retries as the HTTP status.
+            if isinstance(code, int) and (code == 429 or code >= 500 or code in _RETRYABLE_STATUS):
+                message = f"model API {self.base_url} returned error {code} in its reply{hint}"
+                raise _Retryable(RateLimitedError(message) if code == 429 else APIFailure(message))
             raise ModelOutputError(f"model API {self.base_url} returned no choices{hint}")
         choice = choices[0]
         message = choice.get("message") if isinstance(choice, dict) else None
@@ -252,6 +259,18 @@ def _native_calls(raw: Any) -> list[ToolCall]:
         call_id = tc.get("id") if isinstance(tc.get("id"), str) and tc.get("id") else f"call_{n}"
         calls.append(ToolCall(id=call_id, name=name, arguments=arguments_text(fn.get("arguments"))))
     return calls
+
+
+def _is_moderation(body: bytes) -> bool:
+    """OpenRouter's 403 for one flagged input (metadata.reasons / flagged_input): a per-sample
+    failure, not a refused key, so it must not stop the run."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    error = data.get("error") if isinstance(data, dict) else None
+    meta = error.get("metadata") if isinstance(error, dict) else None
+    return isinstance(meta, dict) and ("flagged_input" in meta or "reasons" in meta)
 
 
 def _error_detail(body: bytes) -> str:

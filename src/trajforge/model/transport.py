@@ -103,7 +103,10 @@ class AiohttpTransport:
                                     proxy=self._proxy) as r:
                 return RawResponse(r.status, r.headers, await r.read())
         except aiohttp.ClientError as exc:
-            raise TransportError(str(exc) or type(exc).__name__) from exc
+            failure = f"{type(exc).__name__}: {exc}"
+        # Raised outside the handler so the aiohttp error is neither __cause__ nor __context__: its
+        # request_info holds the request headers, Authorization included, and its repr prints them.
+        raise TransportError(failure)
 
     async def aclose(self) -> None:
         if self._session is not None:
