@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import secrets
+import shlex
 import shutil
 import tempfile
 import weakref
@@ -259,7 +260,9 @@ class BwrapSandbox(MountedSandbox):
         self._hand_over()
         return ["nsenter", "-t", str(self._ns_pid), "-m", "-u", "-i", "-n", "-p", "-r",
                 "setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--no-new-privs",
-                "--inh-caps=-all", "--bounding-set=-all", "--", "env", "-C", inside, SHELL, "-c", command]
+                "--inh-caps=-all", "--bounding-set=-all", "--",
+                # the shell changes directory itself: one exec fewer per command than `env -C`
+                SHELL, "-c", f"cd -- {shlex.quote(inside)} || exit 125\n{command}"]
 
     async def exec(self, command: str, *, timeout: float, cwd: str | None = None) -> ExecResult:
         argv = self._argv(command, cwd)
