@@ -73,7 +73,12 @@ def test_sample_runs_in_the_image_with_cwd_and_workspace(tmp_path: Path, busybox
     assert containers_with_label(podman, f"trajforge.run=ctest-{os.getpid()}") == []
 
 
-def test_limits_apply_inside_the_container(tmp_path: Path, busybox_image: str, podman: Engine) -> None:
+def test_limits_apply_inside_the_container(tmp_path: Path, busybox_image: str, podman: Engine,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    here = tmp_path / "runner-cwd"
+    here.mkdir()
+    monkeypatch.chdir(here)  # the OCI runtime leaves an `oom` file in its cwd after an OOM kill
+
     async def body() -> None:
         cfg = config(container_memory="64m", container_pids_limit=24, container_cpus=0.5, sandbox_network="none")
         sb = await create_sandbox(cfg, cwd=None, image=busybox_image, root=tmp_path)
@@ -98,6 +103,7 @@ def test_limits_apply_inside_the_container(tmp_path: Path, busybox_image: str, p
             await sb.close()
 
     asyncio.run(body())
+    assert list(here.iterdir()) == []  # nothing written into the user's current directory
 
 
 def test_timeout_and_cancellation_kill_the_process_inside(tmp_path: Path, busybox_image: str, podman: Engine) -> None:

@@ -192,7 +192,7 @@ class ContainerSandbox(MountedSandbox):
         from trajforge.sandbox.process import run_argv
 
         try:
-            return await run_argv(argv, timeout=timeout, cwd=None, env=self.engine.env, output_cap=self.output_cap)
+            return await run_argv(argv, timeout=timeout, cwd="/", env=self.engine.env, output_cap=self.output_cap)
         except OSError as e:
             raise SandboxError(f"cannot run {self.engine.kind} exec: {e}") from e
 
@@ -207,7 +207,7 @@ class ContainerSandbox(MountedSandbox):
             with open(log_path, "ab") as log:
                 proc = await asyncio.create_subprocess_exec(
                     *argv, stdin=asyncio.subprocess.PIPE, stdout=log, stderr=asyncio.subprocess.STDOUT,
-                    env=self.engine.env, start_new_session=True)
+                    env=self.engine.env, start_new_session=True, cwd="/")
         except OSError as e:
             raise SandboxError(f"cannot run {self.engine.kind} exec: {e}") from e
         self._jobs = [p for p in self._jobs if p.returncode is None]

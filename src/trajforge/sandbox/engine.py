@@ -40,7 +40,7 @@ class Engine:
     notes: tuple[str, ...] = ()
 
     async def run(self, *args: str, timeout: float = 60.0) -> ExecResult:
-        return await run_argv([self.binary, *args], timeout=timeout, cwd=None, env=self.env, output_cap=100_000)
+        return await run_argv([self.binary, *args], timeout=timeout, cwd="/", env=self.env, output_cap=100_000)
 
     def argv(self, *args: str) -> list[str]:
         return [self.binary, *args]
@@ -89,7 +89,7 @@ def _cgroup_v2_only() -> bool:
 async def _podman(binary: str) -> tuple[Engine | None, str]:
     env = engine_env()
     info = await run_argv([binary, "info", "--format", "{{.Host.OCIRuntime.Name}} {{.Version.Version}}"],
-                          timeout=30, cwd=None, env=env)
+                          timeout=30, cwd="/", env=env)
     if info.exit_code != 0:
         return None, f"`podman info` failed: {last_line(info)}"
     runtime, _, version = info.stdout.strip().partition(" ")
@@ -118,7 +118,7 @@ async def _podman(binary: str) -> tuple[Engine | None, str]:
 
 async def _docker(binary: str) -> tuple[Engine | None, str]:
     env = engine_env()
-    res = await run_argv([binary, "version", "--format", "{{.Server.Version}}"], timeout=15, cwd=None, env=env)
+    res = await run_argv([binary, "version", "--format", "{{.Server.Version}}"], timeout=15, cwd="/", env=env)
     host = env.get("DOCKER_HOST", "the default socket")
     if res.exit_code != 0 or not res.stdout.strip():
         return None, f"docker CLI found but no daemon reachable at {host}: {last_line(res)} (set DOCKER_HOST)"
