@@ -19,9 +19,9 @@ import pytest
 
 from tests.conftest import cli
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call
+from tests.support.toolsets import run_with
 from tests.support.web_fixture import PNG, WebFixture, make_png
 from trajforge.config import RunConfig
-from trajforge.sandbox.local import LocalSandbox
 from trajforge.tools import image_gen, moa, vision
 from trajforge.tools.base import ToolContext, Toolset, Unavailable
 from trajforge.tools.moa import DEFAULT_REFERENCE_MODELS
@@ -37,22 +37,6 @@ def site() -> Any:
 
 def config(server: ScriptedServer, **values: Any) -> RunConfig:
     return RunConfig.model_validate({"model": "run-model", "base_url": server.url, **values})
-
-
-def run_with(tmp_path: Path, build: Callable[[RunConfig], Awaitable[Any]], cfg: RunConfig,
-             body: Callable[[Any, ToolContext], Awaitable[Any]]) -> Any:
-    async def main() -> Any:
-        built = await build(cfg)
-        assert isinstance(built, Toolset), built
-        sandbox = LocalSandbox(tmp_path / "sandboxes")
-        await sandbox.start()
-        try:
-            return await body(built, ToolContext(sandbox=sandbox, config=cfg))
-        finally:
-            await sandbox.close()
-            await built.aclose()
-
-    return asyncio.run(main())
 
 
 async def call(toolset: Toolset, args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from tests.support.toolsets import run_with
 from tests.support.web_fixture import BRAVE_KEY, TAVILY_KEY, WebFixture
 from trajforge.config import RunConfig
-from trajforge.sandbox.local import LocalSandbox
 from trajforge.tools import web
 from trajforge.tools.base import ToolContext, Unavailable, result_failed
 from trajforge.tools.registry import build_toolsets
@@ -38,18 +38,7 @@ def config(**web_settings: Any) -> RunConfig:
 
 def with_toolset(tmp_path: Path, cfg: RunConfig, body: Callable[[web.WebToolset, ToolContext], Awaitable[Any]],
                  environ: dict[str, str] | None = None) -> Any:
-    async def main() -> Any:
-        built = await web.build(cfg, environ or {})
-        assert isinstance(built, web.WebToolset), built
-        sandbox = LocalSandbox(tmp_path / "sandboxes")
-        await sandbox.start()
-        try:
-            return await body(built, ToolContext(sandbox=sandbox, config=cfg))
-        finally:
-            await sandbox.close()
-            await built.aclose()
-
-    return asyncio.run(main())
+    return run_with(tmp_path, lambda c: web.build(c, environ or {}), cfg, body)
 
 
 async def call(toolset: web.WebToolset, name: str, args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
