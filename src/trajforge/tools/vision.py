@@ -91,18 +91,7 @@ class VisionAnalyzeTool(Tool):
             url = await self._image_part_url(source, ctx)
         except ValueError as e:
             return error(str(e), image_url=source)
-        messages = [{"role": "user", "content": [
-            {"type": "text", "text": PROMPT.format(question=question)},
-            {"type": "image_url", "image_url": {"url": url}},
-        ]}]
-        try:
-            completion = await self.owner.client.complete(messages, [])
-        except (ModelCallError, FatalModelError) as e:
-            return error(f"vision model {self.owner.model} failed: {e}", image_url=source)
-        record_usage(ctx, completion.usage)
-        if not completion.content.strip():
-            return error(f"vision model {self.owner.model} returned an empty answer", image_url=source)
-        return ok(analysis=completion.content, image_url=source, model=self.owner.model)
+        return await ask(self.owner.client, self.owner.model, url, question, ctx, image_url=source)
 
     async def _image_part_url(self, source: str, ctx: ToolContext) -> str:
         """What goes into image_url.url; ValueError (message for the model) when unusable."""
@@ -142,13 +131,35 @@ class VisionAnalyzeTool(Tool):
         return data_url(data, mime)
 
 
-async def build(config: RunConfig) -> VisionToolset | Unavailable:
+def vision_client(config: RunConfig) -> tuple[ModelClient, str]:
+    """The run's vision model client and model name; ToolUnavailable when it could only fail."""
     settings = config.tools.vision
     model = settings.model or config.model
+    client = tool_client(config, "vision", model=model, base_url=settings.base_url,
+                         api_key_env=settings.api_key_env, max_tokens=settings.max_tokens,
+                         temperature=None, timeout=settings.timeout)
+    return client, model
+
+
+async def ask(client: ModelClient, model: str, url: str, question: str, ctx: ToolContext, **extra: Any) -> str:
+    """One image (a URL or data: URL) and one question to the vision model; the tool-result JSON."""
+    messages = [{"role": "user", "content": [
+        {"type": "text", "text": PROMPT.format(question=question)},
+        {"type": "image_url", "image_url": {"url": url}},
+    ]}]
     try:
-        client = tool_client(config, "vision", model=model, base_url=settings.base_url,
-                             api_key_env=settings.api_key_env, max_tokens=settings.max_tokens,
-                             temperature=None, timeout=settings.timeout)
+        completion = await client.complete(messages, [])
+    except (ModelCallError, FatalModelError) as e:
+        return error(f"vision model {model} failed: {e}", **extra)
+    record_usage(ctx, completion.usage)
+    if not completion.content.strip():
+        return error(f"vision model {model} returned an empty answer", **extra)
+    return ok(analysis=completion.content, **extra, model=model)
+
+
+async def build(config: RunConfig) -> VisionToolset | Unavailable:
+    try:
+        client, model = vision_client(config)
     except ToolUnavailable as e:
         return Unavailable("vision", str(e))
-    return VisionToolset(settings, client, model)
+    return VisionToolset(config.tools.vision, client, model)
