@@ -35,6 +35,3 @@ def reasoning_stats(session: SessionResult) -> dict[str, Any]:
     return {"total_assistant_turns": total, "turns_with_reasoning": with_r,
             "turns_without_reasoning": total - with_r, "has_any_reasoning": with_r > 0}
 
-
-def unknown_tools(tool_stats_: dict[str, Any], known: frozenset[str]) -> list[str]:
-    return [name for name, s in tool_stats_.items() if name not in known and s.get("count", 0) > 0]

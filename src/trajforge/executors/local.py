@@ -25,10 +25,6 @@ class LocalExecutor:
         self._verbose = config.verbose
         self._chars = config.log_prefix_chars
 
-    @property
-    def model_name(self) -> str:
-        return self._worker.model.model_name if self._worker.model else ""
-
     async def start(self) -> list[Unavailable]:
         return await self._worker.start(self._model)
 

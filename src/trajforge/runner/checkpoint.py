@@ -46,8 +46,9 @@ class Checkpoint:
             raise RunStateError(f"{path}: unsupported checkpoint format")
         return cls(path, run_name, data.get("samples", {}), data.get("invocations", []))
 
-    def done_or_discarded(self) -> set[str]:
-        return {k for k, v in self.samples.items() if v["status"] in ("done", "discarded")}
+    def discarded(self) -> set[str]:
+        """Discarded samples are final: never run again (batch files tell what else is finished)."""
+        return {k for k, v in self.samples.items() if v["status"] == "discarded"}
 
     def record(self, o: Outcome) -> None:
         entry: dict[str, Any] = {"status": o.status, "batch": o.batch_num, "attempts": o.attempts}

@@ -121,8 +121,7 @@ def make_executor(config: RunConfig, prefill: list[dict[str, Any]] | None, run_d
 def plan(samples: list[Sample], run_dir: Path, checkpoint: Checkpoint, problems: list[str]) -> list[Sample]:
     """The samples still to run: those with no record in a batch file and not discarded before
     (failed ones are retried). bench/resume_plan.py times this on 100,000 finished samples."""
-    finished = {ref.identity for ref in store.scan(run_dir, problems)} | {
-        k for k, v in checkpoint.samples.items() if v["status"] == "discarded"}
+    finished = {ref.identity for ref in store.scan(run_dir, problems)} | checkpoint.discarded()
     return [s for s in samples if s.identity not in finished]
 
 
