@@ -6,6 +6,8 @@ A failed *sample* is data, recorded by the runner, never an exception that escap
 
 from __future__ import annotations
 
+import errno
+
 
 class TrajforgeError(Exception):
     """Base of every error the CLI turns into a clear message and a non-zero exit."""
@@ -43,3 +45,22 @@ class RunStateError(TrajforgeError):
 
 class FatalModelError(TrajforgeError):
     """The model API refuses us for good (bad key, no permission): stop before burning the dataset."""
+
+
+class OutputError(TrajforgeError):
+    """A file of the run directory cannot be written (disk full, read-only, I/O error).
+
+    The run stops scheduling, keeps everything already written (batch lines are whole or cut at
+    the next start, state files are atomic), and the message names the file and how to continue.
+    """
+
+    def __init__(self, path: object, error: OSError, action: str = "write") -> None:
+        self.path, self.error = path, error
+        reason = error.strerror or str(error)
+        if error.errno == errno.ENOSPC or error.errno == errno.EDQUOT:
+            way_out = "free some space, then run the same command again with --resume"
+        elif error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            way_out = "make it writable (or choose another --output_dir), then run again with --resume"
+        else:
+            way_out = "fix the cause, then run the same command again with --resume"
+        super().__init__(f"cannot {action} {path}: {reason}; nothing already written was lost: {way_out}")

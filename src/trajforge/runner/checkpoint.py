@@ -4,6 +4,8 @@ Batch files are the source of truth for kept trajectories; the checkpoint adds w
 say: discarded samples (final, never re-run) and failed ones (retried on resume), plus each
 invocation's duration for cumulative statistics. It is replaced atomically, at most about once a
 second while samples finish (the interval grows with the file's size) and always at the end.
+A file read back is validated as a whole (`CheckpointFile`): one of the wrong shape is refused
+like an unparsable one, with the file named, never half-used.
 """
 
 from __future__ import annotations
@@ -11,15 +13,47 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from trajforge.errors import RunStateError
+from trajforge.errors import OutputError, RunStateError
 from trajforge.jsonio import atomic_write_bytes
+from trajforge.redact import REGISTRY
 from trajforge.runner.outcome import Outcome
 
 VERSION = 1
+
+
+class _Entry(BaseModel):
+    # extra="allow": entries written by a newer version (or another helper's field) stay readable.
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class SampleEntry(_Entry):
+    status: Literal["done", "discarded", "failed"]
+    batch: int
+    attempts: int = 1
+    reason: str | None = None
+    message: str | None = None
+    usage: dict[str, Any] | None = None
+    api_calls: int = 0
+
+
+class InvocationEntry(_Entry):
+    started: float
+    seconds: float = 0.0
+    ran: int = 0
+    interrupted: bool = False
+
+
+class CheckpointFile(_Entry):
+    version: Literal[1]
+    run_name: str = ""
+    updated: float | None = None
+    samples: dict[str, SampleEntry] = {}
+    invocations: list[InvocationEntry] = []
 
 
 @dataclass
@@ -36,19 +70,33 @@ class Checkpoint:
 
     @classmethod
     def load(cls, path: Path, run_name: str) -> Checkpoint:
+        """The checkpoint at `path` (empty when there is none). Raises RunStateError when the file
+        cannot be read or is not a checkpoint as a whole."""
         if not path.exists():
             return cls(path, run_name)
+        way_out = "move it away to rebuild it from the batch files, then run again with --resume"
         try:
             data = orjson.loads(path.read_bytes())
         except (OSError, orjson.JSONDecodeError) as e:
-            raise RunStateError(f"{path}: checkpoint is unreadable ({e}); move it away to rebuild from batch files") from None
-        if not isinstance(data, dict) or data.get("version") != VERSION:
-            raise RunStateError(f"{path}: unsupported checkpoint format")
-        return cls(path, run_name, data.get("samples", {}), data.get("invocations", []))
+            raise RunStateError(f"{path}: checkpoint is unreadable ({e}); {way_out}") from None
+        try:
+            CheckpointFile.model_validate(data)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "top level"
+            raise RunStateError(f"{path}: not a trajforge checkpoint (at {where}: {first['msg']}); {way_out}") from None
+        return cls(path, run_name, dict(data.get("samples", {})), list(data.get("invocations", [])))
 
     def discarded(self) -> set[str]:
         """Discarded samples are final: never run again (batch files tell what else is finished)."""
         return {k for k, v in self.samples.items() if v["status"] == "discarded"}
+
+    def mark_discarded(self, identity: str, reason: str) -> None:
+        """A kept record that the final merge filters out (e.g. a hallucinated tool) is discarded."""
+        entry = self.samples.get(identity)
+        if entry is not None and (entry["status"], entry.get("reason")) != ("discarded", reason):
+            self.samples[identity] = {**entry, "status": "discarded", "reason": reason}
+            self._dirty = True
 
     def record(self, o: Outcome) -> None:
         entry: dict[str, Any] = {"status": o.status, "batch": o.batch_num, "attempts": o.attempts}
@@ -82,7 +130,10 @@ class Checkpoint:
         t0 = time.perf_counter()
         body = {"version": VERSION, "run_name": self.run_name, "updated": time.time(),
                 "samples": self.samples, "invocations": self.invocations}
-        atomic_write_bytes(self.path, orjson.dumps(body))
+        try:
+            atomic_write_bytes(self.path, REGISTRY.bytes(orjson.dumps(body)))
+        except OSError as e:
+            raise OutputError(self.path, e) from None
         self._save_cost = time.perf_counter() - t0
         self._last_save = time.monotonic()
         self._dirty = False

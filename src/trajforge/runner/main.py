@@ -4,25 +4,34 @@ Everything that can be wrong with the input (dataset, prefill file, model key) i
 the run directory is touched, so bad input never alters existing output. The order of the end
 phase matters: batch files are closed and synced, the checkpoint is saved, then the merge and
 statistics are rebuilt from what is on disk.
+
+A file of the run that cannot be written (disk full, read-only, I/O error) stops scheduling:
+outcomes not yet written are dropped (those samples run again on --resume), what is written is
+kept, and the run ends with one line naming the file. stdout/stderr go through
+runner.console.SafeStream: scrubbed of the run's secrets, and never fatal when closed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from trajforge.config import RunConfig
 from trajforge.dataset import LoadedDataset, Sample, load_dataset
-from trajforge.errors import FatalModelError, UsageError
-from trajforge.jsonio import atomic_write_json, dumps, loads
+from trajforge.errors import FatalModelError, OutputError, UsageError
+from trajforge.jsonio import atomic_write_bytes, dumps, dumps_pretty, loads
+from trajforge.redact import REGISTRY, hide_in_cmdline, run_secrets
 from trajforge.runner import store
 from trajforge.runner.checkpoint import Checkpoint
+from trajforge.runner.console import safe_std_streams
 from trajforge.runner.engine import Executor, run_engine
 from trajforge.runner.merge import merge
 from trajforge.runner.outcome import Outcome
@@ -68,6 +77,14 @@ def _choose_model(config: RunConfig) -> None:
 
 
 def run(config: RunConfig) -> int:
+    secrets = run_secrets(config)
+    REGISTRY.add(*secrets)
+    hide_in_cmdline(secrets)
+    with safe_std_streams():
+        return _run_checked(config)
+
+
+def _run_checked(config: RunConfig) -> int:
     logging.basicConfig(level=logging.INFO if config.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     if config.verbose:
@@ -85,6 +102,11 @@ def run(config: RunConfig) -> int:
     rundir.acquire(resume=config.resume, overwrite=config.overwrite)
     _use_pidfd_child_watcher()
     try:
+        leftovers = rundir.remove_leftovers()
+        if leftovers:
+            print(f"trajforge: removed {leftovers} temporary file(s) left by a killed run", file=sys.stderr)
+        for msg in store.repair(rundir.path):
+            print(f"trajforge: {msg}", file=sys.stderr)
         return asyncio.run(_run(config, dataset, prefill, rundir))
     finally:
         rundir.release()
@@ -118,11 +140,19 @@ def make_executor(config: RunConfig, prefill: list[dict[str, Any]] | None, run_d
     return LocalExecutor(config, prefill=prefill, workspace_root=ws)
 
 
-def plan(samples: list[Sample], run_dir: Path, checkpoint: Checkpoint, problems: list[str]) -> list[Sample]:
-    """The samples still to run: those with no record in a batch file and not discarded before
-    (failed ones are retried). bench/resume_plan.py times this on 100,000 finished samples."""
-    finished = {ref.identity for ref in store.scan(run_dir, problems)} | checkpoint.discarded()
-    return [s for s in samples if s.identity not in finished]
+def plan(samples: list[Sample], run_dir: Path, checkpoint: Checkpoint, problems: list[str],
+         recovered: list[Sample] | None = None) -> list[Sample]:
+    """The samples still to run: those with no readable record in a batch file and not discarded
+    before (failed ones are retried). The checkpoint never vouches for a record: a sample it
+    calls done whose record is gone or unreadable runs again, and is added to `recovered`.
+    bench/resume_plan.py times this on 100,000 finished samples."""
+    unreadable: set[str] = set()
+    finished = {ref.identity for ref in store.scan(run_dir, problems, unreadable)} | checkpoint.discarded()
+    todo = [s for s in samples if s.identity not in finished]
+    if recovered is not None:
+        recovered += [s for s in todo if s.identity in unreadable
+                      or checkpoint.samples.get(s.identity, {}).get("status") == "done"]
+    return todo
 
 
 async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str, Any]] | None,
@@ -131,9 +161,13 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
     started_wall, t0 = time.time(), time.monotonic()
     checkpoint = Checkpoint.load(run_dir / "checkpoint.json", config.run_name or "")
     scan_problems: list[str] = []
-    todo = plan(dataset.samples, run_dir, checkpoint, scan_problems)
+    recovered: list[Sample] = []
+    todo = plan(dataset.samples, run_dir, checkpoint, scan_problems, recovered)
     for p in scan_problems:
         print(f"trajforge: {p}", file=sys.stderr)
+    if recovered:
+        print(f"trajforge: recovered {len(recovered)} sample(s) that checkpoint.json calls finished but whose "
+              "record is missing or unreadable in the batch files: they run again", file=sys.stderr)
     if dataset.skipped:
         print(f"trajforge: skipped {len(dataset.skipped)} invalid dataset line(s)", file=sys.stderr)
     print(f"trajforge: run '{config.run_name}': {len(dataset.samples)} samples, "
@@ -145,10 +179,28 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
     progress = Progress(len(dataset.samples), already=len(dataset.samples) - len(todo))
     fatal: FatalModelError | None = None
     interrupted = False
+    stop = asyncio.Event()
+    failures: list[OutputError] = []
+
+    def halt(e: OutputError) -> None:
+        """An output file cannot be written: schedule nothing more, write nothing more."""
+        if not failures:
+            print(f"trajforge: {e}", file=sys.stderr)
+        failures.append(e)
+        stop.set()
 
     def sink(o: Outcome) -> None:
+        if failures:
+            return  # nothing is written after an output error; the sample runs again on --resume
+        try:
+            if o.status == "done" and o.record is not None:
+                batch_store.append(o.batch_num, dumps(o.record) + b"\n")
+            checkpoint.record(o)
+            checkpoint.save()
+        except OutputError as e:
+            halt(e)
+            return
         if o.status == "done" and o.record is not None:
-            batch_store.append(o.batch_num, dumps(o.record) + b"\n")
             invocation.add_record(o.record)
         elif o.status == "failed":
             invocation.failed[o.reason or "internal"] += 1
@@ -159,16 +211,13 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
             if o.usage:
                 invocation.add_usage(o.usage, o.api_calls)
         invocation.per_worker[o.worker] += 1
-        checkpoint.record(o)
-        checkpoint.save()
         progress.update(o)
 
     executor = make_executor(config, prefill, run_dir)
-    stop = asyncio.Event()
     this_invocation = checkpoint.begin_invocation(started_wall)
     checkpoint.save(force=True)
     _install_signals(stop, batch_store, checkpoint)
-    flusher = asyncio.create_task(_flush_periodically(batch_store, checkpoint, progress))
+    flusher = asyncio.create_task(_flush_periodically(batch_store, checkpoint, progress, halt))
     try:
         if todo:
             for u in await executor.start():
@@ -185,12 +234,20 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
         flusher.cancel()
         _remove_signals()  # the merge below is safe to interrupt: every file it writes is atomic
         await executor.aclose()
-        batch_store.close()
+        try:
+            batch_store.close()
+        except OutputError as e:
+            halt(e)
         for msg in batch_store.repaired:
             print(f"trajforge: {msg}", file=sys.stderr)
         seconds = time.monotonic() - t0
         this_invocation.update(ran=sum(invocation.per_worker.values()), interrupted=interrupted)
-        checkpoint.save(force=True)
+        try:
+            checkpoint.save(force=True)
+        except OutputError as e:
+            halt(e)
+    if failures:
+        raise failures[0]  # trajectories.jsonl and statistics.json of the last good end stay as they are
     stats = _finish(config, dataset.samples, run_dir, checkpoint, invocation, seconds)
     _print_summary(stats, run_dir)
     if fatal is not None:
@@ -204,6 +261,9 @@ def _finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint:
     totals = Totals()
     current = {s.identity: s.index for s in samples}
     result = merge(run_dir, current, totals)
+    for identity in result.hallucinated_ids:
+        checkpoint.mark_discarded(identity, "hallucinated_tool")
+    checkpoint.save(force=True)
     for identity, entry in checkpoint.samples.items():
         if identity not in current or identity in result.finished:
             continue  # a sample no longer in the dataset, or one that a later attempt finished
@@ -230,7 +290,11 @@ def _finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint:
     if result.stale:
         print(f"trajforge: {result.stale} finished sample(s) are no longer in the dataset; they stay in their "
               "batch files but not in trajectories.jsonl", file=sys.stderr)
-    atomic_write_json(run_dir / "statistics.json", stats)
+    path = run_dir / "statistics.json"
+    try:
+        atomic_write_bytes(path, REGISTRY.bytes(dumps_pretty(stats)))
+    except OSError as e:
+        raise OutputError(path, e) from None
     return stats
 
 
@@ -243,12 +307,16 @@ def _print_summary(stats: dict[str, Any], run_dir: Path) -> None:
 
 
 async def _flush_periodically(batch_store: store.BatchStore, checkpoint: Checkpoint, progress: Progress,
-                              every: float = 2.0) -> None:
+                              halt: Callable[[OutputError], None], every: float = 2.0) -> None:
     """Keep the durability promises while no sample finishes: fsync, checkpoint, status line."""
     while True:
         await asyncio.sleep(every)
-        batch_store.sync()
-        checkpoint.save()
+        try:
+            batch_store.sync()
+            checkpoint.save()
+        except OutputError as e:
+            halt(e)
+            return
         progress.tick()
 
 
@@ -267,8 +335,9 @@ def _install_signals(stop: asyncio.Event, batch_store: store.BatchStore, checkpo
                   "(press Ctrl-C again to exit now)", file=sys.stderr)
             stop.set()
             return
-        batch_store.sync()
-        checkpoint.save(force=True)
+        with contextlib.suppress(OutputError):  # exiting now was asked for; the files are as good as they get
+            batch_store.sync()
+            checkpoint.save(force=True)
         os._exit(130)
 
     for sig in (signal.SIGINT, signal.SIGTERM):

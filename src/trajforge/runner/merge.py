@@ -5,7 +5,8 @@ the sample's index in it (so a reordered dataset merges in its new order), with 
 filter applied: a record that called a tool it was not offered is dropped and counted. Records of
 samples no longer in the dataset (an edited row, a lower --max_samples) stay in their batch file
 but are left out and counted, so prompt_index values never clash.
-Memory holds one small reference per line, never the trajectories themselves.
+Memory holds one small reference per line, never the trajectories themselves. A file that cannot
+be read or written raises OutputError naming it; the previous trajectories.jsonl then stays.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import BinaryIO
 
 import orjson
 
+from trajforge.errors import OutputError
 from trajforge.jsonio import atomic_writer
 from trajforge.runner import store
 from trajforge.runner.stats import Totals
@@ -31,11 +33,22 @@ class MergeResult:
     duplicates: int
     problems: list[str]
     finished: set[str]  # identities with a record in the batch files
+    hallucinated_ids: list[str]  # identities whose record the corrupt-entry filter dropped
     stale: int = 0  # records of samples no longer in the dataset (left out of trajectories.jsonl)
 
 
 def merge(run_dir: Path, current_index: dict[str, int], totals: Totals) -> MergeResult:
-    """Write run_dir/trajectories.jsonl and add every kept record to `totals`."""
+    """Write run_dir/trajectories.jsonl and add every kept record to `totals`. Raises OutputError."""
+    target = run_dir / "trajectories.jsonl"
+    try:
+        return _merge(run_dir, current_index, totals, target)
+    except OSError as e:
+        if e.filename is not None and Path(e.filename) != target and not Path(e.filename).name.startswith("."):
+            raise OutputError(e.filename, e, "read") from None
+        raise OutputError(target, e) from None
+
+
+def _merge(run_dir: Path, current_index: dict[str, int], totals: Totals, target: Path) -> MergeResult:
     problems: list[str] = []
     refs: dict[str, store.LineRef] = {}
     duplicates = 0
@@ -47,10 +60,11 @@ def merge(run_dir: Path, current_index: dict[str, int], totals: Totals) -> Merge
     ordered = sorted(refs.values(), key=lambda r: (current_index.get(r.identity, 1 << 62), r.prompt_index))
     finished = set(refs)
     del refs
-    written = hallucinated = stale = 0
+    written = stale = 0
+    hallucinated: list[str] = []
     handles: dict[Path, BinaryIO] = {}
     try:
-        with atomic_writer(run_dir / "trajectories.jsonl", buffering=1 << 20) as w:
+        with atomic_writer(target, buffering=1 << 20) as w:
             for ref in ordered:
                 f = handles.get(ref.path)
                 if f is None:
@@ -67,7 +81,7 @@ def merge(run_dir: Path, current_index: dict[str, int], totals: Totals) -> Merge
                     finished.discard(ref.identity)
                     continue
                 if any(name not in _KNOWN for name in rec.get("tool_stats", {})):
-                    hallucinated += 1
+                    hallucinated.append(ref.identity)
                     totals.discarded["hallucinated_tool"] += 1
                     continue
                 idx = current_index.get(ref.identity)
@@ -80,4 +94,4 @@ def merge(run_dir: Path, current_index: dict[str, int], totals: Totals) -> Merge
     finally:
         for f in handles.values():
             f.close()
-    return MergeResult(written, hallucinated, duplicates, problems, finished, stale)
+    return MergeResult(written, len(hallucinated), duplicates, problems, finished, hallucinated, stale)

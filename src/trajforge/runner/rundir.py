@@ -2,7 +2,9 @@
 
 One process owns a run directory at a time (an flock on `.lock`, released by the kernel if the
 process dies). A directory that already holds results is only reused with --resume, or wiped
-with --overwrite.
+with --overwrite. Temporary files of atomic writes that a killed process left behind (a SIGKILL
+during the final merge leaves a partial `.trajectories.jsonl.*.tmp` of many MB) are removed
+once the lock is held, so they can never belong to a live writer.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from trajforge.errors import RunStateError
-from trajforge.jsonio import atomic_write_json
+from trajforge.errors import OutputError, RunStateError
+from trajforge.jsonio import atomic_write_bytes, dumps_pretty
+from trajforge.redact import REGISTRY
 from trajforge.runner.store import batch_files
 
 RESULT_FILES = ("checkpoint.json", "trajectories.jsonl", "statistics.json", "config.json")
@@ -34,7 +37,11 @@ class RunDir:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise RunStateError(f"{self.path}: cannot create run directory: {e.strerror or e}") from None
-        fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        lock = self.path / ".lock"
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise OutputError(lock, e) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -42,8 +49,12 @@ class RunDir:
             raise RunStateError(f"{self.path}: another trajforge process is running this run; "
                                 "wait for it to finish or use another --run_name") from None
         self._lock_fd = fd
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as e:
+            self.release()
+            raise OutputError(lock, e) from None
         if self.has_results() and not resume:
             if not overwrite:
                 self.release()
@@ -58,8 +69,26 @@ class RunDir:
             (self.path / name).unlink(missing_ok=True)
         shutil.rmtree(self.path / "workspaces", ignore_errors=True)
 
+    def remove_leftovers(self) -> int:
+        """Delete temporary files of atomic writes (`.NAME.XXXX.tmp`) left by a killed process.
+        Call with the lock held. Returns how many were removed."""
+        removed = 0
+        for p in self.path.glob(".*.tmp"):
+            try:
+                p.unlink()
+                removed += 1
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                raise OutputError(p, e) from None
+        return removed
+
     def save_config(self, masked: dict[str, Any]) -> None:
-        atomic_write_json(self.path / "config.json", masked)
+        path = self.path / "config.json"
+        try:
+            atomic_write_bytes(path, REGISTRY.bytes(dumps_pretty(masked)))
+        except OSError as e:
+            raise OutputError(path, e) from None
 
     def release(self) -> None:
         if self._lock_fd is not None:

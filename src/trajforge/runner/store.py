@@ -1,9 +1,12 @@
 """Durable append-only batch files: data/<run>/batch_N.jsonl.
 
 Every record is written as one whole line in a single write and flushed; files are fsynced at
-least every `sync_interval` seconds and on close. Before appending to a file left by a crashed
-run, a torn last line (no trailing newline) is cut off and reported, so new lines are never
-glued onto a fragment. Scanning for finished samples reads only each line's first bytes.
+least every `sync_interval` seconds and on close. At the start of every invocation (`repair`)
+a torn last line (no trailing newline, left by a crash or a full disk) is cut off once and
+reported, so new lines are never glued onto a fragment. A sample counts as finished only if a
+line of it parses as a whole record: a record cut short in the middle of a file has an intact
+head but is no record. Every line passes through the secret scrubber before it is written, and
+a failed write raises OutputError naming the file.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 import orjson
+
+from trajforge.errors import OutputError
+from trajforge.redact import REGISTRY
 
 BATCH_GLOB = "batch_*.jsonl"
 _BATCH_RE = re.compile(r"batch_(\d+)\.jsonl$")
@@ -49,8 +55,11 @@ def read_head(line: bytes) -> tuple[int, str] | None:
         return None
 
 
-def scan(run_dir: Path, problems: list[str] | None = None) -> Iterator[LineRef]:
-    """Yield every complete, well-formed record line of every batch file."""
+def scan(run_dir: Path, problems: list[str] | None = None, unreadable: set[str] | None = None) -> Iterator[LineRef]:
+    """Yield every complete record line of every batch file that parses as a whole record.
+
+    `unreadable` collects the sample identities named by lines that do not (when their head is
+    intact): those samples are not finished, whatever the checkpoint says."""
     for path in batch_files(run_dir):
         offset = 0
         with path.open("rb") as f:
@@ -60,12 +69,36 @@ def scan(run_dir: Path, problems: list[str] | None = None) -> Iterator[LineRef]:
                     if problems is not None:
                         problems.append(f"{path.name}:{lineno}: torn last line ({len(line)} bytes) ignored")
                     break
-                head = read_head(line)
-                if head is None:
-                    if problems is not None and line.strip():
-                        problems.append(f"{path.name}:{lineno}: unreadable line ignored")
+                try:
+                    obj = orjson.loads(line)
+                    ref: LineRef | None = LineRef(str(obj["sample_id"]), int(obj["prompt_index"]), path, start,
+                                                  len(line))
+                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                    ref = None
+                if ref is not None:
+                    yield ref
                     continue
-                yield LineRef(head[1], head[0], path, start, len(line))
+                if not line.strip():
+                    continue
+                head = read_head(line)
+                if head is not None and unreadable is not None:
+                    unreadable.add(head[1])
+                if problems is not None:
+                    which = f" of sample {head[1]}" if head else ""
+                    problems.append(f"{path.name}:{lineno}: unreadable record{which} ignored ({len(line)} bytes)")
+
+
+def repair(run_dir: Path) -> list[str]:
+    """Cut the torn last line of every batch file (a crash or a full disk mid-write), once, at start."""
+    messages = []
+    for path in batch_files(run_dir):
+        try:
+            cut = cut_torn_tail(path)
+        except OSError as e:
+            raise OutputError(path, e) from None
+        if cut:
+            messages.append(f"{path.name}: removed a torn last line of {cut} bytes (its sample runs again)")
+    return messages
 
 
 def cut_torn_tail(path: Path) -> int:
@@ -109,30 +142,44 @@ class BatchStore:
         f = self._files.get(batch_num)
         if f is None:
             path = self.run_dir / f"batch_{batch_num}.jsonl"
-            if path.exists():
-                cut = cut_torn_tail(path)
-                if cut:
-                    self.repaired.append(f"{path.name}: removed a torn last line of {cut} bytes")
-            f = self._files[batch_num] = path.open("ab", buffering=0)
+            try:
+                if path.exists():
+                    cut = cut_torn_tail(path)
+                    if cut:
+                        self.repaired.append(f"{path.name}: removed a torn last line of {cut} bytes")
+                f = self._files[batch_num] = path.open("ab", buffering=0)
+            except OSError as e:
+                raise OutputError(path, e) from None
         return f
 
     def append(self, batch_num: int, line: bytes) -> None:
+        """Write one record line (scrubbed of secrets). Raises OutputError."""
         f = self._open(batch_num)
-        data = memoryview(line if line.endswith(b"\n") else line + b"\n")
-        while data:  # unbuffered: one write per line, repeated only if the kernel took part of it
-            data = data[f.write(data):]
+        data = memoryview(REGISTRY.bytes(line if line.endswith(b"\n") else line + b"\n"))
+        try:
+            while data:  # unbuffered: one write per line, repeated only if the kernel took part of it
+                data = data[f.write(data):]
+        except OSError as e:
+            raise OutputError(f.name, e) from None
         self._dirty.add(batch_num)
         if time.monotonic() - self._last_sync >= self.sync_interval:
             self.sync()
 
     def sync(self) -> None:
-        for n in self._dirty:
-            os.fsync(self._files[n].fileno())
-        self._dirty.clear()
+        for n in list(self._dirty):
+            try:
+                os.fsync(self._files[n].fileno())
+            except OSError as e:
+                raise OutputError(self._files[n].name, e) from None
+            self._dirty.discard(n)
         self._last_sync = time.monotonic()
 
     def close(self) -> None:
-        self.sync()
-        for f in self._files.values():
-            f.close()
-        self._files.clear()
+        """Sync and close every file; all are closed even when a sync fails (then OutputError)."""
+        try:
+            self.sync()
+        finally:
+            for f in self._files.values():
+                f.close()
+            self._files.clear()
+            self._dirty.clear()

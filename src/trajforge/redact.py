@@ -1,0 +1,128 @@
+"""The one secret scrubber: every secret the process holds, replaced by a fixed marker on the way out.
+
+A tool under the local sandbox can read the runner's own command line and environment from
+/proc, and a model may repeat whatever it read; so instead of guessing where a key could surface,
+everything the runner saves or prints (trajectory lines, checkpoint messages, statistics,
+config.json, log and progress output) passes through `REGISTRY`, which knows every model and
+tool API key of the run. Keys shorter than `MIN_LENGTH` are not scrubbed: replacing a 3-letter
+string everywhere would corrupt data without protecting anything.
+
+This module is a leaf (no trajforge imports at run time), so the CLI's error guard, the runner
+and the sample workers (also Ray actors, which know their node's own keys) share it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trajforge.config import RunConfig
+
+MARKER = "***"
+MIN_LENGTH = 8
+# Environment variables whose value is a credential by name (OPENROUTER_API_KEY, BRAVE_API_KEY,
+# TAVILY_API_KEY, HF_TOKEN, AWS_SECRET_ACCESS_KEY...), besides the ones a config names.
+_SECRET_NAME = re.compile(r"(?:^|_)(?:API_?KEY|TOKEN|SECRET|SECRET_KEY|ACCESS_KEY|PASSWORD|PASSWD)$", re.I)
+
+
+class Scrubber:
+    """Replaces each known secret (and its JSON-escaped spelling) by MARKER in text and bytes."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        self._text: list[str] = []
+        self._bytes: list[bytes] = []
+        self.add(*secrets)
+
+    def add(self, *secrets: str | None) -> None:
+        for s in secrets:
+            s = (s or "").strip()
+            if len(s) < MIN_LENGTH:
+                continue
+            # Longest first, so a key that contains another is replaced whole.
+            for form in {s, json.dumps(s)[1:-1]}:
+                if form not in self._text:
+                    self._text.append(form)
+                    self._bytes.append(form.encode())
+        self._text.sort(key=len, reverse=True)
+        self._bytes.sort(key=len, reverse=True)
+
+    def __bool__(self) -> bool:
+        return bool(self._text)
+
+    def text(self, s: str) -> str:
+        for secret in self._text:
+            if secret in s:
+                s = s.replace(secret, MARKER)
+        return s
+
+    def bytes(self, b: bytes) -> bytes:
+        for secret in self._bytes:
+            if secret in b:
+                b = b.replace(secret, MARKER.encode())
+        return b
+
+    def value(self, obj: Any) -> Any:
+        """A copy of a JSON-like value with every string scrubbed (keys included)."""
+        if isinstance(obj, str):
+            return self.text(obj)
+        if isinstance(obj, dict):
+            return {self.text(k) if isinstance(k, str) else k: self.value(v) for k, v in obj.items()}
+        if isinstance(obj, list | tuple):
+            return [self.value(v) for v in obj]
+        return obj
+
+
+REGISTRY = Scrubber()
+"""The process-wide scrubber: the runner and workers add the run's secrets at start."""
+
+
+def secret_env_names(names: Iterable[str]) -> list[str]:
+    """The environment variable names that hold a credential by their name."""
+    return [n for n in names if _SECRET_NAME.search(n)]
+
+
+def run_secrets(config: RunConfig, environ: Mapping[str, str] = os.environ) -> list[str]:
+    """Every secret a run holds: --api_key, credential-named environment variables, and the
+    variables the `tools:` section names for its own keys (tools.vision.api_key_env...)."""
+    names = set(secret_env_names(environ))
+    t = config.tools
+    names |= {t.web.brave_api_key_env, t.web.tavily_api_key_env}
+    names |= {n for n in (t.vision.api_key_env, t.image_gen.api_key_env, t.moa.api_key_env) if n}
+    values = [environ.get(n) or "" for n in sorted(names)]
+    if config.api_key is not None:
+        values.append(config.api_key.get_secret_value())
+    return [v for v in values if v.strip()]
+
+
+def hide_in_cmdline(secrets: Iterable[str]) -> bool:
+    """Overwrite `secrets` in this process's command line as /proc/<pid>/cmdline shows it.
+
+    `--api_key=...` is otherwise readable by every process of the same user (`ps`, or a tool
+    under the local sandbox). Python keeps its own copy of argv, so this changes nothing else.
+    Linux only; False when the kernel refuses (the scrubber still keeps the key out of the data).
+    """
+    wanted = [s.encode() for s in secrets if len(s.strip()) >= MIN_LENGTH]
+    if not wanted:
+        return True
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(b")") + 2:].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: fields 48 and 49 of stat(5)
+        with open("/proc/self/mem", "r+b", buffering=0) as mem:
+            mem.seek(start)
+            args = mem.read(end - start)
+            hidden = args
+            for s in wanted:
+                hidden = hidden.replace(s, b"*" * len(s))  # same length: the layout of argv is kept
+            if hidden != args:
+                mem.seek(start)
+                mem.write(hidden)
+        return True
+    except (OSError, ValueError, IndexError):
+        return False
+
