@@ -219,3 +219,20 @@ def test_summary_longer_than_what_it_replaces_keeps_the_original(tmp_path: Path)
     assert read_jsonl(tmp_path / "in_compressed.jsonl") == rows
     per = json.loads((tmp_path / "in_compressed_metrics.json").read_text())["trajectories"]
     assert per[0]["status"] == "failed" and "not shorter" in per[0]["error"]
+
+
+@pytest.mark.parametrize(("model", "temperature", "sent"), [
+    ("moonshotai/kimi-k2", 0.3, None),  # Kimi refuses a temperature: none is sent (as in the reference)
+    ("openai/o3-mini", 0.3, None),
+    ("summariser", None, None),  # `temperature: null` in the config: none is sent
+    ("summariser", 0.3, 0.3),
+])
+def test_temperature_is_omitted_where_the_model_rejects_one(tmp_path: Path, model: str, temperature: float | None,
+                                                            sent: float | None) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", [trajectory(0, steps=8, response_words=120)])
+    cfg = _config(tmp_path, summarization={"temperature": temperature})
+    with ScriptedServer(lambda rec: chat("summary")) as srv:
+        assert _run(srv, f"--input={src}", "--target_max_tokens=1200", f"--config={cfg}", f"--model={model}") == 0
+        (req,) = srv.requests
+    assert req.body["model"] == model
+    assert req.body.get("temperature") == sent and ("temperature" in req.body) == (sent is not None)

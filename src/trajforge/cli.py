@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from trajforge import __version__
+from trajforge import __version__, redact
 from trajforge.config import RunConfig, build_config
 from trajforge.errors import TrajforgeError, UsageError
 
@@ -232,14 +232,27 @@ def _lazy(module: str, name: str) -> Callable[[list[str]], int]:
     return call
 
 
-def _run_guarded(fn: Callable[[], int]) -> int:
-    """Run a command; turn our errors into `error: ...` lines and an exit code, never a traceback."""
+def _our_error(e: BaseException) -> TrajforgeError | None:
+    """The TrajforgeError inside an exception group raised out of a TaskGroup, if that is all it holds."""
+    if isinstance(e, TrajforgeError):
+        return e
+    if isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:
+        return _our_error(e.exceptions[0])
+    return None
+
+
+def _run_guarded(fn: Callable[[], int], verbose: bool = False) -> int:
+    """Run a command; turn our errors into `error: ...` lines and an exit code, never a traceback
+    (one only with --verbose, for a bug)."""
     try:
         code = fn()
         sys.stdout.flush()
         return code
-    except TrajforgeError as e:
-        text = str(e)
+    except (TrajforgeError, BaseExceptionGroup) as caught:
+        e = _our_error(caught)
+        if e is None:
+            return _unexpected(caught, verbose)
+        text = redact.REGISTRY.text(str(e))
         if isinstance(e, UsageError):  # one problem per line, each a complete message
             text = "\nerror: ".join(text.splitlines())
         print(f"error: {text}", file=sys.stderr)
@@ -254,6 +267,31 @@ def _run_guarded(fn: Callable[[], int]) -> int:
         # process killed by SIGPIPE would.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
+    except Exception as e:
+        return _unexpected(e, verbose)
+
+
+def _unexpected(e: BaseException, verbose: bool) -> int:
+    """A bug or an unforeseen OS error: one line (the traceback only with --verbose), exit 1."""
+    if verbose:
+        import traceback
+
+        text = "".join(traceback.format_exception(e))
+        print(redact.REGISTRY.text(text), file=sys.stderr, end="")
+    leaf = e
+    while isinstance(leaf, BaseExceptionGroup) and leaf.exceptions:
+        leaf = leaf.exceptions[0]
+    if isinstance(leaf, OSError) and leaf.filename is not None:
+        what = f"{leaf.filename}: {leaf.strerror or leaf}"
+    else:
+        what = f"{type(leaf).__name__}: {leaf}"
+    hint = "" if verbose else " (run with --verbose for the traceback)"
+    print(redact.REGISTRY.text(f"error: unexpected problem: {what}{hint}"), file=sys.stderr)
+    return 1
+
+
+def _verbose(argv: list[str]) -> bool:
+    return any(a == "--verbose" or a.startswith("--verbose=") for a in argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         hint = f"; did you mean {close[0]!r}?" if close else ""
         print(f"trajforge: error: unknown command {argv[0]!r}{hint} (commands: {', '.join(cmds)})", file=sys.stderr)
         return 2
-    return _run_guarded(lambda: cmds[argv[0]](argv[1:]))
+    return _run_guarded(lambda: cmds[argv[0]](argv[1:]), _verbose(argv))
 
 
 def _usage(argv: list[str], cmds: dict[str, Callable[[list[str]], int]]) -> int:
@@ -284,4 +322,4 @@ def _usage(argv: list[str], cmds: dict[str, Callable[[list[str]], int]]) -> int:
 def batch_runner_main(argv: list[str] | None = None) -> int:
     """`python batch_runner.py --flag=value ...`: the reference interface, required flags enforced."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    return _run_guarded(lambda: _cmd_run(argv, "batch_runner.py", strict_required=True))
+    return _run_guarded(lambda: _cmd_run(argv, "batch_runner.py", strict_required=True), _verbose(argv))

@@ -7,13 +7,15 @@ answers. A summary cut off by the token limit
 `max_retries` times, then the summary fails: the caller keeps the trajectory unchanged. A
 rejected API key (FatalModelError) or a missing one (UsageError) is not a per-trajectory failure
 and propagates to stop the run. The client is built on first use, so a run in which nothing is
-over the budget needs no API key.
+over the budget needs no API key. No temperature is sent when the config says `temperature: null`
+or when the model is known to refuse one (`rejects_temperature`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +28,16 @@ from trajforge.model.types import ModelClient, ModelSettings
 SUMMARY_PREFIX = "[CONTEXT SUMMARY]:"
 _TURN_CHARS = 3000  # longer turn values are shown to the summariser with their middle elided
 _HEAD_CHARS, _TAIL_CHARS = 2000, 800
+
+
+# Models whose API refuses a `temperature` (or any but the default): Moonshot's Kimi models (the
+# reference compressor omits it for them too), OpenAI's o-series and gpt-5 reasoning models.
+_NO_TEMPERATURE = re.compile(r"(^|/)(kimi|o[134](-|$)|gpt-5)", re.IGNORECASE)
+
+
+def rejects_temperature(model: str) -> bool:
+    """True when `model` is known to reject a temperature parameter."""
+    return bool(_NO_TEMPERATURE.search(model))
 
 
 class SummaryFailed(Exception):
@@ -81,7 +93,8 @@ class Summariser:
         self._environ = environ
         key = api_key or (environ.get(cfg.api_key_env) if cfg.api_key_env else None) or None
         self._settings = ModelSettings(model=cfg.model, base_url=cfg.base_url, api_key=key,
-                                       max_tokens=2 * target_tokens, temperature=cfg.temperature,
+                                       max_tokens=2 * target_tokens,
+                                       temperature=None if rejects_temperature(cfg.model) else cfg.temperature,
                                        max_retries=cfg.max_retries, request_timeout=cfg.request_timeout)
         self._client: ModelClient | None = None
         self._client_lock = asyncio.Lock()

@@ -1,9 +1,9 @@
 """One invocation of a run, start to end: validate, lock, plan, execute, merge, report.
 
-Everything that can be wrong with the input (dataset, prefill file, model key) is checked before
-the run directory is touched, so bad input never alters existing output. The order of the end
-phase matters: batch files are closed and synced, the checkpoint is saved, then the merge and
-statistics are rebuilt from what is on disk.
+Everything that can be wrong with the input (dataset, prefill file, model key, contradicting
+settings: runner.preflight) is checked before the run directory is touched, so bad input never
+alters existing output. The order of the end phase matters: batch files are closed and synced,
+the checkpoint is saved, then the merge and statistics are rebuilt from what is on disk.
 
 A file of the run that cannot be written (disk full, read-only, I/O error) stops scheduling:
 outcomes not yet written are dropped (those samples run again on --resume), what is written is
@@ -26,8 +26,8 @@ from typing import Any
 
 from trajforge.config import RunConfig
 from trajforge.dataset import LoadedDataset, Sample, load_dataset
-from trajforge.errors import FatalModelError, OutputError, UsageError
-from trajforge.jsonio import atomic_write_bytes, dumps, dumps_pretty, loads
+from trajforge.errors import FatalModelError, OutputError
+from trajforge.jsonio import atomic_write_bytes, dumps, dumps_pretty
 from trajforge.redact import REGISTRY, hide_in_cmdline, run_secrets
 from trajforge.runner import store
 from trajforge.runner.checkpoint import Checkpoint
@@ -35,45 +35,12 @@ from trajforge.runner.console import safe_std_streams
 from trajforge.runner.engine import Executor, run_engine
 from trajforge.runner.merge import merge
 from trajforge.runner.outcome import Outcome
+from trajforge.runner.preflight import check_executor, choose_model, load_prefill, refuse_contradictions
 from trajforge.runner.progress import Progress
 from trajforge.runner.rundir import RunDir
 from trajforge.runner.stats import Totals, render_table
 
 log = logging.getLogger("trajforge")
-
-
-def load_prefill(path: Path | None) -> list[dict[str, Any]] | None:
-    if path is None:
-        return None
-    try:
-        data = loads(path.read_bytes())
-    except OSError as e:
-        raise UsageError(f"--prefill_messages_file: cannot read {path}: {e.strerror or e}") from None
-    except ValueError as e:
-        raise UsageError(f"--prefill_messages_file: {path} is not valid JSON: {e}") from None
-    if not isinstance(data, list):
-        raise UsageError(f"--prefill_messages_file: {path} must hold a JSON list of messages")
-    for i, m in enumerate(data):
-        if not (isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
-                and isinstance(m.get("content"), str)):
-            raise UsageError(f"--prefill_messages_file: {path}: message {i} must be an object with role "
-                             "system/user/assistant and a string content")
-    return data
-
-
-def _choose_model(config: RunConfig) -> None:
-    from trajforge.model.client import DEFAULT_BASE_URL
-    from trajforge.model.factory import is_local_model, is_loopback, resolve_api_key, should_use_local
-
-    settings = config.model_settings()
-    if should_use_local(settings) and not is_local_model(config.model):
-        print("trajforge: no API key and no --base_url: using the bundled local model (--model local); "
-              "set OPENROUTER_API_KEY or pass --base_url/--api_key to use an API", file=sys.stderr)
-        config.model = "local"
-        return
-    url = settings.base_url or DEFAULT_BASE_URL
-    if not is_local_model(config.model) and not is_loopback(url) and resolve_api_key(settings.api_key, os.environ) is None:
-        raise UsageError(f"no API key for {url}: pass --api_key or set OPENROUTER_API_KEY / OPENAI_API_KEY")
 
 
 def run(config: RunConfig) -> int:
@@ -90,14 +57,11 @@ def _run_checked(config: RunConfig) -> int:
     if config.verbose:
         print(dumps(config.masked()).decode(), file=sys.stderr)
     assert config.dataset_file is not None and config.run_name is not None
+    refuse_contradictions(config)
     prefill = load_prefill(config.prefill_messages_file)
     dataset = load_dataset(config.dataset_file, skip_invalid=config.skip_invalid, max_samples=config.max_samples)
-    _choose_model(config)
-    if config.executor == "ray":
-        import importlib.util
-
-        if importlib.util.find_spec("ray") is None:
-            raise UsageError("--executor ray: Ray is not installed; install it with: pip install 'trajforge[ray]'")
+    choose_model(config)
+    check_executor(config)
     rundir = RunDir(config.output_dir / config.run_name)
     rundir.acquire(resume=config.resume, overwrite=config.overwrite)
     _use_pidfd_child_watcher()

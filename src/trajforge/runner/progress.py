@@ -82,8 +82,9 @@ class Progress:
         n = self.already + self.done + self.failed + self.discarded
         elapsed = time.monotonic() - self._start
         processed = n - self.already
-        eta = (self.total - n) * elapsed / processed if processed else float("nan")
-        return f"progress {n}/{self.total} done {self.done} {self._info()} | eta {eta:.0f}s"
+        # No sample finished yet in this invocation: no rate to extrapolate from, so no estimate.
+        eta = f"{(self.total - n) * elapsed / processed:.0f}s" if processed else "-"
+        return f"progress {n}/{self.total} done {self.done} {self._info()} | eta {eta}"
 
     def _emit(self) -> None:
         self._last_line = time.monotonic()

@@ -1,0 +1,95 @@
+"""Checks before a run touches anything: settings that contradict each other, the prefill file,
+the model and its key, the executor. Each failure is a UsageError (exit 2) naming the flag, so
+bad input never alters an existing run directory and a run that could only fail never starts.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from trajforge.config import RunConfig
+from trajforge.errors import UsageError
+from trajforge.jsonio import loads
+
+
+def contradictions(config: RunConfig) -> list[str]:
+    """Settings that cannot all hold: each would make every sample fail or silently do nothing."""
+    c = config
+    found = []
+    if c.sandbox == "local" and c.sandbox_network != "on":
+        found.append(f"--sandbox local cannot apply --sandbox_network {c.sandbox_network}: the local sandbox has no "
+                     "network isolation, so every sample would fail; use --sandbox bwrap or container "
+                     "(see trajforge doctor), or --sandbox_network on")
+    if c.resume and c.overwrite:
+        found.append("--resume and --overwrite contradict each other: --resume continues the run, --overwrite "
+                     "deletes it; give one")
+    if c.reasoning_disabled and c.reasoning_effort not in (None, "none"):
+        found.append(f"--reasoning_disabled contradicts --reasoning_effort {c.reasoning_effort}; give one")
+    no_reasoning = c.reasoning_disabled or c.reasoning_effort == "none"
+    if no_reasoning and not c.keep_no_reasoning:
+        flag = "--reasoning_disabled" if c.reasoning_disabled else "--reasoning_effort none"
+        found.append(f"{flag} without --keep_no_reasoning would discard every sample (samples without "
+                     "reasoning are dropped by default); add --keep_no_reasoning")
+    both = sorted(set(c.providers_allowed or ()) & set(c.providers_ignored or ()))
+    if both:
+        found.append(f"--providers_allowed and --providers_ignored both name {', '.join(both)}; give each "
+                     "provider in one of them")
+    if c.ray_address and c.executor != "ray":
+        found.append("--ray_address is only used with --executor ray; add --executor ray or drop it")
+    if c.keep_workspaces and c.executor == "ray":
+        found.append("--keep_workspaces is not supported with --executor ray (workspaces live on the worker "
+                     "nodes); drop it or use --executor local")
+    return found
+
+
+def refuse_contradictions(config: RunConfig) -> None:
+    found = contradictions(config)
+    if found:
+        raise UsageError("\n".join(found))
+
+
+def load_prefill(path: Path | None) -> list[dict[str, Any]] | None:
+    if path is None:
+        return None
+    try:
+        data = loads(path.read_bytes())
+    except OSError as e:
+        raise UsageError(f"--prefill_messages_file: cannot read {path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise UsageError(f"--prefill_messages_file: {path} is not valid JSON: {e}") from None
+    if not isinstance(data, list):
+        raise UsageError(f"--prefill_messages_file: {path} must hold a JSON list of messages")
+    for i, m in enumerate(data):
+        if not (isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
+                and isinstance(m.get("content"), str)):
+            raise UsageError(f"--prefill_messages_file: {path}: message {i} must be an object with role "
+                             "system/user/assistant and a string content")
+    return data
+
+
+def choose_model(config: RunConfig) -> None:
+    from trajforge.model.client import DEFAULT_BASE_URL
+    from trajforge.model.factory import is_local_model, is_loopback, resolve_api_key, should_use_local
+
+    settings = config.model_settings()
+    if should_use_local(settings) and not is_local_model(config.model):
+        print("trajforge: no API key and no --base_url: using the bundled local model (--model local); "
+              "set OPENROUTER_API_KEY or pass --base_url/--api_key to use an API", file=sys.stderr)
+        config.model = "local"
+        return
+    url = settings.base_url or DEFAULT_BASE_URL
+    if not is_local_model(config.model) and not is_loopback(url) and resolve_api_key(settings.api_key, os.environ) is None:
+        raise UsageError(f"no API key for {url}: pass --api_key or set OPENROUTER_API_KEY / OPENAI_API_KEY")
+
+
+
+
+def check_executor(config: RunConfig) -> None:
+    if config.executor == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise UsageError("--executor ray: Ray is not installed; install it with: pip install 'trajforge[ray]'")
