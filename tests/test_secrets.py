@@ -1,0 +1,99 @@
+"""Secrets never reach the data: a hostile model hunts for the run's keys in /proc and in errors.
+
+The model's first move runs a command that dumps every process's command line and environment it
+can read (under the local sandbox that includes the runner's own); its answer repeats what it
+found; another sample's API error quotes the Authorization header back. Whatever the sandbox,
+no saved file and no printed line may hold a key afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import cli
+from tests.support.policies import tool_messages, user_prompt
+from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call
+from tests.test_runner_e2e import base_args, write_dataset
+from trajforge.sandbox.bwrap import probe
+
+BWRAP = asyncio.run(probe())
+HUNT = ("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; tr '\\0' '\\n' < $p/environ; done 2>/dev/null "
+        "| grep -a 'Se[C]rEt' | sort -u")
+MODEL_KEY = "sk-or-v1-SeCrEt-model-7f3a9c1e5b"
+TOOL_KEYS = {"BRAVE_API_KEY": "BSA-SeCrEt-brave-55aa66bb", "TAVILY_API_KEY": "tvly-SeCrEt-tavily-9911",
+             "MY_VISION_CRED": "vis-SeCrEt-vision-4242abcd"}  # named by tools.vision.api_key_env only
+
+
+def hostile(req: Recorded) -> Reply:
+    prompt = user_prompt(req.body)
+    if prompt == "fail loudly":  # a provider error that quotes the key it was sent, and a tool key it saw
+        return http_error(400, f"bad request with {req.headers.get('Authorization', '')} near "
+                               f"{TOOL_KEYS['TAVILY_API_KEY']}")
+    done = tool_messages(req.body)
+    if not done:
+        return chat(None, reasoning="Let me look around.", tool_calls=[tool_call("terminal", {"command": HUNT})],
+                    delay=0.5)
+    found = json.loads(done[-1]["content"]).get("output", "")
+    return chat(f"I found: {found}", reasoning=f"The keys are {found}", delay=0.5)
+
+
+def _cmdlines() -> bytes:
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                out.append((p / "cmdline").read_bytes())
+            except OSError:
+                pass
+    return b"\n".join(out)
+
+
+@pytest.mark.parametrize("via", ["flag", "env"])
+@pytest.mark.parametrize("sandbox", ["local", "bwrap"])
+def test_no_key_in_the_run_directory_or_the_output(tmp_path: Path, server: ScriptedServer, clean_env, via: str,
+                                                   sandbox: str) -> None:
+    if sandbox == "bwrap" and not BWRAP.usable:
+        pytest.skip(f"bwrap not usable here: {BWRAP.detail}")
+    server.handler = hostile
+    ds = write_dataset(tmp_path / "ds.jsonl", ["hunt for keys", "fail loudly"])
+    (tmp_path / "cfg.yaml").write_text("tools: {vision: {api_key_env: MY_VISION_CRED}}\n")
+    env = {**clean_env, **TOOL_KEYS}
+    args = [a for a in base_args(server, ds) if not a.startswith("--sandbox")]
+    args += [f"--sandbox={sandbox}", "--config=cfg.yaml", "--verbose", "--max_retries=0"]
+    if via == "flag":
+        args.append(f"--api_key={MODEL_KEY}")
+    else:
+        env["OPENROUTER_API_KEY"] = MODEL_KEY
+    p = subprocess.Popen(cli("run", *args), cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while not server.requests and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.02)
+    assert b"SeCrEt" not in _cmdlines()  # no process shows a key on its command line, the runner included
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err.decode()
+    run = tmp_path / "data" / "r"
+    files = [f for f in run.rglob("*") if f.is_file()]
+    assert {"trajectories.jsonl", "checkpoint.json", "statistics.json", "config.json"} <= {f.name for f in files}
+    for f in files:
+        assert b"SeCrEt" not in f.read_bytes(), f
+    assert b"SeCrEt" not in out + err
+    # the hunt really happened, and the failure message was kept (scrubbed), not dropped
+    record = json.loads((run / "trajectories.jsonl").read_text().splitlines()[0])
+    assert "I found:" in record["conversations"][-1]["value"]
+    failed = [e for e in json.loads((run / "checkpoint.json").read_text())["samples"].values()
+              if e["status"] == "failed"]
+    assert len(failed) == 1 and "Bearer *** near ***" in failed[0]["message"]
+    if sandbox == "local":
+        # the runner's environment is readable from the local sandbox: the keys did reach the
+        # model (this test is not vacuous), and the saved data holds the marker in their place
+        seen = "\n".join(json.dumps(r.body) for r in server.requests)
+        assert TOOL_KEYS["BRAVE_API_KEY"] in seen and TOOL_KEYS["MY_VISION_CRED"] in seen
+        assert "***" in record["conversations"][-1]["value"]
+        if via == "env":
+            assert MODEL_KEY.split("-", 3)[-1] in seen
