@@ -31,6 +31,7 @@ from trajforge.dataset import Sample
 from trajforge.errors import TrajforgeError, UsageError
 from trajforge.executors.local import _tracer
 from trajforge.model.factory import resolve_api_key
+from trajforge.redact import REGISTRY, run_secrets
 from trajforge.runner.outcome import Outcome
 from trajforge.runner.worker import SampleWorker
 from trajforge.tools.base import Unavailable
@@ -67,6 +68,7 @@ class SampleActor:
             key = resolve_api_key(None, os.environ) or driver_key
             if key:
                 config = config.model_copy(update={"api_key": SecretStr(key)})
+        REGISTRY.add(*run_secrets(config))  # this node's keys: the driver cannot scrub what it never knew
         self._worker = SampleWorker(config, prefill=prefill, worker_id=worker_id or os.environ.get(WORKER_ENV)
                                     or f"ray-{ray.get_runtime_context().get_node_id()[:8]}")
 
@@ -76,7 +78,8 @@ class SampleActor:
     async def process(self, sample: Sample, attempt: int) -> Outcome:
         cfg = self._worker.config
         trace = _tracer(sample, cfg.batch_size or 1, cfg.log_prefix_chars) if cfg.verbose else None
-        return await self._worker.process(sample, attempt=attempt, trace=trace)
+        outcome = await self._worker.process(sample, attempt=attempt, trace=trace)
+        return outcome.scrubbed(REGISTRY.value)
 
     async def aclose(self) -> None:
         await self._worker.aclose()

@@ -227,7 +227,8 @@ def _finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint:
     result = merge(run_dir, current, totals)
     for identity in result.hallucinated_ids:
         checkpoint.mark_discarded(identity, "hallucinated_tool")
-    checkpoint.save(force=True)
+    if result.hallucinated_ids:
+        checkpoint.save(force=True)
     for identity, entry in checkpoint.samples.items():
         if identity not in current or identity in result.finished:
             continue  # a sample no longer in the dataset, or one that a later attempt finished

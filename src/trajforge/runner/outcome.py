@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 FAILURE_CLASSES = ("rate_limit", "api_error", "timeout", "sandbox", "model_error", "internal")
@@ -23,3 +24,10 @@ class Outcome:
     worker: str = "local"
     usage: dict[str, Any] | None = None  # tokens/cost of a discarded sample (a kept one has them in its record)
     api_calls: int = 0
+
+    def scrubbed(self, scrub: Callable[[Any], Any]) -> Outcome:
+        """A copy with `scrub` (trajforge.redact.REGISTRY.value) applied to the record and message:
+        done where the outcome is made when that process may hold keys the runner does not know
+        (a Ray node's own environment)."""
+        return replace(self, record=scrub(self.record) if self.record is not None else None,
+                       message=scrub(self.message) if self.message is not None else None)
