@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.sandboxes import create_sandbox
 from tests.conftest import REPO, cli
 from tests.support.policies import prompt_command_policy
 from tests.support.scripted_server import ScriptedServer
 from trajforge.config import RunConfig
 from trajforge.sandbox.base import PathEscapeError
 from trajforge.sandbox.bwrap import BwrapSandbox, bwrap_argv, probe
-from trajforge.sandbox.factory import create_sandbox
 
 STATUS = asyncio.run(probe())
 needs_bwrap = pytest.mark.skipif(not STATUS.usable, reason=f"bwrap not usable here: {STATUS.detail}")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.sandboxes import create_sandbox
 from tests.conftest import REPO, cli
 from tests.support.images import (  # noqa: F401 (fixtures)
     APP_README, MARKER, MISSING_IMAGE, busybox_image, containers_with_label, podman,
@@ -27,7 +28,6 @@ from trajforge.config import RunConfig
 from trajforge.sandbox.base import PathEscapeError, SandboxError
 from trajforge.sandbox.container import ContainerBackend, ContainerSandbox
 from trajforge.sandbox.engine import Engine, container_name, detect
-from trajforge.sandbox.factory import create_sandbox
 from trajforge.sandbox.images import ImageChecker
 from trajforge.sandbox.process import kill_group
 
@@ -240,8 +240,7 @@ CHILD = textwrap.dedent("""
     import asyncio, sys
     from pathlib import Path
     from trajforge.config import RunConfig
-    from trajforge.sandbox.factory import create_sandbox
-
+    
     async def main():
         cfg = RunConfig(container_engine="podman", run_name=sys.argv[2])
         sb = await create_sandbox(cfg, cwd=None, image=sys.argv[1], root=Path(sys.argv[3]))
