@@ -93,7 +93,10 @@ def bwrap_argv(
 
     privileged: the runner is root, so no user namespace (see module doc) and no capabilities
     for what runs inside; otherwise --unshare-all creates one."""
-    argv = [bwrap, "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+    # --as-pid-1: the helper is the pid namespace's init, which the kernel shields from every
+    # signal sent inside it without a handler (`kill -9 -1` spares it); it reaps the orphans, and
+    # its death ends the namespace.
+    argv = [bwrap, "--die-with-parent", "--new-session", "--as-pid-1", "--hostname", "sandbox"]
     if privileged:
         argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL"]
         # Only for the helper's first act, dropping to the sample's uid (which clears them).
@@ -236,14 +239,20 @@ class BwrapSandbox(Sandbox):
         # The mount setup goes through --args (a pipe) so /proc/1/cmdline inside shows no host paths.
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         args_r, args_w = os.pipe()
+        src_r, src_w = os.pipe()
         try:
             try:
                 os.write(args_w, b"".join(a.encode() + b"\0" for a in argv[1:]))  # a few KB: fits the pipe
+                # The helper's source comes on stdin, not argv: `ps` inside shows a one-liner.
+                source = _helper_source()
+                assert len(source) < 60_000  # fits the pipe's 64 KiB buffer: this write never blocks
+                os.write(src_w, source)
             finally:
                 os.close(args_w)
+                os.close(src_w)
             self._holder = await asyncio.create_subprocess_exec(
-                argv[0], "--args", str(args_r), python, "-S", "-I", "-c", _helper_source(), str(theirs.fileno()),
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+                argv[0], "--args", str(args_r), python, "-S", "-I", "-c", _BOOT, str(theirs.fileno()),
+                stdin=src_r, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
                 env={"PATH": SAFE_PATH}, pass_fds=(args_r, theirs.fileno()), start_new_session=True,
             )
         except OSError as e:
@@ -251,6 +260,7 @@ class BwrapSandbox(Sandbox):
             raise SandboxError(f"cannot start bwrap: {e}") from e
         finally:
             os.close(args_r)
+            os.close(src_r)
             theirs.close()
         self._channel = HelperChannel(ours, self.output_cap)
         env = clean_env(WORKSPACE)
@@ -308,14 +318,21 @@ class BwrapSandbox(Sandbox):
     async def close(self) -> None:
         holder, self._holder = self._holder, None
         channel, self._channel = self._channel, None
-        if holder is not None and holder.returncode is None:
-            kill_group(holder)  # --die-with-parent takes the namespace's init, hence everything in it
+        # The helper exits when its channel closes (the runner's end closes with the runner too:
+        # the parent-death signal bwrap set is cleared by the helper's uid change), and as the
+        # namespace's init it takes every process of the sample with it.
+        # bwrap then reaps it and exits; killing bwrap first would leave the helper a zombie of
+        # whatever reaps orphans on this host.
         if channel is not None:
             channel.close()
         if holder is not None:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(5):
-                    await asyncio.shield(holder.wait())
+            for grace in (2.0, 5.0):
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(grace):
+                        await asyncio.shield(holder.wait())
+                if holder.returncode is not None:
+                    break
+                kill_group(holder)  # a helper stuck in the kernel: --die-with-parent ends it
         if self.workspace is not None and not self.keep and not self._removed:
             self._removed = True  # the attribute stays: callers may check the directory is gone
             await workspace.remove(self.workspace)
@@ -333,13 +350,14 @@ def helper_python() -> tuple[str, list[str]]:
     return exe, [base]
 
 
-_SOURCE: str | None = None
+_SOURCE: bytes | None = None  # the same for every sample: made once per process
+_BOOT = "import os;exec(compile(os.read(0,1<<17),'helper','exec'))"
 
 
-def _helper_source() -> str:
+def _helper_source() -> bytes:
     global _SOURCE
     if _SOURCE is None:
-        _SOURCE = helper.source()
+        _SOURCE = helper.source().encode()
     return _SOURCE
 
 

@@ -2,7 +2,7 @@
 
 One HelperChannel per sample, over a non-blocking unix stream socket read by the event loop.
 Requests carry an id; replies and process-exit events come back as frames whose meta the runner
-parses with orjson as untrusted input (the helper runs as the sample), with sizes capped: a
+parses (json) as untrusted input (the helper runs as the sample), with sizes capped: a
 helper that breaks the protocol breaks only its own sample (SandboxError). Foreground commands
 get two pipes passed with SCM_RIGHTS and read here; background jobs keep their output in the
 helper (HelperJob.read). No host path crosses the channel.
@@ -20,7 +20,7 @@ import socket
 import struct
 from typing import Any
 
-import orjson
+import json
 
 from trajforge.sandbox.base import ExecResult, FileOpError, Job, LogChunk, PathEscapeError, SandboxError, SymlinkError
 from trajforge.sandbox.process import DETACH_GRACE, DETACH_NOTE, CappedBuffer
@@ -84,7 +84,7 @@ class HelperChannel:
             if len(self._buf) < 8 + mlen + plen:
                 break
             try:
-                meta = orjson.loads(bytes(self._buf[8:8 + mlen]))
+                meta = json.loads(bytes(self._buf[8:8 + mlen]))
                 if not isinstance(meta, dict) or not isinstance(meta.get("id", 0), int):
                     raise ValueError("not an object")
             except ValueError:

@@ -1,7 +1,7 @@
 """The in-sandbox helper: one small process per sample, inside its namespaces, as its uid.
 
-The bwrap backend starts it as the sandbox's command (`python3 -S -I -c <source>`, source =
-safe_fs + fsops + this file, see `source()`), with a unix socket on the fd named by argv[1]. Its first act is to
+The bwrap backend starts it as the sandbox's command (`python3 -S -I -c <boot>`, reading its
+source from stdin: safe_fs + fsops + this file, see `source()`), with a unix socket on the fd named by argv[1]. Its first act is to
 drop to the sample's uid (root mode: bwrap leaves it only CAP_SETUID/CAP_SETGID for that, and
 no_new_privs is set), so everything it does afterwards the sample could have done itself:
 
@@ -187,7 +187,7 @@ class Helper:
         return {}, b""
 
     def reap(self) -> None:
-        while self.procs:
+        while True:  # as pid 1 it also reaps every orphan of the namespace
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
@@ -226,6 +226,9 @@ def main() -> None:
 
     fd = int(sys.argv[1])
     os.set_inheritable(fd, False)
+    null = os.open("/dev/null", os.O_RDONLY)  # stdin was the pipe the source came through
+    os.dup2(null, 0)
+    os.close(null)
     sock = _socket.socket(fileno=fd)
     helper = Helper(sock)
     sock.setblocking(True)
