@@ -27,6 +27,7 @@ import contextlib
 import os
 import posixpath
 import secrets
+import shlex
 import socket
 import subprocess
 from pathlib import Path
@@ -189,18 +190,23 @@ class ContainerSandbox(Sandbox):
             raise SandboxError(f"cannot copy {self.mount_at} of {self.image!r} into the workspace: "
                                f"{err.decode(errors='replace')[-300:]}")
 
-    def _exec_args(self, cwd: str | None, *flags: str) -> list[str]:
+    def _exec_args(self, command: str, cwd: str | None, *flags: str) -> tuple[list[str], str]:
+        """(exec arguments, command): the command first enters its working directory, made if the
+        model removed it (the mount point itself, the -w, always exists), on its first line."""
         if self.name is None:
             raise SandboxError("the container of this sample is gone")
-        # A relative cwd is the sample's cwd joined: the shell wrapper makes missing directories.
         where = self.cwd if not cwd else posixpath.normpath(posixpath.join(self.cwd, cwd))
         if not (where == self.mount_at or where.startswith(self.mount_at.rstrip("/") + "/")):
             raise PathEscapeError(f"{cwd!r} is outside the workspace {self.mount_at}")
-        return ["exec", *flags, "-w", where, "-e", "TERM=dumb", "-e", "PAGER=cat", self.name]
+        if where != self.mount_at:
+            q = shlex.quote(where)
+            command = f"mkdir -p {q} 2>/dev/null; cd {q} || exit 125; {command}"
+        return ["exec", *flags, "-w", self.mount_at, "-e", "TERM=dumb", "-e", "PAGER=cat", self.name], command
 
     async def exec(self, command: str, *, timeout: float, cwd: str | None = None) -> ExecResult:
         exec_id = secrets.token_hex(6)
-        argv = self.engine.argv(*self._exec_args(cwd), "sh", "-c", EXEC_WRAP, "sh", exec_id, command)
+        args, command = self._exec_args(command, cwd)
+        argv = self.engine.argv(*args, "sh", "-c", EXEC_WRAP, "sh", exec_id, command)
         try:
             res = await self._run(argv, timeout)
         except BaseException:  # cancelled: the process inside must not outlive the call
@@ -227,7 +233,8 @@ class ContainerSandbox(Sandbox):
     async def spawn(self, command: str, *, cwd: str | None = None) -> Job:
         from trajforge.sandbox.local import anonymous_file
 
-        argv = self.engine.argv(*self._exec_args(cwd, "-i"), "sh", "-c", SPAWN_WRAP, "sh", "", command)
+        args, command = self._exec_args(command, cwd, "-i")
+        argv = self.engine.argv(*args, "sh", "-c", SPAWN_WRAP, "sh", "", command)
         log = anonymous_file()  # the runner's own unlinked file: no path leads to it
         try:
             proc = await asyncio.create_subprocess_exec(

@@ -8,8 +8,8 @@ under the workspace mount, refuses directories, links and non-regular files, and
 read-write first (a FIFO opened O_RDWR never blocks) to check the opened descriptor through
 /proc/self/fd; the remaining window (a read-only file swapped for a FIFO between two opens, or
 a write target swapped) is bounded by the exec timeout, never a hang. Search streams the
-regular files below a directory as a tar (tar never opens a FIFO or follows a link) and
-matches them on the runner with fsops.scan.
+regular files below a directory as a tar (find lists regular files without following links,
+tar never opens a FIFO) and matches them on the runner with fsops.scan.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import posixpath
 import tarfile
 
 from trajforge.sandbox.base import FileOpError, PathEscapeError, SandboxError, SymlinkError
@@ -25,7 +26,8 @@ from trajforge.sandbox.process import kill_group
 
 FILE_OP_TIMEOUT = 30.0
 MAX_TAR = 64 << 20
-# Reports problems as "E <kind>" on stderr with exit 3; $1 path, $2 workspace mount, $3 cwd.
+# Reports problems as "E <kind>" on stderr with exit 3; $1 absolute path (normalized, under the
+# mount: the runner checks that lexically first), $2 workspace mount, $3 cwd.
 _PRELUDE = r'''
 E() { echo "E $1" >&2; exit 3; }
 cd -- "$3" 2>/dev/null || cd -- "$2" || E other
@@ -37,7 +39,7 @@ inside() { case "$1/" in "$2"/*) return 0;; esac; return 1; }
 '''
 READ = _PRELUDE + _INSIDE + r'''
 [ -n "$NOTFOUND" ] && E not_found
-r=$(realpath -- "$p" 2>/dev/null) || E not_found
+r=$(realpath "$p" 2>/dev/null) || E not_found
 inside "$r" "$2" || E escape
 [ -h "$r" ] && E symlink
 [ -d "$r" ] && E is_dir
@@ -47,9 +49,9 @@ inside "$r" "$2" || E escape
 exec head -c "$4" <&4
 '''
 WRITE = _PRELUDE + _INSIDE + r'''
-d=$(dirname -- "$p"); n=$(basename -- "$p")
-mkdir -p -- "$d" 2>/dev/null
-rd=$(realpath -- "$d" 2>/dev/null) || E not_found
+d=$(dirname "$p"); n=$(basename "$p")
+mkdir -p "$d" 2>/dev/null
+rd=$(realpath "$d" 2>/dev/null) || E not_found
 inside "$rd" "$2" || E escape
 t="$rd/$n"
 if [ "$4" = new ]; then
@@ -60,7 +62,7 @@ if [ "$4" = new ]; then
   done
   echo "${rd#"$2"}/$c"; exit 0
 fi
-if [ -h "$t" ]; then t=$(realpath -- "$t" 2>/dev/null) || E symlink; inside "$t" "$2" || E escape; fi
+if [ -h "$t" ]; then t=$(realpath "$t" 2>/dev/null) || E symlink; inside "$t" "$2" || E escape; fi
 if [ -e "$t" ]; then [ -d "$t" ] && E is_dir; [ -f "$t" ] || E not_regular
 elif [ "$4" = replace ]; then E not_found; fi
 cat > "$t" || E other
@@ -68,13 +70,12 @@ echo "${t#"$2"}"
 '''
 SEARCH = _PRELUDE + _INSIDE + r'''
 [ -n "$NOTFOUND" ] && E not_found
-r=$(realpath -- "$p" 2>/dev/null) || E not_found
+r=$(realpath "$p" 2>/dev/null) || E not_found
 inside "$r" "$2" || E escape
 [ -h "$r" ] && E symlink
-if [ -f "$r" ]; then cd -- "$(dirname -- "$r")" && exec tar -c -f - -- "$(basename -- "$r")"; fi
-cd -- "$r" || E not_found
-find . -type f -size -"$4"c | head -n "$5" > /tmp/.trajforge-list.$$ 2>/dev/null || E other
-tar -c -f - -T /tmp/.trajforge-list.$$; rc=$?; rm -f /tmp/.trajforge-list.$$; exit $rc
+if [ -f "$r" ]; then cd "$(dirname "$r")" && exec tar -c -f - "$(basename "$r")"; fi
+cd "$r" || E not_found
+find . \( $6 \) -prune -o -type f -size -"$4"c -print0 | xargs -0 tar -c -f -
 '''
 
 
@@ -82,9 +83,23 @@ class ContainerFiles:
     def __init__(self, argv_prefix: list[str], env: dict[str, str], *, mount: str, cwd: str) -> None:
         self.prefix, self.env, self.mount, self.cwd = argv_prefix, env, mount, cwd
 
+    def _escape(self, path: str) -> PathEscapeError:
+        return PathEscapeError(f"{path!r} is outside the workspace {self.mount}; use a path relative to "
+                               f"the working directory {self.cwd} or an absolute path under {self.mount}")
+
+    def absolute(self, path: str) -> str:
+        """The lexically normalized in-container path; PathEscapeError when it leaves the mount."""
+        path = check_model_path(path)
+        if path == "~" or path.startswith("~/"):  # HOME is the workspace
+            path = self.mount + path[1:]
+        full = posixpath.normpath(posixpath.join(self.cwd, path))
+        if not (full == self.mount or full.startswith(self.mount.rstrip("/") + "/")):
+            raise self._escape(path)
+        return full
+
     async def _run(self, script: str, path: str, *extra: str, stdin: bytes | None = None,
                    cap: int) -> bytes:
-        argv = [*self.prefix, "sh", "-c", script, "sh", check_model_path(path), self.mount, self.cwd, *extra]
+        argv = [*self.prefix, "sh", "-c", script, "sh", self.absolute(path), self.mount, self.cwd, *extra]
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=self.env, cwd="/",
@@ -102,8 +117,7 @@ class ContainerFiles:
             if line.startswith("E "):
                 kind = line[2:].strip()
                 if kind == "escape":
-                    raise PathEscapeError(f"{path!r} is outside the workspace {self.mount}; use a path relative to "
-                                          f"the working directory {self.cwd} or an absolute path under {self.mount}")
+                    raise self._escape(path)
                 if kind == "symlink":
                     raise SymlinkError(path, path)
                 raise FileOpError(kind, kind.replace("_", " "))
@@ -127,9 +141,12 @@ class ContainerFiles:
 
     async def search(self, path: str, pattern: str, *, target: str, glob: str | None, limit: int,
                      max_file: int, max_files: int) -> tuple[list[str], bool]:
-        raw = await self._run(SEARCH, path, str(max_file + 1), str(max_files), cap=MAX_TAR)
+        prune = " -o ".join(f"-name {d}" for d in sorted(SKIP_DIRS))  # plain names: no quoting needed
+        raw = await self._run(SEARCH, path, str(max_file + 1), str(max_files), prune, cap=MAX_TAR)
         entries = []
-        with contextlib.suppress(tarfile.TarError), tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
+        # xargs may run tar more than once: concatenated archives, hence ignore_zeros.
+        with contextlib.suppress(tarfile.TarError), tarfile.open(fileobj=io.BytesIO(raw), mode="r:",
+                                                                 ignore_zeros=True) as tar:
             members = sorted((m for m in tar.getmembers() if m.isreg()), key=lambda m: m.name)
             for m in members:
                 sub = m.name[2:] if m.name.startswith("./") else m.name
