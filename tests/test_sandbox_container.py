@@ -22,14 +22,14 @@ from tests.support.images import (  # noqa: F401 (fixtures)
     APP_README, MARKER, MISSING_IMAGE, busybox_image, containers_with_label, podman,
 )
 from tests.support.policies import prompt_command_policy
+from tests.support.sandboxes import create_sandbox
 from tests.support.scripted_server import ScriptedServer
 from trajforge.config import RunConfig
 from trajforge.sandbox.base import PathEscapeError, SandboxError
 from trajforge.sandbox.container import ContainerBackend, ContainerSandbox
 from trajforge.sandbox.engine import Engine, container_name, detect
-from trajforge.sandbox.factory import create_sandbox
+from trajforge.sandbox.factory import SandboxProvider
 from trajforge.sandbox.images import ImageChecker
-from trajforge.sandbox.process import kill_group
 
 
 def config(**kw: object) -> RunConfig:
@@ -52,14 +52,14 @@ def test_sample_runs_in_the_image_with_cwd_and_workspace(tmp_path: Path, busybox
             res = await sb.exec("cat /image-marker.txt; pwd; cat readme.txt", timeout=20)
             assert res.exit_code == 0 and res.stdout == MARKER + "/app\n" + APP_README, res
             assert (sb.workspace / "readme.txt").read_text() == APP_README  # the image's /app, copied in
-            sb.resolve("notes.txt").write_text("from the host\n")
+            assert await sb.write_file("notes.txt", b"from the host\n") == "notes.txt"
             res = await sb.exec("cat notes.txt && echo made > /app/made.txt && exit 3", timeout=20)
             assert res.stdout == "from the host\n" and res.exit_code == 3
             assert (sb.workspace / "made.txt").read_text() == "made\n"
-            assert sb.resolve("/app/made.txt") == sb.workspace / "made.txt"
+            assert await sb.read_file("/app/made.txt") == await sb.read_file("made.txt") == b"made\n"
             for bad in ("/etc/passwd", "../outside", "/image-marker.txt"):
                 with pytest.raises(PathEscapeError):
-                    sb.resolve(bad)
+                    await sb.read_file(bad)
             env = (await sb.exec("env", timeout=20)).stdout
             assert "sk-host-secret-123" not in env and "OPENAI_API_KEY" not in env
             assert "PATH=/bin" in env  # the image's own environment
@@ -124,19 +124,17 @@ def test_timeout_and_cancellation_kill_the_process_inside(tmp_path: Path, busybo
                 await task
             assert "sleep 33" not in await processes(sb)
 
-            log = tmp_path / "job.log"
-            proc = await sb.spawn("echo started; sleep 34", log_path=log)
+            proc = await sb.spawn("echo started; sleep 34")
             for _ in range(100):
                 if "sleep 34" in await processes(sb):
                     break
-            kill_group(proc)  # what the process tool does
-            await proc.wait()
+            await proc.kill()  # what the process tool does
             await asyncio.sleep(0.5)
             assert "sleep 34" not in await processes(sb)
-            assert log.read_text().startswith("started")
+            assert (await proc.read(0, 1000)).head.startswith(b"started")
             # A background job that ends by itself reports its exit code.
-            proc = await sb.spawn("exit 5", log_path=log)
-            assert await proc.wait() == 5
+            proc = await sb.spawn("exit 5")
+            assert await proc.wait(30) == 5
             assert (await sb.exec("exit 125", timeout=20)).exit_code == 125  # the command's own code
             # The container disappearing under the sample is an infrastructure failure.
             subprocess.run([podman.binary, *podman.rm_args(sb.name or "")], env=podman.env, capture_output=True)
@@ -161,18 +159,19 @@ def test_missing_image_fails_the_sample_once_per_image(tmp_path: Path, busybox_i
 
     async def body() -> None:
         cfg = config(run_name=f"ctest-missing-{os.getpid()}")
-        results = await asyncio.gather(
-            *(create_sandbox(cfg, cwd=None, image=MISSING_IMAGE, root=tmp_path) for _ in range(3)),
-            *(create_sandbox(cfg, cwd=None, image=busybox_image, root=tmp_path) for _ in range(2)),
-            return_exceptions=True,
-        )
-        errors, sandboxes = results[:3], results[3:]
-        for e in errors:
-            assert isinstance(e, SandboxError)
-            assert MISSING_IMAGE in str(e) and "podman" in str(e) and "pull failed" in str(e)
-        for sb in sandboxes:
-            assert isinstance(sb, ContainerSandbox)
-            await sb.close()
+        async with SandboxProvider(cfg) as provider:  # the run's: one image check each
+            results = await asyncio.gather(
+                *(provider.create(cwd=None, image=MISSING_IMAGE, root=tmp_path) for _ in range(3)),
+                *(provider.create(cwd=None, image=busybox_image, root=tmp_path) for _ in range(2)),
+                return_exceptions=True,
+            )
+            errors, sandboxes = results[:3], results[3:]
+            for e in errors:
+                assert isinstance(e, SandboxError)
+                assert MISSING_IMAGE in str(e) and "podman" in str(e) and "pull failed" in str(e)
+            for sb in sandboxes:
+                assert isinstance(sb, ContainerSandbox)
+                await sb.close()
         assert sorted(calls) == sorted([MISSING_IMAGE, busybox_image])  # one check per distinct image
         assert list(tmp_path.iterdir()) == []  # failed samples left no workspace
 
@@ -201,13 +200,14 @@ def test_container_creation_is_bounded_by_max_sandboxes(tmp_path: Path, busybox_
 
     async def body() -> None:
         cfg = config(max_sandboxes=1, run_name=f"ctest-bound-{os.getpid()}")
-        boxes = await asyncio.gather(*(create_sandbox(cfg, cwd=None, image=busybox_image, root=tmp_path)
-                                       for _ in range(3)))
-        try:
-            outs = await asyncio.gather(*(sb.exec("cat /image-marker.txt", timeout=20) for sb in boxes))
-            assert [o.stdout for o in outs] == [MARKER] * 3
-        finally:
-            await asyncio.gather(*(sb.close() for sb in boxes))
+        async with SandboxProvider(cfg) as provider:
+            boxes = await asyncio.gather(*(provider.create(cwd=None, image=busybox_image, root=tmp_path)
+                                           for _ in range(3)))
+            try:
+                outs = await asyncio.gather(*(sb.exec("cat /image-marker.txt", timeout=20) for sb in boxes))
+                assert [o.stdout for o in outs] == [MARKER] * 3
+            finally:
+                await asyncio.gather(*(sb.close() for sb in boxes))
         with pytest.raises(SandboxError, match="needs an image"):
             await create_sandbox(config(sandbox="container"), cwd=None, image=None, root=tmp_path)
 
@@ -240,16 +240,17 @@ CHILD = textwrap.dedent("""
     import asyncio, sys
     from pathlib import Path
     from trajforge.config import RunConfig
-    from trajforge.sandbox.factory import create_sandbox
+    from trajforge.sandbox.factory import SandboxProvider
 
     async def main():
         cfg = RunConfig(container_engine="podman", run_name=sys.argv[2])
-        sb = await create_sandbox(cfg, cwd=None, image=sys.argv[1], root=Path(sys.argv[3]))
-        try:
-            print("ready", sb.name, flush=True)
-            await sb.exec("sleep 60", timeout=120)
-        finally:
-            await asyncio.shield(sb.close())
+        async with SandboxProvider(cfg) as provider:
+            sb = await provider.create(cwd=None, image=sys.argv[1], root=Path(sys.argv[3]))
+            try:
+                print("ready", sb.name, flush=True)
+                await sb.exec("sleep 60", timeout=120)
+            finally:
+                await asyncio.shield(sb.close())
 
     asyncio.run(main())
 """)

@@ -11,7 +11,7 @@ import pytest
 from trajforge.config import RunConfig
 from trajforge.sandbox.base import PathEscapeError, SandboxError
 from trajforge.sandbox.bwrap import BwrapSandbox, probe
-from trajforge.sandbox.factory import create_sandbox
+from tests.support.sandboxes import create_sandbox
 from trajforge.sandbox.local import LocalSandbox
 from trajforge.sandbox.process import Limits
 
@@ -49,11 +49,11 @@ def test_workspace_layout_and_cwd_mapping(tmp_path: Path) -> None:
         sb = await started(tmp_path, cwd="proj/src")
         assert sb.workspace.parent == tmp_path.resolve() and sb.workspace.name.startswith("sample-")
         assert sb.workdir == str(sb.workspace)
-        assert sb.cwd == sb.workspace / "proj" / "src" and sb.cwd.is_dir()
+        assert sb.cwd == str(sb.workspace / "proj" / "src") and Path(sb.cwd).is_dir()
         res = await sb.exec("pwd", timeout=5)
         assert res.stdout.strip() == str(sb.cwd)
         other = await started(tmp_path, cwd="/app")  # absolute cwd lands inside the workspace
-        assert other.cwd == other.workspace / "app" and other.workspace != sb.workspace
+        assert other.cwd == str(other.workspace / "app") and other.workspace != sb.workspace
         await sb.close()
         await other.close()
         with pytest.raises(SandboxError, match="outside"):
@@ -139,23 +139,26 @@ def test_environment_is_clean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     run(body())
 
 
-def test_resolve_confines_paths_to_the_workspace(tmp_path: Path) -> None:
+def test_file_paths_are_confined_to_the_workspace(tmp_path: Path) -> None:
     async def body() -> None:
         async with LocalSandbox(tmp_path, cwd="sub") as sb:
             ws = sb.workspace
-            assert sb.resolve("a.txt") == ws / "sub" / "a.txt"
-            assert sb.resolve("../b.txt") == ws / "b.txt"
-            assert sb.resolve(str(ws / "c.txt")) == ws / "c.txt"
-            assert sb.resolve("~/d.txt") == ws / "d.txt"
+            assert await sb.write_file("a.txt", b"a") == "sub/a.txt" and (ws / "sub" / "a.txt").read_bytes() == b"a"
+            assert await sb.write_file("../b.txt", b"b") == "b.txt"
+            assert await sb.write_file(str(ws / "c.txt"), b"c") == "c.txt"
+            assert await sb.write_file("~/d.txt", b"d") == "d.txt"
             (ws / "inner").mkdir()
             (ws / "link-in").symlink_to(ws / "inner")
-            assert sb.resolve(str(ws / "link-in" / "f")) == ws / "inner" / "f"
+            assert await sb.write_file(str(ws / "link-in" / "f"), b"f") == "inner/f"
+            assert await sb.read_file("../inner/f") == b"f"
             (ws / "root").symlink_to("/")
             (ws / "dangling").symlink_to("/nonexistent-dir/x")
             for bad in ("../../etc/passwd", "/etc/passwd", "/tmp/x", str(ws / "root" / "etc" / "passwd"),
                         "../root/etc", str(ws / "dangling"), "", "a\0b"):
                 with pytest.raises(PathEscapeError):
-                    sb.resolve(bad)
+                    await sb.read_file(bad)
+                with pytest.raises(PathEscapeError):
+                    await sb.write_file(bad, b"x")
 
     run(body())
 
@@ -163,23 +166,23 @@ def test_resolve_confines_paths_to_the_workspace(tmp_path: Path) -> None:
 def test_close_kills_background_jobs_and_removes_workspace(tmp_path: Path) -> None:
     async def body() -> None:
         sb = await started(tmp_path)
-        log = tmp_path / "job.log"
-        proc = await sb.spawn("echo started; exec sleep 300", log_path=log)
+        proc = await sb.spawn("echo started; exec sleep 300")
         assert proc.returncode is None and alive(proc.pid)
         async with asyncio.timeout(5):
-            while not log.read_text():
+            while not (await proc.read(0, 100)).head:
                 await asyncio.sleep(0.02)
+        assert (await proc.read(0, 100)).head == b"started\n"
         ws = sb.workspace
         await sb.close()
         assert proc.returncode is not None and gone(proc.pid)
-        assert not ws.exists() and log.read_text() == "started\n"
+        assert not ws.exists()
         await sb.close()  # idempotent
         with pytest.raises(SandboxError):
             await sb.exec("true", timeout=1)
 
         kept = await started(tmp_path, keep=True)
         (kept.workspace / "result.txt").write_text("x")
-        job = await kept.spawn("sleep 300", log_path=tmp_path / "k.log")
+        job = await kept.spawn("sleep 300")
         await kept.close()
         assert gone(job.pid) and (kept.workspace / "result.txt").exists()
 
@@ -230,7 +233,7 @@ def test_rlimits_apply_to_commands(tmp_path: Path) -> None:
 def test_factory_dispatch(tmp_path: Path) -> None:
     async def body() -> None:
         sb = await create_sandbox(RunConfig(sandbox="local", keep_workspaces=True), cwd="app", image=None, root=tmp_path)
-        assert isinstance(sb, LocalSandbox) and sb.cwd.is_dir()
+        assert isinstance(sb, LocalSandbox) and Path(sb.cwd).is_dir()
         res = await sb.exec("echo ok", timeout=5)
         assert res.stdout == "ok\n"
         await sb.close()

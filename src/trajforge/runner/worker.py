@@ -23,6 +23,7 @@ from trajforge.model.errors import ModelCallError
 from trajforge.model.types import ModelClient
 from trajforge.runner.outcome import Outcome
 from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.factory import SandboxProvider
 from trajforge.tools.base import ToolContext, ToolInfraError, Toolset, Unavailable
 from trajforge.tools.distributions import sample_toolsets
 from trajforge.tools.registry import KNOWN_TOOLS, build_toolsets, tools_for
@@ -43,6 +44,7 @@ class SampleWorker:
         self._root_override = workspace_root
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self.workspace_root: Path = Path()
+        self.sandboxes: SandboxProvider | None = None
 
     async def start(self, model: ModelClient | None = None) -> list[Unavailable]:
         from trajforge.model.factory import make_client
@@ -50,6 +52,7 @@ class SampleWorker:
         self.model = model or make_client(self.config.model_settings())
         wanted = [ts for ts, p in self.distribution.probabilities.items() if p > 0]
         self.toolsets, self.unavailable = await build_toolsets(wanted, self.config)
+        self.sandboxes = await SandboxProvider(self.config).start()
         if self._root_override is not None:
             self.workspace_root = self._root_override
             self.workspace_root.mkdir(parents=True, exist_ok=True)
@@ -66,6 +69,8 @@ class SampleWorker:
                 log.exception("closing toolset %s", ts.name)
         if self.model is not None:
             await self.model.aclose()
+        if self.sandboxes is not None:
+            await self.sandboxes.aclose()
         if self._tmp is not None:
             self._tmp.cleanup()
 
@@ -99,15 +104,13 @@ class SampleWorker:
         return outcome("done", record=record)
 
     async def _run(self, sample: Sample, trace: Any) -> tuple[list[str], SessionResult]:
-        from trajforge.sandbox.factory import create_sandbox
-
-        assert self.model is not None
+        assert self.model is not None and self.sandboxes is not None
         sampled = sample_toolsets(self.distribution, self.config.seed, sample.identity)
         offered = [ts for ts in sampled if ts in self.toolsets]
         tools = tools_for(offered, self.toolsets)
         # The wall-clock limit starts once the sandbox exists: a shared image pull or a wait for a
         # container slot is the run's cost, not this sample's.
-        sandbox = await create_sandbox(self.config, cwd=sample.cwd, image=sample.image, root=self.workspace_root)
+        sandbox = await self.sandboxes.create(cwd=sample.cwd, image=sample.image, root=self.workspace_root)
         try:
             ctx = ToolContext(sandbox, self.config, sample.identity)
             async with asyncio.timeout(self.config.timeout), ctx.cleanup:

@@ -1,34 +1,31 @@
-"""The Sandbox interface every tool goes through.
+"""The Sandbox interface: every operation a tool performs on a sample's environment.
 
-A sandbox is one sample's isolated environment: a private host directory (`workspace`) that
-commands see at `workdir`, a way to run commands in it (foreground with a timeout, or in the
-background), path resolution that refuses escapes, and `close()` that kills every process the
-sample started and removes the workspace. Backends: local, bwrap, container.
+A sandbox is one sample's isolated environment. Tools never see a host path: they run commands
+(foreground with a timeout, or background `Job`s whose output the sandbox keeps), and read,
+write and search files, always with paths as the sample sees them (relative to `cwd`, `~/...`,
+or absolute under `workdir`). Each backend decides where that happens: the local one on the
+host through an O_NOFOLLOW walk, bwrap through a helper inside the sample's namespaces,
+containers inside the container. `close()` kills every process the sample started and removes
+its workspace. Backends: local, bwrap, container (registered in sandbox/provider.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
+from trajforge.sandbox.fsops import FileOpError, check_model_path
+from trajforge.sandbox.safe_fs import PathEscapeError, SymlinkError
+
+__all__ = ["ExecResult", "FileOpError", "Job", "LogChunk", "PathEscapeError", "Sandbox", "SandboxError",
+           "SymlinkError", "check_model_path"]
+
+READ_CAP = 256 << 20  # the largest file a tool may ask for
+
 
 class SandboxError(Exception):
     """The sandbox could not be created or broke (infrastructure): the sample fails as `sandbox`."""
-
-
-class PathEscapeError(ValueError):
-    """A path given by the model points outside the workspace; returned to the model as an error."""
-
-
-def check_model_path(path: object) -> str:
-    """The first check of every model-given path, before any backend maps it."""
-    if not isinstance(path, str) or not path.strip():
-        raise PathEscapeError("path must be a non-empty string")
-    if "\0" in path:
-        raise PathEscapeError("path contains a NUL byte")
-    return path
 
 
 @dataclass(slots=True)
@@ -40,9 +37,44 @@ class ExecResult:
     truncated: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class LogChunk:
+    """Output of a background job from an offset: `head + tail`, with `dropped` bytes between
+    them left out when there was more than asked for; `end` is the offset to continue from."""
+
+    head: bytes
+    tail: bytes
+    dropped: int
+    end: int
+
+
+class Job(ABC):
+    """A background command; its output stays with the sandbox until read with `read`."""
+
+    pid: int  # as the sample sees it (ps inside the sandbox)
+
+    @property
+    @abstractmethod
+    def returncode(self) -> int | None:
+        """None while running; negative: killed by that signal."""
+
+    @abstractmethod
+    async def wait(self, timeout: float | None = None) -> int | None:
+        """The return code once it exits, or None after `timeout` seconds."""
+
+    @abstractmethod
+    async def kill(self) -> None:
+        """SIGKILL the job and everything in its process group."""
+
+    @abstractmethod
+    async def read(self, offset: int, cap: int) -> LogChunk:
+        """Output from `offset`; at most `cap` bytes (head and tail halves when more)."""
+
+
 class Sandbox(ABC):
-    workspace: Path  # host path of the sample's writable directory
-    workdir: str  # the same directory as commands inside the sandbox see it
+    workdir: str  # the workspace as commands see it
+    cwd: str  # the working directory of commands and relative paths, as commands see it
+    workspace: Path | None  # host directory of the workspace, for the runner and tests only (None: remote)
 
     @abstractmethod
     async def start(self) -> None:
@@ -53,13 +85,25 @@ class Sandbox(ABC):
         """Run a shell command to completion or timeout; on timeout its whole process tree dies."""
 
     @abstractmethod
-    async def spawn(self, command: str, *, cwd: str | None = None, log_path: Path) -> asyncio.subprocess.Process:
-        """Start a background shell command writing stdout+stderr to `log_path` (host path)."""
+    async def spawn(self, command: str, *, cwd: str | None = None) -> Job:
+        """Start a background shell command, stdout and stderr kept by the sandbox."""
 
     @abstractmethod
-    def resolve(self, path: str) -> Path:
-        """Map a model-given path (relative to the cwd, or absolute as seen inside) to a host path
-        inside the workspace; raise PathEscapeError for anything outside, symlinks included."""
+    async def read_file(self, path: str, *, max_bytes: int = READ_CAP) -> bytes:
+        """The bytes of a regular file. FileOpError (kind not_found, is_dir, not_regular,
+        too_large...) or PathEscapeError/SymlinkError for what the model must change."""
+
+    @abstractmethod
+    async def write_file(self, path: str, data: bytes, *, how: str = "overwrite") -> str:
+        """Write a regular file, parents created; how: overwrite | replace (atomic, mode kept,
+        must exist) | new (never replaces: name-2.ext...). Returns the path written, relative to
+        the workspace root it landed in. Errors as read_file."""
+
+    @abstractmethod
+    async def search(self, path: str, pattern: str, *, target: str = "content", glob: str | None = None,
+                     limit: int = 50, max_file: int = 2 << 20, max_files: int = 50_000) -> tuple[list[str], bool]:
+        """search_files (fsops.search) beneath `path`: (results, more exist). `pattern` must be
+        a valid Python regex (checked by the caller). Errors as read_file."""
 
     @abstractmethod
     async def close(self) -> None:

@@ -3,42 +3,50 @@
 Commands see a read-only host system (/usr, /etc, /opt and the /bin, /lib... links), the
 sample's workspace read-write at /workspace, private /tmp and /dev/shm, a private /proc, and
 new pid/ipc/uts (and, with `--sandbox_network=none`, network) namespaces. /root, /home, /var,
-/run and the runner's files are simply not there. A row's absolute cwd (/app) is a directory
-of the workspace that is also mounted at that path.
+/run and the runner's files are simply not there. A row's absolute cwd (/app, /app/sub) is a
+directory of the workspace that is also mounted at that path.
 
-Two modes, because the kernel never enforces RLIMIT_NPROC for host uid 0:
-- runner is root ("root" mode): one long-lived bwrap per sample (the *holder*, privileged, no
-  user namespace) keeps the namespaces; each command joins them with nsenter and drops to a
-  uid of its own (setpriv, no_new_privs, no capabilities). Background jobs and the commands that
-  talk to them share one pid/net namespace, the process limit holds (fork bombs stop), the
-  sandbox cannot signal the holder, and killing the holder (close, or the runner dying:
-  --die-with-parent) tears the whole namespace down.
-- runner is unprivileged ("user" mode): bwrap runs per command in a fresh user namespace;
-  the files and processes are the user's own, and each command has its own pid namespace, so
-  background jobs live only as long as the command (or spawn) that started them, and `ps`
-  shows bwrap's command line (with the host path of the workspace) as pid 1.
-Files the runner's file tools create are root-owned; in root mode they are handed to the
-sandbox uid before the next command runs (see `_hand_over`).
+bwrap's command is the sample's helper (helper.py): a small Python process, run with a host
+interpreter visible inside (helper_python), spoken to over a socketpair (channel.py). Commands
+fork from it and file operations run in it, inside the sample's mount view, so there is no
+per-command entry chain and no file access from the host. Two modes, because the kernel never
+enforces RLIMIT_NPROC for host uid 0:
+- runner is root ("root" mode): no user namespace; bwrap keeps the helper only CAP_SETUID and
+  CAP_SETGID (no_new_privs is always set), which it uses to drop to a uid of the sample's own
+  before reading any request. The process limit then holds (fork bombs stop), the sandbox
+  cannot signal the runner, and killing bwrap (close, or the runner dying: --die-with-parent)
+  tears the whole pid namespace down.
+- runner is unprivileged ("user" mode): --unshare-all creates a user namespace; the helper and
+  the files are the user's own.
+Both modes: background jobs share the sample's pid namespace and live until the sample closes.
+`bwrap_argv` builds the whole command line (the one place to add options).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
+import posixpath
 import secrets
-import shlex
 import shutil
+import socket
+import sys
 import tempfile
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from trajforge.sandbox.base import ExecResult, SandboxError
-from trajforge.sandbox.mounted import MountedSandbox
-from trajforge.sandbox.process import DEFAULT_LIMITS, SAFE_PATH, Limits, kill_group, run_argv, spawn_argv
+if TYPE_CHECKING:
+    from trajforge.sandbox.factory import SandboxProvider
+
+from trajforge.sandbox import helper, workspace
+from trajforge.sandbox.base import ExecResult, Job, Sandbox, SandboxError, check_model_path
+from trajforge.sandbox.channel import HelperChannel
+from trajforge.sandbox.process import (
+    DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, SAFE_PATH, Limits, clean_env, kill_group, limit_pairs, run_argv,
+)
 
 WORKSPACE = "/workspace"
 # Host dirs bound read-only when present; /bin, /lib... are links into /usr on merged-usr hosts.
@@ -85,9 +93,14 @@ def bwrap_argv(
 
     privileged: the runner is root, so no user namespace (see module doc) and no capabilities
     for what runs inside; otherwise --unshare-all creates one."""
-    argv = [bwrap, "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+    # --as-pid-1: the helper is the pid namespace's init, which the kernel shields from every
+    # signal sent inside it without a handler (`kill -9 -1` spares it); it reaps the orphans, and
+    # its death ends the namespace.
+    argv = [bwrap, "--die-with-parent", "--new-session", "--as-pid-1", "--hostname", "sandbox"]
     if privileged:
         argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL"]
+        # Only for the helper's first act, dropping to the sample's uid (which clears them).
+        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         if not network:
             argv.append("--unshare-net")
     else:
@@ -100,7 +113,18 @@ def bwrap_argv(
         argv += ["--ro-bind-try", path, path]
     argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm",
              "--perms", "1777", "--tmpfs", "/tmp"]
+    made: set[str] = set()
     for host, inside in binds:
+        # bwrap would create missing parents (the /app of a cwd /app/sub) mode 0700, root-owned:
+        # closed to the sample's uid. Make them 0755 first.
+        parent = posixpath.dirname(inside)
+        chain = []
+        while parent not in ("/", "") and parent not in made:
+            chain.append(parent)
+            parent = posixpath.dirname(parent)
+        for d in reversed(chain):
+            argv += ["--perms", "0755", "--dir", d]
+            made.add(d)
         argv += ["--bind", str(host), inside]
     return argv + ["--chdir", chdir]
 
@@ -120,32 +144,16 @@ class BwrapStatus:
     detail: str  # version, or why it is not usable
 
 
-_status: BwrapStatus | None = None
-_probing: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
-
-
-async def probe(refresh: bool = False) -> BwrapStatus:
-    """Whether bwrap works here, by starting a real sandbox once per process (~30 ms)."""
-    if _status is not None and not refresh:
-        return _status
-    async with _probing.setdefault(asyncio.get_running_loop(), asyncio.Lock()):
-        if _status is None or refresh:
-            await _probe()
-    assert _status is not None
-    return _status
-
-
-async def _probe() -> None:
-    global _status
-    path = find_bwrap()
+async def probe() -> BwrapStatus:
+    """Whether bwrap works here, by starting a real sandbox (~50 ms). Not cached: the run's
+    provider keeps the answer (probe_status)."""
     mode = "root" if os.geteuid() == 0 else "user"
+    path = find_bwrap()
     if path is None:
-        _status = BwrapStatus(False, None, mode, NOT_FOUND)
-        return
-    missing = [t for t in ("nsenter", "setpriv", "env") if mode == "root" and not shutil.which(t, path=SAFE_PATH)]
-    if missing:
-        _status = BwrapStatus(False, path, mode, f"running as root needs {', '.join(missing)} (util-linux)")
-        return
+        return BwrapStatus(False, None, mode, NOT_FOUND)
+    python, _ = helper_python()
+    if not os.access(python, os.X_OK):
+        return BwrapStatus(False, path, mode, f"no Python interpreter for the sandbox helper ({python})")
     version = (await run_argv([path, "--version"], timeout=10, cwd=None, env={"PATH": SAFE_PATH})).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="trajforge-bwrap-probe-") as tmp:
         sb = BwrapSandbox(Path(tmp), network=False, bwrap=path)
@@ -158,138 +166,199 @@ async def _probe() -> None:
             ok, detail = False, f"{version}: a test sandbox failed: {e}"
         finally:
             await sb.close()
-    _status = BwrapStatus(ok, path, mode, detail)
+    return BwrapStatus(ok, path, mode, detail)
 
 
-class BwrapSandbox(MountedSandbox):
-    # Every command lives in a pid namespace that dies with its init (the holder in root mode, the
-    # command's own bwrap otherwise), so the /proc scan for escaped processes is not needed: at
-    # hundreds of sessions it was a quarter of the event loop's time (bench/RESULTS.md).
-    sweeps_escaped_processes = False
+async def probe_status(provider: SandboxProvider) -> BwrapStatus:
+    """The run's bwrap probe, made once per provider."""
+    return await provider.state("bwrap.status", probe)
+
+
+async def make(provider: SandboxProvider, *, cwd: str | None, image: str | None, root: Path) -> BwrapSandbox:
+    status = await probe_status(provider)
+    if not status.usable:
+        raise SandboxError(f"--sandbox bwrap is not usable here: {status.detail} (see `trajforge doctor`)")
+    config = provider.config
+    return BwrapSandbox(root, keep=config.keep_workspaces, cwd=cwd, limits=provider.limits,
+                        network=config.sandbox_network == "on", nproc=config.sandbox_nproc, bwrap=status.path)
+
+
+class BwrapSandbox(Sandbox):
+    """One sample: its workspace, its bwrap namespaces and the helper inside them (module doc)."""
 
     def __init__(
         self, root: Path, *, keep: bool = False, cwd: str | None = None, limits: Limits = DEFAULT_LIMITS,
-        network: bool = True, nproc: int | None = 512, bwrap: str | None = None, **kw: object,
+        network: bool = True, nproc: int | None = 512, bwrap: str | None = None,
+        output_cap: int = DEFAULT_OUTPUT_CAP,
     ) -> None:
+        self.root, self.keep, self._cwd_arg = Path(root), keep, cwd
         self.privileged = os.geteuid() == 0
         # RLIMIT_NPROC is per real uid: only meaningful with a uid of the sample's own (root mode).
-        limits = replace(limits, nproc=nproc if self.privileged else limits.nproc)
-        super().__init__(root, keep=keep, cwd=cwd, limits=limits, **kw)  # type: ignore[arg-type]
+        self.limits = replace(limits, nproc=nproc if self.privileged else limits.nproc)
         self.network = network
         self.bwrap = bwrap or find_bwrap()
+        self.output_cap = output_cap
         self.uid = _UID_BASE + secrets.randbelow(_UID_SPAN) if self.privileged else os.getuid()
+        self.workspace: Path | None = None
+        self._removed = False
+        self.workdir = WORKSPACE
         self._holder: asyncio.subprocess.Process | None = None
-        self._ns_pid = 0
+        self._channel: HelperChannel | None = None
+
+    def mounts(self, host_cwd: Path) -> tuple[dict[str, Path], str]:
+        """In-sandbox mount points of the workspace, and the cwd as the sample sees it: a row's
+        absolute cwd (/app, /app/sub) is also mounted at that path, a relative one is beneath
+        /workspace."""
+        assert self.workspace is not None
+        points = {WORKSPACE: self.workspace}
+        alias = posixpath.normpath(self._cwd_arg) if self._cwd_arg and self._cwd_arg.startswith("/") else ""
+        if alias not in ("", "/") and alias.split("/")[1] not in RESERVED:
+            points[alias] = host_cwd
+            return points, alias
+        rel = host_cwd.relative_to(self.workspace).as_posix()
+        return points, WORKSPACE if rel == "." else f"{WORKSPACE}/{rel}"
 
     async def start(self) -> None:
         if self.bwrap is None:
             raise SandboxError(NOT_FOUND)
-        await super().start()
-        points = {WORKSPACE: self.workspace}
-        alias = (self._cwd_arg or "").rstrip("/")
-        if alias.startswith("/") and alias.split("/")[1] not in RESERVED:
-            points[alias] = self.cwd  # an absolute row cwd such as /app is also visible there
-        self._mount(points, "")
-        self.cwd_inside = self.inside(self.cwd)
-        self._base = bwrap_argv(
-            self.bwrap, layout=host_layout(), binds=[(h, p) for p, h in self._points][::-1],
-            chdir=self.cwd_inside, network=self.network, privileged=self.privileged, extra_ro=_resolv_conf_target(),
+        self.workspace, host_cwd = workspace.create(self.root, self._cwd_arg)
+        points, self.cwd = self.mounts(host_cwd)
+        if self.privileged:  # the helper drops to the sample's uid: hand it its directories
+            _chown_beneath(self.workspace, host_cwd.relative_to(self.workspace).parts, self.uid)
+        python, python_ro = helper_python()
+        argv = bwrap_argv(
+            self.bwrap, layout=host_layout(), binds=sorted(((h, p) for p, h in points.items()), key=lambda b: len(b[1])),
+            # "/": bwrap changes directory before the helper drops to the sample's uid, and root
+            # without capabilities may not enter the sample's 0700 workspace. Commands chdir themselves.
+            chdir="/", network=self.network, privileged=self.privileged,
+            extra_ro=[*_resolv_conf_target(), *python_ro],
         )
-        if self.privileged:
-            self._hand_over(initial=True)
-            await self._start_holder()
+        await self._start_helper(argv, python, sorted(points))
 
-    async def _start_holder(self) -> None:
+    async def _start_helper(self, argv: list[str], python: str, roots: list[str]) -> None:
         # The mount setup goes through --args (a pipe) so /proc/1/cmdline inside shows no host paths.
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         args_r, args_w = os.pipe()
-        read_fd, write_fd = os.pipe()
-        setup = [*self._base[1:-1], "/", "--info-fd", str(write_fd)]
+        src_r, src_w = os.pipe()
         try:
             try:
-                os.write(args_w, b"".join(a.encode() + b"\0" for a in setup))  # a few KB: fits the pipe
+                os.write(args_w, b"".join(a.encode() + b"\0" for a in argv[1:]))  # a few KB: fits the pipe
+                # The helper's source comes on stdin, not argv: `ps` inside shows a one-liner.
+                source = _helper_source()
+                assert len(source) < 60_000  # fits the pipe's 64 KiB buffer: this write never blocks
+                os.write(src_w, source)
             finally:
                 os.close(args_w)
+                os.close(src_w)
             self._holder = await asyncio.create_subprocess_exec(
-                self._base[0], "--args", str(args_r), "sh", "-c", "echo ready; exec sleep infinity",
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                env=self.env, pass_fds=(args_r, write_fd), start_new_session=True,
+                argv[0], "--args", str(args_r), python, "-S", "-I", "-c", _BOOT, str(theirs.fileno()),
+                stdin=src_r, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+                env={"PATH": SAFE_PATH}, pass_fds=(args_r, theirs.fileno()), start_new_session=True,
             )
-        except BaseException:
-            os.close(read_fd)
-            raise
+        except OSError as e:
+            ours.close()
+            raise SandboxError(f"cannot start bwrap: {e}") from e
         finally:
-            for fd in (args_r, write_fd):
-                os.close(fd)
-        holder = self._holder
+            os.close(args_r)
+            os.close(src_r)
+            theirs.close()
+        self._channel = HelperChannel(ours, self.output_cap)
+        env = clean_env(WORKSPACE)
+        cfg = {"id": 0, "uid": self.uid if self.privileged else None, "cwd": self.cwd, "roots": roots,
+               "workdir": WORKSPACE, "env": env, "shell": SHELL,
+               "limits": [(r, s, h) for r, (s, h) in limit_pairs(self.limits)]}
         try:
             async with asyncio.timeout(START_TIMEOUT):
-                info = await asyncio.to_thread(_read_all, read_fd)
-                line = await holder.stdout.readline()  # type: ignore[union-attr]
-        except TimeoutError:
-            raise SandboxError(f"bwrap did not start within {START_TIMEOUT:g}s") from None
-        if line.strip() != b"ready":
-            err = (await holder.stderr.read()).decode(errors="replace").strip()  # type: ignore[union-attr]
-            raise SandboxError(f"bwrap failed to start: {err or 'no output'}")
-        try:
-            self._ns_pid = int(json.loads(info)["child-pid"])
-        except (ValueError, KeyError, TypeError):
-            raise SandboxError(f"bwrap gave no sandbox pid: {info[:200]!r}") from None
+                reply, _ = await self._channel.call(cfg)
+        except (TimeoutError, SandboxError) as e:
+            why = "did not start within %gs" % START_TIMEOUT if isinstance(e, TimeoutError) else "failed to start"
+            err = b""
+            if self._holder.stderr is not None:
+                self._holder.kill()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(2):
+                        err = await self._holder.stderr.read()
+            raise SandboxError(f"bwrap {why}: {err.decode(errors='replace').strip()[-300:] or 'no output'}") from None
+        if self.privileged and reply.get("uid") != self.uid:
+            raise SandboxError(f"the sandbox helper runs as uid {reply.get('uid')}, not {self.uid}")
 
-    def _hand_over(self, initial: bool = False) -> None:
-        """Root mode: give the sandbox uid what the runner created in the workspace (the
-        workspace itself, the cwd, and files the file tools wrote through `resolve`)."""
-        paths = [self.cwd] if initial else sorted(self.touched)
-        if self.touched_overflow:
-            paths = [p for d, _, files in os.walk(self.workspace) for p in [Path(d), *(Path(d) / f for f in files)]]
-        self.touched.clear()
-        self.touched_overflow = False
-        for path in paths:
-            if path.is_relative_to(self.workspace):
-                _chown_beneath(self.workspace, path.relative_to(self.workspace).parts, self.uid)
-
-    def _argv(self, command: str, cwd: str | None) -> list[str]:
-        self._check_open()
-        inside = self.inside_cwd(cwd)
-        # LocalSandbox has bash set the rlimits (a `ulimit` prefix) or gives a preexec_fn; both
-        # reach the command: the prefix runs inside, the preexec_fn's limits are inherited.
-        command = self._limits_prefix + command
-        if not self.privileged:
-            return [*self._base[:-1], inside, SHELL, "-c", command]
-        if self._holder is None or self._holder.returncode is not None:
+    def _live(self) -> HelperChannel:
+        if self._channel is None:
+            raise SandboxError("sandbox used before start() or after close()")
+        if self._channel.broken or (self._holder is not None and self._holder.returncode is not None):
             raise SandboxError("the bwrap sandbox of this sample is gone")
-        self._hand_over()
-        return ["nsenter", "-t", str(self._ns_pid), "-m", "-u", "-i", "-n", "-p", "-r",
-                "setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--no-new-privs",
-                "--inh-caps=-all", "--bounding-set=-all", "--",
-                # the shell changes directory itself: one exec fewer per command than `env -C`
-                SHELL, "-c", f"cd -- {shlex.quote(inside)} || exit 125\n{command}"]
+        return self._channel
 
     async def exec(self, command: str, *, timeout: float, cwd: str | None = None) -> ExecResult:
-        argv = self._argv(command, cwd)
-        try:
-            return await run_argv(argv, timeout=timeout, cwd="/", env=self.env, preexec_fn=self._preexec,
-                                  output_cap=self.output_cap)
-        except OSError as e:
-            raise SandboxError(f"cannot start a command: {e}") from e
+        return await self._live().exec(command, timeout=timeout, cwd=cwd)
 
-    async def spawn(self, command: str, *, cwd: str | None = None, log_path: Path) -> asyncio.subprocess.Process:
-        argv = self._argv(command, cwd)
-        try:
-            proc = await spawn_argv(argv, cwd="/", env=self.env, log_path=log_path, preexec_fn=self._preexec)
-        except OSError as e:
-            raise SandboxError(f"cannot start a background command: {e}") from e
-        self._jobs = [p for p in self._jobs if p.returncode is None]
-        self._jobs.append(proc)
-        return proc
+    async def spawn(self, command: str, *, cwd: str | None = None) -> Job:
+        return await self._live().spawn(command, cwd=cwd)
+
+    async def read_file(self, path: str, *, max_bytes: int = 256 << 20) -> bytes:
+        _, data = await self._live().call({"op": "read", "path": check_model_path(path), "max": max_bytes})
+        if len(data) > max_bytes:
+            raise SandboxError("the sandbox helper sent more than was asked for")
+        return data
+
+    async def write_file(self, path: str, data: bytes, *, how: str = "overwrite") -> str:
+        reply, _ = await self._live().call({"op": "write", "path": check_model_path(path), "how": how}, data)
+        return str(reply.get("rel", ""))
+
+    async def search(self, path: str, pattern: str, *, target: str = "content", glob: str | None = None,
+                     limit: int = 50, max_file: int = 2 << 20, max_files: int = 50_000) -> tuple[list[str], bool]:
+        reply, _ = await self._live().call({
+            "op": "search", "path": check_model_path(path), "pattern": pattern, "target": target, "glob": glob,
+            "limit": limit, "max_file": max_file, "max_files": max_files})
+        found = reply.get("found")
+        if not isinstance(found, list):
+            raise SandboxError("the sandbox helper sent a malformed search result")
+        return [str(x) for x in found[:limit]], bool(reply.get("more"))
 
     async def close(self) -> None:
         holder, self._holder = self._holder, None
-        if holder is not None and holder.returncode is None:
-            kill_group(holder)  # --die-with-parent takes the namespace's init, hence everything in it
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(5):
-                    await asyncio.shield(holder.wait())
-        await super().close()
+        channel, self._channel = self._channel, None
+        # The helper exits when its channel closes (the runner's end closes with the runner too:
+        # the parent-death signal bwrap set is cleared by the helper's uid change), and as the
+        # namespace's init it takes every process of the sample with it.
+        # bwrap then reaps it and exits; killing bwrap first would leave the helper a zombie of
+        # whatever reaps orphans on this host.
+        if channel is not None:
+            channel.close()
+        if holder is not None:
+            for grace in (2.0, 5.0):
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(grace):
+                        await asyncio.shield(holder.wait())
+                if holder.returncode is not None:
+                    break
+                kill_group(holder)  # a helper stuck in the kernel: --die-with-parent ends it
+        if self.workspace is not None and not self.keep and not self._removed:
+            self._removed = True  # the attribute stays: callers may check the directory is gone
+            await workspace.remove(self.workspace)
+
+
+def helper_python() -> tuple[str, list[str]]:
+    """The interpreter of the helper and what must be bound read-only for it to run inside:
+    a python3 under /usr (already visible) if the host has one, else the runner's own."""
+    for cand in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        real = os.path.realpath(cand)
+        if os.access(real, os.X_OK) and real.split("/")[1] in SYSTEM_DIRS:
+            return real, []
+    base = os.path.realpath(sys.base_prefix)
+    exe = os.path.join(base, "bin", f"python{sys.version_info[0]}.{sys.version_info[1]}")
+    return exe, [base]
+
+
+_SOURCE: bytes | None = None  # the same for every sample: made once per process
+_BOOT = "import os;exec(compile(os.read(0,1<<17),'helper','exec'))"
+
+
+def _helper_source() -> bytes:
+    global _SOURCE
+    if _SOURCE is None:
+        _SOURCE = helper.source().encode()
+    return _SOURCE
 
 
 def _chown_beneath(root: Path, parts: tuple[str, ...], uid: int) -> None:
@@ -312,17 +381,3 @@ def _chown_beneath(root: Path, parts: tuple[str, ...], uid: int) -> None:
                     fd = nxt
         finally:
             os.close(fd)
-
-
-def _read_all(fd: int) -> str:
-    """Read bwrap's --info-fd JSON: until it parses, or until EOF (bwrap failed early)."""
-    data = b""
-    try:
-        while chunk := os.read(fd, 65536):
-            data += chunk
-            with contextlib.suppress(ValueError):
-                json.loads(data)
-                break
-    finally:
-        os.close(fd)
-    return data.decode(errors="replace")

@@ -25,20 +25,24 @@ import asyncio
 import atexit
 import contextlib
 import os
+import posixpath
 import secrets
+import shlex
 import socket
 import subprocess
-import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trajforge.sandbox.base import ExecResult, SandboxError
+from trajforge.sandbox import workspace
+from trajforge.sandbox.base import ExecResult, Job, PathEscapeError, Sandbox, SandboxError
+from trajforge.sandbox.container_files import ContainerFiles
 from trajforge.sandbox.engine import Engine, container_name, detect, last_line, owner_dead
 from trajforge.sandbox.images import ImageChecker
-from trajforge.sandbox.mounted import MountedSandbox
+from trajforge.sandbox.local import LocalJob
+from trajforge.sandbox.process import DEFAULT_OUTPUT_CAP
 
 if TYPE_CHECKING:
-    from trajforge.config import RunConfig
+    from trajforge.sandbox.factory import SandboxProvider
 
 WORKSPACE = "/workspace"
 _SHELL_PICK = 'if command -v bash >/dev/null 2>&1; then bash -c "$2"{r}; else sh -c "$2"{r}; fi; rc=$?; '
@@ -90,37 +94,53 @@ class ContainerBackend:
         return dead
 
 
-_Loop = asyncio.AbstractEventLoop
-_backends: weakref.WeakKeyDictionary[_Loop, dict[tuple, ContainerBackend]] = weakref.WeakKeyDictionary()
-_locks: weakref.WeakKeyDictionary[_Loop, asyncio.Lock] = weakref.WeakKeyDictionary()
+async def backend_for(provider: SandboxProvider) -> ContainerBackend:
+    """The run's backend, held by its provider: engine detected and swept once."""
+    config = provider.config
+
+    async def detect_and_sweep() -> ContainerBackend:
+        status = await detect(config.container_engine)
+        if status.engine is None:
+            why = "; ".join(f"{k}: {v}" for k, v in status.reasons.items())
+            raise SandboxError(f"no usable container engine ({why}); see `trajforge doctor`")
+        backend = ContainerBackend(status.engine, max_creating=config.max_sandboxes,
+                                   pull_timeout=config.image_pull_timeout)
+        await backend.sweep()
+        return backend
+
+    return await provider.state("container.backend", detect_and_sweep, lambda b: b.images.aclose())
 
 
-async def backend_for(config: RunConfig) -> ContainerBackend:
-    """The run's backend (one per event loop and settings): engine detected and swept once."""
-    loop = asyncio.get_running_loop()
-    key = (config.container_engine, config.max_sandboxes, config.image_pull_timeout, config.run_name)
-    async with _locks.setdefault(loop, asyncio.Lock()):
-        per_loop = _backends.setdefault(loop, {})
-        if key not in per_loop:
-            status = await detect(config.container_engine)
-            if status.engine is None:
-                why = "; ".join(f"{k}: {v}" for k, v in status.reasons.items())
-                raise SandboxError(f"no usable container engine ({why}); see `trajforge doctor`")
-            backend = ContainerBackend(status.engine, max_creating=config.max_sandboxes,
-                                       pull_timeout=config.image_pull_timeout)
-            await backend.sweep()
-            per_loop[key] = backend
-        return per_loop[key]
+async def make(provider: SandboxProvider, *, cwd: str | None, image: str | None, root: Path) -> ContainerSandbox:
+    """A row with an image always runs in a container (the image is never silently ignored)."""
+    config = provider.config
+    image = image or config.container_image
+    if image is None:
+        raise SandboxError("--sandbox container needs an image: give the row an `image` field or set "
+                           "`container_image` in the config file")
+    backend = await backend_for(provider)
+    return ContainerSandbox(
+        root, backend=backend, image=image, cwd=cwd, network=config.sandbox_network == "on",
+        memory=config.container_memory, pids_limit=config.container_pids_limit, cpus=config.container_cpus,
+        run_name=config.run_name, keep=config.keep_workspaces,
+    )
 
 
-class ContainerSandbox(MountedSandbox):
+class ContainerSandbox(Sandbox):
     def __init__(self, root: Path, *, backend: ContainerBackend, image: str, cwd: str | None = None,
                  network: bool = True, memory: str | None = None, pids_limit: int | None = None,
-                 cpus: float | None = None, run_name: str | None = None, keep: bool = False) -> None:
+                 cpus: float | None = None, run_name: str | None = None, keep: bool = False,
+                 output_cap: int = DEFAULT_OUTPUT_CAP) -> None:
         # An absolute cwd is where the workspace is mounted; a relative one is a directory in it.
         self.seeded = bool(cwd and cwd.startswith("/"))  # the image's content at cwd is copied in
-        self.mount_at = (cwd.rstrip("/") or "/") if self.seeded and cwd else WORKSPACE
-        super().__init__(root, keep=keep, cwd=None if cwd and cwd.startswith("/") else cwd)
+        self.mount_at = (posixpath.normpath(cwd) or "/") if self.seeded and cwd else WORKSPACE
+        self.root, self.keep, self.output_cap = Path(root), keep, output_cap
+        self._cwd_arg = None if cwd and cwd.startswith("/") else cwd
+        self.workspace: Path | None = None
+        self._removed = False
+        self.workdir = self.mount_at
+        self._jobs: list[ContainerJob] = []
+        self.files: ContainerFiles | None = None
         self.backend, self.engine, self.image = backend, backend.engine, image
         self.network, self.memory, self.pids_limit, self.cpus = network, memory, pids_limit, cpus
         self.run_name = run_name or ""
@@ -129,7 +149,7 @@ class ContainerSandbox(MountedSandbox):
     def _create_args(self, name: str) -> list[str]:
         args = ["run", "-d", "--name", name, "--label", "trajforge=1", "--label", f"trajforge.run={self.run_name}",
                 "--label", f"trajforge.owner={socket.gethostname()}:{os.getpid()}",
-                "-v", f"{self.workspace}:{self.mount_at}", "-w", self.cwd_inside, *self.backend.init_flag]
+                "-v", f"{self.workspace}:{self.mount_at}", "-w", self.cwd, *self.backend.init_flag]
         if not self.network:
             args += ["--network", "none"]
         if self.memory:
@@ -143,9 +163,9 @@ class ContainerSandbox(MountedSandbox):
     async def start(self) -> None:
         if self.mount_at == "/":
             raise SandboxError("task cwd '/' cannot hold the workspace; give a directory such as /app")
-        await super().start()
-        self._mount({self.mount_at: self.workspace}, "")
-        self.cwd_inside = self.inside(self.cwd)
+        self.workspace, host_cwd = workspace.create(self.root, self._cwd_arg)
+        rel = host_cwd.relative_to(self.workspace).as_posix()
+        self.cwd = self.mount_at if rel == "." else f"{self.mount_at}/{rel}"
         os.chmod(self.workspace, 0o777)  # the image's USER may not be root
         await self.backend.images.ensure(self.image)
         if self.seeded:  # keep what the image has at the row's cwd
@@ -158,6 +178,8 @@ class ContainerSandbox(MountedSandbox):
             res = await self.engine.run(*self._create_args(self.name), timeout=120)
         if res.exit_code != 0:
             raise SandboxError(f"cannot start a container from {self.image!r} ({self.engine.kind}): {last_line(res)}")
+        self.files = ContainerFiles(self.engine.argv("exec", "-i", self.name), self.engine.env, mount=self.mount_at,
+                                    cwd=self.cwd)
 
     async def _copy_in(self, seed: Path) -> None:
         # cp -a keeps owners and modes, so a non-root image USER can still write its files.
@@ -168,15 +190,23 @@ class ContainerSandbox(MountedSandbox):
             raise SandboxError(f"cannot copy {self.mount_at} of {self.image!r} into the workspace: "
                                f"{err.decode(errors='replace')[-300:]}")
 
-    def _exec_args(self, cwd: str | None, *flags: str) -> list[str]:
-        self._check_open()
+    def _exec_args(self, command: str, cwd: str | None, *flags: str) -> tuple[list[str], str]:
+        """(exec arguments, command): the command first enters its working directory, made if the
+        model removed it (the mount point itself, the -w, always exists), on its first line."""
         if self.name is None:
             raise SandboxError("the container of this sample is gone")
-        return ["exec", *flags, "-w", self.inside_cwd(cwd), "-e", "TERM=dumb", "-e", "PAGER=cat", self.name]
+        where = self.cwd if not cwd else posixpath.normpath(posixpath.join(self.cwd, cwd))
+        if not (where == self.mount_at or where.startswith(self.mount_at.rstrip("/") + "/")):
+            raise PathEscapeError(f"{cwd!r} is outside the workspace {self.mount_at}")
+        if where != self.mount_at:
+            q = shlex.quote(where)
+            command = f"mkdir -p {q} 2>/dev/null; cd {q} || exit 125; {command}"
+        return ["exec", *flags, "-w", self.mount_at, "-e", "TERM=dumb", "-e", "PAGER=cat", self.name], command
 
     async def exec(self, command: str, *, timeout: float, cwd: str | None = None) -> ExecResult:
         exec_id = secrets.token_hex(6)
-        argv = self.engine.argv(*self._exec_args(cwd), "sh", "-c", EXEC_WRAP, "sh", exec_id, command)
+        args, command = self._exec_args(command, cwd)
+        argv = self.engine.argv(*args, "sh", "-c", EXEC_WRAP, "sh", exec_id, command)
         try:
             res = await self._run(argv, timeout)
         except BaseException:  # cancelled: the process inside must not outlive the call
@@ -200,24 +230,59 @@ class ContainerSandbox(MountedSandbox):
         if self.name is not None:
             await self.engine.run("exec", self.name, "sh", "-c", KILL_WRAP, "sh", exec_id, timeout=30)
 
-    async def spawn(self, command: str, *, cwd: str | None = None, log_path: Path) -> asyncio.subprocess.Process:
-        argv = self.engine.argv(*self._exec_args(cwd, "-i"), "sh", "-c", SPAWN_WRAP, "sh", "", command)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
+    async def spawn(self, command: str, *, cwd: str | None = None) -> Job:
+        from trajforge.sandbox.local import anonymous_file
+
+        args, command = self._exec_args(command, cwd, "-i")
+        argv = self.engine.argv(*args, "sh", "-c", SPAWN_WRAP, "sh", "", command)
+        log = anonymous_file()  # the runner's own unlinked file: no path leads to it
         try:
-            with open(log_path, "ab") as log:
-                proc = await asyncio.create_subprocess_exec(
-                    *argv, stdin=asyncio.subprocess.PIPE, stdout=log, stderr=asyncio.subprocess.STDOUT,
-                    env=self.engine.env, start_new_session=True, cwd="/")
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE, stdout=log, stderr=asyncio.subprocess.STDOUT,
+                env=self.engine.env, start_new_session=True, cwd="/")
         except OSError as e:
+            os.close(log)
             raise SandboxError(f"cannot run {self.engine.kind} exec: {e}") from e
-        self._jobs = [p for p in self._jobs if p.returncode is None]
-        self._jobs.append(proc)
-        return proc
+        job = ContainerJob(proc, log)
+        self._jobs = [j for j in self._jobs if j.returncode is None]
+        self._jobs.append(job)
+        return job
+
+    def _files(self) -> ContainerFiles:
+        if self.files is None or self.name is None:
+            raise SandboxError("the container of this sample is gone")
+        return self.files
+
+    async def read_file(self, path: str, *, max_bytes: int = 256 << 20) -> bytes:
+        return await self._files().read(path, max_bytes)
+
+    async def write_file(self, path: str, data: bytes, *, how: str = "overwrite") -> str:
+        return await self._files().write(path, data, how)
+
+    async def search(self, path: str, pattern: str, *, target: str = "content", glob: str | None = None,
+                     limit: int = 50, max_file: int = 2 << 20, max_files: int = 50_000) -> tuple[list[str], bool]:
+        return await self._files().search(path, pattern, target=target, glob=glob, limit=limit,
+                                          max_file=max_file, max_files=max_files)
 
     async def close(self) -> None:
         name, self.name = self.name, None
+        for job in self._jobs:
+            job.kill_now()  # the exec clients; what runs inside goes with the container
         if name is not None:
             res = await asyncio.shield(self.engine.run(*self.engine.rm_args(name), timeout=120))
             if res.exit_code == 0 or "no such container" in (res.stderr + res.stdout).lower():
                 _live.pop(name, None)
-        await super().close()
+        waits = [asyncio.ensure_future(j.proc.wait()) for j in self._jobs if j.proc.returncode is None]
+        if waits:
+            await asyncio.wait(waits, timeout=5)
+        for job in self._jobs:
+            job.forget()
+        self._jobs.clear()
+        if self.workspace is not None and not self.keep and not self._removed:
+            self._removed = True  # the attribute stays: callers may check the directory is gone
+            await workspace.remove(self.workspace)
+
+
+class ContainerJob(LocalJob):
+    """A background `exec`: killing its client closes the watchdog's stdin inside (SPAWN_WRAP),
+    which kills the command's process group in the container."""

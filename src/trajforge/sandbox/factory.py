@@ -1,15 +1,27 @@
-"""Choosing and starting the sandbox backend for one sample (`--sandbox`).
+"""The run-scoped sandbox provider: choosing, creating and closing every sample's sandbox.
 
-A small dispatch on `config.sandbox`; each backend module is imported only when chosen. A row
-with an image (or `--sandbox container`) runs in a container; "auto" means bwrap when a probe
-sandbox works on this machine, else local; asking for an unusable backend explicitly is a clear
-SandboxError rather than a silent downgrade.
+One SandboxProvider per executor process (SampleWorker.start creates it, aclose closes it). It
+holds what samples of a run share: the bwrap probe, the container engine and image cache, the
+local backend's cgroup directory, the limits from the config. Nothing of it lives in module
+globals, so two runs in one process (tests, Ray actors) never share or leak state.
+
+Backends are registered in BACKENDS: name -> "module:function", the function being
+`async def make(provider, *, cwd, image, root) -> Sandbox` (not yet started). A backend keeps
+its run-level state in `provider.state(key, factory)`, closed with the provider. `--sandbox`
+picks by name; a row with an image (or `--sandbox container`) runs in a container; "auto"
+means bwrap when a probe sandbox works on this machine, else local; asking for an unusable
+backend explicitly is a clear SandboxError rather than a silent downgrade.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import importlib
+import weakref
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from trajforge.sandbox.base import Sandbox, SandboxError
 from trajforge.sandbox.process import DEFAULT_LIMITS, Limits
@@ -17,77 +29,98 @@ from trajforge.sandbox.process import DEFAULT_LIMITS, Limits
 if TYPE_CHECKING:
     from trajforge.config import RunConfig
 
-
-def limits_for(config: RunConfig) -> Limits:
-    """Resource limits of sandboxed processes. RunConfig has no limit settings yet, so these are
-    the defaults; this is the one place to map such settings when they are added."""
-    return DEFAULT_LIMITS
-
-
-async def create_sandbox(config: RunConfig, *, cwd: str | None, image: str | None, root: Path) -> Sandbox:
-    """A started sandbox for one sample, its workspace created under `root`. Raises SandboxError.
-
-    `image` is not honoured by the local backend (it runs on the host as is); the container
-    backend will take it over when it lands."""
-    kind = config.sandbox
-    if image is not None or kind == "container":
-        sandbox: Sandbox = await _container(config, cwd=cwd, image=image, root=root)
-    elif kind == "bwrap" or (kind == "auto" and await _bwrap_usable()):
-        from trajforge.sandbox.bwrap import BwrapSandbox, probe
-
-        status = await probe()
-        if not status.usable:
-            raise SandboxError(f"--sandbox bwrap is not usable here: {status.detail} (see `trajforge doctor`)")
-        sandbox = BwrapSandbox(root, keep=config.keep_workspaces, cwd=cwd, limits=limits_for(config),
-                               network=config.sandbox_network == "on", nproc=config.sandbox_nproc, bwrap=status.path)
-    elif kind in ("auto", "local"):
-        from trajforge.sandbox.local import LocalSandbox
-
-        if config.sandbox_network == "none":  # refusing beats silently leaving the network on
-            raise SandboxError("the local sandbox cannot disable networking (--sandbox_network none); "
-                               "use --sandbox bwrap or --sandbox container")
-        sandbox = LocalSandbox(root, keep=config.keep_workspaces, cwd=cwd, limits=limits_for(config))
-    else:
-        raise SandboxError(f"sandbox backend {kind!r} is not available yet; use --sandbox local")
-    try:
-        await sandbox.start()
-    except BaseException:
-        await sandbox.close()
-        raise
-    return sandbox
+BACKENDS = {
+    "local": "trajforge.sandbox.local:make",
+    "bwrap": "trajforge.sandbox.bwrap:make",
+    "container": "trajforge.sandbox.container:make",
+}
+T = TypeVar("T")
+# Open providers by event loop, so the runner's image prefetch reaches the executor's provider.
+_open: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SandboxProvider] = weakref.WeakKeyDictionary()
 
 
-async def _bwrap_usable() -> bool:
-    from trajforge.sandbox.bwrap import probe
+class SandboxProvider:
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.limits: Limits = DEFAULT_LIMITS  # RunConfig has no rlimit settings; sandbox_nproc is bwrap's
+        self._state: dict[str, Any] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._closing = contextlib.AsyncExitStack()
 
-    return (await probe()).usable
+    async def start(self) -> SandboxProvider:
+        _open[asyncio.get_running_loop()] = self
+        return self
+
+    async def state(self, key: str, factory: Callable[[], Awaitable[T]], close: Callable[[T], Any] | None = None) -> T:
+        """Run-level state of a backend, made once by `factory`; `close` runs at aclose."""
+        if key not in self._state:
+            async with self._locks.setdefault(key, asyncio.Lock()):
+                if key not in self._state:
+                    value = await factory()
+                    if close is not None:
+                        self._closing.push_async_callback(_as_async(close), value)
+                    self._state[key] = value
+        return self._state[key]  # type: ignore[no-any-return]
+
+    async def backend_name(self, image: str | None) -> str:
+        kind = self.config.sandbox
+        if image is not None or kind == "container":
+            return "container"
+        if kind == "auto":
+            from trajforge.sandbox.bwrap import probe_status
+
+            return "bwrap" if (await probe_status(self)).usable else "local"
+        return kind
+
+    async def create(self, *, cwd: str | None, image: str | None, root: Path) -> Sandbox:
+        """A started sandbox for one sample, its workspace created under `root`. Raises SandboxError."""
+        name = await self.backend_name(image)
+        target = BACKENDS.get(name)
+        if target is None:
+            raise SandboxError(f"sandbox backend {name!r} is not available; use one of {', '.join(BACKENDS)}")
+        module, _, func = target.partition(":")
+        make: Callable[..., Awaitable[Sandbox]] = getattr(importlib.import_module(module), func)
+        sandbox = await make(self, cwd=cwd, image=image, root=root)
+        try:
+            await sandbox.start()
+        except BaseException:
+            await sandbox.close()
+            raise
+        return sandbox
+
+    async def __aenter__(self) -> SandboxProvider:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        loop = asyncio.get_running_loop()
+        if _open.get(loop) is self:
+            del _open[loop]
+        await self._closing.aclose()
+        self._state.clear()
 
 
-async def _container(config: RunConfig, *, cwd: str | None, image: str | None, root: Path) -> Sandbox:
-    """A row with an image always runs in a container (the image is never silently ignored)."""
-    from trajforge.sandbox.container import ContainerSandbox, backend_for
+def _as_async(fn: Callable[[Any], Any]) -> Callable[[Any], Awaitable[None]]:
+    async def call(value: Any) -> None:
+        result = fn(value)
+        if asyncio.iscoroutine(result):
+            await result
 
-    image = image or config.container_image
-    if image is None:
-        raise SandboxError("--sandbox container needs an image: give the row an `image` field or set "
-                           "`container_image` in the config file")
-    backend = await backend_for(config)
-    return ContainerSandbox(
-        root, backend=backend, image=image, cwd=cwd, network=config.sandbox_network == "on",
-        memory=config.container_memory, pids_limit=config.container_pids_limit, cpus=config.container_cpus,
-        run_name=config.run_name, keep=config.keep_workspaces,
-    )
+    return call
 
 
 async def prefetch_images(config: RunConfig, images: set[str]) -> None:
     """Start checking (and pulling) the run's distinct images in the background, before the first
     sample needs them; a problem surfaces later as that image's samples' `sandbox` failure."""
-    if not images:
+    provider = _open.get(asyncio.get_running_loop())
+    if not images or provider is None:
         return
     from trajforge.sandbox.container import backend_for
 
     try:
-        backend = await backend_for(config)
+        backend = await backend_for(provider)
     except SandboxError:
         return  # no engine: every sample with an image will say so
     backend.images.prefetch(sorted(images))

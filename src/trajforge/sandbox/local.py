@@ -2,11 +2,16 @@
 
 This gives each sample its own workspace, clean environment, rlimits and guaranteed cleanup,
 but no isolation from the host: shell commands can read anything the runner can. Only the file
-tools are confined (`resolve`). Use the bwrap or container backend for real isolation.
+operations are confined: fsops on the host, walking from the workspace with O_NOFOLLOW.
 
 Path model: commands see the workspace at its host path (`workdir == str(workspace)`). The
 row's `cwd` is created inside the workspace; an absolute `cwd` such as "/app" cannot exist on
 the host for every sample, so it is mapped to `<workspace>/app`.
+
+Processes cannot outlive the sample: every command joins the sample's cgroup (reaper.py) as its
+first act, and close() kills the cgroup, which reaches `setsid env -i sleep 1000 &` too. Where
+no cgroup can be made, the environment tag sweep (process.kill_tagged) is the fallback.
+Background output goes to an unlinked file only the runner holds.
 """
 
 from __future__ import annotations
@@ -15,65 +20,63 @@ import asyncio
 import os
 import secrets
 import shutil
-import stat
-import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from trajforge.sandbox.base import ExecResult, PathEscapeError, Sandbox, SandboxError, check_model_path
+from trajforge.sandbox import fsops, workspace
+from trajforge.sandbox.base import ExecResult, Job, LogChunk, Sandbox, SandboxError
 from trajforge.sandbox.process import (
-    DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, SAFE_PATH, Limits, bash_limits_prefix, clean_env, kill_group,
-    kill_tagged, make_preexec, run_argv, spawn_argv,
+    DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, SAFE_PATH, Limits, bash_limits_prefix, clean_env, kill_group, kill_tagged,
+    make_preexec, run_argv,
 )
+from trajforge.sandbox.reaper import Cgroups, SampleCgroup
+
+if TYPE_CHECKING:
+    from trajforge.sandbox.factory import SandboxProvider
 
 TAG_VAR = "TRAJFORGE_SANDBOX"
 _SHELL = shutil.which("bash", path=SAFE_PATH) or "/bin/sh"
 
 
 class LocalSandbox(Sandbox):
-    # Processes here share the runner's pid namespace, so close() must hunt escaped ones by their
-    # environment tag; backends whose processes die with their own pid namespace turn this off.
-    sweeps_escaped_processes = True
-
     def __init__(
         self, root: Path, *, keep: bool = False, cwd: str | None = None,
-        limits: Limits = DEFAULT_LIMITS, output_cap: int = DEFAULT_OUTPUT_CAP,
+        limits: Limits = DEFAULT_LIMITS, output_cap: int = DEFAULT_OUTPUT_CAP, cgroups: Cgroups | None = None,
     ) -> None:
         self.root = Path(root)
         self.keep = keep
         self._cwd_arg = cwd
+        self._bash = os.path.basename(_SHELL) == "bash"
         # bash sets the limits itself, so commands start with vfork (bash_limits_prefix says why).
-        if os.path.basename(_SHELL) == "bash":
-            self._limits_prefix, self._preexec = bash_limits_prefix(limits), None
-        else:
-            self._limits_prefix, self._preexec = "", make_preexec(limits)
+        self._limits_prefix, self._preexec = (bash_limits_prefix(limits), None) if self._bash else ("", make_preexec(limits))
         self.output_cap = output_cap
-        self._jobs: list[asyncio.subprocess.Process] = []
+        self._cgroups = cgroups
+        self._cgroup: SampleCgroup | None = None
+        self._jobs: list[LocalJob] = []
         self._tag = f"{TAG_VAR}={secrets.token_hex(8)}"
         self._started = False
+        self.workspace: Path | None = None
 
     async def start(self) -> None:
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            # resolve(): the real path, so containment checks compare like with like.
-            self.workspace = Path(tempfile.mkdtemp(prefix="sample-", dir=self.root)).resolve()
-        except OSError as e:
-            raise SandboxError(f"cannot create a workspace under {self.root}: {e}") from e
+        self.workspace, host_cwd = workspace.create(self.root, self._cwd_arg)
         self._started = True
-        self.workdir = str(self.workspace)
-        rel = (self._cwd_arg or "").lstrip("/")
-        cwd = Path(os.path.normpath(self.workspace / rel)) if rel else self.workspace
-        if not cwd.is_relative_to(self.workspace):
-            raise SandboxError(f"task cwd {self._cwd_arg!r} points outside the workspace")
-        self.cwd = cwd
-        self.cwd.mkdir(parents=True, exist_ok=True)
+        self.workdir, self.cwd = str(self.workspace), str(host_cwd)
         name, _, value = self._tag.partition("=")
         self.env = clean_env(self.workdir, {name: value})
+        if self._cgroups is not None and self._bash:
+            self._cgroup = self._cgroups.new()
+        if self._cgroup is not None:  # the command's first act: join the sample's cgroup (no fork)
+            self._limits_prefix = f"echo $$ > {self._cgroup.procs_file} || exit 126; " + self._limits_prefix
 
-    def _host_cwd(self, cwd: str | None) -> Path:
-        path = self.resolve(cwd) if cwd else self.cwd
+    def _host_cwd(self, cwd: str | None) -> str:
+        if cwd:
+            root, rel = fsops.locate(cwd, cwd=self.cwd, roots=[self.workdir], workdir=self.workdir)
+            path = os.path.join(root, rel) if rel != "." else root
+        else:
+            path = self.cwd
         # The model may have deleted its own working directory; recreate it rather than fail.
-        path.mkdir(parents=True, exist_ok=True)
+        os.makedirs(path, exist_ok=True)
         return path
 
     async def exec(self, command: str, *, timeout: float, cwd: str | None = None) -> ExecResult:
@@ -86,33 +89,37 @@ class LocalSandbox(Sandbox):
         except OSError as e:  # fork/exec failed or the cwd is unusable: not something to retry
             raise SandboxError(f"cannot start a command: {e}") from e
 
-    async def spawn(self, command: str, *, cwd: str | None = None, log_path: Path) -> asyncio.subprocess.Process:
+    async def spawn(self, command: str, *, cwd: str | None = None) -> Job:
         self._check_open()
+        log = anonymous_file()
         try:
-            proc = await spawn_argv(
-                [_SHELL, "-c", self._limits_prefix + command], cwd=self._host_cwd(cwd), env=self.env,
-                log_path=log_path, preexec_fn=self._preexec,
-            )
+            proc = await asyncio.create_subprocess_exec(
+                _SHELL, "-c", self._limits_prefix + command, stdin=asyncio.subprocess.DEVNULL, stdout=log,
+                stderr=asyncio.subprocess.STDOUT, cwd=self._host_cwd(cwd), env=self.env, start_new_session=True,
+                preexec_fn=self._preexec)
         except OSError as e:
+            os.close(log)
             raise SandboxError(f"cannot start a background command: {e}") from e
-        self._jobs = [p for p in self._jobs if p.returncode is None]
-        self._jobs.append(proc)
-        return proc
+        job = LocalJob(proc, log)
+        self._jobs = [j for j in self._jobs if j.returncode is None]
+        self._jobs.append(job)
+        return job
 
-    def resolve(self, path: str) -> Path:
+    def _where(self, path: str) -> tuple[str, str]:
         self._check_open()
-        path = check_model_path(path)
-        if path == "~" or path.startswith("~/"):  # HOME is the workspace
-            path = self.workdir + path[1:]
-        # realpath follows every symlink (dangling ones as far as they go), so a link
-        # pointing outside resolves outside and is refused.
-        real = Path(os.path.realpath(self.cwd / path))
-        if not real.is_relative_to(self.workspace):
-            raise PathEscapeError(
-                f"{path!r} is outside the workspace {self.workdir}; use a path relative to "
-                f"the working directory {self.cwd} or an absolute path inside the workspace"
-            )
-        return real
+        return fsops.locate(path, cwd=self.cwd, roots=[self.workdir], workdir=self.workdir)
+
+    async def read_file(self, path: str, *, max_bytes: int = 256 << 20) -> bytes:
+        return await asyncio.to_thread(fsops.read, *self._where(path), max_bytes)
+
+    async def write_file(self, path: str, data: bytes, *, how: str = "overwrite") -> str:
+        return await asyncio.to_thread(fsops.write, *self._where(path), data, how)
+
+    async def search(self, path: str, pattern: str, *, target: str = "content", glob: str | None = None,
+                     limit: int = 50, max_file: int = 2 << 20, max_files: int = 50_000) -> tuple[list[str], bool]:
+        root, rel = self._where(path)
+        return await asyncio.to_thread(fsops.search, root, rel, path, pattern, target=target, glob=glob,
+                                       limit=limit, max_file=max_file, max_files=max_files)
 
     def _check_open(self) -> None:
         if not self._started:
@@ -122,55 +129,85 @@ class LocalSandbox(Sandbox):
         """Kill, then delete; safe to repeat. Killing is synchronous and comes first so it
         happens even when close() runs in a `finally` of a cancelled task and is interrupted."""
         self._started = False
-        if not hasattr(self, "workspace"):
+        if self.workspace is None:
             return
-        for proc in self._jobs:
-            if proc.returncode is None:  # unreaped leader: its pid cannot have been reused
-                kill_group(proc)
-        if self.sweeps_escaped_processes:
+        for job in self._jobs:
+            job.kill_now()
+        if self._cgroup is not None:
+            self._cgroup.kill()  # everything the sample started, wherever it went
+        else:
             kill_tagged(self._tag)  # foreground leftovers and anything that left its group
-        waits = [asyncio.ensure_future(p.wait()) for p in self._jobs if p.returncode is None]
+        waits = [asyncio.ensure_future(j.proc.wait()) for j in self._jobs if j.proc.returncode is None]
         if waits:  # reap, bounded: a process stuck in the kernel must not hang the sample
             await asyncio.wait(waits, timeout=5)
+        for job in self._jobs:
+            job.forget()
         self._jobs.clear()
-        if not self.keep and not _remove_if_flat(self.workspace):
-            await asyncio.to_thread(_remove_tree, self.workspace)
+        if self._cgroup is not None:
+            self._cgroup.remove()
+            self._cgroup = None
+        if not self.keep:
+            await workspace.remove(self.workspace)
 
 
-def _remove_if_flat(root: Path, most: int = 16) -> bool:
-    """Remove a workspace holding at most `most` plain files, on the spot; False if it holds more,
-    has subdirectories or resists. Such a removal takes tens of µs, less than the thread hop it
-    saves, and cannot stall the event loop; anything larger goes to a thread."""
+async def make(provider: SandboxProvider, *, cwd: str | None, image: str | None, root: Path) -> LocalSandbox:
+    if provider.config.sandbox_network == "none":  # refusing beats silently leaving the network on
+        raise SandboxError("the local sandbox cannot disable networking (--sandbox_network none); "
+                           "use --sandbox bwrap or --sandbox container")
+
+    async def open_cgroups() -> Cgroups | None:
+        return await asyncio.to_thread(Cgroups.open)
+
+    cgroups = await provider.state("local.cgroups", open_cgroups, lambda c: c and c.close())
+    return LocalSandbox(root, keep=provider.config.keep_workspaces, cwd=cwd, limits=provider.limits, cgroups=cgroups)
+
+
+def anonymous_file() -> int:
+    """A read-write file no path leads to (the job's log): nothing can swap or read it but us."""
+    tmp = tempfile.gettempdir()
     try:
-        with os.scandir(root) as it:
-            entries = [e for _, e in zip(range(most + 1), it)]
-        if len(entries) > most or any(e.is_dir(follow_symlinks=False) for e in entries):
-            return False
-        for e in entries:
-            os.unlink(e.path)
-        os.rmdir(root)
-    except FileNotFoundError:
-        return not root.exists()
-    except OSError:  # read-only directory and the like: _remove_tree knows how
-        return False
-    return True
+        return os.open(tmp, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except (OSError, AttributeError):  # a filesystem without O_TMPFILE
+        fd, name = tempfile.mkstemp(prefix="trajforge-job-")
+        os.unlink(name)
+        return fd
 
 
-def _remove_tree(root: Path) -> None:
-    def force(func, path, exc) -> None:  # type: ignore[no-untyped-def]
-        """Files the model made read-only: make the parent writable and retry once."""
-        exc = exc[1] if isinstance(exc, tuple) else exc  # onerror passes exc_info
-        if not isinstance(exc, PermissionError) or Path(path) == root:
-            return
-        try:
-            os.chmod(os.path.dirname(path), stat.S_IRWXU)
-            func(path)
-        except OSError:
-            pass
+class LocalJob(Job):
+    def __init__(self, proc: asyncio.subprocess.Process, log: int) -> None:
+        self.proc, self.pid, self._log = proc, proc.pid, log
 
-    if not root.exists():
-        return
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(root, onexc=force)
-    else:
-        shutil.rmtree(root, onerror=force)
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    async def wait(self, timeout: float | None = None) -> int | None:
+        await asyncio.wait([asyncio.ensure_future(self.proc.wait())], timeout=timeout)
+        return self.proc.returncode
+
+    def kill_now(self) -> None:
+        if self.proc.returncode is None:  # unreaped leader: its pid cannot have been reused
+            kill_group(self.proc)
+
+    async def kill(self) -> None:
+        self.kill_now()
+        await self.wait(5)
+
+    async def read(self, offset: int, cap: int) -> LogChunk:
+        if self._log < 0:
+            return LogChunk(b"", b"", 0, offset)
+        return await asyncio.to_thread(read_log, self._log, offset, cap)
+
+    def forget(self) -> None:
+        if self._log >= 0:
+            os.close(self._log)
+            self._log = -1
+
+
+def read_log(fd: int, offset: int, cap: int) -> LogChunk:
+    """From `offset` to the end of the log, head and tail halves when longer than `cap`."""
+    size = os.fstat(fd).st_size
+    if size - offset <= cap:
+        return LogChunk(os.pread(fd, size - offset, offset), b"", 0, size)
+    half = cap // 2
+    return LogChunk(os.pread(fd, half, offset), os.pread(fd, half, size - half), size - offset - 2 * half, size)

@@ -1,30 +1,22 @@
 """The `file` toolset: read_file, write_file, patch and search_files on the sample's workspace.
 
-Every path goes through `sandbox.resolve`, which refuses anything outside the workspace
-(`..`, absolute paths elsewhere, symlinks pointing out) and returns its real host path. The
-runner (often root) then opens that path with `sandbox.safe_fs`, component by component from
-the workspace root without following links, so a sample's background job swapping a directory
-for a symlink after resolve() cannot steer a read or write outside the workspace. File work runs
-in a thread so a large file never stalls the event loop. Whatever the model can fix (missing
-file, ambiguous patch, bad regex, a link swapped in meanwhile) comes back as an error result.
+Every file access is a method of the sandbox (read_file, write_file, search), with the path as
+the model gave it: the backend refuses anything outside the workspace and never follows a link
+that changes while it works (sandbox/fsops.py), inside the sample's own view where it has one.
+This module owns the model-facing contract: argument checks, line slicing, the patch logic and
+the messages. Whatever the model can fix (missing file, ambiguous patch, bad regex, a link
+swapped in meanwhile) comes back as an error result.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import difflib
-import fnmatch
 import io
-import os
-import posixpath
 import re
-from collections.abc import Iterator
-from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from trajforge.sandbox import safe_fs
-from trajforge.sandbox.base import PathEscapeError, SandboxError
+from trajforge.sandbox.base import FileOpError, PathEscapeError, SandboxError, SymlinkError
+from trajforge.sandbox.fsops import SKIP_DIRS
 from trajforge.tools.base import Tool, ToolContext, ToolInfraError, Toolset, error, ok
 
 if TYPE_CHECKING:
@@ -32,10 +24,9 @@ if TYPE_CHECKING:
 
 MAX_READ_BYTES = 256 << 20  # beyond this, reading (even counting lines) is a job for `sed -n`
 MAX_READ_CHARS = 100_000  # content returned by one read_file call
-MAX_LINE_CHARS = 4_000
+MAX_LINE_CHARS = 4_000  # also fsops.MAX_LINE_CHARS, for search
 MAX_SEARCH_FILE = 2 << 20  # larger files are skipped by content search
 MAX_SEARCH_FILES = 50_000
-SKIP_DIRS = {".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv", ".mypy_cache", ".pytest_cache", ".tox"}
 
 
 class _Refused(Exception):
@@ -69,17 +60,9 @@ def _int(args: dict[str, Any], name: str, default: int, lo: int, hi: int) -> int
     return value
 
 
-def _is_binary(raw: io.BufferedReader) -> bool:
-    """A NUL in the first 8 KB; leaves `raw` at the start."""
-    head = raw.read(8192)
-    raw.seek(0)
-    return b"\0" in head
-
-
-def _locate(ctx: ToolContext, shown: str) -> tuple[Path, PurePosixPath]:
-    """(real workspace root, path relative to it) of a model-given path, checked by resolve()."""
-    root = Path(os.path.realpath(ctx.sandbox.workspace))
-    return root, safe_fs.relative_in(root, ctx.sandbox.resolve(shown))
+def _is_binary(data: bytes) -> bool:
+    """A NUL in the first 8 KB."""
+    return b"\0" in data[:8192]
 
 
 class _FileTool(Tool):
@@ -88,11 +71,13 @@ class _FileTool(Tool):
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         try:
             return await self.act(args, ctx)
-        except safe_fs.SymlinkError as e:  # only when a link appeared after resolve(): a race
+        except SymlinkError as e:  # only when a link appeared while the path was walked: a race
             return error(f"{args.get('path') or '.'} is or goes through a symbolic link ({e.link} in the "
                          "workspace); the file tools do not follow links that change while they work")
         except (_Refused, PathEscapeError) as e:
             return error(str(e))
+        except FileOpError as e:
+            return error(f"{args.get('path')}: {e}")
         except SandboxError as e:  # the sandbox itself is gone: fail the sample, not the call
             raise ToolInfraError(str(e)) from e
         except UnicodeDecodeError:
@@ -104,17 +89,20 @@ class _FileTool(Tool):
         raise NotImplementedError
 
 
-def _open_existing(root: Path, rel: PurePosixPath, shown: str) -> io.BufferedReader:
-    """The regular file to read, opened without following links."""
+async def _read_existing(ctx: ToolContext, shown: str) -> bytes:
+    """The bytes of the regular file to read or patch; the model's errors as _Refused."""
     try:
-        fd, _ = safe_fs.open_regular_in(root, rel)
-    except FileNotFoundError:
-        raise _Refused(f"file not found: {shown}") from None
-    except IsADirectoryError:
-        raise _Refused(f"{shown} is a directory; list it with search_files (target='files') or the terminal") from None
-    except safe_fs.NotRegularFileError:  # a FIFO or device would block or never end
-        raise _Refused(f"{shown} is not a regular file") from None
-    return os.fdopen(fd, "rb")
+        return await ctx.sandbox.read_file(shown, max_bytes=MAX_READ_BYTES)
+    except FileOpError as e:
+        if e.kind == "not_found":
+            raise _Refused(f"file not found: {shown}") from None
+        if e.kind == "is_dir":
+            raise _Refused(f"{shown} is a directory; list it with search_files (target='files') or the terminal") from None
+        if e.kind == "not_regular":  # a FIFO or device would block or never end
+            raise _Refused(f"{shown} is not a regular file") from None
+        if e.kind == "too_large":
+            raise _Refused(f"{shown} is too large ({e}); read parts with the terminal (sed -n, head)") from None
+        raise
 
 
 class ReadFileTool(_FileTool):
@@ -137,29 +125,25 @@ class ReadFileTool(_FileTool):
         shown = _str(args, "path")
         offset = _int(args, "offset", 1, 1, 10**9)
         limit = _int(args, "limit", 500, 1, 2000)
-        root, rel = _locate(ctx, shown)
-        return await asyncio.to_thread(self._read, root, rel, shown, offset, limit)
+        data = await _read_existing(ctx, shown)
+        return self._read(data, shown, offset, limit)
 
     @staticmethod
-    def _read(root: Path, rel: PurePosixPath, shown: str, offset: int, limit: int) -> str:
+    def _read(data: bytes, shown: str, offset: int, limit: int) -> str:
         lines: list[str] = []
         chars, total, cut = 0, 0, False
-        with _open_existing(root, rel, shown) as raw:
-            size = os.fstat(raw.fileno()).st_size
-            if size > MAX_READ_BYTES:
-                raise _Refused(f"{shown} is too large ({size} bytes); read parts with the terminal (sed -n, head)")
-            if _is_binary(raw):
-                raise _Refused(f"{shown} is a binary file ({size} bytes); inspect it with terminal tools (file, xxd)")
-            for total, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8", errors="replace"), 1):
-                if total < offset or total >= offset + limit or cut:
-                    continue
-                if len(line) > MAX_LINE_CHARS:
-                    line = line[:MAX_LINE_CHARS] + " [... line truncated ...]\n"
-                if chars + len(line) > MAX_READ_CHARS and lines:
-                    cut = True
-                    continue
-                lines.append(line)
-                chars += len(line)
+        if _is_binary(data):
+            raise _Refused(f"{shown} is a binary file ({len(data)} bytes); inspect it with terminal tools (file, xxd)")
+        for total, line in enumerate(io.StringIO(data.decode("utf-8", "replace"), newline=None), 1):
+            if total < offset or total >= offset + limit or cut:
+                continue
+            if len(line) > MAX_LINE_CHARS:
+                line = line[:MAX_LINE_CHARS] + " [... line truncated ...]\n"
+            if chars + len(line) > MAX_READ_CHARS and lines:
+                cut = True
+                continue
+            lines.append(line)
+            chars += len(line)
         if offset > max(total, 1):
             raise _Refused(f"offset {offset} is past the end of {shown} ({total} lines)")
         end = offset + len(lines) - 1
@@ -183,11 +167,12 @@ class WriteFileTool(_FileTool):
     async def act(self, args: dict[str, Any], ctx: ToolContext) -> str:
         shown = _str(args, "path")
         data = _str(args, "content", allow_empty=True).encode("utf-8")
-        root, rel = _locate(ctx, shown)
         try:
-            await asyncio.to_thread(safe_fs.write_bytes_in, root, rel, data, create_dirs=True)
-        except (IsADirectoryError, safe_fs.NotRegularFileError):
-            raise _Refused(f"{shown} exists and is not a regular file") from None
+            await ctx.sandbox.write_file(shown, data)
+        except FileOpError as e:
+            if e.kind in ("is_dir", "not_regular"):
+                raise _Refused(f"{shown} exists and is not a regular file") from None
+            raise
         return ok(path=shown, bytes_written=len(data))
 
 
@@ -215,13 +200,21 @@ class PatchTool(_FileTool):
         replace_all = args.get("replace_all", False) is True
         if old == new:
             raise _Refused("old_string and new_string are identical; nothing to change")
-        root, rel = _locate(ctx, shown)
-        return await asyncio.to_thread(self._patch, root, rel, shown, old, new, replace_all)
+        text = (await _read_existing(ctx, shown)).decode("utf-8")  # bytes: CRLF stays as it is
+        updated, count = self._patch(text, shown, old, new, replace_all)
+        try:  # a temp file renamed over it: a reader never sees half a file
+            await ctx.sandbox.write_file(shown, updated.encode("utf-8"), how="replace")
+        except FileOpError as e:
+            if e.kind in ("is_dir", "not_regular", "not_found"):
+                raise _Refused(f"{shown} changed while it was patched; read it again") from None
+            raise
+        diff = "".join(difflib.unified_diff(text.splitlines(True), updated.splitlines(True), shown, shown, n=2))
+        if len(diff) > 4000:
+            diff = diff[:4000] + "\n[... diff truncated ...]\n"
+        return ok(path=shown, replacements=count if replace_all else 1, diff=diff)
 
     @staticmethod
-    def _patch(root: Path, rel: PurePosixPath, shown: str, old: str, new: str, replace_all: bool) -> str:
-        with _open_existing(root, rel, shown) as f:
-            text = f.read().decode("utf-8")  # bytes, not text mode: CRLF stays as it is
+    def _patch(text: str, shown: str, old: str, new: str, replace_all: bool) -> tuple[str, int]:
         count = text.count(old)
         if count == 0 and "\r\n" in text and "\r\n" not in old:
             old, new = old.replace("\n", "\r\n"), new.replace("\n", "\r\n")
@@ -232,15 +225,7 @@ class PatchTool(_FileTool):
             lines = _occurrence_lines(text, old)
             raise _Refused(f"old_string occurs {count} times in {shown} (lines {lines}); add surrounding "
                            "context to make it unique, or pass replace_all=true")
-        updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
-        try:  # a temp file renamed over it: a reader never sees half a file
-            safe_fs.replace_in(root, rel, updated.encode("utf-8"))
-        except (IsADirectoryError, safe_fs.NotRegularFileError, FileNotFoundError):
-            raise _Refused(f"{shown} changed while it was patched; read it again") from None
-        diff = "".join(difflib.unified_diff(text.splitlines(True), updated.splitlines(True), shown, shown, n=2))
-        if len(diff) > 4000:
-            diff = diff[:4000] + "\n[... diff truncated ...]\n"
-        return ok(path=shown, replacements=count if replace_all else 1, diff=diff)
+        return (text.replace(old, new) if replace_all else text.replace(old, new, 1)), count
 
 
 def _occurrence_lines(text: str, needle: str, shown: int = 5) -> str:
@@ -295,52 +280,16 @@ class SearchFilesTool(_FileTool):
             rx = re.compile(pattern)
         except re.error as e:
             raise _Refused(f"invalid regular expression {pattern!r}: {e}") from None
-        root, rel = _locate(ctx, shown)
         try:
-            found, more = await asyncio.to_thread(_search, root, rel, shown, rx, target, glob, limit)
-        except FileNotFoundError:
-            raise _Refused(f"path not found: {shown}") from None
+            found, more = await ctx.sandbox.search(shown, pattern, target=target, glob=glob, limit=limit,
+                                                   max_file=MAX_SEARCH_FILE, max_files=MAX_SEARCH_FILES)
+        except FileOpError as e:
+            if e.kind == "not_found":
+                raise _Refused(f"path not found: {shown}") from None
+            raise
         key = "matches" if target == "content" else "files"
         hint = {"hint": "more results exist; narrow the pattern, path or file_glob"} if more else {}
         return ok(**{key: found}, count=len(found), truncated=more, **hint)
-
-
-def _search(root: Path, rel: PurePosixPath, shown: str, rx: re.Pattern[str], target: str, glob: str | None,
-            limit: int) -> tuple[list[str], bool]:
-    with contextlib.closing(safe_fs.walk_files(root, rel, skip_dirs=SKIP_DIRS)) as walk:  # closes its fds on return
-        return _scan(walk, shown, rx, target, glob, limit)
-
-
-def _scan(walk: Iterator[tuple[str, int, str]], shown: str, rx: re.Pattern[str], target: str, glob: str | None,
-          limit: int) -> tuple[list[str], bool]:
-    found: list[str] = []
-    seen = 0
-    for sub, dir_fd, name in walk:
-        if sub and glob and not fnmatch.fnmatch(name, glob):  # a file named by `path` itself is searched
-            continue
-        seen += 1
-        if seen > MAX_SEARCH_FILES:
-            break
-        display = posixpath.normpath(posixpath.join(shown, sub)) if sub else shown
-        if target == "files":
-            if rx.search(name) or rx.search(sub):
-                if len(found) == limit:
-                    return found, True
-                found.append(display)
-            continue
-        try:
-            fd, st = safe_fs.open_regular_at(dir_fd, name)
-            with open(fd, "rb") as raw:
-                if st.st_size > MAX_SEARCH_FILE or _is_binary(raw):
-                    continue
-                for num, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8", errors="replace"), 1):
-                    if rx.search(line[:MAX_LINE_CHARS]):
-                        if len(found) == limit:
-                            return found, True
-                        found.append(f"{display}:{num}: {line.strip()[:300]}")
-        except (OSError, PathEscapeError):  # vanished, swapped for a link or unreadable: skip it
-            continue
-    return found, False
 
 
 async def build(config: RunConfig) -> Toolset:

@@ -2,8 +2,8 @@
 
 This module owns the request (model, prompt, size from the aspect ratio, n=1), reading the
 answer whether it carries base64 data or a URL (downloaded with the shared fetch limits), and
-saving the image into the sample's workspace under images/, through the sandbox's path check so
-a symlink planted by the model cannot redirect the write. The SDK client is created once per
+saving the image into the sample's workspace under images/ with the sandbox's write_file (never
+replacing a file, never following a link), so a symlink planted by the model cannot redirect it. The SDK client is created once per
 run in `build` (with the key resolved there) and closed by ImageGenToolset.aclose. The toolset
 is offered only when an images endpoint is known (ImageGenSettings).
 
@@ -13,18 +13,15 @@ url (when the API gave one), revised_prompt (when given), size, bytes}.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
-import os
 import re
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import openai
 from openai import AsyncOpenAI
 
-from trajforge.sandbox.base import PathEscapeError
+from trajforge.sandbox.base import FileOpError, PathEscapeError
 from trajforge.tools import http_fetch
 from trajforge.tools.aux_models import ToolUnavailable, endpoint_key, endpoint_url
 from trajforge.tools.base import Tool, ToolContext, Toolset, Unavailable, error, ok
@@ -40,23 +37,6 @@ _SLUG = re.compile(r"[^a-z0-9]+")
 
 def slug(prompt: str) -> str:
     return _SLUG.sub("-", prompt.lower())[:40].strip("-") or "image"
-
-
-def write_new(path: Path, data: bytes) -> Path:
-    """Write to `path`, or to `stem-2.ext`, `stem-3.ext`... never replacing or following a link."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    candidate, n = path, 1
-    while True:
-        try:
-            fd = os.open(candidate, flags, 0o644)
-            break
-        except FileExistsError:
-            n += 1
-            candidate = path.with_name(f"{path.stem}-{n}{path.suffix}")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    return candidate
 
 
 class ImageGenToolset(Toolset):
@@ -128,11 +108,10 @@ class ImageGenerateTool(Tool):
         rel = f"images/{slug(prompt)}.{_EXT[mime]}"
         workdir = ctx.sandbox.workdir.rstrip("/")
         try:
-            target = ctx.sandbox.resolve(f"{workdir}/{rel}")
-            saved = await asyncio.to_thread(write_new, target, data)
-        except (PathEscapeError, OSError) as e:
+            saved = await ctx.sandbox.write_file(f"{workdir}/{rel}", data, how="new")
+        except (PathEscapeError, FileOpError) as e:
             return error(f"cannot save the image as {rel}: {e}")
-        rel = f"images/{saved.name}"
+        rel = f"images/{saved.rsplit('/', 1)[-1]}"
         return ok(path=rel, absolute_path=f"{workdir}/{rel}", url=item.url,
                   revised_prompt=getattr(item, "revised_prompt", None), size=size, bytes=len(data))
 

@@ -2,9 +2,9 @@
 
 Commands go through the sample's sandbox, so the backend decides isolation; this module owns
 the model-facing contract: result shapes, output caps, timeouts and the per-sample job table
-(`ctx.state["terminal"]`). Job logs live in a private temp directory outside the workspace, so
-they never show up in the model's files; the directory and the jobs go away through
-`ctx.cleanup` (and the sandbox's close() kills the jobs as well).
+(`ctx.state["terminal"]`). A job's output stays with the sandbox (Sandbox.spawn returns a Job
+read by offset), never in the model's files; the jobs are killed through `ctx.cleanup` (and the
+sandbox's close() kills them as well).
 """
 
 from __future__ import annotations
@@ -12,16 +12,13 @@ from __future__ import annotations
 import asyncio
 import codecs
 import itertools
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trajforge.jsonio import dumps_str
+from trajforge.sandbox.base import Job as SandboxJob
 from trajforge.sandbox.base import SandboxError
-from trajforge.sandbox.process import cap_text, kill_group, truncation_marker
+from trajforge.sandbox.process import cap_text, truncation_marker
 from trajforge.tools.base import Tool, ToolContext, ToolInfraError, Toolset, error, ok
 
 if TYPE_CHECKING:
@@ -47,8 +44,7 @@ def _str_arg(args: dict[str, Any], name: str) -> str | None:
 class Job:
     id: str
     command: str
-    proc: asyncio.subprocess.Process
-    log_path: Path
+    proc: SandboxJob
     offset: int = 0
     decoder: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
 
@@ -60,31 +56,24 @@ class Job:
             info["signal"] = -code
         return info
 
-    def read_new(self, cap: int) -> str:
+    async def read_new(self, cap: int) -> str:
         """Output written since the last read; the middle is dropped when there is too much."""
-        with open(self.log_path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            f.seek(self.offset)
-            if size - self.offset <= cap:
-                text = self.decoder.decode(f.read(size - self.offset), final=self.proc.returncode is not None)
-            else:
-                half = cap // 2
-                head = f.read(half)
-                f.seek(size - half)
-                tail = f.read(half)
-                dropped = size - self.offset - 2 * half
-                text = (head.decode("utf-8", "replace") + truncation_marker(dropped)
-                        + tail.decode("utf-8", "replace"))
-                self.decoder.reset()
-        self.offset = size
+        final = self.proc.returncode is not None
+        chunk = await self.proc.read(self.offset, cap)
+        if chunk.dropped:
+            text = (chunk.head.decode("utf-8", "replace") + truncation_marker(chunk.dropped)
+                    + chunk.tail.decode("utf-8", "replace"))
+            self.decoder.reset()
+        else:
+            text = self.decoder.decode(chunk.head + chunk.tail, final=final)
+        self.offset = chunk.end
         return text
 
 
 class Jobs:
-    """One sample's background jobs (ids proc_1, proc_2, ...) and their log directory."""
+    """One sample's background jobs (ids proc_1, proc_2, ...)."""
 
     def __init__(self) -> None:
-        self.log_dir: Path | None = None  # created on the first start
         self.jobs: dict[str, Job] = {}
         self._ids = itertools.count(1)
 
@@ -99,29 +88,21 @@ class Jobs:
     async def start(self, ctx: ToolContext, command: str) -> Job | str:
         if sum(j.proc.returncode is None for j in self.jobs.values()) >= MAX_RUNNING_JOBS:
             return f"too many background processes running (limit {MAX_RUNNING_JOBS}); kill some first"
-        if self.log_dir is None:
-            self.log_dir = Path(tempfile.mkdtemp(prefix="trajforge-jobs-"))
         job_id = f"proc_{next(self._ids)}"
-        log_path = self.log_dir / f"{job_id}.log"
         try:
-            proc = await ctx.sandbox.spawn(command, log_path=log_path)
+            proc = await ctx.sandbox.spawn(command)
         except SandboxError as e:
             raise ToolInfraError(str(e)) from e
-        job = self.jobs[job_id] = Job(job_id, command, proc, log_path)
+        job = self.jobs[job_id] = Job(job_id, command, proc)
         return job
 
     async def kill(self, job: Job) -> None:
-        kill_group(job.proc)
-        await asyncio.wait([asyncio.ensure_future(job.proc.wait())], timeout=5)
+        await job.proc.kill()
 
     async def aclose(self) -> None:
         running = [j for j in self.jobs.values() if j.proc.returncode is None]
-        for job in running:
-            kill_group(job.proc)
         if running:
-            await asyncio.wait([asyncio.ensure_future(j.proc.wait()) for j in running], timeout=5)
-        if self.log_dir is not None:
-            shutil.rmtree(self.log_dir, ignore_errors=True)
+            await asyncio.gather(*(j.proc.kill() for j in running), return_exceptions=True)
 
 
 class TerminalTool(Tool):
@@ -214,7 +195,7 @@ class ProcessTool(Tool):
             return error(f"no background process with id {job_id!r} (known: {known})")
         if action == "kill":
             await jobs.kill(job)
-        output = await asyncio.to_thread(job.read_new, OUTPUT_CAP)
+        output = await job.read_new(OUTPUT_CAP)
         return ok(**job.status(), output=output)
 
 

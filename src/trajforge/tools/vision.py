@@ -1,7 +1,8 @@
 """The `vision` toolset: vision_analyze asks a vision-capable chat model about one image.
 
 This module owns turning the model's `image_url` argument into an image content part (a file in
-the sample's workspace, resolved through the sandbox so paths cannot escape it; an http(s) URL,
+the sample's workspace, read through the sandbox's read_file, so neither a path nor a link or
+FIFO swapped in can reach past what the sample itself can read; an http(s) URL,
 downloaded with the shared fetch limits and inlined, or passed through when
 tools.vision.fetch_urls is off; or a data: URL), and the one chat request per call. The model
 client and HTTP client are created once per run in `build` and closed by VisionToolset.aclose.
@@ -10,7 +11,6 @@ Model and endpoint default to the run's (VisionSettings).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import mimetypes
 from typing import TYPE_CHECKING, Any
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from trajforge.errors import FatalModelError
 from trajforge.model.errors import ModelCallError
 from trajforge.model.types import ModelClient
-from trajforge.sandbox.base import PathEscapeError
+from trajforge.sandbox.base import FileOpError, PathEscapeError
 from trajforge.tools import http_fetch
 from trajforge.tools.aux_models import ToolUnavailable, record_usage, tool_client
 from trajforge.tools.base import Tool, ToolContext, Toolset, Unavailable, error, ok
@@ -116,14 +116,15 @@ class VisionAnalyzeTool(Tool):
             data = fetched.body
         else:
             try:
-                path = ctx.sandbox.resolve(source)
+                data = await ctx.sandbox.read_file(source, max_bytes=limit)
             except PathEscapeError as e:
                 raise ValueError(str(e)) from None
-            if not path.is_file():
-                raise ValueError(f"no such image file: {source}")
-            if path.stat().st_size > limit:
-                raise ValueError(f"the image {source} is larger than {limit} bytes")
-            data = await asyncio.to_thread(path.read_bytes)
+            except FileOpError as e:
+                if e.kind == "too_large":
+                    raise ValueError(f"the image {source} is larger than {limit} bytes") from None
+                if e.kind in ("not_found", "is_dir", "not_regular", "not_dir"):
+                    raise ValueError(f"no such image file: {source}") from None
+                raise ValueError(f"cannot read {source}: {e}") from None
         mime = image_mime(data)
         if mime is None:
             guessed = mimetypes.guess_type(source)[0] or "unknown type"
