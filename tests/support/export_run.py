@@ -2,7 +2,8 @@
 
 The scripted model answers from the conversation it receives (tests.support.policies style):
   - `parallel W`: two terminal calls in one turn (echo W, and a call with invalid arguments, which
-    fails), then one more call with reasoning, then an answer;
+    fails), then one more call reusing the first call's id (as servers that number calls per
+    response do), then an answer;
   - `plain W`: answers at once without tools;
   - `loop W`: calls a tool every turn until --max_turns cuts it off (a partial trajectory).
 """
@@ -27,12 +28,12 @@ def export_policy(req: Recorded) -> Reply:
     n = sum(1 for m in body["messages"] if m["role"] == "assistant")
     if kind == "parallel" and n == 0:
         return chat("Let me run two things at once.", reasoning=f"I will echo {word} and try a bad call.",
-                    tool_calls=[tool_call("terminal", {"command": f"echo {word}"}),
-                                tool_call("terminal", {"wrong_field": 1})],
+                    tool_calls=[tool_call("terminal", {"command": f"echo {word}"}, "call_a"),
+                                tool_call("terminal", {"wrong_field": 1}, "call_b")],
                     usage={"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18})
     if kind == "parallel" and n == 1:
         return chat(None, reasoning="The second call failed; one more command.",
-                    tool_calls=[tool_call("terminal", {"command": f"printf '%s\\n' {word}-again"})])
+                    tool_calls=[tool_call("terminal", {"command": f"printf '%s\\n' {word}-again"}, "call_a")])
     if kind == "loop":
         return chat(None, reasoning="Keep going.", tool_calls=[tool_call("terminal", {"command": "true"})])
     last = tool_messages(body)[-1]["content"] if done else ""
