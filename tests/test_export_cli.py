@@ -4,7 +4,6 @@ through the real CLI in every format, then read back with datasets / pyarrow."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from collections import Counter
@@ -13,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, cli
-from tests.support.export_run import make_run
+from tests.conftest import REPO
+from tests.support.export_run import make_run, run_export
 from tests.support.scripted_server import ScriptedServer
 
 
@@ -24,11 +23,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield make_run(tmp_path_factory.mktemp("run"), server)
 
 
-def export(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENROUTER_API_KEY", "OPENAI_API_KEY")}
-    env["PYTHONPATH"] = str(REPO / "src")
-    return subprocess.run(cli("export", *map(str, args)), cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=180)
+export = run_export
 
 
 def ok(proc: subprocess.CompletedProcess[str]) -> str:
