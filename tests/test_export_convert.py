@@ -75,8 +75,9 @@ def test_awkward_records_round_trip_exactly() -> None:
     assert assistant[1]["tool_calls"][0]["function"]["arguments"] == '"{\\"x\\": \\"double\\"}"'
     assert assistant[1]["tool_calls"][1]["function"]["arguments"] == "{}"  # empty arguments are saved as {}
     assert assistant[1]["tool_calls"][0]["id"] != "call_1"  # reused id renamed, original kept for the reverse
-    assert item["metadata"]["sharegpt"]["tool_call_ids"] == {assistant[1]["tool_calls"][0]["id"]: "call_1",
-                                                              assistant[1]["tool_calls"][1]["id"]: ""}
+    assert item["metadata"]["sharegpt"]["renamed_tool_calls"] == [
+        {"id": assistant[1]["tool_calls"][0]["id"], "original": "call_1"},
+        {"id": assistant[1]["tool_calls"][1]["id"], "original": ""}]
     assert assistant[2]["tool_calls"][0]["id"]  # an unanswered call still gets an id
     tools = [m for m in item["messages"] if m["role"] == "tool"]
     assert [t["content"] for t in tools] == ['{"output":"a"}', '{"error":"bad arguments"}', "plain text result",

@@ -9,6 +9,7 @@ writes into a staging path renamed over PATH at the end (export.base), so an exp
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import sys
 import time
@@ -103,7 +104,7 @@ def run(argv: list[str]) -> int:
     ns, filters, options = parse(argv)
     cls = exporter_class(ns.format)
     src = open_source(ns.input)
-    options = Options(options.reasoning, options.splits, options.command, src)
+    options = dataclasses.replace(options, source=src)
     is_dir = cls.directory or bool(options.splits)
     if _same_place(src, ns.output, is_dir):
         raise UsageError(f"--output: {ns.output} would replace the input; choose another path")
@@ -113,8 +114,8 @@ def run(argv: list[str]) -> int:
     total = verified = 0
     started = time.monotonic()
     with staged(ns.output, is_dir) as target:
-        exporter.open(target)
         try:
+            exporter.open(target)
             for line, record in src.records():
                 total += 1
                 verified += isinstance(record.get("verification"), dict)

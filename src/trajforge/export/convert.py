@@ -211,8 +211,8 @@ def to_openai(record: dict[str, Any], reasoning: Reasoning = "field") -> dict[st
             if not call["id"]:
                 call["id"] = _fresh_id(-1, j, used)
                 used.add(call["id"])
-    if renamed:
-        extra["tool_call_ids"] = renamed
+    if renamed:  # a list, not a dict keyed by id, so every line has the same shape for datasets
+        extra["renamed_tool_calls"] = [{"id": new, "original": old} for new, old in renamed.items()]
     return {"messages": messages, "tools": tools, "metadata": _metadata(record, extra)}
 
 
@@ -256,7 +256,7 @@ def to_record(item: dict[str, Any]) -> dict[str, Any]:
         raise ConversionError("messages: missing or empty")
     meta = dict(item.get("metadata") or {})
     extra = meta.pop("sharegpt", None) or {}
-    original_id = extra.get("tool_call_ids", {})
+    original_id = {r["id"]: r["original"] for r in extra.get("renamed_tool_calls", ())}
     conv: list[dict[str, str]] = []
     turn: Turn | None = None  # the assistant turn whose tool results are being collected
     order: dict[str, int] = {}  # export call id -> position among that turn's calls
