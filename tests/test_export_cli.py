@@ -248,3 +248,16 @@ def test_output_safety_and_flag_errors(run_dir: Path, tmp_path: Path) -> None:
 
     assert datasets.load_from_disk(str(tmp_path / "h")).num_rows == 5
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left behind
+
+
+def test_an_empty_input_gives_empty_outputs_that_load(tmp_path: Path) -> None:
+    import datasets
+    import pyarrow.parquet as pq
+
+    (tmp_path / "empty.jsonl").write_text("\n")
+    ok(export(tmp_path, "empty.jsonl", "--format", "hf", "--output", "h"))
+    assert datasets.load_from_disk(str(tmp_path / "h")).num_rows == 0
+    ok(export(tmp_path, "empty.jsonl", "--format", "hf", "--split", "a=0.5,b=0.5", "--output", "hs"))
+    assert {k: v.num_rows for k, v in datasets.load_from_disk(str(tmp_path / "hs")).items()} == {"a": 0, "b": 0}
+    ok(export(tmp_path, "empty.jsonl", "--format", "parquet", "--output", "p.parquet"))
+    assert pq.read_table(tmp_path / "p.parquet").num_rows == 0

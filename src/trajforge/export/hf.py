@@ -11,8 +11,6 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
-
 from trajforge.export import card
 from trajforge.export.base import Exporter, Item, Summary
 from trajforge.export.filters import passed
@@ -60,9 +58,13 @@ class HFExporter(Exporter):
         features = datasets.Features.from_arrow_schema(SCHEMA)
         parts = {s: datasets.Dataset.from_file(str(p), info=datasets.DatasetInfo(features=features))
                  for s, p in self.paths.items()}
-        data: Any = datasets.DatasetDict(parts) if self.options.splits else parts["train"]
-        data.save_to_disk(str(self.root))
-        del data, parts  # release the memory maps before the scratch files go
+        # An empty split must still get one (empty) shard, or load_from_disk cannot read it back.
+        shards = {s: 1 for s, d in parts.items() if d.num_rows == 0}
+        if self.options.splits:
+            datasets.DatasetDict(parts).save_to_disk(str(self.root), num_shards=shards or None)
+        else:
+            parts["train"].save_to_disk(str(self.root), num_shards=shards.get("train"))
+        del parts  # release the memory maps before the scratch files go
         counts = {s: g.count for s, g in self.groups.items()} if self.options.splits else \
             {"": self.groups["train"].count}
         src = self.options.source
