@@ -3,7 +3,7 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
-EXTRAS := test,compress,browser,local,ray
+EXTRAS := test,compress,browser,local,ray,export
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 # A portable llama.cpp build (no -march=native), so a cached wheel works on any x86-64 machine.
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF

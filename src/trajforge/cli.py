@@ -212,6 +212,7 @@ def _subcommands() -> dict[str, Callable[[list[str]], int]]:
         "run": lambda a: _cmd_run(a, "trajforge run", strict_required=False),
         "distributions": _cmd_distributions,
         "validate": _cmd_validate,
+        "export": _lazy("trajforge.export.cli", "export"),
     }
     for name, target in (("doctor", "trajforge.sandbox.doctor"), ("compress", "trajforge.compress.cli"),
                          ("scheduler", "trajforge.executors.ray_cli"), ("worker", "trajforge.executors.ray_cli")):

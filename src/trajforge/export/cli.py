@@ -1,0 +1,166 @@
+"""`trajforge export INPUT --format F --output PATH [filters]`: flags -> filters + exporter -> one pass.
+
+The input is read once, line by line; each kept record goes to the format's exporter, which
+writes into a staging path renamed over PATH at the end (export.base), so an export that fails
+(a bad line names its file and line, exit 1) or is interrupted leaves PATH as it was. Flags accept
+`--a_b=v`, `--a_b v` and `--a-b v`; bad flags exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import NoReturn
+
+from trajforge.cli import reject_unknown, typed
+from trajforge.errors import UsageError
+from trajforge.export import FORMATS, exporter_class
+from trajforge.export.base import Item, Options, Summary, check_output, staged
+from trajforge.export.convert import ConversionError
+from trajforge.export.filters import Filters, parse_split
+from trajforge.export.source import InputError, Source, open_source
+
+PROG = "trajforge export"
+# (flag, kind, help)
+FLAGS: list[tuple[str, str, str]] = [
+    ("format", "str", f"output format: {', '.join(FORMATS)} (required)"),
+    ("output", "path", "output file, or directory for hf and with --split (required)"),
+    ("only", "str", "keep only completed samples, only verified samples that passed, or all [default: all]"),
+    ("min_tool_calls", "int", "keep samples with at least N tool calls [default: 0]"),
+    ("task_type", "str", "keep samples of this task type"),
+    ("dataset_file", "path", "dataset to read task types from when records carry none "
+                             "[default: the run's config.json dataset_file]"),
+    ("sample_percent", "float", "keep about P%% of the samples, chosen by a hash of the sample identity and --seed"),
+    ("seed", "int", "seed of --sample_percent and --split [default: 42]"),
+    ("split", "str", "split by sample identity, e.g. train=0.95,test=0.05 (the output becomes a directory)"),
+    ("reasoning", "str", "field (reasoning_content), inline (<think> in content) or drop [default: field]"),
+    ("no_reasoning", "bool", "same as --reasoning drop"),
+    ("overwrite", "bool", "replace an existing output (a directory only if it holds nothing but export files)"),
+]
+_NAMES = [f for f, _, _ in FLAGS]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def make_parser() -> _Parser:
+    parser = _Parser(prog=PROG, description="Export trajectories for training: OpenAI messages JSONL, "
+                     "ShareGPT JSONL, Parquet, or a Hugging Face dataset with its card.", allow_abbrev=False)
+    parser.add_argument("input", type=Path, metavar="RUN_DIR_OR_JSONL",
+                        help="a run directory (its trajectories.jsonl) or a trajectories / openai export JSONL file")
+    for name, kind, help_text in FLAGS:
+        opts = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
+        if kind == "bool":
+            parser.add_argument(*opts, dest=name, action="store_true", help=help_text)
+        else:
+            parser.add_argument(*opts, dest=name, type=typed(kind, name), metavar=kind.upper(), help=help_text)
+    return parser
+
+
+def _choice(flag: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise UsageError(f"--{flag}: invalid value {value!r}: must be one of {', '.join(allowed)}")
+    return value
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, Filters, Options]:
+    ns, unknown = make_parser().parse_known_args(argv)
+    reject_unknown(unknown, _NAMES)
+    for flag in ("format", "output"):
+        if getattr(ns, flag) is None:
+            raise UsageError(f"missing required flag --{flag}")
+    _choice("format", ns.format, tuple(FORMATS))
+    reasoning = _choice("reasoning", ns.reasoning or "field", ("field", "inline", "drop"))
+    if ns.no_reasoning:
+        if ns.reasoning not in (None, "drop"):
+            raise UsageError(f"--no_reasoning contradicts --reasoning {ns.reasoning}")
+        reasoning = "drop"
+    if ns.sample_percent is not None and not 0 < ns.sample_percent <= 100:
+        raise UsageError(f"--sample_percent: invalid value {ns.sample_percent:g}: must be more than 0 and at most 100")
+    if ns.min_tool_calls is not None and ns.min_tool_calls < 0:
+        raise UsageError(f"--min_tool_calls: invalid value {ns.min_tool_calls}: must be 0 or more")
+    split = tuple(parse_split(ns.split)) if ns.split else ()
+    filters = Filters(only=_choice("only", ns.only or "all", ("completed", "passed", "all")),  # type: ignore[arg-type]
+                      min_tool_calls=ns.min_tool_calls or 0, task_type=ns.task_type,
+                      sample_percent=ns.sample_percent, seed=42 if ns.seed is None else ns.seed, split=split)
+    options = Options(reasoning=reasoning, splits=tuple(n for n, _ in split),  # type: ignore[arg-type]
+                      command=shlex.join(["trajforge", "export", *argv]))
+    return ns, filters, options
+
+
+def _same_place(src: Source, output: Path, is_dir: bool) -> bool:
+    out, read = output.resolve(), src.path.resolve()
+    return out == read or (is_dir and out in read.parents) or (src.run_dir is not None and out == src.run_dir.resolve())
+
+
+def run(argv: list[str]) -> int:
+    ns, filters, options = parse(argv)
+    cls = exporter_class(ns.format)
+    src = open_source(ns.input)
+    options = dataclasses.replace(options, source=src)
+    is_dir = cls.directory or bool(options.splits)
+    if _same_place(src, ns.output, is_dir):
+        raise UsageError(f"--output: {ns.output} would replace the input; choose another path")
+    check_output(ns.output, is_dir, ns.overwrite)
+    exporter = cls(options)
+    left_out: Counter[str] = Counter()
+    total = verified = 0
+    started = time.monotonic()
+    with staged(ns.output, is_dir) as target:
+        try:
+            exporter.open(target)
+            for line, record in src.records():
+                total += 1
+                verified += isinstance(record.get("verification"), dict)
+                reason = filters.reject(record, lambda r: src.task_type(r, ns.dataset_file))
+                if reason is not None:
+                    left_out[reason] += 1
+                    continue
+                try:
+                    exporter.write(Item(record, line, filters.split_of(record), src.line))
+                except ConversionError as e:
+                    raise InputError(f"{src.path}:{e.line or src.line}: {e}") from None
+            try:
+                summary = exporter.close()
+            except ConversionError as e:
+                raise InputError(f"{src.path}:{e.line}: {e}") from None
+        except BaseException:
+            exporter.abort()
+            raise
+    _report(ns, src, summary, total, left_out, time.monotonic() - started,
+            no_verification=filters.only == "passed" and not verified)
+    return 0
+
+
+def _report(ns: argparse.Namespace, src: Source, summary: Summary, total: int, left_out: Counter[str],
+            seconds: float, *, no_verification: bool) -> None:
+    written = sum(summary.counts.values())
+    print(f"exported {written} of {total} trajectories from {src.path} to {ns.output} ({ns.format}) in {seconds:.1f}s")
+    if left_out:
+        print("  left out: " + ", ".join(f"{n} {why}" for why, n in left_out.most_common()))
+    if no_verification:
+        print("  note: no record carries a verification result, so --only passed keeps none")
+    if len(summary.counts) > 1 or "" not in summary.counts:
+        print("  splits: " + ", ".join(f"{s} {n}" for s, n in summary.counts.items()))
+    if ns.format == "hf" or len(summary.files) > 1:
+        print("  files: " + ", ".join(summary.files))
+    if summary.drops:
+        print("  not in this format: " + "; ".join(summary.drops))
+    else:
+        print("  nothing left out of the exported records")
+
+
+def main(argv: list[str]) -> int:
+    """Returns the exit code; errors propagate as TrajforgeError for the CLI's guard to print."""
+    try:
+        return run(list(argv))
+    except KeyboardInterrupt:
+        print("interrupted; the output was left as it was", file=sys.stderr)
+        return 130

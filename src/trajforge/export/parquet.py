@@ -1,0 +1,101 @@
+"""`--format parquet`: one row per trajectory with export.schema's fixed schema, in row groups.
+
+Rows are buffered per split and written as a row group every ROWS rows or BYTES of input, so
+memory stays bounded however long the run is. A row pyarrow cannot convert (a field of the wrong
+type in a hand-edited record) is reported with its input line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trajforge.export.base import Exporter, Item, Summary
+from trajforge.export.convert import ConversionError, to_openai
+
+ROWS = 1000
+BYTES = 32 << 20
+
+
+class RowGroups:
+    """Buffered rows of one output, flushed as record batches to `sink(batch)`."""
+
+    def __init__(self, sink: Any) -> None:
+        self.sink = sink
+        self.rows: list[dict[str, Any]] = []
+        self.numbers: list[int] = []
+        self.size = 0
+        self.count = 0
+
+    def add(self, row: dict[str, Any], number: int, size: int) -> None:
+        self.rows.append(row)
+        self.numbers.append(number)
+        self.size += size
+        self.count += 1
+        if len(self.rows) >= ROWS or self.size >= BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        import pyarrow as pa
+
+        from trajforge.export.schema import SCHEMA
+
+        if not self.rows:
+            return
+        try:
+            batch = pa.RecordBatch.from_pylist(self.rows, schema=SCHEMA)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+            for row, number in zip(self.rows, self.numbers):  # find the culprit, for the message
+                try:
+                    pa.RecordBatch.from_pylist([row], schema=SCHEMA)
+                except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
+                    raise ConversionError(f"a field has the wrong type for the Arrow schema: {e}", number) from None
+            raise
+        self.sink(batch)
+        self.rows, self.numbers, self.size = [], [], 0
+
+
+def add_row(groups: RowGroups, exporter: Exporter, item: Item) -> None:
+    from trajforge.export.schema import row_of
+
+    row = row_of(to_openai(item.record, exporter.options.reasoning), item.record, item.split)
+    groups.add(row, item.number, len(item.line))
+
+
+class ParquetExporter(Exporter):
+    name = "parquet"
+    suffix = ".parquet"
+
+    def open(self, output: Path) -> None:
+        import pyarrow.parquet as pq
+
+        from trajforge.export.schema import SCHEMA
+
+        self.root = output
+        names = self.options.splits or ("",)
+        self.paths = {s: (output / f"{s}{self.suffix}" if s else output) for s in names}
+        self.writers = {s: pq.ParquetWriter(p, SCHEMA, compression="zstd") for s, p in self.paths.items()}
+        self.groups = {s: RowGroups(w.write_batch) for s, w in self.writers.items()}
+
+    def write(self, item: Item) -> None:
+        add_row(self.groups[item.split or ""], self, item)
+
+    def close(self) -> Summary:
+        for groups in self.groups.values():
+            groups.flush()
+        for w in self.writers.values():
+            w.close()
+        files = [str(p.relative_to(self.root)) if p != self.root else p.name for p in self.paths.values()]
+        return Summary({s: g.count for s, g in self.groups.items()}, files, self.drops())
+
+    def abort(self) -> None:
+        for w in getattr(self, "writers", {}).values():
+            try:
+                w.close()
+            except Exception:  # the staging directory is removed anyway
+                pass
+
+    def drops(self) -> list[str]:
+        from trajforge.export.schema import DROPS
+
+        return [*DROPS, *super().drops()]
