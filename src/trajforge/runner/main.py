@@ -27,8 +27,10 @@ from trajforge.runner.engine import Executor, run_engine
 from trajforge.runner.merge import merge
 from trajforge.runner.outcome import Outcome
 from trajforge.runner.progress import Progress
+from trajforge.runner.rollouts import RolloutScheduler, expand, finish_totals, passes_on_disk, prepare_totals
 from trajforge.runner.rundir import RunDir
 from trajforge.runner.stats import Totals, render_table
+from trajforge.verify.verifier import validate_verification
 
 log = logging.getLogger("trajforge")
 
@@ -76,6 +78,7 @@ def run(config: RunConfig) -> int:
     prefill = load_prefill(config.prefill_messages_file)
     dataset = load_dataset(config.dataset_file, skip_invalid=config.skip_invalid, max_samples=config.max_samples)
     _choose_model(config)
+    validate_verification(config, dataset)
     if config.executor == "ray":
         import importlib.util
 
@@ -131,18 +134,20 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
     started_wall, t0 = time.time(), time.monotonic()
     checkpoint = Checkpoint.load(run_dir / "checkpoint.json", config.run_name or "")
     scan_problems: list[str] = []
-    todo = plan(dataset.samples, run_dir, checkpoint, scan_problems)
+    samples = expand(dataset.samples, config.samples_per_prompt)  # every rollout of every row
+    todo = plan(samples, run_dir, checkpoint, scan_problems)
     for p in scan_problems:
         print(f"trajforge: {p}", file=sys.stderr)
     if dataset.skipped:
         print(f"trajforge: skipped {len(dataset.skipped)} invalid dataset line(s)", file=sys.stderr)
-    print(f"trajforge: run '{config.run_name}': {len(dataset.samples)} samples, "
-          f"{len(dataset.samples) - len(todo)} already finished, {len(todo)} to run -> {run_dir}", file=sys.stderr)
+    print(f"trajforge: run '{config.run_name}': {len(samples)} samples, "
+          f"{len(samples) - len(todo)} already finished, {len(todo)} to run -> {run_dir}", file=sys.stderr)
     rundir.save_config(config.masked())
 
     batch_store = store.BatchStore(run_dir)
     invocation = Totals()
-    progress = Progress(len(dataset.samples), already=len(dataset.samples) - len(todo))
+    invocation.verify.task_types = {s.identity: s.task_type for s in dataset.samples}
+    progress = Progress(len(samples), already=len(samples) - len(todo))
     fatal: FatalModelError | None = None
     interrupted = False
 
@@ -178,7 +183,9 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
 
                 await prefetch_images(config, {s.image for s in todo if s.image})
             with progress:
-                interrupted = await run_engine(todo, executor, sink, lambda s: config.retry_limit(s.task_type), stop)
+                source = RolloutScheduler.build(todo, config.stop_after_passes,
+                                                passes_on_disk(run_dir) if config.stop_after_passes else None)
+                interrupted = await run_engine(source, executor, sink, lambda s: config.retry_limit(s.task_type), stop)
     except* FatalModelError as eg:
         fatal = eg.exceptions[0]  # type: ignore[assignment]
     finally:
@@ -191,7 +198,7 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
         seconds = time.monotonic() - t0
         this_invocation.update(ran=sum(invocation.per_worker.values()), interrupted=interrupted)
         checkpoint.save(force=True)
-    stats = _finish(config, dataset.samples, run_dir, checkpoint, invocation, seconds)
+    stats = _finish(config, samples, run_dir, checkpoint, invocation, seconds)
     _print_summary(stats, run_dir)
     if fatal is not None:
         print(f"error: {fatal}", file=sys.stderr)
@@ -203,7 +210,9 @@ def _finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint:
             invocation: Totals, seconds: float) -> dict[str, Any]:
     totals = Totals()
     current = {s.identity: s.index for s in samples}
-    result = merge(run_dir, current, totals)
+    rows = prepare_totals(totals, config, samples)
+    result = merge(run_dir, current, totals, keep_passed=config.keep == "passed")
+    finish_totals(totals, config, rows, result, checkpoint)
     for identity, entry in checkpoint.samples.items():
         if identity not in current or identity in result.finished:
             continue  # a sample no longer in the dataset, or one that a later attempt finished
@@ -223,6 +232,7 @@ def _finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint:
         "last_invocation": invocation.as_dict(total=None, seconds=seconds),
         "merge": {"written": result.written, "hallucinated_filtered": result.hallucinated,
                   "duplicates_ignored": result.duplicates, "not_in_dataset": result.stale,
+                  "not_kept": result.not_kept,
                   "problems": result.problems},
     }
     for p in result.problems:

@@ -16,10 +16,12 @@ from typing import BinaryIO
 
 import orjson
 
+from trajforge.dataset import split_rollout
 from trajforge.jsonio import atomic_writer
 from trajforge.runner import store
 from trajforge.runner.stats import Totals
 from trajforge.tools.registry import KNOWN_TOOLS
+from trajforge.verify.result import passed
 
 _KNOWN = frozenset(KNOWN_TOOLS)
 
@@ -32,10 +34,12 @@ class MergeResult:
     problems: list[str]
     finished: set[str]  # identities with a record in the batch files
     stale: int = 0  # records of samples no longer in the dataset (left out of trajectories.jsonl)
+    not_kept: int = 0  # records left out by --keep passed (counted in the statistics all the same)
 
 
-def merge(run_dir: Path, current_index: dict[str, int], totals: Totals) -> MergeResult:
-    """Write run_dir/trajectories.jsonl and add every kept record to `totals`."""
+def merge(run_dir: Path, current_index: dict[str, int], totals: Totals, *, keep_passed: bool = False) -> MergeResult:
+    """Write run_dir/trajectories.jsonl and add every record to `totals` (kept or, with
+    `keep_passed`, left out because its verification did not pass)."""
     problems: list[str] = []
     refs: dict[str, store.LineRef] = {}
     duplicates = 0
@@ -44,10 +48,11 @@ def merge(run_dir: Path, current_index: dict[str, int], totals: Totals) -> Merge
             duplicates += 1
             continue
         refs[ref.identity] = ref
-    ordered = sorted(refs.values(), key=lambda r: (current_index.get(r.identity, 1 << 62), r.prompt_index))
+    ordered = sorted(refs.values(), key=lambda r: (current_index.get(r.identity, 1 << 62), r.prompt_index,
+                                                   split_rollout(r.identity)[1]))
     finished = set(refs)
     del refs
-    written = hallucinated = stale = 0
+    written = hallucinated = stale = not_kept = 0
     handles: dict[Path, BinaryIO] = {}
     try:
         with atomic_writer(run_dir / "trajectories.jsonl", buffering=1 << 20) as w:
@@ -75,9 +80,12 @@ def merge(run_dir: Path, current_index: dict[str, int], totals: Totals) -> Merge
                     rec["prompt_index"] = idx  # the dataset was reordered: index in the current file
                     line = orjson.dumps(rec) + b"\n"
                 totals.add_record(rec)
+                if keep_passed and not passed(rec):
+                    not_kept += 1
+                    continue
                 w.write(line)
                 written += 1
     finally:
         for f in handles.values():
             f.close()
-    return MergeResult(written, hallucinated, duplicates, problems, finished, stale)
+    return MergeResult(written, hallucinated, duplicates, problems, finished, stale, not_kept)
