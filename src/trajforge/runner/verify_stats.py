@@ -74,7 +74,7 @@ class VerifyTotals:
             "pass_at_k": {"k": self.k, "value": _round(mean_pass_at_k(verdict_rows, self.k))},
             "skipped_solved": self.skipped_solved,
             "not_kept": self.not_kept,
-            "cost_per_pass": round(cost / self.passed, 6) if self.passed else None,
+            "cost_per_pass": round(cost / self.passed, 8) if self.passed else None,
             "per_row": [{"prompt_index": i, "rollouts": n, "passes": c, "verdicts": v}
                         for i, n, c, v in sorted(self.rows.values())],
         }
