@@ -244,3 +244,16 @@ def test_plain_scheduler_without_stop_after_passes_is_the_list(tmp_path: Path) -
             yield s
 
     assert asyncio.run(drain()) == samples
+
+
+def test_the_example_dataset_and_config_are_valid() -> None:
+    from trajforge.config import build_config
+
+    root = Path(__file__).resolve().parent.parent / "examples"
+    config = build_config({}, root / "verified.yaml")
+    assert config.samples_per_prompt == 4 and config.stop_after_passes == 1 and config.keep == "passed"
+    loaded = load_dataset(root / "verified_tasks.jsonl")
+    validate_verification(config, loaded)
+    methods = {m for s in loaded.samples for m in resolve_for(config, s.verify, s.task_type).methods}
+    assert methods == {"check", "expected", "rubric"}
+    assert resolve_for(config, loaded.samples[3].verify, "math").match == "number"
