@@ -146,7 +146,8 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
 
     batch_store = store.BatchStore(run_dir)
     invocation = Totals()
-    invocation.verify.task_types = {s.identity: s.task_type for s in dataset.samples}
+    prepare_totals(invocation, config, samples)
+    invocation.verify.per_row = False
     progress = Progress(len(samples), already=len(samples) - len(todo))
     fatal: FatalModelError | None = None
     interrupted = False

@@ -32,6 +32,7 @@ class VerifyTotals:
     rows: dict[str, list[int]] = field(default_factory=dict)  # row identity -> [index, rollouts, passes, verdicts]
     skipped_solved: int = 0
     not_kept: int = 0
+    per_row: bool = True  # list every row (the run's figures; not repeated for the last invocation)
 
     def add(self, rec: dict[str, Any]) -> None:
         row_id = split_rollout(str(rec.get("sample_id", "")))[0]
@@ -57,7 +58,7 @@ class VerifyTotals:
 
     def as_dict(self, cost: float) -> dict[str, Any]:
         verdict_rows = [(r[3], r[2]) for r in self.rows.values()]
-        return {
+        out: dict[str, Any] = {
             "verified": self.passed + self.failed,
             "passed": self.passed,
             "failed": self.failed,
@@ -75,9 +76,11 @@ class VerifyTotals:
             "skipped_solved": self.skipped_solved,
             "not_kept": self.not_kept,
             "cost_per_pass": round(cost / self.passed, 8) if self.passed else None,
-            "per_row": [{"prompt_index": i, "rollouts": n, "passes": c, "verdicts": v}
-                        for i, n, c, v in sorted(self.rows.values())],
         }
+        if self.per_row and (self.k > 1 or self.passed or self.failed or self.errors):
+            out["per_row"] = [{"prompt_index": i, "rollouts": n, "passes": c, "verdicts": v}
+                              for i, n, c, v in sorted(self.rows.values())]
+        return out
 
 
 def _rate(num: int, den: int) -> float | None:
