@@ -9,10 +9,13 @@ computed here from the task kinds and the draws, then compared with what the run
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections import Counter
 from math import comb
@@ -242,3 +245,18 @@ def test_stop_after_one_pass_and_a_sigkill_resume_change_nothing(tmp_path: Path,
     ids = Counter(split_rollout(json.loads(line)["sample_id"])[0] for p in run_dir.glob("batch_*.jsonl")
                   for line in p.read_text().splitlines())
     assert sum(ids.values()) == want["records"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install trajforge[ray])")
+def test_ray_executor_verifies_and_stops_rows_the_same_way(tmp_path: Path, server: ScriptedServer, clean_env,
+                                                           setup) -> None:
+    """Checks run on the Ray actors' sandboxes; the driver's scheduler stops solved rows."""
+    ds, cfg, outcomes = setup
+    tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")  # Ray's unix sockets need a short path
+    env = {**clean_env, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": tmp}
+    try:
+        proc = run(tmp_path, env, args(server, ds, cfg, "onray", "--stop_after_passes=1", "--executor=ray"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr
+    assert_figures(tmp_path / "data" / "onray", expected_figures(outcomes, 1), keep_passed=False)
