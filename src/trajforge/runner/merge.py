@@ -37,6 +37,11 @@ class MergeResult:
     not_kept: int = 0  # records left out by --keep passed (counted in the statistics all the same)
 
 
+def calls_unknown_tools(rec: dict) -> bool:
+    """The corrupt-entry filter: a record that called a tool it was not offered is dropped."""
+    return any(name not in _KNOWN for name in rec.get("tool_stats", {}))
+
+
 def merge(run_dir: Path, current_index: dict[str, int], totals: Totals, *, keep_passed: bool = False) -> MergeResult:
     """Write run_dir/trajectories.jsonl and add every record to `totals` (kept or, with
     `keep_passed`, left out because its verification did not pass)."""
@@ -71,7 +76,7 @@ def merge(run_dir: Path, current_index: dict[str, int], totals: Totals, *, keep_
                     problems.append(f"{ref.path.name}: corrupt record of sample {ref.identity} ignored: {e}")
                     finished.discard(ref.identity)
                     continue
-                if any(name not in _KNOWN for name in rec.get("tool_stats", {})):
+                if calls_unknown_tools(rec):
                     hallucinated += 1
                     totals.discarded["hallucinated_tool"] += 1
                     continue

@@ -19,6 +19,7 @@ from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import BinaryIO
 
 import orjson
 
@@ -26,7 +27,7 @@ from trajforge.config import RunConfig
 from trajforge.dataset import Sample, rollout_identity, split_rollout
 from trajforge.runner import store
 from trajforge.runner.checkpoint import Checkpoint
-from trajforge.runner.merge import MergeResult
+from trajforge.runner.merge import MergeResult, calls_unknown_tools
 from trajforge.runner.outcome import Outcome
 from trajforge.runner.stats import Totals
 from trajforge.verify.result import passed
@@ -44,24 +45,31 @@ def passes_on_disk(run_dir: Path) -> Counter[str]:
     """Passing records per row identity in the batch files (first record of a sample wins)."""
     seen: set[str] = set()
     passes: Counter[str] = Counter()
-    handles = {}
+    handles: dict[Path, BinaryIO] = {}
     try:
         for ref in store.scan(run_dir):
             if ref.identity in seen:
                 continue
             seen.add(ref.identity)
-            f = handles.get(ref.path) or handles.setdefault(ref.path, ref.path.open("rb"))
+            f = handles.get(ref.path)
+            if f is None:
+                f = handles[ref.path] = ref.path.open("rb")
             f.seek(ref.offset)
             try:
                 rec = orjson.loads(f.read(ref.length))
             except orjson.JSONDecodeError:
                 continue
-            if passed(rec):
+            if counts_as_pass(rec):
                 passes[split_rollout(ref.identity)[0]] += 1
     finally:
         for f in handles.values():
             f.close()
     return passes
+
+
+def counts_as_pass(rec: dict) -> bool:
+    """A pass the merge will keep: verified, and not dropped by the corrupt-entry filter."""
+    return passed(rec) and not calls_unknown_tools(rec)
 
 
 @dataclass
@@ -136,7 +144,7 @@ class RolloutScheduler:
         row = self._rows[split_rollout(sample.identity)[0]]
         row.in_flight -= 1
         self._in_flight -= 1
-        if outcome.status == "done" and passed(outcome.record):
+        if outcome.status == "done" and outcome.record is not None and counts_as_pass(outcome.record):
             row.passes += 1
         self._settle(row)
         self._changed.set()
