@@ -206,19 +206,32 @@ def test_four_rollouts_per_prompt_match_the_ground_truth(tmp_path: Path, server:
     assert len(answer) == 8 * N and {r["verification"]["passed"] for r in answer} == {True, False}
 
 
-def test_stop_after_one_pass_and_a_sigkill_resume_change_nothing(tmp_path: Path, server: ScriptedServer,
-                                                                 clean_env, setup) -> None:
+def test_stop_after_one_pass_matches_the_ground_truth(tmp_path: Path, server: ScriptedServer, clean_env,
+                                                      setup) -> None:
     ds, cfg, outcomes = setup
     want = expected_figures(outcomes, 1)
     assert want["skipped"] > 0
     proc = run(tmp_path, clean_env, args(server, ds, cfg, "straight", "--stop_after_passes=1"))
     assert proc.returncode == 0, proc.stderr
-    straight = assert_figures(tmp_path / "data" / "straight", want, keep_passed=False)
+    assert_figures(tmp_path / "data" / "straight", want, keep_passed=False)
     assert "rollouts skipped (solved)" in proc.stdout
+    # a resume of a finished run starts nothing, not even the skipped rollouts of solved rows
+    before = len(server.requests)
+    proc = run(tmp_path, clean_env, [*args(server, ds, cfg, "straight", "--stop_after_passes=1"), "--resume"])
+    assert proc.returncode == 0, proc.stderr
+    assert len(server.requests) == before
+    assert_figures(tmp_path / "data" / "straight", want, keep_passed=False)
 
-    # The same run, killed hard in the middle, then resumed.
+
+@pytest.mark.parametrize("flags", [("--stop_after_passes=1",), ("--keep=passed",)], ids=["stop1", "all4"])
+def test_a_sigkill_and_resume_change_nothing(tmp_path: Path, server: ScriptedServer, clean_env, setup,
+                                             flags: tuple[str, ...]) -> None:
+    """Killed hard in the middle, then resumed: the same figures as the ground truth, and the
+    resume starts exactly the rollouts that had no record (none runs twice)."""
+    ds, cfg, outcomes = setup
+    want = expected_figures(outcomes, 1 if "--stop_after_passes=1" in flags else None)
     first_requests = lambda: sum(1 for b in server.chat_requests() if not tool_messages(b))  # noqa: E731
-    argv = args(server, ds, cfg, "killed", "--stop_after_passes=1")
+    argv = args(server, ds, cfg, "killed", *flags)
     child = subprocess.Popen(cli(*argv), cwd=tmp_path, env=clean_env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True)
     run_dir = tmp_path / "data" / "killed"
@@ -237,14 +250,26 @@ def test_stop_after_one_pass_and_a_sigkill_resume_change_nothing(tmp_path: Path,
     before = first_requests()
     proc = run(tmp_path, clean_env, [*argv, "--resume"])
     assert proc.returncode == 0, proc.stderr
-    resumed = assert_figures(run_dir, want, keep_passed=False)
-    assert resumed["run"]["verification"] == straight["run"]["verification"]
+    resumed = assert_figures(run_dir, want, keep_passed="--keep=passed" in flags)
     assert resumed["merge"]["duplicates_ignored"] == 0
-    # The resume started exactly the rollouts that had no record: none ran twice.
     assert first_requests() - before == want["records"] - at_kill
     ids = Counter(split_rollout(json.loads(line)["sample_id"])[0] for p in run_dir.glob("batch_*.jsonl")
                   for line in p.read_text().splitlines())
-    assert sum(ids.values()) == want["records"]
+    assert sum(ids.values()) == want["records"] and len(ids) == len(KINDS)
+
+
+def test_bad_verification_fields_stop_the_run_before_it_starts(tmp_path: Path, server: ScriptedServer,
+                                                               clean_env) -> None:
+    ds = tmp_path / "bad.jsonl"
+    ds.write_text('{"prompt": "a", "check": "true"}\n{"prompt": "b", "expected": "x(", "match": "regex"}\n')
+    proc = run(tmp_path, clean_env, ["run", f"--dataset_file={ds}", "--run_name=bad", f"--base_url={server.url}",
+                                     "--model=m", "--sandbox=local"])
+    assert proc.returncode != 0 and f"{ds}:2: field 'expected' is not a valid regular expression" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "data" / "bad").exists()
+    proc = run(tmp_path, clean_env, ["run", f"--dataset_file={ds}", "--run_name=bad", f"--base_url={server.url}",
+                                     "--model=m", "--samples_per_prompt=2", "--stop_after_passes=3"])
+    assert proc.returncode == 2 and "--stop_after_passes (3) must be at most --samples_per_prompt (2)" in proc.stderr
+    assert not server.requests
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install trajforge[ray])")
