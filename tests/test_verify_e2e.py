@@ -269,7 +269,12 @@ def test_bad_verification_fields_stop_the_run_before_it_starts(tmp_path: Path, s
     proc = run(tmp_path, clean_env, ["run", f"--dataset_file={ds}", "--run_name=bad", f"--base_url={server.url}",
                                      "--model=m", "--samples_per_prompt=2", "--stop_after_passes=3"])
     assert proc.returncode == 2 and "--stop_after_passes (3) must be at most --samples_per_prompt (2)" in proc.stderr
-    assert not server.requests
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text('{"prompt": "a"}\n')
+    proc = run(tmp_path, clean_env, ["run", f"--dataset_file={plain}", "--run_name=bad", f"--base_url={server.url}",
+                                     "--model=m", "--keep=passed"])
+    assert proc.returncode == 2 and "--keep passed: no row of" in proc.stderr
+    assert not server.requests and not (tmp_path / "data" / "bad").exists()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install trajforge[ray])")

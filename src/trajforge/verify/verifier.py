@@ -88,10 +88,11 @@ class Verifier:
 
 
 def validate_verification(config: RunConfig, dataset: LoadedDataset) -> None:
-    """Before a run touches its directory: every row's resolved verification is usable, and the
-    judge endpoint has a key when some row has a rubric. Raises DatasetError / UsageError."""
+    """Before a run touches its directory: every row's resolved verification is usable, something
+    can pass when --keep passed / --stop_after_passes ask for passes, and the judge endpoint has a
+    key when some row has a rubric. Raises DatasetError / UsageError."""
     problems: list[str] = []
-    rubric = False
+    rubric = verified = False
     for s in dataset.samples:
         resolved = resolve_for(config, s.verify, s.task_type)
         problem = problem_of(resolved)
@@ -99,9 +100,14 @@ def validate_verification(config: RunConfig, dataset: LoadedDataset) -> None:
             problems.append(f"{dataset.path}:{s.line}: {problem} (task_type {s.task_type!r})"
                             if s.task_type else f"{dataset.path}:{s.line}: {problem}")
         rubric = rubric or resolved.rubric is not None
+        verified = verified or bool(resolved.methods)
     if problems:
         listed = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
         raise DatasetError(f"{dataset.path}: {len(problems)} row(s) with an unusable verification", listed)
+    if not verified and (config.keep == "passed" or config.stop_after_passes is not None):
+        flag = "--keep passed" if config.keep == "passed" else "--stop_after_passes"
+        raise UsageError(f"{flag}: no row of {dataset.path} has a check, expected answer or rubric (nor does a "
+                         "task_types default give one), so no rollout could ever pass")
     if rubric:
         problem = judge_endpoint_problem(config)
         if problem is not None:
