@@ -55,6 +55,14 @@ VALUES: dict[str, tuple[str, object]] = {
     "executor": ("local", "local"),
     "ray_address": ("127.0.0.1:6379", "127.0.0.1:6379"),
     "container_engine": ("podman", "podman"),
+    "samples_per_prompt": ("4", 4),
+    "stop_after_passes": ("2", 2),
+    "keep": ("passed", "passed"),
+    "check_timeout": ("12.5", 12.5),
+    "judge_model": ("judge-model", "judge-model"),
+    "judge_base_url": ("http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1"),
+    "judge_api_key_env": ("JUDGE_KEY", "JUDGE_KEY"),
+    "judge_threshold": ("0.7", 0.7),
 }
 BOOLS = ["resume", "overwrite", "verbose", "reasoning_disabled", "skip_invalid", "keep_no_reasoning",
          "keep_workspaces"]

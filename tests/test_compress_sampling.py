@@ -86,3 +86,24 @@ def test_sample_by_needs_a_percent(tmp_path: Path, capsys: pytest.CaptureFixture
     src = write_jsonl(tmp_path / "in.jsonl", [trajectory(0, steps=1, response_words=5)])
     assert _run(f"--input={src}", "--sample_by=quality") == 2
     assert "--sample_by needs --sample_percent" in capsys.readouterr().err
+
+
+def test_quality_ranks_by_verification_score_first(tmp_path: Path) -> None:
+    """A run's verification score outranks the heuristic; unscored trajectories rank last."""
+    def verified(row: dict, score: float | None) -> dict:
+        row["verification"] = {"passed": None if score is None else score >= 0.5, "score": score,
+                               "method": "rubric", "detail": {}, "error": None if score is not None else "judge_invalid"}
+        return row
+
+    rows = [
+        verified(trajectory(0, steps=3, response_words=5), 0.2),  # heuristic 10, judged poorly
+        verified(trajectory(1, steps=3, response_words=5, completed=False, think=False), 0.9),  # heuristic 4
+        verified(trajectory(2, steps=3, response_words=5), None),  # could not be verified
+        verified(trajectory(3, steps=3, response_words=5, think=False), 0.9),  # heuristic 8: wins the tie at 0.9
+        verified(trajectory(4, steps=3, response_words=5), 0.5),
+    ]
+    assert quality(rows[1]).verification == 0.9 and quality(rows[2]).verification is None
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    assert select(src, 20, "quality", seed=1).chosen == {3}
+    assert select(src, 40, "quality", seed=1).chosen == {1, 3}
+    assert select(src, 80, "quality", seed=1).chosen == {0, 1, 3, 4}

@@ -62,6 +62,14 @@ FLAGS: list[tuple[str, str, str]] = [
     ("max_sandboxes", "int", "containers being created at once"),
     ("container_engine", "str", "auto, podman or docker: engine of the container sandbox"),
     ("local_instances", "int", "model instances of the local backend"),
+    ("samples_per_prompt", "int", "independent rollouts of every dataset row, each its own sample"),
+    ("stop_after_passes", "int", "start no more rollouts of a row once this many have passed verification"),
+    ("keep", "str", "all or passed: which trajectories go into trajectories.jsonl"),
+    ("check_timeout", "float", "seconds a row's check command may run"),
+    ("judge_model", "str", "model grading rows that have a rubric"),
+    ("judge_base_url", "str", "OpenAI-compatible API base URL of the judge model"),
+    ("judge_api_key_env", "str", "environment variable holding the judge endpoint's API key"),
+    ("judge_threshold", "float", "a rubric passes when the judge's score (0..1) is at least this"),
     ("executor", "str", "local or ray"),
     ("ray_address", "str", "Ray cluster address"),
 ]
@@ -99,6 +107,8 @@ _DEFAULT_WORDS = {
     "providers_allowed": "all", "providers_ignored": "none", "providers_order": "the router's",
     "provider_sort": "the router's", "reasoning_effort": "the model's", "ephemeral_system_prompt": "none",
     "prefill_messages_file": "none", "config": "none", "ray_address": "start a local Ray instance",
+    "stop_after_passes": "run every rollout", "judge_model": "the run's --model",
+    "judge_base_url": "the run's --base_url", "judge_api_key_env": "the run's key lookup",
 }
 
 

@@ -32,6 +32,13 @@ class _Strict(BaseModel):
 
 class TaskTypeConfig(_Strict):
     retry_limit: int = Field(1, ge=0, description="in-run retries of a failed sample of this type")
+    # Verification defaults for rows of this type (a row's own field wins); see trajforge.verify.
+    check: str | None = Field(None, min_length=1)
+    check_timeout: float | None = Field(None, gt=0)
+    expected: str | None = None
+    match: Literal["exact", "contains", "regex", "number"] | None = None
+    rubric: str | None = Field(None, min_length=1)
+    judge_threshold: float | None = Field(None, ge=0, le=1)
 
 
 class DistributionConfig(_Strict):
@@ -120,6 +127,14 @@ class RunConfig(_Strict):
     local_instances: int = Field(1, ge=1)
     executor: Literal["local", "ray"] = "local"
     ray_address: str | None = None
+    samples_per_prompt: int = Field(1, ge=1, le=10_000, description="independent rollouts of every row")
+    stop_after_passes: int | None = Field(None, ge=1, description="rollouts of a row not started after K passes")
+    keep: Literal["all", "passed"] = "all"
+    check_timeout: float = Field(300.0, gt=0, description="seconds a row's check may run")
+    judge_model: str | None = Field(None, min_length=1)
+    judge_base_url: str | None = Field(None, min_length=1)
+    judge_api_key_env: str | None = Field(None, min_length=1)
+    judge_threshold: float = Field(0.5, ge=0, le=1)
     task_types: dict[str, TaskTypeConfig] = Field(default_factory=dict)
     distributions: dict[str, DistributionConfig] = Field(default_factory=dict)
     tools: ToolsSettings = Field(default_factory=ToolsSettings)
@@ -127,7 +142,8 @@ class RunConfig(_Strict):
     @field_validator("batch_size", "max_turns", "num_workers", "max_samples", "max_tokens", "log_prefix_chars",
                      "timeout", "tool_timeout", "request_timeout", "max_retries", "seed", "max_sandboxes",
                      "sandbox_nproc", "container_pids_limit", "container_cpus", "image_pull_timeout",
-                     "local_instances", mode="before")
+                     "local_instances", "samples_per_prompt", "stop_after_passes", "check_timeout",
+                     "judge_threshold", mode="before")
     @classmethod
     def _no_bool_numbers(cls, v: Any) -> Any:
         # pydantic's lax mode reads True as 1; `max_turns: yes` in a config file is a mistake.
@@ -147,6 +163,13 @@ class RunConfig(_Strict):
         known = self.all_distributions()
         if self.distribution not in known:
             raise _UnknownDistribution(self.distribution, list(known))
+        return self
+
+    @model_validator(mode="after")
+    def _passes_within_rollouts(self) -> RunConfig:
+        if self.stop_after_passes is not None and self.stop_after_passes > self.samples_per_prompt:
+            raise ValueError(f"--stop_after_passes ({self.stop_after_passes}) must be at most "
+                             f"--samples_per_prompt ({self.samples_per_prompt})")
         return self
 
     def all_distributions(self) -> dict[str, Distribution]:
@@ -190,7 +213,8 @@ def _unknown_choice(what: str, value: str, allowed: list[str]) -> str:
     return f"unknown {what} {value!r}{_suggest(value, allowed)}"
 
 
-_NESTED_PARALLELISM = {"max_workers": "num_workers", "batch_size": "batch_size", "timeout": "timeout"}
+_NESTED_PARALLELISM = {"max_workers": "num_workers", "batch_size": "batch_size", "timeout": "timeout",
+                       "samples_per_prompt": "samples_per_prompt"}
 # Pydantic error types -> what is allowed, in words a user of the command line understands.
 _PLAIN = {"int_parsing": "must be a whole number", "int_type": "must be a whole number",
           "int_from_float": "must be a whole number", "float_parsing": "must be a number",

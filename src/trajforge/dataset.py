@@ -10,13 +10,15 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from trajforge.errors import DatasetError
+from trajforge.verify.spec import ROW_FIELDS as VERIFY_FIELDS
+from trajforge.verify.spec import VerifySpec, parse_row
 
 MAX_LISTED_PROBLEMS = 20
 _RUN_FIELDS = ("image", "cwd", "task_type")
@@ -32,6 +34,23 @@ class Sample:
     cwd: str | None = None
     task_type: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    verify: VerifySpec | None = None  # the row's check/expected/rubric fields (never shown to the model)
+    rollout: int = 0  # which of --samples_per_prompt rollouts of the row this sample is
+
+
+ROLLOUT_SEP = "#"
+
+
+def rollout_identity(row_identity: str, rollout: int) -> str:
+    """Rollout 0 keeps the row's identity, so a run with one rollout per prompt (and its resume)
+    matches runs made before rollouts existed; rollout k > 0 is "<row identity>#k"."""
+    return row_identity if rollout == 0 else f"{row_identity}{ROLLOUT_SEP}{rollout}"
+
+
+def split_rollout(identity: str) -> tuple[str, int]:
+    """(row identity, rollout number) of a sample identity."""
+    row, sep, k = identity.partition(ROLLOUT_SEP)
+    return (row, int(k)) if sep and k.isdigit() else (identity, 0)
 
 
 @dataclass(slots=True)
@@ -109,6 +128,8 @@ def load_dataset(path: Path, *, skip_invalid: bool = False, max_samples: int | N
         rows += 1
         if problem is None:
             problem, fields = _check_row(obj)
+        if problem is None:
+            problem, verify = parse_row(obj)
         if problem is not None:
             problems.append(f"{path}:{lineno}: {problem}")
             continue
@@ -119,6 +140,10 @@ def load_dataset(path: Path, *, skip_invalid: bool = False, max_samples: int | N
         seen[h] += 1
         extra = {k: v for k, v in obj.items() if k not in ("prompt", "image", "docker_image", *_RUN_FIELDS)}
         samples.append(Sample(len(samples), lineno, obj["prompt"], f"{h}:{occurrence}", extra=extra, **fields))
+        if verify is not None:  # verification fields are not "extra" row data: they never reach a record
+            for k in VERIFY_FIELDS:
+                extra.pop(k, None)
+            samples[-1] = replace(samples[-1], verify=verify)
     if problems and not skip_invalid:
         raise DatasetError(f"{path}: {len(problems)} invalid line(s); fix them or pass --skip_invalid to skip them",
                            _listed(problems))

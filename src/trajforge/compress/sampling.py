@@ -11,7 +11,12 @@ the same sample). `quality` keeps the highest-scoring trajectories:
                                            the system turn's <tools> list (unchecked when there
                                            is no parseable list)
 
-Ties go to the trajectory that used more distinct tools, then to a seeded hash of its number.
+When a trajectory carries a verification score (`verification.score`, written by a run whose
+rows have a check, expected answer or rubric), that score ranks first: a higher verification
+score always wins, and the formula above only orders trajectories with equal verification
+scores. A trajectory whose verification has no score (none asked, or it could not run) ranks
+below every scored one. Remaining ties go to the trajectory that used more distinct tools, then
+to a seeded hash of its number.
 A first pass counts the lines; only the k best are held in memory (a heap) during the scoring
 pass, so any input size works.
 """
@@ -32,8 +37,8 @@ import orjson
 from trajforge.compress.compressor import parse_entry
 from trajforge.compress.records import count_trajectories, iter_lines
 
-SCORE_FORMULA = ("4*finished + 2*tool_success_rate + 2*has_reasoning + 2*no_hallucinated_calls; "
-                 "ties: more distinct tools used, then a seeded hash")
+SCORE_FORMULA = ("verification.score when present, then 4*finished + 2*tool_success_rate + 2*has_reasoning + "
+                 "2*no_hallucinated_calls; ties: more distinct tools used, then a seeded hash")
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _TOOLS = re.compile(r"<tools>\s*(.*?)\s*</tools>", re.DOTALL)
 _REASONING = ("<think>", "<REASONING_SCRATCHPAD>")
@@ -44,6 +49,7 @@ class Quality:
     score: float
     distinct_tools: int
     parts: dict[str, float]
+    verification: float | None = None  # the run's verification score, ranked before `score`
 
 
 @dataclass(slots=True)
@@ -121,7 +127,13 @@ def quality(entry: dict[str, Any]) -> Quality:
              "no_hallucinated_calls": no_hallucination}
     score = 4 * finished + 2 * success_rate + 2 * reasoning + 2 * no_hallucination
     distinct = len({c for c in called if c is not None and c not in bad})
-    return Quality(round(score, 4), distinct, parts)
+    return Quality(round(score, 4), distinct, parts, verification_score(entry))
+
+
+def verification_score(entry: dict[str, Any]) -> float | None:
+    v = entry.get("verification")
+    score = v.get("score") if isinstance(v, dict) else None
+    return float(score) if isinstance(score, (int, float)) and not isinstance(score, bool) else None
 
 
 def _tiebreak(seed: int, ordinal: int) -> int:
@@ -138,12 +150,14 @@ def select(path: Path, percent: float | None, mode: str, seed: int) -> Selection
     if mode == "random":
         return Selection("random", total, set(random.Random(seed).sample(range(total), k)), {})
     # k is known before the scoring pass, so the heap never holds more than k entries.
-    heap: list[tuple[float, int, int, int]] = []  # min-heap of the best: (score, tools, tiebreak, ordinal)
+    # min-heap of the best: (verification score, score, tools, tiebreak, ordinal)
+    heap: list[tuple[float, float, int, int, int]] = []
     for raw in iter_lines(path):
         q = quality(parse_entry(raw.data, f"{path}:{raw.line_no}"))
-        item = (q.score, q.distinct_tools, _tiebreak(seed, raw.ordinal), raw.ordinal)
+        verified = -1.0 if q.verification is None else q.verification
+        item = (verified, q.score, q.distinct_tools, _tiebreak(seed, raw.ordinal), raw.ordinal)
         if len(heap) < k:
             heapq.heappush(heap, item)
         elif k and item > heap[0]:
             heapq.heapreplace(heap, item)
-    return Selection("quality", total, {o for *_, o in heap}, {o: s for s, _, _, o in heap})
+    return Selection("quality", total, {o for *_, o in heap}, {o: s for _, s, _, _, o in heap})

@@ -17,6 +17,14 @@ from trajforge.runner.outcome import Outcome
 from trajforge.tools.base import Unavailable
 
 
+class SampleSource(Protocol):
+    """Where workers take samples from when starting one depends on earlier outcomes (rollouts.py)."""
+
+    async def next(self) -> Sample | None: ...
+
+    def done(self, sample: Sample, outcome: Outcome) -> None: ...
+
+
 class Executor(Protocol):
     capacity: int
 
@@ -28,7 +36,7 @@ class Executor(Protocol):
 
 
 async def run_engine(
-    todo: Iterable[Sample],
+    todo: Iterable[Sample] | SampleSource,
     executor: Executor,
     sink: Callable[[Outcome], None],
     retry_limit: Callable[[Sample], int],
@@ -37,11 +45,12 @@ async def run_engine(
     grace: float = 5.0,
 ) -> bool:
     """Process every sample of `todo`; return True when interrupted by `stop`."""
-    samples = iter(todo)
+    source = todo if hasattr(todo, "done") else None
+    samples = iter(todo) if source is None else None  # type: ignore[arg-type]
 
     async def worker() -> None:
         while not stop.is_set():
-            sample = next(samples, None)
+            sample = next(samples, None) if samples is not None else await source.next()  # type: ignore[union-attr]
             if sample is None:
                 return
             limit = retry_limit(sample)
@@ -52,6 +61,8 @@ async def run_engine(
                     break
                 attempt += 1
             sink(outcome)
+            if source is not None:
+                source.done(sample, outcome)
 
     async def watch(tasks: list[asyncio.Task[None]]) -> None:
         stopped = asyncio.ensure_future(stop.wait())

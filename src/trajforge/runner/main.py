@@ -37,8 +37,10 @@ from trajforge.runner.merge import merge
 from trajforge.runner.outcome import Outcome
 from trajforge.runner.preflight import check_executor, choose_model, load_prefill, refuse_contradictions
 from trajforge.runner.progress import Progress
+from trajforge.runner.rollouts import RolloutScheduler, expand, finish_totals, passes_on_disk, prepare_totals
 from trajforge.runner.rundir import RunDir
 from trajforge.runner.stats import Totals, render_table
+from trajforge.verify.verifier import validate_verification
 
 log = logging.getLogger("trajforge")
 
@@ -62,6 +64,7 @@ def _run_checked(config: RunConfig) -> int:
     dataset = load_dataset(config.dataset_file, skip_invalid=config.skip_invalid, max_samples=config.max_samples)
     choose_model(config)
     check_executor(config)
+    validate_verification(config, dataset)
     rundir = RunDir(config.output_dir / config.run_name)
     rundir.acquire(resume=config.resume, overwrite=config.overwrite)
     _use_pidfd_child_watcher()
@@ -126,7 +129,8 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
     checkpoint = Checkpoint.load(run_dir / "checkpoint.json", config.run_name or "")
     scan_problems: list[str] = []
     recovered: list[Sample] = []
-    todo = plan(dataset.samples, run_dir, checkpoint, scan_problems, recovered)
+    samples = expand(dataset.samples, config.samples_per_prompt)  # every rollout of every row
+    todo = plan(samples, run_dir, checkpoint, scan_problems, recovered)
     for p in scan_problems:
         print(f"trajforge: {p}", file=sys.stderr)
     if recovered:
@@ -134,13 +138,15 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
               "record is missing or unreadable in the batch files: they run again", file=sys.stderr)
     if dataset.skipped:
         print(f"trajforge: skipped {len(dataset.skipped)} invalid dataset line(s)", file=sys.stderr)
-    print(f"trajforge: run '{config.run_name}': {len(dataset.samples)} samples, "
-          f"{len(dataset.samples) - len(todo)} already finished, {len(todo)} to run -> {run_dir}", file=sys.stderr)
+    print(f"trajforge: run '{config.run_name}': {len(samples)} samples, "
+          f"{len(samples) - len(todo)} already finished, {len(todo)} to run -> {run_dir}", file=sys.stderr)
     rundir.save_config(config.masked())
 
     batch_store = store.BatchStore(run_dir)
     invocation = Totals()
-    progress = Progress(len(dataset.samples), already=len(dataset.samples) - len(todo))
+    prepare_totals(invocation, config, samples)
+    invocation.verify.per_row = False
+    progress = Progress(len(samples), already=len(samples) - len(todo))
     fatal: FatalModelError | None = None
     interrupted = False
     stop = asyncio.Event()
@@ -191,7 +197,9 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
 
                 await prefetch_images(config, {s.image for s in todo if s.image})
             with progress:
-                interrupted = await run_engine(todo, executor, sink, lambda s: config.retry_limit(s.task_type), stop)
+                source = RolloutScheduler.build(todo, config.stop_after_passes,
+                                                passes_on_disk(run_dir) if config.stop_after_passes else None)
+                interrupted = await run_engine(source, executor, sink, lambda s: config.retry_limit(s.task_type), stop)
     except* FatalModelError as eg:
         fatal = eg.exceptions[0]  # type: ignore[assignment]
     finally:
@@ -212,7 +220,7 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
             halt(e)
     if failures:
         raise failures[0]  # trajectories.jsonl and statistics.json of the last good end stay as they are
-    stats = _finish(config, dataset.samples, run_dir, checkpoint, invocation, seconds)
+    stats = _finish(config, samples, run_dir, checkpoint, invocation, seconds)
     _print_summary(stats, run_dir)
     if fatal is not None:
         print(f"error: {fatal}", file=sys.stderr)
@@ -224,11 +232,13 @@ def _finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint:
             invocation: Totals, seconds: float) -> dict[str, Any]:
     totals = Totals()
     current = {s.identity: s.index for s in samples}
-    result = merge(run_dir, current, totals)
+    rows = prepare_totals(totals, config, samples)
+    result = merge(run_dir, current, totals, keep_passed=config.keep == "passed")
     for identity in result.hallucinated_ids:
         checkpoint.mark_discarded(identity, "hallucinated_tool")
     if result.hallucinated_ids:
         checkpoint.save(force=True)
+    finish_totals(totals, config, rows, result, checkpoint)
     for identity, entry in checkpoint.samples.items():
         if identity not in current or identity in result.finished:
             continue  # a sample no longer in the dataset, or one that a later attempt finished
@@ -248,6 +258,7 @@ def _finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint:
         "last_invocation": invocation.as_dict(total=None, seconds=seconds),
         "merge": {"written": result.written, "hallucinated_filtered": result.hallucinated,
                   "duplicates_ignored": result.duplicates, "not_in_dataset": result.stale,
+                  "not_kept": result.not_kept,
                   "problems": result.problems},
     }
     for p in result.problems:

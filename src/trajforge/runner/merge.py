@@ -18,10 +18,12 @@ from typing import BinaryIO
 import orjson
 
 from trajforge.errors import OutputError
+from trajforge.dataset import split_rollout
 from trajforge.jsonio import atomic_writer
 from trajforge.runner import store
 from trajforge.runner.stats import Totals
 from trajforge.tools.registry import KNOWN_TOOLS
+from trajforge.verify.result import passed
 
 _KNOWN = frozenset(KNOWN_TOOLS)
 
@@ -35,20 +37,28 @@ class MergeResult:
     finished: set[str]  # identities with a record in the batch files
     hallucinated_ids: list[str]  # identities whose record the corrupt-entry filter dropped
     stale: int = 0  # records of samples no longer in the dataset (left out of trajectories.jsonl)
+    not_kept: int = 0  # records left out by --keep passed (counted in the statistics all the same)
 
 
-def merge(run_dir: Path, current_index: dict[str, int], totals: Totals) -> MergeResult:
-    """Write run_dir/trajectories.jsonl and add every kept record to `totals`. Raises OutputError."""
+def merge(run_dir: Path, current_index: dict[str, int], totals: Totals, *, keep_passed: bool = False) -> MergeResult:
+    """Write run_dir/trajectories.jsonl and add every record to `totals` (kept or, with
+    `keep_passed`, left out because its verification did not pass). Raises OutputError."""
     target = run_dir / "trajectories.jsonl"
     try:
-        return _merge(run_dir, current_index, totals, target)
+        return _merge(run_dir, current_index, totals, target, keep_passed)
     except OSError as e:
         if e.filename is not None and Path(e.filename) != target and not Path(e.filename).name.startswith("."):
             raise OutputError(e.filename, e, "read") from None
         raise OutputError(target, e) from None
 
 
-def _merge(run_dir: Path, current_index: dict[str, int], totals: Totals, target: Path) -> MergeResult:
+def calls_unknown_tools(rec: dict) -> bool:
+    """The corrupt-entry filter: a record that called a tool it was not offered is dropped."""
+    return any(name not in _KNOWN for name in rec.get("tool_stats", {}))
+
+
+def _merge(run_dir: Path, current_index: dict[str, int], totals: Totals, target: Path,
+           keep_passed: bool) -> MergeResult:
     problems: list[str] = []
     refs: dict[str, store.LineRef] = {}
     duplicates = 0
@@ -57,10 +67,11 @@ def _merge(run_dir: Path, current_index: dict[str, int], totals: Totals, target:
             duplicates += 1
             continue
         refs[ref.identity] = ref
-    ordered = sorted(refs.values(), key=lambda r: (current_index.get(r.identity, 1 << 62), r.prompt_index))
+    ordered = sorted(refs.values(), key=lambda r: (current_index.get(r.identity, 1 << 62), r.prompt_index,
+                                                   split_rollout(r.identity)[1]))
     finished = set(refs)
     del refs
-    written = stale = 0
+    written = stale = not_kept = 0
     hallucinated: list[str] = []
     handles: dict[Path, BinaryIO] = {}
     try:
@@ -80,7 +91,7 @@ def _merge(run_dir: Path, current_index: dict[str, int], totals: Totals, target:
                     problems.append(f"{ref.path.name}: corrupt record of sample {ref.identity} ignored: {e}")
                     finished.discard(ref.identity)
                     continue
-                if any(name not in _KNOWN for name in rec.get("tool_stats", {})):
+                if calls_unknown_tools(rec):
                     hallucinated.append(ref.identity)
                     totals.discarded["hallucinated_tool"] += 1
                     continue
@@ -89,9 +100,12 @@ def _merge(run_dir: Path, current_index: dict[str, int], totals: Totals, target:
                     rec["prompt_index"] = idx  # the dataset was reordered: index in the current file
                     line = orjson.dumps(rec) + b"\n"
                 totals.add_record(rec)
+                if keep_passed and not passed(rec):
+                    not_kept += 1
+                    continue
                 w.write(line)
                 written += 1
     finally:
         for f in handles.values():
             f.close()
-    return MergeResult(written, len(hallucinated), duplicates, problems, finished, hallucinated, stale)
+    return MergeResult(written, len(hallucinated), duplicates, problems, finished, hallucinated, stale, not_kept)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trajforge.runner.outcome import FAILURE_CLASSES
+from trajforge.runner.verify_stats import VerifyTotals, table_rows
 
 
 @dataclass
@@ -30,6 +31,7 @@ class Totals:
     reasoning_tokens: int = 0
     cost: float = 0.0
     per_worker: Counter[str] = field(default_factory=Counter)
+    verify: VerifyTotals = field(default_factory=VerifyTotals)
 
     def add_usage(self, u: dict[str, Any], api_calls: int) -> None:
         self.api_calls += api_calls
@@ -51,6 +53,7 @@ class Totals:
         r = rec.get("reasoning") or {}
         self.assistant_turns += int(r.get("total_assistant_turns", 0))
         self.turns_with_reasoning += int(r.get("turns_with_reasoning", 0))
+        self.verify.add(rec)
 
     def as_dict(self, *, total: int | None = None, seconds: float | None = None) -> dict[str, Any]:
         tools = {
@@ -83,6 +86,7 @@ class Totals:
                        "reasoning": self.reasoning_tokens,
                        "total": self.prompt_tokens + self.completion_tokens},
             "cost": round(self.cost, 6),
+            "verification": self.verify.as_dict(self.cost),
         }
         if seconds is not None:
             out["duration_seconds"] = round(seconds, 3)
@@ -114,6 +118,7 @@ def render_table(stats: dict[str, Any]) -> Any:
              ("tokens (prompt/completion)", f"{run['tokens']['prompt']} / {run['tokens']['completion']}"),
              ("cost", f"${run['cost']:.4f}"), ("duration (all invocations)", f"{run.get('duration_seconds', 0):.1f}s"),
              ("throughput", f"{run.get('throughput_samples_per_minute') or 0:.1f} samples/min")]
+    rows += table_rows(run.get("verification") or {})
     last = stats.get("last_invocation")
     if last and stats.get("invocations", 1) > 1:
         ls = last["samples"]

@@ -1,8 +1,9 @@
 """SampleWorker: everything needed to turn one sample into an Outcome, built once per process.
 
 It owns the run-level resources (model client, toolsets) and, per sample, samples the toolsets,
-starts a fresh sandbox, runs the agent loop under the per-sample wall-clock limit, applies the
-no-reasoning filter and classifies failures. The local executor and every Ray actor each hold one.
+starts a fresh sandbox, runs the agent loop under the per-sample wall-clock limit, verifies the
+result (the row's check in the still-open sandbox, then its expected answer and rubric), applies
+the no-reasoning filter and classifies failures. The local executor and every Ray actor each hold one.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from trajforge.agent.loop import SessionResult, run_session
 from trajforge.agent.record import build_record
+from trajforge.agent.stats import reasoning_stats
 from trajforge.config import RunConfig
 from trajforge.dataset import Sample
 from trajforge.errors import FatalModelError
@@ -27,6 +29,8 @@ from trajforge.sandbox.factory import SandboxProvider
 from trajforge.tools.base import ToolContext, ToolInfraError, Toolset, Unavailable
 from trajforge.tools.distributions import sample_toolsets
 from trajforge.tools.registry import KNOWN_TOOLS, build_toolsets, tools_for
+from trajforge.verify.result import Part
+from trajforge.verify.verifier import Verifier, final_answer
 
 log = logging.getLogger("trajforge.worker")
 
@@ -39,6 +43,7 @@ class SampleWorker:
         self.worker_id = worker_id
         self.distribution = config.all_distributions()[config.distribution]
         self.model: ModelClient | None = None
+        self.verifier: Verifier | None = None
         self.toolsets: dict[str, Toolset] = {}
         self.unavailable: list[Unavailable] = []
         self._root_override = workspace_root
@@ -50,6 +55,7 @@ class SampleWorker:
         from trajforge.model.factory import make_client
 
         self.model = model or make_client(self.config.model_settings())
+        self.verifier = Verifier(self.config, self.model)
         wanted = [ts for ts, p in self.distribution.probabilities.items() if p > 0]
         self.toolsets, self.unavailable = await build_toolsets(wanted, self.config)
         self.sandboxes = await SandboxProvider(self.config).start()
@@ -67,6 +73,8 @@ class SampleWorker:
                 await ts.aclose()
             except Exception:  # closing one backend must not leak the others
                 log.exception("closing toolset %s", ts.name)
+        if self.verifier is not None:
+            await self.verifier.aclose()
         if self.model is not None:
             await self.model.aclose()
         if self.sandboxes is not None:
@@ -84,7 +92,7 @@ class SampleWorker:
                            seconds=time.monotonic() - started, worker=self.worker_id, **kw)
 
         try:
-            toolsets, session = await self._run(sample, trace)
+            toolsets, session, verification = await self._run(sample, trace)
         except FatalModelError:
             raise
         except TimeoutError:
@@ -99,12 +107,17 @@ class SampleWorker:
         assert self.model is not None
         record = build_record(session, prompt_index=sample.index, sample_id=sample.identity, batch_num=batch_num,
                               model=self.model.model_name, toolsets_used=toolsets, known_tools=KNOWN_TOOLS)
+        record["rollout"] = sample.rollout
+        if verification is not None:
+            record["verification"] = verification
         if not self.config.keep_no_reasoning and not record["reasoning"]["has_any_reasoning"]:
             return outcome("discarded", reason="no_reasoning", usage=record["usage"], api_calls=session.api_calls)
         return outcome("done", record=record)
 
-    async def _run(self, sample: Sample, trace: Any) -> tuple[list[str], SessionResult]:
-        assert self.model is not None and self.sandboxes is not None
+    async def _run(self, sample: Sample, trace: Any) -> tuple[list[str], SessionResult, dict[str, Any] | None]:
+        assert self.model is not None and self.verifier is not None and self.sandboxes is not None
+        spec = self.verifier.spec(sample)
+        check: Part | None = None
         sampled = sample_toolsets(self.distribution, self.config.seed, sample.identity)
         offered = [ts for ts in sampled if ts in self.toolsets]
         tools = tools_for(offered, self.toolsets)
@@ -113,11 +126,18 @@ class SampleWorker:
         sandbox = await self.sandboxes.create(cwd=sample.cwd, image=sample.image, root=self.workspace_root)
         try:
             ctx = ToolContext(sandbox, self.config, sample.identity)
-            async with asyncio.timeout(self.config.timeout), ctx.cleanup:
+            async with asyncio.timeout(self.config.timeout) as limit, ctx.cleanup:
                 session = await run_session(
                     sample.prompt, self.model, tools, ctx, max_turns=self.config.max_turns,
                     ephemeral_system_prompt=self.config.ephemeral_system_prompt, prefill=self.prefill, trace=trace,
                 )
+                if self._verifies(session):
+                    # The check has its own timeout; the sample's limit resumes for the cleanup after it.
+                    deadline, loop = limit.when(), asyncio.get_running_loop()
+                    left = None if deadline is None else deadline - loop.time()
+                    limit.reschedule(None)
+                    check = await self.verifier.in_sandbox(spec, sandbox)
+                    limit.reschedule(None if left is None else loop.time() + max(left, 0.0))
             tool_usage = ctx.state.get("tool_model_usage")
             if tool_usage is not None:  # tokens spent by vision/moa calls belong to the sample's cost
                 session.usage.add(tool_usage)
@@ -128,4 +148,13 @@ class SampleWorker:
             except asyncio.CancelledError:
                 await closing
                 raise
-        return offered, session
+        verification = None
+        if self._verifies(session):  # the answer and the judge need no sandbox: it is already closed
+            verification, judge_usage = await self.verifier.finish(
+                spec, check, task=sample.prompt, answer=final_answer(session.turns, session.end_reason))
+            session.usage.add(judge_usage)  # the judge's tokens are part of what this sample cost
+        return offered, session, verification
+
+    def _verifies(self, session: SessionResult) -> bool:
+        """Verification is skipped for a session the no-reasoning filter will discard anyway."""
+        return self.config.keep_no_reasoning or reasoning_stats(session)["has_any_reasoning"]

@@ -1,0 +1,176 @@
+"""Several rollouts per prompt: expanding rows into rollout samples, and scheduling them.
+
+With --samples_per_prompt N every row becomes N samples (rollout 0..N-1), each its own sample
+identity, toolset draw and sandbox, finished, failed and resumed like any other sample.
+
+With --stop_after_passes K a row's rollouts are started in order and never more than K - passes
+at once: a rollout is started only while the row's finished passes plus its rollouts in flight
+stay below K, so K passes are never exceeded, and which rollouts run does not depend on timing
+(it is always the shortest prefix of the row's rollouts holding K passes, or all of them). Once
+K have passed, the row's remaining rollouts are not started: `skipped_solved`. Rows take turns,
+so one row waiting for its rollout never holds the others back. A resumed run starts from the
+passes already in the batch files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import BinaryIO
+
+import orjson
+
+from trajforge.config import RunConfig
+from trajforge.dataset import Sample, rollout_identity, split_rollout
+from trajforge.runner import store
+from trajforge.runner.checkpoint import Checkpoint
+from trajforge.runner.merge import MergeResult, calls_unknown_tools
+from trajforge.runner.outcome import Outcome
+from trajforge.runner.stats import Totals
+from trajforge.verify.result import passed
+
+
+def expand(samples: list[Sample], n: int) -> list[Sample]:
+    """Every row's N rollouts, row after row; rollout 0 is the row itself."""
+    if n == 1:
+        return samples
+    return [s if k == 0 else replace(s, identity=rollout_identity(s.identity, k), rollout=k)
+            for s in samples for k in range(n)]
+
+
+def passes_on_disk(run_dir: Path) -> Counter[str]:
+    """Passing records per row identity in the batch files (first record of a sample wins)."""
+    seen: set[str] = set()
+    passes: Counter[str] = Counter()
+    handles: dict[Path, BinaryIO] = {}
+    try:
+        for ref in store.scan(run_dir):
+            if ref.identity in seen:
+                continue
+            seen.add(ref.identity)
+            f = handles.get(ref.path)
+            if f is None:
+                f = handles[ref.path] = ref.path.open("rb")
+            f.seek(ref.offset)
+            try:
+                rec = orjson.loads(f.read(ref.length))
+            except orjson.JSONDecodeError:
+                continue
+            if counts_as_pass(rec):
+                passes[split_rollout(ref.identity)[0]] += 1
+    finally:
+        for f in handles.values():
+            f.close()
+    return passes
+
+
+def counts_as_pass(rec: dict) -> bool:
+    """A pass the merge will keep: verified, and not dropped by the corrupt-entry filter."""
+    return passed(rec) and not calls_unknown_tools(rec)
+
+
+@dataclass
+class _Row:
+    pending: deque[Sample]
+    passes: int = 0
+    in_flight: int = 0
+    queued: bool = False
+
+
+@dataclass
+class RolloutScheduler:
+    """Hands samples to the engine's workers (`next`) and learns their outcomes (`done`)."""
+
+    stop_after: int | None
+    skipped: int = 0  # rollouts not started because their row had enough passes
+    _plain: Iterator[Sample] | None = None
+    _rows: dict[str, _Row] = field(default_factory=dict)
+    _ready: deque[_Row] = field(default_factory=deque)
+    _in_flight: int = 0
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @classmethod
+    def build(cls, todo: Iterable[Sample], stop_after: int | None,
+              prior_passes: Counter[str] | None = None) -> RolloutScheduler:
+        sched = cls(stop_after)
+        if stop_after is None:
+            sched._plain = iter(todo)
+            return sched
+        for s in todo:
+            key = split_rollout(s.identity)[0]
+            row = sched._rows.get(key)
+            if row is None:
+                row = sched._rows[key] = _Row(deque(), passes=(prior_passes or Counter())[key])
+            row.pending.append(s)
+        for row in sched._rows.values():
+            row.pending = deque(sorted(row.pending, key=lambda s: s.rollout))
+            sched._settle(row)
+        return sched
+
+    def _settle(self, row: _Row) -> None:
+        """Skip a solved row's remaining rollouts, or queue the row when it may start one."""
+        assert self.stop_after is not None
+        if row.passes >= self.stop_after and row.pending:
+            self.skipped += len(row.pending)
+            row.pending.clear()
+        if row.pending and not row.queued and row.passes + row.in_flight < self.stop_after:
+            row.queued = True
+            self._ready.append(row)
+
+    async def next(self) -> Sample | None:
+        """The next sample to start; None when nothing is left to start (or ever will be)."""
+        if self._plain is not None:
+            return next(self._plain, None)
+        while True:
+            self._changed.clear()
+            if self._ready:
+                row = self._ready.popleft()
+                row.queued = False
+                sample = row.pending.popleft()
+                row.in_flight += 1
+                self._in_flight += 1
+                self._settle(row)  # back in line behind the other rows if it may start another
+                return sample
+            if self._in_flight == 0:
+                return None
+            await self._changed.wait()  # an outcome in flight may make a row ready (or end the run)
+
+    def done(self, sample: Sample, outcome: Outcome) -> None:
+        if self._plain is not None:
+            return
+        row = self._rows[split_rollout(sample.identity)[0]]
+        row.in_flight -= 1
+        self._in_flight -= 1
+        if outcome.status == "done" and outcome.record is not None and counts_as_pass(outcome.record):
+            row.passes += 1
+        self._settle(row)
+        self._changed.set()
+
+
+def prepare_totals(totals: Totals, config: RunConfig, samples: list[Sample]) -> dict[str, list[Sample]]:
+    """Tell the run's totals what pass@k's k is and each row's task type; the rollouts by row."""
+    rows: dict[str, list[Sample]] = {}
+    for s in samples:
+        rows.setdefault(split_rollout(s.identity)[0], []).append(s)
+    totals.verify.k = config.samples_per_prompt
+    totals.verify.task_types = {row: rollouts[0].task_type for row, rollouts in rows.items()}
+    return rows
+
+
+def finish_totals(totals: Totals, config: RunConfig, rows: dict[str, list[Sample]], result: MergeResult,
+                  checkpoint: Checkpoint) -> None:
+    """After the merge: records left out by --keep passed, and the rollouts of solved rows that
+    never ran (no record, no outcome in the checkpoint). Counted from disk, so a resumed run
+    reports the same figures as one that ran straight through."""
+    totals.verify.not_kept = result.not_kept
+    if config.stop_after_passes is None:
+        return
+    for row, rollouts in rows.items():
+        seen = totals.verify.rows.get(row)
+        if seen is None or seen[2] < config.stop_after_passes:
+            continue
+        totals.verify.skipped_solved += sum(1 for s in rollouts
+                                            if s.identity not in result.finished and s.identity not in checkpoint.samples)
