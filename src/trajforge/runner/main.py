@@ -23,8 +23,11 @@ from trajforge.errors import FatalModelError, UsageError
 from trajforge.jsonio import atomic_write_json, dumps, loads
 from trajforge.runner import store
 from trajforge.runner.checkpoint import Checkpoint
+from trajforge.runner.budget import BUDGET_EXIT_CODE
 from trajforge.runner.engine import Executor, run_engine
+from trajforge.runner.governor import budget_for, check_prices
 from trajforge.runner.merge import merge
+from trajforge.runner.monitor import RunMonitor
 from trajforge.runner.outcome import Outcome
 from trajforge.runner.progress import Progress
 from trajforge.runner.rundir import RunDir
@@ -76,6 +79,7 @@ def run(config: RunConfig) -> int:
     prefill = load_prefill(config.prefill_messages_file)
     dataset = load_dataset(config.dataset_file, skip_invalid=config.skip_invalid, max_samples=config.max_samples)
     _choose_model(config)
+    check_prices(config)
     if config.executor == "ray":
         import importlib.util
 
@@ -159,16 +163,21 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
             if o.usage:
                 invocation.add_usage(o.usage, o.api_calls)
         invocation.per_worker[o.worker] += 1
+        this_invocation.update(budget.invocation_entry())  # saved with the checkpoint: the next --resume's prior spend
         checkpoint.record(o)
         checkpoint.save()
         progress.update(o)
 
     executor = make_executor(config, prefill, run_dir)
+    budget = budget_for(config, checkpoint.invocations, len(todo))
+    monitor = RunMonitor(getattr(executor, "gate", None), budget)
+    progress.extra = monitor.progress_text
     stop = asyncio.Event()
     this_invocation = checkpoint.begin_invocation(started_wall)
     checkpoint.save(force=True)
     _install_signals(stop, batch_store, checkpoint)
     flusher = asyncio.create_task(_flush_periodically(batch_store, checkpoint, progress))
+    sampler = asyncio.create_task(monitor.run())
     try:
         if todo:
             for u in await executor.start():
@@ -178,29 +187,39 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
 
                 await prefetch_images(config, {s.image for s in todo if s.image})
             with progress:
-                interrupted = await run_engine(todo, executor, sink, lambda s: config.retry_limit(s.task_type), stop)
+                interrupted = await run_engine(todo, executor, sink, lambda s: config.retry_limit(s.task_type), stop,
+                                               budget=budget)
     except* FatalModelError as eg:
         fatal = eg.exceptions[0]  # type: ignore[assignment]
     finally:
         flusher.cancel()
+        sampler.cancel()
+        monitor.tick()
         _remove_signals()  # the merge below is safe to interrupt: every file it writes is atomic
         await executor.aclose()
         batch_store.close()
         for msg in batch_store.repaired:
             print(f"trajforge: {msg}", file=sys.stderr)
         seconds = time.monotonic() - t0
-        this_invocation.update(ran=sum(invocation.per_worker.values()), interrupted=interrupted)
+        this_invocation.update(ran=sum(invocation.per_worker.values()), interrupted=interrupted,
+                               **budget.invocation_entry())
         checkpoint.save(force=True)
-    stats = _finish(config, dataset.samples, run_dir, checkpoint, invocation, seconds)
+    stats = _finish(config, dataset.samples, run_dir, checkpoint, invocation, seconds, extra=monitor.statistics())
     _print_summary(stats, run_dir)
     if fatal is not None:
         print(f"error: {fatal}", file=sys.stderr)
         return 1
-    return 130 if interrupted else 0
+    if interrupted:
+        return 130
+    if budget.reached:
+        for line in budget.stop_message():
+            print(line, file=sys.stderr)
+        return BUDGET_EXIT_CODE
+    return 0
 
 
 def _finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint: Checkpoint,
-            invocation: Totals, seconds: float) -> dict[str, Any]:
+            invocation: Totals, seconds: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     totals = Totals()
     current = {s.identity: s.index for s in samples}
     result = merge(run_dir, current, totals)
@@ -225,6 +244,7 @@ def _finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint:
                   "duplicates_ignored": result.duplicates, "not_in_dataset": result.stale,
                   "problems": result.problems},
     }
+    stats.update(extra or {})  # spend and concurrency (runner.monitor)
     for p in result.problems:
         print(f"trajforge: {p}", file=sys.stderr)
     if result.stale:

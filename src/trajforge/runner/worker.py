@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trajforge.agent.limits import SampleLimits
 from trajforge.agent.loop import SessionResult, run_session
 from trajforge.agent.record import build_record
 from trajforge.config import RunConfig
@@ -114,6 +115,7 @@ class SampleWorker:
                 session = await run_session(
                     sample.prompt, self.model, tools, ctx, max_turns=self.config.max_turns,
                     ephemeral_system_prompt=self.config.ephemeral_system_prompt, prefill=self.prefill, trace=trace,
+                    limits=SampleLimits(self.config.max_tokens_per_sample, self.config.max_cost_per_sample),
                 )
             tool_usage = ctx.state.get("tool_model_usage")
             if tool_usage is not None:  # tokens spent by vision/moa calls belong to the sample's cost
