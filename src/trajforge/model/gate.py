@@ -107,7 +107,7 @@ class ModelGate:
             ep.limiter.on_success(now, now - ticket.started, saturated=saturated)
         elif result == "overload":
             self.overloaded += 1
-            ep.limiter.on_overload(now)
+            ep.limiter.on_overload(now, ep.in_flight)
         else:
             ep.limiter.on_other(now)
         if self._tpm is not None:  # a failed call used no tokens: refund the estimate

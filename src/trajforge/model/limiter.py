@@ -1,12 +1,14 @@
 """The decisions behind model-call admission, as plain objects fed outcomes and clock values.
 
 - `AimdLimiter`: how many requests to one endpoint may be in flight. It starts at the ceiling
-  (`--num_workers`: a healthy provider loses no throughput to a slow start), grows by about one
-  per round trip while the limit is the bottleneck and calls succeed, and shrinks once per round
-  trip when that round trip saw 429s/503s (by the share of calls that got through, between x0.5
-  and x0.9: a flood of 429s halves it, the odd one at the edge trims 10%) or when latency climbed
-  well above the best seen (the provider is queueing us). One decision per round trip, because
-  a single overshoot comes back as a burst of 429s that must count once, not once each.
+  (`--num_workers`: a healthy provider loses no throughput to a slow start) and grows by about
+  one per round trip while the limit is the bottleneck and calls succeed. A 429/503 at once
+  lowers the limit to the requests still in flight: they are what the provider accepted, and a
+  slot freed by a refusal must not go straight to the next waiter, which would be refused too
+  (a storm of instant 429s). Within one round trip that cut stops at half the limit the round
+  trip began with; at its end, a round trip that saw refusals leaves the limit at most 0.9 of
+  that, one that saw latency climb well above the best seen (the provider queues us) takes 0.9
+  of it. Decisions are per round trip because one overshoot comes back as a burst of 429s.
 - `TokenBucket`: requests or tokens per minute. A call may start once the bucket holds what it
   needs (its estimate, at most the bucket's size) and may drive it negative; corrections after
   the reply (the real token count) are debited or refunded, so the long-run rate holds.
@@ -36,10 +38,11 @@ class AimdLimiter:
     latency: float | None = field(default=None, init=False)  # EWMA of successful calls' seconds
     best_latency: float | None = field(default=None, init=False)
     decreases: int = field(default=0, init=False)
+    window_limit: float = field(init=False)  # the limit when the current window began
 
     def __post_init__(self) -> None:
         self.ceiling = max(self.floor, self.ceiling)
-        self.limit = float(self.ceiling)
+        self.limit = self.window_limit = float(self.ceiling)
 
     @property
     def value(self) -> int:
@@ -61,12 +64,15 @@ class AimdLimiter:
         if saturated and not self.overloaded and not self._slow():
             self.limit = min(float(self.ceiling), self.limit + 1.0 / max(self.limit, 1.0))
 
-    def on_overload(self, now: float) -> None:
-        """The provider answered 429 (or 503): too much, too fast."""
+    def on_overload(self, now: float, in_flight: int) -> None:
+        """The provider answered 429 (or 503) while `in_flight` other requests were out."""
         if not self.adaptive:
             return
         self._roll(now)
         self.overloaded += 1
+        lowest = max(float(self.floor), 0.5 * self.window_limit)
+        if in_flight < self.limit:
+            self.limit = max(lowest, float(in_flight))
 
     def on_other(self, now: float) -> None:
         """A failure that says nothing about load (timeout, 4xx, dropped connection)."""
@@ -85,19 +91,16 @@ class AimdLimiter:
         if now - self.window_start < self.window():
             return
         if self.overloaded:
-            through = self.ok / (self.ok + self.overloaded)
-            self._shrink(min(0.9, max(0.5, through)))
+            self.limit = max(float(self.floor), min(self.limit, 0.9 * self.window_limit))
+            self.decreases += 1
         elif self._slow():
-            self._shrink(self.latency_backoff)
+            self.limit = max(float(self.floor), self.limit * self.latency_backoff)
+            self.decreases += 1
             # Latency shifts for good (longer conversations answer slower): forget part of the
             # best figure each time it triggers, so a new normal stops shrinking the limit.
             assert self.best_latency is not None and self.latency is not None
             self.best_latency += 0.25 * (self.latency - self.best_latency)
-        self.window_start, self.ok, self.overloaded = now, 0, 0
-
-    def _shrink(self, factor: float) -> None:
-        self.limit = max(float(self.floor), self.limit * factor)
-        self.decreases += 1
+        self.window_start, self.ok, self.overloaded, self.window_limit = now, 0, 0, self.limit
 
 
 @dataclass
