@@ -55,6 +55,12 @@ VALUES: dict[str, tuple[str, object]] = {
     "executor": ("local", "local"),
     "ray_address": ("127.0.0.1:6379", "127.0.0.1:6379"),
     "container_engine": ("podman", "podman"),
+    "max_cost": ("12.5", 12.5),
+    "max_cost_per_sample": ("0.25", 0.25),
+    "max_tokens_per_sample": ("50000", 50000),
+    "adaptive_concurrency": ("false", False),
+    "max_requests_per_minute": ("600", 600.0),
+    "max_tokens_per_minute": ("200000", 200000.0),
 }
 BOOLS = ["resume", "overwrite", "verbose", "reasoning_disabled", "skip_invalid", "keep_no_reasoning",
          "keep_workspaces"]
