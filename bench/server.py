@@ -8,6 +8,11 @@ latency and returns one of K+1 reply bodies encoded once at start-up. Replies: K
 
 Latency is uniform in [latency * (1 - jitter), latency * (1 + jitter)], so its mean is `latency`.
 The server counts requests and tracks the maximum number in flight at once.
+
+With `cap=N` it plays a provider with a concurrency limit: a request arriving while N are being
+served is answered 429 at once (no Retry-After). It then logs every request (arrival time,
+whether it was refused) and samples the number in flight every 0.1 s, so the benchmark can say
+where the runner settled and how many 429s it caused after the first seconds.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 from aiohttp import web
@@ -56,14 +61,19 @@ class ServerStats:
     errors: int = 0
     first_request: float = 0.0  # time.monotonic() of the first request and of the last reply
     last_reply: float = 0.0
+    rejected: int = 0  # 429s sent by the concurrency cap
+    log: list[tuple[float, bool]] = field(default_factory=list)  # (arrival, refused) with a cap
+    in_flight_samples: list[tuple[float, int]] = field(default_factory=list)  # (time, in flight) with a cap
 
 
 class BenchServer:
     """aiohttp on 127.0.0.1:<free port>, running on the caller's event loop."""
 
     def __init__(self, *, turns: int, latency: float, jitter: float = 0.1, seed: int = 0,
-                 command: str = "echo bench-$((6*7))") -> None:
+                 command: str = "echo bench-$((6*7))", cap: int | None = None) -> None:
         self.turns = turns
+        self.cap = cap
+        self._sampler: asyncio.Task[None] | None = None
         self.latency = latency
         self.jitter = jitter
         self.stats = ServerStats()
@@ -81,6 +91,13 @@ class BenchServer:
         if not st.requests:
             st.first_request = time.monotonic()
         st.requests += 1
+        if self.cap is not None:
+            refused = st.in_flight >= self.cap
+            st.log.append((time.monotonic(), refused))
+            if refused:
+                st.rejected += 1
+                return web.Response(status=429, body=b'{"error":{"message":"too many concurrent requests","code":429}}',
+                                    content_type="application/json")
         st.in_flight += 1
         st.max_in_flight = max(st.max_in_flight, st.in_flight)
         try:
@@ -105,7 +122,17 @@ class BenchServer:
         site = web.TCPSite(self._runner, "127.0.0.1", 0, backlog=8192)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        if self.cap is not None:
+            self._sampler = asyncio.create_task(self._sample_in_flight())
+
+    async def _sample_in_flight(self) -> None:
+        while True:
+            await asyncio.sleep(0.1)
+            if self.stats.requests:
+                self.stats.in_flight_samples.append((time.monotonic(), self.stats.in_flight))
 
     async def aclose(self) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
         if self._runner is not None:
             await self._runner.cleanup()

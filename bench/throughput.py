@@ -13,6 +13,11 @@ The output is checked too: a run only counts when every prompt produced a comple
 
 Each sweep point runs in a fresh benchmark process so the kernel's children-usage counters (and
 so the peak RSS) belong to that point alone.
+
+`--cap N` plays a provider that answers 429 above N concurrent requests (bench.server), and the
+row then says where the runner settled: the mean number in flight at the server and the share of
+requests refused, both after the first `--settle` seconds. `--flags` passes more run flags
+(e.g. `--flags=--adaptive_concurrency=false`).
 """
 
 from __future__ import annotations
@@ -119,10 +124,11 @@ def check_output(run_dir: Path, prompts: int, turns: int) -> tuple[int, list[str
 
 async def run_scenario(*, prompts: int, turns: int, latency: float, jitter: float, workers: int,
                        sandbox: str, batch_size: int, workdir: Path, profile: Path | None = None,
-                       pyspy: Path | None = None, runner: str | None = None) -> dict[str, Any]:
+                       pyspy: Path | None = None, runner: str | None = None, cap: int | None = None,
+                       flags: list[str] | None = None, settle: float = 10.0) -> dict[str, Any]:
     dataset = workdir / "dataset.jsonl"
     write_dataset(dataset, prompts)
-    server = BenchServer(turns=turns, latency=latency, jitter=jitter)
+    server = BenchServer(turns=turns, latency=latency, jitter=jitter, cap=cap)
     await server.start()
     env = {k: v for k, v in os.environ.items() if k not in ("OPENROUTER_API_KEY", "OPENAI_API_KEY")}
     env["PYTHONPATH"] = str(REPO / "src")
@@ -132,7 +138,7 @@ async def run_scenario(*, prompts: int, turns: int, latency: float, jitter: floa
     if pyspy:  # a sampling profile (collapsed stacks) at real proportions; py-spy's own CPU is counted too
         prefix = [shutil.which("py-spy") or "py-spy", "record", "-r", "200", "-f", "raw", "-o", str(pyspy), "--",
                   *prefix]
-    argv = prefix + cli_args(dataset, server.url, workers, sandbox, batch_size)
+    argv = prefix + cli_args(dataset, server.url, workers, sandbox, batch_size) + (flags or [])
     load_before = os.getloadavg()[0]
     self0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.monotonic()
@@ -162,7 +168,19 @@ async def run_scenario(*, prompts: int, turns: int, latency: float, jitter: floa
         # where the wall time went: runner start-up until its first request, the first request to
         # the last reply, and the last reply until the runner exited (merge, statistics)
         "startup_s": first - t0, "serving_s": last - first, "finish_s": t0 + wall - last,
+        **(cap_figures(server, settle) if cap is not None else {}),
     }
+
+
+def cap_figures(server: BenchServer, settle: float) -> dict[str, Any]:
+    """Where a run against a capped server settled, counted from `settle` s after its first request."""
+    st = server.stats
+    since = st.first_request + settle
+    late = [refused for t, refused in st.log if t >= since]
+    flight = [n for t, n in st.in_flight_samples if t >= since and t <= st.last_reply]
+    return {"cap": server.cap, "rejected": st.rejected, "rejected_share": st.rejected / max(1, st.requests),
+            "late_requests": len(late), "late_rejected_share": sum(late) / len(late) if late else None,
+            "late_mean_in_flight": sum(flight) / len(flight) if flight else None}
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -188,7 +206,8 @@ def one(args: argparse.Namespace) -> dict[str, Any]:
             prompts=args.prompts, turns=args.turns, latency=args.latency, jitter=args.jitter,
             workers=args.num_workers, sandbox=args.sandbox, batch_size=args.batch_size, workdir=workdir,
             profile=Path(args.profile).resolve() if args.profile else None,
-            pyspy=Path(args.pyspy).resolve() if args.pyspy else None, runner=args.runner))
+            pyspy=Path(args.pyspy).resolve() if args.pyspy else None, runner=args.runner, cap=args.cap,
+            flags=args.flags.split() if args.flags else None, settle=args.settle))
 
 
 def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -221,6 +240,9 @@ def main() -> None:
     ap.add_argument("--pyspy", help="write a py-spy sampling profile (raw collapsed stacks) to this file")
     ap.add_argument("--runner", help="command that runs the CLI, e.g. '.venv/bin/trajforge' (default: python -m trajforge)")
     ap.add_argument("--keep", help="use (and keep) this directory for the run's files")
+    ap.add_argument("--cap", type=int, help="the server answers 429 above this many concurrent requests")
+    ap.add_argument("--settle", type=float, default=10.0, help="with --cap: seconds left out of the settled figures")
+    ap.add_argument("--flags", help="more run flags for the CLI, space-separated")
     args = ap.parse_args()
     if args.sweep:
         print(f"machine: {machine()}")
@@ -240,6 +262,13 @@ def main() -> None:
               f"1-min load average before the run {row['load_before']:.2f}")
         print(f"a zero-overhead pool with this latency jitter would take {row['pool_ideal_s']:.2f}s "
               f"(efficiency against it: {row['pool_efficiency']:.2f})")
+        if args.cap is not None:
+            share = row["late_rejected_share"]
+            flight = row["late_mean_in_flight"]
+            print(f"cap {args.cap}: {row['rejected']} of {row['requests']} requests refused (429) "
+                  f"({100 * row['rejected_share']:.1f}%); after the first {args.settle:g}s: "
+                  f"{'-' if share is None else f'{100 * share:.2f}%'} of {row['late_requests']} refused, "
+                  f"mean in flight {'-' if flight is None else f'{flight:.1f}'}")
 
 
 if __name__ == "__main__":

@@ -63,6 +63,12 @@ VALUES: dict[str, tuple[str, object]] = {
     "judge_base_url": ("http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1"),
     "judge_api_key_env": ("JUDGE_KEY", "JUDGE_KEY"),
     "judge_threshold": ("0.7", 0.7),
+    "max_cost": ("12.5", 12.5),
+    "max_cost_per_sample": ("0.25", 0.25),
+    "max_tokens_per_sample": ("50000", 50000),
+    "adaptive_concurrency": ("false", False),
+    "max_requests_per_minute": ("600", 600.0),
+    "max_tokens_per_minute": ("200000", 200000.0),
 }
 BOOLS = ["resume", "overwrite", "verbose", "reasoning_disabled", "skip_invalid", "keep_no_reasoning",
          "keep_workspaces"]

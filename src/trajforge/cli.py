@@ -72,9 +72,27 @@ FLAGS: list[tuple[str, str, str]] = [
     ("judge_threshold", "float", "a rubric passes when the judge's score (0..1) is at least this"),
     ("executor", "str", "local or ray"),
     ("ray_address", "str", "Ray cluster address"),
+    ("max_cost", "float", "USD budget of the whole run (all invocations): no new samples once reached, exit code 4"),
+    ("max_cost_per_sample", "float", "USD per sample: a sample reaching it ends as partial"),
+    ("max_tokens_per_sample", "int", "prompt+completion tokens per sample: a sample reaching it ends as partial"),
+    ("adaptive_concurrency", "switch", "true/false: adapt requests in flight to 429s and latency, "
+                                       "up to --num_workers"),
+    ("max_requests_per_minute", "float", "model requests per minute, all calls of the run (tools' included)"),
+    ("max_tokens_per_minute", "float", "model tokens per minute, all calls of the run (tools' included)"),
 ]
 _FLAG_NAMES = [f for f, _, _ in FLAGS]
-_PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "path": Path, "str": str, "csv": str}
+_SWITCH = {"true": True, "on": True, "yes": True, "1": True, "false": False, "off": False, "no": False, "0": False}
+
+
+def _switch(text: str) -> bool:
+    try:
+        return _SWITCH[text.strip().lower()]
+    except KeyError:
+        raise ValueError(text) from None
+
+
+_PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "path": Path, "str": str, "csv": str,
+                                             "switch": _switch}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -88,7 +106,7 @@ class _Parser(argparse.ArgumentParser):
 def typed(kind: str, flag: str) -> Callable[[str], Any]:
     """An argparse `type` for int/float/path/str values whose error names what is allowed."""
     convert = _PARSERS[kind]
-    allowed = {"int": "a whole number", "float": "a number"}.get(kind, "a value")
+    allowed = {"int": "a whole number", "float": "a number", "switch": "true or false"}.get(kind, "a value")
 
     def parse(text: str) -> Any:
         try:
@@ -109,6 +127,8 @@ _DEFAULT_WORDS = {
     "prefill_messages_file": "none", "config": "none", "ray_address": "start a local Ray instance",
     "stop_after_passes": "run every rollout", "judge_model": "the run's --model",
     "judge_base_url": "the run's --base_url", "judge_api_key_env": "the run's key lookup",
+    "adaptive_concurrency": "true", "max_cost": "no limit", "max_cost_per_sample": "no limit",
+    "max_tokens_per_sample": "no limit", "max_requests_per_minute": "no limit", "max_tokens_per_minute": "no limit",
 }
 
 
@@ -140,6 +160,9 @@ def make_parser(prog: str, strict_required: bool = True) -> _Parser:
         help_text += _default_text(name, strict_required)
         if kind == "bool":
             parser.add_argument(*opts, dest=name, action="store_true", help=help_text)
+        elif kind == "switch":  # `--flag` alone means true; `--flag false` turns a default-on setting off
+            parser.add_argument(*opts, dest=name, type=typed(kind, name), nargs="?", const=True, metavar="BOOL",
+                                help=help_text)
         else:
             parser.add_argument(*opts, dest=name, type=typed(kind, name), metavar=kind.upper(), help=help_text)
     parser.add_argument("--version", action="version", version=f"trajforge {__version__}")

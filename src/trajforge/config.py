@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from trajforge.errors import ConfigError, UsageError
+from trajforge.model.pricing import Price
 from trajforge.model.types import ModelSettings
 from trajforge.tools.distributions import TOOLSETS, Distribution, all_distributions
 from trajforge.tools.settings import ToolsSettings
@@ -39,6 +40,14 @@ class TaskTypeConfig(_Strict):
     match: Literal["exact", "contains", "regex", "number"] | None = None
     rubric: str | None = Field(None, min_length=1)
     judge_threshold: float | None = Field(None, ge=0, le=1)
+
+
+class PriceConfig(_Strict):
+    """USD per million tokens of one model (config `pricing`), for providers that report no cost."""
+
+    prompt: float = Field(ge=0)
+    completion: float = Field(ge=0)
+    cached_prompt: float | None = Field(None, ge=0, description="default: the prompt price")
 
 
 class DistributionConfig(_Strict):
@@ -138,12 +147,21 @@ class RunConfig(_Strict):
     task_types: dict[str, TaskTypeConfig] = Field(default_factory=dict)
     distributions: dict[str, DistributionConfig] = Field(default_factory=dict)
     tools: ToolsSettings = Field(default_factory=ToolsSettings)
+    # Spend and load control (runner.budget, model.gate).
+    max_cost: float | None = Field(None, gt=0, description="USD for the whole run, over all invocations")
+    max_cost_per_sample: float | None = Field(None, gt=0)
+    max_tokens_per_sample: int | None = Field(None, ge=1)
+    adaptive_concurrency: bool = True
+    max_requests_per_minute: float | None = Field(None, gt=0)
+    max_tokens_per_minute: float | None = Field(None, gt=0)
+    pricing: dict[str, PriceConfig] = Field(default_factory=dict)
 
     @field_validator("batch_size", "max_turns", "num_workers", "max_samples", "max_tokens", "log_prefix_chars",
                      "timeout", "tool_timeout", "request_timeout", "max_retries", "seed", "max_sandboxes",
                      "sandbox_nproc", "container_pids_limit", "container_cpus", "image_pull_timeout",
                      "local_instances", "samples_per_prompt", "stop_after_passes", "check_timeout",
-                     "judge_threshold", mode="before")
+                     "judge_threshold", "max_cost", "max_cost_per_sample", "max_tokens_per_sample",
+                     "max_requests_per_minute", "max_tokens_per_minute", mode="before")
     @classmethod
     def _no_bool_numbers(cls, v: Any) -> Any:
         # pydantic's lax mode reads True as 1; `max_turns: yes` in a config file is a mistake.
@@ -192,6 +210,7 @@ class RunConfig(_Strict):
             providers_order=self.providers_order, provider_sort=self.provider_sort,
             reasoning_effort=self.reasoning_effort, reasoning_disabled=self.reasoning_disabled,
             local_instances=self.local_instances,
+            pricing={name: Price(p.prompt, p.completion, p.cached_prompt) for name, p in self.pricing.items()},
         )
 
     def masked(self) -> dict[str, Any]:

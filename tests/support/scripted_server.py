@@ -5,6 +5,10 @@ talk to it. Each POST is passed to a handler that returns a `Reply`; replies can
 completions (content, tool calls, reasoning in any provider shape, usage), HTTP errors with
 headers, delays (for timeouts and concurrency), or a dropped connection. Every request is
 recorded, and the maximum number of requests in flight at once is tracked.
+
+A provider's limits can be emulated: `concurrency_cap=N` answers 429 at once to a request that
+would be the N+1th in flight (counted in `rejected`, with `cap_headers`, e.g. a Retry-After);
+`with_usage` makes a handler's replies report given tokens and cost (OpenRouter's usage.cost).
 """
 
 from __future__ import annotations
@@ -75,11 +79,35 @@ def http_error(status: int, message: str = "error", headers: dict[str, str] | No
 Handler = Callable[[Recorded], Reply]
 
 
+def with_usage(handler: Handler, prompt_tokens: int, completion_tokens: int, cost: float | None = None,
+               cached_tokens: int = 0) -> Handler:
+    """`handler` whose successful chat replies report this usage; `cost`: the provider's own
+    charge per call (usage.cost), None for a provider that reports tokens only."""
+
+    def handle(req: Recorded) -> Reply:
+        reply = handler(req)
+        if reply.status == 200 and isinstance(reply.body, dict) and "choices" in reply.body:
+            usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                                     "total_tokens": prompt_tokens + completion_tokens}
+            if cached_tokens:
+                usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+            if cost is not None:
+                usage["cost"] = cost
+            reply.body["usage"] = usage
+        return reply
+
+    return handle
+
+
 class ScriptedServer:
     """Use as a context manager; `url` is the base URL to pass as --base_url."""
 
-    def __init__(self, handler: Handler | None = None) -> None:
+    def __init__(self, handler: Handler | None = None, *, concurrency_cap: int | None = None,
+                 cap_headers: dict[str, str] | None = None) -> None:
         self.handler = handler
+        self.concurrency_cap = concurrency_cap
+        self.cap_headers = cap_headers or {}
+        self.rejected = 0  # requests answered 429 by the concurrency cap
         self._queue: list[Reply] = []
         self.requests: list[Recorded] = []
         self.in_flight = 0
@@ -111,6 +139,10 @@ class ScriptedServer:
         rec = Recorded(request.path, body, dict(request.headers))
         with self._lock:
             self.requests.append(rec)
+            if self.concurrency_cap is not None and self.in_flight >= self.concurrency_cap:
+                self.rejected += 1
+                capped = http_error(429, "too many concurrent requests", headers=self.cap_headers)
+                return web.json_response(capped.body, status=429, headers=capped.headers)
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             reply = self._queue.pop(0) if self._queue else None

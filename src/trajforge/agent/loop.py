@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trajforge.agent.args import parse_arguments
+from trajforge.agent.limits import SampleLimits
 from trajforge.agent.prompts import runtime_system_message
 from trajforge.model.errors import APIFailure, ModelOutputError
 from trajforge.model.types import Completion, ModelClient, ToolCall, Usage
@@ -48,7 +49,7 @@ class SessionResult:
     partial: bool
     api_calls: int
     usage: Usage
-    end_reason: str  # "answer" | "length" | "max_turns"
+    end_reason: str  # "answer" | "length" | "max_turns" | "max_tokens_per_sample" | "max_cost_per_sample"
 
 
 def _assistant_message(c: Completion) -> dict[str, Any]:
@@ -90,6 +91,7 @@ async def run_session(
     ephemeral_system_prompt: str | None = None,
     prefill: list[dict[str, Any]] | None = None,
     trace: Any = None,
+    limits: SampleLimits | None = None,
 ) -> SessionResult:
     """Run the loop for one prompt. Model errors propagate (the runner classifies them)."""
     by_name = {t.name: t for t in tools}
@@ -124,5 +126,10 @@ async def run_session(
             if trace is not None:
                 trace("tool", res)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": res.result})
+        if limits is not None:
+            reached = limits.reached(usage, ctx.state.get("tool_model_usage"))
+            if reached is not None:
+                end_reason = reached
+                break
     completed = end_reason == "answer"
     return SessionResult(prompt, schemas, turns, completed, not completed, len(turns), usage, end_reason)

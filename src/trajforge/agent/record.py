@@ -34,6 +34,7 @@ def build_record(
         "metadata": {"batch_num": batch_num, "timestamp": ts, "model": model},
         "completed": session.completed,
         "partial": session.partial,
+        "end_reason": session.end_reason,
         "api_calls": session.api_calls,
         "toolsets_used": toolsets_used,
         "tool_stats": stats,

@@ -1,4 +1,8 @@
-"""The in-process executor: one SampleWorker serving `num_workers` concurrent sessions."""
+"""The in-process executor: one SampleWorker serving `num_workers` concurrent sessions.
+
+Its model gate (runner.governor.gate_for) is bound to every session, so each model request of
+the run, tools' included, waits there for its turn.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,9 @@ from typing import Any
 
 from trajforge.config import RunConfig
 from trajforge.dataset import Sample
+from trajforge.model import gate as model_gate
 from trajforge.model.types import ModelClient
+from trajforge.runner.governor import gate_for
 from trajforge.runner.outcome import Outcome
 from trajforge.runner.worker import SampleWorker
 from trajforge.tools.base import Unavailable
@@ -24,13 +30,15 @@ class LocalExecutor:
         self._worker = SampleWorker(config, prefill=prefill, workspace_root=workspace_root)
         self._verbose = config.verbose
         self._chars = config.log_prefix_chars
+        self.gate = gate_for(config)
 
     async def start(self) -> list[Unavailable]:
         return await self._worker.start(self._model)
 
     async def process(self, sample: Sample, attempt: int) -> Outcome:
         trace = _tracer(sample, self._worker.config.batch_size or 1, self._chars) if self._verbose else None
-        return await self._worker.process(sample, attempt=attempt, trace=trace)
+        with model_gate.bound(self.gate):
+            return await self._worker.process(sample, attempt=attempt, trace=trace)
 
     async def aclose(self) -> None:
         await self._worker.aclose()

@@ -30,8 +30,11 @@ from trajforge.config import RunConfig
 from trajforge.dataset import Sample
 from trajforge.errors import TrajforgeError, UsageError
 from trajforge.executors.local import _tracer
+from trajforge.model import gate as model_gate
+from trajforge.model import spend
 from trajforge.model.factory import resolve_api_key
 from trajforge.redact import REGISTRY, run_secrets
+from trajforge.runner.governor import gate_for
 from trajforge.runner.outcome import Outcome
 from trajforge.runner.worker import SampleWorker
 from trajforge.tools.base import Unavailable
@@ -58,10 +61,14 @@ LOCAL_OBJECT_STORE = 256 * 1024 * 1024  # outcomes are small; the default takes 
 
 @ray.remote(num_cpus=0)
 class SampleActor:
-    """One SampleWorker on one node. API keys in the node's environment win over the driver's."""
+    """One SampleWorker on one node. API keys in the node's environment win over the driver's.
+
+    It has its own model gate for its `size` sessions, with size/num_workers of the run's
+    per-minute budgets, and reports what each sample spent in Outcome.cost (the driver's budget
+    sees no model call of the actor)."""
 
     def __init__(self, config: RunConfig, prefill: list[dict[str, Any]] | None, worker_id: str,
-                 driver_key: str | None) -> None:
+                 driver_key: str | None, size: int = MAX_ACTOR_SESSIONS) -> None:
         if config.verbose:
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
         if config.api_key is None:
@@ -71,6 +78,7 @@ class SampleActor:
         REGISTRY.add(*run_secrets(config))  # this node's keys: the driver cannot scrub what it never knew
         self._worker = SampleWorker(config, prefill=prefill, worker_id=worker_id or os.environ.get(WORKER_ENV)
                                     or f"ray-{ray.get_runtime_context().get_node_id()[:8]}")
+        self._gate = gate_for(config, share=size / max(1, config.num_workers))
 
     async def start(self) -> list[Unavailable]:
         return await self._worker.start()
@@ -78,7 +86,10 @@ class SampleActor:
     async def process(self, sample: Sample, attempt: int) -> Outcome:
         cfg = self._worker.config
         trace = _tracer(sample, cfg.batch_size or 1, cfg.log_prefix_chars) if cfg.verbose else None
-        outcome = await self._worker.process(sample, attempt=attempt, trace=trace)
+        meter = spend.SampleSpend()
+        with model_gate.bound(self._gate), spend.bound(meter):
+            outcome = await self._worker.process(sample, attempt=attempt, trace=trace)
+        outcome.cost = meter.cost
         return outcome.scrubbed(REGISTRY.value)
 
     async def aclose(self) -> None:
@@ -250,7 +261,7 @@ class RayExecutor:
         driver_key = None if self._config.api_key else resolve_api_key(None, os.environ)
         handle = SampleActor.options(  # type: ignore[attr-defined]
             max_concurrency=size, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-        ).remote(self._config, self._prefill, label, driver_key)
+        ).remote(self._config, self._prefill, label, driver_key, size)
         try:
             async with asyncio.timeout(START_TIMEOUT):
                 unavailable = await handle.start.remote()

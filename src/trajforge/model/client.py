@@ -8,6 +8,11 @@ the policy here is the only one: 429, 5xx, 408/409, timeouts and dropped connect
 with exponential backoff and full jitter (or the server's Retry-After, capped); other 4xx fail at
 once. The API key is held only by the transport and is scrubbed from every message this module
 builds.
+
+When the runner has bound a model.gate.ModelGate, every attempt waits there for its turn and
+reports how it went (the gate's limiter adapts to 429s and latency); a Retry-After then pauses the
+whole endpoint at the gate instead of this one request. Each successful call is priced
+(model.pricing) and charged to the running sample (model.spend).
 """
 
 from __future__ import annotations
@@ -23,19 +28,23 @@ from typing import Any
 import orjson
 
 from trajforge.errors import FatalModelError
+from trajforge.model import gate as model_gate
+from trajforge.model import spend
 from trajforge.model.errors import APIFailure, ModelCallError, ModelOutputError, RateLimitedError
 from trajforge.model.parse import (
     INVALID_TOOL_NAME, arguments_text, content_text, extract_hermes_tool_calls, join_reasoning,
     reasoning_from_message, split_reasoning,
 )
+from trajforge.model.pricing import call_usage
 from trajforge.model.transport import TransportError, make_transport
-from trajforge.model.types import Completion, ModelSettings, ToolCall, Usage
+from trajforge.model.types import Completion, ModelSettings, ToolCall
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
 _RETRYABLE_STATUS = {408, 409, 429}  # plus every 5xx
 _FATAL_STATUS = {401, 403}
+_OVERLOAD_STATUS = {429, 503}  # the provider says "too much": the gate's limiter shrinks
 
 
 def request_options(settings: ModelSettings) -> dict[str, Any]:
@@ -93,32 +102,14 @@ def backoff_delay(attempt: int, retry_after: float | None, *, base: float, maxim
     return rng.uniform(0, min(maximum, base * 2 ** attempt))
 
 
-def _number(value: Any, kind: type[int] | type[float]) -> Any:
-    try:
-        return kind(value or 0)
-    except (TypeError, ValueError):
-        return kind(0)
-
-
-def usage_from(raw: Any) -> Usage:
-    """Usage of one call (the decoded `usage` object); `cost` is OpenRouter's extra field,
-    reasoning tokens sit in the details."""
-    if not isinstance(raw, dict):
-        return Usage()
-    details = raw.get("completion_tokens_details")
-    reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else 0
-    return Usage(prompt_tokens=_number(raw.get("prompt_tokens"), int),
-                 completion_tokens=_number(raw.get("completion_tokens"), int),
-                 reasoning_tokens=_number(reasoning, int), cost=_number(raw.get("cost"), float))
-
-
 class _Retryable(Exception):
     """Internal: a failed attempt worth repeating; `final` is raised once attempts run out."""
 
-    def __init__(self, final: ModelCallError, retry_after: float | None = None) -> None:
+    def __init__(self, final: ModelCallError, retry_after: float | None = None, *, overload: bool = False) -> None:
         super().__init__(str(final))
         self.final = final
         self.retry_after = retry_after
+        self.overload = overload
 
 
 class OpenAIClient:
@@ -147,6 +138,7 @@ class OpenAIClient:
         self._fields = {k: v for k, v in self._options.items() if k != "extra_body"}
         self._fields.update(self._options.get("extra_body", {}))
         self._transport = make_transport(self.base_url, api_key, settings.request_timeout, transport)
+        self._price = (settings.pricing or {}).get(settings.model)
 
     def __repr__(self) -> str:
         return f"OpenAIClient(model={self.model_name!r}, base_url={self.base_url!r})"
@@ -161,12 +153,24 @@ class OpenAIClient:
             body["tool_choice"] = "auto"
         payload = orjson.dumps(body)  # once per call, not per attempt
         attempts = self._settings.max_retries + 1
+        gate = model_gate.current()
+        # Tokens the request may use, for a tokens-per-minute budget (~4 bytes of JSON per token);
+        # the gate settles the difference once the reply says how many it really used.
+        estimate = len(payload) / 4 + (self._settings.max_tokens or 0)
         for attempt in range(attempts):
             try:
-                return await self._attempt(payload)
+                completion = await self._attempt(payload, gate, estimate)
+                spend.charge(completion.usage)
+                return completion
             except _Retryable as failed:
                 if attempt + 1 >= attempts:
                     raise failed.final from failed.__cause__
+                if gate is not None and failed.retry_after is not None:
+                    # The gate now holds every request to this endpoint until Retry-After ends;
+                    # the retry queues there rather than sleeping on its own.
+                    log.warning("model call to %s failed (%s); retry %d/%d after the endpoint's Retry-After",
+                                self.base_url, failed.final, attempt + 1, attempts - 1)
+                    continue
                 delay = self._delay(attempt, failed.retry_after)
                 log.warning("model call to %s failed (%s); retry %d/%d in %.1fs", self.base_url,
                             failed.final, attempt + 1, attempts - 1, delay)
@@ -177,7 +181,25 @@ class OpenAIClient:
         return backoff_delay(attempt, retry_after, base=self._backoff_base, maximum=self._backoff_max,
                              retry_after_cap=self._retry_after_cap, rng=self._rng)
 
-    async def _attempt(self, payload: bytes) -> Completion:
+    async def _attempt(self, payload: bytes, gate: model_gate.ModelGate | None, estimate: float) -> Completion:
+        if gate is None:
+            return await self._post(payload)
+        ticket = await gate.acquire(self.base_url, estimate)
+        result: model_gate.Result = "other"
+        retry_after = None
+        tokens = None
+        try:
+            completion = await self._post(payload)
+            result, tokens = "ok", completion.usage.prompt_tokens + completion.usage.completion_tokens
+            return completion
+        except _Retryable as failed:
+            result = "overload" if failed.overload else "other"
+            retry_after = failed.retry_after
+            raise
+        finally:
+            gate.release(ticket, result, retry_after=retry_after, tokens=tokens)
+
+    async def _post(self, payload: bytes) -> Completion:
         timeout = self._settings.request_timeout
         try:
             async with asyncio.timeout(timeout):
@@ -209,9 +231,9 @@ class OpenAIClient:
                 "Check --api_key / OPENROUTER_API_KEY / OPENAI_API_KEY and the key's permissions.")
         message = f"model API {self.base_url} returned HTTP {status}: {detail}"
         if status == 429:
-            return _Retryable(RateLimitedError(message), parse_retry_after(headers))
+            return _Retryable(RateLimitedError(message), parse_retry_after(headers), overload=True)
         if status >= 500 or status in _RETRYABLE_STATUS:
-            return _Retryable(APIFailure(message), parse_retry_after(headers))
+            return _Retryable(APIFailure(message), parse_retry_after(headers), overload=status in _OVERLOAD_STATUS)
         return APIFailure(message)
 
     def _scrub(self, text: str) -> str:
@@ -232,7 +254,8 @@ class OpenAIClient:
             # error object; a transient code there deserves the same retries as the HTTP status.
             if isinstance(code, int) and (code == 429 or code >= 500 or code in _RETRYABLE_STATUS):
                 message = f"model API {self.base_url} returned error {code} in its reply{hint}"
-                raise _Retryable(RateLimitedError(message) if code == 429 else APIFailure(message))
+                raise _Retryable(RateLimitedError(message) if code == 429 else APIFailure(message),
+                                 overload=code in _OVERLOAD_STATUS)
             raise ModelOutputError(f"model API {self.base_url} returned no choices{hint}")
         choice = choices[0]
         message = choice.get("message") if isinstance(choice, dict) else None
@@ -247,7 +270,7 @@ class OpenAIClient:
         return Completion(content=content,
                           reasoning=join_reasoning([reasoning_from_message(message), inline_reasoning]),
                           tool_calls=calls, finish_reason=finish if isinstance(finish, str) else None,
-                          usage=usage_from(response.get("usage")))
+                          usage=call_usage(response.get("usage"), self._price))
 
 
 def _native_calls(raw: Any) -> list[ToolCall]:

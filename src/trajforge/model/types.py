@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from trajforge.model.pricing import Price
 
 
 @dataclass(slots=True)
@@ -19,12 +23,14 @@ class Usage:
     completion_tokens: int = 0
     reasoning_tokens: int = 0
     cost: float = 0.0
+    cached_tokens: int = 0  # prompt tokens read from the provider's cache (priced apart; not saved)
 
     def add(self, other: Usage) -> None:
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens
         self.reasoning_tokens += other.reasoning_tokens
         self.cost += other.cost
+        self.cached_tokens += other.cached_tokens
 
     def as_dict(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
@@ -72,3 +78,5 @@ class ModelSettings:
     reasoning_effort: str | None = None
     reasoning_disabled: bool = False
     local_instances: int = 1
+    # USD per million tokens by model name (config `pricing`), for providers that report no cost.
+    pricing: Mapping[str, Price] | None = None

@@ -4,6 +4,10 @@ A sample is the unit of work, so a slow prompt never holds others back. Failed a
 retried in-run up to the task type's retry limit. On a stop request workers take no new samples,
 in-flight ones get `grace` seconds, then are cancelled (their sandboxes are closed on the way out).
 A FatalModelError (bad key) stops everything at once.
+
+With a Budget, a sample (or a retry of one) starts only while the budget allows it; once it does
+not, workers take no new samples and the ones in flight finish. Each sample's model calls are
+charged to its own meter (model.spend), bound to the worker's task while the sample runs.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from trajforge.dataset import Sample
+from trajforge.model import spend
+from trajforge.runner.budget import Budget
 from trajforge.runner.outcome import Outcome
 from trajforge.tools.base import Unavailable
 
@@ -43,23 +49,30 @@ async def run_engine(
     stop: asyncio.Event,
     *,
     grace: float = 5.0,
+    budget: Budget | None = None,
 ) -> bool:
     """Process every sample of `todo`; return True when interrupted by `stop`."""
     source = todo if hasattr(todo, "done") else None
     samples = iter(todo) if source is None else None  # type: ignore[arg-type]
+    budget = budget if budget is not None else Budget()
 
     async def worker() -> None:
-        while not stop.is_set():
+        while not stop.is_set() and budget.may_start():
             sample = next(samples, None) if samples is not None else await source.next()  # type: ignore[union-attr]
             if sample is None:
                 return
             limit = retry_limit(sample)
             attempt = 1
-            while True:
-                outcome = await executor.process(sample, attempt)
-                if outcome.status != "failed" or attempt > limit or stop.is_set():
-                    break
-                attempt += 1
+            meter = budget.start()
+            elsewhere = 0.0  # spent by attempts that ran in another process (Ray actors)
+            with spend.bound(meter):
+                while True:
+                    outcome = await executor.process(sample, attempt)
+                    elsewhere += outcome.cost
+                    if outcome.status != "failed" or attempt > limit or stop.is_set() or not budget.may_start():
+                        break
+                    attempt += 1
+            outcome.cost = budget.end(meter, elsewhere)
             sink(outcome)
             if source is not None:
                 source.done(sample, outcome)

@@ -32,8 +32,11 @@ from trajforge.redact import REGISTRY, hide_in_cmdline, run_secrets
 from trajforge.runner import store
 from trajforge.runner.checkpoint import Checkpoint
 from trajforge.runner.console import safe_std_streams
+from trajforge.runner.budget import BUDGET_EXIT_CODE
 from trajforge.runner.engine import Executor, run_engine
+from trajforge.runner.governor import budget_for, check_prices
 from trajforge.runner.merge import merge
+from trajforge.runner.monitor import RunMonitor
 from trajforge.runner.outcome import Outcome
 from trajforge.runner.preflight import check_executor, choose_model, load_prefill, refuse_contradictions
 from trajforge.runner.progress import Progress
@@ -63,6 +66,7 @@ def _run_checked(config: RunConfig) -> int:
     prefill = load_prefill(config.prefill_messages_file)
     dataset = load_dataset(config.dataset_file, skip_invalid=config.skip_invalid, max_samples=config.max_samples)
     choose_model(config)
+    check_prices(config)
     check_executor(config)
     validate_verification(config, dataset)
     rundir = RunDir(config.output_dir / config.run_name)
@@ -165,6 +169,7 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
         try:
             if o.status == "done" and o.record is not None:
                 batch_store.append(o.batch_num, dumps(o.record) + b"\n")
+            this_invocation.update(budget.invocation_entry())  # saved with the checkpoint: the next --resume's prior spend
             checkpoint.record(o)
             checkpoint.save()
         except OutputError as e:
@@ -184,10 +189,14 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
         progress.update(o)
 
     executor = make_executor(config, prefill, run_dir)
+    budget = budget_for(config, checkpoint.invocations, len(todo))
+    monitor = RunMonitor(getattr(executor, "gate", None), budget)
+    progress.extra = monitor.progress_text
     this_invocation = checkpoint.begin_invocation(started_wall)
     checkpoint.save(force=True)
     _install_signals(stop, batch_store, checkpoint)
     flusher = asyncio.create_task(_flush_periodically(batch_store, checkpoint, progress, halt))
+    sampler = asyncio.create_task(monitor.run())
     try:
         if todo:
             for u in await executor.start():
@@ -199,11 +208,14 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
             with progress:
                 source = RolloutScheduler.build(todo, config.stop_after_passes,
                                                 passes_on_disk(run_dir) if config.stop_after_passes else None)
-                interrupted = await run_engine(source, executor, sink, lambda s: config.retry_limit(s.task_type), stop)
+                interrupted = await run_engine(source, executor, sink, lambda s: config.retry_limit(s.task_type), stop,
+                                               budget=budget)
     except* FatalModelError as eg:
         fatal = eg.exceptions[0]  # type: ignore[assignment]
     finally:
         flusher.cancel()
+        sampler.cancel()
+        monitor.tick()
         _remove_signals()  # the merge below is safe to interrupt: every file it writes is atomic
         await executor.aclose()
         try:
@@ -213,23 +225,30 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
         for msg in batch_store.repaired:
             print(f"trajforge: {msg}", file=sys.stderr)
         seconds = time.monotonic() - t0
-        this_invocation.update(ran=sum(invocation.per_worker.values()), interrupted=interrupted)
+        this_invocation.update(ran=sum(invocation.per_worker.values()), interrupted=interrupted,
+                               **budget.invocation_entry())
         try:
             checkpoint.save(force=True)
         except OutputError as e:
             halt(e)
     if failures:
         raise failures[0]  # trajectories.jsonl and statistics.json of the last good end stay as they are
-    stats = _finish(config, samples, run_dir, checkpoint, invocation, seconds)
+    stats = _finish(config, samples, run_dir, checkpoint, invocation, seconds, extra=monitor.statistics())
     _print_summary(stats, run_dir)
     if fatal is not None:
         print(f"error: {fatal}", file=sys.stderr)
         return 1
-    return 130 if interrupted else 0
+    if interrupted:
+        return 130
+    if budget.reached:
+        for line in budget.stop_message():
+            print(line, file=sys.stderr)
+        return BUDGET_EXIT_CODE
+    return 0
 
 
 def _finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint: Checkpoint,
-            invocation: Totals, seconds: float) -> dict[str, Any]:
+            invocation: Totals, seconds: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     totals = Totals()
     current = {s.identity: s.index for s in samples}
     rows = prepare_totals(totals, config, samples)
@@ -261,6 +280,7 @@ def _finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint:
                   "not_kept": result.not_kept,
                   "problems": result.problems},
     }
+    stats.update(extra or {})  # spend and concurrency (runner.monitor)
     for p in result.problems:
         print(f"trajforge: {p}", file=sys.stderr)
     if result.stale:

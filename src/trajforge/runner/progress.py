@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from trajforge.runner.outcome import Outcome
@@ -29,6 +30,7 @@ class Progress:
         self._last_line = self._start
         self._bar: Any = None
         self._task: Any = None
+        self.extra: Callable[[], str] | None = None  # more status (runner.monitor: spend, model traffic)
 
     def __enter__(self) -> Progress:
         if self.live:
@@ -76,7 +78,7 @@ class Progress:
         elapsed = max(time.monotonic() - self._start, 1e-9)
         rate = (self.done + self.failed + self.discarded) / elapsed
         return (f"failed {self.failed} discarded {self.discarded} | {rate:.1f}/s | "
-                f"{self.tokens:,} tok | ${self.cost:.4f}")
+                f"{self.tokens:,} tok | ${self.cost:.4f}" + (f" | {self.extra()}" if self.extra else ""))
 
     def line(self) -> str:
         n = self.already + self.done + self.failed + self.discarded

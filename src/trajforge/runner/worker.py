@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trajforge.agent.limits import SampleLimits
 from trajforge.agent.loop import SessionResult, run_session
 from trajforge.agent.record import build_record
 from trajforge.agent.stats import reasoning_stats
@@ -130,6 +131,7 @@ class SampleWorker:
                 session = await run_session(
                     sample.prompt, self.model, tools, ctx, max_turns=self.config.max_turns,
                     ephemeral_system_prompt=self.config.ephemeral_system_prompt, prefill=self.prefill, trace=trace,
+                    limits=SampleLimits(self.config.max_tokens_per_sample, self.config.max_cost_per_sample),
                 )
                 if self._verifies(session):
                     # The check has its own timeout; the sample's limit resumes for the cleanup after it.

@@ -1,0 +1,104 @@
+"""The run's spend: what it cost so far, what it will cost, and whether a sample may start.
+
+`--max_cost` holds over every invocation of a run: earlier invocations' spend comes from the
+checkpoint. A sample may start while the spend so far plus the projected spend of the samples in
+flight stays under the budget; once it does not, no sample starts again in this invocation
+(those in flight finish) and the run ends with BUDGET_EXIT_CODE. An in-flight sample is projected
+to cost the average finished sample, or what it has already spent if that is more; so the
+overshoot is bounded by what in-flight samples spend beyond the average. Spend is counted per
+model call as calls return (model.spend), failed attempts and tools' model calls included.
+
+Pure: the engine calls `may_start`, `start` and `end`; nothing here waits or reads a clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from trajforge.model.spend import SampleSpend
+
+BUDGET_EXIT_CODE = 4  # 0 ok, 1 fatal, 2 usage, 130 interrupted
+
+
+@dataclass
+class Budget:
+    limit: float | None = None
+    prior: float = 0.0  # USD spent by earlier invocations of this run
+    prior_samples: int = 0  # samples they ended (finished, discarded or failed)
+    to_run: int = 0  # samples this invocation set out to run
+    closed: float = 0.0  # USD of samples that ended in this invocation
+    ended: int = 0
+    started: int = 0
+    reached: bool = False
+    active: set[SampleSpend] = field(default_factory=set)
+
+    @classmethod
+    def from_invocations(cls, limit: float | None, invocations: Iterable[Mapping[str, Any]], to_run: int) -> Budget:
+        """A budget continuing the spend recorded by earlier invocations (checkpoint.json)."""
+        prior = [(float(i.get("spent", 0.0)), int(i.get("spent_samples", 0))) for i in invocations]
+        return cls(limit, sum(p for p, _ in prior), sum(n for _, n in prior), to_run)
+
+    @property
+    def spent_now(self) -> float:
+        """USD spent by this invocation so far, in-flight samples included."""
+        return self.closed + sum(s.cost for s in self.active)
+
+    @property
+    def spent(self) -> float:
+        """USD spent by the whole run so far."""
+        return self.prior + self.spent_now
+
+    def average(self) -> float | None:
+        """USD per ended sample over the run, or None before any ended."""
+        n = self.prior_samples + self.ended
+        return (self.prior + self.closed) / n if n else None
+
+    def in_flight_projection(self) -> float:
+        """What the samples in flight are expected to spend beyond what they spent already."""
+        avg = self.average() or 0.0
+        return sum(max(0.0, avg - s.cost) for s in self.active)
+
+    def projected_total(self) -> float | None:
+        """The run's total spend if every sample of this invocation runs at the average so far."""
+        avg = self.average()
+        if avg is None:
+            return None
+        return self.spent + self.in_flight_projection() + max(0, self.to_run - self.started) * avg
+
+    def may_start(self) -> bool:
+        """Whether a sample (or another attempt at one) may start. Once refused, always refused."""
+        if self.limit is not None and not self.reached:
+            self.reached = self.spent + self.in_flight_projection() >= self.limit
+        return not self.reached
+
+    def start(self) -> SampleSpend:
+        spend = SampleSpend()
+        self.active.add(spend)
+        self.started += 1
+        return spend
+
+    def end(self, spend: SampleSpend, elsewhere: float = 0.0) -> float:
+        """The sample of `spend` ended; `elsewhere`: USD its attempts spent in other processes.
+        Returns the sample's cost."""
+        self.active.discard(spend)
+        cost = spend.cost + elsewhere
+        self.closed += cost
+        self.ended += 1
+        return cost
+
+    def invocation_entry(self) -> dict[str, Any]:
+        """What checkpoint.json keeps of this invocation's spend, for the next one."""
+        return {"spent": round(self.spent_now, 8), "spent_samples": self.ended}
+
+    def stop_message(self) -> list[str]:
+        """The lines printed when the budget stopped the run, ending with how to continue."""
+        assert self.limit is not None
+        left = max(0, self.to_run - self.started)
+        lines = [f"trajforge: budget reached: ${self.spent:.4f} spent of --max_cost ${self.limit:.4f} "
+                 f"(all invocations of this run); {left} sample(s) not started, in-flight ones finished"]
+        need = self.projected_total()
+        hint = f" (about ${need:.4f} for the whole run at ${self.average():.4f} per sample)" if need else ""
+        lines.append(f"trajforge: to continue, run the same command with --resume and a higher --max_cost{hint}")
+        return lines

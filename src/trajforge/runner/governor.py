@@ -1,0 +1,47 @@
+"""Spend and load control set up from the run's configuration: prices, the model gate, the budget.
+
+Kept apart from runner.main so that the start-up check (a budget needs prices), the gate's
+construction (shared by the local executor and every Ray actor, which takes its share of the
+run's rate budgets) and the budget's continuation from earlier invocations are each one call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from trajforge.config import RunConfig
+from trajforge.errors import UsageError
+from trajforge.model.client import DEFAULT_BASE_URL
+from trajforge.model.gate import ModelGate
+from trajforge.model.pricing import price_known
+from trajforge.runner.budget import Budget
+
+
+def check_prices(config: RunConfig) -> None:
+    """Refuse a run with a cost limit whose model's calls cannot be costed (UsageError, exit 2)."""
+    flags = [f for f in ("max_cost", "max_cost_per_sample") if getattr(config, f) is not None]
+    if not flags:
+        return
+    settings = config.model_settings()
+    url = settings.base_url or DEFAULT_BASE_URL
+    if not price_known(config.model, url, settings.pricing):
+        raise UsageError(
+            f"--{flags[0]} needs the price of model {config.model!r}: {url} does not report the cost of "
+            f"its calls. Add it to the --config file: pricing: {{{json.dumps(config.model)}: {{prompt: USD_PER_MTOK, "
+            "completion: USD_PER_MTOK}}")
+
+
+def gate_for(config: RunConfig, share: float = 1.0) -> ModelGate:
+    """The model gate of a process that runs `share` of the run's sessions (1 locally; a Ray actor
+    running 64 of 512 sessions gets 1/8 of each per-minute budget and a ceiling of 64)."""
+    rpm, tpm = config.max_requests_per_minute, config.max_tokens_per_minute
+    return ModelGate(max(1, round(config.num_workers * share)), adaptive=config.adaptive_concurrency,
+                     requests_per_minute=rpm * share if rpm else None,
+                     tokens_per_minute=tpm * share if tpm else None)
+
+
+def budget_for(config: RunConfig, invocations: Iterable[Mapping[str, Any]], to_run: int) -> Budget:
+    """This invocation's budget, continuing the spend that checkpoint.json recorded."""
+    return Budget.from_invocations(config.max_cost, invocations, to_run)
