@@ -261,3 +261,36 @@ def test_an_empty_input_gives_empty_outputs_that_load(tmp_path: Path) -> None:
     assert {k: v.num_rows for k, v in datasets.load_from_disk(str(tmp_path / "hs")).items()} == {"a": 0, "b": 0}
     ok(export(tmp_path, "empty.jsonl", "--format", "parquet", "--output", "p.parquet"))
     assert pq.read_table(tmp_path / "p.parquet").num_rows == 0
+
+
+def test_verified_records_with_row_fields(run_dir: Path, tmp_path: Path) -> None:
+    """Records carrying the fields verification and dataset-row tracking add (verification,
+    dataset_line, row) fill their columns, drive --only passed and the card's pass rate."""
+    import datasets
+    import pyarrow.parquet as pq
+
+    recs = lines(run_dir / "trajectories.jsonl")
+    for i, rec in enumerate(recs):
+        rec["dataset_line"] = 10 + i
+        rec["row"] = {"answer": str(i), "source": "unit"}
+        rec["verification"] = {"passed": i % 3 != 0, "score": i / 10, "method": "exact",
+                               "detail": {"expected": str(i)} if i % 2 else "ok"}
+    src = tmp_path / "verified.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    out = ok(export(tmp_path, src, "--format", "parquet", "--only", "passed", "--output", "v.parquet"))
+    assert "left out: 2 not passed" in out
+    rows = pq.read_table(tmp_path / "v.parquet").to_pylist()
+    assert [r["dataset_line"] for r in rows] == [11, 12, 14, 15]
+    assert json.loads(rows[0]["row"]) == {"answer": "1", "source": "unit"}
+    assert rows[0]["verification"] == {"passed": True, "score": 0.1, "method": "exact", "detail": '{"expected":"1"}'}
+    assert rows[1]["verification"]["detail"] == "ok" and rows[0]["extra"] is None
+    ok(export(tmp_path, src, "--format", "hf", "--output", "vh"))
+    assert datasets.load_from_disk(str(tmp_path / "vh"))[4]["verification"]["passed"] is True
+    card = (tmp_path / "vh" / "README.md").read_text()
+    assert "| pass rate | 66.7% (4 of 6 verified) |" in card
+    # the openai form keeps them in metadata and comes back unchanged
+    ok(export(tmp_path, src, "--format", "openai", "--output", "v.jsonl"))
+    assert lines(tmp_path / "v.jsonl")[1]["metadata"]["verification"]["detail"] == {"expected": "1"}
+    ok(export(tmp_path, "v.jsonl", "--format", "sharegpt", "--output", "back.jsonl"))
+    back = lines(tmp_path / "back.jsonl")
+    assert back == recs and [list(r) for r in back] == [list(r) for r in recs]  # same values, same key order

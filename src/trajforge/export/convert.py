@@ -267,7 +267,8 @@ def to_record(item: dict[str, Any]) -> dict[str, Any]:
                 conv.append(_tool_turn(turn))
             turn = None
         if role == "system":
-            conv.append({"from": "system", "value": extra.get("system") or sharegpt_system_text(tools)})
+            system = extra["system"] if "system" in extra else sharegpt_system_text(tools)
+            conv.append({"from": "system", "value": system})
         elif role == "user":
             conv.append({"from": "human", "value": msg.get("content") or ""})
         elif role == "assistant":
