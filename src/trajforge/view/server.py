@@ -1,0 +1,253 @@
+"""`trajforge view`: a read-only local web page over a run directory or a JSONL file.
+
+An aiohttp server with a small JSON API over the index (view/index.py) and the static page under
+view/static (no CDN, no framework: it works offline). The page polls the API, so a live run's
+overview and list grow on their own. Every response carries a strict Content-Security-Policy
+(scripts only from this server, no inline code) and the page inserts data as text only. Bound to
+loopback by default; requests whose Host header is not this server's are refused, so a web page
+elsewhere cannot read the run through DNS rebinding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from trajforge.errors import UsageError
+from trajforge.runner.outcome import FAILURE_CLASSES
+from trajforge.view.conversation import display_turns
+from trajforge.view.index import RunIndex
+from trajforge.view.overview import Query, apply, distributions, facets, run_totals
+
+STATIC = Path(__file__).parent / "static"
+_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+       "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY",
+           "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
+MAX_PAGE = 500
+REFRESH_EVERY = 1.0  # seconds: at most one look at the files per second, however many requests
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS), status=status,
+                        content_type="application/json")
+
+
+class Viewer:
+    def __init__(self, index: RunIndex) -> None:
+        self.index = index
+        self._last_refresh = 0.0
+        self._cache: dict[Any, tuple[int, Any]] = {}
+        self.statics = {p.name: p for p in STATIC.iterdir() if p.suffix in _TYPES}
+        self.allowed_hosts: set[str] | None = set()  # nothing is served until the port is known
+
+    def refresh(self) -> None:
+        now = time.monotonic()
+        if now - self._last_refresh >= REFRESH_EVERY:
+            self._last_refresh = now
+            self.index.refresh()
+
+    def _cached(self, key: Any, build: Any) -> Any:
+        gen, value = self._cache.get(key, (-1, None))
+        if gen != self.index.generation:
+            value = build()
+            if len(self._cache) > 64:
+                self._cache.clear()
+            self._cache[key] = (self.index.generation, value)
+        return value
+
+    def _statistics(self) -> dict[str, Any] | None:
+        if self.index.run_dir is None:
+            return None
+        try:
+            data = orjson.loads((self.index.run_dir / "statistics.json").read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def overview(self) -> dict[str, Any]:
+        ix = self.index
+
+        def build() -> dict[str, Any]:
+            stats = self._statistics()
+            total = ((stats or {}).get("run") or {}).get("samples", {}).get("total")
+            totals = run_totals(ix.totals, ix.outcomes, ix.checkpoint)
+            figures = totals.as_dict(total=total, seconds=ix.seconds())
+            config = ix.checkpoint.get("run_name") or (stats or {}).get("run_name")
+            return {"figures": figures, "statistics": stats, **distributions(ix.entries()),
+                    "failure_classes": list(FAILURE_CLASSES), "run_name": config, "model": (stats or {}).get("model"),
+                    "duplicates": ix.duplicates, "problems": ix.problems}
+
+        return {**self._cached("overview", build), **self.status()}
+
+    def status(self) -> dict[str, Any]:
+        ix = self.index
+        return {"generation": ix.generation, "live": ix.live(), "source": str(ix.source),
+                "kind": "run" if ix.run_dir is not None else "jsonl", "samples": len(ix.entries())}
+
+    def filtered(self, query: Query) -> list[Any]:
+        return self._cached(("q", query), lambda: apply(query, self.index.entries()))
+
+    # -- handlers ------------------------------------------------------------------------------
+    async def page(self, request: web.Request) -> web.Response:
+        name = request.match_info.get("name", "index.html")
+        path = self.statics.get(name)
+        if path is None:
+            raise web.HTTPNotFound()
+        return web.Response(body=path.read_bytes(), content_type=_TYPES[path.suffix], charset="utf-8")
+
+    async def api_status(self, request: web.Request) -> web.Response:
+        self.refresh()
+        return _json(self.status())
+
+    async def api_overview(self, request: web.Request) -> web.Response:
+        self.refresh()
+        return _json(self.overview())
+
+    async def api_samples(self, request: web.Request) -> web.Response:
+        self.refresh()
+        try:
+            page = max(0, int(request.query.get("page", "0")))
+            size = min(MAX_PAGE, max(1, int(request.query.get("size", "50"))))
+        except ValueError:
+            return _json({"error": "page and size must be whole numbers"}, 400)
+        rows = self.filtered(Query.from_params(request.query))
+        return _json({"total": len(rows), "page": page, "size": size,
+                      "items": [e.row() for e in rows[page * size:(page + 1) * size]],
+                      "facets": self._cached("facets", lambda: facets(self.index.entries())),
+                      **self.status()})
+
+    async def api_sample(self, request: web.Request) -> web.Response:
+        self.refresh()
+        key = request.query.get("key", "")
+        entry = self.index.find(key)
+        if entry is None:
+            return _json({"error": f"no sample {key!r}"}, 404)
+        try:
+            rec = self.index.read_record(entry)
+        except (OSError, orjson.JSONDecodeError) as e:
+            return _json({"error": f"cannot read the record of {key!r}: {e}"}, 409)
+        rows = self.filtered(Query.from_params(request.query))
+        pos = next((i for i, e in enumerate(rows) if e is entry), None)
+        body: dict[str, Any] = {"entry": {**entry.row(), "prompt": entry.prompt}, "position": pos,
+                                "count": len(rows),
+                                "prev": rows[pos - 1].key if pos else None,
+                                "next": rows[pos + 1].key if pos is not None and pos + 1 < len(rows) else None}
+        if rec is not None:
+            body["turns"] = display_turns(rec.get("conversations"))
+            body["record"] = _record_fields(rec)
+        return _json(body)
+
+
+def _record_fields(rec: dict[str, Any]) -> dict[str, Any]:
+    """The record without its conversation; per-tool figures only for tools it used."""
+    out = {k: v for k, v in rec.items() if k != "conversations"}
+    if isinstance(out.get("tool_stats"), dict):
+        out["tool_stats"] = {n: s for n, s in out["tool_stats"].items() if isinstance(s, dict) and s.get("count")}
+    if isinstance(out.get("tool_error_counts"), dict):
+        out["tool_error_counts"] = {n: c for n, c in out["tool_error_counts"].items() if c}
+    return out
+
+
+def _allowed_hosts(host: str, port: int) -> set[str] | None:
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        return None  # reachable under any of the machine's names: no Host check
+    return {f"{h}:{port}" for h in ("127.0.0.1", "localhost", "[::1]", host)}
+
+
+def make_app(viewer: Viewer) -> web.Application:
+    @web.middleware
+    async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.method not in ("GET", "HEAD"):
+            resp: web.StreamResponse = web.Response(status=405, text="read-only viewer")
+        elif viewer.allowed_hosts is not None and request.host not in viewer.allowed_hosts:
+            resp = web.Response(status=403, text="unexpected Host header")
+        else:
+            try:
+                resp = await handler(request)
+            except web.HTTPException as e:
+                resp = web.Response(status=e.status, text=e.reason)
+        resp.headers.update(HEADERS)
+        return resp
+
+    app = web.Application(middlewares=[guard])
+    app.router.add_get("/", viewer.page)
+    app.router.add_get("/static/{name}", viewer.page)
+    app.router.add_get("/api/status", viewer.api_status)
+    app.router.add_get("/api/overview", viewer.api_overview)
+    app.router.add_get("/api/samples", viewer.api_samples)
+    app.router.add_get("/api/sample", viewer.api_sample)
+    return app
+
+
+def open_source(path: Path) -> RunIndex:
+    if not path.exists():
+        raise UsageError(f"{path}: no such run directory or JSONL file")
+    if path.is_dir() and not any((path / n).exists() for n in ("checkpoint.json", "trajectories.jsonl")) \
+            and not any(path.glob("batch_*.jsonl")):
+        raise UsageError(f"{path}: not a run directory (no batch_*.jsonl, checkpoint.json or trajectories.jsonl)")
+    index = RunIndex(path)
+    try:
+        index.refresh()
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read: {e.strerror or e}") from None
+    return index
+
+
+async def serve(index: RunIndex, host: str, port: int) -> int:
+    viewer = Viewer(index)
+    runner = web.AppRunner(make_app(viewer), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        raise UsageError(f"cannot listen on {host}:{port}: {e.strerror or e} (pass --port N; 0 picks a free port)") \
+            from None
+    bound = runner.addresses[0][1]
+    allowed = viewer.allowed_hosts = _allowed_hosts(host, bound)
+    shown = f"[{host}]" if ":" in host else host
+    print(f"trajforge view: {index.source} ({len(index.entries())} samples) at http://{shown}:{bound}/ "
+          "(Ctrl-C to stop)", flush=True)
+    if allowed is None:
+        print(f"trajforge view: warning: listening on {host}, not loopback: anyone who can reach this machine "
+              "can read the run", file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="trajforge view", description="Browse a run directory (live or "
+                                     "finished) or a trajectories JSONL file in a local web page, read-only.")
+    parser.add_argument("source", type=Path, metavar="RUN_DIR_OR_JSONL")
+    parser.add_argument("--port", type=int, default=8765, help="TCP port [default: 8765; 0 picks a free one]")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on [default: 127.0.0.1]")
+    ns = parser.parse_args(argv)
+    t0 = time.monotonic()
+    index = open_source(ns.source)
+    if time.monotonic() - t0 > 2:
+        print(f"trajforge view: indexed {len(index.entries())} samples in {time.monotonic() - t0:.1f}s",
+              file=sys.stderr)
+    return asyncio.run(serve(index, ns.host, ns.port))
