@@ -127,8 +127,8 @@ def pair(calls: list[Call], results: list[dict[str, Any]]) -> list[dict[str, Any
 
 def parse_system(value: str) -> dict[str, Any]:
     tools: list[dict[str, Any]] = []
-    m = _TOOLS.search(value)
-    listed = _json(m.group(1)) if m else None
+    # The preamble itself mentions "<tools> </tools>": take the block that holds the JSON list.
+    listed = next((x for m in _TOOLS.finditer(value) if isinstance(x := _json(m.group(1)), list)), None)
     if isinstance(listed, list):
         for t in listed:
             fn = t.get("function", t) if isinstance(t, dict) else {}

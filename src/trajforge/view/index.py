@@ -24,6 +24,7 @@ import orjson
 from trajforge.runner import store
 from trajforge.runner.stats import Totals
 from trajforge.tools.registry import KNOWN_TOOLS
+from trajforge.view.dataset import Row, load_rows
 from trajforge.view.summary import Entry, outcome_entry, summarise
 
 _KNOWN = frozenset(KNOWN_TOOLS)
@@ -53,6 +54,13 @@ class RunIndex:
         self.checkpoint: dict[str, Any] = {}
         self._ckpt_sig: tuple[int, int] | None = None
         self._sorted: tuple[int, list[Entry]] = (-1, [])
+        self.dataset: dict[str, Row] = {}  # identity -> the dataset row, when the dataset is found
+        self.dataset_note: str | None = None
+
+    def attach_dataset(self) -> None:
+        """Read the run's dataset for what records and the checkpoint lack (call before refresh)."""
+        if self.run_dir is not None:
+            self.dataset, self.dataset_note = load_rows(self.run_dir)
 
     # -- sources -------------------------------------------------------------------------------
     def _sources(self) -> list[Path]:
@@ -63,7 +71,9 @@ class RunIndex:
         return files or ([merged] if merged.exists() else [])
 
     def _reset(self) -> None:
+        dataset, note = self.dataset, self.dataset_note
         self.__init__(self.source)  # type: ignore[misc]
+        self.dataset, self.dataset_note = dataset, note
 
     def refresh(self) -> bool:
         """Take in what was appended since the last call; True when anything changed."""
@@ -131,6 +141,11 @@ class RunIndex:
                 return
             key = f"{key}@{path.name}:{lineno}"
         entry = summarise(rec, key=key, seq=len(self.records), file=file_id, offset=offset, length=len(line))
+        row = self.dataset.get(key)
+        if row is not None:
+            entry.task_type = entry.task_type or row.task_type
+            if row.prompt == entry.prompt:
+                entry.prompt = row.prompt  # one copy of the text in memory, not two
         stats = rec.get("tool_stats")
         if self.run_dir is not None and isinstance(stats, dict) and any(n not in _KNOWN for n in stats):
             entry.status, entry.reason = "discarded", "hallucinated_tool"
@@ -170,7 +185,11 @@ class RunIndex:
                 continue
             if identity in self.by_key:
                 continue  # a later attempt finished it
-            self.outcomes.append(outcome_entry(identity, info, seq))
+            entry = outcome_entry(identity, info, seq)
+            row = self.dataset.get(identity)
+            if row is not None:
+                entry.prompt_index, entry.task_type, entry.prompt = row.index, row.task_type, row.prompt
+            self.outcomes.append(entry)
             seq += 1
 
     # -- reading -------------------------------------------------------------------------------

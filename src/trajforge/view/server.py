@@ -81,12 +81,15 @@ class Viewer:
         def build() -> dict[str, Any]:
             stats = self._statistics()
             total = ((stats or {}).get("run") or {}).get("samples", {}).get("total")
+            if ix.dataset and (total is None or ix.live()):
+                total = len(ix.dataset)  # statistics.json, if any, is an earlier invocation's
             totals = run_totals(ix.totals, ix.outcomes, ix.checkpoint)
             figures = totals.as_dict(total=total, seconds=ix.seconds())
             config = ix.checkpoint.get("run_name") or (stats or {}).get("run_name")
             return {"figures": figures, "statistics": stats, **distributions(ix.entries()),
                     "failure_classes": list(FAILURE_CLASSES), "run_name": config, "model": (stats or {}).get("model"),
-                    "duplicates": ix.duplicates, "problems": ix.problems}
+                    "duplicates": ix.duplicates,
+                    "problems": ix.problems + ([ix.dataset_note] if ix.dataset_note else [])}
 
         return {**self._cached("overview", build), **self.status()}
 
@@ -202,6 +205,7 @@ def open_source(path: Path) -> RunIndex:
         raise UsageError(f"{path}: not a run directory (no batch_*.jsonl, checkpoint.json or trajectories.jsonl)")
     index = RunIndex(path)
     try:
+        index.attach_dataset()
         index.refresh()
     except OSError as e:
         raise UsageError(f"{path}: cannot read: {e.strerror or e}") from None

@@ -213,11 +213,12 @@ async function renderSamples(main, params, full) {
   }
   const rows = data.items.map((e) => {
     const link = '#/sample?' + filterParams(params, {key: e.key}).toString();
-    const prompt = e.has_record ? (e.prompt || '(no prompt)') : (e.message || 'no trajectory saved');
+    const prompt = e.prompt || (e.has_record ? '(no prompt)' : '(prompt unknown: the dataset was not found)');
     return el('tr', {'data-key': e.key, 'data-status': e.status, 'data-reason': e.reason || ''},
       el('td', {class: 'num', text: e.prompt_index ?? '–'}),
       el('td', {}, statusBadge(e)),
-      el('td', {class: 'prompt'}, el('a', {href: link, text: prompt.length > 160 ? prompt.slice(0, 160) + '…' : prompt})),
+      el('td', {class: 'prompt'}, el('a', {href: link, text: prompt.length > 160 ? prompt.slice(0, 160) + '…' : prompt}),
+        e.message ? el('div', {class: 'msg', text: e.message}) : null),
       el('td', {class: 'num', text: e.turns}),
       el('td', {class: 'tools'}, e.tools.map((t) => el('span', {class: 'chip', text: t}))),
       el('td', {class: 'num', text: e.tool_calls ? e.tool_calls + (e.tool_failures ? ' (' + e.tool_failures + ' failed)' : '') : '0'}),
