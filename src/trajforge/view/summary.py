@@ -57,12 +57,18 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _tools(rec: dict[str, Any], conv: list[Any]) -> tuple[tuple[str, ...], int, int]:
+def used_tools(rec: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+    """The record's tool_stats entries of tools it called (most of the ~30 known ones are zeros)."""
     stats = rec.get("tool_stats")
-    if isinstance(stats, dict):
-        used = [(n, s) for n, s in stats.items() if isinstance(s, dict) and (s.get("count") or 0) > 0]
-        return (tuple(sorted(n for n, _ in used)), sum(int(s.get("count") or 0) for _, s in used),
-                sum(int(s.get("failure") or 0) for _, s in used))
+    if not isinstance(stats, dict):
+        return None
+    return {n: s for n, s in stats.items() if isinstance(s, dict) and s.get("count")}
+
+
+def _tools(rec: dict[str, Any], conv: list[Any], used: dict[str, Any] | None) -> tuple[tuple[str, ...], int, int]:
+    if used is not None:
+        return (tuple(sorted(used)), sum(int(s.get("count") or 0) for s in used.values()),
+                sum(int(s.get("failure") or 0) for s in used.values()))
     names: list[str] = []  # a file from another writer: read the calls from the gpt turns
     for t in conv:
         if isinstance(t, dict) and t.get("from") == "gpt" and isinstance(t.get("value"), str):
@@ -76,12 +82,13 @@ def task_type_of(rec: dict[str, Any]) -> str | None:
     return tt if isinstance(tt, str) else None
 
 
-def summarise(rec: dict[str, Any], *, key: str, seq: int, file: int, offset: int, length: int) -> Entry:
+def summarise(rec: dict[str, Any], *, key: str, seq: int, file: int, offset: int, length: int,
+              used: dict[str, Any] | None = None) -> Entry:
     conv = rec.get("conversations")
     conv = conv if isinstance(conv, list) else []
     prompt = next((t.get("value") for t in conv if isinstance(t, dict) and t.get("from") == "human"), "")
     turns = sum(1 for t in conv if isinstance(t, dict) and t.get("from") == "gpt")
-    tools, calls, failures = _tools(rec, conv)
+    tools, calls, failures = _tools(rec, conv, used if used is not None else used_tools(rec))
     usage = rec.get("usage") if isinstance(rec.get("usage"), dict) else {}
     tokens = None
     if "prompt_tokens" in usage or "completion_tokens" in usage:
