@@ -230,9 +230,9 @@ def test_errors_highlighted_long_output_folded(run_dir: Path, viewer_of, page) -
     fold = page.locator(".call .result details.fold")
     assert fold.count() == 1 and "more lines" in fold.locator("summary").inner_text()
     assert "300" not in page.locator(".call .result pre.preview").inner_text().split()
+    shot(page, "conversation-long")
     fold.locator("summary").click()
     assert "300" in fold.locator("pre").inner_text().split()
-    shot(page, "conversation-long")
 
 
 def test_live_run_refreshes_overview_and_list(run_dir: Path, tmp_path: Path, viewer_of, page) -> None:
@@ -266,15 +266,29 @@ def test_live_run_refreshes_overview_and_list(run_dir: Path, tmp_path: Path, vie
     page.wait_for_function("() => document.getElementById('live').textContent === 'finished'", timeout=10000)
 
 
-def test_plain_jsonl_file(run_dir: Path, viewer_of, page) -> None:
-    v = viewer_of(run_dir / "trajectories.jsonl")
-    written = len((run_dir / "trajectories.jsonl").read_text().splitlines())
+def test_plain_jsonl_file_with_verification(run_dir: Path, tmp_path: Path, viewer_of, page) -> None:
+    """A JSONL file that is not a run directory (here: verified records, as a compressor or an
+    export would write them)."""
+    recs = [json.loads(line) for line in (run_dir / "trajectories.jsonl").read_text().splitlines()]
+    for i, rec in enumerate(recs):
+        rec["verification"] = {"passed": i % 2 == 0, "score": 1.0 if i % 2 == 0 else 0.0, "method": "exact",
+                               "detail": "expected <b>42</b>"}
+    path = tmp_path / "verified.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    v = viewer_of(path)
     page.goto(v.url)
     page.wait_for_selector('[data-fig="samples.finished"]')
-    assert figure(page, "samples.finished") == str(written)
+    assert figure(page, "samples.finished") == str(len(recs))
+    passed = sum(1 for r in recs if r["verification"]["passed"])
+    assert float(figure(page, "verification.pass_rate")) == round(passed / len(recs), 4)
     assert page.locator("#live").inner_text() == "file"
+    page.goto(v.url + "#/samples")
+    page.wait_for_selector("#samples tbody tr")
+    verdicts = page.locator("#samples tbody tr td:nth-child(9)").all_inner_texts()
+    assert verdicts.count("✓ pass 1.00") == passed and verdicts.count("✗ fail 0.00") == len(recs) - passed
     _open_sample(page, v.url, "parallel")
     assert page.locator(".call").count() == 2
+    assert "expected <b>42</b>" in page.locator("table.meta").inner_text()
 
 
 def test_server_refuses_foreign_hosts_and_writes(run_dir: Path, viewer_of) -> None:

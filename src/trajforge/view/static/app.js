@@ -30,6 +30,7 @@ function el(tag, props, ...children) {
 
 const fmt = (n) => (n === null || n === undefined) ? '–' : Number(n).toLocaleString('en-US');
 const pct = (r) => (r === null || r === undefined) ? '–' : (100 * r).toFixed(1) + '%';
+const short = (n) => n >= 1e6 ? +(n / 1e6).toFixed(1) + 'M' : n >= 1e4 ? +(n / 1e3).toFixed(1) + 'k' : String(n);
 const money = (c) => (c === null || c === undefined) ? '–' : '$' + Number(c).toFixed(c >= 1 ? 2 : 4);
 
 async function api(path) {
@@ -113,11 +114,11 @@ function histo(title, bins, id) {
   const cols = el('div', {class: 'histo'});
   for (const b of bins) {
     const label = b.hi - b.lo === 1 ? fmt(b.lo) : fmt(b.lo) + '–' + fmt(b.hi - 1);
-    const col = el('div', {class: 'col', title: label + ': ' + b.count});
+    const col = el('div', {class: 'col', title: label + ': ' + fmt(b.count)});
     const fill = el('div', {class: 'fill'});
     fill.style.height = (100 * b.count / max) + '%';
     col.append(el('div', {class: 'cnt', text: b.count || ''}), fill);
-    cols.append(el('div', {class: 'hcol'}, col, el('div', {class: 'hl', text: label})));
+    cols.append(el('div', {class: 'hcol', 'data-bin': label}, col, el('div', {class: 'hl', text: short(b.lo)})));
   }
   box.append(cols);
   return box;
@@ -210,6 +211,11 @@ async function renderSamples(main, params, full) {
       select('task_type', 'task type', fc.task_type, params),
       select('reason', 'failure class / discard reason', fc.reason, params), search);
     main.replaceChildren(bar, el('div', {id: 'list'}));
+  } else {
+    for (const sel of bar.querySelectorAll('select')) {  // counts grew while the run went on
+      if (sel === document.activeElement) continue;
+      sel.replaceWith(select(sel.name, sel.options[0].textContent.replace(/: all$/, ''), fc[sel.name], params));
+    }
   }
   const rows = data.items.map((e) => {
     const link = '#/sample?' + filterParams(params, {key: e.key}).toString();
@@ -234,8 +240,11 @@ async function renderSamples(main, params, full) {
     el('span', {id: 'page-info', text: `page ${page + 1} of ${pages} · ${fmt(data.total)} samples`}), pageLink(page + 1, 'next →'));
   const head = el('tr', {}, ['#', 'status', 'prompt', 'turns', 'tools', 'calls', 'tokens', 'cost', 'verification', 'batch']
     .map((h) => el('th', {text: h})));
+  const bottom = pager.cloneNode(true);
+  bottom.removeAttribute('id');
+  bottom.querySelector('#page-info').removeAttribute('id');
   document.getElementById('list').replaceChildren(pager,
-    el('table', {class: 'samples', id: 'samples'}, el('thead', {}, head), el('tbody', {}, rows)));
+    el('table', {class: 'samples', id: 'samples'}, el('thead', {}, head), el('tbody', {}, rows)), bottom);
 }
 
 // ---- conversation ---------------------------------------------------------------------------
@@ -297,7 +306,7 @@ function metaTable(d) {
   if (r.metadata) rows.push(['model', r.metadata.model], ['timestamp', r.metadata.timestamp]);
   if (r.api_calls !== undefined) rows.push(['API calls', r.api_calls]);
   if (r.toolsets_used) rows.push(['toolsets', r.toolsets_used.join(', ')]);
-  if (r.usage) rows.push(['usage', JSON.stringify(r.usage)]);
+  if (r.usage) rows.push(['usage', Object.entries(r.usage).map(([k, v]) => k.replace(/_tokens$/, '') + ' ' + v).join(' · ')]);
   if (r.tool_stats) rows.push(['tool stats', Object.entries(r.tool_stats).map(([k, s]) => `${k} ${s.success}/${s.count} ok`).join(', ')]);
   if (r.verification) {
     const v = r.verification;
