@@ -63,8 +63,8 @@ for name, path in [("page 1", "/api/samples?page=0&size=50"), ("page 1000", "/ap
 s = time.perf_counter(); index.refresh(); print(f"refresh_idle {(time.perf_counter() - s) * 1000:.1f}", flush=True)
 last = index.files[-1]
 lines = last.read_bytes().splitlines(keepends=True)[:1000]
-with last.open("ab") as f:
-    f.write(b"".join(lines))
+with last.open("ab") as f:  # new samples: the same lines under new identities
+    f.write(b"".join(line.replace(b'"sample_id":"', b'"sample_id":"new', 1) for line in lines))
 s = time.perf_counter(); index.refresh(); print(f"refresh_1000 {(time.perf_counter() - s) * 1000:.1f}", flush=True)
 """
 

@@ -47,20 +47,27 @@ class Viewer:
     def __init__(self, index: RunIndex) -> None:
         self.index = index
         self._last_refresh = 0.0
+        self._cost = self._work = 0.0  # seconds the last refresh and the rebuilds after it took
         self._cache: dict[Any, tuple[int, Any]] = {}
         self.statics = {p.name: p for p in STATIC.iterdir() if p.suffix in _TYPES}
         self.allowed_hosts: set[str] | None = set()  # nothing is served until the port is known
 
     def refresh(self) -> None:
+        """Look at the files at most every REFRESH_EVERY seconds, and less often when taking in
+        changes is costly (a big live run), so watching a run takes at most ~10% of a core."""
         now = time.monotonic()
-        if now - self._last_refresh >= REFRESH_EVERY:
-            self._last_refresh = now
-            self.index.refresh()
+        if now - self._last_refresh < max(REFRESH_EVERY, 10 * self._cost):
+            return
+        self.index.refresh()
+        self._last_refresh = time.monotonic()
+        self._cost, self._work = self._last_refresh - now + self._work, 0.0
 
     def _cached(self, key: Any, build: Any) -> Any:
         gen, value = self._cache.get(key, (-1, None))
         if gen != self.index.generation:
+            t0 = time.monotonic()
             value = build()
+            self._work += time.monotonic() - t0
             if len(self._cache) > 64:
                 self._cache.clear()
             self._cache[key] = (self.index.generation, value)
@@ -96,7 +103,7 @@ class Viewer:
     def status(self) -> dict[str, Any]:
         ix = self.index
         return {"generation": ix.generation, "live": ix.live(), "source": str(ix.source),
-                "kind": "run" if ix.run_dir is not None else "jsonl", "samples": len(ix.entries())}
+                "kind": "run" if ix.run_dir is not None else "jsonl", "samples": len(ix.records) + len(ix.outcomes)}
 
     def filtered(self, query: Query) -> list[Any]:
         return self._cached(("q", query), lambda: apply(query, self.index.entries()))
