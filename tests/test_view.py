@@ -63,6 +63,9 @@ def test_error_results_and_malformed_calls_are_flagged() -> None:
     assert result_view({"content": "Error: boom"})["error"] is True
     bad = parse_call("{not json")
     assert bad.bad and bad.arguments == "{not json"
+    turns = display_turns([{"from": "gpt", "value": "hi", "tokens": 12}, {"from": "tool", "value": "plain text"}])
+    assert turns[0]["tokens"] == 12 and turns[0]["calls"] == []
+    assert turns[1]["kind"] == "tool" and turns[1]["results"][0]["text"] == "plain text"  # answers no call
 
 
 def record(i: int, *, tools: dict | None = None, verification: dict | None = None, completed: bool = True) -> dict:

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import time
 import urllib.error
@@ -22,7 +23,7 @@ import pytest
 
 from tests.conftest import REPO, cli
 from tests.support.scripted_server import ScriptedServer
-from tests.support.view_policy import PROMPTS, XSS, view_policy
+from tests.support.view_policy import PROMPTS, TASK_TYPES, XSS, view_policy
 
 pytestmark = pytest.mark.timeout(180)
 CHROMIUM = Path("/usr/bin/chromium")
@@ -39,7 +40,9 @@ def _env() -> dict[str, str]:
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished run holding every kind of sample the viewer shows (see view_policy)."""
     root = tmp_path_factory.mktemp("viewrun")
-    (root / "ds.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    rows = [{"prompt": p} | ({"task_type": TASK_TYPES[k]} if (k := p.split(":")[0]) in TASK_TYPES else {})
+            for p in PROMPTS]
+    (root / "ds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     with ScriptedServer(view_policy) as srv:
         proc = subprocess.run(cli("run", "--dataset_file=ds.jsonl", "--batch_size=4", "--run_name=r",
                                   f"--base_url={srv.url}", "--model=scripted-model", "--distribution=terminal_only",
@@ -61,7 +64,7 @@ class Viewer:
 
     def stop(self) -> None:
         self.proc.terminate()
-        self.proc.wait(10)
+        assert self.proc.wait(10) == 0  # SIGTERM (like Ctrl-C) is a clean stop
 
 
 @pytest.fixture
@@ -102,6 +105,8 @@ def page(browser) -> Iterator:
     p.on("console", lambda m: m.type == "error" and p.console_errors.append(m.text))  # type: ignore[attr-defined]
     yield p
     context.close()
+    # nothing the page did was refused (a CSP violation is a console error) and no script ran a dialog
+    assert p.console_errors == [] and p.dialogs == []  # type: ignore[attr-defined]
 
 
 def shot(page, name: str) -> None:
@@ -153,6 +158,7 @@ def test_filter_by_failure_class_lists_exactly_those_samples(run_dir: Path, view
     page.goto(v.url + "#/samples")
     page.wait_for_selector("#samples tbody tr")
     assert page.locator("#samples tbody tr").count() == 12
+    shot(page, "list")
     for cls in ("api_error", "rate_limit", "model_error"):
         page.select_option('select[data-filter="reason"]', cls)
         page.wait_for_function(f"() => document.getElementById('filters') && "
@@ -166,6 +172,12 @@ def test_filter_by_failure_class_lists_exactly_those_samples(run_dir: Path, view
     text = page.locator("#samples").inner_text()
     assert "apifail: the API breaks" in text and "apifail: the API breaks again" in text
     shot(page, "list-failed")
+    # task types come from the dataset (records do not carry them)
+    page.select_option('select[data-filter="reason"]', "")
+    page.select_option('select[data-filter="task_type"]', "shell")
+    page.wait_for_function("() => document.getElementById('page-info')?.textContent.includes('2 samples')")
+    assert sorted(page.locator("#samples td.prompt a").all_inner_texts()) == [
+        "long: print many lines", "parallel: run two commands at once"]
     # status filter + text search compose
     page.goto(v.url + "#/samples?status=completed&q=PARALLEL")
     page.wait_for_function("() => document.getElementById('page-info')?.textContent.includes('1 samples')")
@@ -226,6 +238,7 @@ def test_errors_highlighted_long_output_folded(run_dir: Path, viewer_of, page) -
     v = viewer_of(run_dir)
     _open_sample(page, v.url, "read a file")
     assert page.locator(".call .result.error").count() == 1
+    shot(page, "conversation-error")
     _open_sample(page, v.url, "many lines")
     fold = page.locator(".call .result details.fold")
     assert fold.count() == 1 and "more lines" in fold.locator("summary").inner_text()
@@ -316,3 +329,11 @@ def test_bad_source_is_one_clear_line(tmp_path: Path) -> None:
                               timeout=30)
         assert proc.returncode == 2 and time.monotonic() - t0 < 30
         assert proc.stderr.count("\n") == 1 and needle in proc.stderr and "Traceback" not in proc.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        (tmp_path / "t.jsonl").write_text("{}\n")
+        proc = subprocess.run(cli("view", str(tmp_path / "t.jsonl"), "--port", str(port)), env=_env(),
+                              capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in proc.stderr

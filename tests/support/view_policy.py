@@ -9,6 +9,7 @@ from tests.support.policies import tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, chat, http_error, tool_call
 
 XSS = "<script>alert(1)</script>"
+TASK_TYPES = {"parallel": "shell", "long": "shell", "plain": "chat"}  # dataset rows' task_type
 PROMPTS = [
     "parallel: run two commands at once",
     "xss: print a script tag <img src=x onerror=alert(2)>",

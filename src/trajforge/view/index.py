@@ -247,5 +247,9 @@ def lock_held(path: Path) -> bool:
         locks = Path("/proc/locks").read_text()
     except OSError:
         return False
+    # Lines read "1: FLOCK ADVISORY WRITE <pid> <major>:<minor>:<inode> 0 EOF". On overlay file
+    # systems stat() may report another device than the lock table: the inode decides then.
     needle = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "
-    return any(needle in line for line in locks.splitlines())
+    if needle in locks:
+        return True
+    return any(f":{st.st_ino} " in line and "FLOCK" in line for line in locks.splitlines())
