@@ -218,6 +218,8 @@ def test_parallel_calls_show_each_result_under_its_call(run_dir: Path, viewer_of
     assert page.locator("#prev").count() == 0
     page.locator("#next").click()
     page.wait_for_function("() => document.querySelector('.turn.human')?.textContent.includes('xss')")
+    page.keyboard.press("k")  # back to the previous sample from the keyboard
+    page.wait_for_function("() => document.querySelector('.turn.human')?.textContent.includes('parallel')")
 
 
 def test_hostile_tool_output_renders_as_text_and_runs_nothing(run_dir: Path, viewer_of, page) -> None:
@@ -329,6 +331,9 @@ def test_bad_source_is_one_clear_line(tmp_path: Path) -> None:
                               timeout=30)
         assert proc.returncode == 2 and time.monotonic() - t0 < 30
         assert proc.stderr.count("\n") == 1 and needle in proc.stderr and "Traceback" not in proc.stderr
+    proc = subprocess.run(cli("view", str(tmp_path), "--port", "99999"), env=_env(), capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "port number" in proc.stderr
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 from aiohttp import web
@@ -249,14 +249,32 @@ async def serve(index: RunIndex, host: str, port: int) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")  # one line, like the other commands
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a port number 0-65535")
+    return int(text)
+
+
+def _size(source: Path) -> int:
+    files = list(source.glob("batch_*.jsonl")) if source.is_dir() else [source]
+    return sum(p.stat().st_size for p in files if p.is_file())
+
+
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="trajforge view", description="Browse a run directory (live or "
-                                     "finished) or a trajectories JSONL file in a local web page, read-only.")
+    parser = _Parser(prog="trajforge view", description="Browse a run directory (live or finished) or a "
+                     "trajectories JSONL file in a local web page, read-only.")
     parser.add_argument("source", type=Path, metavar="RUN_DIR_OR_JSONL")
-    parser.add_argument("--port", type=int, default=8765, help="TCP port [default: 8765; 0 picks a free one]")
+    parser.add_argument("--port", type=_port, default=8765, help="TCP port [default: 8765; 0 picks a free one]")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on [default: 127.0.0.1]")
     ns = parser.parse_args(argv)
     t0 = time.monotonic()
+    if ns.source.exists() and (size := _size(ns.source)) > 100_000_000:
+        print(f"trajforge view: indexing {size / 1e6:,.0f} MB of trajectories...", file=sys.stderr, flush=True)
     index = open_source(ns.source)
     if time.monotonic() - t0 > 2:
         print(f"trajforge view: indexed {len(index.entries())} samples in {time.monotonic() - t0:.1f}s",

@@ -348,6 +348,15 @@ async function poll() {
   } catch (e) { /* the server went away: keep what is shown */ }
 }
 
+// j / k (or → / ←) step through samples in the conversation view
+document.addEventListener('keydown', (ev) => {
+  if (!current || current.view !== 'sample' || ev.ctrlKey || ev.metaKey || ev.altKey) return;
+  if (ev.target instanceof HTMLInputElement) return;
+  const id = {j: 'next', ArrowRight: 'next', k: 'prev', ArrowLeft: 'prev'}[ev.key];
+  const link = id && document.getElementById(id);
+  if (link) link.click();
+});
+
 window.addEventListener('hashchange', render);
 render();
 setInterval(poll, POLL_MS);
