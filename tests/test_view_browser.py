@@ -15,6 +15,7 @@ import socket
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -342,3 +343,18 @@ def test_bad_source_is_one_clear_line(tmp_path: Path) -> None:
         proc = subprocess.run(cli("view", str(tmp_path / "t.jsonl"), "--port", str(port)), env=_env(),
                               capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in proc.stderr
+
+
+def test_a_record_rewritten_under_the_index_is_never_shown_as_another(run_dir: Path, tmp_path: Path,
+                                                                      viewer_of) -> None:
+    run = tmp_path / "data" / "copy"
+    shutil.copytree(run_dir, run)
+    v = viewer_of(run)
+    with urllib.request.urlopen(v.url + "api/samples?status=completed") as r:
+        first = json.loads(r.read())["items"][0]["key"]
+    batch = run / "batch_0.jsonl"
+    lines = batch.read_bytes().splitlines(keepends=True)
+    batch.write_bytes(b"".join(reversed(lines)))  # same file, same size, other records at each offset
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(v.url + "api/sample?key=" + urllib.parse.quote(first))
+    assert e.value.code == 409 and "reload" in json.loads(e.value.read())["error"]

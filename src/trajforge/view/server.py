@@ -73,32 +73,43 @@ class Viewer:
             self._cache[key] = (self.index.generation, value)
         return value
 
-    def _statistics(self) -> dict[str, Any] | None:
+    def _run_file(self, name: str) -> dict[str, Any]:
         if self.index.run_dir is None:
-            return None
+            return {}
         try:
-            data = orjson.loads((self.index.run_dir / "statistics.json").read_bytes())
+            data = orjson.loads((self.index.run_dir / name).read_bytes())
         except (OSError, orjson.JSONDecodeError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _stats_signature(self) -> tuple[int, int] | None:
+        """statistics.json is written after the last batch line and checkpoint save: its own
+        change must redraw the overview too."""
+        try:
+            st = (self.index.run_dir / "statistics.json").stat()  # type: ignore[operator]
+        except (OSError, TypeError):
             return None
-        return data if isinstance(data, dict) else None
+        return st.st_mtime_ns, st.st_size
 
     def overview(self) -> dict[str, Any]:
         ix = self.index
 
+        live = ix.live()
+
         def build() -> dict[str, Any]:
-            stats = self._statistics()
-            total = ((stats or {}).get("run") or {}).get("samples", {}).get("total")
-            if ix.dataset and (total is None or ix.live()):
+            stats, config = self._run_file("statistics.json"), self._run_file("config.json")
+            total = (stats.get("run") or {}).get("samples", {}).get("total")
+            if ix.dataset and (total is None or live):
                 total = len(ix.dataset)  # statistics.json, if any, is an earlier invocation's
             totals = run_totals(ix.totals, ix.outcomes, ix.checkpoint)
             figures = totals.as_dict(total=total, seconds=ix.seconds())
-            config = ix.checkpoint.get("run_name") or (stats or {}).get("run_name")
-            return {"figures": figures, "statistics": stats, **distributions(ix.entries()),
-                    "failure_classes": list(FAILURE_CLASSES), "run_name": config, "model": (stats or {}).get("model"),
-                    "duplicates": ix.duplicates,
+            return {"figures": figures, "statistics": stats or None, **distributions(ix.entries()),
+                    "failure_classes": list(FAILURE_CLASSES),
+                    "run_name": config.get("run_name") or stats.get("run_name"),
+                    "model": config.get("model") or stats.get("model"), "duplicates": ix.duplicates,
                     "problems": ix.problems + ([ix.dataset_note] if ix.dataset_note else [])}
 
-        return {**self._cached("overview", build), **self.status()}
+        return {**self._cached(("overview", self._stats_signature(), live), build), **self.status()}
 
     def status(self) -> dict[str, Any]:
         ix = self.index
@@ -143,10 +154,17 @@ class Viewer:
         entry = self.index.find(key)
         if entry is None:
             return _json({"error": f"no sample {key!r}"}, 404)
+        problem = None
         try:
             rec = self.index.read_record(entry)
         except (OSError, orjson.JSONDecodeError) as e:
-            return _json({"error": f"cannot read the record of {key!r}: {e}"}, 409)
+            rec, problem = None, str(e)
+        sid = rec.get("sample_id") if rec is not None else None
+        if isinstance(sid, str) and sid and key != sid and not key.startswith(sid + "@"):
+            problem = "another record is at its place now"
+        if problem is not None:
+            self._last_refresh = 0.0  # the files changed under the index (--overwrite): look again next time
+            return _json({"error": f"cannot read the record of {key!r} ({problem}); the run changed: reload"}, 409)
         rows = self.filtered(Query.from_params(request.query))
         pos = next((i for i, e in enumerate(rows) if e is entry), None)
         body: dict[str, Any] = {"entry": {**entry.row(), "prompt": entry.prompt}, "position": pos,
