@@ -1,0 +1,6 @@
+"""`trajforge view`: a read-only web page over a run directory or a trajectories JSONL file.
+
+index.py scans the files into compact entries (offsets, never conversations), summary.py and
+overview.py turn entries into the list's rows and the overview's figures, conversation.py turns one
+saved conversation into display turns, server.py serves the API and the static page (static/).
+"""
