@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -34,8 +34,12 @@ class MergeResult:
     stale: int = 0  # records of samples no longer in the dataset (left out of trajectories.jsonl)
 
 
-def merge(run_dir: Path, current_index: dict[str, int], totals: Totals) -> MergeResult:
-    """Write run_dir/trajectories.jsonl and add every kept record to `totals`."""
+def merge(run_dir: Path, current_index: dict[str, int], totals: Totals,
+          rows: dict[str, tuple[int, dict[str, Any]]] | None = None) -> MergeResult:
+    """Write run_dir/trajectories.jsonl and add every kept record to `totals`.
+
+    `rows` (identity -> dataset line, extra fields) refreshes what a record says about its input
+    row when the dataset was reordered or a field that is not part of the identity was edited."""
     problems: list[str] = []
     refs: dict[str, store.LineRef] = {}
     duplicates = 0
@@ -73,6 +77,10 @@ def merge(run_dir: Path, current_index: dict[str, int], totals: Totals) -> Merge
                 idx = current_index.get(ref.identity)
                 if idx is not None and idx != rec.get("prompt_index"):
                     rec["prompt_index"] = idx  # the dataset was reordered: index in the current file
+                    line = orjson.dumps(rec) + b"\n"
+                row = rows.get(ref.identity) if rows is not None else None
+                if row is not None and (rec.get("dataset_line"), rec.get("row")) != row:
+                    rec["dataset_line"], rec["row"] = row
                     line = orjson.dumps(rec) + b"\n"
                 totals.add_record(rec)
                 w.write(line)
