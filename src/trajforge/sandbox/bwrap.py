@@ -100,9 +100,23 @@ def bwrap_argv(
         argv += ["--ro-bind-try", path, path]
     argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm",
              "--perms", "1777", "--tmpfs", "/tmp"]
+    made = {"/"}
     for host, inside in binds:
+        # bwrap creates missing parents of a mount point mode 0700 (root's): /app of a row cwd
+        # /app/sub would shut the sandbox uid out. Make them world-searchable first.
+        for parent in _parents(inside):
+            if parent not in made:
+                made.add(parent)
+                argv += ["--perms", "0755", "--dir", parent]
+        made.add(inside)
         argv += ["--bind", str(host), inside]
     return argv + ["--chdir", chdir]
+
+
+def _parents(path: str) -> list[str]:
+    """'/a/b/c' -> ['/a', '/a/b']: the directories above an absolute path, outermost first."""
+    parts = path.strip("/").split("/")[:-1]
+    return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
 def _resolv_conf_target() -> list[str]:
@@ -252,9 +266,9 @@ class BwrapSandbox(MountedSandbox):
         inside = self.inside_cwd(cwd)
         # LocalSandbox has bash set the rlimits (a `ulimit` prefix) or gives a preexec_fn; both
         # reach the command: the prefix runs inside, the preexec_fn's limits are inherited.
-        command = self._limits_prefix + command
+        command = _enter(inside, self._limits_prefix + command)
         if not self.privileged:
-            return [*self._base[:-1], inside, SHELL, "-c", command]
+            return [*self._base[:-1], "/", SHELL, "-c", command]
         if self._holder is None or self._holder.returncode is not None:
             raise SandboxError("the bwrap sandbox of this sample is gone")
         self._hand_over()
@@ -262,15 +276,19 @@ class BwrapSandbox(MountedSandbox):
                 "setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--no-new-privs",
                 "--inh-caps=-all", "--bounding-set=-all", "--",
                 # the shell changes directory itself: one exec fewer per command than `env -C`
-                SHELL, "-c", f"cd -- {shlex.quote(inside)} || exit 125\n{command}"]
+                SHELL, "-c", command]
 
     async def exec(self, command: str, *, timeout: float, cwd: str | None = None) -> ExecResult:
         argv = self._argv(command, cwd)
         try:
-            return await run_argv(argv, timeout=timeout, cwd="/", env=self.env, preexec_fn=self._preexec,
-                                  output_cap=self.output_cap)
+            res = await run_argv(argv, timeout=timeout, cwd="/", env=self.env, preexec_fn=self._preexec,
+                                 output_cap=self.output_cap)
         except OSError as e:
             raise SandboxError(f"cannot start a command: {e}") from e
+        if res.exit_code == _CD_FAILED_EXIT and res.stderr.endswith(_CD_FAILED + "\n"):
+            why = res.stderr[: -len(_CD_FAILED) - 1].strip().splitlines()[-1:] or ["unknown reason"]
+            res.start_error = f"the command could not start in its working directory: {why[0].partition('cd: ')[2] or why[0]}"
+        return res
 
     async def spawn(self, command: str, *, cwd: str | None = None, log_path: Path) -> asyncio.subprocess.Process:
         argv = self._argv(command, cwd)
@@ -290,6 +308,18 @@ class BwrapSandbox(MountedSandbox):
                 async with asyncio.timeout(5):
                     await asyncio.shield(holder.wait())
         await super().close()
+
+
+_CD_FAILED = "trajforge-sandbox: cannot enter the working directory"
+_CD_FAILED_EXIT = 125
+
+
+def _enter(inside: str, command: str) -> str:
+    """The shell script running `command` in `inside`. A `cd` that fails (a directory the sample
+    made unreadable, a cwd it removed) must not run the command elsewhere; it ends with a marker
+    exec() reports as ExecResult.start_error, so the tool call counts as failed."""
+    return (f"cd -- {shlex.quote(inside)} || {{ echo {shlex.quote(_CD_FAILED)} >&2; exit {_CD_FAILED_EXIT}; }}\n"
+            f"{command}")
 
 
 def _chown_beneath(root: Path, parts: tuple[str, ...], uid: int) -> None:

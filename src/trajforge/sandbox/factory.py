@@ -57,6 +57,17 @@ async def create_sandbox(config: RunConfig, *, cwd: str | None, image: str | Non
     return sandbox
 
 
+async def resolve_backend(config: RunConfig) -> tuple[str, str | None]:
+    """The backend `--sandbox` means on this machine for rows without an image, and, when `auto`
+    fell back to `local` (no isolation), why bwrap could not be used."""
+    if config.sandbox != "auto":
+        return config.sandbox, None
+    from trajforge.sandbox.bwrap import probe
+
+    status = await probe()
+    return ("bwrap", None) if status.usable else ("local", status.detail)
+
+
 async def _bwrap_usable() -> bool:
     from trajforge.sandbox.bwrap import probe
 
