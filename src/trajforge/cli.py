@@ -62,6 +62,8 @@ FLAGS: list[tuple[str, str, str]] = [
     ("max_sandboxes", "int", "containers being created at once"),
     ("container_engine", "str", "auto, podman or docker: engine of the container sandbox"),
     ("local_instances", "int", "model instances of the local backend"),
+    ("fail_on_error", "float", "exit with code 3 when this many samples ended failed: a count (1, 2, ...) "
+                               "or a fraction of the samples (0 < x < 1)"),
     ("executor", "str", "local or ray"),
     ("ray_address", "str", "Ray cluster address"),
 ]

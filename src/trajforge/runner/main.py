@@ -28,7 +28,7 @@ from trajforge.runner.merge import merge
 from trajforge.runner.outcome import Outcome
 from trajforge.runner.progress import Progress
 from trajforge.runner.rundir import RunDir
-from trajforge.runner.stats import Totals, render_table
+from trajforge.runner.stats import EXIT_SAMPLES_FAILED, Totals, render_table, too_many_failed
 
 log = logging.getLogger("trajforge")
 
@@ -67,6 +67,18 @@ def _choose_model(config: RunConfig) -> None:
         raise UsageError(f"no API key for {url}: pass --api_key or set OPENROUTER_API_KEY / OPENAI_API_KEY")
 
 
+def _check_container_images(config: RunConfig, dataset: LoadedDataset) -> None:
+    """`--sandbox container` with rows that name no image and no `container_image`: every such
+    sample could only fail, so refuse before any work."""
+    if config.sandbox != "container" or config.container_image:
+        return
+    bare = [s for s in dataset.samples if s.image is None]
+    if bare:
+        raise UsageError(f"--sandbox container: {len(bare)} row(s) have no `image` (first: {dataset.path}:"
+                         f"{bare[0].line}) and the config sets no `container_image`; give each row an image "
+                         "or set `container_image: IMAGE` in the --config file")
+
+
 def run(config: RunConfig) -> int:
     logging.basicConfig(level=logging.INFO if config.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
@@ -76,6 +88,7 @@ def run(config: RunConfig) -> int:
     prefill = load_prefill(config.prefill_messages_file)
     dataset = load_dataset(config.dataset_file, skip_invalid=config.skip_invalid, max_samples=config.max_samples)
     _choose_model(config)
+    _check_container_images(config, dataset)
     if config.executor == "ray":
         import importlib.util
 
@@ -136,8 +149,10 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
         print(f"trajforge: {p}", file=sys.stderr)
     if dataset.skipped:
         print(f"trajforge: skipped {len(dataset.skipped)} invalid dataset line(s)", file=sys.stderr)
+    sandbox = await _resolve_sandbox(config, dataset)
     print(f"trajforge: run '{config.run_name}': {len(dataset.samples)} samples, "
-          f"{len(dataset.samples) - len(todo)} already finished, {len(todo)} to run -> {run_dir}", file=sys.stderr)
+          f"{len(dataset.samples) - len(todo)} already finished, {len(todo)} to run, sandbox {sandbox} -> {run_dir}",
+          file=sys.stderr)
     rundir.save_config(config.masked())
 
     batch_store = store.BatchStore(run_dir)
@@ -196,14 +211,44 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
     if fatal is not None:
         print(f"error: {fatal}", file=sys.stderr)
         return 1
-    return 130 if interrupted else 0
+    return 130 if interrupted else _failed_exit_code(config, stats)
+
+
+def _failed_exit_code(config: RunConfig, stats: dict[str, Any]) -> int:
+    """0, or EXIT_SAMPLES_FAILED when the run's failed samples reach --fail_on_error."""
+    samples = stats["run"]["samples"]
+    failed, total = samples["failed"], samples["total"] or 0
+    if not too_many_failed(failed, total, config.fail_on_error):
+        return 0
+    classes = ", ".join(f"{k} {v}" for k, v in samples["failed_by_class"].items() if v)
+    print(f"trajforge: {failed} of {total} sample(s) failed ({classes}); each one's reason is in "
+          f"checkpoint.json; `--resume` retries them; exit code {EXIT_SAMPLES_FAILED} "
+          f"(--fail_on_error {config.fail_on_error:g})", file=sys.stderr)
+    return EXIT_SAMPLES_FAILED
+
+
+async def _resolve_sandbox(config: RunConfig, dataset: LoadedDataset) -> str:
+    """Decide `--sandbox auto` once, here, so the start line, config.json and statistics.json name
+    the backend the samples really use; a fallback to `local` says why and how to get isolation."""
+    if config.executor != "local":
+        return f"{config.sandbox} (chosen on each Ray node)" if config.sandbox == "auto" else config.sandbox
+    from trajforge.sandbox.factory import resolve_backend
+
+    kind, fallback_reason = await resolve_backend(config)
+    config.sandbox = kind  # type: ignore[assignment]
+    if fallback_reason is not None:
+        print(f"trajforge: --sandbox auto: bwrap is not usable here ({fallback_reason}), so commands run in the "
+              "`local` sandbox WITHOUT isolation from this host; run `trajforge doctor` to see how to get "
+              "isolation, or pass --sandbox local to accept it", file=sys.stderr)
+    images = sum(s.image is not None for s in dataset.samples)
+    return f"{kind} (rows with an image: container)" if images and kind != "container" else kind
 
 
 def _finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint: Checkpoint,
             invocation: Totals, seconds: float) -> dict[str, Any]:
     totals = Totals()
     current = {s.identity: s.index for s in samples}
-    result = merge(run_dir, current, totals)
+    result = merge(run_dir, current, totals, {s.identity: (s.line, s.extra) for s in samples})
     for identity, entry in checkpoint.samples.items():
         if identity not in current or identity in result.finished:
             continue  # a sample no longer in the dataset, or one that a later attempt finished
@@ -217,6 +262,7 @@ def _finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint:
         "run_name": config.run_name,
         "model": config.model,
         "distribution": config.distribution,
+        "sandbox": config.sandbox,
         "dataset_file": str(config.dataset_file),
         "invocations": len(checkpoint.invocations),
         "run": totals.as_dict(total=len(samples), seconds=total_seconds),
