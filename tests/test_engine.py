@@ -46,7 +46,7 @@ def test_sample_timeout_kills_its_processes(tmp_path: Path, server: ScriptedServ
     ds = write_dataset(tmp_path / "ds.jsonl", ["please hang", "say ok"])
     t0 = time.monotonic()
     proc = run_cli(tmp_path, clean_env, *base_args(server, ds, "r", "--timeout=2", "--tool_timeout=100"))
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 3, proc.stderr
     assert time.monotonic() - t0 < 30
     stats = stats_of(tmp_path)
     assert stats["run"]["samples"]["failed_by_class"]["timeout"] == 1
@@ -74,7 +74,7 @@ def test_retries_follow_task_type_and_resume_retries_failures(tmp_path: Path, se
                                        + json.dumps({"prompt": "say plain"}) + "\n")
     args = base_args(server, tmp_path / "ds.jsonl", "r", "--config=cfg.yaml")
     proc = run_cli(tmp_path, clean_env, *args)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 3, proc.stderr
     assert attempts == {"say flaky": 3, "say plain": 2}  # 1 + retry_limit attempts each
     stats = stats_of(tmp_path)
     assert stats["run"]["samples"]["finished"] == 1
@@ -231,7 +231,7 @@ def test_provider_error_mid_generation_is_a_retried_failure(tmp_path: Path, serv
     server.handler = lambda req: chat("partial text", reasoning="r", finish_reason="error")
     ds = write_dataset(tmp_path / "ds.jsonl", ["say e"])
     proc = run_cli(tmp_path, clean_env, *base_args(server, ds))
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 3, proc.stderr
     stats = stats_of(tmp_path)
     assert stats["run"]["samples"]["failed_by_class"]["api_error"] == 1
     assert stats["run"]["samples"]["finished"] == 0

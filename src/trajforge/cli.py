@@ -70,6 +70,8 @@ FLAGS: list[tuple[str, str, str]] = [
     ("judge_base_url", "str", "OpenAI-compatible API base URL of the judge model"),
     ("judge_api_key_env", "str", "environment variable holding the judge endpoint's API key"),
     ("judge_threshold", "float", "a rubric passes when the judge's score (0..1) is at least this"),
+    ("fail_on_error", "float", "exit with code 3 when this many samples ended failed: a count (1, 2, ...) "
+                               "or a fraction of the samples (0 < x < 1)"),
     ("executor", "str", "local or ray"),
     ("ray_address", "str", "Ray cluster address"),
     ("max_cost", "float", "USD budget of the whole run (all invocations): no new samples once reached, exit code 4"),

@@ -134,6 +134,8 @@ class RunConfig(_Strict):
     container_cpus: float | None = Field(None, gt=0, description="CPUs per container (default: no limit)")
     image_pull_timeout: float = Field(300.0, gt=0, description="seconds to pull one missing image")
     local_instances: int = Field(1, ge=1)
+    fail_on_error: float = Field(1, gt=0, description="failed samples that make the exit code 3: a count "
+                                 "(1, 2, ...) or a fraction of the samples (0 < x < 1)")
     executor: Literal["local", "ray"] = "local"
     ray_address: str | None = None
     samples_per_prompt: int = Field(1, ge=1, le=10_000, description="independent rollouts of every row")
@@ -161,12 +163,19 @@ class RunConfig(_Strict):
                      "sandbox_nproc", "container_pids_limit", "container_cpus", "image_pull_timeout",
                      "local_instances", "samples_per_prompt", "stop_after_passes", "check_timeout",
                      "judge_threshold", "max_cost", "max_cost_per_sample", "max_tokens_per_sample",
-                     "max_requests_per_minute", "max_tokens_per_minute", mode="before")
+                     "max_requests_per_minute", "max_tokens_per_minute", "fail_on_error", mode="before")
     @classmethod
     def _no_bool_numbers(cls, v: Any) -> Any:
         # pydantic's lax mode reads True as 1; `max_turns: yes` in a config file is a mistake.
         if isinstance(v, bool):
             raise ValueError(f"must be a number, not {str(v).lower()}")
+        return v
+
+    @field_validator("fail_on_error")
+    @classmethod
+    def _count_or_fraction(cls, v: float) -> float:
+        if v >= 1 and v != int(v):
+            raise ValueError("must be a whole count of samples (1, 2, ...) or a fraction between 0 and 1")
         return v
 
     @field_validator("providers_allowed", "providers_ignored", "providers_order", mode="before")

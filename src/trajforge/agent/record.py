@@ -24,12 +24,17 @@ def build_record(
     toolsets_used: list[str],
     known_tools: tuple[str, ...],
     now: datetime | None = None,
+    dataset_line: int | None = None,
+    row: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """`dataset_line` (1-based line of the row in the dataset file) and `row` (the row's fields
+    other than the ones that decide how it runs) let users join a result back to its input."""
     stats, errors = tool_stats(session, known_tools)
     ts = (now or datetime.now(timezone.utc)).replace(microsecond=0, tzinfo=None).isoformat()
     return {
         "prompt_index": prompt_index,
         "sample_id": sample_id,
+        "dataset_line": dataset_line,
         "conversations": conversations(session),
         "metadata": {"batch_num": batch_num, "timestamp": ts, "model": model},
         "completed": session.completed,
@@ -41,4 +46,5 @@ def build_record(
         "tool_error_counts": errors,
         "reasoning": reasoning_stats(session),
         "usage": session.usage.as_dict(),
+        "row": dict(row or {}),
     }

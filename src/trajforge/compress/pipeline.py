@@ -27,7 +27,7 @@ from trajforge.compress.metrics import detail_line, flagged_lines, report, write
 from trajforge.compress.progress import Progress
 from trajforge.compress.records import Position, RawLine, check_paths, default_output, iter_lines, resolve_input
 from trajforge.compress.resume import DurableWriter, Paths, fingerprint
-from trajforge.compress.summarize import Summariser
+from trajforge.compress.summarize import Summariser, falls_back_to_local
 from trajforge.compress.tokenize import load_counter
 from trajforge.errors import DatasetError, TrajforgeError
 
@@ -63,6 +63,11 @@ def run(options: Options, config: CompressionConfig, *, environ: Mapping[str, st
         from trajforge.compress.dryrun import dry_run
 
         return dry_run(input_file, output, selection, TrajectoryCompressor(config, counter, None), out)
+    if falls_back_to_local(config.summarization, options.api_key, environ):
+        print("trajforge compress: no API key and no --base_url: summaries come from the bundled local model "
+              "(--model local); set OPENROUTER_API_KEY or pass --model/--base_url/--api_key to use an API",
+              file=sys.stderr)
+        config.summarization.model = "local"
     summariser = Summariser(config.summarization, target_tokens=config.compression.summary_target_tokens,
                             api_key=options.api_key, environ=environ)
     compressor = TrajectoryCompressor(config, counter, summariser)

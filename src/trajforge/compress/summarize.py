@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trajforge.compress.config import SummarizationSection
+from trajforge.compress.config import DEFAULT_SUMMARY_MODEL, SummarizationSection
 from trajforge.errors import UsageError
 from trajforge.model.errors import ModelCallError
 from trajforge.model.types import ModelClient, ModelSettings
@@ -81,6 +81,16 @@ def normalise(text: str) -> str:
     while body.startswith(SUMMARY_PREFIX):
         body = body[len(SUMMARY_PREFIX):].strip()
     return f"{SUMMARY_PREFIX} {body}" if body else ""
+
+
+def falls_back_to_local(cfg: SummarizationSection, api_key: str | None, environ: Mapping[str, str]) -> bool:
+    """Like `trajforge run`: the default summariser model with no --base_url and no API key
+    anywhere means the bundled local model. A model or URL the user chose is never replaced."""
+    from trajforge.model.factory import resolve_api_key
+
+    env_key = environ.get(cfg.api_key_env) if cfg.api_key_env else None
+    return (cfg.model == DEFAULT_SUMMARY_MODEL and cfg.base_url is None
+            and resolve_api_key(api_key or env_key, environ) is None)
 
 
 class Summariser:

@@ -31,6 +31,7 @@ from trajforge.errors import FatalModelError
 from trajforge.model import gate as model_gate
 from trajforge.model import spend
 from trajforge.model.errors import APIFailure, ModelCallError, ModelOutputError, RateLimitedError
+from trajforge.model.errors import ModelTimeoutError
 from trajforge.model.parse import (
     INVALID_TOOL_NAME, arguments_text, content_text, extract_hermes_tool_calls, join_reasoning,
     reasoning_from_message, split_reasoning,
@@ -205,7 +206,7 @@ class OpenAIClient:
             async with asyncio.timeout(timeout):
                 reply = await self._transport.post(payload)
         except TimeoutError as exc:
-            raise _Retryable(APIFailure(f"model API {self.base_url} timed out after {timeout:g}s")) from exc
+            raise _Retryable(ModelTimeoutError(f"model API {self.base_url} timed out after {timeout:g}s")) from exc
         except TransportError as exc:
             raise _Retryable(APIFailure(
                 f"connection to model API {self.base_url} failed: {self._scrub(str(exc))}")) from exc

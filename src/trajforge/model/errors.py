@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from trajforge.errors import FatalModelError
 
-__all__ = ["ModelCallError", "RateLimitedError", "APIFailure", "ModelOutputError", "FatalModelError"]
+__all__ = ["ModelCallError", "RateLimitedError", "APIFailure", "ModelTimeoutError", "ModelOutputError", "FatalModelError"]
 
 
 class ModelCallError(Exception):
@@ -25,6 +25,13 @@ class APIFailure(ModelCallError):
     """5xx, timeout, dropped connection (after retries) or a 400/404 the API will not accept."""
 
     failure_class = "api_error"
+
+
+class ModelTimeoutError(APIFailure):
+    """Every attempt ran past --request_timeout: the sample fails as `timeout`, like a sample that
+    ran past --timeout, so "the model is too slow" is told apart from "the API is broken"."""
+
+    failure_class = "timeout"
 
 
 class ModelOutputError(ModelCallError):

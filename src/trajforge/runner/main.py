@@ -42,7 +42,7 @@ from trajforge.runner.preflight import check_executor, choose_model, load_prefil
 from trajforge.runner.progress import Progress
 from trajforge.runner.rollouts import RolloutScheduler, expand, finish_totals, passes_on_disk, prepare_totals
 from trajforge.runner.rundir import RunDir
-from trajforge.runner.stats import Totals, render_table
+from trajforge.runner.stats import EXIT_SAMPLES_FAILED, Totals, render_table, too_many_failed
 from trajforge.verify.verifier import validate_verification
 
 log = logging.getLogger("trajforge")
@@ -68,6 +68,7 @@ def _run_checked(config: RunConfig) -> int:
     choose_model(config)
     check_prices(config)
     check_executor(config)
+    check_container_images(config, dataset)
     validate_verification(config, dataset)
     rundir = RunDir(config.output_dir / config.run_name)
     rundir.acquire(resume=config.resume, overwrite=config.overwrite)
@@ -142,8 +143,10 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
               "record is missing or unreadable in the batch files: they run again", file=sys.stderr)
     if dataset.skipped:
         print(f"trajforge: skipped {len(dataset.skipped)} invalid dataset line(s)", file=sys.stderr)
+    sandbox = await _resolve_sandbox(config, dataset)
     print(f"trajforge: run '{config.run_name}': {len(samples)} samples, "
-          f"{len(samples) - len(todo)} already finished, {len(todo)} to run -> {run_dir}", file=sys.stderr)
+          f"{len(samples) - len(todo)} already finished, {len(todo)} to run, sandbox {sandbox} -> {run_dir}",
+          file=sys.stderr)
     rundir.save_config(config.masked())
 
     batch_store = store.BatchStore(run_dir)
@@ -244,7 +247,37 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
         for line in budget.stop_message():
             print(line, file=sys.stderr)
         return BUDGET_EXIT_CODE
-    return 0
+    return _failed_exit_code(config, stats)
+
+
+def _failed_exit_code(config: RunConfig, stats: dict[str, Any]) -> int:
+    """0, or EXIT_SAMPLES_FAILED when the run's failed samples reach --fail_on_error."""
+    samples = stats["run"]["samples"]
+    failed, total = samples["failed"], samples["total"] or 0
+    if not too_many_failed(failed, total, config.fail_on_error):
+        return 0
+    classes = ", ".join(f"{k} {v}" for k, v in samples["failed_by_class"].items() if v)
+    print(f"trajforge: {failed} of {total} sample(s) failed ({classes}); each one's reason is in "
+          f"checkpoint.json; `--resume` retries them; exit code {EXIT_SAMPLES_FAILED} "
+          f"(--fail_on_error {config.fail_on_error:g})", file=sys.stderr)
+    return EXIT_SAMPLES_FAILED
+
+
+async def _resolve_sandbox(config: RunConfig, dataset: LoadedDataset) -> str:
+    """Decide `--sandbox auto` once, here, so the start line, config.json and statistics.json name
+    the backend the samples really use; a fallback to `local` says why and how to get isolation."""
+    if config.executor != "local":
+        return f"{config.sandbox} (chosen on each Ray node)" if config.sandbox == "auto" else config.sandbox
+    from trajforge.sandbox.factory import resolve_backend
+
+    kind, fallback_reason = await resolve_backend(config)
+    config.sandbox = kind  # type: ignore[assignment]
+    if fallback_reason is not None:
+        print(f"trajforge: --sandbox auto: bwrap is not usable here ({fallback_reason}), so commands run in the "
+              "`local` sandbox WITHOUT isolation from this host; run `trajforge doctor` to see how to get "
+              "isolation, or pass --sandbox local to accept it", file=sys.stderr)
+    images = sum(s.image is not None for s in dataset.samples)
+    return f"{kind} (rows with an image: container)" if images and kind != "container" else kind
 
 
 def _finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint: Checkpoint,
@@ -252,7 +285,8 @@ def _finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint:
     totals = Totals()
     current = {s.identity: s.index for s in samples}
     rows = prepare_totals(totals, config, samples)
-    result = merge(run_dir, current, totals, keep_passed=config.keep == "passed")
+    result = merge(run_dir, current, totals, {s.identity: (s.line, s.extra) for s in samples},
+                   keep_passed=config.keep == "passed")
     for identity in result.hallucinated_ids:
         checkpoint.mark_discarded(identity, "hallucinated_tool")
     if result.hallucinated_ids:
@@ -271,6 +305,7 @@ def _finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint:
         "run_name": config.run_name,
         "model": config.model,
         "distribution": config.distribution,
+        "sandbox": config.sandbox,
         "dataset_file": str(config.dataset_file),
         "invocations": len(checkpoint.invocations),
         "run": totals.as_dict(total=len(samples), seconds=total_seconds),

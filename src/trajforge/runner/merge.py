@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -40,12 +40,16 @@ class MergeResult:
     not_kept: int = 0  # records left out by --keep passed (counted in the statistics all the same)
 
 
-def merge(run_dir: Path, current_index: dict[str, int], totals: Totals, *, keep_passed: bool = False) -> MergeResult:
+def merge(run_dir: Path, current_index: dict[str, int], totals: Totals,
+          rows: dict[str, tuple[int, dict[str, Any]]] | None = None, *, keep_passed: bool = False) -> MergeResult:
     """Write run_dir/trajectories.jsonl and add every record to `totals` (kept or, with
-    `keep_passed`, left out because its verification did not pass). Raises OutputError."""
+    `keep_passed`, left out because its verification did not pass). Raises OutputError.
+
+    `rows` (identity -> dataset line, extra fields) refreshes what a record says about its input
+    row when the dataset was reordered or a field that is not part of the identity was edited."""
     target = run_dir / "trajectories.jsonl"
     try:
-        return _merge(run_dir, current_index, totals, target, keep_passed)
+        return _merge(run_dir, current_index, totals, target, rows, keep_passed)
     except OSError as e:
         if e.filename is not None and Path(e.filename) != target and not Path(e.filename).name.startswith("."):
             raise OutputError(e.filename, e, "read") from None
@@ -58,7 +62,7 @@ def calls_unknown_tools(rec: dict) -> bool:
 
 
 def _merge(run_dir: Path, current_index: dict[str, int], totals: Totals, target: Path,
-           keep_passed: bool) -> MergeResult:
+           rows: dict[str, tuple[int, dict[str, Any]]] | None, keep_passed: bool) -> MergeResult:
     problems: list[str] = []
     refs: dict[str, store.LineRef] = {}
     duplicates = 0
@@ -98,6 +102,10 @@ def _merge(run_dir: Path, current_index: dict[str, int], totals: Totals, target:
                 idx = current_index.get(ref.identity)
                 if idx is not None and idx != rec.get("prompt_index"):
                     rec["prompt_index"] = idx  # the dataset was reordered: index in the current file
+                    line = orjson.dumps(rec) + b"\n"
+                row = rows.get(ref.identity) if rows is not None else None
+                if row is not None and (rec.get("dataset_line"), rec.get("row")) != row:
+                    rec["dataset_line"], rec["row"] = row
                     line = orjson.dumps(rec) + b"\n"
                 totals.add_record(rec)
                 if keep_passed and not passed(rec):

@@ -15,6 +15,22 @@ from trajforge.runner.outcome import FAILURE_CLASSES
 from trajforge.runner.verify_stats import VerifyTotals, table_rows
 
 
+EXIT_SAMPLES_FAILED = 3  # the run finished, but too many samples ended failed (--fail_on_error)
+
+
+def too_many_failed(failed: int, total: int, threshold: float) -> bool:
+    """Whether `failed` of `total` samples reach --fail_on_error: a count when >= 1, else a
+    fraction of `total`. A run where every sample failed always does, whatever the threshold:
+    that is an infrastructure problem (no sandbox, a dead endpoint), never data."""
+    if failed <= 0:
+        return False
+    if total > 0 and failed >= total:
+        return True
+    if threshold >= 1:
+        return failed >= threshold
+    return failed >= threshold * total - 1e-9  # 0.3 * 10 is 3.0000000000000004
+
+
 @dataclass
 class Totals:
     finished: int = 0

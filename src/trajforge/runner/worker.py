@@ -21,7 +21,7 @@ from trajforge.agent.record import build_record
 from trajforge.agent.stats import reasoning_stats
 from trajforge.config import RunConfig
 from trajforge.dataset import Sample
-from trajforge.errors import FatalModelError
+from trajforge.errors import FatalModelError, UsageError
 from trajforge.model.errors import ModelCallError
 from trajforge.model.types import ModelClient
 from trajforge.runner.outcome import Outcome
@@ -59,6 +59,10 @@ class SampleWorker:
         self.verifier = Verifier(self.config, self.model)
         wanted = [ts for ts, p in self.distribution.probabilities.items() if p > 0]
         self.toolsets, self.unavailable = await build_toolsets(wanted, self.config)
+        if not self.toolsets:  # every sample would get no tool at all: refuse rather than run blind
+            why = "; ".join(f"{u.toolset}: {u.reason}" for u in self.unavailable)
+            raise UsageError(f"--distribution {self.distribution.name}: none of its toolsets can be offered "
+                             f"here ({why}); pick another distribution (see `trajforge distributions`)")
         self.sandboxes = await SandboxProvider(self.config).start()
         if self._root_override is not None:
             self.workspace_root = self._root_override
@@ -107,7 +111,8 @@ class SampleWorker:
             return outcome("failed", reason="internal", message=f"{type(e).__name__}: {e}")
         assert self.model is not None
         record = build_record(session, prompt_index=sample.index, sample_id=sample.identity, batch_num=batch_num,
-                              model=self.model.model_name, toolsets_used=toolsets, known_tools=KNOWN_TOOLS)
+                              model=self.model.model_name, toolsets_used=toolsets, known_tools=KNOWN_TOOLS,
+                              dataset_line=sample.line, row=sample.extra)
         record["rollout"] = sample.rollout
         if verification is not None:
             record["verification"] = verification
@@ -119,8 +124,8 @@ class SampleWorker:
         assert self.model is not None and self.verifier is not None and self.sandboxes is not None
         spec = self.verifier.spec(sample)
         check: Part | None = None
-        sampled = sample_toolsets(self.distribution, self.config.seed, sample.identity)
-        offered = [ts for ts in sampled if ts in self.toolsets]
+        # Only available toolsets are drawn from, so a sample always gets at least one (start() checked).
+        offered = sample_toolsets(self.distribution, self.config.seed, sample.identity, self.toolsets)
         tools = tools_for(offered, self.toolsets)
         # The wall-clock limit starts once the sandbox exists: a shared image pull or a wait for a
         # container slot is the run's cost, not this sample's.

@@ -35,6 +35,8 @@ class ExecResult:
     stderr: str
     timed_out: bool = False
     truncated: bool = False
+    # The command never ran: its shell could not enter the working directory (a failed tool call).
+    start_error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

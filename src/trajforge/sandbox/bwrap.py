@@ -113,20 +113,23 @@ def bwrap_argv(
         argv += ["--ro-bind-try", path, path]
     argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm",
              "--perms", "1777", "--tmpfs", "/tmp"]
-    made: set[str] = set()
+    made = {"/"}
     for host, inside in binds:
-        # bwrap would create missing parents (the /app of a cwd /app/sub) mode 0700, root-owned:
-        # closed to the sample's uid. Make them 0755 first.
-        parent = posixpath.dirname(inside)
-        chain = []
-        while parent not in ("/", "") and parent not in made:
-            chain.append(parent)
-            parent = posixpath.dirname(parent)
-        for d in reversed(chain):
-            argv += ["--perms", "0755", "--dir", d]
-            made.add(d)
+        # bwrap creates missing parents of a mount point mode 0700 (root's): /app of a row cwd
+        # /app/sub would shut the sandbox uid out. Make them world-searchable first.
+        for parent in _parents(inside):
+            if parent not in made:
+                made.add(parent)
+                argv += ["--perms", "0755", "--dir", parent]
+        made.add(inside)
         argv += ["--bind", str(host), inside]
     return argv + ["--chdir", chdir]
+
+
+def _parents(path: str) -> list[str]:
+    """'/a/b/c' -> ['/a', '/a/b']: the directories above an absolute path, outermost first."""
+    parts = path.strip("/").split("/")[:-1]
+    return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
 def _resolv_conf_target() -> list[str]:

@@ -23,6 +23,7 @@ from typing import Any
 import json
 
 from trajforge.sandbox.base import ExecResult, FileOpError, Job, LogChunk, PathEscapeError, SandboxError, SymlinkError
+from trajforge.sandbox.helper import CD_FAILED, CD_FAILED_EXIT
 from trajforge.sandbox.process import DETACH_GRACE, DETACH_NOTE, CappedBuffer
 
 _HEAD = struct.Struct("<II")
@@ -207,8 +208,12 @@ class HelperChannel:
             for t in transports:
                 t.close()
         stderr = err_buf.text() + (DETACH_NOTE if detached else "")
-        return ExecResult(exit_code=None if timed_out else proc.code, stdout=out_buf.text(), stderr=stderr,
-                          timed_out=timed_out, truncated=out_buf.truncated or err_buf.truncated)
+        res = ExecResult(exit_code=None if timed_out else proc.code, stdout=out_buf.text(), stderr=stderr,
+                         timed_out=timed_out, truncated=out_buf.truncated or err_buf.truncated)
+        if proc.code == CD_FAILED_EXIT and stderr.startswith(CD_FAILED):
+            res.start_error = "the command could not start in its working directory: " + \
+                stderr[len(CD_FAILED):].strip(": \n")
+        return res
 
     async def kill_group(self, pgid: int) -> None:
         with contextlib.suppress(SandboxError):

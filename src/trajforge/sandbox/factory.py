@@ -102,6 +102,17 @@ class SandboxProvider:
         self._state.clear()
 
 
+async def resolve_backend(config: RunConfig) -> tuple[str, str | None]:
+    """The backend `--sandbox` means on this machine for rows without an image, and, when `auto`
+    fell back to `local` (no isolation), why bwrap could not be used."""
+    if config.sandbox != "auto":
+        return config.sandbox, None
+    from trajforge.sandbox.bwrap import probe
+
+    status = await probe()
+    return ("bwrap", None) if status.usable else ("local", status.detail)
+
+
 def _as_async(fn: Callable[[Any], Any]) -> Callable[[Any], Awaitable[None]]:
     async def call(value: Any) -> None:
         result = fn(value)

@@ -30,6 +30,10 @@ from trajforge.sandbox.fsops import FileOpError, locate, read, search, write
 from trajforge.sandbox.safe_fs import PathEscapeError, SymlinkError
 
 _HEAD = struct.Struct("<II")
+# A command whose cwd cannot be entered ends with this line and code; the runner's exec() turns it
+# into ExecResult.start_error (a failed tool call, not a command that ran).
+CD_FAILED = "trajforge-sandbox: cannot enter the working directory"
+CD_FAILED_EXIT = 125
 _ESC = {i: f"\\u{i:04x}" for i in range(32)}
 _ESC.update({34: '\\"', 92: "\\\\"})
 
@@ -156,7 +160,11 @@ class Helper:
             os.dup2(err, 2)
             for res, soft, hard in self.cfg["limits"]:
                 resource.setrlimit(res, (soft, hard))
-            os.chdir(cwd)
+            try:
+                os.chdir(cwd)
+            except OSError as e:  # never run the command elsewhere; exec() reports a failed start
+                os.write(2, f"{CD_FAILED}: {e.strerror}\n".encode())
+                os._exit(CD_FAILED_EXIT)
             os.execve(self.cfg["shell"], [self.cfg["shell"], "-c", cmd], self.cfg["env"])
         except BaseException as e:  # noqa: BLE001
             os.write(2, f"cannot start the command: {e}\n".encode())

@@ -81,13 +81,17 @@ class LocalSandbox(Sandbox):
 
     async def exec(self, command: str, *, timeout: float, cwd: str | None = None) -> ExecResult:
         self._check_open()
+        host_cwd = self._host_cwd(cwd)
         try:
             return await run_argv(
-                [_SHELL, "-c", self._limits_prefix + command], timeout=timeout, cwd=self._host_cwd(cwd),
+                [_SHELL, "-c", self._limits_prefix + command], timeout=timeout, cwd=host_cwd,
                 env=self.env, preexec_fn=self._preexec, output_cap=self.output_cap,
             )
-        except OSError as e:  # fork/exec failed or the cwd is unusable: not something to retry
-            raise SandboxError(f"cannot start a command: {e}") from e
+        except OSError as e:
+            if e.filename is not None and os.fsdecode(e.filename) == str(host_cwd):  # the sample's doing
+                return ExecResult(None, "", "", start_error="the command could not start in its working "
+                                  f"directory: {e.strerror or e}")
+            raise SandboxError(f"cannot start a command: {e}") from e  # fork/exec failed: not the model's
 
     async def spawn(self, command: str, *, cwd: str | None = None) -> Job:
         self._check_open()

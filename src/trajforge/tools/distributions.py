@@ -1,7 +1,9 @@
 """Named toolset distributions and the seeded per-sample sampler (SPEC section 4).
 
 A distribution gives each toolset an independent probability in percent. Sampling flips each
-toolset on its own, then guarantees at least one: the highest-probability toolset. The random
+toolset on its own and keeps the ones that came up and are available on this machine; when none
+did, the highest-probability available toolset is used, so every sample gets at least one tool
+(a distribution with no available toolset at all is refused when the run starts). The random
 stream is seeded from the run seed and the sample identity, so a retried or resumed sample
 gets exactly the toolsets it had before, whatever the order samples run in.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 TOOLSETS: tuple[str, ...] = ("web", "vision", "image_gen", "terminal", "file", "moa", "browser")
@@ -21,9 +24,12 @@ class Distribution:
     description: str
     probabilities: dict[str, float] = field(default_factory=dict)
 
-    def primary(self) -> str:
-        """The toolset guaranteed when no flip succeeds: highest probability, first listed on ties."""
-        return max(self.probabilities.items(), key=lambda kv: kv[1])[0]
+    def primary(self, available: Collection[str] | None = None) -> str | None:
+        """The toolset used when no flip succeeds: the highest-probability one among `available`
+        (every toolset when None) with a probability above 0, first listed on ties; None if none."""
+        candidates = [(ts, p) for ts, p in self.probabilities.items()
+                      if p > 0 and (available is None or ts in available)]
+        return max(candidates, key=lambda kv: kv[1])[0] if candidates else None
 
 
 def _d(name: str, description: str, **probs: float) -> Distribution:
@@ -80,15 +86,23 @@ def _flips(seed: int, dist_name: str, identity: str, n: int) -> tuple[int, ...]:
     return struct.unpack(f">{n}I", block[: 4 * n])
 
 
-def sample_toolsets(dist: Distribution, seed: int, identity: str) -> list[str]:
-    """Flip every toolset independently; return the enabled ones in the distribution's order.
+def sample_toolsets(dist: Distribution, seed: int, identity: str,
+                    available: Collection[str] | None = None) -> list[str]:
+    """Flip every toolset independently; return the enabled, available ones in the distribution's
+    order (`available` None: every toolset counts as available).
 
-    Toolset k is on when its number u_k satisfies u_k / 2**32 < p_k / 100; if none is on, the
-    primary (highest-probability) toolset is used.
+    Toolset k is on when its number u_k satisfies u_k / 2**32 < p_k / 100. If no available toolset
+    is on, the primary (highest-probability) available toolset is used, so the result is never
+    empty while any toolset of the distribution is available. The flips do not depend on
+    `available`, so a toolset that comes up comes up on every machine.
     """
     flips = _flips(seed, dist.name, identity, len(dist.probabilities))
-    chosen = [ts for u, (ts, p) in zip(flips, dist.probabilities.items()) if u * 100 < p * 2**32]
-    return chosen or [dist.primary()]
+    chosen = [ts for u, (ts, p) in zip(flips, dist.probabilities.items())
+              if u * 100 < p * 2**32 and (available is None or ts in available)]
+    if chosen:
+        return chosen
+    primary = dist.primary(available)
+    return [primary] if primary is not None else []
 
 
 def format_distributions(dists: dict[str, Distribution]) -> str:

@@ -150,6 +150,8 @@ class TerminalTool(Tool):
         except SandboxError as e:
             raise ToolInfraError(str(e)) from e
         output, _ = cap_text(res.stdout + res.stderr, OUTPUT_CAP)
+        if res.start_error is not None:
+            return _result(output, res.exit_code, res.start_error)
         if res.timed_out:
             return _result(output, None, f"command timed out after {limit:g}s (the command and its "
                                          "child processes were killed)")
