@@ -38,7 +38,9 @@ from trajforge.runner.governor import budget_for, check_prices
 from trajforge.runner.merge import merge
 from trajforge.runner.monitor import RunMonitor
 from trajforge.runner.outcome import Outcome
-from trajforge.runner.preflight import check_executor, choose_model, load_prefill, refuse_contradictions
+from trajforge.runner.preflight import (
+    check_container_images, check_executor, choose_model, load_prefill, refuse_contradictions,
+)
 from trajforge.runner.progress import Progress
 from trajforge.runner.rollouts import RolloutScheduler, expand, finish_totals, passes_on_disk, prepare_totals
 from trajforge.runner.rundir import RunDir
