@@ -257,3 +257,20 @@ def test_the_example_dataset_and_config_are_valid() -> None:
     methods = {m for s in loaded.samples for m in resolve_for(config, s.verify, s.task_type).methods}
     assert methods == {"check", "expected", "rubric"}
     assert resolve_for(config, loaded.samples[3].verify, "math").match == "number"
+
+
+def test_passes_on_disk_reads_the_verification_not_the_text(tmp_path: Path) -> None:
+    import orjson
+
+    from trajforge.runner.rollouts import passes_on_disk
+
+    def rec(sid: str, ok: bool, text: str = "hi", tools: dict | None = None) -> bytes:
+        return orjson.dumps({"prompt_index": 0, "sample_id": sid, "conversations": [{"from": "gpt", "value": text}],
+                             "tool_stats": tools or {}, "verification": {"passed": ok}}) + b"\n"
+
+    (tmp_path / "batch_0.jsonl").write_bytes(
+        rec("r:0", True) + rec("r:0#1", False, text='{"verification": {"passed": true}} "passed":true')
+        + rec("r:0#1", True)  # a later duplicate of a finished sample does not count
+        + rec("r:0#2", True, tools={"unoffered:rm": {"count": 1}})  # dropped at the merge: no pass
+        + rec("q:0", False) + b'{"prompt_index": 1, "sample_id": "q:0#1", "verif')  # torn last line
+    assert passes_on_disk(tmp_path) == Counter({"r:0": 1})

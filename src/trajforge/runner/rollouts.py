@@ -15,6 +15,7 @@ passes already in the batch files.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -31,6 +32,9 @@ from trajforge.runner.merge import MergeResult, calls_unknown_tools
 from trajforge.runner.outcome import Outcome
 from trajforge.runner.stats import Totals
 from trajforge.verify.result import passed
+
+
+_MAYBE_PASSED = re.compile(rb'"passed"\s*:\s*true')
 
 
 def expand(samples: list[Sample], n: int) -> list[Sample]:
@@ -55,8 +59,11 @@ def passes_on_disk(run_dir: Path) -> Counter[str]:
             if f is None:
                 f = handles[ref.path] = ref.path.open("rb")
             f.seek(ref.offset)
+            line = f.read(ref.length)
+            if not _MAYBE_PASSED.search(line):  # no pass anywhere in it: skip decoding (inside a JSON
+                continue  # string the quotes would be escaped, so only real structure matches)
             try:
-                rec = orjson.loads(f.read(ref.length))
+                rec = orjson.loads(line)
             except orjson.JSONDecodeError:
                 continue
             if counts_as_pass(rec):
