@@ -22,8 +22,8 @@ from trajforge.dataset import LoadedDataset, Sample, load_dataset
 from trajforge.errors import FatalModelError, UsageError
 from trajforge.jsonio import atomic_write_json, dumps, loads
 from trajforge.runner import store
-from trajforge.runner.checkpoint import Checkpoint
 from trajforge.runner.budget import BUDGET_EXIT_CODE
+from trajforge.runner.checkpoint import Checkpoint
 from trajforge.runner.engine import Executor, run_engine
 from trajforge.runner.governor import budget_for, check_prices
 from trajforge.runner.merge import merge
