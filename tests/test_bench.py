@@ -56,6 +56,17 @@ def test_scenario_runs_the_cli_end_to_end_and_measures_it(tmp_path: Path) -> Non
     assert "bench-42" in rec["conversations"][3]["value"]  # the real command ran in a real shell
 
 
+def test_capped_scenario_says_where_the_runner_settled(tmp_path: Path) -> None:
+    row = asyncio.run(throughput.run_scenario(prompts=40, turns=1, latency=0.1, jitter=0.1, workers=16,
+                                              sandbox="local", batch_size=10, workdir=tmp_path, cap=4,
+                                              settle=0.5, flags=["--max_retries=50"]))
+    assert row["errors"] == 0, row["notes"]
+    assert row["cap"] == 4 and row["max_in_flight"] <= 4  # the server never serves more than its cap
+    assert row["rejected"] > 0 and row["requests"] == 80 + row["rejected"]
+    assert row["late_requests"] > 0 and row["late_mean_in_flight"] is not None
+    assert 0 <= row["late_rejected_share"] < row["rejected_share"]
+
+
 def test_check_output_counts_missing_and_incomplete_trajectories(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()

@@ -8,7 +8,14 @@ import asyncio
 import time
 from typing import Any
 
-from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, with_usage
+from tests.support.scripted_server import (
+    Recorded,
+    Reply,
+    ScriptedServer,
+    chat,
+    http_error,
+    with_usage,
+)
 from trajforge.model import gate as model_gate
 from trajforge.model import spend
 from trajforge.model.client import OpenAIClient

@@ -27,7 +27,7 @@ import pytest
 
 from tests.conftest import cli
 from tests.support.policies import echo_policy
-from tests.support.scripted_server import Recorded, Reply, ScriptedServer
+from tests.support.scripted_server import Recorded, Reply, ScriptedServer, with_usage
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                reason="ray is not installed (pip install trajforge[ray])")
@@ -60,6 +60,7 @@ def comparable_stats(run: Path) -> dict:
         for key in ("duration_seconds", "throughput_samples_per_minute", "per_worker"):
             stats[part].pop(key, None)
     stats.pop("run_name")
+    stats.pop("concurrency", None)  # the local gate's traffic; Ray actors each have their own
     return stats
 
 
@@ -142,6 +143,23 @@ def test_ray_executor_gives_the_same_trajectories_and_statistics(tmp_path: Path,
     assert sorted(p.name for p in a.glob("batch_*.jsonl")) == sorted(p.name for p in b.glob("batch_*.jsonl"))
     ckpt = json.loads((b / "checkpoint.json").read_text())
     assert {k for k, v in ckpt["samples"].items() if v["status"] == "done"} == set(normalised_records(a))
+
+
+@needs_ray
+def test_budget_holds_at_the_driver_with_costs_reported_by_the_actors(tmp_path: Path, server: ScriptedServer,
+                                                                       ray_env: dict[str, str]) -> None:
+    server.handler = with_usage(echo_policy(turns=1, delay=0.05), 100, 20, cost=0.01)  # $0.02 a sample
+    ds = write_dataset(tmp_path / "ds.jsonl", 20)
+    (tmp_path / "c.yaml").write_text("pricing: {scripted-model: {prompt: 1, completion: 1}}\n")
+    proc = subprocess.run(cli("run", *run_args(server, ds, "ray", "--num_workers=2", "--executor=ray",
+                                               f"--config={tmp_path / 'c.yaml'}", "--max_cost=0.2")),
+                          cwd=tmp_path, env=ray_env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 4, proc.stderr[-3000:]
+    assert "budget reached" in proc.stderr
+    spent = len(server.chat_requests()) * 0.01
+    stats = json.loads((tmp_path / "data" / "ray" / "statistics.json").read_text())
+    assert stats["spend"]["spent"] == pytest.approx(spent)  # every actor-side call reached the driver's budget
+    assert 0.18 <= spent <= 0.2 + 2 * 0.02
 
 
 @needs_ray

@@ -145,8 +145,9 @@ def test_budget_stops_starts_once_spend_plus_in_flight_projection_reaches_it() -
     budget.end(a)
     assert budget.average() == pytest.approx(0.2)
     b.cost = 0.05  # in flight, projected to the 0.2 average
-    c, d, e = budget.start(), budget.start(), budget.start()
-    # spent 0.25, in flight b (0.15 more) + c, d, e (0.2 each) = 0.25 + 0.75 = 1.0: reached
+    c = budget.start()
+    budget.start(), budget.start()
+    # spent 0.25, in flight b (0.15 more) + three new ones (0.2 each) = 0.25 + 0.75 = 1.0: reached
     assert not budget.may_start()
     c.cost = 0.01
     budget.end(c)  # once refused, always refused: in-flight samples finish, nothing new starts

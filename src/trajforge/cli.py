@@ -77,8 +77,8 @@ FLAGS: list[tuple[str, str, str]] = [
     ("max_cost", "float", "USD budget of the whole run (all invocations): no new samples once reached, exit code 4"),
     ("max_cost_per_sample", "float", "USD per sample: a sample reaching it ends as partial"),
     ("max_tokens_per_sample", "int", "prompt+completion tokens per sample: a sample reaching it ends as partial"),
-    ("adaptive_concurrency", "switch", "true/false: adapt requests in flight to 429s and latency, "
-                                       "up to --num_workers"),
+    ("adaptive_concurrency", "switch",
+     "true/false: adapt requests in flight to 429s and latency, up to --num_workers"),
     ("max_requests_per_minute", "float", "model requests per minute, all calls of the run (tools' included)"),
     ("max_tokens_per_minute", "float", "model tokens per minute, all calls of the run (tools' included)"),
 ]

@@ -51,7 +51,7 @@ def price_known(model: str, base_url: str, table: Mapping[str, Price] | None) ->
     return model == "local" or model.startswith("local:") or model in (table or {}) or reports_cost(base_url)
 
 
-def _number(value: Any, kind: type[int] | type[float]) -> Any:
+def _number(value: Any, kind: type[int | float]) -> Any:
     if isinstance(value, bool):
         return kind(0)
     try:

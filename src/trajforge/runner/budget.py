@@ -96,8 +96,8 @@ class Budget:
         """The lines printed when the budget stopped the run, ending with how to continue."""
         assert self.limit is not None
         left = max(0, self.to_run - self.started)
-        lines = [f"trajforge: budget reached: ${self.spent:.4f} spent of --max_cost ${self.limit:.4f} "
-                 f"(all invocations of this run); {left} sample(s) not started, in-flight ones finished"]
+        lines = [(f"trajforge: budget reached: ${self.spent:.4f} spent of --max_cost ${self.limit:.4f} "
+                  f"(all invocations of this run); {left} sample(s) not started, in-flight ones finished")]
         need = self.projected_total()
         hint = f" (about ${need:.4f} for the whole run at ${self.average():.4f} per sample)" if need else ""
         lines.append(f"trajforge: to continue, run the same command with --resume and a higher --max_cost{hint}")

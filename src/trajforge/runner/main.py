@@ -30,9 +30,9 @@ from trajforge.errors import FatalModelError, OutputError
 from trajforge.jsonio import atomic_write_bytes, dumps, dumps_pretty
 from trajforge.redact import REGISTRY, hide_in_cmdline, run_secrets
 from trajforge.runner import store
+from trajforge.runner.budget import BUDGET_EXIT_CODE
 from trajforge.runner.checkpoint import Checkpoint
 from trajforge.runner.console import safe_std_streams
-from trajforge.runner.budget import BUDGET_EXIT_CODE
 from trajforge.runner.engine import Executor, run_engine
 from trajforge.runner.governor import budget_for, check_prices
 from trajforge.runner.merge import merge
