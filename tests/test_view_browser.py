@@ -99,6 +99,7 @@ def browser() -> Iterator:
 @pytest.fixture
 def page(browser) -> Iterator:
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.set_default_timeout(60_000)  # the machine is shared: generous, never relied on
     p = context.new_page()
     p.dialogs = []  # type: ignore[attr-defined]
     p.on("dialog", lambda d: (p.dialogs.append(d.message), d.dismiss()))  # type: ignore[attr-defined]
