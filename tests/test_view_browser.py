@@ -191,6 +191,14 @@ def test_filter_by_failure_class_lists_exactly_those_samples(run_dir: Path, view
     page.locator("#pager a", has_text="last").click()
     page.wait_for_function("() => document.getElementById('page-info')?.textContent.startsWith('page 3 of 3')")
     assert page.locator("#samples tbody tr").count() == 2
+    # typing on while a search runs loses nothing: the box keeps focus, caret and keystrokes
+    page.goto(v.url + "#/samples")
+    page.wait_for_selector("#samples tbody tr")
+    page.locator("#search").type("api", delay=50)
+    page.wait_for_function("() => location.hash.includes('q=api')")
+    page.keyboard.type("fail: the API breaks again", delay=20)
+    page.wait_for_function("() => document.querySelectorAll('#samples tbody tr').length === 1")
+    assert page.locator("#search").input_value() == "apifail: the API breaks again"
     # status filter + text search compose
     page.goto(v.url + "#/samples?status=completed&q=PARALLEL")
     page.wait_for_function("() => document.getElementById('page-info')?.textContent.includes('1 samples')")

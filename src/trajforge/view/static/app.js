@@ -203,14 +203,23 @@ async function renderSamples(main, params, full) {
   const fc = data.facets;
   let bar = document.getElementById('filters');
   if (full || !bar) {
-    const search = el('input', {type: 'search', id: 'search', placeholder: 'search prompts…', 'aria-label': 'search prompts',
-      value: params.get('q') || ''});
-    search.addEventListener('input', () => { clearTimeout(searchTimer); searchTimer = setTimeout(() => go('q', search.value.trim()), 300); });
+    // While the user types, the search box is kept as it is (focus, caret, pending keystrokes).
+    let search = document.activeElement && document.activeElement.id === 'search' ? document.activeElement : null;
+    if (!search) {
+      search = el('input', {type: 'search', id: 'search', placeholder: 'search prompts…', 'aria-label': 'search prompts',
+        value: params.get('q') || ''});
+      search.addEventListener('input', () => {
+        clearTimeout(searchTimer);
+        searchTimer = setTimeout(() => go('q', search.value.trim()), 300);
+      });
+    }
+    const focused = search === document.activeElement;
     bar = el('div', {id: 'filters', class: 'filters'},
       select('status', 'status', fc.status, params), select('tool', 'tool', fc.tool, params),
       select('task_type', 'task type', fc.task_type, params),
       select('reason', 'failure class / discard reason', fc.reason, params), search);
     main.replaceChildren(bar, el('div', {id: 'list'}));
+    if (focused) search.focus();
   } else {
     for (const sel of bar.querySelectorAll('select')) {  // counts grew while the run went on
       if (sel === document.activeElement) continue;
