@@ -99,6 +99,7 @@ def browser() -> Iterator:
 @pytest.fixture
 def page(browser) -> Iterator:
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.set_default_timeout(60_000)  # the machine is shared: generous, never relied on
     p = context.new_page()
     p.dialogs = []  # type: ignore[attr-defined]
     p.on("dialog", lambda d: (p.dialogs.append(d.message), d.dismiss()))  # type: ignore[attr-defined]
@@ -179,6 +180,25 @@ def test_filter_by_failure_class_lists_exactly_those_samples(run_dir: Path, view
     page.wait_for_function("() => document.getElementById('page-info')?.textContent.includes('2 samples')")
     assert sorted(page.locator("#samples td.prompt a").all_inner_texts()) == [
         "long: print many lines", "parallel: run two commands at once"]
+    # paging: 12 samples, 5 a page
+    page.goto(v.url + "#/samples?size=5")
+    page.wait_for_function("() => document.getElementById('page-info')?.textContent === 'page 1 of 3 · 12 samples'")
+    first_page = page.locator("#samples tbody tr").evaluate_all("rs => rs.map(r => r.dataset.key)")
+    page.locator("#pager a", has_text="next").click()
+    page.wait_for_function("() => document.getElementById('page-info')?.textContent.startsWith('page 2 of 3')")
+    second_page = page.locator("#samples tbody tr").evaluate_all("rs => rs.map(r => r.dataset.key)")
+    assert len(first_page) == len(second_page) == 5 and not set(first_page) & set(second_page)
+    page.locator("#pager a", has_text="last").click()
+    page.wait_for_function("() => document.getElementById('page-info')?.textContent.startsWith('page 3 of 3')")
+    assert page.locator("#samples tbody tr").count() == 2
+    # typing on while a search runs loses nothing: the box keeps focus, caret and keystrokes
+    page.goto(v.url + "#/samples")
+    page.wait_for_selector("#samples tbody tr")
+    page.locator("#search").type("api", delay=50)
+    page.wait_for_function("() => location.hash.includes('q=api')")
+    page.keyboard.type("fail: the API breaks again", delay=20)
+    page.wait_for_function("() => document.querySelectorAll('#samples tbody tr').length === 1")
+    assert page.locator("#search").input_value() == "apifail: the API breaks again"
     # status filter + text search compose
     page.goto(v.url + "#/samples?status=completed&q=PARALLEL")
     page.wait_for_function("() => document.getElementById('page-info')?.textContent.includes('1 samples')")

@@ -31,6 +31,17 @@ _KNOWN = frozenset(KNOWN_TOOLS)
 MAX_PROBLEMS = 50
 
 
+class _StartOver(Exception):
+    """A file was replaced or cut: the index is rebuilt from scratch."""
+
+
+def _whole(line: bytes) -> bool:
+    try:
+        return isinstance(orjson.loads(line), dict)
+    except orjson.JSONDecodeError:
+        return False
+
+
 @dataclass
 class _FilePos:
     inode: int
@@ -79,12 +90,16 @@ class RunIndex:
         """Take in what was appended since the last call; True when anything changed."""
         before = self.generation
         sources = self._sources()
-        if any(p not in sources for p in self._pos):  # a file went away: the run was overwritten
-            gen = self.generation
+        try:
+            if any(p not in sources for p in self._pos):  # a file went away: the run was overwritten
+                raise _StartOver
+            for path in sources:
+                self._read_new(path)
+        except _StartOver:
             self._reset()
-            self.generation = gen + 1
-        for path in sources:
-            self._read_new(path)
+            self.generation = before + 1
+            for path in sources:
+                self._read_new(path)
         if self.run_dir is not None:
             self._load_checkpoint()
         if self.generation != before:
@@ -98,27 +113,28 @@ class RunIndex:
             return
         pos = self._pos.get(path)
         if pos is not None and (pos.inode != st.st_ino or st.st_size < pos.offset):
-            gen = self.generation  # replaced or truncated: everything read before may be gone
-            self._reset()
-            self.generation = gen + 1
-            pos = None
+            raise _StartOver  # replaced or truncated: what was read before may be gone
         if pos is None:
             pos = self._pos[path] = _FilePos(st.st_ino, 0, 0)
             self.files.append(path)
         if st.st_size == pos.offset:
             return
         file_id = self.files.index(path)
+        start = pos.offset
         with path.open("rb") as f:
             f.seek(pos.offset)
             for line in f:
-                if not line.endswith(b"\n"):
-                    break  # a line being written: read it whole next time
-                start = pos.offset
+                # A last line without a newline is a line being written, unless it is a whole JSON
+                # value (a file another tool wrote without a final newline): a cut-off object never is.
+                if not line.endswith(b"\n") and not _whole(line):
+                    break
+                offset = pos.offset
                 pos.offset += len(line)
                 pos.lineno += 1
                 if line.strip():
-                    self._add_line(line, path, file_id, start, pos.lineno)
-        self.generation += 1
+                    self._add_line(line, path, file_id, offset, pos.lineno)
+        if pos.offset != start:
+            self.generation += 1
 
     def _problem(self, text: str) -> None:
         if len(self.problems) < MAX_PROBLEMS:

@@ -117,7 +117,7 @@ function histo(title, bins, id) {
     const col = el('div', {class: 'col', title: label + ': ' + fmt(b.count)});
     const fill = el('div', {class: 'fill'});
     fill.style.height = (100 * b.count / max) + '%';
-    col.append(el('div', {class: 'cnt', text: b.count || ''}), fill);
+    col.append(el('div', {class: 'cnt', text: b.count ? short(b.count) : ''}), fill);
     cols.append(el('div', {class: 'hcol', 'data-bin': label}, col, el('div', {class: 'hl', text: short(b.lo)})));
   }
   box.append(cols);
@@ -203,14 +203,23 @@ async function renderSamples(main, params, full) {
   const fc = data.facets;
   let bar = document.getElementById('filters');
   if (full || !bar) {
-    const search = el('input', {type: 'search', id: 'search', placeholder: 'search prompts…', 'aria-label': 'search prompts',
-      value: params.get('q') || ''});
-    search.addEventListener('input', () => { clearTimeout(searchTimer); searchTimer = setTimeout(() => go('q', search.value.trim()), 300); });
+    // While the user types, the search box is kept as it is (focus, caret, pending keystrokes).
+    let search = document.activeElement && document.activeElement.id === 'search' ? document.activeElement : null;
+    if (!search) {
+      search = el('input', {type: 'search', id: 'search', placeholder: 'search prompts…', 'aria-label': 'search prompts',
+        value: params.get('q') || ''});
+      search.addEventListener('input', () => {
+        clearTimeout(searchTimer);
+        searchTimer = setTimeout(() => go('q', search.value.trim()), 300);
+      });
+    }
+    const focused = search === document.activeElement;
     bar = el('div', {id: 'filters', class: 'filters'},
       select('status', 'status', fc.status, params), select('tool', 'tool', fc.tool, params),
       select('task_type', 'task type', fc.task_type, params),
       select('reason', 'failure class / discard reason', fc.reason, params), search);
     main.replaceChildren(bar, el('div', {id: 'list'}));
+    if (focused) search.focus();
   } else {
     for (const sel of bar.querySelectorAll('select')) {  // counts grew while the run went on
       if (sel === document.activeElement) continue;
@@ -236,8 +245,9 @@ async function renderSamples(main, params, full) {
   const pages = Math.max(1, Math.ceil(data.total / size));
   const pageLink = (p, label) => p < 0 || p >= pages ? el('span', {class: 'muted', text: label})
     : el('a', {href: '#/samples?' + filterParams(params, {page: p, size}).toString(), text: label});
-  const pager = el('div', {class: 'pager', id: 'pager'}, pageLink(page - 1, '← prev'),
-    el('span', {id: 'page-info', text: `page ${page + 1} of ${pages} · ${fmt(data.total)} samples`}), pageLink(page + 1, 'next →'));
+  const pager = el('div', {class: 'pager', id: 'pager'}, pageLink(page > 0 ? 0 : -1, '« first'), pageLink(page - 1, '← prev'),
+    el('span', {id: 'page-info', text: `page ${fmt(page + 1)} of ${fmt(pages)} · ${fmt(data.total)} samples`}),
+    pageLink(page + 1, 'next →'), pageLink(page < pages - 1 ? pages - 1 : -1, 'last »'));
   const head = el('tr', {}, ['#', 'status', 'prompt', 'turns', 'tools', 'calls', 'tokens', 'cost', 'verification', 'batch']
     .map((h) => el('th', {text: h})));
   const bottom = pager.cloneNode(true);
