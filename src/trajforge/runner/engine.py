@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from trajforge.dataset import Sample
 from trajforge.runner.outcome import Outcome
 from trajforge.tools.base import Unavailable
 
 
+@runtime_checkable
 class SampleSource(Protocol):
     """Where workers take samples from when starting one depends on earlier outcomes (rollouts.py)."""
 
@@ -45,8 +46,8 @@ async def run_engine(
     grace: float = 5.0,
 ) -> bool:
     """Process every sample of `todo`; return True when interrupted by `stop`."""
-    source = todo if hasattr(todo, "done") else None
-    samples = iter(todo) if source is None else None  # type: ignore[arg-type]
+    source = todo if isinstance(todo, SampleSource) else None
+    samples = iter(todo) if not isinstance(todo, SampleSource) else None
 
     async def worker() -> None:
         while not stop.is_set():
