@@ -215,6 +215,7 @@ def test_stop_after_one_pass_matches_the_ground_truth(tmp_path: Path, server: Sc
     assert proc.returncode == 0, proc.stderr
     assert_figures(tmp_path / "data" / "straight", want, keep_passed=False)
     assert "rollouts skipped (solved)" in proc.stdout
+    assert f"progress {want['records']}/{want['records']} " in proc.stderr  # skipped rollouts leave the total
     # a resume of a finished run starts nothing, not even the skipped rollouts of solved rows
     before = len(server.requests)
     proc = run(tmp_path, clean_env, [*args(server, ds, cfg, "straight", "--stop_after_passes=1"), "--resume"])

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from trajforge.dataset import Sample
 from trajforge.model import spend
@@ -23,6 +23,7 @@ from trajforge.runner.outcome import Outcome
 from trajforge.tools.base import Unavailable
 
 
+@runtime_checkable
 class SampleSource(Protocol):
     """Where workers take samples from when starting one depends on earlier outcomes (rollouts.py)."""
 
@@ -52,8 +53,8 @@ async def run_engine(
     budget: Budget | None = None,
 ) -> bool:
     """Process every sample of `todo`; return True when interrupted by `stop`."""
-    source = todo if hasattr(todo, "done") else None
-    samples = iter(todo) if source is None else None  # type: ignore[arg-type]
+    source = todo if isinstance(todo, SampleSource) else None
+    samples = iter(todo) if not isinstance(todo, SampleSource) else None
     budget = budget if budget is not None else Budget()
 
     async def worker() -> None:

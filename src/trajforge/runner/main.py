@@ -212,7 +212,8 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
                 await prefetch_images(config, {s.image for s in todo if s.image})
             with progress:
                 source = RolloutScheduler.build(todo, config.stop_after_passes,
-                                                passes_on_disk(run_dir) if config.stop_after_passes else None)
+                                                passes_on_disk(run_dir) if config.stop_after_passes else None,
+                                                on_skip=progress.skip)
                 interrupted = await run_engine(source, executor, sink, lambda s: config.retry_limit(s.task_type), stop,
                                                budget=budget)
     except* FatalModelError as eg:

@@ -69,6 +69,12 @@ class Progress:
         elif time.monotonic() - self._last_line >= self.interval:
             self._emit()
 
+    def skip(self, n: int) -> None:
+        """`n` samples will never run (rollouts of a solved row): they leave the total."""
+        self.total -= n
+        if self._bar is not None:
+            self._bar.update(self._task, total=self.total)
+
     def tick(self) -> None:
         """Called periodically: without a terminal, print the status line when it is due."""
         if not self.live and time.monotonic() - self._last_line >= self.interval:

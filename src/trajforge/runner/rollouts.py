@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
@@ -93,6 +93,7 @@ class RolloutScheduler:
 
     stop_after: int | None
     skipped: int = 0  # rollouts not started because their row had enough passes
+    on_skip: Callable[[int], None] | None = None  # told how many were just skipped (progress)
     _plain: Iterator[Sample] | None = None
     _rows: dict[str, _Row] = field(default_factory=dict)
     _ready: deque[_Row] = field(default_factory=deque)
@@ -100,9 +101,9 @@ class RolloutScheduler:
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @classmethod
-    def build(cls, todo: Iterable[Sample], stop_after: int | None,
-              prior_passes: Counter[str] | None = None) -> RolloutScheduler:
-        sched = cls(stop_after)
+    def build(cls, todo: Iterable[Sample], stop_after: int | None, prior_passes: Counter[str] | None = None,
+              on_skip: Callable[[int], None] | None = None) -> RolloutScheduler:
+        sched = cls(stop_after, on_skip=on_skip)
         if stop_after is None:
             sched._plain = iter(todo)
             return sched
@@ -122,6 +123,8 @@ class RolloutScheduler:
         assert self.stop_after is not None
         if row.passes >= self.stop_after and row.pending:
             self.skipped += len(row.pending)
+            if self.on_skip is not None:
+                self.on_skip(len(row.pending))
             row.pending.clear()
         if row.pending and not row.queued and row.passes + row.in_flight < self.stop_after:
             row.queued = True
