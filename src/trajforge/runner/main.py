@@ -76,6 +76,10 @@ def run(config: RunConfig) -> int:
     prefill = load_prefill(config.prefill_messages_file)
     dataset = load_dataset(config.dataset_file, skip_invalid=config.skip_invalid, max_samples=config.max_samples)
     _choose_model(config)
+    from trajforge.sandbox.network import check_for_run
+
+    if note := check_for_run(config):  # an explicit egress that cannot be had stops here (exit 2)
+        print(f"trajforge: {note}", file=sys.stderr)
     if config.executor == "ray":
         import importlib.util
 

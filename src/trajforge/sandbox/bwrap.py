@@ -39,6 +39,7 @@ from pathlib import Path
 from trajforge.sandbox.base import ExecResult, SandboxError
 from trajforge.sandbox.mounted import MountedSandbox
 from trajforge.sandbox.process import DEFAULT_LIMITS, SAFE_PATH, Limits, kill_group, run_argv, spawn_argv
+from trajforge.sandbox.resources import Resources, SampleLimits
 
 WORKSPACE = "/workspace"
 # Host dirs bound read-only when present; /bin, /lib... are links into /usr on merged-usr hosts.
@@ -80,6 +81,7 @@ def host_layout(root: Path = Path("/")) -> list[tuple[str, str | None]]:
 def bwrap_argv(
     bwrap: str, *, layout: Sequence[tuple[str, str | None]], binds: Sequence[tuple[Path, str]], chdir: str,
     network: bool, privileged: bool, extra_ro: Sequence[str] = (),
+    tmp_size: int | None = None, shm_size: int | None = None, extra: Sequence[str] = (),
 ) -> list[str]:
     """The bwrap command line up to (not including) the command. Pure: no filesystem access.
 
@@ -98,11 +100,12 @@ def bwrap_argv(
         argv += ["--symlink", target, f"/{name}"] if target is not None else ["--ro-bind", f"/{name}", f"/{name}"]
     for path in extra_ro:
         argv += ["--ro-bind-try", path, path]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm",
-             "--perms", "1777", "--tmpfs", "/tmp"]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    for path, size in (("/dev/shm", shm_size), ("/tmp", tmp_size)):  # --size applies to the next --tmpfs
+        argv += [*(["--size", str(size)] if size else []), "--perms", "1777", "--tmpfs", path]
     for host, inside in binds:
         argv += ["--bind", str(host), inside]
-    return argv + ["--chdir", chdir]
+    return argv + [*extra, "--chdir", chdir]
 
 
 def _resolv_conf_target() -> list[str]:
@@ -169,7 +172,8 @@ class BwrapSandbox(MountedSandbox):
 
     def __init__(
         self, root: Path, *, keep: bool = False, cwd: str | None = None, limits: Limits = DEFAULT_LIMITS,
-        network: bool = True, nproc: int | None = 512, bwrap: str | None = None, **kw: object,
+        network: bool = True, nproc: int | None = 512, bwrap: str | None = None,
+        egress: bool = False, allow: Sequence[str] = (), sample_limits: SampleLimits | None = None, **kw: object,
     ) -> None:
         self.privileged = os.geteuid() == 0
         # RLIMIT_NPROC is per real uid: only meaningful with a uid of the sample's own (root mode).
@@ -180,11 +184,18 @@ class BwrapSandbox(MountedSandbox):
         self.uid = _UID_BASE + secrets.randbelow(_UID_SPAN) if self.privileged else os.getuid()
         self._holder: asyncio.subprocess.Process | None = None
         self._ns_pid = 0
+        # egress: own namespace + slirp4netns and a firewall (sandbox/network.py); root mode only.
+        self.egress, self.allow, self._slirp = egress and self.privileged, tuple(allow), None
+        self.sample_limits = sample_limits or SampleLimits(memory=None, disk=None)
+        self._res = Resources(self.sample_limits) if self.privileged else None
 
     async def start(self) -> None:
         if self.bwrap is None:
             raise SandboxError(NOT_FOUND)
         await super().start()
+        if self._res is not None:  # the workspace disk is mounted over the directory: cwd again
+            await self._res.before_holder(self.workspace)
+            self.cwd.mkdir(parents=True, exist_ok=True)
         points = {WORKSPACE: self.workspace}
         alias = (self._cwd_arg or "").rstrip("/")
         if alias.startswith("/") and alias.split("/")[1] not in RESERVED:
@@ -193,11 +204,26 @@ class BwrapSandbox(MountedSandbox):
         self.cwd_inside = self.inside(self.cwd)
         self._base = bwrap_argv(
             self.bwrap, layout=host_layout(), binds=[(h, p) for p, h in self._points][::-1],
-            chdir=self.cwd_inside, network=self.network, privileged=self.privileged, extra_ro=_resolv_conf_target(),
+            chdir=self.cwd_inside, network=self.network and not self.egress, privileged=self.privileged,
+            extra_ro=_resolv_conf_target(), tmp_size=self.sample_limits.tmp_size,
+            shm_size=self.sample_limits.shm_size, extra=self._net_args(),
         )
         if self.privileged:
             self._hand_over(initial=True)
             await self._start_holder()
+            assert self._res is not None and self._holder is not None
+            self._res.after_holder(self._holder.pid, self._ns_pid)
+            if self.egress:
+                from trajforge.sandbox.network import start_egress
+
+                self._slirp = await start_egress(self._ns_pid, self.allow)
+
+    def _net_args(self) -> list[str]:
+        if not self.egress:
+            return []
+        from trajforge.sandbox.network import resolv_conf
+
+        return ["--ro-bind", resolv_conf(), "/etc/resolv.conf"]  # slirp's DNS forwarder
 
     async def _start_holder(self) -> None:
         # The mount setup goes through --args (a pipe) so /proc/1/cmdline inside shows no host paths.
@@ -258,19 +284,23 @@ class BwrapSandbox(MountedSandbox):
         if self._holder is None or self._holder.returncode is not None:
             raise SandboxError("the bwrap sandbox of this sample is gone")
         self._hand_over()
-        return ["nsenter", "-t", str(self._ns_pid), "-m", "-u", "-i", "-n", "-p", "-r",
+        assert self._res is not None
+        return self._res.wrap(["nsenter", "-t", str(self._ns_pid), "-m", "-u", "-i", "-n", "-p", "-r",
                 "setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--no-new-privs",
                 "--inh-caps=-all", "--bounding-set=-all", "--",
                 # the shell changes directory itself: one exec fewer per command than `env -C`
-                SHELL, "-c", f"cd -- {shlex.quote(inside)} || exit 125\n{command}"]
+                SHELL, "-c", f"cd -- {shlex.quote(inside)} || exit 125\n{command}"])
 
     async def exec(self, command: str, *, timeout: float, cwd: str | None = None) -> ExecResult:
         argv = self._argv(command, cwd)
         try:
-            return await run_argv(argv, timeout=timeout, cwd="/", env=self.env, preexec_fn=self._preexec,
-                                  output_cap=self.output_cap)
+            res = await run_argv(argv, timeout=timeout, cwd="/", env=self.env, preexec_fn=self._preexec,
+                                 output_cap=self.output_cap)
         except OSError as e:
             raise SandboxError(f"cannot start a command: {e}") from e
+        if self._res is not None:
+            self._res.check()  # a hit memory/tmpfs/disk limit ends the sample (SandboxError)
+        return res
 
     async def spawn(self, command: str, *, cwd: str | None = None, log_path: Path) -> asyncio.subprocess.Process:
         argv = self._argv(command, cwd)
@@ -289,6 +319,11 @@ class BwrapSandbox(MountedSandbox):
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(5):
                     await asyncio.shield(holder.wait())
+        slirp, self._slirp = self._slirp, None
+        if slirp is not None:
+            await slirp.close()
+        if self._res is not None:
+            await self._res.close(self.keep)
         await super().close()
 
 

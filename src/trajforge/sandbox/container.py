@@ -3,7 +3,8 @@
 A sample's container runs `sleep infinity` under an init, with the workspace mounted at the
 row's `cwd` (default /workspace; what the image has there is copied in first, see
 images.ImageChecker.seed) as its working directory, the configured memory/pids/cpu
-limits, `--network none` unless networking is on, and only the image's own environment (the
+limits (plus /tmp, /dev/shm, CPU and a size-limited workspace disk, see resources.py), the network
+of `--sandbox_network` (network.py), and only the image's own environment (the
 engine CLI never passes the runner's). Commands run with `exec`. Creation is bounded by
 `--max_sandboxes`, separately from model concurrency; the image is checked once per run
 (images.py).
@@ -29,6 +30,7 @@ import secrets
 import socket
 import subprocess
 import weakref
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,6 +38,7 @@ from trajforge.sandbox.base import ExecResult, SandboxError
 from trajforge.sandbox.engine import Engine, container_name, detect, last_line, owner_dead
 from trajforge.sandbox.images import ImageChecker
 from trajforge.sandbox.mounted import MountedSandbox
+from trajforge.sandbox.resources import Resources, SampleLimits
 
 if TYPE_CHECKING:
     from trajforge.config import RunConfig
@@ -115,8 +118,9 @@ async def backend_for(config: RunConfig) -> ContainerBackend:
 
 class ContainerSandbox(MountedSandbox):
     def __init__(self, root: Path, *, backend: ContainerBackend, image: str, cwd: str | None = None,
-                 network: bool = True, memory: str | None = None, pids_limit: int | None = None,
-                 cpus: float | None = None, run_name: str | None = None, keep: bool = False) -> None:
+                 network: str = "host", memory: str | None = None, pids_limit: int | None = None,
+                 cpus: float | None = None, run_name: str | None = None, keep: bool = False,
+                 allow: tuple[str, ...] | list[str] = (), limits: SampleLimits | None = None) -> None:
         # An absolute cwd is where the workspace is mounted; a relative one is a directory in it.
         self.seeded = bool(cwd and cwd.startswith("/"))  # the image's content at cwd is copied in
         self.mount_at = (cwd.rstrip("/") or "/") if self.seeded and cwd else WORKSPACE
@@ -125,25 +129,60 @@ class ContainerSandbox(MountedSandbox):
         self.network, self.memory, self.pids_limit, self.cpus = network, memory, pids_limit, cpus
         self.run_name = run_name or ""
         self.name: str | None = None
+        self.allow = tuple(allow)
+        # /tmp, /dev/shm and CPU from the engine; the disk image and the full-checks as for bwrap.
+        self.limits = limits or SampleLimits(memory=None, disk=None, tmp_size=None, shm_size=None, cpu_seconds=None)
+        self._res = Resources(replace(self.limits, memory=None)) if os.geteuid() == 0 else None
 
     def _create_args(self, name: str) -> list[str]:
         args = ["run", "-d", "--name", name, "--label", "trajforge=1", "--label", f"trajforge.run={self.run_name}",
                 "--label", f"trajforge.owner={socket.gethostname()}:{os.getpid()}",
                 "-v", f"{self.workspace}:{self.mount_at}", "-w", self.cwd_inside, *self.backend.init_flag]
-        if not self.network:
-            args += ["--network", "none"]
-        if self.memory:
-            args += ["--memory", self.memory]
+        args += self._network_args()
+        if self.memory:  # --memory-swap equal to --memory: no swap on top
+            args += ["--memory", self.memory, "--memory-swap", self.memory]
+        lim = self.limits
+        if lim.tmp_size:
+            args += ["--tmpfs", f"/tmp:rw,nosuid,nodev,size={lim.tmp_size},mode=1777"]
+        if lim.shm_size:
+            args += ["--shm-size", str(lim.shm_size)]
+        if lim.cpu_seconds:
+            args += ["--ulimit", f"cpu={lim.cpu_seconds}:{lim.cpu_seconds + 5}"]
         if self.pids_limit:
             args += ["--pids-limit", str(self.pids_limit)]
         if self.cpus:
             args += ["--cpus", f"{self.cpus:g}"]
         return args + ["--entrypoint", "sleep", self.image, "infinity"]
 
+    def _network_args(self) -> list[str]:
+        """none/egress/host; "host" is the engine's default network, as before egress existed."""
+        if self.network == "none":
+            return ["--network", "none"]
+        if self.network == "egress" and self.engine.kind == "podman":
+            return ["--network", "slirp4netns:allow_host_loopback=false"]
+        return []
+
+    async def _after_create(self) -> None:
+        """Egress: the sandbox firewall inside the container's namespace, before any exec."""
+        if self.network != "egress" and self._res is None:
+            return
+        res = await self.engine.run("inspect", "--format", "{{.State.Pid}}", self.name or "", timeout=60)
+        pid = int(res.stdout.strip()) if res.exit_code == 0 and res.stdout.strip().isdigit() else 0
+        if self._res is not None and pid:
+            self._res.after_holder(pid, pid)
+        if self.network == "egress":
+            if not pid or not os.path.exists(f"/proc/{pid}/ns/net"):
+                raise SandboxError(f"egress networking needs the container's process on this host "
+                                   f"({self.engine.kind} inspect gave {res.stdout.strip()!r})")
+            from trajforge.sandbox.network import install_rules
+
+            await install_rules(pid, self.allow)
     async def start(self) -> None:
         if self.mount_at == "/":
             raise SandboxError("task cwd '/' cannot hold the workspace; give a directory such as /app")
         await super().start()
+        if self._res is not None:
+            await self._res.before_holder(self.workspace)  # the size-limited workspace disk
         self._mount({self.mount_at: self.workspace}, "")
         self.cwd_inside = self.inside(self.cwd)
         os.chmod(self.workspace, 0o777)  # the image's USER may not be root
@@ -158,6 +197,7 @@ class ContainerSandbox(MountedSandbox):
             res = await self.engine.run(*self._create_args(self.name), timeout=120)
         if res.exit_code != 0:
             raise SandboxError(f"cannot start a container from {self.image!r} ({self.engine.kind}): {last_line(res)}")
+        await self._after_create()
 
     async def _copy_in(self, seed: Path) -> None:
         # cp -a keeps owners and modes, so a non-root image USER can still write its files.
@@ -186,6 +226,8 @@ class ContainerSandbox(MountedSandbox):
             await self._kill_inside(exec_id)
         elif _engine_failed(res):  # the container is gone or broken: infrastructure, not the model's doing
             raise SandboxError(f"{self.engine.kind} exec in container {self.name} failed: {last_line(res)}")
+        if self._res is not None:
+            self._res.check()
         return res
 
     async def _run(self, argv: list[str], timeout: float) -> ExecResult:
@@ -220,4 +262,6 @@ class ContainerSandbox(MountedSandbox):
             res = await asyncio.shield(self.engine.run(*self.engine.rm_args(name), timeout=120))
             if res.exit_code == 0 or "no such container" in (res.stderr + res.stdout).lower():
                 _live.pop(name, None)
+        if self._res is not None:
+            await self._res.close(self.keep)
         await super().close()

@@ -8,20 +8,33 @@ SandboxError rather than a silent downgrade.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trajforge.sandbox.base import Sandbox, SandboxError
 from trajforge.sandbox.process import DEFAULT_LIMITS, Limits
+from trajforge.sandbox.resources import SampleLimits, cgroup_parent
 
 if TYPE_CHECKING:
     from trajforge.config import RunConfig
 
 
-def limits_for(config: RunConfig) -> Limits:
-    """Resource limits of sandboxed processes. RunConfig has no limit settings yet, so these are
-    the defaults; this is the one place to map such settings when they are added."""
-    return DEFAULT_LIMITS
+def limits_for(config: RunConfig, *, memory_cgroup: bool = False) -> Limits:
+    """Per-process rlimits of sandboxed commands: CPU seconds, and the memory limit as an
+    address-space limit where no memory cgroup holds the whole sample (sandbox/resources.py)."""
+    from trajforge.config import size_bytes
+
+    return replace(DEFAULT_LIMITS, cpu_seconds=config.sandbox_cpu_seconds,
+                   address_space_bytes=None if memory_cgroup else size_bytes(config.sandbox_memory))
+
+
+def sample_limits(config: RunConfig) -> SampleLimits:
+    from trajforge.config import size_bytes
+
+    return SampleLimits(memory=size_bytes(config.sandbox_memory), tmp_size=size_bytes(config.sandbox_tmp_size),
+                        shm_size=size_bytes(config.sandbox_shm_size), disk=size_bytes(config.sandbox_disk),
+                        cpu_seconds=config.sandbox_cpu_seconds)
 
 
 async def create_sandbox(config: RunConfig, *, cwd: str | None, image: str | None, root: Path) -> Sandbox:
@@ -30,6 +43,7 @@ async def create_sandbox(config: RunConfig, *, cwd: str | None, image: str | Non
     `image` is not honoured by the local backend (it runs on the host as is); the container
     backend will take it over when it lands."""
     kind = config.sandbox
+    network = await _network_mode(config)
     if image is not None or kind == "container":
         sandbox: Sandbox = await _container(config, cwd=cwd, image=image, root=root)
     elif kind == "bwrap" or (kind == "auto" and await _bwrap_usable()):
@@ -38,13 +52,15 @@ async def create_sandbox(config: RunConfig, *, cwd: str | None, image: str | Non
         status = await probe()
         if not status.usable:
             raise SandboxError(f"--sandbox bwrap is not usable here: {status.detail} (see `trajforge doctor`)")
-        sandbox = BwrapSandbox(root, keep=config.keep_workspaces, cwd=cwd, limits=limits_for(config),
-                               network=config.sandbox_network == "on", nproc=config.sandbox_nproc, bwrap=status.path)
+        sandbox = BwrapSandbox(root, keep=config.keep_workspaces, cwd=cwd, nproc=config.sandbox_nproc,
+                               limits=limits_for(config, memory_cgroup=status.mode == "root" and cgroup_parent() is not None),
+                               network=network == "host", egress=network == "egress", allow=config.network.allow,
+                               sample_limits=sample_limits(config), bwrap=status.path)
     elif kind in ("auto", "local"):
         from trajforge.sandbox.local import LocalSandbox
 
-        if config.sandbox_network == "none":  # refusing beats silently leaving the network on
-            raise SandboxError("the local sandbox cannot disable networking (--sandbox_network none); "
+        if network in ("none", "egress"):  # refusing beats silently leaving the network on
+            raise SandboxError(f"the local sandbox cannot restrict networking (--sandbox_network {network}); "
                                "use --sandbox bwrap or --sandbox container")
         sandbox = LocalSandbox(root, keep=config.keep_workspaces, cwd=cwd, limits=limits_for(config))
     else:
@@ -55,6 +71,18 @@ async def create_sandbox(config: RunConfig, *, cwd: str | None, image: str | Non
         await sandbox.close()
         raise
     return sandbox
+
+
+async def _network_mode(config: RunConfig) -> str:
+    """The run's concrete network mode (runner/main.py resolves `auto` at start; callers that
+    skip that, such as tests and Ray workers, resolve it here, once per process)."""
+    from trajforge.errors import UsageError
+    from trajforge.sandbox.network import resolve_mode
+
+    try:
+        return (await resolve_mode(config))[0]
+    except UsageError as e:
+        raise SandboxError(str(e)) from None
 
 
 async def _bwrap_usable() -> bool:
@@ -73,8 +101,10 @@ async def _container(config: RunConfig, *, cwd: str | None, image: str | None, r
                            "`container_image` in the config file")
     backend = await backend_for(config)
     return ContainerSandbox(
-        root, backend=backend, image=image, cwd=cwd, network=config.sandbox_network == "on",
-        memory=config.container_memory, pids_limit=config.container_pids_limit, cpus=config.container_cpus,
+        root, backend=backend, image=image, cwd=cwd, network=await _network_mode(config),
+        allow=config.network.allow, limits=sample_limits(config),
+        memory=config.container_memory or config.sandbox_memory, pids_limit=config.container_pids_limit,
+        cpus=config.container_cpus,
         run_name=config.run_name, keep=config.keep_workspaces,
     )
 
