@@ -107,6 +107,11 @@ class NavigateTool(BrowserTool):
             url = "https://" + url
         if not url.lower().startswith(("http://", "https://")):
             return error(f"only http and https URLs can be opened, not {url.split(':', 1)[0]!r}")
+        if self.backend.policy is not None:  # a clear answer first; the egress proxy enforces it anyway
+            from trajforge.tools.egress import precheck_url
+
+            if (refused := await precheck_url(url, self.backend.policy)) is not None:
+                return error(f"navigation to {url} refused: {refused}")
         try:
             response = await page.goto(url, wait_until="domcontentloaded")
         except PlaywrightError as e:
