@@ -118,6 +118,8 @@ class NavigateTool(BrowserTool):
             self.backend.check_alive()
             return error(f"navigation to {url} failed: {_message(e)}")
         status = response.status if response is not None else None
+        if response is not None and response.headers.get("x-trajforge-egress"):  # the egress proxy's own answer
+            return error(f"navigation to {url} failed: {await response.text()}")
         return ok(**await self._where(page), status=status)
 
 

@@ -24,6 +24,7 @@ from trajforge.netpolicy import Policy
 from trajforge.tools.egress import EgressRefused, resolve_checked
 
 _MAX_HEAD = 64 * 1024
+EGRESS_HEADER = "X-Trajforge-Egress"
 _HOP = {b"proxy-connection", b"connection", b"keep-alive", b"proxy-authorization"}
 
 
@@ -99,17 +100,24 @@ class EgressProxy:
         except httpcore.ConnectError as e:
             await _refuse(writer, str(e), status=b"502 Bad Gateway")
             return None
+        why = "no address"
         for addr in addrs:
-            with contextlib.suppress(OSError, TimeoutError):
+            try:
                 async with asyncio.timeout(10):
                     return await asyncio.open_connection(addr, port, limit=_MAX_HEAD)
-        await _refuse(writer, f"cannot connect to {host}:{port}", status=b"502 Bad Gateway")
+            except ConnectionRefusedError:
+                why = "connection refused"
+            except (OSError, TimeoutError) as e:
+                why = str(e) or type(e).__name__
+        await _refuse(writer, f"cannot connect to {host}:{port}: {why}", status=b"502 Bad Gateway")
         return None
 
 
 async def _refuse(writer: asyncio.StreamWriter, message: str, status: bytes = b"403 Forbidden") -> None:
+    """An answer of the proxy itself, marked by EGRESS_HEADER so tools report it as a failure."""
     body = message.encode()
-    writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: "
+    writer.write(b"HTTP/1.1 " + status + b"\r\n" + EGRESS_HEADER.encode() + b": 1\r\n"
+                 b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: "
                  + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
     with contextlib.suppress(OSError):
         await writer.drain()
