@@ -1,0 +1,234 @@
+"""Network modes and the egress policy, played as a hostile model would.
+
+Targets (tests/support/nettargets.py): the runner's loopback, 169.254.169.254 bound on the host's
+`lo` (a stand-in for a cloud metadata service), a private address bound on `lo`, the host's own
+address, another sample's loopback server, and a "public" server in a test network namespace
+reached over a veth pair on TEST-NET-3. Nothing leaves this machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import cli
+from tests.support.nettargets import Target, host_server, net_admin_reason, public_server
+from tests.support.policies import tool_messages, user_prompt
+from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
+from tests.support.web_fixture import WebFixture
+from trajforge.config import RunConfig
+from trajforge.netpolicy import make_policy
+from trajforge.sandbox.bwrap import BwrapSandbox, bwrap_argv
+from trajforge.sandbox.network import egress_support, ruleset
+
+EGRESS = asyncio.run(egress_support("bwrap"))
+needs_egress = pytest.mark.skipif(not EGRESS.usable, reason=f"egress not available here: {EGRESS.detail}")
+needs_net_admin = pytest.mark.skipif(net_admin_reason() is not None, reason=net_admin_reason() or "")
+CURL = "curl -sS -m 5 {url}; rc=$?; echo; echo curl=$rc"
+
+
+def test_policy_refuses_internal_ranges_and_honours_allow() -> None:
+    policy = make_policy(include_host=False)
+    for ip in ("127.0.0.1", "169.254.169.254", "10.1.2.3", "172.16.0.1", "192.168.1.1", "100.64.0.1",
+               "0.0.0.0", "224.0.0.1", "::1", "fe80::1", "fd00::1", "::ffff:127.0.0.1", "::ffff:169.254.169.254"):
+        assert policy.refusal(ip) is not None, ip
+    for ip in ("203.0.113.9", "8.8.8.8", "2606:4700::1111"):
+        assert policy.refusal(ip) is None, ip
+    allowed = make_policy(["127.0.0.0/8", "internal.example"], include_host=False)
+    assert allowed.refusal("127.0.0.5") is None and allowed.refusal("10.0.0.1") is not None
+    assert allowed.refusal("10.0.0.1", "Internal.Example.") is None  # host names match case-insensitively
+    assert "link-local" in (policy.refusal("169.254.169.254") or "")
+
+
+def test_config_modes_and_alias() -> None:
+    assert RunConfig().sandbox_network == "auto"
+    assert RunConfig(sandbox_network="on").sandbox_network == "host"  # configs from before egress
+    with pytest.raises(ValueError):
+        RunConfig(network={"allow": ["http://x/"]})
+    assert RunConfig(network={"allow": ["10.0.0.0/8", "db.internal"]}).network.allow == ["10.0.0.0/8", "db.internal"]
+
+
+def test_ruleset_blocks_every_range_and_tmpfs_sizes_precede_their_mounts() -> None:
+    rules = ruleset(["10.9.0.0/16"])
+    for net in ("127.0.0.0/8", "169.254.0.0/16", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
+                "100.64.0.0/10", "fc00::/7", "fe80::/10"):
+        assert net in rules
+    assert rules.index("10.9.0.0/16 } accept") < rules.index("reject")
+    argv = bwrap_argv("bwrap", layout=[], binds=[], chdir="/", network=False, privileged=True,
+                      tmp_size=1 << 20, shm_size=2 << 20)
+    joined = " ".join(argv)
+    assert f"--size {2 << 20} --perms 1777 --tmpfs /dev/shm" in joined
+    assert f"--size {1 << 20} --perms 1777 --tmpfs /tmp" in joined
+
+
+async def _curl(sb: BwrapSandbox, url: str) -> str:
+    res = await sb.exec(CURL.format(url=url), timeout=30)
+    return res.stdout + res.stderr
+
+
+@needs_egress
+@needs_net_admin
+def test_egress_reaches_the_public_server_and_nothing_internal(tmp_path: Path) -> None:
+    async def main() -> None:
+        with host_server("127.0.0.1") as runner_lo, host_server("169.254.169.254") as metadata, \
+                host_server("10.231.7.1") as private, public_server() as public:
+            a = BwrapSandbox(tmp_path, network=False, egress=True)
+            b = BwrapSandbox(tmp_path, network=False, egress=True)
+            host = BwrapSandbox(tmp_path, network=True)
+            for sb in (a, b, host):
+                await sb.start()
+            try:
+                out = await _curl(a, public.url)
+                assert public.token in out and "curl=0" in out, out  # the internet-facing path works
+                for target in (runner_lo, metadata, private):
+                    out = await _curl(a, target.url)
+                    assert target.token not in out and "curl=0" not in out, (target.url, out)
+                    # the same targets answer from the host network: the test's targets are real
+                    assert metadata.token in await _curl(host, metadata.url)
+                port = runner_lo.url.rsplit(":", 1)[1].strip("/")
+                for via in (f"http://10.0.2.2:{port}/", "http://192.0.2.2:22/", "http://10.0.2.3:80/"):
+                    out = await _curl(a, via)  # slirp's gateway/DNS address and the host's own address
+                    assert "curl=0" not in out and runner_lo.token not in out, (via, out)
+                # sample A serves a secret on its loopback; sample B's 127.0.0.1 is its own
+                (a.workspace / "secret.txt").write_text("sample-a-secret")
+                a._hand_over()
+                await a.spawn("exec python3 -m http.server 18765 --bind 127.0.0.1", log_path=tmp_path / "a.log")
+                out = await a.exec("for i in $(seq 50); do curl -sS -m 2 http://127.0.0.1:18765/secret.txt && "
+                                   "break; sleep 0.1; done", timeout=30)
+                assert "sample-a-secret" in out.stdout, out
+                out_b = await _curl(b, "http://127.0.0.1:18765/secret.txt")
+                assert "sample-a-secret" not in out_b and "curl=0" not in out_b
+                iptables = await a.exec("nft flush ruleset; echo nft=$?", timeout=30)
+                assert "nft=0" not in iptables.stdout  # no capabilities: the firewall stays
+                assert metadata.token not in await _curl(a, metadata.url)
+            finally:
+                for sb in (a, b, host):
+                    await sb.close()
+
+    asyncio.run(main())
+
+
+def hostile_policy(req: Recorded) -> Reply:
+    """The prompt is a JSON list of [tool, arguments]; one call per turn, then an answer."""
+    plan: list[list[Any]] = json.loads(user_prompt(req.body))
+    done = len(tool_messages(req.body))
+    if done < len(plan):
+        name, args = plan[done]
+        return chat(None, tool_calls=[tool_call(name, args)], reasoning=f"try {name}")
+    return chat("done", reasoning="finished")
+
+
+def run_hostile(tmp_path: Path, server: ScriptedServer, site: WebFixture, mode: str, plan: list[list[Any]],
+                env: dict[str, str], toolsets: str = "{terminal: 100, web: 100, browser: 100, vision: 100}"
+                ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], list[str]]:
+    server.handler = hostile_policy
+    (tmp_path / "ds.jsonl").write_text(json.dumps({"prompt": json.dumps(plan)}) + "\n")
+    (tmp_path / "cfg.yaml").write_text(f"tools:\n  web:\n    searxng_url: {site.base}\n  browser:\n"
+                                       f"    navigation_timeout: 5\ndistributions:\n  net:\n    toolsets: {toolsets}\n")
+    proc = subprocess.run(
+        cli("run", "--dataset_file=ds.jsonl", "--batch_size=1", f"--run_name=net-{mode}", f"--base_url={server.url}",
+            "--model=scripted", "--distribution=net", "--config=cfg.yaml", f"--sandbox_network={mode}",
+            "--max_turns=20", "--tool_timeout=20"),
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    [record] = [json.loads(line) for line in
+                (tmp_path / "data" / f"net-{mode}" / "trajectories.jsonl").read_text().splitlines()]
+    offered = [t["function"]["name"] for t in server.chat_requests()[0]["tools"]]
+    return proc, record, offered
+
+
+def results(record: dict[str, Any]) -> list[str]:
+    import re
+
+    return [block for turn in record["conversations"] if turn["from"] == "tool"
+            for block in re.findall(r"<tool_response>\n(.*?)\n</tool_response>", turn["value"], re.S)]
+
+
+def fetch_plan(targets: list[Target]) -> list[list[Any]]:
+    plan: list[list[Any]] = []
+    for t in targets:
+        plan += [["web_extract", {"urls": [t.url]}], ["browser_navigate", {"url": t.url}],
+                 ["browser_snapshot", {}], ["vision_analyze", {"image_url": t.url, "question": "what?"}]]
+    return plan
+
+
+@needs_net_admin
+@pytest.mark.parametrize("mode", ["host", "egress"])
+def test_hostile_model_fetches_are_refused_in_every_mode(tmp_path: Path, server: ScriptedServer, mode: str,
+                                                         clean_env: dict[str, str]) -> None:
+    if mode == "egress" and not EGRESS.usable:
+        pytest.skip(f"egress not available here: {EGRESS.detail}")
+    pytest.importorskip("playwright")
+    runner_lo = Target(server.url + "/models", "scripted")  # the runner's own model server
+    with WebFixture() as site, host_server("169.254.169.254") as metadata, host_server("10.231.7.1") as private, \
+            public_server() as public:
+        targets = [metadata, private]
+        plan = fetch_plan([runner_lo, *targets]) + [["web_extract", {"urls": [public.url]}]]
+        if mode == "egress":
+            plan += [["terminal", {"command": CURL.format(url=t.url)}] for t in [*targets, public]]
+            plan.append(["terminal", {"command": CURL.format(url=runner_lo.url)}])
+        proc, record, offered = run_hostile(tmp_path, server, site, mode, plan, clean_env)
+    outs = results(record)
+    assert len(outs) == len(plan), outs
+    assert {"web_extract", "browser_navigate", "vision_analyze"} <= set(offered)
+    for (name, args), out in zip(plan, outs, strict=True):
+        text = json.dumps(args)
+        if public.url in text:
+            assert public.token in out, out  # the internet-facing path works
+            continue
+        if name == "browser_snapshot":
+            assert metadata.token not in out and private.token not in out
+            continue
+        for t in targets:
+            assert t.token not in out, (name, args, out)
+        assert '"object"' not in out, (name, out)  # the model server's /models answer
+        if name != "terminal":
+            assert "egress policy" in out or "refused" in out, (name, out)
+    assert not [r for r in server.requests if r.path.endswith("/models")]
+
+
+@needs_egress
+def test_none_mode_offers_no_tool_that_fetches_model_urls(tmp_path: Path, server: ScriptedServer,
+                                                          clean_env: dict[str, str]) -> None:
+    with WebFixture() as site:
+        plan = [["vision_analyze", {"image_url": site.url("/image.png"), "question": "what?"}],
+                ["terminal", {"command": "curl -sS -m 3 http://1.1.1.1/; echo curl=$?"}]]
+        proc, record, offered = run_hostile(tmp_path, server, site, "none", plan, clean_env)
+    assert "web_search" in offered and "web_extract" not in offered
+    assert not any(n.startswith("browser_") for n in offered) and "vision_analyze" in offered
+    vision, terminal = results(record)
+    assert "--sandbox_network none" in vision and "curl=0" not in terminal
+    assert not [r for r in site.requests if r.path.endswith("/image.png")]
+
+
+def test_explicit_egress_without_a_user_mode_stack_is_refused_before_any_work(
+        tmp_path: Path, server: ScriptedServer, clean_env: dict[str, str]) -> None:
+    (tmp_path / "ds.jsonl").write_text(json.dumps({"prompt": "hi"}) + "\n")
+    env = {**clean_env, "PATH": "/nonexistent"}  # no slirp4netns, nft, nsenter on the PATH
+    proc = subprocess.run([sys.executable, "-m", "trajforge", "run", "--dataset_file=ds.jsonl", "--batch_size=1",
+                           "--run_name=x", f"--base_url={server.url}", "--model=m", "--sandbox=local",
+                           "--sandbox_network=egress"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "egress is not available" in proc.stderr and "Traceback" not in proc.stderr
+    assert server.chat_requests() == [] and not (tmp_path / "data" / "x").exists()
+
+
+def test_doctor_reports_network_modes_and_limits(clean_env: dict[str, str]) -> None:
+    proc = subprocess.run(cli("doctor", "--json"), env=clean_env, capture_output=True, text=True, timeout=120)
+    report = json.loads(proc.stdout)
+    assert report["network"]["egress"]["usable"] == EGRESS.usable
+    assert report["network"]["auto"] == ("egress" if EGRESS.usable else "host")
+    assert set(report["limits"]) >= {"sandbox_memory", "sandbox_tmp_size", "sandbox_shm_size", "sandbox_disk",
+                                     "sandbox_cpu_seconds"}
+    text = subprocess.run(cli("doctor"), env=clean_env, capture_output=True, text=True, timeout=120).stdout
+    assert "network modes" in text and "sandbox_disk" in text and "--sandbox_network auto uses:" in text
+    if os.geteuid() == 0 and Path("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists():
+        assert "memory cgroup" in report["limits"]["sandbox_memory"]["enforced_by"]
