@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import cli
+from tests.support.images import busybox_image, podman  # noqa: F401 (fixtures)
 from tests.support.nettargets import Target, host_server, net_admin_reason, public_server
 from tests.support.policies import tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
@@ -232,3 +233,36 @@ def test_doctor_reports_network_modes_and_limits(clean_env: dict[str, str]) -> N
     assert "network modes" in text and "sandbox_disk" in text and "--sandbox_network auto uses:" in text
     if os.geteuid() == 0 and Path("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists():
         assert "memory cgroup" in report["limits"]["sandbox_memory"]["enforced_by"]
+
+
+@needs_net_admin
+def test_container_egress_and_limits(tmp_path: Path, busybox_image: str, podman: Any) -> None:  # noqa: F811
+    from trajforge.sandbox.base import SandboxError
+    from trajforge.sandbox.factory import create_sandbox
+
+    cfg = RunConfig(container_engine="podman", run_name=f"nettest-{os.getpid()}", sandbox_network="egress",
+                    sandbox_tmp_size="8m", sandbox_disk="64m")
+    # busybox's static wget crashes in this image (NSS); nc speaks HTTP/1.0 well enough.
+    wget = 'u={url}; h=${{u#http://}}; h=${{h%%/*}}; printf "GET / HTTP/1.0\\r\\n\\r\\n" | nc -w 5 ${{h%:*}} ${{h#*:}}; ' \
+           'rc=$?; echo; echo wget=$rc'
+
+    async def main() -> None:
+        with host_server("127.0.0.1") as runner_lo, host_server("169.254.169.254") as metadata, \
+                host_server("10.231.7.1") as private, public_server() as public:
+            sb = await create_sandbox(cfg, cwd=None, image=busybox_image, root=tmp_path)
+            try:
+                out = (await sb.exec(wget.format(url=public.url), timeout=30)).stdout
+                assert public.token in out, out
+                port = runner_lo.url.rsplit(":", 1)[1]
+                for url in (metadata.url, private.url, f"http://10.0.2.2:{port}", runner_lo.url, "http://192.0.2.2:22/"):
+                    res = await sb.exec(wget.format(url=url), timeout=30)
+                    assert "secret-" not in res.stdout and "SSH" not in res.stdout, (url, res)
+                res = await sb.exec("df -k /tmp /workspace | tail -2", timeout=30)
+                sizes = [int(line.split()[1]) for line in res.stdout.splitlines()]
+                assert sizes[0] == 8 << 10 and sizes[1] <= 64 << 10, res
+                with pytest.raises(SandboxError, match="sandbox_tmp_size"):
+                    await sb.exec("dd if=/dev/zero of=/tmp/fill bs=1M count=20", timeout=30)
+            finally:
+                await sb.close()
+
+    asyncio.run(main())

@@ -146,13 +146,17 @@ class ContainerSandbox(MountedSandbox):
             args += ["--tmpfs", f"/tmp:rw,nosuid,nodev,size={lim.tmp_size},mode=1777"]
         if lim.shm_size:
             args += ["--shm-size", str(lim.shm_size)]
-        if lim.cpu_seconds:
-            args += ["--ulimit", f"cpu={lim.cpu_seconds}:{lim.cpu_seconds + 5}"]
+        # CPU time is set per command (_cpu_prefix): any --ulimit flag would replace the engine's
+        # default ulimits, and with them the nofile cap a generated containers.conf sets.
         if self.pids_limit:
             args += ["--pids-limit", str(self.pids_limit)]
         if self.cpus:
             args += ["--cpus", f"{self.cpus:g}"]
         return args + ["--entrypoint", "sleep", self.image, "infinity"]
+
+    def _cpu_prefix(self, command: str) -> str:
+        n = self.limits.cpu_seconds
+        return f"ulimit -t {n} 2>/dev/null; {command}" if n else command
 
     def _network_args(self) -> list[str]:
         """none/egress/host; "host" is the engine's default network, as before egress existed."""
@@ -216,7 +220,7 @@ class ContainerSandbox(MountedSandbox):
 
     async def exec(self, command: str, *, timeout: float, cwd: str | None = None) -> ExecResult:
         exec_id = secrets.token_hex(6)
-        argv = self.engine.argv(*self._exec_args(cwd), "sh", "-c", EXEC_WRAP, "sh", exec_id, command)
+        argv = self.engine.argv(*self._exec_args(cwd), "sh", "-c", EXEC_WRAP, "sh", exec_id, self._cpu_prefix(command))
         try:
             res = await self._run(argv, timeout)
         except BaseException:  # cancelled: the process inside must not outlive the call
@@ -243,7 +247,7 @@ class ContainerSandbox(MountedSandbox):
             await self.engine.run("exec", self.name, "sh", "-c", KILL_WRAP, "sh", exec_id, timeout=30)
 
     async def spawn(self, command: str, *, cwd: str | None = None, log_path: Path) -> asyncio.subprocess.Process:
-        argv = self.engine.argv(*self._exec_args(cwd, "-i"), "sh", "-c", SPAWN_WRAP, "sh", "", command)
+        argv = self.engine.argv(*self._exec_args(cwd, "-i"), "sh", "-c", SPAWN_WRAP, "sh", "", self._cpu_prefix(command))
         log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
             with open(log_path, "ab") as log:
