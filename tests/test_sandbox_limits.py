@@ -82,7 +82,7 @@ def test_disk_image_is_sparse_and_removed(tmp_path: Path) -> None:
         sb = BwrapSandbox(tmp_path, network=False, sample_limits=SampleLimits(disk=256 << 20, memory=None))
         await sb.start()
         try:
-            image = sb.workspace.with_name(sb.workspace.name + ".img")
+            image = sb.workspace.with_name(f"{sb.workspace.name}.trajforge-{os.getpid()}.img")
             assert image.stat().st_size == 256 << 20 and image.stat().st_blocks * 512 < 32 << 20
             res = await sb.exec("df -B1 --output=size . | tail -1; ls -A", timeout=30)
             assert int(res.stdout.split()[0]) <= 256 << 20 and "lost+found" not in res.stdout
@@ -126,3 +126,45 @@ def test_cpu_time_per_command_is_limited(tmp_path: Path) -> None:
 
     asyncio.run(main())
     assert os.path.exists(tmp_path)
+
+
+@needs_limits
+def test_a_killed_runner_s_disk_and_cgroup_are_swept(tmp_path: Path, clean_env: dict[str, str]) -> None:
+    import signal
+    import sys
+    import textwrap
+
+    from trajforge.sandbox import resources
+
+    script = textwrap.dedent(f"""
+        import asyncio, sys
+        from pathlib import Path
+        from trajforge.sandbox.bwrap import BwrapSandbox
+        from trajforge.sandbox.resources import SampleLimits
+        async def main():
+            sb = BwrapSandbox(Path({str(tmp_path)!r}), network=False,
+                              sample_limits=SampleLimits(disk=64 << 20, memory=64 << 20))
+            await sb.start()
+            print(sb.workspace, sb._res.memory.path, flush=True)
+            await asyncio.sleep(60)
+        asyncio.run(main())
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], env=clean_env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    ws, group = map(Path, proc.stdout.readline().split())
+    assert ws.exists() and group.exists() and str(ws) in Path("/proc/self/mounts").read_text()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    resources._swept = False  # the sweep runs once per process; this process has not swept the new leftovers
+    gone = asyncio.run(resources.sweep_leftovers())
+    assert str(ws) in gone and str(ws) not in Path("/proc/self/mounts").read_text()
+    assert not list(tmp_path.glob("*.img"))
+    for _ in range(100):  # the killed holder's processes leave the cgroup as the kernel reaps them
+        if not group.exists():
+            break
+        resources._swept = False
+        asyncio.run(resources.sweep_leftovers())
+        import time
+
+        time.sleep(0.05)
+    assert not group.exists()

@@ -10,6 +10,9 @@
 - workspace disk: a sparse ext4 image of `sandbox_disk` bytes, loop-mounted on the workspace
   directory. The kernel refuses writes beyond it (ENOSPC), so a sample can never take more of
   the host disk than that; the image is deleted when the sample ends. Needs root and loop devices.
+A runner killed with SIGKILL cannot unmount or remove anything: `sweep_leftovers` (once per
+process, before the first sample's limits are set up) unmounts and deletes the disk images and
+removes the cgroups of runners that no longer exist; both carry the owner's pid in their name.
 After each command `Resources.check` turns a hit limit into a SandboxError (the sample fails as
 `sandbox` with a message naming the limit), so other samples run on while this one ends.
 """
@@ -152,12 +155,67 @@ async def _run(*argv: str) -> None:
         raise SandboxError(f"{argv[0]} failed: {err.decode(errors='replace').strip()[-300:]}")
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+_IMAGE_TAG = ".trajforge-"
+_swept = False
+
+
+async def sweep_leftovers() -> list[str]:
+    """Unmount/delete disk images and remove memory cgroups whose runner is dead; what went."""
+    global _swept
+    if _swept or os.geteuid() != 0:
+        return []
+    _swept = True
+    gone: list[str] = []
+    try:
+        mounts = [line.split() for line in Path("/proc/self/mounts").read_text().splitlines()]
+    except OSError:
+        mounts = []
+    for fields in mounts:
+        if len(fields) < 2 or not fields[0].startswith("/dev/loop"):
+            continue
+        point = fields[1].replace("\\040", " ")
+        try:
+            backing = Path(f"/sys/block/{Path(fields[0]).name}/loop/backing_file").read_text().strip()
+        except OSError:
+            continue
+        name = Path(backing).name
+        if not (backing.startswith(point + _IMAGE_TAG) and name.endswith(".img")):
+            continue
+        pid = name[len(Path(point).name) + len(_IMAGE_TAG):-len(".img")]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            with contextlib.suppress(SandboxError):
+                await _run("umount", "-l", point)
+            with contextlib.suppress(OSError):
+                os.unlink(backing)
+            gone.append(point)
+    where = cgroup_parent()
+    if where is not None and where[1].is_dir():
+        for group in where[1].iterdir():
+            parts = group.name.split("-")
+            if len(parts) == 3 and parts[0] == "s" and parts[1].isdigit() and not _pid_alive(int(parts[1])):
+                with contextlib.suppress(OSError):
+                    group.rmdir()  # only succeeds once its processes are gone, which is what we want
+                    gone.append(str(group))
+    return gone
+
+
 class DiskImage:
     """A size-limited ext4 filesystem mounted on a workspace directory for one sample."""
 
     def __init__(self, workspace: Path, size: int) -> None:
         self.workspace, self.size = workspace, size
-        self.image = workspace.with_name(workspace.name + ".img")
+        # The owner's pid in the name lets sweep_leftovers tell a dead runner's image from a live one's.
+        self.image = workspace.with_name(f"{workspace.name}{_IMAGE_TAG}{os.getpid()}.img")
         self.mounted = False
 
     async def mount(self) -> None:
@@ -220,6 +278,7 @@ class Resources:
         self.ns_pid = 0
 
     async def before_holder(self, workspace: Path) -> None:
+        await sweep_leftovers()
         if self.limits.disk and disk_usable() is None:
             self.disk = DiskImage(workspace, self.limits.disk)
             await self.disk.mount()
