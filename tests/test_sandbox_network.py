@@ -266,3 +266,74 @@ def test_container_egress_and_limits(tmp_path: Path, busybox_image: str, podman:
                 await sb.close()
 
     asyncio.run(main())
+
+
+async def _call(toolset: Any, name: str, args: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    tool = next(t for t in toolset.tools if t.name == name)
+    return json.loads(await tool.run(args, ctx))
+
+
+@needs_net_admin
+def test_browser_subresources_redirects_and_websockets_go_through_the_policy(tmp_path: Path) -> None:
+    """A public page that loads internal URLs as image, iframe, fetch and websocket, and a public
+    redirect to the metadata address: nothing internal is ever requested."""
+    pytest.importorskip("playwright")
+    from tests.support.toolsets import run_with
+    from trajforge.tools import browser
+
+    cfg = RunConfig(tools={"browser": {"navigation_timeout": 5, "action_timeout": 5}})
+    with host_server("169.254.169.254") as metadata, host_server("127.0.0.1") as runner_lo, public_server() as public:
+        async def body(toolset: Any, ctx: Any) -> None:
+            for inner in (metadata, runner_lo):
+                page = await _call(toolset, "browser_navigate", {"url": f"{public.url}p?{inner.url}"}, ctx)
+                assert page["success"], page
+                snap = await _call(toolset, "browser_snapshot", {}, ctx)
+                assert public.token in snap["snapshot"] and inner.token not in json.dumps(snap)
+                await asyncio.sleep(1)  # let the page's fetch, iframe and websocket try
+                moved = await _call(toolset, "browser_navigate", {"url": f"{public.url}r?{inner.url}"}, ctx)
+                assert not moved["success"] or inner.token not in json.dumps(moved), moved
+                snap = await _call(toolset, "browser_snapshot", {}, ctx)
+                assert inner.token not in json.dumps(snap)
+            # a name that resolves to loopback is refused on its address, not its spelling
+            port = runner_lo.url.rsplit(":", 1)[1].strip("/")
+            named = await _call(toolset, "browser_navigate", {"url": f"http://localhost:{port}/"}, ctx)
+            assert not named["success"] and "egress policy" in named["error"]
+            refused = toolset.proxy.refused
+            assert any(r.startswith("169.254.169.254:") for r in refused), refused
+
+        run_with(tmp_path, browser.build, cfg, body)
+        assert metadata.hits == [] and runner_lo.hits == []
+
+
+@needs_net_admin
+def test_web_extract_and_vision_refuse_redirects_and_names_to_internal_addresses(tmp_path: Path) -> None:
+    from tests.support.toolsets import run_with
+    from trajforge.tools import vision, web
+
+    with WebFixture() as site, host_server("169.254.169.254") as metadata, public_server() as public:
+        cfg = RunConfig.model_validate({"tools": {"web": {"searxng_url": site.base}}, "base_url": site.base})
+        port = metadata.url.rsplit(":", 1)[1].strip("/")
+
+        async def web_body(toolset: Any, ctx: Any) -> None:
+            hop = await _call(toolset, "web_extract", {"urls": [f"{public.url}r?{metadata.url}"]}, ctx)
+            assert not hop["success"] and "169.254.169.254" in hop["error"] and "egress policy" in hop["error"]
+            named = await _call(toolset, "web_extract", {"urls": [f"http://localhost:{site.base.rsplit(':', 1)[1]}/"]},
+                                ctx)
+            assert not named["success"] and "loopback" in named["error"]
+            ok = await _call(toolset, "web_extract", {"urls": [public.url]}, ctx)
+            assert ok["success"] and public.token in ok["results"][0]["content"]
+            found = await _call(toolset, "web_search", {"query": "tides"}, ctx)  # the user's SearXNG on loopback
+            assert found["success"], found
+
+        async def vision_body(toolset: Any, ctx: Any) -> None:
+            hop = await _call(toolset, "vision_analyze", {"image_url": f"{public.url}r?{metadata.url}",
+                                                          "question": "?"}, ctx)
+            assert not hop["success"] and "egress policy" in hop["error"]
+            ipv6 = await _call(toolset, "vision_analyze", {"image_url": f"http://[::ffff:169.254.169.254]:{port}/",
+                                                           "question": "?"}, ctx)
+            assert not ipv6["success"] and "link-local" in ipv6["error"], ipv6
+
+        run_with(tmp_path, lambda c: web.build(c, {}), cfg, web_body)
+        vcfg = RunConfig.model_validate({"base_url": site.base, "model": "m", "api_key": "k"})
+        run_with(tmp_path, vision.build, vcfg, vision_body)
+        assert metadata.hits == []

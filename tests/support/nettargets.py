@@ -24,7 +24,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 def net_admin_reason() -> str | None:
@@ -39,11 +39,13 @@ def net_admin_reason() -> str | None:
 class Target:
     url: str
     token: str
+    hits: list[str] = field(default_factory=list)  # paths requested (host_server only)
 
 
-def _handler(token: str) -> type[http.server.BaseHTTPRequestHandler]:
+def _handler(token: str, hits: list[str]) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            hits.append(self.path)
             body = f"<html><head><title>secret</title></head><body>{token}</body></html>".encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/html")
@@ -69,11 +71,12 @@ def host_server(ip: str) -> Iterator[Target]:
         assert res.returncode == 0, res.stderr
         added = True
     token = "secret-" + secrets.token_hex(6)
-    server = http.server.ThreadingHTTPServer((ip, 0), _handler(token))
+    hits: list[str] = []
+    server = http.server.ThreadingHTTPServer((ip, 0), _handler(token, hits))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield Target(f"http://{ip}:{server.server_address[1]}/", token)
+        yield Target(f"http://{ip}:{server.server_address[1]}/", token, hits)
     finally:
         server.shutdown()
         server.server_close()
@@ -81,14 +84,25 @@ def host_server(ip: str) -> Iterator[Target]:
             _ip("addr", "del", f"{ip}/32", "dev", "lo")
 
 
-_SERVE = ("import http.server,sys\n"
+# /r?<url>: a redirect to <url>; /p?<url>: a page loading <url> as image, iframe, fetch and
+# websocket (a hostile page inside the browser); anything else: the token.
+_SERVE = ("import http.server,sys,urllib.parse\n"
           "class H(http.server.BaseHTTPRequestHandler):\n"
           "    def do_GET(self):\n"
-          "        b=('<html><head><title>public</title></head><body>'+sys.argv[2]+'</body></html>').encode()\n"
+          "        path,_,q=self.path.partition('?'); q=urllib.parse.unquote(q)\n"
+          "        if path=='/r':\n"
+          "            self.send_response(302); self.send_header('Location',q); self.send_header('Content-Length','0')\n"
+          "            self.end_headers(); return\n"
+          "        body=sys.argv[2]\n"
+          "        if path=='/p':\n"
+          "            w=q.replace('http://','ws://')\n"
+          "            body+=f'<img src=\"{q}img\"><iframe src=\"{q}frame\"></iframe><script>fetch(\"{q}fetch\")'\n"
+          "            body+=f';try{{new WebSocket(\"{w}ws\")}}catch(e){{}}</script>'\n"
+          "        b=('<html><head><title>public</title></head><body>'+body+'</body></html>').encode()\n"
           "        self.send_response(200); self.send_header('Content-Type','text/html')\n"
           "        self.send_header('Content-Length',str(len(b))); self.end_headers(); self.wfile.write(b)\n"
           "    def log_message(self,*a): pass\n"
-          "http.server.HTTPServer((sys.argv[1],8080),H).serve_forever()\n")
+          "http.server.ThreadingHTTPServer((sys.argv[1],8080),H).serve_forever()\n")
 
 
 @contextlib.contextmanager
