@@ -38,7 +38,7 @@ from trajforge.sandbox.base import ExecResult, SandboxError
 from trajforge.sandbox.engine import Engine, container_name, detect, last_line, owner_dead
 from trajforge.sandbox.images import ImageChecker
 from trajforge.sandbox.mounted import MountedSandbox
-from trajforge.sandbox.resources import Resources, SampleLimits
+from trajforge.sandbox.resources import Resources, SampleLimits, sweep_leftovers
 
 if TYPE_CHECKING:
     from trajforge.config import RunConfig
@@ -90,6 +90,7 @@ class ContainerBackend:
         dead = [n for n in res.stdout.split() if owner_dead(n)] if res.exit_code == 0 else []
         if dead:
             await self.engine.run(*self.engine.rm_args(*dead), timeout=120)
+            await sweep_leftovers(force=True)  # their workspace disks, now that nothing uses them
         return dead
 
 

@@ -169,10 +169,11 @@ _IMAGE_TAG = ".trajforge-"
 _swept = False
 
 
-async def sweep_leftovers() -> list[str]:
-    """Unmount/delete disk images and remove memory cgroups whose runner is dead; what went."""
+async def sweep_leftovers(force: bool = False) -> list[str]:
+    """Unmount/delete disk images and remove memory cgroups whose runner is dead; what went.
+    Once per process unless `force` (the container backend's own sweep of dead runners' leftovers)."""
     global _swept
-    if _swept or os.geteuid() != 0:
+    if (_swept and not force) or os.geteuid() != 0:
         return []
     _swept = True
     gone: list[str] = []
