@@ -57,7 +57,8 @@ def test_config_modes_and_alias() -> None:
 
 
 def test_ruleset_blocks_every_range_and_tmpfs_sizes_precede_their_mounts() -> None:
-    rules = ruleset(["10.9.0.0/16"])
+    rules = ruleset(["10.9.0.0/16", "1password.example", "fd12::/16"])
+    assert "1password" not in rules and "fd12::/16 } accept" in rules  # names are for runner fetches only
     for net in ("127.0.0.0/8", "169.254.0.0/16", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
                 "100.64.0.0/10", "fc00::/7", "fe80::/10"):
         assert net in rules
@@ -337,3 +338,19 @@ def test_web_extract_and_vision_refuse_redirects_and_names_to_internal_addresses
         vcfg = RunConfig.model_validate({"base_url": site.base, "model": "m", "api_key": "k"})
         run_with(tmp_path, vision.build, vcfg, vision_body)
         assert metadata.hits == []
+
+
+@needs_egress
+@needs_net_admin
+def test_network_allow_opens_a_private_range_for_samples(tmp_path: Path) -> None:
+    async def main() -> None:
+        with host_server("10.231.7.1") as private, host_server("10.231.8.1") as other:
+            sb = BwrapSandbox(tmp_path, network=False, egress=True, allow=["10.231.7.0/24"])
+            await sb.start()
+            try:
+                assert private.token in await _curl(sb, private.url)
+                assert other.token not in await _curl(sb, other.url)
+            finally:
+                await sb.close()
+
+    asyncio.run(main())

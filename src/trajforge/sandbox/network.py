@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import os
 import shutil
 import tempfile
@@ -52,12 +53,20 @@ def tool(name: str) -> str | None:
     return shutil.which(name, path=SAFE_PATH)
 
 
+def _network(entry: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    try:
+        return ipaddress.ip_network(entry.strip(), strict=False)
+    except ValueError:
+        return None
+
+
 def ruleset(allow: list[str] | tuple[str, ...] = ()) -> str:
     """The nftables rules loaded into a sample's namespace (pure, for tests and doctor)."""
     v4 = list(BLOCKED_V4) + [a for a in host_addresses() if ":" not in a]
     v6 = list(BLOCKED_V6) + [a for a in host_addresses() if ":" in a]
-    ok4 = [a for a in allow if ":" not in a and a[:1].isdigit()]
-    ok6 = [a for a in allow if ":" in a]
+    nets = [n for n in map(_network, allow) if n is not None]  # host names: runner-side fetches only
+    ok4 = [str(n) for n in nets if n.version == 4]
+    ok6 = [str(n) for n in nets if n.version == 6]
     lines = ["table inet trajforge {", "  chain out {", "    type filter hook output priority 0; policy accept;",
              '    oifname "lo" accept',
              f"    ip daddr {SLIRP_DNS} udp dport 53 accept", f"    ip daddr {SLIRP_DNS} tcp dport 53 accept"]
