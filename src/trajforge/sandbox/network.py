@@ -109,13 +109,19 @@ class Slirp:
             raise SandboxError("egress networking needs slirp4netns (apt-get install slirp4netns)")
         exit_r, self._exit_w = os.pipe()
         ready_r, ready_w = os.pipe()
+        # stderr to an unnamed file, read only when the start fails (a pipe nobody drains would
+        # keep the transport open for the sample's whole life).
+        errors = tempfile.TemporaryFile()
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 slirp, "--configure", "--mtu=65520", "--disable-host-loopback", "--enable-sandbox",
                 "--enable-seccomp", f"--exit-fd={exit_r}", f"--ready-fd={ready_w}", str(pid), "tap0",
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE, pass_fds=(exit_r, ready_w), start_new_session=True,
+                stderr=errors, pass_fds=(exit_r, ready_w), start_new_session=True,
                 env={"PATH": SAFE_PATH}, cwd="/")
+        except BaseException:
+            errors.close()
+            raise
         finally:
             os.close(exit_r)
             os.close(ready_w)
@@ -126,14 +132,12 @@ class Slirp:
             ready = b""
         finally:
             os.close(ready_r)
-        if ready != b"1":
-            err = b""
-            if self.proc.returncode is not None or ready == b"":
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(1):
-                        err = await self.proc.stderr.read()  # type: ignore[union-attr]
-            await self.close()
-            raise SandboxError(f"slirp4netns did not start: {err.decode(errors='replace').strip()[-300:] or 'no output'}")
+        with errors:
+            if ready != b"1":
+                await self.close()
+                errors.seek(0)
+                err = errors.read()[-300:].decode(errors="replace").strip()
+                raise SandboxError(f"slirp4netns did not start: {err or 'no output'}")
 
     async def close(self) -> None:
         if self._exit_w is not None:
