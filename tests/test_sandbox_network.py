@@ -210,10 +210,24 @@ def test_none_mode_offers_no_tool_that_fetches_model_urls(tmp_path: Path, server
     assert not [r for r in site.requests if r.path.endswith("/image.png")]
 
 
-def test_explicit_egress_without_a_user_mode_stack_is_refused_before_any_work(
+def test_auto_falls_back_to_host_with_a_note_and_explicit_egress_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trajforge.errors import UsageError
+    from trajforge.sandbox import network
+
+    monkeypatch.setitem(network._support, "bwrap", network.EgressSupport(False, "no slirp4netns here"))
+    mode, note = asyncio.run(network.resolve_mode(RunConfig()))
+    assert mode == "host" and note is not None and "no slirp4netns here" in note and "host" in note
+    with pytest.raises(UsageError, match="egress is not available.*no slirp4netns here"):
+        asyncio.run(network.resolve_mode(RunConfig(sandbox_network="egress")))
+    assert asyncio.run(network.resolve_mode(RunConfig(sandbox_network="none"))) == ("none", None)
+    cfg = RunConfig(sandbox_network="auto")
+    assert network.check_for_run(cfg) == note and cfg.sandbox_network == "host"  # fixed for the whole run
+
+
+def test_explicit_egress_that_cannot_be_had_is_refused_before_any_work(
         tmp_path: Path, server: ScriptedServer, clean_env: dict[str, str]) -> None:
     (tmp_path / "ds.jsonl").write_text(json.dumps({"prompt": "hi"}) + "\n")
-    env = {**clean_env, "PATH": "/nonexistent"}  # no slirp4netns, nft, nsenter on the PATH
+    env = clean_env  # the local backend has no network namespace: egress cannot be had with it
     proc = subprocess.run([sys.executable, "-m", "trajforge", "run", "--dataset_file=ds.jsonl", "--batch_size=1",
                            "--run_name=x", f"--base_url={server.url}", "--model=m", "--sandbox=local",
                            "--sandbox_network=egress"], cwd=tmp_path, env=env, capture_output=True, text=True,

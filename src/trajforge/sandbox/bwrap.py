@@ -1,8 +1,10 @@
 """The bwrap backend: every sample in its own bubblewrap namespaces (`--sandbox bwrap`, auto default).
 
 Commands see a read-only host system (/usr, /etc, /opt and the /bin, /lib... links), the
-sample's workspace read-write at /workspace, private /tmp and /dev/shm, a private /proc, and
-new pid/ipc/uts (and, with `--sandbox_network=none`, network) namespaces. /root, /home, /var,
+sample's workspace read-write at /workspace, private sized /tmp and /dev/shm, a private /proc,
+and new pid/ipc/uts (and, unless `--sandbox_network host`, network) namespaces; egress and the
+per-sample limits (memory cgroup, workspace disk) are set up around the holder by network.py and
+resources.py (root mode). /root, /home, /var,
 /run and the runner's files are simply not there. A row's absolute cwd (/app) is a directory
 of the workspace that is also mounted at that path.
 
