@@ -286,15 +286,16 @@ class BwrapSandbox(MountedSandbox):
         if self._holder is None or self._holder.returncode is not None:
             raise SandboxError("the bwrap sandbox of this sample is gone")
         self._hand_over()
-        assert self._res is not None
-        return self._res.wrap(["nsenter", "-t", str(self._ns_pid), "-m", "-u", "-i", "-n", "-p", "-r",
+        return ["nsenter", "-t", str(self._ns_pid), "-m", "-u", "-i", "-n", "-p", "-r",
                 "setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--no-new-privs",
                 "--inh-caps=-all", "--bounding-set=-all", "--",
                 # the shell changes directory itself: one exec fewer per command than `env -C`
-                SHELL, "-c", f"cd -- {shlex.quote(inside)} || exit 125\n{command}"])
+                SHELL, "-c", f"cd -- {shlex.quote(inside)} || exit 125\n{command}"]
 
     async def exec(self, command: str, *, timeout: float, cwd: str | None = None) -> ExecResult:
         argv = self._argv(command, cwd)
+        if self._res is not None:
+            argv = self._res.wrap(argv)  # join the sample's memory cgroup first
         try:
             res = await run_argv(argv, timeout=timeout, cwd="/", env=self.env, preexec_fn=self._preexec,
                                  output_cap=self.output_cap)
@@ -306,6 +307,8 @@ class BwrapSandbox(MountedSandbox):
 
     async def spawn(self, command: str, *, cwd: str | None = None, log_path: Path) -> asyncio.subprocess.Process:
         argv = self._argv(command, cwd)
+        if self._res is not None:
+            argv = self._res.wrap(argv)  # join the sample's memory cgroup first
         try:
             proc = await spawn_argv(argv, cwd="/", env=self.env, log_path=log_path, preexec_fn=self._preexec)
         except OSError as e:
