@@ -368,3 +368,35 @@ def test_network_allow_opens_a_private_range_for_samples(tmp_path: Path) -> None
                 await sb.close()
 
     asyncio.run(main())
+
+
+def test_egress_proxy_forwards_allowed_requests_closing_and_refuses_the_rest() -> None:
+    from trajforge.tools.egress_proxy import EGRESS_HEADER, EgressProxy
+
+    async def ask(port: int, head: bytes) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(head)
+        data = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        return data
+
+    async def main(site: str) -> None:
+        proxy = EgressProxy(make_policy(["127.0.0.1"], include_host=False))
+        await proxy.start()
+        try:
+            host = site.split("//", 1)[1].rstrip("/")
+            got = await ask(proxy.port, f"GET {site}/other.html HTTP/1.1\r\nHost: {host}\r\n"
+                                        "Proxy-Connection: keep-alive\r\n\r\n".encode())
+            head = got.split(b"\r\n\r\n", 1)[0].lower()
+            assert b" 200 " in head and b"connection: close" in head and b"History of tidal mills" in got
+            for request in (b"CONNECT 169.254.169.254:443 HTTP/1.1\r\n\r\n",
+                            b"GET http://10.1.2.3/ HTTP/1.1\r\nHost: 10.1.2.3\r\n\r\n",
+                            b"GET ftp://example.com/ HTTP/1.1\r\n\r\n"):
+                got = await ask(proxy.port, request)
+                assert got.startswith(b"HTTP/1.1 403") and EGRESS_HEADER.encode() in got, got
+            assert proxy.refused == ["169.254.169.254:443", "10.1.2.3:80"]
+        finally:
+            await proxy.aclose()
+
+    with WebFixture() as site:
+        asyncio.run(main(site.base))

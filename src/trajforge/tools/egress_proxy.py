@@ -7,7 +7,7 @@ Chromium does not resolve names itself when it uses a proxy; the proxy resolves,
 address with the policy (tools/egress.py) and connects to a checked address, so DNS rebinding
 and redirects to private addresses are refused like the first request. Two request forms:
 CONNECT host:port (https, wss: a tunnel), and absolute-form `GET http://host/...` (http, ws),
-forwarded on a fresh upstream connection with `Connection: close`. Refusals answer 403 with
+forwarded on a fresh upstream connection with `Connection: close` both ways. Refusals answer 403 with
 the policy's reason as the body. The server listens on 127.0.0.1 only, for the runner's
 Chromium; samples never reach the host's loopback.
 """
@@ -87,6 +87,14 @@ class EgressProxy:
         up_reader, up_writer = upstream
         up_writer.write(b" ".join((method, path.encode("latin-1"), version)) + b"\r\n"
                         + b"\r\n".join([*headers, conn]) + b"\r\n\r\n")
+        # The answer tells Chromium to close too: a reused client connection would otherwise carry
+        # its next request, maybe for another host, to this upstream.
+        answer = await up_reader.readuntil(b"\r\n\r\n")
+        status, _, fields = answer.partition(b"\r\n")
+        if b" 101 " not in status + b" ":
+            kept = [h for h in fields.split(b"\r\n") if h and h.split(b":", 1)[0].strip().lower() not in _HOP]
+            answer = status + b"\r\n" + b"\r\n".join([*kept, b"Connection: close"]) + b"\r\n\r\n"
+        writer.write(answer)
         await _pipe_both(reader, writer, up_reader, up_writer)
 
     async def _connect(self, host: str, port: int, writer: asyncio.StreamWriter
