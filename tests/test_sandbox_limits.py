@@ -19,7 +19,8 @@ from tests.support.scripted_server import ScriptedServer
 from trajforge.config import RunConfig, size_bytes
 from trajforge.sandbox.bwrap import BwrapSandbox, probe
 from trajforge.sandbox.factory import limits_for, sample_limits
-from trajforge.sandbox.resources import SampleLimits, cgroup_parent, disk_usable
+from trajforge.sandbox.disk import disk_usable
+from trajforge.sandbox.resources import SampleLimits, cgroup_parent
 
 STATUS = asyncio.run(probe())
 ROOT_BWRAP = STATUS.usable and STATUS.mode == "root"

@@ -19,7 +19,8 @@ from typing import Any
 from trajforge.sandbox.bwrap import probe
 from trajforge.sandbox.engine import detect
 from trajforge.sandbox.network import doctor_rows
-from trajforge.sandbox.resources import SampleLimits, cgroup_parent, disk_usable, human
+from trajforge.sandbox.disk import disk_usable, human
+from trajforge.sandbox.resources import SampleLimits, cgroup_parent
 
 
 async def gather_report(engine_choice: str = "auto") -> dict[str, Any]:

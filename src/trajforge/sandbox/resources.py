@@ -7,9 +7,7 @@
   OOM killer acts inside it. Without a usable cgroup (unprivileged runner), RLIMIT_AS per
   process stands in: weaker (per process, virtual) but never unlimited.
 - /tmp and /dev/shm: tmpfs with bwrap's `--size`.
-- workspace disk: a sparse ext4 image of `sandbox_disk` bytes, loop-mounted on the workspace
-  directory. The kernel refuses writes beyond it (ENOSPC), so a sample can never take more of
-  the host disk than that; the image is deleted when the sample ends. Needs root and loop devices.
+- workspace disk: a size-limited loop-mounted image (disk.py).
 A runner killed with SIGKILL cannot unmount or remove anything: `sweep_leftovers` (once per
 process, before the first sample's limits are set up) unmounts and deletes the disk images and
 removes the cgroups of runners that no longer exist; both carry the owner's pid in their name.
@@ -23,11 +21,12 @@ import asyncio
 import contextlib
 import os
 import secrets
-import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.disk import DiskImage, disk_usable, human, pid_alive, sweep_images
 
 V2_ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
@@ -41,13 +40,6 @@ class SampleLimits:
     shm_size: int | None = 256 << 20
     disk: int | None = 10 << 30
     cpu_seconds: int | None = 600
-
-
-def human(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:g} {unit}"
-    return f"{n} bytes"
 
 
 def _writable_dir(p: Path) -> bool:
@@ -129,133 +121,29 @@ class MemoryGroup:
                     for pid in (self.path / "cgroup.procs").read_text().split():
                         with contextlib.suppress(OSError):
                             os.kill(int(pid), 9)
-                import time
-
                 time.sleep(0.01)  # bounded (0.5 s): processes of a killed namespace are still exiting
 
 
-def disk_usable() -> str | None:
-    """None when a loop-mounted image can limit the workspace here, else why not."""
-    if os.geteuid() != 0:
-        return "needs root (loop mounts)"
-    missing = [t for t in ("mkfs.ext4", "mount", "umount") if shutil.which(t, path="/usr/sbin:/usr/bin:/sbin:/bin") is None]
-    if missing:
-        return f"missing {', '.join(missing)}"
-    if not os.path.exists("/dev/loop-control"):
-        return "no /dev/loop-control (loop devices)"
-    return None
-
-
-async def _run(*argv: str) -> None:
-    proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
-                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-                                                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, cwd="/")
-    _, err = await proc.communicate()
-    if proc.returncode != 0:
-        raise SandboxError(f"{argv[0]} failed: {err.decode(errors='replace').strip()[-300:]}")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-_IMAGE_TAG = ".trajforge-"
 _swept = False
 
 
 async def sweep_leftovers(force: bool = False) -> list[str]:
-    """Unmount/delete disk images and remove memory cgroups whose runner is dead; what went.
+    """Remove disk images and memory cgroups of runners that are dead; what went.
     Once per process unless `force` (the container backend's own sweep of dead runners' leftovers)."""
     global _swept
     if (_swept and not force) or os.geteuid() != 0:
         return []
     _swept = True
-    gone: list[str] = []
-    try:
-        mounts = [line.split() for line in Path("/proc/self/mounts").read_text().splitlines()]
-    except OSError:
-        mounts = []
-    for fields in mounts:
-        if len(fields) < 2 or not fields[0].startswith("/dev/loop"):
-            continue
-        point = fields[1].replace("\\040", " ")
-        try:
-            backing = Path(f"/sys/block/{Path(fields[0]).name}/loop/backing_file").read_text().strip()
-        except OSError:
-            continue
-        name = Path(backing).name
-        if not (backing.startswith(point + _IMAGE_TAG) and name.endswith(".img")):
-            continue
-        pid = name[len(Path(point).name) + len(_IMAGE_TAG):-len(".img")]
-        if pid.isdigit() and not _pid_alive(int(pid)):
-            with contextlib.suppress(SandboxError):
-                await _run("umount", "-l", point)
-            with contextlib.suppress(OSError):
-                os.unlink(backing)
-            gone.append(point)
+    gone = await sweep_images()
     where = cgroup_parent()
     if where is not None and where[1].is_dir():
         for group in where[1].iterdir():
             parts = group.name.split("-")
-            if len(parts) == 3 and parts[0] == "s" and parts[1].isdigit() and not _pid_alive(int(parts[1])):
+            if len(parts) == 3 and parts[0] == "s" and parts[1].isdigit() and not pid_alive(int(parts[1])):
                 with contextlib.suppress(OSError):
                     group.rmdir()  # only succeeds once its processes are gone, which is what we want
                     gone.append(str(group))
     return gone
-
-
-class DiskImage:
-    """A size-limited ext4 filesystem mounted on a workspace directory for one sample."""
-
-    def __init__(self, workspace: Path, size: int) -> None:
-        self.workspace, self.size = workspace, size
-        # The owner's pid in the name lets sweep_leftovers tell a dead runner's image from a live one's.
-        self.image = workspace.with_name(f"{workspace.name}{_IMAGE_TAG}{os.getpid()}.img")
-        self.mounted = False
-
-    async def mount(self) -> None:
-        try:
-            with open(self.image, "wb") as f:
-                f.truncate(self.size)  # sparse: takes host disk only as the sample writes
-            await _run("mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal",
-                       "-E", "nodiscard,lazy_itable_init=1", str(self.image))
-            await _run("mount", "-o", "loop,nosuid,nodev", str(self.image), str(self.workspace))
-            self.mounted = True
-            with contextlib.suppress(OSError):
-                os.rmdir(self.workspace / "lost+found")
-        except (OSError, SandboxError) as e:
-            await self.unmount(keep=False)
-            raise SandboxError(f"cannot create the workspace disk of {human(self.size)}: {e}") from e
-
-    def full(self) -> bool:
-        try:
-            st = os.statvfs(self.workspace)
-        except OSError:
-            return False
-        return st.f_bavail * st.f_frsize < max(1 << 20, self.size // 1000)
-
-    async def unmount(self, keep: bool) -> None:
-        """Unmount and delete the image; with keep, the files are copied to a plain directory."""
-        if self.mounted:
-            self.mounted = False
-            if keep:
-                kept = self.workspace.with_name(self.workspace.name + ".kept")
-                with contextlib.suppress(SandboxError):
-                    await _run("cp", "-a", f"{self.workspace}/.", str(kept))
-            with contextlib.suppress(SandboxError):
-                await _run("umount", "-l", str(self.workspace))
-            if keep and kept.exists():
-                with contextlib.suppress(OSError):
-                    self.workspace.rmdir()
-                    kept.rename(self.workspace)
-        with contextlib.suppress(FileNotFoundError):
-            self.image.unlink()
 
 
 def tmpfs_full(path: str, size: int | None) -> bool:
