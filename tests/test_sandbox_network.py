@@ -400,3 +400,35 @@ def test_egress_proxy_forwards_allowed_requests_closing_and_refuses_the_rest() -
 
     with WebFixture() as site:
         asyncio.run(main(site.base))
+
+
+@needs_net_admin
+def test_a_name_is_resolved_once_and_the_checked_address_is_the_one_connected_to() -> None:
+    """DNS rebinding: the resolver answers a public address first and loopback afterwards; the
+    fetch connects to the checked public address and never asks again."""
+    from trajforge.tools import http_fetch
+
+    with public_server() as public, host_server("127.0.0.1") as runner_lo:
+        public_ip = public.url.split("//")[1].split(":")[0]
+        answers: list[str] = []
+
+        async def main() -> http_fetch.Fetched:
+            loop = asyncio.get_running_loop()
+            real = loop.getaddrinfo
+
+            async def rebinding(host: str, port: int, **kw: Any) -> Any:
+                if host != "rebind.test":
+                    return await real(host, port, **kw)
+                answers.append(public_ip if not answers else "127.0.0.1")
+                return await real(answers[-1], port, **kw)
+
+            loop.getaddrinfo = rebinding  # type: ignore[method-assign]
+            client = http_fetch.new_client(timeout=10, max_redirects=2, user_agent="t", policy=make_policy())
+            try:
+                return await http_fetch.fetch(client, "http://rebind.test:8080/", max_bytes=10_000, timeout=10)
+            finally:
+                await client.aclose()
+
+        fetched = asyncio.run(main())
+        assert public.token in fetched.body.decode() and answers == [public_ip]
+        assert runner_lo.hits == []
