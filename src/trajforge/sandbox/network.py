@@ -155,10 +155,14 @@ class Slirp:
 
 
 async def start_egress(pid: int, allow: list[str] | tuple[str, ...] = ()) -> Slirp:
-    """Firewall first (no packet leaves before the rules exist), then the user-mode stack."""
-    await install_rules(pid, allow)
+    """The firewall and the user-mode stack, set up side by side: nothing in the namespace sends
+    a packet before the sandbox's start() returns (the holder only sleeps), and both are done then."""
     slirp = Slirp()
-    await slirp.start(pid)
+    rules, stack = await asyncio.gather(install_rules(pid, allow), slirp.start(pid), return_exceptions=True)
+    for outcome in (rules, stack):
+        if isinstance(outcome, BaseException):
+            await slirp.close()
+            raise outcome
     return slirp
 
 
