@@ -9,6 +9,7 @@ reached over a veth pair on TEST-NET-3. Nothing leaves this machine.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -432,3 +433,42 @@ def test_a_name_is_resolved_once_and_the_checked_address_is_the_one_connected_to
         fetched = asyncio.run(main())
         assert public.token in fetched.body.decode() and answers == [public_ip]
         assert runner_lo.hits == []
+
+
+@pytest.mark.parametrize("mode", ["egress", "host"])
+def test_a_sample_cannot_reach_another_sample_s_loopback_server(tmp_path: Path, mode: str,
+                                                                clean_env: dict[str, str]) -> None:
+    """Sample A serves a secret on 127.0.0.1 while sample B polls that address. In egress mode B
+    never gets it; in host mode (the opt-in shared network) it does, which shows the probe works."""
+    if mode == "egress" and not EGRESS.usable:
+        pytest.skip(f"egress not available here: {EGRESS.detail}")
+    from tests.support.policies import prompt_command_policy
+
+    with socket_port() as port:
+        serve = (f"cd /tmp && echo sample-a-secret > s.txt && (python3 -m http.server {port} --bind 127.0.0.1 "
+                 ">/dev/null 2>&1 &) ; sleep 8; echo A-done")
+        poll = (f"for i in $(seq 30); do curl -s -m 1 http://127.0.0.1:{port}/s.txt && break; sleep 0.2; done; "
+                "echo B-done")
+        (tmp_path / "ds.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in (serve, poll)))
+        with ScriptedServer() as server:
+            server.handler = prompt_command_policy
+            proc = subprocess.run(
+                cli("run", "--dataset_file=ds.jsonl", "--batch_size=2", "--run_name=pair", f"--base_url={server.url}",
+                    "--model=scripted", "--distribution=terminal_only", f"--sandbox_network={mode}",
+                    "--sandbox=bwrap", "--num_workers=2", "--tool_timeout=30"),
+                cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in (tmp_path / "data" / "pair" / "trajectories.jsonl").read_text().splitlines()]
+    outputs = {r["prompt_index"]: r["conversations"][-1]["value"] for r in records}
+    assert "A-done" in outputs[0] and "B-done" in outputs[1]
+    assert ("sample-a-secret" in outputs[1]) == (mode == "host"), outputs[1]
+
+
+@contextlib.contextmanager
+def socket_port() -> Any:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    yield port
