@@ -472,3 +472,24 @@ def socket_port() -> Any:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     yield port
+
+
+@needs_net_admin
+def test_image_api_download_urls_go_through_the_policy(tmp_path: Path, server: ScriptedServer) -> None:
+    """The image API is the user's endpoint (reachable although it is on loopback); a download URL
+    it answers with that points at the metadata address is refused."""
+    from tests.support.scripted_server import Reply
+    from tests.support.toolsets import run_with
+    from trajforge.tools import image_gen
+
+    with host_server("169.254.169.254") as metadata:
+        server.handler = lambda req: Reply(body={"created": 0, "data": [{"url": metadata.url + "img.png"}]})
+        cfg = RunConfig.model_validate({"model": "m", "base_url": server.url, "api_key": "k",
+                                        "tools": {"image_gen": {"response_format": "url"}}})
+
+        async def body(toolset: Any, ctx: Any) -> None:
+            got = json.loads(await toolset.tools[0].run({"prompt": "red"}, ctx))
+            assert not got["success"] and "egress policy" in got["error"] and "link-local" in got["error"], got
+
+        run_with(tmp_path, image_gen.build, cfg, body)
+        assert len(server.requests) == 1 and metadata.hits == []
