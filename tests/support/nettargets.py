@@ -14,6 +14,7 @@ Both need root (ip addr/netns); `net_admin_reason()` says why not when they cann
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.server
 import os
 import secrets
@@ -27,11 +28,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 
+@functools.lru_cache(maxsize=1)
 def net_admin_reason() -> str | None:
+    """None when this process may add addresses and network namespaces (tried for real)."""
     if os.geteuid() != 0:
         return "needs root to add addresses and network namespaces"
     if shutil.which("ip") is None:
         return "needs iproute2 (ip)"
+    name = f"tfprobe{secrets.token_hex(3)}"
+    res = _ip("netns", "add", name)
+    if res.returncode != 0:
+        return f"cannot create a network namespace: {res.stderr.strip()[:200]}"
+    _ip("netns", "del", name)
     return None
 
 
