@@ -146,7 +146,8 @@ def test_default_distribution_run_calls_every_tool_once_successfully(
     assert len(steps(site)) == len(KNOWN_TOOLS) and {n for n, _ in steps(site)} == set(KNOWN_TOOLS)
     server.handler = policy(site)
     (tmp_path / "ds.jsonl").write_text(json.dumps({"prompt": "Try every tool once."}) + "\n")
-    (tmp_path / "cfg.yaml").write_text(f"tools:\n  web:\n    searxng_url: {site.base}\n")
+    (tmp_path / "cfg.yaml").write_text(f"tools:\n  web:\n    searxng_url: {site.base}\n"
+                                       "network:\n  allow: [127.0.0.1]\n")  # the fixture site is on loopback
     env = {k: v for k, v in clean_env.items() if k not in ("SEARXNG_URL", "BRAVE_API_KEY", "TAVILY_API_KEY")}
     proc = subprocess.run(
         cli("run", "--dataset_file=ds.jsonl", "--batch_size=1", "--run_name=all", f"--base_url={server.url}",

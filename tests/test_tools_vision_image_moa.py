@@ -36,6 +36,7 @@ def site() -> Any:
 
 
 def config(server: ScriptedServer, **values: Any) -> RunConfig:
+    values.setdefault("network", {"allow": ["127.0.0.1"]})  # fixture images are served on loopback
     return RunConfig.model_validate({"model": "run-model", "base_url": server.url, **values})
 
 
@@ -286,7 +287,8 @@ def test_default_distribution_run_calls_each_tool_successfully(tmp_path: Path, s
                                                               site: WebFixture, clean_env: dict[str, str]) -> None:
     server.handler = acceptance_policy(site)
     (tmp_path / "ds.jsonl").write_text(json.dumps({"prompt": "Research tidal energy."}) + "\n")
-    (tmp_path / "cfg.yaml").write_text(f"tools:\n  web:\n    searxng_url: {site.base}\n")
+    (tmp_path / "cfg.yaml").write_text(f"tools:\n  web:\n    searxng_url: {site.base}\n"
+                                       "network:\n  allow: [127.0.0.1]\n")  # the fixture site is on loopback
     env = {k: v for k, v in clean_env.items() if k not in ("SEARXNG_URL", "BRAVE_API_KEY", "TAVILY_API_KEY")}
     proc = subprocess.run(
         cli("run", "--dataset_file=ds.jsonl", "--batch_size=1", "--run_name=acc", f"--base_url={server.url}",

@@ -33,7 +33,8 @@ def site() -> Any:
 
 
 def config(**web_settings: Any) -> RunConfig:
-    return RunConfig.model_validate({"tools": {"web": web_settings}})
+    # The fixture site is on 127.0.0.1, which the egress policy refuses unless allowed.
+    return RunConfig.model_validate({"tools": {"web": web_settings}, "network": {"allow": ["127.0.0.1"]}})
 
 
 def with_toolset(tmp_path: Path, cfg: RunConfig, body: Callable[[web.WebToolset, ToolContext], Awaitable[Any]],

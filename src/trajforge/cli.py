@@ -58,7 +58,7 @@ FLAGS: list[tuple[str, str, str]] = [
     ("keep_no_reasoning", "bool", "keep samples with no reasoning (dropped by default)"),
     ("keep_workspaces", "bool", "keep each sample's workspace directory after it ends"),
     ("sandbox", "str", "auto, local, bwrap or container"),
-    ("sandbox_network", "str", "on or none: network inside bwrap/container sandboxes"),
+    ("sandbox_network", "str", "auto, egress (internet only), host or none: network of bwrap/container sandboxes"),
     ("max_sandboxes", "int", "containers being created at once"),
     ("container_engine", "str", "auto, podman or docker: engine of the container sandbox"),
     ("local_instances", "int", "model instances of the local backend"),

@@ -25,6 +25,14 @@ DEFAULT_MODEL = "anthropic/claude-sonnet-4.6"
 DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
 ProviderSort = Literal["price", "throughput", "latency"]
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+SIZE_PATTERN = r"^[0-9]+(\.[0-9]+)?[bkmgtBKMGT]?$"
+_UNITS = {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def size_bytes(text: str) -> int:
+    """'4g' -> 4 GiB in bytes ('4' alone is bytes), the unit letters of docker/podman --memory."""
+    unit = text[-1].lower() if text[-1].isalpha() else "b"
+    return int(float(text.rstrip("bkmgtBKMGT") or 0) * _UNITS[unit])
 
 
 class _Strict(BaseModel):
@@ -79,6 +87,24 @@ class DistributionConfig(_Strict):
         return v
 
 
+class NetworkConfig(_Strict):
+    """`network:` section. `allow`: CIDRs, addresses or host names that samples and the runner's
+    fetches on their behalf may reach although they are loopback/private/link-local/CGNAT
+    (netpolicy.py); host names only apply to the runner's fetches."""
+
+    allow: list[str] = Field(default_factory=list)
+
+    @field_validator("allow")
+    @classmethod
+    def _valid_entries(cls, v: list[str]) -> list[str]:
+        from trajforge.netpolicy import valid_allow_entry
+
+        for entry in v:
+            if not valid_allow_entry(entry):
+                raise ValueError(f"{entry!r} is neither a CIDR/address nor a host name")
+        return v
+
+
 class _UnknownDistribution(ValueError):
     """Raised by RunConfig's whole-model check; _describe pins it on the `distribution` key."""
 
@@ -123,13 +149,20 @@ class RunConfig(_Strict):
     keep_no_reasoning: bool = False
     keep_workspaces: bool = False
     sandbox: Literal["auto", "local", "bwrap", "container"] = "auto"
-    sandbox_network: Literal["on", "none"] = "on"
+    # egress: own network namespace, internet only (sandbox/network.py); "on" is the old name of host.
+    sandbox_network: Literal["auto", "egress", "host", "none"] = "auto"
+    network: NetworkConfig = Field(default_factory=NetworkConfig)
+    sandbox_memory: str = Field("4g", pattern=SIZE_PATTERN, description="memory of one sample (bwrap: cgroup)")
+    sandbox_tmp_size: str = Field("1g", pattern=SIZE_PATTERN, description="size of a sample's /tmp (tmpfs)")
+    sandbox_shm_size: str = Field("256m", pattern=SIZE_PATTERN, description="size of a sample's /dev/shm")
+    sandbox_disk: str = Field("10g", pattern=SIZE_PATTERN, description="bytes a sample may write to its workspace")
+    sandbox_cpu_seconds: int | None = Field(600, ge=1, description="CPU seconds per process of a command")
     max_sandboxes: int = Field(16, ge=1)
     sandbox_nproc: int = Field(512, ge=16, description="processes of one bwrap sample (enforced when run as root)")
     container_engine: Literal["auto", "podman", "docker"] = "auto"
     container_image: str | None = Field(None, description="image of --sandbox container rows without an image")
-    container_memory: str | None = Field("4g", pattern=r"^[0-9]+(\.[0-9]+)?[bkmgBKMG]?$",
-                                         description="memory limit per container (docker/podman --memory)")
+    container_memory: str | None = Field(None, pattern=r"^[0-9]+(\.[0-9]+)?[bkmgBKMG]?$",
+                                         description="memory limit per container (default: sandbox_memory)")
     container_pids_limit: int = Field(1024, ge=16, description="processes per container")
     container_cpus: float | None = Field(None, gt=0, description="CPUs per container (default: no limit)")
     image_pull_timeout: float = Field(300.0, gt=0, description="seconds to pull one missing image")
@@ -163,7 +196,8 @@ class RunConfig(_Strict):
                      "sandbox_nproc", "container_pids_limit", "container_cpus", "image_pull_timeout",
                      "local_instances", "samples_per_prompt", "stop_after_passes", "check_timeout",
                      "judge_threshold", "max_cost", "max_cost_per_sample", "max_tokens_per_sample",
-                     "max_requests_per_minute", "max_tokens_per_minute", "fail_on_error", mode="before")
+                     "max_requests_per_minute", "max_tokens_per_minute", "fail_on_error", "sandbox_cpu_seconds",
+                     mode="before")
     @classmethod
     def _no_bool_numbers(cls, v: Any) -> Any:
         # pydantic's lax mode reads True as 1; `max_turns: yes` in a config file is a mistake.
@@ -177,6 +211,11 @@ class RunConfig(_Strict):
         if v >= 1 and v != int(v):
             raise ValueError("must be a whole count of samples (1, 2, ...) or a fraction between 0 and 1")
         return v
+
+    @field_validator("sandbox_network", mode="before")
+    @classmethod
+    def _network_alias(cls, v: Any) -> Any:
+        return "host" if v == "on" else v  # configs written before egress existed keep working
 
     @field_validator("providers_allowed", "providers_ignored", "providers_order", mode="before")
     @classmethod

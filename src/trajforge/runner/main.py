@@ -39,7 +39,7 @@ from trajforge.runner.merge import merge
 from trajforge.runner.monitor import RunMonitor
 from trajforge.runner.outcome import Outcome
 from trajforge.runner.preflight import (
-    check_container_images, check_executor, choose_model, load_prefill, refuse_contradictions,
+    check_container_images, check_executor, check_network, choose_model, load_prefill, refuse_contradictions,
 )
 from trajforge.runner.progress import Progress
 from trajforge.runner.rollouts import RolloutScheduler, expand, finish_totals, passes_on_disk, prepare_totals
@@ -69,6 +69,7 @@ def _run_checked(config: RunConfig) -> int:
     dataset = load_dataset(config.dataset_file, skip_invalid=config.skip_invalid, max_samples=config.max_samples)
     choose_model(config)
     check_prices(config)
+    check_network(config)
     check_executor(config)
     check_container_images(config, dataset)
     validate_verification(config, dataset)

@@ -20,10 +20,10 @@ def contradictions(config: RunConfig) -> list[str]:
     """Settings that cannot all hold: each would make every sample fail or silently do nothing."""
     c = config
     found = []
-    if c.sandbox == "local" and c.sandbox_network != "on":
+    if c.sandbox == "local" and c.sandbox_network not in ("auto", "host"):
         found.append(f"--sandbox local cannot apply --sandbox_network {c.sandbox_network}: the local sandbox has no "
                      "network isolation, so every sample would fail; use --sandbox bwrap or container "
-                     "(see trajforge doctor), or --sandbox_network on")
+                     "(see trajforge doctor), or --sandbox_network host")
     if c.resume and c.overwrite:
         found.append("--resume and --overwrite contradict each other: --resume continues the run, --overwrite "
                      "deletes it; give one")
@@ -86,6 +86,14 @@ def choose_model(config: RunConfig) -> None:
         raise UsageError(f"no API key for {url}: pass --api_key or set OPENROUTER_API_KEY / OPENAI_API_KEY")
 
 
+
+
+def check_network(config: RunConfig) -> None:
+    """Fix `auto` to the concrete network mode; an explicit egress that cannot be had stops here (exit 2)."""
+    from trajforge.sandbox.network import check_for_run
+
+    if note := check_for_run(config):
+        print(f"trajforge: {note}", file=sys.stderr)
 
 
 def check_executor(config: RunConfig) -> None:

@@ -1,8 +1,8 @@
 """The bwrap backend: every sample in its own bubblewrap namespaces (`--sandbox bwrap`, auto default).
 
 Commands see a read-only host system (/usr, /etc, /opt and the /bin, /lib... links), the
-sample's workspace read-write at /workspace, private /tmp and /dev/shm, a private /proc, and
-new pid/ipc/uts (and, with `--sandbox_network=none`, network) namespaces. /root, /home, /var,
+sample's workspace read-write at /workspace, private sized /tmp and /dev/shm, a private /proc,
+and new pid/ipc/uts (and, unless `--sandbox_network host`, network) namespaces. /root, /home, /var,
 /run and the runner's files are simply not there. A row's absolute cwd (/app, /app/sub) is a
 directory of the workspace that is also mounted at that path.
 
@@ -19,6 +19,10 @@ enforces RLIMIT_NPROC for host uid 0:
 - runner is unprivileged ("user" mode): --unshare-all creates a user namespace; the helper and
   the files are the user's own.
 Both modes: background jobs share the sample's pid namespace and live until the sample closes.
+Root mode also gets the per-sample limits and egress, set up around the helper before its first
+request (resources.py: the workspace disk before bwrap starts, the memory cgroup joined by bwrap
+and the helper, so every command forked later is in it; network.py: slirp4netns and the
+firewall on the namespace of the helper, whose host pid bwrap reports on --info-fd).
 `bwrap_argv` builds the whole command line (the one place to add options).
 """
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import posixpath
 import secrets
@@ -47,6 +52,7 @@ from trajforge.sandbox.channel import HelperChannel
 from trajforge.sandbox.process import (
     DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, SAFE_PATH, Limits, clean_env, kill_group, limit_pairs, run_argv,
 )
+from trajforge.sandbox.resources import Resources, SampleLimits, cgroup_parent
 
 WORKSPACE = "/workspace"
 # Host dirs bound read-only when present; /bin, /lib... are links into /usr on merged-usr hosts.
@@ -88,6 +94,7 @@ def host_layout(root: Path = Path("/")) -> list[tuple[str, str | None]]:
 def bwrap_argv(
     bwrap: str, *, layout: Sequence[tuple[str, str | None]], binds: Sequence[tuple[Path, str]], chdir: str,
     network: bool, privileged: bool, extra_ro: Sequence[str] = (),
+    tmp_size: int | None = None, shm_size: int | None = None, extra: Sequence[str] = (),
 ) -> list[str]:
     """The bwrap command line up to (not including) the command. Pure: no filesystem access.
 
@@ -111,8 +118,9 @@ def bwrap_argv(
         argv += ["--symlink", target, f"/{name}"] if target is not None else ["--ro-bind", f"/{name}", f"/{name}"]
     for path in extra_ro:
         argv += ["--ro-bind-try", path, path]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm",
-             "--perms", "1777", "--tmpfs", "/tmp"]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    for path, size in (("/dev/shm", shm_size), ("/tmp", tmp_size)):  # --size applies to the next --tmpfs
+        argv += [*(["--size", str(size)] if size else []), "--perms", "1777", "--tmpfs", path]
     made = {"/"}
     for host, inside in binds:
         # bwrap creates missing parents of a mount point mode 0700 (root's): /app of a row cwd
@@ -123,7 +131,7 @@ def bwrap_argv(
                 argv += ["--perms", "0755", "--dir", parent]
         made.add(inside)
         argv += ["--bind", str(host), inside]
-    return argv + ["--chdir", chdir]
+    return argv + [*extra, "--chdir", chdir]
 
 
 def _parents(path: str) -> list[str]:
@@ -181,9 +189,15 @@ async def make(provider: SandboxProvider, *, cwd: str | None, image: str | None,
     status = await probe_status(provider)
     if not status.usable:
         raise SandboxError(f"--sandbox bwrap is not usable here: {status.detail} (see `trajforge doctor`)")
+    from trajforge.sandbox.factory import limits_for, network_mode, sample_limits
+
     config = provider.config
-    return BwrapSandbox(root, keep=config.keep_workspaces, cwd=cwd, limits=provider.limits,
-                        network=config.sandbox_network == "on", nproc=config.sandbox_nproc, bwrap=status.path)
+    network = await network_mode(provider)
+    # A memory cgroup holds the whole sample in root mode; otherwise RLIMIT_AS per process stands in.
+    limits = limits_for(config, memory_cgroup=status.mode == "root" and cgroup_parent() is not None)
+    return BwrapSandbox(root, keep=config.keep_workspaces, cwd=cwd, limits=limits, network=network == "host",
+                        egress=network == "egress", allow=config.network.allow, sample_limits=sample_limits(config),
+                        nproc=config.sandbox_nproc, bwrap=status.path)
 
 
 class BwrapSandbox(Sandbox):
@@ -192,7 +206,8 @@ class BwrapSandbox(Sandbox):
     def __init__(
         self, root: Path, *, keep: bool = False, cwd: str | None = None, limits: Limits = DEFAULT_LIMITS,
         network: bool = True, nproc: int | None = 512, bwrap: str | None = None,
-        output_cap: int = DEFAULT_OUTPUT_CAP,
+        output_cap: int = DEFAULT_OUTPUT_CAP, egress: bool = False, allow: Sequence[str] = (),
+        sample_limits: SampleLimits | None = None,
     ) -> None:
         self.root, self.keep, self._cwd_arg = Path(root), keep, cwd
         self.privileged = os.geteuid() == 0
@@ -207,6 +222,11 @@ class BwrapSandbox(Sandbox):
         self.workdir = WORKSPACE
         self._holder: asyncio.subprocess.Process | None = None
         self._channel: HelperChannel | None = None
+        # egress: own namespace + slirp4netns and a firewall (sandbox/network.py); root mode only.
+        self.egress, self.allow, self._slirp = egress and self.privileged, tuple(allow), None
+        self.sample_limits = sample_limits or SampleLimits(memory=None, disk=None)
+        self._res = Resources(self.sample_limits) if self.privileged else None
+        self.ns_pid = 0  # host pid of the helper (pid 1 of the sample's namespaces)
 
     def mounts(self, host_cwd: Path) -> tuple[dict[str, Path], str]:
         """In-sandbox mount points of the workspace, and the cwd as the sample sees it: a row's
@@ -225,6 +245,9 @@ class BwrapSandbox(Sandbox):
         if self.bwrap is None:
             raise SandboxError(NOT_FOUND)
         self.workspace, host_cwd = workspace.create(self.root, self._cwd_arg)
+        if self._res is not None:  # the workspace disk is mounted over the directory: cwd again
+            await self._res.before_holder(self.workspace)
+            host_cwd.mkdir(parents=True, exist_ok=True)
         points, self.cwd = self.mounts(host_cwd)
         if self.privileged:  # the helper drops to the sample's uid: hand it its directories
             _chown_beneath(self.workspace, host_cwd.relative_to(self.workspace).parts, self.uid)
@@ -233,19 +256,38 @@ class BwrapSandbox(Sandbox):
             self.bwrap, layout=host_layout(), binds=sorted(((h, p) for p, h in points.items()), key=lambda b: len(b[1])),
             # "/": bwrap changes directory before the helper drops to the sample's uid, and root
             # without capabilities may not enter the sample's 0700 workspace. Commands chdir themselves.
-            chdir="/", network=self.network, privileged=self.privileged,
-            extra_ro=[*_resolv_conf_target(), *python_ro],
+            chdir="/", network=self.network and not self.egress, privileged=self.privileged,
+            extra_ro=[*_resolv_conf_target(), *python_ro], tmp_size=self.sample_limits.tmp_size,
+            shm_size=self.sample_limits.shm_size, extra=self._net_args(),
         )
         await self._start_helper(argv, python, sorted(points))
+        if self._res is not None:
+            assert self._holder is not None
+            # The helper has forked nothing yet: every command it forks from now on is in the group.
+            self._res.after_holder(self._holder.pid, self.ns_pid)
+        if self.egress:
+            from trajforge.sandbox.network import start_egress
+
+            self._slirp = await start_egress(self.ns_pid, self.allow)
+
+    def _net_args(self) -> list[str]:
+        if not self.egress:
+            return []
+        from trajforge.sandbox.network import resolv_conf
+
+        return ["--ro-bind", resolv_conf(), "/etc/resolv.conf"]  # slirp's DNS forwarder
 
     async def _start_helper(self, argv: list[str], python: str, roots: list[str]) -> None:
         # The mount setup goes through --args (a pipe) so /proc/1/cmdline inside shows no host paths.
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         args_r, args_w = os.pipe()
         src_r, src_w = os.pipe()
+        # --info-fd: bwrap reports the helper's host pid (root mode: slirp4netns, nsenter, cgroup).
+        info_r, info_w = os.pipe() if self.privileged else (-1, -1)
+        setup = [*argv[1:], *(["--info-fd", str(info_w)] if self.privileged else [])]
         try:
             try:
-                os.write(args_w, b"".join(a.encode() + b"\0" for a in argv[1:]))  # a few KB: fits the pipe
+                os.write(args_w, b"".join(a.encode() + b"\0" for a in setup))  # a few KB: fits the pipe
                 # The helper's source comes on stdin, not argv: `ps` inside shows a one-liner.
                 source = _helper_source()
                 assert len(source) < 60_000  # fits the pipe's 64 KiB buffer: this write never blocks
@@ -256,15 +298,20 @@ class BwrapSandbox(Sandbox):
             self._holder = await asyncio.create_subprocess_exec(
                 argv[0], "--args", str(args_r), python, "-S", "-I", "-c", _BOOT, str(theirs.fileno()),
                 stdin=src_r, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-                env={"PATH": SAFE_PATH}, pass_fds=(args_r, theirs.fileno()), start_new_session=True,
+                env={"PATH": SAFE_PATH}, start_new_session=True,
+                pass_fds=(args_r, theirs.fileno(), *([info_w] if self.privileged else [])),
             )
         except OSError as e:
             ours.close()
+            if self.privileged:
+                os.close(info_r)
             raise SandboxError(f"cannot start bwrap: {e}") from e
         finally:
             os.close(args_r)
             os.close(src_r)
             theirs.close()
+            if self.privileged:
+                os.close(info_w)
         self._channel = HelperChannel(ours, self.output_cap)
         env = clean_env(WORKSPACE)
         cfg = {"id": 0, "uid": self.uid if self.privileged else None, "cwd": self.cwd, "roots": roots,
@@ -273,6 +320,9 @@ class BwrapSandbox(Sandbox):
         try:
             async with asyncio.timeout(START_TIMEOUT):
                 reply, _ = await self._channel.call(cfg)
+                if self.privileged:
+                    fd, info_r = info_r, -1  # _read_info owns it now
+                    self.ns_pid = _child_pid(await _read_info(fd))
         except (TimeoutError, SandboxError) as e:
             why = "did not start within %gs" % START_TIMEOUT if isinstance(e, TimeoutError) else "failed to start"
             err = b""
@@ -282,6 +332,9 @@ class BwrapSandbox(Sandbox):
                     async with asyncio.timeout(2):
                         err = await self._holder.stderr.read()
             raise SandboxError(f"bwrap {why}: {err.decode(errors='replace').strip()[-300:] or 'no output'}") from None
+        finally:
+            if info_r >= 0:
+                os.close(info_r)
         if self.privileged and reply.get("uid") != self.uid:
             raise SandboxError(f"the sandbox helper runs as uid {reply.get('uid')}, not {self.uid}")
 
@@ -293,7 +346,10 @@ class BwrapSandbox(Sandbox):
         return self._channel
 
     async def exec(self, command: str, *, timeout: float, cwd: str | None = None) -> ExecResult:
-        return await self._live().exec(command, timeout=timeout, cwd=cwd)
+        res = await self._live().exec(command, timeout=timeout, cwd=cwd)
+        if self._res is not None:
+            self._res.check()  # a hit memory/tmpfs/disk limit ends the sample (SandboxError)
+        return res
 
     async def spawn(self, command: str, *, cwd: str | None = None) -> Job:
         return await self._live().spawn(command, cwd=cwd)
@@ -336,6 +392,11 @@ class BwrapSandbox(Sandbox):
                 if holder.returncode is not None:
                     break
                 kill_group(holder)  # a helper stuck in the kernel: --die-with-parent ends it
+        slirp, self._slirp = self._slirp, None
+        if slirp is not None:
+            await slirp.close()
+        if self._res is not None:  # before the workspace goes: its disk is mounted on it
+            await self._res.close(self.keep)
         if self.workspace is not None and not self.keep and not self._removed:
             self._removed = True  # the attribute stays: callers may check the directory is gone
             await workspace.remove(self.workspace)
@@ -384,3 +445,28 @@ def _chown_beneath(root: Path, parts: tuple[str, ...], uid: int) -> None:
                     fd = nxt
         finally:
             os.close(fd)
+
+
+async def _read_info(fd: int) -> str:
+    """Read bwrap's --info-fd JSON (closing fd): until it parses, or until EOF (bwrap failed early).
+    On the event loop, so a cancelled start leaves no thread blocked on the pipe."""
+    reader = asyncio.StreamReader()
+    transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), open(fd, "rb", buffering=0))
+    data = b""
+    try:
+        while chunk := await reader.read(65536):
+            data += chunk
+            with contextlib.suppress(ValueError):
+                json.loads(data)
+                break
+    finally:
+        transport.close()
+    return data.decode(errors="replace")
+
+
+def _child_pid(info: str) -> int:
+    try:
+        return int(json.loads(info)["child-pid"])
+    except (ValueError, KeyError, TypeError):
+        raise SandboxError(f"bwrap gave no sandbox pid: {info[:200]!r}") from None

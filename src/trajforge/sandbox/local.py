@@ -155,8 +155,11 @@ class LocalSandbox(Sandbox):
 
 
 async def make(provider: SandboxProvider, *, cwd: str | None, image: str | None, root: Path) -> LocalSandbox:
-    if provider.config.sandbox_network == "none":  # refusing beats silently leaving the network on
-        raise SandboxError("the local sandbox cannot disable networking (--sandbox_network none); "
+    from trajforge.sandbox.factory import network_mode
+
+    network = await network_mode(provider)
+    if network in ("none", "egress"):  # refusing beats silently leaving the network on
+        raise SandboxError(f"the local sandbox cannot restrict networking (--sandbox_network {network}); "
                            "use --sandbox bwrap or --sandbox container")
 
     async def open_cgroups() -> Cgroups | None:

@@ -5,6 +5,9 @@ browser), starts Playwright's driver and launches Chromium headless, and returns
 when Playwright or Chromium is missing it returns Unavailable with the reason, so the toolset is
 simply not offered. Playwright is imported inside build() so importing this module stays cheap.
 The per-sample contexts live in browser_session.py, the tools in browser_tools.py.
+Chromium reaches the network only through the run's egress proxy (tools/egress_proxy.py), so
+every request of every page is checked by the egress policy; WebRTC may not bypass it either.
+With `--sandbox_network none` the toolset is not offered (it would fetch model-chosen URLs).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from trajforge.tools.base import Toolset, Unavailable
 if TYPE_CHECKING:
     from trajforge.config import RunConfig
     from trajforge.tools.browser_session import BrowserBackend
+    from trajforge.tools.egress_proxy import EgressProxy
     from trajforge.tools.settings import BrowserSettings
 
 NAME = "browser"
@@ -34,14 +38,19 @@ NOT_FOUND = "install Debian's chromium or set tools.browser.executable_path"
 class BrowserToolset(Toolset):
     """The ten browser tools plus the run's Chromium, which aclose() shuts down."""
 
-    def __init__(self, backend: BrowserBackend) -> None:
+    def __init__(self, backend: BrowserBackend, proxy: EgressProxy | None = None) -> None:
         from trajforge.tools.browser_tools import make_tools
 
         super().__init__(NAME, make_tools(backend))
         self.backend = backend
+        self.proxy = proxy
 
     async def aclose(self) -> None:
-        await self.backend.aclose()
+        try:
+            await self.backend.aclose()
+        finally:
+            if self.proxy is not None:
+                await self.proxy.aclose()
 
 
 def find_chromium(settings: BrowserSettings) -> Path | None:
@@ -58,6 +67,8 @@ def find_chromium(settings: BrowserSettings) -> Path | None:
 
 async def build(config: RunConfig) -> BrowserToolset | Unavailable:
     settings = config.tools.browser
+    if config.sandbox_network == "none":
+        return Unavailable(NAME, "--sandbox_network none: the browser would fetch model-chosen URLs")
     executable = find_chromium(settings)
     if executable is None:
         where = f" at {settings.executable_path}" if settings.executable_path else ""
@@ -70,18 +81,36 @@ async def build(config: RunConfig) -> BrowserToolset | Unavailable:
     except ImportError as e:
         return Unavailable(NAME, f"Playwright is not installed ({e}): pip install playwright")
 
+    from trajforge.tools.egress import policy_for
+    from trajforge.tools.egress_proxy import EgressProxy
+
+    proxy = EgressProxy(policy_for(config))
+    proxy_url = await proxy.start()
     playwright = await async_playwright().start()
     try:
         browser = await playwright.chromium.launch(
             executable_path=str(executable), headless=settings.headless,
-            args=[*LAUNCH_ARGS, *settings.extra_args],
+            # The user's extra_args come first: ours, later on the line, win on a conflict.
+            args=[*settings.extra_args, *LAUNCH_ARGS, *proxy_args(proxy_url)],
             timeout=settings.navigation_timeout * 1000,
         )
     except PlaywrightError as e:
         await playwright.stop()
+        await proxy.aclose()
         first = (e.message or str(e)).split("\n")[0]
         return Unavailable(NAME, f"Chromium at {executable} failed to start: {first}")
     except BaseException:
         await playwright.stop()
+        await proxy.aclose()
         raise
-    return BrowserToolset(BrowserBackend(playwright, browser, settings))
+    backend = BrowserBackend(playwright, browser, settings)
+    backend.policy = proxy.policy
+    return BrowserToolset(backend, proxy)
+
+
+def proxy_args(proxy_url: str) -> list[str]:
+    """Every request through the egress proxy: loopback too (`<-loopback>` drops Chromium's
+    implicit bypass), and WebRTC only over the proxy (no direct UDP)."""
+    return [f"--proxy-server={proxy_url}", "--proxy-bypass-list=<-loopback>",
+            "--force-webrtc-ip-handling-policy=disable_non_proxied_udp",
+            "--webrtc-ip-handling-policy=disable_non_proxied_udp"]

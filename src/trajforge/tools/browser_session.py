@@ -23,6 +23,7 @@ from trajforge.tools.base import ToolContext, ToolInfraError
 if TYPE_CHECKING:
     from playwright.async_api import Browser, BrowserContext, ConsoleMessage, Page, Playwright
 
+    from trajforge.netpolicy import Policy
     from trajforge.tools.settings import BrowserSettings
 
 STATE_KEY = "browser"
@@ -38,6 +39,7 @@ class BrowserBackend:
         self.browser = browser
         self.settings = settings
         self.slots = asyncio.Semaphore(settings.max_contexts)
+        self.policy: Policy | None = None  # the egress policy its proxy enforces (tools/browser.py)
 
     def session(self, ctx: ToolContext) -> BrowserSession:
         """This sample's session, registered for cleanup the first time it is asked for."""

@@ -107,12 +107,19 @@ class NavigateTool(BrowserTool):
             url = "https://" + url
         if not url.lower().startswith(("http://", "https://")):
             return error(f"only http and https URLs can be opened, not {url.split(':', 1)[0]!r}")
+        if self.backend.policy is not None:  # a clear answer first; the egress proxy enforces it anyway
+            from trajforge.tools.egress import precheck_url
+
+            if (refused := await precheck_url(url, self.backend.policy)) is not None:
+                return error(f"navigation to {url} refused: {refused}")
         try:
             response = await page.goto(url, wait_until="domcontentloaded")
         except PlaywrightError as e:
             self.backend.check_alive()
             return error(f"navigation to {url} failed: {_message(e)}")
         status = response.status if response is not None else None
+        if response is not None and response.headers.get("x-trajforge-egress"):  # the egress proxy's own answer
+            return error(f"navigation to {url} failed: {await response.text()}")
         return ok(**await self._where(page), status=status)
 
 

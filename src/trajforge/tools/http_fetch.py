@@ -5,9 +5,9 @@ one wall-clock deadline for the whole exchange (a server that drips bytes cannot
 past it), and a byte cap enforced while streaming so a huge response is never held in memory.
 Failures become FetchError with a message fit for the model; nothing here raises httpx errors.
 
-Security note: these fetches reach any address the host can reach, loopback and private ranges
-included (tests rely on loopback). Running untrusted prompts with web tools on a machine with
-sensitive internal services is a server-side request forgery risk; isolate the network then.
+Clients for model-chosen URLs are made with a `policy` (tools/egress.py): every connection,
+redirects included, goes only to addresses the run's egress policy allows, checked after DNS
+resolution; a refusal comes back to the model saying why.
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import httpx
+
+from trajforge.netpolicy import Policy
+from trajforge.tools.egress import PolicyTransport, refusal_of
 
 
 class FetchError(Exception):
@@ -35,13 +38,16 @@ class Fetched:
     truncated: bool  # the body was cut at the byte cap
 
 
-def new_client(*, timeout: float, max_redirects: int, user_agent: str) -> httpx.AsyncClient:
-    """One pooled client per toolset and run; limits below are per request."""
+def new_client(*, timeout: float, max_redirects: int, user_agent: str,
+               policy: Policy | None = None) -> httpx.AsyncClient:
+    """One pooled client per toolset and run; limits below are per request. With `policy`,
+    every connection is checked by it (model-chosen URLs); without, for user-configured endpoints."""
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=16)
     return httpx.AsyncClient(
         follow_redirects=True, max_redirects=max_redirects,
         timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
         headers={"User-Agent": user_agent, "Accept": "text/html,application/xhtml+xml,*/*;q=0.8"},
-        limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+        limits=limits, transport=PolicyTransport(policy, limits) if policy is not None else None,
     )
 
 
@@ -97,4 +103,6 @@ async def fetch(client: httpx.AsyncClient, url: str, *, max_bytes: int, timeout:
     except (httpx.InvalidURL, httpx.UnsupportedProtocol) as e:
         raise FetchError(f"cannot fetch {url}: {e}") from None
     except httpx.HTTPError as e:
+        if (refused := refusal_of(e)) is not None:
+            raise FetchError(f"cannot fetch {url}: {refused}") from None
         raise FetchError(f"fetching {url} failed: {type(e).__name__}: {e or 'connection error'}") from None

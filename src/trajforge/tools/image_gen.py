@@ -17,13 +17,16 @@ import base64
 import binascii
 import re
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import openai
 from openai import AsyncOpenAI
 
+from trajforge.netpolicy import Policy, make_policy
 from trajforge.sandbox.base import FileOpError, PathEscapeError
 from trajforge.tools import http_fetch
 from trajforge.tools.aux_models import ToolUnavailable, endpoint_key, endpoint_url
+from trajforge.tools.egress import policy_for
 from trajforge.tools.base import Tool, ToolContext, Toolset, Unavailable, error, ok
 from trajforge.tools.settings import ImageGenSettings
 from trajforge.tools.vision import image_mime
@@ -40,12 +43,15 @@ def slug(prompt: str) -> str:
 
 
 class ImageGenToolset(Toolset):
-    def __init__(self, settings: ImageGenSettings, api: AsyncOpenAI, base_url: str, key: str) -> None:
+    def __init__(self, settings: ImageGenSettings, api: AsyncOpenAI, base_url: str, key: str,
+                 policy: Policy | None = None) -> None:
         self.settings = settings
         self.api = api
         self.base_url = base_url
         self._key = key
+        # The API's download URLs go through the egress policy; the API's own host is the user's choice.
         self.http = http_fetch.new_client(timeout=settings.timeout, max_redirects=5,
+                                          policy=policy or make_policy([urlsplit(base_url).hostname or ""]),
                                           user_agent="Mozilla/5.0 (compatible; trajforge image_gen)")
         super().__init__("image_gen", [ImageGenerateTool(self)])
 
@@ -148,4 +154,4 @@ async def build(config: RunConfig) -> ImageGenToolset | Unavailable:
     except ToolUnavailable as e:
         return Unavailable("image_gen", str(e))
     api = AsyncOpenAI(api_key=key, base_url=base_url, timeout=settings.timeout, max_retries=2)
-    return ImageGenToolset(settings, api, base_url, key)
+    return ImageGenToolset(settings, api, base_url, key, policy_for(config, [urlsplit(base_url).hostname or ""]))

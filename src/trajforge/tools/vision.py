@@ -21,7 +21,9 @@ from trajforge.model.types import ModelClient
 from trajforge.sandbox.base import FileOpError, PathEscapeError
 from trajforge.tools import http_fetch
 from trajforge.tools.aux_models import ToolUnavailable, record_usage, tool_client
+from trajforge.netpolicy import Policy, make_policy
 from trajforge.tools.base import Tool, ToolContext, Toolset, Unavailable, error, ok
+from trajforge.tools.egress import policy_for
 from trajforge.tools.settings import VisionSettings
 
 if TYPE_CHECKING:
@@ -49,11 +51,14 @@ def data_url(data: bytes, mime: str) -> str:
 
 
 class VisionToolset(Toolset):
-    def __init__(self, settings: VisionSettings, client: ModelClient, model: str) -> None:
+    def __init__(self, settings: VisionSettings, client: ModelClient, model: str,
+                 policy: Policy | None = None) -> None:
         self.settings = settings
         self.client = client
         self.model = model
-        self.http = http_fetch.new_client(timeout=settings.timeout, max_redirects=5,
+        # None: --sandbox_network none, image URLs are refused (workspace files and data: URLs work).
+        self.policy = policy
+        self.http = http_fetch.new_client(timeout=settings.timeout, max_redirects=5, policy=policy or make_policy(),
                                           user_agent="Mozilla/5.0 (compatible; trajforge vision)")
         super().__init__("vision", [VisionAnalyzeTool(self)])
 
@@ -103,6 +108,9 @@ class VisionAnalyzeTool(Tool):
                 raise ValueError(f"the data: URL is larger than {limit} bytes")
             return source
         if lowered.startswith(("http://", "https://")):
+            if self.owner.policy is None:
+                raise ValueError("image URLs are not available in this run (--sandbox_network none); "
+                                 "use an image file in the workspace")
             if not settings.fetch_urls:
                 return source
             try:
@@ -163,4 +171,5 @@ async def build(config: RunConfig) -> VisionToolset | Unavailable:
         client, model = vision_client(config)
     except ToolUnavailable as e:
         return Unavailable("vision", str(e))
-    return VisionToolset(config.tools.vision, client, model)
+    policy = None if config.sandbox_network == "none" else policy_for(config)
+    return VisionToolset(config.tools.vision, client, model, policy)

@@ -20,7 +20,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from trajforge.tools import http_fetch
+from trajforge.netpolicy import Policy
 from trajforge.tools.base import Tool, ToolContext, Toolset, Unavailable, error, ok
+from trajforge.tools.egress import policy_for
 from trajforge.tools.settings import WebSettings
 from trajforge.tools.web_content import Page, extract
 from trajforge.tools.web_search import SearchError, SearchProvider, choose_provider
@@ -30,15 +32,23 @@ if TYPE_CHECKING:
 
 
 class WebToolset(Toolset):
-    def __init__(self, settings: WebSettings, provider: SearchProvider) -> None:
+    def __init__(self, settings: WebSettings, provider: SearchProvider, policy: Policy | None = None) -> None:
         self.settings = settings
         self.provider = provider
+        # Search goes to the user's provider (any address); extraction to the model's URLs, through
+        # the egress policy. Without a policy (--sandbox_network none) web_extract is not offered.
         self.http = http_fetch.new_client(timeout=settings.timeout, max_redirects=settings.max_redirects,
                                           user_agent=settings.user_agent)
-        super().__init__("web", [WebSearchTool(self), WebExtractTool(self)])
+        self.fetch_http = (http_fetch.new_client(timeout=settings.timeout, max_redirects=settings.max_redirects,
+                                                 user_agent=settings.user_agent, policy=policy)
+                           if policy is not None else None)
+        tools: list[Tool] = [WebSearchTool(self)] + ([WebExtractTool(self)] if policy is not None else [])
+        super().__init__("web", tools)
 
     async def aclose(self) -> None:
         await self.http.aclose()
+        if self.fetch_http is not None:
+            await self.fetch_http.aclose()
 
 
 class WebSearchTool(Tool):
@@ -110,7 +120,8 @@ class WebExtractTool(Tool):
     async def _one(self, url: str) -> Page:
         settings = self.owner.settings
         try:
-            fetched = await http_fetch.fetch(self.owner.http, url, max_bytes=settings.max_bytes,
+            assert self.owner.fetch_http is not None
+            fetched = await http_fetch.fetch(self.owner.fetch_http, url, max_bytes=settings.max_bytes,
                                              timeout=settings.timeout)
         except http_fetch.FetchError as e:
             return Page(url=url.strip(), error=str(e))
@@ -124,5 +135,6 @@ async def build(config: RunConfig, environ: Mapping[str, str] | None = None) -> 
     provider = choose_provider(settings, os.environ if environ is None else environ)
     if isinstance(provider, str):
         return Unavailable("web", provider)
-    return WebToolset(settings, provider)
+    no_net = config.sandbox_network == "none"  # model-chosen URLs are not fetched at all then
+    return WebToolset(settings, provider, None if no_net else policy_for(config))
 

@@ -1,0 +1,268 @@
+"""Network modes of the isolating sandboxes (`--sandbox_network auto|egress|host|none`).
+
+- egress (the default where it works): each sample has a network namespace of its own, with a
+  private loopback, and reaches the outside through slirp4netns, a user-mode TCP/IP stack that
+  opens ordinary sockets on the host for the sample. slirp4netns runs with
+  --disable-host-loopback (its gateway 10.0.2.2 does not lead to the host's 127.0.0.1), and
+  before any command runs an nftables rule set inside the namespace rejects every packet to
+  loopback, link-local (169.254.0.0/16: cloud metadata), RFC 1918, CGNAT, unique-local,
+  multicast and reserved ranges, and to the host's own addresses (netpolicy.py), except the
+  slirp DNS forwarder 10.0.2.3:53 and what `network.allow` lists. The rules are installed by
+  the runner (root) and commands run without capabilities, so a sample cannot change them. A
+  sample's services listen in its own namespace, which nothing else can route to, so samples
+  cannot reach each other. Needs root (the bwrap "root" mode), slirp4netns and nft.
+- host: the host's network as is (the pre-egress behaviour; `on` is accepted as its old name).
+- none: an empty network namespace.
+Containers: egress is podman's `slirp4netns:allow_host_loopback=false` (docker: its default
+bridge) plus the same rule set entered into the container's namespace. `auto` resolves once per
+run (`resolve_mode`): egress when a probe sandbox gets it, else host with a note saying why;
+an explicit egress that cannot be had is a UsageError before any work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trajforge.errors import UsageError
+from trajforge.netpolicy import BLOCKED_V4, BLOCKED_V6, host_addresses
+from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.process import SAFE_PATH
+
+if TYPE_CHECKING:
+    from trajforge.config import RunConfig
+
+SLIRP_DNS = "10.0.2.3"
+START_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class EgressSupport:
+    usable: bool
+    detail: str
+
+
+def tool(name: str) -> str | None:
+    return shutil.which(name, path=SAFE_PATH)
+
+
+def _network(entry: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    try:
+        return ipaddress.ip_network(entry.strip(), strict=False)
+    except ValueError:
+        return None
+
+
+def ruleset(allow: list[str] | tuple[str, ...] = ()) -> str:
+    """The nftables rules loaded into a sample's namespace (pure, for tests and doctor)."""
+    v4 = list(BLOCKED_V4) + [a for a in host_addresses() if ":" not in a]
+    v6 = list(BLOCKED_V6) + [a for a in host_addresses() if ":" in a]
+    nets = [n for n in map(_network, allow) if n is not None]  # host names: runner-side fetches only
+    ok4 = [str(n) for n in nets if n.version == 4]
+    ok6 = [str(n) for n in nets if n.version == 6]
+    lines = ["table inet trajforge {", "  chain out {", "    type filter hook output priority 0; policy accept;",
+             '    oifname "lo" accept',
+             f"    ip daddr {SLIRP_DNS} udp dport 53 accept", f"    ip daddr {SLIRP_DNS} tcp dport 53 accept"]
+    if ok4:
+        lines.append(f"    ip daddr {{ {', '.join(ok4)} }} accept")
+    if ok6:
+        lines.append(f"    ip6 daddr {{ {', '.join(ok6)} }} accept")
+    # TCP gets a reset (an immediate "connection refused"), everything else an ICMP error.
+    for fam, nets in (("ip", v4), ("ip6", v6)):
+        lines += [f"    {fam} daddr {{ {', '.join(nets)} }} meta l4proto tcp reject with tcp reset",
+                  f"    {fam} daddr {{ {', '.join(nets)} }} reject with icmpx type admin-prohibited"]
+    lines += ["  }", "}"]
+    return "\n".join(lines) + "\n"
+
+
+async def install_rules(pid: int, allow: list[str] | tuple[str, ...] = ()) -> None:
+    """Load `ruleset` into the network namespace of `pid` (as root, from the host)."""
+    nft = tool("nft")
+    if nft is None:
+        raise SandboxError("egress networking needs nft (apt-get install nftables)")
+    proc = await asyncio.create_subprocess_exec(
+        "nsenter", "-t", str(pid), "-n", nft, "-f", "-", stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env={"PATH": SAFE_PATH}, cwd="/")
+    _, err = await proc.communicate(ruleset(allow).encode())
+    if proc.returncode != 0:
+        raise SandboxError(f"cannot install the egress firewall: {err.decode(errors='replace').strip()[-300:]}")
+
+
+class Slirp:
+    """One slirp4netns serving the namespace of a sandbox's holder; stops when close() drops its
+    exit pipe, or when the runner dies (the pipe closes with it)."""
+
+    def __init__(self) -> None:
+        self.proc: asyncio.subprocess.Process | None = None
+        self._exit_w: int | None = None
+
+    async def start(self, pid: int) -> None:
+        slirp = tool("slirp4netns")
+        if slirp is None:
+            raise SandboxError("egress networking needs slirp4netns (apt-get install slirp4netns)")
+        exit_r, self._exit_w = os.pipe()
+        ready_r, ready_w = os.pipe()
+        # stderr to an unnamed file, read only when the start fails (a pipe nobody drains would
+        # keep the transport open for the sample's whole life).
+        errors = tempfile.TemporaryFile()
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                slirp, "--configure", "--mtu=65520", "--disable-host-loopback", "--enable-sandbox",
+                "--enable-seccomp", f"--exit-fd={exit_r}", f"--ready-fd={ready_w}", str(pid), "tap0",
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                stderr=errors, pass_fds=(exit_r, ready_w), start_new_session=True,
+                env={"PATH": SAFE_PATH}, cwd="/")
+        except BaseException:
+            errors.close()
+            raise
+        finally:
+            os.close(exit_r)
+            os.close(ready_w)
+        try:
+            async with asyncio.timeout(START_TIMEOUT):
+                ready = await asyncio.to_thread(os.read, ready_r, 1)  # EOF when slirp4netns dies
+        except TimeoutError:
+            ready = b""
+        finally:
+            os.close(ready_r)
+        with errors:
+            if ready != b"1":
+                await self.close()
+                errors.seek(0)
+                err = errors.read()[-300:].decode(errors="replace").strip()
+                raise SandboxError(f"slirp4netns did not start: {err or 'no output'}")
+
+    async def close(self) -> None:
+        if self._exit_w is not None:
+            os.close(self._exit_w)
+            self._exit_w = None
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.returncode is None:
+            try:
+                async with asyncio.timeout(2):
+                    await proc.wait()
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+
+
+async def start_egress(pid: int, allow: list[str] | tuple[str, ...] = ()) -> Slirp:
+    """The firewall and the user-mode stack, set up side by side: nothing in the namespace sends
+    a packet before the sandbox's start() returns (the holder only sleeps), and both are done then."""
+    slirp = Slirp()
+    rules, stack = await asyncio.gather(install_rules(pid, allow), slirp.start(pid), return_exceptions=True)
+    for outcome in (rules, stack):
+        if isinstance(outcome, BaseException):
+            await slirp.close()
+            raise outcome
+    return slirp
+
+
+_resolv_dir: str | None = None
+
+
+def resolv_conf() -> str:
+    """A resolv.conf naming slirp's DNS forwarder, bound over /etc/resolv.conf in egress mode
+    (the host's resolver is often on a loopback or private address the sample may not reach)."""
+    global _resolv_dir
+    if _resolv_dir is None or not os.path.exists(os.path.join(_resolv_dir, "resolv.conf")):
+        _resolv_dir = tempfile.mkdtemp(prefix="trajforge-net-")
+        with open(os.path.join(_resolv_dir, "resolv.conf"), "w", encoding="ascii") as f:
+            f.write(f"nameserver {SLIRP_DNS}\noptions edns0\n")
+    return os.path.join(_resolv_dir, "resolv.conf")
+
+
+_support: dict[str, EgressSupport] = {}
+
+
+async def egress_support(backend: str) -> EgressSupport:
+    """Whether `backend` ("bwrap" or "container") gets egress here; bwrap by a real probe
+    sandbox (its tap0 up and the firewall loaded), once per process."""
+    if backend in _support:
+        return _support[backend]
+    missing = [n for n in ("slirp4netns", "nft", "nsenter") if tool(n) is None]
+    if os.geteuid() != 0:
+        found = EgressSupport(False, "egress needs the runner to be root (it sets up each sample's namespace)")
+    elif missing:
+        found = EgressSupport(False, f"missing {', '.join(missing)} (apt-get install slirp4netns nftables)")
+    elif backend == "bwrap":
+        found = await _probe_bwrap()
+    elif backend == "container":
+        found = EgressSupport(True, "engine network + the same firewall inside each container")
+    else:
+        found = EgressSupport(False, "the local sandbox has no network namespace")
+    _support[backend] = found
+    return found
+
+
+async def _probe_bwrap() -> EgressSupport:
+    from trajforge.sandbox.bwrap import BwrapSandbox, probe
+
+    status = await probe()
+    if not status.usable:
+        return EgressSupport(False, f"bwrap is not usable: {status.detail}")
+    with tempfile.TemporaryDirectory(prefix="trajforge-egress-probe-") as tmp:
+        sb = BwrapSandbox(Path(tmp), network=False, egress=True, bwrap=status.path)
+        try:
+            await sb.start()
+            res = await sb.exec("grep -c tap0 /proc/net/dev", timeout=10)
+            if res.exit_code == 0:
+                return EgressSupport(True, "slirp4netns (--disable-host-loopback) + nftables blocks")
+            return EgressSupport(False, f"a probe sandbox has no tap0: {(res.stderr or res.stdout).strip()[-200:]}")
+        except SandboxError as e:
+            return EgressSupport(False, str(e))
+        finally:
+            await sb.close()
+
+
+def _backend_of(config: RunConfig) -> str:
+    return "container" if config.sandbox == "container" else "local" if config.sandbox == "local" else "bwrap"
+
+
+async def resolve_mode(config: RunConfig) -> tuple[str, str | None]:
+    """The concrete mode for this run and a note for the user when auto could not get egress.
+
+    Raises UsageError when egress was asked for explicitly and cannot be had."""
+    mode = config.sandbox_network
+    if mode not in ("auto", "egress"):
+        return mode, None
+    backend = _backend_of(config)
+    support = await egress_support(backend)
+    if support.usable:
+        return "egress", None
+    if mode == "egress":
+        raise UsageError(f"--sandbox_network egress is not available with --sandbox {config.sandbox}: "
+                         f"{support.detail} (see `trajforge doctor`; --sandbox_network host opts into the host network)")
+    if backend == "local":
+        return "host", None  # the local backend never isolates anything; nothing to announce
+    return "host", (f"egress networking is not available here ({support.detail}); samples share the "
+                    "host network (--sandbox_network host); see `trajforge doctor`")
+
+
+def check_for_run(config: RunConfig) -> str | None:
+    """At run start, before any work: fix `auto` to the concrete mode; the note to print, if any."""
+    if config.sandbox_network not in ("auto", "egress"):
+        return None
+    mode, note = asyncio.run(resolve_mode(config))
+    config.sandbox_network = mode  # type: ignore[assignment]
+    return note
+
+
+async def doctor_rows() -> dict[str, dict[str, object]]:
+    """`trajforge doctor`: each network mode and whether it works for bwrap here."""
+    egress = await egress_support("bwrap")
+    return {
+        "egress": {"usable": egress.usable, "detail": egress.detail,
+                   "slirp4netns": tool("slirp4netns"), "pasta": tool("pasta"), "nft": tool("nft")},
+        "host": {"usable": True, "detail": "the host's network, loopback and private ranges included (opt-in)"},
+        "none": {"usable": True, "detail": "an empty network namespace"},
+        "auto": "egress" if egress.usable else "host",
+    }

@@ -1,0 +1,171 @@
+"""Per-sample resource limits for real: a memory bomb, a /tmp fill, a /dev/shm fill and a workspace
+disk fill each end their own sample as a `sandbox` failure naming the limit, while the other
+samples of the same run finish, and the host keeps no more than the limits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import cli
+from tests.support.policies import prompt_command_policy
+from tests.support.scripted_server import ScriptedServer
+from trajforge.config import RunConfig, size_bytes
+from trajforge.sandbox.bwrap import BwrapSandbox, probe
+from trajforge.sandbox.factory import limits_for, sample_limits
+from trajforge.sandbox.disk import disk_usable
+from trajforge.sandbox.resources import SampleLimits, cgroup_parent
+
+STATUS = asyncio.run(probe())
+ROOT_BWRAP = STATUS.usable and STATUS.mode == "root"
+needs_limits = pytest.mark.skipif(not ROOT_BWRAP or cgroup_parent() is None or disk_usable() is not None,
+                                  reason=f"needs root bwrap, a memory cgroup and loop devices ({STATUS.detail}, "
+                                         f"disk: {disk_usable()})")
+
+BOMBS = {
+    "memory": "python3 -c 'b=[]\nwhile True: b.append(bytearray(8 << 20))'",
+    "tmp": "head -c 64M /dev/zero > /tmp/fill; echo wrote=$?",
+    "shm": "head -c 64M /dev/zero > /dev/shm/fill; echo wrote=$?",
+    "disk": "for i in 1 2 3 4 5 6; do head -c 20M /dev/zero > f$i || break; done; echo wrote=$?",
+}
+MESSAGES = {"memory": "memory limit of 160 MiB (sandbox_memory)", "tmp": "filled /tmp (16 MiB, sandbox_tmp_size)",
+            "shm": "filled /dev/shm (8 MiB, sandbox_shm_size)", "disk": "workspace disk limit of 64 MiB (sandbox_disk)"}
+
+
+def test_sizes_and_defaults_map_to_limits() -> None:
+    assert size_bytes("4g") == 4 << 30 and size_bytes("256m") == 256 << 20 and size_bytes("1024") == 1024
+    cfg = RunConfig()
+    lim = sample_limits(cfg)
+    assert (lim.memory, lim.tmp_size, lim.shm_size, lim.disk, lim.cpu_seconds) == (
+        4 << 30, 1 << 30, 256 << 20, 10 << 30, 600)
+    assert limits_for(cfg, memory_cgroup=True).address_space_bytes is None  # the cgroup holds the sample
+    assert limits_for(cfg).address_space_bytes == 4 << 30  # no cgroup: an address-space limit instead
+    assert limits_for(cfg).cpu_seconds == 600
+    with pytest.raises(ValueError):
+        RunConfig(sandbox_disk="lots")
+
+
+@needs_limits
+def test_each_limit_ends_only_its_own_sample(tmp_path: Path, clean_env: dict[str, str]) -> None:
+    prompts = [*BOMBS.values(), "echo survivor-1", "echo survivor-2"]
+    (tmp_path / "ds.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    (tmp_path / "cfg.yaml").write_text("sandbox_memory: 160m\nsandbox_tmp_size: 16m\nsandbox_shm_size: 8m\n"
+                                       "sandbox_disk: 64m\ntask_types: {}\n")
+    ws = tmp_path / "data" / "lim" / "workspaces"
+    with ScriptedServer() as server:
+        server.handler = prompt_command_policy
+        proc = subprocess.run(
+            cli("run", "--dataset_file=ds.jsonl", "--batch_size=10", "--run_name=lim", f"--base_url={server.url}",
+                "--model=scripted", "--distribution=terminal_only", "--sandbox=bwrap", "--config=cfg.yaml",
+                "--num_workers=6", "--tool_timeout=60"),
+            cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3 and "4 of 6 sample(s) failed (sandbox 4)" in proc.stderr, proc.stderr  # failed samples: exit 3
+    records = [json.loads(line) for line in (tmp_path / "data" / "lim" / "trajectories.jsonl").read_text().splitlines()]
+    finished = {prompts[r["prompt_index"]] for r in records}
+    assert finished == {"echo survivor-1", "echo survivor-2"}, proc.stderr
+    for kind, message in MESSAGES.items():
+        failed = [line for line in proc.stderr.splitlines() if "failed (sandbox)" in line and message in line]
+        assert failed, (kind, proc.stderr)
+    assert not ws.exists() or not any(ws.iterdir())
+    mounts = Path("/proc/self/mounts").read_text()
+    assert str(tmp_path) not in mounts  # every workspace disk was unmounted
+
+
+@needs_limits
+def test_disk_image_is_sparse_and_removed(tmp_path: Path) -> None:
+    async def main() -> None:
+        sb = BwrapSandbox(tmp_path, network=False, sample_limits=SampleLimits(disk=256 << 20, memory=None))
+        await sb.start()
+        try:
+            image = sb.workspace.with_name(f"{sb.workspace.name}.trajforge-{os.getpid()}.img")
+            assert image.stat().st_size == 256 << 20 and image.stat().st_blocks * 512 < 32 << 20
+            res = await sb.exec("df -B1 --output=size . | tail -1; ls -A", timeout=30)
+            assert int(res.stdout.split()[0]) <= 256 << 20 and "lost+found" not in res.stdout
+            await sb.write_file("note.txt", b"x")  # the file tools write into the mounted disk
+            assert (await sb.exec("cat note.txt", timeout=30)).stdout == "x"
+        finally:
+            await sb.close()
+        assert not image.exists() and not sb.workspace.exists()
+
+    asyncio.run(main())
+
+
+@needs_limits
+def test_kept_workspace_survives_the_unmount(tmp_path: Path) -> None:
+    async def main() -> Path:
+        sb = BwrapSandbox(tmp_path, network=False, keep=True, sample_limits=SampleLimits(disk=64 << 20, memory=None))
+        await sb.start()
+        await sb.exec("mkdir -p d && echo kept > d/file", timeout=30)
+        await sb.close()
+        return sb.workspace
+
+    ws = asyncio.run(main())
+    assert (ws / "d" / "file").read_text() == "kept\n"
+    assert str(ws) not in Path("/proc/self/mounts").read_text()
+    shutil.rmtree(ws)
+
+
+@pytest.mark.skipif(not ROOT_BWRAP or cgroup_parent() is None, reason="needs root bwrap and a memory cgroup")
+def test_cpu_time_per_command_is_limited(tmp_path: Path) -> None:
+    async def main() -> None:
+        from trajforge.sandbox.process import Limits
+
+        sb = BwrapSandbox(tmp_path, network=False, limits=Limits(cpu_seconds=1),
+                          sample_limits=SampleLimits(memory=None, disk=None))
+        await sb.start()
+        try:
+            res = await sb.exec("python3 -c 'while True: pass'; echo rc=$?", timeout=60)
+            assert "rc=137" in res.stdout or "rc=152" in res.stdout, res  # SIGXCPU, or SIGKILL at the hard limit
+        finally:
+            await sb.close()
+
+    asyncio.run(main())
+    assert os.path.exists(tmp_path)
+
+
+@needs_limits
+def test_a_killed_runner_s_disk_and_cgroup_are_swept(tmp_path: Path, clean_env: dict[str, str]) -> None:
+    import signal
+    import sys
+    import textwrap
+
+    from trajforge.sandbox import resources
+
+    script = textwrap.dedent(f"""
+        import asyncio, sys
+        from pathlib import Path
+        from trajforge.sandbox.bwrap import BwrapSandbox
+        from trajforge.sandbox.resources import SampleLimits
+        async def main():
+            sb = BwrapSandbox(Path({str(tmp_path)!r}), network=False,
+                              sample_limits=SampleLimits(disk=64 << 20, memory=64 << 20))
+            await sb.start()
+            print(sb.workspace, sb._res.memory.path, flush=True)
+            await asyncio.sleep(60)
+        asyncio.run(main())
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], env=clean_env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    ws, group = map(Path, proc.stdout.readline().split())
+    assert ws.exists() and group.exists() and str(ws) in Path("/proc/self/mounts").read_text()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    resources._swept = False  # the sweep runs once per process; this process has not swept the new leftovers
+    gone = asyncio.run(resources.sweep_leftovers())
+    assert str(ws) in gone and str(ws) not in Path("/proc/self/mounts").read_text()
+    assert not list(tmp_path.glob("*.img"))
+    for _ in range(100):  # the killed holder's processes leave the cgroup as the kernel reaps them
+        if not group.exists():
+            break
+        resources._swept = False
+        asyncio.run(resources.sweep_leftovers())
+        import time
+
+        time.sleep(0.05)
+    assert not group.exists()
