@@ -269,7 +269,10 @@ def test_factory_picks_bwrap_by_default(tmp_path: Path) -> None:
         for cfg in (RunConfig(), RunConfig(sandbox="bwrap", sandbox_network="none")):
             sb = await create_sandbox(cfg, cwd="/app", image=None, root=tmp_path)
             try:
-                assert isinstance(sb, BwrapSandbox) and sb.network == (cfg.sandbox_network == "on")
+                from trajforge.sandbox.network import resolve_mode
+
+                mode = (await resolve_mode(cfg))[0]  # auto: egress where it works here, else host
+                assert isinstance(sb, BwrapSandbox) and sb.network == (mode == "host") and sb.egress == (mode == "egress")
                 res = await sb.exec("pwd; ls -d /workspace/app", timeout=10)
                 assert res.stdout == "/app\n/workspace/app\n"  # an absolute cwd is also mounted at its path
                 await sb.write_file("/app/f", b"f")
