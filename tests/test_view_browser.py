@@ -60,7 +60,9 @@ class Viewer:
         assert self.proc.stdout is not None
         self.line = self.proc.stdout.readline()
         m = re.search(r"(http://127\.0\.0\.1:\d+/)", self.line)
-        assert m, (self.line, self.proc.stderr.read() if self.proc.poll() is not None else "")  # type: ignore[union-attr]
+        if m is None:
+            self.proc.kill()
+            raise AssertionError(f"no URL line: {self.line!r} {self.proc.communicate()[1]}")
         self.url = m.group(1)
 
     def stop(self) -> None:
@@ -163,8 +165,8 @@ def test_filter_by_failure_class_lists_exactly_those_samples(run_dir: Path, view
     shot(page, "list")
     for cls in ("api_error", "rate_limit", "model_error"):
         page.select_option('select[data-filter="reason"]', cls)
-        page.wait_for_function(f"() => document.getElementById('filters') && "
-                               f"[...document.querySelectorAll('#samples tbody tr')].every(r => r.dataset.reason === '{cls}')")
+        page.wait_for_function(f"() => [...document.querySelectorAll('#samples tbody tr')]"
+                               f".every(r => r.dataset.reason === '{cls}')")
         keys = page.locator("#samples tbody tr").evaluate_all("rs => rs.map(r => r.dataset.key)")
         expected = {k for k, e in ckpt.items() if e["status"] == "failed" and e.get("reason") == cls}
         assert expected and sorted(keys) == sorted(expected), cls
@@ -199,6 +201,14 @@ def test_filter_by_failure_class_lists_exactly_those_samples(run_dir: Path, view
     page.keyboard.type("fail: the API breaks again", delay=20)
     page.wait_for_function("() => document.querySelectorAll('#samples tbody tr').length === 1")
     assert page.locator("#search").input_value() == "apifail: the API breaks again"
+    # sorting by a column: largest first, ties in dataset order
+    page.goto(v.url + "#/samples")
+    page.wait_for_selector("#samples tbody tr")
+    page.locator('a[data-sort="tokens"]').click()
+    page.wait_for_function("() => document.querySelector('th.sorted')")
+    tokens = [int(t.replace(",", "")) for t in page.locator("#samples tbody tr td:nth-child(7)").all_inner_texts()
+              if t != "–"]
+    assert tokens == sorted(tokens, reverse=True) and len(tokens) == 8
     # status filter + text search compose
     page.goto(v.url + "#/samples?status=completed&q=PARALLEL")
     page.wait_for_function("() => document.getElementById('page-info')?.textContent.includes('1 samples')")
@@ -251,7 +261,8 @@ def test_hostile_tool_output_renders_as_text_and_runs_nothing(run_dir: Path, vie
     assert "<img src=x onerror=alert(2)>" in page.locator(".turn.human").inner_text()
     page.locator(".reasoning summary").first.click()
     assert "<b>carefully</b>" in page.locator(".reasoning pre").first.inner_text()
-    assert page.locator("main script, main img, .reasoning b, .turn.human img").count() == 0  # no element came from the data
+    # no element came from the data
+    assert page.locator("main script, main img, .reasoning b, .turn.human img").count() == 0
     assert page.locator("script").count() == 1  # only app.js
     page.wait_for_timeout(300)
     assert page.dialogs == []
