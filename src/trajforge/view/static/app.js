@@ -167,6 +167,8 @@ async function renderOverview(main) {
   if (Object.keys(o.task_types).length)
     charts.append(bars('Task types', Object.entries(o.task_types).map(([k, v]) => ({label: k, value: v})), {id: 'task_types'}));
   const notes = el('div', {class: 'notes'});
+  const stale = o.statistics && o.statistics.merge && o.statistics.merge.not_in_dataset;
+  if (stale) notes.append(el('p', {class: 'muted', text: stale + ' finished sample(s) are no longer in the dataset: listed and counted here, left out of trajectories.jsonl and statistics.json'}));
   if (o.duplicates) notes.append(el('p', {class: 'muted', text: o.duplicates + ' duplicate record(s) ignored (the first one of a sample counts)'}));
   for (const p of o.problems) notes.append(el('p', {class: 'warn-text', text: p}));
   main.replaceChildren(el('h2', {text: 'Run ' + (o.run_name || o.source)}),
