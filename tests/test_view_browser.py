@@ -266,6 +266,7 @@ def test_hostile_tool_output_renders_as_text_and_runs_nothing(run_dir: Path, vie
     assert page.locator("script").count() == 1  # only app.js
     page.wait_for_timeout(300)
     assert page.dialogs == []
+    shot(page, "conversation-hostile")
 
 
 def test_errors_highlighted_long_output_folded(run_dir: Path, viewer_of, page) -> None:

@@ -21,7 +21,7 @@ _THINK = re.compile(r"<think>\s*(.*?)\s*</think>", re.S)
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 _RESPONSE = re.compile(r"<tool_response>\s*(.*?)\s*</tool_response>", re.S)
 _TOOLS = re.compile(r"<tools>\s*(.*?)\s*</tools>", re.S)
-_ROLES = {"user": "human", "assistant": "gpt", "function": "tool", "ipython": "tool"}
+_ROLES = {"user": "human", "assistant": "gpt", "function": "tool", "ipython": "tool", "observation": "tool"}
 
 
 def pretty(value: Any) -> str:
