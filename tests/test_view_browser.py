@@ -128,6 +128,8 @@ def test_overview_figures_equal_statistics_json(run_dir: Path, viewer_of, page) 
     v = viewer_of(run_dir)
     assert v.line.startswith("trajforge view: ") and "(12 samples)" in v.line
     stats = json.loads((run_dir / "statistics.json").read_text())["run"]
+    with urllib.request.urlopen(v.url + "api/overview") as r:
+        assert json.loads(r.read())["figures"] == stats  # every figure, computed the run's way
     page.goto(v.url)
     page.wait_for_selector('[data-fig="samples.finished"]')
     s = stats["samples"]
