@@ -179,9 +179,10 @@ def test_filter_by_failure_class_lists_exactly_those_samples(run_dir: Path, view
     assert "apifail: the API breaks" in text and "apifail: the API breaks again" in text
     shot(page, "list-failed")
     # task types come from the dataset (records do not carry them)
-    page.select_option('select[data-filter="reason"]', "")
+    page.goto(v.url + "#/samples")
+    page.wait_for_function("() => document.getElementById('page-info')?.textContent.endsWith(' 12 samples')")
     page.select_option('select[data-filter="task_type"]', "shell")
-    page.wait_for_function("() => document.getElementById('page-info')?.textContent.includes('2 samples')")
+    page.wait_for_function("() => document.getElementById('page-info')?.textContent.endsWith(' 2 samples')")
     assert sorted(page.locator("#samples td.prompt a").all_inner_texts()) == [
         "long: print many lines", "parallel: run two commands at once"]
     # paging: 12 samples, 5 a page
@@ -213,7 +214,7 @@ def test_filter_by_failure_class_lists_exactly_those_samples(run_dir: Path, view
     assert tokens == sorted(tokens, reverse=True) and len(tokens) == 8
     # status filter + text search compose
     page.goto(v.url + "#/samples?status=completed&q=PARALLEL")
-    page.wait_for_function("() => document.getElementById('page-info')?.textContent.includes('1 samples')")
+    page.wait_for_function("() => document.getElementById('page-info')?.textContent.endsWith(' 1 samples')")
     assert page.locator("#samples tbody tr").count() == 1
 
 
@@ -392,3 +393,39 @@ def test_a_record_rewritten_under_the_index_is_never_shown_as_another(run_dir: P
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(v.url + "api/sample?key=" + urllib.parse.quote(first))
     assert e.value.code == 409 and "reload" in json.loads(e.value.read())["error"]
+
+
+def test_watching_a_real_run_while_it_runs(tmp_path: Path, viewer_of, page) -> None:
+    """`trajforge run` in progress, the page open on it: the figures grow on their own, then settle
+    on statistics.json's."""
+    from tests.support.policies import echo_policy
+
+    prompts = [f"say word{i}" for i in range(16)]
+    (tmp_path / "ds.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    run = tmp_path / "data" / "r"
+    with ScriptedServer(echo_policy(turns=1, delay=0.4)) as srv:
+        proc = subprocess.Popen(cli("run", "--dataset_file=ds.jsonl", "--batch_size=4", "--run_name=r",
+                                    f"--base_url={srv.url}", "--model=scripted-model", "--num_workers=2",
+                                    "--distribution=terminal_only", "--sandbox=local"),
+                                cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while not (run / "checkpoint.json").exists():  # the run saves it before its first sample
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()  # type: ignore[union-attr]
+                time.sleep(0.05)
+            v = viewer_of(run)
+            page.goto(v.url)
+            page.wait_for_function("() => document.getElementById('live').textContent === '● live'")
+            seen = int(figure(page, "samples.finished"))
+            assert seen < len(prompts)
+            page.wait_for_function("n => Number(document.querySelector('[data-fig=\"samples.finished\"]')"
+                                   ".dataset.value) > n", arg=seen)
+            assert proc.wait(120) == 0, proc.stderr.read()  # type: ignore[union-attr]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    page.wait_for_function("() => document.getElementById('live').textContent === 'finished'")
+    page.wait_for_function("() => document.querySelector('[data-fig=\"samples.finished\"]').dataset.value === '16'")
+    with urllib.request.urlopen(v.url + "api/overview") as r:
+        assert json.loads(r.read())["figures"] == json.loads((run / "statistics.json").read_text())["run"]

@@ -48,6 +48,7 @@ class Viewer:
         self.index = index
         self._last_refresh = 0.0
         self._cost = self._work = 0.0  # seconds the last refresh and the rebuilds after it took
+        self._seen_stats: tuple[int, int] | None = None
         self._cache: dict[Any, tuple[int, Any]] = {}
         self.statics = {p.name: p for p in STATIC.iterdir() if p.suffix in _TYPES}
         self.allowed_hosts: set[str] | None = set()  # nothing is served until the port is known
@@ -56,8 +57,10 @@ class Viewer:
         """Look at the files at most every REFRESH_EVERY seconds, and less often when taking in
         changes is costly (a big live run), so watching a run takes at most ~10% of a core."""
         now = time.monotonic()
-        if now - self._last_refresh < max(REFRESH_EVERY, 10 * self._cost):
+        stats = self._stats_signature()  # a run that just ended: show its final state at once
+        if now - self._last_refresh < max(REFRESH_EVERY, 10 * self._cost) and stats == self._seen_stats:
             return
+        self._seen_stats = stats
         self.index.refresh()
         self._last_refresh = time.monotonic()
         self._cost, self._work = self._last_refresh - now + self._work, 0.0
