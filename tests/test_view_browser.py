@@ -411,7 +411,8 @@ def test_watching_a_real_run_while_it_runs(tmp_path: Path, viewer_of, page) -> N
         try:
             deadline = time.monotonic() + 60
             while not (run / "checkpoint.json").exists():  # the run saves it before its first sample
-                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()  # type: ignore[union-attr]
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"the run did not start: {proc.communicate()[1]}")
                 time.sleep(0.05)
             v = viewer_of(run)
             page.goto(v.url)
