@@ -367,6 +367,12 @@ def test_bad_source_is_one_clear_line(tmp_path: Path) -> None:
                               timeout=30)
         assert proc.returncode == 2 and time.monotonic() - t0 < 30
         assert proc.stderr.count("\n") == 1 and needle in proc.stderr and "Traceback" not in proc.stderr
+    (tmp_path / "data" / "run1").mkdir(parents=True)
+    (tmp_path / "data" / "run1" / "checkpoint.json").write_text("{}")
+    proc = subprocess.run(cli("view", str(tmp_path / "data"), "--port", "0"), env=_env(), capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "runs inside it: " in proc.stderr
+    assert str(tmp_path / "data" / "run1") in proc.stderr
     proc = subprocess.run(cli("view", str(tmp_path), "--port", "99999"), env=_env(), capture_output=True, text=True,
                           timeout=30)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "port number" in proc.stderr

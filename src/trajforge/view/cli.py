@@ -22,12 +22,19 @@ from trajforge.view.index import RunIndex
 from trajforge.view.server import Viewer, allowed_hosts, make_app
 
 
+def _is_run(path: Path) -> bool:
+    return any((path / n).exists() for n in ("checkpoint.json", "trajectories.jsonl")) \
+        or any(path.glob("batch_*.jsonl"))
+
+
 def open_source(path: Path) -> RunIndex:
     if not path.exists():
         raise UsageError(f"{path}: no such run directory or JSONL file")
-    if path.is_dir() and not any((path / n).exists() for n in ("checkpoint.json", "trajectories.jsonl")) \
-            and not any(path.glob("batch_*.jsonl")):
-        raise UsageError(f"{path}: not a run directory (no batch_*.jsonl, checkpoint.json or trajectories.jsonl)")
+    if path.is_dir() and not _is_run(path):
+        runs = sorted(str(p) for p in path.iterdir() if p.is_dir() and _is_run(p))[:5]
+        hint = f"; runs inside it: {', '.join(runs)}" if runs else ""
+        raise UsageError(f"{path}: not a run directory (no batch_*.jsonl, checkpoint.json or trajectories.jsonl)"
+                         + hint)
     index = RunIndex(path)
     try:
         index.attach_dataset()
