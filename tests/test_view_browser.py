@@ -406,10 +406,10 @@ def test_watching_a_real_run_while_it_runs(tmp_path: Path, viewer_of, page) -> N
     on statistics.json's."""
     from tests.support.policies import echo_policy
 
-    prompts = [f"say word{i}" for i in range(16)]
+    prompts = [f"say word{i}" for i in range(24)]  # ~12 s of run: the page is open well before its end
     (tmp_path / "ds.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
     run = tmp_path / "data" / "r"
-    with ScriptedServer(echo_policy(turns=1, delay=0.4)) as srv:
+    with ScriptedServer(echo_policy(turns=1, delay=0.5)) as srv:
         proc = subprocess.Popen(cli("run", "--dataset_file=ds.jsonl", "--batch_size=4", "--run_name=r",
                                     f"--base_url={srv.url}", "--model=scripted-model", "--num_workers=2",
                                     "--distribution=terminal_only", "--sandbox=local"),
@@ -433,6 +433,6 @@ def test_watching_a_real_run_while_it_runs(tmp_path: Path, viewer_of, page) -> N
                 proc.kill()
                 proc.wait()
     page.wait_for_function("() => document.getElementById('live').textContent === 'finished'")
-    page.wait_for_function("() => document.querySelector('[data-fig=\"samples.finished\"]').dataset.value === '16'")
+    page.wait_for_function("() => document.querySelector('[data-fig=\"samples.finished\"]').dataset.value === '24'")
     with urllib.request.urlopen(v.url + "api/overview") as r:
         assert json.loads(r.read())["figures"] == json.loads((run / "statistics.json").read_text())["run"]
