@@ -93,7 +93,8 @@ def _size(source: Path) -> int:
 def main(argv: list[str]) -> int:
     parser = _Parser(prog="trajforge view", description="Browse a run directory (live or finished) or a "
                      "trajectories JSONL file in a local web page, read-only.")
-    parser.add_argument("source", type=Path, metavar="RUN_DIR_OR_JSONL")
+    parser.add_argument("source", type=Path, metavar="RUN_DIR_OR_JSONL",
+                        help="a run directory (data/<run_name>) or a JSONL file of trajectories")
     parser.add_argument("--port", type=_port, default=8765, help="TCP port [default: 8765; 0 picks a free one]")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on [default: 127.0.0.1]")
     ns = parser.parse_args(argv)
