@@ -214,6 +214,14 @@ def test_bad_input_names_file_and_line_and_leaves_output_untouched(run_dir: Path
         assert proc.stderr.startswith(f"error: {bad}:3: conversations[0]: a tool turn without any <tool_response>")
         assert (target / "README.md").read_text() == "old card" if fmt == "hf" else target.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "o.jsonl", "o.parquet", "o_hf"]
+    wrong = json.loads(good[1])
+    wrong["completed"] = "yes"
+    bad.write_text("\n".join([good[0], json.dumps(wrong)]) + "\n")
+    for fmt in ("parquet", "hf"):
+        proc = export(tmp_path, bad, "--format", fmt, "--output", f"w_{fmt}")
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr
+        assert proc.stderr.startswith(f"error: {bad}:2: a field has the wrong type"), proc.stderr
+        assert not (tmp_path / f"w_{fmt}").exists()
     bad.write_text(good[0] + "\n{not json\n")
     proc = export(tmp_path, bad, "--format", "sharegpt", "--output", "x.jsonl")
     assert proc.returncode == 1 and f"{bad}:2: invalid JSON" in proc.stderr and not (tmp_path / "x.jsonl").exists()

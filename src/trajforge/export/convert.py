@@ -17,6 +17,7 @@ them, instead of as text inside the system turn.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Literal
 
@@ -35,7 +36,7 @@ RECORD_METADATA_KEYS = ("batch_num", "timestamp", "model")
 # Keys that lead a record, before `conversations` (resume reads the identity from a line's start).
 _LEADING = ("prompt_index", "sample_id", "dataset_line")
 _THINK_OPEN, _THINK_CLOSE = "<think>\n", "\n</think>"
-_TOOL_CALL_TAIL = re.compile(r"(?:^|\n)<tool_call>\n([^\n]*)\n</tool_call>\Z")
+_CALL_OPEN, _CALL_CLOSE = "<tool_call>\n", "\n</tool_call>"
 _TOOL_RESPONSE = re.compile(r"<tool_response>\n([^\n]*)\n</tool_response>")
 _TOOLS_BLOCK = re.compile(r"<tools>\n([^\n]*)\n</tools>")
 
@@ -72,18 +73,27 @@ def content_text(value: Any) -> str:
 
 
 def split_gpt(value: str) -> tuple[str | None, str, list[tuple[str, Any]]]:
-    """A saved `gpt` value -> (reasoning, text, [(tool name, arguments value)])."""
+    """A saved `gpt` value -> (reasoning, text, [(tool name, arguments value)]).
+
+    Tool call blocks are taken from the end (each one line of JSON), reasoning from the start."""
     calls: list[tuple[str, Any]] = []
     rest = value
-    while (m := _TOOL_CALL_TAIL.search(rest)) is not None:
+    while rest.endswith(_CALL_CLOSE):
+        end = len(rest) - len(_CALL_CLOSE)
+        start = rest.rfind(_CALL_OPEN, 0, end)
+        if start == -1 or (start > 0 and rest[start - 1] != "\n"):
+            break
+        body = rest[start + len(_CALL_OPEN):end]
+        if "\n" in body:
+            break
         try:
-            body = orjson.loads(m.group(1))
+            call = orjson.loads(body)
         except orjson.JSONDecodeError:
             break
-        if not (isinstance(body, dict) and isinstance(body.get("name"), str) and "arguments" in body):
+        if not (isinstance(call, dict) and isinstance(call.get("name"), str) and "arguments" in call):
             break
-        calls.append((body["name"], body["arguments"]))
-        rest = rest[: m.start()]
+        calls.append((call["name"], call["arguments"]))
+        rest = rest[:max(start - 1, 0)]
     calls.reverse()
     reasoning = None
     if rest.startswith(_THINK_OPEN):
@@ -123,6 +133,14 @@ def tools_of(system: str) -> list[dict[str, Any]] | None:
     if not isinstance(functions, list) or not all(isinstance(f, dict) for f in functions):
         return None
     return [{"type": "function", "function": f} for f in functions]
+
+
+@functools.lru_cache(maxsize=64)
+def _system(value: str) -> tuple[list[dict[str, Any]], bool]:
+    """(tools, whether the turn is exactly the standard preamble) of a system turn. Cached: a run
+    has a few distinct tool sets, and parsing a ~3 KB turn per record would dominate."""
+    tools = tools_of(value) or []
+    return tools, sharegpt_system_text(tools) == value
 
 
 def _assistant(reasoning: str | None, text: str, mode: Reasoning) -> dict[str, Any]:
@@ -171,8 +189,9 @@ def to_openai(record: dict[str, Any], reasoning: Reasoning = "field") -> dict[st
         if role == "system":
             if i != 0:
                 raise ConversionError(f"{where}: a system turn after the first turn")
-            tools = tools_of(value) or []
-            if sharegpt_system_text(tools) != value:
+            tools, standard = _system(value)
+            tools = list(tools)  # the cached entries are shared: callers must not mutate them
+            if not standard:
                 extra["system"] = value  # not the standard preamble: keep it for the reverse
             messages.append({"role": "system", "content": RUNTIME_SYSTEM_PROMPT})
         elif role == "human":

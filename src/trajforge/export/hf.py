@@ -33,7 +33,7 @@ class HFExporter(Exporter):
         names = self.options.splits or ("train",)
         self.paths = {s: self.scratch / f"{s}.arrow" for s in names}
         self.writers = {s: pa.ipc.new_stream(str(p), SCHEMA) for s, p in self.paths.items()}
-        self.groups = {s: RowGroups(w.write_batch) for s, w in self.writers.items()}
+        self.groups = {s: RowGroups(w.write_table) for s, w in self.writers.items()}
         self.totals = Totals()
         self.verified = [0, 0]
 
