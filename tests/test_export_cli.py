@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.support.export_run import make_run, run_export
+from tests.support.export_run import _env, make_run, run_export
 from tests.support.scripted_server import ScriptedServer
 
 
@@ -302,3 +302,25 @@ def test_verified_records_with_row_fields(run_dir: Path, tmp_path: Path) -> None
     ok(export(tmp_path, "v.jsonl", "--format", "sharegpt", "--output", "back.jsonl"))
     back = lines(tmp_path / "back.jsonl")
     assert back == recs and [list(r) for r in back] == [list(r) for r in recs]  # same values, same key order
+
+
+def test_interrupted_export_leaves_the_old_output_and_no_staging(tmp_path: Path) -> None:
+    import signal
+    import sys
+    import time
+
+    from tests.test_bench_export import bench
+
+    bench.synthesise(tmp_path / "big.jsonl", 20000)
+    (tmp_path / "out.jsonl").write_text("old export\n")
+    proc = subprocess.Popen([sys.executable, "-m", "trajforge", "export", "big.jsonl", "--format", "openai",
+                             "--output", "out.jsonl", "--overwrite"], cwd=tmp_path, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not [p for p in tmp_path.iterdir() if p.name.endswith(".export")] and time.monotonic() < deadline:
+        time.sleep(0.02)  # until the export has started writing its staging file
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "left as it was" in err and "Traceback" not in err
+    assert (tmp_path / "out.jsonl").read_text() == "old export\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.jsonl", "out.jsonl"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -140,12 +141,25 @@ def _fsync_tree(path: Path) -> None:
 
 
 @contextlib.contextmanager
+def _signals_blocked() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM back for a moment, so a Ctrl-C cannot land between creating the staging
+    directory and the `try` that removes it; a pending signal is delivered right after."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+@contextlib.contextmanager
 def staged(output: Path, is_dir: bool) -> Iterator[Path]:
     """A staging path beside `output`, renamed over it when the block ends without an error."""
     output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".export", dir=output.parent))
-    target = tmp if is_dir else tmp / output.name
+    tmp: Path | None = None
     try:
+        with _signals_blocked():
+            tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".export", dir=output.parent))
+        target = tmp if is_dir else tmp / output.name
         if is_dir:
             os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's directory is private; an export is meant to be read
         yield target
@@ -166,7 +180,8 @@ def staged(output: Path, is_dir: bool) -> Iterator[Path]:
         finally:
             os.close(fd)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _umask() -> int:
