@@ -281,8 +281,9 @@ def test_verified_records_with_row_fields(run_dir: Path, tmp_path: Path) -> None
     for i, rec in enumerate(recs):
         rec["dataset_line"] = 10 + i
         rec["row"] = {"answer": str(i), "source": "unit"}
+        rec["rollout"] = 0
         rec["verification"] = {"passed": i % 3 != 0, "score": i / 10, "method": "exact",
-                               "detail": {"expected": str(i)} if i % 2 else "ok"}
+                               "detail": {"expected": str(i)} if i % 2 else "ok", "error": None}
     src = tmp_path / "verified.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in recs))
     out = ok(export(tmp_path, src, "--format", "parquet", "--only", "passed", "--output", "v.parquet"))
@@ -290,7 +291,9 @@ def test_verified_records_with_row_fields(run_dir: Path, tmp_path: Path) -> None
     rows = pq.read_table(tmp_path / "v.parquet").to_pylist()
     assert [r["dataset_line"] for r in rows] == [11, 12, 14, 15]
     assert json.loads(rows[0]["row"]) == {"answer": "1", "source": "unit"}
-    assert rows[0]["verification"] == {"passed": True, "score": 0.1, "method": "exact", "detail": '{"expected":"1"}'}
+    assert rows[0]["verification"] == {"passed": True, "score": 0.1, "method": "exact", "detail": '{"expected":"1"}',
+                                       "error": None}
+    assert rows[0]["rollout"] == 0
     assert rows[1]["verification"]["detail"] == "ok" and rows[0]["extra"] is None
     ok(export(tmp_path, src, "--format", "hf", "--output", "vh"))
     assert datasets.load_from_disk(str(tmp_path / "vh"))[4]["verification"]["passed"] is True
