@@ -66,7 +66,7 @@ class Exporter(ABC):
 
     @abstractmethod
     def close(self) -> Summary:
-        """Finish and fsync everything written."""
+        """Finish writing; the pipeline then fsyncs the staging path and renames it into place."""
 
     def abort(self) -> None:
         """Release what open() took after a failure (the staging path is removed by the caller)."""
@@ -90,8 +90,6 @@ class SplitFiles:
 
     def close(self) -> None:
         for f in self.files.values():
-            f.flush()
-            os.fsync(f.fileno())
             f.close()
 
     def abort(self) -> None:
