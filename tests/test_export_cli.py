@@ -323,7 +323,7 @@ def test_interrupted_export_leaves_the_old_output_and_no_staging(tmp_path: Path)
     while not [p for p in tmp_path.iterdir() if p.name.endswith(".export")] and time.monotonic() < deadline:
         time.sleep(0.02)  # until the export has started writing its staging file
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "left as it was" in err and "Traceback" not in err
     assert (tmp_path / "out.jsonl").read_text() == "old export\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.jsonl", "out.jsonl"]

@@ -92,7 +92,7 @@ def test_random_records_round_trip_exactly() -> None:
         turns = []
         for t in range(rng.randint(1, 4)):
             calls = [(rng.choice(["call_1", "call_2", f"c{t}{k}", ""]), rng.choice(["terminal", "read_file"]),
-                      rng.choice(['{"x": "%s"}' % k, "oops", '"s"', '"12"', '"{\\"k\\": 1}"', "", "[1]", "{}"])) for k in range(rng.randint(0, 3))]
+                      rng.choice([f'{{"x": "{k}"}}', "oops", '"s"', '"12"', '"{\\"k\\": 1}"', "", "[1]", "{}"])) for k in range(rng.randint(0, 3))]
             results = [rng.choice(WORDS + ['{"output": "o"}', '{"error": "e"}']) for _ in calls]
             if calls and rng.random() < 0.2:
                 results = [None] * len(calls)  # cut off by the length limit

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+
 from trajforge.export import card
 from trajforge.export.base import Exporter, Item, Summary
 from trajforge.export.filters import passed
