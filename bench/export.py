@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, object]]:
                        "per_s": n / r["wall_s"], "cpu_per_s": n / r["cpu_s"]}
                 rows.append(row)
                 print(f"| {fmt} | {n:,} | {load:.1f} | {r['wall_s']:.1f} | {row['per_s']:,.0f} | "
-                      f"{row['cpu_per_s']:,.0f} | {r['peak_rss_mb']:.0f} | {r['peak_anon_mb']:.0f} | {r['output_mb']:.0f} |",
+                      f"{row['cpu_per_s']:,.0f} | {r['peak_rss_mb']:.0f} | {r['peak_anon_mb']:.0f} | "
+                      f"{r['output_mb']:.0f} |",
                       flush=True)
             source.unlink()
     return rows

@@ -181,6 +181,11 @@ def test_filters_and_deterministic_splits(run_dir: Path, tmp_path: Path) -> None
     assert split_ids("parquet", "p1") == a  # the same split whatever the format
     b = split_ids("sharegpt", "s2", seed="7")
     assert sorted(b["train"] + b["test"]) == sorted(a["train"] + a["test"])
+    ok(export(tmp_path, run_dir, "--format", "openai", "--split", "train=0.5,test=0.5", "--output", "o1"))
+    import datasets
+
+    dd = datasets.load_dataset("json", data_dir=str(tmp_path / "o1"))  # split names from the file names
+    assert {s: [r["sample_id"] for r in dd[s]["metadata"]] for s in ("train", "test")} == a
     out = ok(export(tmp_path, run_dir, "--format", "sharegpt", "--sample_percent", "50", "--output", "half.jsonl"))
     kept = [r["sample_id"] for r in lines(tmp_path / "half.jsonl")]
     ok(export(tmp_path, run_dir, "--format", "sharegpt", "--sample_percent", "50", "--output", "half.jsonl",

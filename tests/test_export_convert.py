@@ -30,10 +30,10 @@ WORDS = ["plain", "ünïcode ✓", "</think>", "<think>\nx\n</think>", "<tool_ca
          "line\nbreak", "  padded  ", "\"quoted\"", "", "null", "tab\there"]
 
 
-def record(turns: list[Turn], prompt: str = "do the task", **kw: object) -> dict:
+def record(turns: list[Turn], prompt: str = "do the task", index: int = 0, sid: str = "abc:0") -> dict:
     session = SessionResult(prompt, TOOLS, turns, completed=True, partial=False, api_calls=len(turns),
                             usage=Usage(3, 4, 1, 0.002), end_reason="answer")
-    return build_record(session, prompt_index=kw.pop("index", 0), sample_id=str(kw.pop("sid", "abc:0")),  # type: ignore[arg-type]
+    return build_record(session, prompt_index=index, sample_id=sid,
                         batch_num=0, model="m", toolsets_used=["terminal"], known_tools=KNOWN_TOOLS,
                         now=datetime(2026, 1, 1))
 
@@ -91,8 +91,9 @@ def test_random_records_round_trip_exactly() -> None:
     for n in range(300):
         turns = []
         for t in range(rng.randint(1, 4)):
+            args = [f'{{"x": "{t}"}}', "oops", '"s"', '"12"', '"{\\"k\\": 1}"', "", "[1]", "{}"]
             calls = [(rng.choice(["call_1", "call_2", f"c{t}{k}", ""]), rng.choice(["terminal", "read_file"]),
-                      rng.choice([f'{{"x": "{k}"}}', "oops", '"s"', '"12"', '"{\\"k\\": 1}"', "", "[1]", "{}"])) for k in range(rng.randint(0, 3))]
+                      rng.choice(args)) for k in range(rng.randint(0, 3))]
             results = [rng.choice(WORDS + ['{"output": "o"}', '{"error": "e"}']) for _ in calls]
             if calls and rng.random() < 0.2:
                 results = [None] * len(calls)  # cut off by the length limit

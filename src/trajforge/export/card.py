@@ -17,7 +17,8 @@ import yaml
 
 # A key holding a secret: api_key, access_token, password... (not max_tokens, not brave_api_key_env,
 # which names an environment variable).
-_SECRET_KEY = re.compile(r"(^|_)(api_?key|key|token|secret|passw(or)?d|credentials?|auth(orization)?|cookie)$", re.IGNORECASE)
+_SECRET_KEY = re.compile(r"(^|_)(api_?key|key|token|secret|passw(or)?d|credentials?|auth(orization)?|cookie)$",
+                         re.IGNORECASE)
 _SECRET_VALUE = re.compile(r"^(sk-|Bearer\s|ghp_|hf_|xox[bp]-)", re.IGNORECASE)
 
 

@@ -73,7 +73,8 @@ class HFExporter(Exporter):
         src = self.options.source
         text = card.render(
             name=src.run_dir.name if src and src.run_dir else (src.path.stem if src else self.root.name),
-            command=self.options.command, counts=counts, exported=self.totals.as_dict(),
+            command=self.options.command, counts=counts,
+            exported=self.totals.as_dict(total=sum(counts.values())),
             verified=(self.verified[0], self.verified[1]), drops=self.drops(), schema_doc=doc_table(),
             config=src.config if src else None, statistics=src.statistics if src else None)
         (self.root / "README.md").write_text(text)
