@@ -118,6 +118,26 @@ def test_record_cut_short_mid_file_is_run_again_and_counted(tmp_path: Path, serv
     assert_every_sample_once(run, prompts)
 
 
+def test_recovered_sample_that_fails_again_counts_as_failed(tmp_path: Path, server: ScriptedServer,
+                                                             clean_env) -> None:
+    server.handler = echo_policy(turns=1)
+    prompts = [f"say n{i}" for i in range(4)]
+    ds = write_dataset(tmp_path / "ds.jsonl", prompts)
+    args = base_args(server, ds, "r", "--batch_size=4")
+    assert run_cli(tmp_path, clean_env, *args).returncode == 0
+    run = tmp_path / "data" / "r"
+    batch = run / "batch_0.jsonl"
+    lines = batch.read_bytes().splitlines(keepends=True)
+    batch.write_bytes(b"".join(lines[:1] + [lines[1][:40] + b"\n"] + lines[2:]))
+    server.handler = lambda req: http_error(400, "down")
+    proc = run_cli(tmp_path, clean_env, *args, "--resume")
+    assert proc.returncode == 0, proc.stderr
+    stats = json.loads((run / "statistics.json").read_text())["run"]["samples"]
+    assert (stats["finished"], stats["failed"]) == (3, 1)
+    statuses = Counter(e["status"] for e in json.loads((run / "checkpoint.json").read_text())["samples"].values())
+    assert statuses == {"done": 3, "failed": 1}
+
+
 # 2. Checkpoints of the wrong shape, read-only and full disks, other OS errors -----------------------
 
 @pytest.mark.parametrize("samples", [{"x": "y"}, [1], {"abc": {"status": "exploded", "batch": 0, "attempts": 1}}])

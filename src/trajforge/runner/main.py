@@ -130,6 +130,7 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
     for p in scan_problems:
         print(f"trajforge: {p}", file=sys.stderr)
     if recovered:
+        checkpoint.forget([s.identity for s in recovered])
         print(f"trajforge: recovered {len(recovered)} sample(s) that checkpoint.json calls finished but whose "
               "record is missing or unreadable in the batch files: they run again", file=sys.stderr)
     if dataset.skipped:
