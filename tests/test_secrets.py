@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import cli
+from tests.support.images import busybox_image, podman  # noqa: F401 (fixtures)
 from tests.support.policies import tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call
 from tests.test_runner_e2e import base_args, write_dataset
@@ -55,14 +56,17 @@ def _cmdlines() -> bytes:
 
 
 @pytest.mark.parametrize("via", ["flag", "env"])
-@pytest.mark.parametrize("sandbox", ["local", "bwrap"])
+@pytest.mark.parametrize("sandbox", ["local", "bwrap", "container"])
 def test_no_key_in_the_run_directory_or_the_output(tmp_path: Path, server: ScriptedServer, clean_env, via: str,
-                                                   sandbox: str) -> None:
+                                                   sandbox: str, request: pytest.FixtureRequest) -> None:
     if sandbox == "bwrap" and not BWRAP.usable:
         pytest.skip(f"bwrap not usable here: {BWRAP.detail}")
+    config = "tools: {vision: {api_key_env: MY_VISION_CRED}}\n"
+    if sandbox == "container":  # the busybox image of the container tests (skips saying what is missing)
+        config += f"container_image: {request.getfixturevalue('busybox_image')}\ncontainer_engine: podman\n"
     server.handler = hostile
     ds = write_dataset(tmp_path / "ds.jsonl", ["hunt for keys", "fail loudly"])
-    (tmp_path / "cfg.yaml").write_text("tools: {vision: {api_key_env: MY_VISION_CRED}}\n")
+    (tmp_path / "cfg.yaml").write_text(config)
     env = {**clean_env, **TOOL_KEYS}
     args = [a for a in base_args(server, ds) if not a.startswith("--sandbox")]
     args += [f"--sandbox={sandbox}", "--config=cfg.yaml", "--verbose", "--max_retries=0"]
