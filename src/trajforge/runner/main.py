@@ -148,9 +148,8 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
     failures: list[OutputError] = []
 
     def halt(e: OutputError) -> None:
-        """An output file cannot be written: schedule nothing more, write nothing more."""
-        if not failures:
-            print(f"trajforge: {e}", file=sys.stderr)
+        """An output file cannot be written: schedule nothing more, write nothing more (the first
+        error is the run's one error line)."""
         failures.append(e)
         stop.set()
 
