@@ -335,6 +335,7 @@ def test_torn_last_line_is_cut_once_not_reported_on_every_resume(tmp_path: Path,
     (["--reasoning_disabled"], "would discard every sample"),
     (["--providers_allowed=a,b", "--providers_ignored=b"], "both name b"),
     (["--ray_address=127.0.0.1:6379"], "--ray_address is only used with --executor ray"),
+    (["--executor=ray", "--keep_workspaces"], "--keep_workspaces is not supported with --executor ray"),
 ])
 def test_contradicting_settings_are_refused_at_start(tmp_path: Path, server: ScriptedServer, clean_env,
                                                      flags: list[str], named: str) -> None:

@@ -101,3 +101,24 @@ def test_no_key_in_the_run_directory_or_the_output(tmp_path: Path, server: Scrip
         assert "***" in record["conversations"][-1]["value"]
         if via == "env":
             assert MODEL_KEY.split("-", 3)[-1] in seen
+
+
+def test_scrubber_replaces_whole_keys_in_every_spelling_and_ignores_short_ones() -> None:
+    from trajforge.redact import MARKER, Scrubber
+
+    s = Scrubber(["sk-abc-123456", "sk-abc-123456-longer", 'we"ird\\key99', "short"])
+    assert s.text("a sk-abc-123456-longer b sk-abc-123456 c") == f"a {MARKER} b {MARKER} c"
+    assert s.bytes(json.dumps({"v": 'x we"ird\\key99 y'}).encode()) == b'{"v": "x *** y"}'
+    assert s.text("short stays") == "short stays"
+    assert s.value({"k sk-abc-123456": ["sk-abc-123456", 3, None]}) == {"k ***": ["***", 3, None]}
+
+
+def test_run_secrets_come_from_the_flag_the_environment_and_the_tools_section() -> None:
+    from trajforge.config import build_config
+    from trajforge.redact import run_secrets
+
+    config = build_config({"api_key": "flag-key-12345678", "tools": {"image_gen": {"api_key_env": "IMG_CRED"}}})
+    environ = {"OPENAI_API_KEY": "oa-key-123456789", "HF_TOKEN": "hf_token_abcdefgh", "IMG_CRED": "img-cred-1234567",
+               "HOME": "/root/home/dir", "PATH": "/usr/bin:/bin"}
+    assert sorted(run_secrets(config, environ)) == sorted(["flag-key-12345678", "oa-key-123456789",
+                                                           "hf_token_abcdefgh", "img-cred-1234567"])
