@@ -252,22 +252,26 @@ def test_disk_full_during_the_final_merge(tmp_path: Path, server: ScriptedServer
         assert_every_sample_once(run, [*prompts, "say new"])
 
 
-def test_other_os_error_on_an_output_file(tmp_path: Path, server: ScriptedServer, clean_env) -> None:
+@pytest.mark.parametrize("name", ["statistics.json", "batch_0.jsonl"])
+def test_other_os_error_on_a_file_of_the_run(tmp_path: Path, server: ScriptedServer, clean_env, name: str) -> None:
     server.handler = echo_policy(turns=1)
     prompts = ["say a", "say b"]
     ds = write_dataset(tmp_path / "ds.jsonl", prompts)
-    args = base_args(server, ds)
+    args = base_args(server, ds, "r", "--batch_size=10")
     assert run_cli(tmp_path, clean_env, *args).returncode == 0
     run = tmp_path / "data" / "r"
-    (run / "statistics.json").unlink()
-    (run / "statistics.json").mkdir()  # an output path that cannot be replaced: EISDIR
-    (run / "statistics.json" / "x").write_text("x")
+    (run / name).rename(tmp_path / name)
+    (run / name).mkdir()  # a path of the run that cannot be read or replaced: EISDIR
+    (run / name / "x").write_text("x")
     proc = run_cli(tmp_path, clean_env, *args, "--resume")
-    assert_one_clear_error(proc, "data/r/statistics.json", "Is a directory", "--resume")
-    (run / "statistics.json" / "x").unlink()
-    (run / "statistics.json").rmdir()
+    assert_one_clear_error(proc, f"data/r/{name}", "Is a directory", "--resume")
+    (run / name / "x").unlink()
+    (run / name).rmdir()
+    (tmp_path / name).rename(run / name)
+    calls = len(server.requests)
     proc = run_cli(tmp_path, clean_env, *args, "--resume")
     assert proc.returncode == 0, proc.stderr
+    assert len(server.requests) == calls
     assert_every_sample_once(run, prompts)
 
 
