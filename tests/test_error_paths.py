@@ -184,13 +184,39 @@ def test_resume_in_a_read_only_run_directory(tmp_path: Path, server: ScriptedSer
 @needs_mount
 def test_disk_full_while_writing_batch_lines(tmp_path: Path, server: ScriptedServer, clean_env) -> None:
     server.handler = big_answer_policy(40_000)
+    prompts = [f"say e{i}" for i in range(5)]
+    ds = write_dataset(tmp_path / "ds.jsonl", prompts)
+    with tmpfs(tmp_path / "out", "2m") as out:
+        args = base_args(server, ds, "r", f"--output_dir={out}", "--batch_size=10", "--num_workers=1")
+        assert run_cli(tmp_path, clean_env, *args).returncode == 0
+        run = out / "r"
+        old = (run / "trajectories.jsonl").read_bytes()
+        more = [*prompts, *(f"say e{i}" for i in range(5, 10))]
+        write_dataset(ds, more)
+        filler = fill(out, 24_000)  # room for config.json and the checkpoint, not for one 40 KB record
+        proc = run_cli(tmp_path, clean_env, *args, "--resume")
+        assert_one_clear_error(proc, str(run / "batch_0.jsonl"), "No space left on device", "--resume")
+        assert (run / "trajectories.jsonl").read_bytes() == old and not list(run.glob(".*.tmp"))
+        assert len(read_jsonl(run / "trajectories.jsonl")) == 5
+        filler.unlink()
+        calls = len(server.requests)
+        proc = run_cli(tmp_path, clean_env, *args, "--resume")
+        assert proc.returncode == 0, proc.stderr
+        assert "removed a torn last line" in proc.stderr  # the part of the record that fitted
+        assert len(server.requests) == calls + 2 * 5  # only the 5 new samples ran
+        assert_every_sample_once(run, more)
+
+
+@needs_mount
+def test_disk_filling_up_mid_run(tmp_path: Path, server: ScriptedServer, clean_env) -> None:
+    server.handler = big_answer_policy(40_000)
     prompts = [f"say f{i}" for i in range(30)]  # ~1.2 MB of records for a 512 KB disk
     ds = write_dataset(tmp_path / "ds.jsonl", prompts)
     with tmpfs(tmp_path / "out", "512k") as out:
         args = base_args(server, ds, "r", f"--output_dir={out}", "--batch_size=10", "--num_workers=2")
         proc = run_cli(tmp_path, clean_env, *args)
         line = assert_one_clear_error(proc, "No space left on device", "--resume", str(out / "r"))
-        assert "batch_" in line
+        assert "batch_" in line or "checkpoint.json" in line  # whichever write found the disk full first
         run = out / "r"
         assert not (run / "trajectories.jsonl").exists() and not list(run.glob(".*.tmp"))
         kept = sum(len(p.read_bytes().splitlines()) for p in run.glob("batch_*.jsonl"))
