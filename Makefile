@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum |
 # A portable llama.cpp build (no -march=native), so a cached wheel works on any x86-64 machine.
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 
-.PHONY: demo test venv bench bench-sweep clean
+.PHONY: demo test venv bench bench-sweep bench-export clean
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "error: $(PY) not found; install Python 3.11 or run make PY=/path/to/python3.11" >&2; exit 1; }
@@ -35,6 +35,9 @@ bench: $(STAMP)
 
 bench-sweep: $(STAMP)
 	$(BIN)/python bench/throughput.py --sweep
+
+bench-export: $(STAMP)
+	$(BIN)/python bench/export.py --also_tenth
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

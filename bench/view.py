@@ -23,13 +23,14 @@ from pathlib import Path
 import orjson
 
 sys.path.insert(0, str(Path(__file__).parent))
-from resume_plan import synthesise  # noqa: E402  (the same synthetic run as the resume benchmark)
+from resume_plan import synthesise  # the same synthetic run as the resume benchmark
 
 _VIEW = r"""
 import asyncio, resource, sys, threading, time, urllib.request
 from pathlib import Path
 t0 = time.perf_counter()
-from trajforge.view.server import Viewer, make_app, open_source
+from trajforge.view.cli import open_source
+from trajforge.view.server import Viewer, make_app
 from aiohttp import web
 t1 = time.perf_counter()
 index = open_source(Path(sys.argv[1]))

@@ -118,6 +118,26 @@ def test_record_cut_short_mid_file_is_run_again_and_counted(tmp_path: Path, serv
     assert_every_sample_once(run, prompts)
 
 
+def test_recovered_sample_that_fails_again_counts_as_failed(tmp_path: Path, server: ScriptedServer,
+                                                             clean_env) -> None:
+    server.handler = echo_policy(turns=1)
+    prompts = [f"say n{i}" for i in range(4)]
+    ds = write_dataset(tmp_path / "ds.jsonl", prompts)
+    args = base_args(server, ds, "r", "--batch_size=4")
+    assert run_cli(tmp_path, clean_env, *args).returncode == 0
+    run = tmp_path / "data" / "r"
+    batch = run / "batch_0.jsonl"
+    lines = batch.read_bytes().splitlines(keepends=True)
+    batch.write_bytes(b"".join(lines[:1] + [lines[1][:40] + b"\n"] + lines[2:]))
+    server.handler = lambda req: http_error(400, "down")
+    proc = run_cli(tmp_path, clean_env, *args, "--resume")
+    assert proc.returncode == 0, proc.stderr
+    stats = json.loads((run / "statistics.json").read_text())["run"]["samples"]
+    assert (stats["finished"], stats["failed"]) == (3, 1)
+    statuses = Counter(e["status"] for e in json.loads((run / "checkpoint.json").read_text())["samples"].values())
+    assert statuses == {"done": 3, "failed": 1}
+
+
 # 2. Checkpoints of the wrong shape, read-only and full disks, other OS errors -----------------------
 
 @pytest.mark.parametrize("samples", [{"x": "y"}, [1], {"abc": {"status": "exploded", "batch": 0, "attempts": 1}}])
@@ -164,13 +184,39 @@ def test_resume_in_a_read_only_run_directory(tmp_path: Path, server: ScriptedSer
 @needs_mount
 def test_disk_full_while_writing_batch_lines(tmp_path: Path, server: ScriptedServer, clean_env) -> None:
     server.handler = big_answer_policy(40_000)
+    prompts = [f"say e{i}" for i in range(5)]
+    ds = write_dataset(tmp_path / "ds.jsonl", prompts)
+    with tmpfs(tmp_path / "out", "2m") as out:
+        args = base_args(server, ds, "r", f"--output_dir={out}", "--batch_size=10", "--num_workers=1")
+        assert run_cli(tmp_path, clean_env, *args).returncode == 0
+        run = out / "r"
+        old = (run / "trajectories.jsonl").read_bytes()
+        more = [*prompts, *(f"say e{i}" for i in range(5, 10))]
+        write_dataset(ds, more)
+        filler = fill(out, 24_000)  # room for config.json and the checkpoint, not for one 40 KB record
+        proc = run_cli(tmp_path, clean_env, *args, "--resume")
+        assert_one_clear_error(proc, str(run / "batch_0.jsonl"), "No space left on device", "--resume")
+        assert (run / "trajectories.jsonl").read_bytes() == old and not list(run.glob(".*.tmp"))
+        assert len(read_jsonl(run / "trajectories.jsonl")) == 5
+        filler.unlink()
+        calls = len(server.requests)
+        proc = run_cli(tmp_path, clean_env, *args, "--resume")
+        assert proc.returncode == 0, proc.stderr
+        assert "removed a torn last line" in proc.stderr  # the part of the record that fitted
+        assert len(server.requests) == calls + 2 * 5  # only the 5 new samples ran
+        assert_every_sample_once(run, more)
+
+
+@needs_mount
+def test_disk_filling_up_mid_run(tmp_path: Path, server: ScriptedServer, clean_env) -> None:
+    server.handler = big_answer_policy(40_000)
     prompts = [f"say f{i}" for i in range(30)]  # ~1.2 MB of records for a 512 KB disk
     ds = write_dataset(tmp_path / "ds.jsonl", prompts)
     with tmpfs(tmp_path / "out", "512k") as out:
         args = base_args(server, ds, "r", f"--output_dir={out}", "--batch_size=10", "--num_workers=2")
         proc = run_cli(tmp_path, clean_env, *args)
         line = assert_one_clear_error(proc, "No space left on device", "--resume", str(out / "r"))
-        assert "batch_" in line
+        assert "batch_" in line or "checkpoint.json" in line  # whichever write found the disk full first
         run = out / "r"
         assert not (run / "trajectories.jsonl").exists() and not list(run.glob(".*.tmp"))
         kept = sum(len(p.read_bytes().splitlines()) for p in run.glob("batch_*.jsonl"))
@@ -232,22 +278,26 @@ def test_disk_full_during_the_final_merge(tmp_path: Path, server: ScriptedServer
         assert_every_sample_once(run, [*prompts, "say new"])
 
 
-def test_other_os_error_on_an_output_file(tmp_path: Path, server: ScriptedServer, clean_env) -> None:
+@pytest.mark.parametrize("name", ["statistics.json", "batch_0.jsonl"])
+def test_other_os_error_on_a_file_of_the_run(tmp_path: Path, server: ScriptedServer, clean_env, name: str) -> None:
     server.handler = echo_policy(turns=1)
     prompts = ["say a", "say b"]
     ds = write_dataset(tmp_path / "ds.jsonl", prompts)
-    args = base_args(server, ds)
+    args = base_args(server, ds, "r", "--batch_size=10")
     assert run_cli(tmp_path, clean_env, *args).returncode == 0
     run = tmp_path / "data" / "r"
-    (run / "statistics.json").unlink()
-    (run / "statistics.json").mkdir()  # an output path that cannot be replaced: EISDIR
-    (run / "statistics.json" / "x").write_text("x")
+    (run / name).rename(tmp_path / name)
+    (run / name).mkdir()  # a path of the run that cannot be read or replaced: EISDIR
+    (run / name / "x").write_text("x")
     proc = run_cli(tmp_path, clean_env, *args, "--resume")
-    assert_one_clear_error(proc, "data/r/statistics.json", "Is a directory", "--resume")
-    (run / "statistics.json" / "x").unlink()
-    (run / "statistics.json").rmdir()
+    assert_one_clear_error(proc, f"data/r/{name}", "Is a directory", "--resume")
+    (run / name / "x").unlink()
+    (run / name).rmdir()
+    (tmp_path / name).rename(run / name)
+    calls = len(server.requests)
     proc = run_cli(tmp_path, clean_env, *args, "--resume")
     assert proc.returncode == 0, proc.stderr
+    assert len(server.requests) == calls
     assert_every_sample_once(run, prompts)
 
 
@@ -315,6 +365,7 @@ def test_torn_last_line_is_cut_once_not_reported_on_every_resume(tmp_path: Path,
     (["--reasoning_disabled"], "would discard every sample"),
     (["--providers_allowed=a,b", "--providers_ignored=b"], "both name b"),
     (["--ray_address=127.0.0.1:6379"], "--ray_address is only used with --executor ray"),
+    (["--executor=ray", "--keep_workspaces"], "--keep_workspaces is not supported with --executor ray"),
 ])
 def test_contradicting_settings_are_refused_at_start(tmp_path: Path, server: ScriptedServer, clean_env,
                                                      flags: list[str], named: str) -> None:

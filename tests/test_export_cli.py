@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.support.export_run import make_run, run_export
+from tests.support.export_run import _env, make_run, run_export
 from tests.support.scripted_server import ScriptedServer
 
 
@@ -181,6 +181,11 @@ def test_filters_and_deterministic_splits(run_dir: Path, tmp_path: Path) -> None
     assert split_ids("parquet", "p1") == a  # the same split whatever the format
     b = split_ids("sharegpt", "s2", seed="7")
     assert sorted(b["train"] + b["test"]) == sorted(a["train"] + a["test"])
+    ok(export(tmp_path, run_dir, "--format", "openai", "--split", "train=0.5,test=0.5", "--output", "o1"))
+    import datasets
+
+    dd = datasets.load_dataset("json", data_dir=str(tmp_path / "o1"))  # split names from the file names
+    assert {s: [r["sample_id"] for r in dd[s]["metadata"]] for s in ("train", "test")} == a
     out = ok(export(tmp_path, run_dir, "--format", "sharegpt", "--sample_percent", "50", "--output", "half.jsonl"))
     kept = [r["sample_id"] for r in lines(tmp_path / "half.jsonl")]
     ok(export(tmp_path, run_dir, "--format", "sharegpt", "--sample_percent", "50", "--output", "half.jsonl",
@@ -214,6 +219,14 @@ def test_bad_input_names_file_and_line_and_leaves_output_untouched(run_dir: Path
         assert proc.stderr.startswith(f"error: {bad}:3: conversations[0]: a tool turn without any <tool_response>")
         assert (target / "README.md").read_text() == "old card" if fmt == "hf" else target.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "o.jsonl", "o.parquet", "o_hf"]
+    wrong = json.loads(good[1])
+    wrong["completed"] = "yes"
+    bad.write_text("\n".join([good[0], json.dumps(wrong)]) + "\n")
+    for fmt in ("parquet", "hf"):
+        proc = export(tmp_path, bad, "--format", fmt, "--output", f"w_{fmt}")
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr
+        assert proc.stderr.startswith(f"error: {bad}:2: a field has the wrong type"), proc.stderr
+        assert not (tmp_path / f"w_{fmt}").exists()
     bad.write_text(good[0] + "\n{not json\n")
     proc = export(tmp_path, bad, "--format", "sharegpt", "--output", "x.jsonl")
     assert proc.returncode == 1 and f"{bad}:2: invalid JSON" in proc.stderr and not (tmp_path / "x.jsonl").exists()
@@ -273,8 +286,9 @@ def test_verified_records_with_row_fields(run_dir: Path, tmp_path: Path) -> None
     for i, rec in enumerate(recs):
         rec["dataset_line"] = 10 + i
         rec["row"] = {"answer": str(i), "source": "unit"}
+        rec["rollout"] = 0
         rec["verification"] = {"passed": i % 3 != 0, "score": i / 10, "method": "exact",
-                               "detail": {"expected": str(i)} if i % 2 else "ok"}
+                               "detail": {"expected": str(i)} if i % 2 else "ok", "error": None}
     src = tmp_path / "verified.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in recs))
     out = ok(export(tmp_path, src, "--format", "parquet", "--only", "passed", "--output", "v.parquet"))
@@ -282,7 +296,9 @@ def test_verified_records_with_row_fields(run_dir: Path, tmp_path: Path) -> None
     rows = pq.read_table(tmp_path / "v.parquet").to_pylist()
     assert [r["dataset_line"] for r in rows] == [11, 12, 14, 15]
     assert json.loads(rows[0]["row"]) == {"answer": "1", "source": "unit"}
-    assert rows[0]["verification"] == {"passed": True, "score": 0.1, "method": "exact", "detail": '{"expected":"1"}'}
+    assert rows[0]["verification"] == {"passed": True, "score": 0.1, "method": "exact", "detail": '{"expected":"1"}',
+                                       "error": None}
+    assert rows[0]["rollout"] == 0
     assert rows[1]["verification"]["detail"] == "ok" and rows[0]["extra"] is None
     ok(export(tmp_path, src, "--format", "hf", "--output", "vh"))
     assert datasets.load_from_disk(str(tmp_path / "vh"))[4]["verification"]["passed"] is True
@@ -294,3 +310,25 @@ def test_verified_records_with_row_fields(run_dir: Path, tmp_path: Path) -> None
     ok(export(tmp_path, "v.jsonl", "--format", "sharegpt", "--output", "back.jsonl"))
     back = lines(tmp_path / "back.jsonl")
     assert back == recs and [list(r) for r in back] == [list(r) for r in recs]  # same values, same key order
+
+
+def test_interrupted_export_leaves_the_old_output_and_no_staging(tmp_path: Path) -> None:
+    import signal
+    import sys
+    import time
+
+    from tests.test_bench_export import bench
+
+    bench.synthesise(tmp_path / "big.jsonl", 20000)
+    (tmp_path / "out.jsonl").write_text("old export\n")
+    proc = subprocess.Popen([sys.executable, "-m", "trajforge", "export", "big.jsonl", "--format", "openai",
+                             "--output", "out.jsonl", "--overwrite"], cwd=tmp_path, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not [p for p in tmp_path.iterdir() if p.name.endswith(".export")] and time.monotonic() < deadline:
+        time.sleep(0.02)  # until the export has started writing its staging file
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "left as it was" in err and "Traceback" not in err
+    assert (tmp_path / "out.jsonl").read_text() == "old export\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.jsonl", "out.jsonl"]

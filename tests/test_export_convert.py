@@ -30,10 +30,10 @@ WORDS = ["plain", "ünïcode ✓", "</think>", "<think>\nx\n</think>", "<tool_ca
          "line\nbreak", "  padded  ", "\"quoted\"", "", "null", "tab\there"]
 
 
-def record(turns: list[Turn], prompt: str = "do the task", **kw: object) -> dict:
+def record(turns: list[Turn], prompt: str = "do the task", index: int = 0, sid: str = "abc:0") -> dict:
     session = SessionResult(prompt, TOOLS, turns, completed=True, partial=False, api_calls=len(turns),
                             usage=Usage(3, 4, 1, 0.002), end_reason="answer")
-    return build_record(session, prompt_index=kw.pop("index", 0), sample_id=str(kw.pop("sid", "abc:0")),  # type: ignore[arg-type]
+    return build_record(session, prompt_index=index, sample_id=sid,
                         batch_num=0, model="m", toolsets_used=["terminal"], known_tools=KNOWN_TOOLS,
                         now=datetime(2026, 1, 1))
 
@@ -91,8 +91,9 @@ def test_random_records_round_trip_exactly() -> None:
     for n in range(300):
         turns = []
         for t in range(rng.randint(1, 4)):
+            args = [f'{{"x": "{t}"}}', "oops", '"s"', '"12"', '"{\\"k\\": 1}"', "", "[1]", "{}"]
             calls = [(rng.choice(["call_1", "call_2", f"c{t}{k}", ""]), rng.choice(["terminal", "read_file"]),
-                      rng.choice(['{"x": "%s"}' % k, "oops", '"s"', '"12"', '"{\\"k\\": 1}"', "", "[1]", "{}"])) for k in range(rng.randint(0, 3))]
+                      rng.choice(args)) for k in range(rng.randint(0, 3))]
             results = [rng.choice(WORDS + ['{"output": "o"}', '{"error": "e"}']) for _ in calls]
             if calls and rng.random() < 0.2:
                 results = [None] * len(calls)  # cut off by the length limit
@@ -176,3 +177,26 @@ def test_card_scrubs_secrets_but_keeps_settings() -> None:
            "tools": {"web": {"brave_api_key_env": "BRAVE_API_KEY", "token": "t", "headers": ["Bearer xyz"]}}}
     assert scrub(cfg) == {"model": "m", "max_tokens": 5, "base_url": "https://h.example:8443/v1",
                           "tools": {"web": {"brave_api_key_env": "BRAVE_API_KEY", "headers": ["<removed>"]}}}
+
+
+def test_rollouts_of_one_prompt_share_a_split() -> None:
+    f = Filters(split=(("train", 0.5), ("test", 0.5)))
+    for row in range(200):
+        assert len({f.split_of({"sample_id": f"row{row}:0" + (f"#{k}" if k else "")}) for k in range(4)}) == 1
+
+
+def test_card_shows_the_run_verification_figures() -> None:
+    from trajforge.export.card import render
+    from trajforge.runner.stats import Totals
+
+    run = Totals().as_dict(total=3)
+    run["verification"] = {"verified": 4, "passed": 3, "failed": 1, "pass_rate": 0.75, "errors": 1,
+                           "by_task_type": {"qa": {"passed": 1, "failed": 1, "pass_rate": 0.5}},
+                           "pass_at_1": 0.75, "pass_at_k": {"k": 4, "value": 1.0}, "rows": 2}
+    text = render(name="r", command="trajforge export r --format hf --output o", counts={"": 0},
+                  exported=Totals().as_dict(), verified=(0, 0), drops=[], schema_doc="-", config={"api_key": "k"},
+                  statistics={"run": run})
+    for line in ("| pass rate | 75.0% (3 passed, 1 failed) |", "| pass rate: qa | 50.0% |",
+                 "| pass@1 / pass@4 (2 rows) | 0.75 / 1.0 |", "| verification errors | 1 |"):
+        assert line in text
+    assert "api_key" not in text

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import cli
+from tests.support.images import busybox_image, podman  # noqa: F401 (fixtures)
 from tests.support.policies import tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call
 from tests.test_runner_e2e import base_args, write_dataset
@@ -55,14 +56,17 @@ def _cmdlines() -> bytes:
 
 
 @pytest.mark.parametrize("via", ["flag", "env"])
-@pytest.mark.parametrize("sandbox", ["local", "bwrap"])
+@pytest.mark.parametrize("sandbox", ["local", "bwrap", "container"])
 def test_no_key_in_the_run_directory_or_the_output(tmp_path: Path, server: ScriptedServer, clean_env, via: str,
-                                                   sandbox: str) -> None:
+                                                   sandbox: str, request: pytest.FixtureRequest) -> None:
     if sandbox == "bwrap" and not BWRAP.usable:
         pytest.skip(f"bwrap not usable here: {BWRAP.detail}")
+    config = "tools: {vision: {api_key_env: MY_VISION_CRED}}\n"
+    if sandbox == "container":  # the busybox image of the container tests (skips saying what is missing)
+        config += f"container_image: {request.getfixturevalue('busybox_image')}\ncontainer_engine: podman\n"
     server.handler = hostile
     ds = write_dataset(tmp_path / "ds.jsonl", ["hunt for keys", "fail loudly"])
-    (tmp_path / "cfg.yaml").write_text("tools: {vision: {api_key_env: MY_VISION_CRED}}\n")
+    (tmp_path / "cfg.yaml").write_text(config)
     env = {**clean_env, **TOOL_KEYS}
     args = [a for a in base_args(server, ds) if not a.startswith("--sandbox")]
     args += [f"--sandbox={sandbox}", "--config=cfg.yaml", "--verbose", "--max_retries=0"]
@@ -89,11 +93,31 @@ def test_no_key_in_the_run_directory_or_the_output(tmp_path: Path, server: Scrip
     failed = [e for e in json.loads((run / "checkpoint.json").read_text())["samples"].values()
               if e["status"] == "failed"]
     assert len(failed) == 1 and "Bearer *** near ***" in failed[0]["message"]
+    seen = "\n".join(json.dumps(r.body) for r in server.requests)
+    assert "SeCrEt" not in seen  # tool results are scrubbed before the model (and its provider) sees them
     if sandbox == "local":
-        # the runner's environment is readable from the local sandbox: the keys did reach the
-        # model (this test is not vacuous), and the saved data holds the marker in their place
-        seen = "\n".join(json.dumps(r.body) for r in server.requests)
-        assert TOOL_KEYS["BRAVE_API_KEY"] in seen and TOOL_KEYS["MY_VISION_CRED"] in seen
-        assert "***" in record["conversations"][-1]["value"]
-        if via == "env":
-            assert MODEL_KEY.split("-", 3)[-1] in seen
+        # the runner's environment is readable from the local sandbox: the hunt found the keys
+        # (this test is not vacuous), and the model and the saved data got the marker instead
+        for name in ("BRAVE_API_KEY", "MY_VISION_CRED", *(["OPENROUTER_API_KEY"] if via == "env" else [])):
+            assert f"{name}=***" in seen and f"{name}=***" in record["conversations"][-1]["value"], name
+
+
+def test_scrubber_replaces_whole_keys_in_every_spelling_and_ignores_short_ones() -> None:
+    from trajforge.redact import MARKER, Scrubber
+
+    s = Scrubber(["sk-abc-123456", "sk-abc-123456-longer", 'we"ird\\key99', "short"])
+    assert s.text("a sk-abc-123456-longer b sk-abc-123456 c") == f"a {MARKER} b {MARKER} c"
+    assert s.bytes(json.dumps({"v": 'x we"ird\\key99 y'}).encode()) == b'{"v": "x *** y"}'
+    assert s.text("short stays") == "short stays"
+    assert s.value({"k sk-abc-123456": ["sk-abc-123456", 3, None]}) == {"k ***": ["***", 3, None]}
+
+
+def test_run_secrets_come_from_the_flag_the_environment_and_the_tools_section() -> None:
+    from trajforge.config import build_config
+    from trajforge.redact import run_secrets
+
+    config = build_config({"api_key": "flag-key-12345678", "tools": {"image_gen": {"api_key_env": "IMG_CRED"}}})
+    environ = {"OPENAI_API_KEY": "oa-key-123456789", "HF_TOKEN": "hf_token_abcdefgh", "IMG_CRED": "img-cred-1234567",
+               "HOME": "/root/home/dir", "PATH": "/usr/bin:/bin"}
+    assert sorted(run_secrets(config, environ)) == sorted(["flag-key-12345678", "oa-key-123456789",
+                                                           "hf_token_abcdefgh", "img-cred-1234567"])

@@ -177,6 +177,8 @@ def test_filters_compose_and_facets_count(tmp_path: Path) -> None:
     assert [e.key for e in apply(Query(tool="terminal"), entries)] == ["id0:0", "id2:0"]
     assert [e.key for e in apply(Query(tool="terminal", status="partial"), entries)] == ["id2:0"]
     assert apply(Query(q="prompt number"), entries) == entries
+    assert [e.key for e in apply(Query(sort="tokens"), entries)] == ["id2:0", "id1:0", "id0:0"]
+    assert [e.key for e in apply(Query(sort="turns", tool="terminal"), entries)] == ["id2:0", "id0:0"]
     f = facets(entries)
     assert f["status"] == {"completed": 2, "partial": 1, "failed": 0, "discarded": 0}
     assert f["tool"] == {"terminal": 2, "web_search": 1}

@@ -60,7 +60,9 @@ class Viewer:
         assert self.proc.stdout is not None
         self.line = self.proc.stdout.readline()
         m = re.search(r"(http://127\.0\.0\.1:\d+/)", self.line)
-        assert m, (self.line, self.proc.stderr.read() if self.proc.poll() is not None else "")  # type: ignore[union-attr]
+        if m is None:
+            self.proc.kill()
+            raise AssertionError(f"no URL line: {self.line!r} {self.proc.communicate()[1]}")
         self.url = m.group(1)
 
     def stop(self) -> None:
@@ -126,6 +128,8 @@ def test_overview_figures_equal_statistics_json(run_dir: Path, viewer_of, page) 
     v = viewer_of(run_dir)
     assert v.line.startswith("trajforge view: ") and "(12 samples)" in v.line
     stats = json.loads((run_dir / "statistics.json").read_text())["run"]
+    with urllib.request.urlopen(v.url + "api/overview") as r:
+        assert json.loads(r.read())["figures"] == stats  # every figure, computed the run's way
     page.goto(v.url)
     page.wait_for_selector('[data-fig="samples.finished"]')
     s = stats["samples"]
@@ -163,8 +167,8 @@ def test_filter_by_failure_class_lists_exactly_those_samples(run_dir: Path, view
     shot(page, "list")
     for cls in ("api_error", "rate_limit", "model_error"):
         page.select_option('select[data-filter="reason"]', cls)
-        page.wait_for_function(f"() => document.getElementById('filters') && "
-                               f"[...document.querySelectorAll('#samples tbody tr')].every(r => r.dataset.reason === '{cls}')")
+        page.wait_for_function(f"() => [...document.querySelectorAll('#samples tbody tr')]"
+                               f".every(r => r.dataset.reason === '{cls}')")
         keys = page.locator("#samples tbody tr").evaluate_all("rs => rs.map(r => r.dataset.key)")
         expected = {k for k, e in ckpt.items() if e["status"] == "failed" and e.get("reason") == cls}
         assert expected and sorted(keys) == sorted(expected), cls
@@ -175,9 +179,10 @@ def test_filter_by_failure_class_lists_exactly_those_samples(run_dir: Path, view
     assert "apifail: the API breaks" in text and "apifail: the API breaks again" in text
     shot(page, "list-failed")
     # task types come from the dataset (records do not carry them)
-    page.select_option('select[data-filter="reason"]', "")
+    page.goto(v.url + "#/samples")
+    page.wait_for_function("() => document.getElementById('page-info')?.textContent.endsWith(' 12 samples')")
     page.select_option('select[data-filter="task_type"]', "shell")
-    page.wait_for_function("() => document.getElementById('page-info')?.textContent.includes('2 samples')")
+    page.wait_for_function("() => document.getElementById('page-info')?.textContent.endsWith(' 2 samples')")
     assert sorted(page.locator("#samples td.prompt a").all_inner_texts()) == [
         "long: print many lines", "parallel: run two commands at once"]
     # paging: 12 samples, 5 a page
@@ -199,9 +204,17 @@ def test_filter_by_failure_class_lists_exactly_those_samples(run_dir: Path, view
     page.keyboard.type("fail: the API breaks again", delay=20)
     page.wait_for_function("() => document.querySelectorAll('#samples tbody tr').length === 1")
     assert page.locator("#search").input_value() == "apifail: the API breaks again"
+    # sorting by a column: largest first, ties in dataset order
+    page.goto(v.url + "#/samples")
+    page.wait_for_selector("#samples tbody tr")
+    page.locator('a[data-sort="tokens"]').click()
+    page.wait_for_function("() => document.querySelector('th.sorted')")
+    tokens = [int(t.replace(",", "")) for t in page.locator("#samples tbody tr td:nth-child(7)").all_inner_texts()
+              if t != "–"]
+    assert tokens == sorted(tokens, reverse=True) and len(tokens) == 8
     # status filter + text search compose
     page.goto(v.url + "#/samples?status=completed&q=PARALLEL")
-    page.wait_for_function("() => document.getElementById('page-info')?.textContent.includes('1 samples')")
+    page.wait_for_function("() => document.getElementById('page-info')?.textContent.endsWith(' 1 samples')")
     assert page.locator("#samples tbody tr").count() == 1
 
 
@@ -251,10 +264,12 @@ def test_hostile_tool_output_renders_as_text_and_runs_nothing(run_dir: Path, vie
     assert "<img src=x onerror=alert(2)>" in page.locator(".turn.human").inner_text()
     page.locator(".reasoning summary").first.click()
     assert "<b>carefully</b>" in page.locator(".reasoning pre").first.inner_text()
-    assert page.locator("main script, main img, .reasoning b, .turn.human img").count() == 0  # no element came from the data
+    # no element came from the data
+    assert page.locator("main script, main img, .reasoning b, .turn.human img").count() == 0
     assert page.locator("script").count() == 1  # only app.js
     page.wait_for_timeout(300)
     assert page.dialogs == []
+    shot(page, "conversation-hostile")
 
 
 def test_errors_highlighted_long_output_folded(run_dir: Path, viewer_of, page) -> None:
@@ -352,6 +367,12 @@ def test_bad_source_is_one_clear_line(tmp_path: Path) -> None:
                               timeout=30)
         assert proc.returncode == 2 and time.monotonic() - t0 < 30
         assert proc.stderr.count("\n") == 1 and needle in proc.stderr and "Traceback" not in proc.stderr
+    (tmp_path / "data" / "run1").mkdir(parents=True)
+    (tmp_path / "data" / "run1" / "checkpoint.json").write_text("{}")
+    proc = subprocess.run(cli("view", str(tmp_path / "data"), "--port", "0"), env=_env(), capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "runs inside it: " in proc.stderr
+    assert str(tmp_path / "data" / "run1") in proc.stderr
     proc = subprocess.run(cli("view", str(tmp_path), "--port", "99999"), env=_env(), capture_output=True, text=True,
                           timeout=30)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "port number" in proc.stderr
@@ -378,3 +399,40 @@ def test_a_record_rewritten_under_the_index_is_never_shown_as_another(run_dir: P
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(v.url + "api/sample?key=" + urllib.parse.quote(first))
     assert e.value.code == 409 and "reload" in json.loads(e.value.read())["error"]
+
+
+def test_watching_a_real_run_while_it_runs(tmp_path: Path, viewer_of, page) -> None:
+    """`trajforge run` in progress, the page open on it: the figures grow on their own, then settle
+    on statistics.json's."""
+    from tests.support.policies import echo_policy
+
+    prompts = [f"say word{i}" for i in range(24)]  # ~12 s of run: the page is open well before its end
+    (tmp_path / "ds.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    run = tmp_path / "data" / "r"
+    with ScriptedServer(echo_policy(turns=1, delay=0.5)) as srv:
+        proc = subprocess.Popen(cli("run", "--dataset_file=ds.jsonl", "--batch_size=4", "--run_name=r",
+                                    f"--base_url={srv.url}", "--model=scripted-model", "--num_workers=2",
+                                    "--distribution=terminal_only", "--sandbox=local"),
+                                cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while not (run / "checkpoint.json").exists():  # the run saves it before its first sample
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"the run did not start: {proc.communicate()[1]}")
+                time.sleep(0.05)
+            v = viewer_of(run)
+            page.goto(v.url)
+            page.wait_for_function("() => document.getElementById('live').textContent === '● live'")
+            seen = int(figure(page, "samples.finished"))
+            assert seen < len(prompts)
+            page.wait_for_function("n => Number(document.querySelector('[data-fig=\"samples.finished\"]')"
+                                   ".dataset.value) > n", arg=seen)
+            assert proc.wait(120) == 0, proc.stderr.read()  # type: ignore[union-attr]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    page.wait_for_function("() => document.getElementById('live').textContent === 'finished'")
+    page.wait_for_function("() => document.querySelector('[data-fig=\"samples.finished\"]').dataset.value === '24'")
+    with urllib.request.urlopen(v.url + "api/overview") as r:
+        assert json.loads(r.read())["figures"] == json.loads((run / "statistics.json").read_text())["run"]

@@ -252,7 +252,7 @@ def _subcommands() -> dict[str, Callable[[list[str]], int]]:
     for name, target in (("doctor", "trajforge.sandbox.doctor"), ("compress", "trajforge.compress.cli"),
                          ("scheduler", "trajforge.executors.ray_cli"), ("worker", "trajforge.executors.ray_cli")):
         cmds[name] = _lazy(target, name)
-    cmds["view"] = _lazy("trajforge.view.server", "view")
+    cmds["view"] = _lazy("trajforge.view.cli", "view")
     return cmds
 
 

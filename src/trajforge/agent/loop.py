@@ -16,6 +16,7 @@ from trajforge.agent.limits import SampleLimits
 from trajforge.agent.prompts import runtime_system_message
 from trajforge.model.errors import APIFailure, ModelOutputError
 from trajforge.model.types import Completion, ModelClient, ToolCall, Usage
+from trajforge.redact import REGISTRY
 from trajforge.tools.base import Tool, ToolContext, ToolInfraError, error, result_failed
 
 log = logging.getLogger("trajforge.agent")
@@ -78,6 +79,9 @@ async def call_tool(call: ToolCall, tools: dict[str, Tool], ctx: ToolContext) ->
     except Exception as e:  # a tool bug must not kill the sample; the model sees what happened
         log.exception("tool %s raised", call.name)
         result = error(f"tool {call.name} failed: {type(e).__name__}: {e}")
+    # A command that read the runner's keys (its /proc entry under the local sandbox) shows the
+    # model a marker instead: no key of the run goes to the model's provider or into the record.
+    result = REGISTRY.text(result)
     return ToolResult(call, result, result_failed(result))
 
 

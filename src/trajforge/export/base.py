@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -65,7 +66,7 @@ class Exporter(ABC):
 
     @abstractmethod
     def close(self) -> Summary:
-        """Finish and fsync everything written."""
+        """Finish writing; the pipeline then fsyncs the staging path and renames it into place."""
 
     def abort(self) -> None:
         """Release what open() took after a failure (the staging path is removed by the caller)."""
@@ -89,8 +90,6 @@ class SplitFiles:
 
     def close(self) -> None:
         for f in self.files.values():
-            f.flush()
-            os.fsync(f.fileno())
             f.close()
 
     def abort(self) -> None:
@@ -140,12 +139,25 @@ def _fsync_tree(path: Path) -> None:
 
 
 @contextlib.contextmanager
+def _signals_blocked() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM back for a moment, so a Ctrl-C cannot land between creating the staging
+    directory and the `try` that removes it; a pending signal is delivered right after."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+@contextlib.contextmanager
 def staged(output: Path, is_dir: bool) -> Iterator[Path]:
     """A staging path beside `output`, renamed over it when the block ends without an error."""
     output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".export", dir=output.parent))
-    target = tmp if is_dir else tmp / output.name
+    tmp: Path | None = None
     try:
+        with _signals_blocked():
+            tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".export", dir=output.parent))
+        target = tmp if is_dir else tmp / output.name
         if is_dir:
             os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's directory is private; an export is meant to be read
         yield target
@@ -166,7 +178,8 @@ def staged(output: Path, is_dir: bool) -> Iterator[Path]:
         finally:
             os.close(fd)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _umask() -> int:

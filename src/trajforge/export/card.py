@@ -17,8 +17,9 @@ import yaml
 
 # A key holding a secret: api_key, access_token, password... (not max_tokens, not brave_api_key_env,
 # which names an environment variable).
-_SECRET_KEY = re.compile(r"(^|_)(api_?key|key|token|secret|passw(or)?d|credentials?|auth(orization)?|cookie)$", re.I)
-_SECRET_VALUE = re.compile(r"^(sk-|Bearer\s|ghp_|hf_|xox[bp]-)", re.I)
+_SECRET_KEY = re.compile(r"(^|_)(api_?key|key|token|secret|passw(or)?d|credentials?|auth(orization)?|cookie)$",
+                         re.IGNORECASE)
+_SECRET_VALUE = re.compile(r"^(sk-|Bearer\s|ghp_|hf_|xox[bp]-)", re.IGNORECASE)
 
 
 def _clean_url(value: str) -> str:
@@ -88,15 +89,33 @@ def _figures(title: str, run: dict[str, Any], verified: tuple[int, int] | None) 
              ("cost (USD)", run["cost"])]
     if verified is not None and verified[0]:
         rows.append(("pass rate", f"{_pct(verified[1], verified[0])} ({verified[1]} of {verified[0]} verified)"))
-    for key in ("verification", "pass_rate", "pass_rates"):  # added to statistics.json by verification runs
-        if key in run:
-            rows.append((key.replace("_", " "), yaml.safe_dump(run[key], default_flow_style=True).strip()))
+    rows += _verification_rows(run.get("verification"))
     out += _table(("figure", "value"), rows)
     tools = [(name, t["count"], t["success"], t["failure"], _pct(t["success"], t["count"]))
              for name, t in run["tools"].items() if t["count"]]
     if tools:
         out += ["", *_table(("tool", "calls", "ok", "failed", "success rate"), tools)]
     return out + [""]
+
+
+def _verification_rows(v: Any) -> list[tuple[str, Any]]:
+    """statistics.json's verification figures (runs whose rows carry checks), when there are any."""
+    if not isinstance(v, dict) or not (v.get("verified") or v.get("errors")):
+        return []
+    rate = v.get("pass_rate")
+    rows: list[tuple[str, Any]] = [
+        ("pass rate", f"{'-' if rate is None else f'{100 * rate:.1f}%'} ({v.get('passed')} passed, "
+                      f"{v.get('failed')} failed)")]
+    for name, t in (v.get("by_task_type") or {}).items():
+        if isinstance(t, dict) and t.get("pass_rate") is not None:
+            rows.append((f"pass rate: {name}", f"{100 * t['pass_rate']:.1f}%"))
+    pk = v.get("pass_at_k") if isinstance(v.get("pass_at_k"), dict) else {}
+    if v.get("pass_at_1") is not None:
+        rows.append((f"pass@1 / pass@{pk.get('k', '-')} ({v.get('rows')} rows)",
+                     f"{v['pass_at_1']} / {pk.get('value', '-')}"))
+    if v.get("errors"):
+        rows.append(("verification errors", v["errors"]))
+    return rows
 
 
 def render(*, name: str, command: str, counts: dict[str, int], exported: dict[str, Any],

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shlex
+import signal
 import sys
 import time
 from collections import Counter
@@ -157,8 +158,13 @@ def _report(ns: argparse.Namespace, src: Source, summary: Summary, total: int, l
         print("  nothing left out of the exported records")
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str]) -> int:
     """Returns the exit code; errors propagate as TrajforgeError for the CLI's guard to print."""
+    signal.signal(signal.SIGTERM, _interrupt)  # like Ctrl-C: clean up the staging files, then exit
     try:
         return run(list(argv))
     except KeyboardInterrupt:

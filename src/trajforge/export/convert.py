@@ -17,16 +17,16 @@ them, instead of as text inside the system turn.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
-
-import orjson
 
 from trajforge.agent.loop import ToolResult, Turn
 from trajforge.agent.prompts import RUNTIME_SYSTEM_PROMPT, sharegpt_system_text
 from trajforge.agent.sharegpt import gpt_value, tool_value
-from trajforge.jsonio import dumps_str
+from trajforge.export.turns import (THINK_CLOSE, THINK_OPEN, ConversionError, arguments_text, content_text,
+                                    split_gpt, split_tool, system_info)
 from trajforge.model.types import ToolCall
+
+__all__ = ["ConversionError", "Reasoning", "to_openai", "to_record"]
 
 Reasoning = Literal["field", "inline", "drop"]
 
@@ -34,95 +34,6 @@ Reasoning = Literal["field", "inline", "drop"]
 RECORD_METADATA_KEYS = ("batch_num", "timestamp", "model")
 # Keys that lead a record, before `conversations` (resume reads the identity from a line's start).
 _LEADING = ("prompt_index", "sample_id", "dataset_line")
-_THINK_OPEN, _THINK_CLOSE = "<think>\n", "\n</think>"
-_TOOL_CALL_TAIL = re.compile(r"(?:^|\n)<tool_call>\n([^\n]*)\n</tool_call>\Z")
-_TOOL_RESPONSE = re.compile(r"<tool_response>\n([^\n]*)\n</tool_response>")
-_TOOLS_BLOCK = re.compile(r"<tools>\n([^\n]*)\n</tools>")
-
-
-class ConversionError(ValueError):
-    """A record that cannot be converted; the message names the turn and what is wrong.
-    `line` is the input line when the error surfaces after the line was read (a row group)."""
-
-    def __init__(self, message: str, line: int | None = None) -> None:
-        super().__init__(message)
-        self.line = line
-
-
-def _parses(text: str) -> bool:
-    try:
-        orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return False
-    return True
-
-
-def arguments_text(value: Any) -> str:
-    """The OpenAI `arguments` string of a saved call. The record holds the parsed arguments, or
-    the model's raw text when it was not JSON; a string that is itself valid JSON (double-encoded
-    arguments) is JSON-encoded again so the reverse gets the same string back."""
-    if isinstance(value, str) and not _parses(value):
-        return value
-    return dumps_str(value)
-
-
-def content_text(value: Any) -> str:
-    """The OpenAI tool message `content` of a saved result (a parsed JSON result, or raw text)."""
-    return value if isinstance(value, str) else dumps_str(value)
-
-
-def split_gpt(value: str) -> tuple[str | None, str, list[tuple[str, Any]]]:
-    """A saved `gpt` value -> (reasoning, text, [(tool name, arguments value)])."""
-    calls: list[tuple[str, Any]] = []
-    rest = value
-    while (m := _TOOL_CALL_TAIL.search(rest)) is not None:
-        try:
-            body = orjson.loads(m.group(1))
-        except orjson.JSONDecodeError:
-            break
-        if not (isinstance(body, dict) and isinstance(body.get("name"), str) and "arguments" in body):
-            break
-        calls.append((body["name"], body["arguments"]))
-        rest = rest[: m.start()]
-    calls.reverse()
-    reasoning = None
-    if rest.startswith(_THINK_OPEN):
-        end = rest.find(_THINK_CLOSE, len(_THINK_OPEN))
-        after = end + len(_THINK_CLOSE)
-        if end != -1 and (after == len(rest) or rest[after] == "\n"):
-            reasoning = rest[len(_THINK_OPEN):end]
-            rest = rest[after + 1:]
-    return reasoning, rest, calls
-
-
-def split_tool(value: str, where: str) -> list[tuple[str, str, Any]]:
-    """A saved `tool` value -> [(tool_call_id, name, content value)] in call order."""
-    out = []
-    for m in _TOOL_RESPONSE.finditer(value):
-        try:
-            body = orjson.loads(m.group(1))
-        except orjson.JSONDecodeError as e:
-            raise ConversionError(f"{where}: a <tool_response> block is not JSON: {e}") from None
-        if not (isinstance(body, dict) and isinstance(body.get("name"), str) and "content" in body):
-            raise ConversionError(f"{where}: a <tool_response> block lacks name or content")
-        out.append((str(body.get("tool_call_id") or ""), body["name"], body["content"]))
-    if not out:
-        raise ConversionError(f"{where}: a tool turn without any <tool_response> block")
-    return out
-
-
-def tools_of(system: str) -> list[dict[str, Any]] | None:
-    """The offered tool schemas (OpenAI `tools` entries) listed in a saved system turn."""
-    m = _TOOLS_BLOCK.search(system)
-    if m is None:
-        return None
-    try:
-        functions = orjson.loads(m.group(1))
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(functions, list) or not all(isinstance(f, dict) for f in functions):
-        return None
-    return [{"type": "function", "function": f} for f in functions]
 
 
 def _assistant(reasoning: str | None, text: str, mode: Reasoning) -> dict[str, Any]:
@@ -130,7 +41,7 @@ def _assistant(reasoning: str | None, text: str, mode: Reasoning) -> dict[str, A
     if reasoning is not None and mode == "field":
         msg["reasoning_content"] = reasoning
     elif reasoning is not None and mode == "inline":
-        msg["content"] = f"{_THINK_OPEN}{reasoning}{_THINK_CLOSE}" + (f"\n{text}" if text else "")
+        msg["content"] = f"{THINK_OPEN}{reasoning}{THINK_CLOSE}" + (f"\n{text}" if text else "")
     return msg
 
 
@@ -171,8 +82,9 @@ def to_openai(record: dict[str, Any], reasoning: Reasoning = "field") -> dict[st
         if role == "system":
             if i != 0:
                 raise ConversionError(f"{where}: a system turn after the first turn")
-            tools = tools_of(value) or []
-            if sharegpt_system_text(tools) != value:
+            tools, standard = system_info(value)
+            tools = list(tools)  # the cached entries are shared: callers must not mutate them
+            if not standard:
                 extra["system"] = value  # not the standard preamble: keep it for the reverse
             messages.append({"role": "system", "content": RUNTIME_SYSTEM_PROMPT})
         elif role == "human":

@@ -3,6 +3,7 @@
 Sampling and splitting hash the sample identity with the seed instead of drawing random numbers,
 so they stream (no count needed in advance), and a sample lands in the same split every time:
 re-exporting a run that grew, or with other filters, never moves a sample from test to train.
+Splits hash the row identity, so the rollouts of one prompt never straddle train and test.
 `--sample_percent P` therefore keeps about P% (each sample independently), not exactly P%.
 """
 
@@ -59,6 +60,12 @@ def identity(record: dict[str, Any]) -> str:
     return "prompt:" + hashlib.sha256(str(prompt).encode()).hexdigest()
 
 
+def row_identity(sample_id: str) -> str:
+    """The dataset row a sample identity belongs to: rollout k > 0 of a row is "<row>#k"."""
+    row, sep, k = sample_id.rpartition("#")
+    return row if sep and k.isdigit() else sample_id
+
+
 def tool_calls(record: dict[str, Any]) -> int:
     stats = record.get("tool_stats")
     if isinstance(stats, dict):
@@ -108,7 +115,7 @@ class Filters:
     def split_of(self, record: dict[str, Any]) -> str | None:
         if not self.split:
             return None
-        u = unit_hash(self.seed, "split", identity(record))
+        u = unit_hash(self.seed, "split", row_identity(identity(record)))  # a row's rollouts stay together
         edge = 0.0
         for name, frac in self.split:
             edge += frac

@@ -1,7 +1,7 @@
 """`--format hf`: a Hugging Face `datasets` directory (save_to_disk) with a dataset card README.md.
 
-Rows (export.schema) stream into one Arrow IPC file per split in a scratch directory beside the
-output, in bounded row groups; `datasets` then memory-maps those files and saves them, so the
+Rows (export.schema) stream into one Arrow IPC file per split in a scratch directory inside the
+staging directory, in bounded row groups; `datasets` then memory-maps those files and saves them, so the
 export never holds the run in memory. Without --split the directory holds one Dataset, with
 --split a DatasetDict. The card (export.card) carries the run's figures and the export's own.
 """
@@ -9,8 +9,8 @@ export never holds the run in memory. Without --split the directory holds one Da
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
+
 from trajforge.export import card
 from trajforge.export.base import Exporter, Item, Summary
 from trajforge.export.filters import passed
@@ -29,11 +29,14 @@ class HFExporter(Exporter):
         from trajforge.export.schema import SCHEMA
 
         self.root = output
-        self.scratch = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".scratch", dir=output.parent))
+        # Inside the staging directory (removed with it on failure), one level down: datasets
+        # refuses to save a dataset into the directory its own files are in.
+        self.scratch = output / ".arrow"
+        self.scratch.mkdir()
         names = self.options.splits or ("train",)
         self.paths = {s: self.scratch / f"{s}.arrow" for s in names}
         self.writers = {s: pa.ipc.new_stream(str(p), SCHEMA) for s, p in self.paths.items()}
-        self.groups = {s: RowGroups(w.write_batch) for s, w in self.writers.items()}
+        self.groups = {s: RowGroups(w.write_table) for s, w in self.writers.items()}
         self.totals = Totals()
         self.verified = [0, 0]
 
@@ -70,7 +73,8 @@ class HFExporter(Exporter):
         src = self.options.source
         text = card.render(
             name=src.run_dir.name if src and src.run_dir else (src.path.stem if src else self.root.name),
-            command=self.options.command, counts=counts, exported=self.totals.as_dict(),
+            command=self.options.command, counts=counts,
+            exported=self.totals.as_dict(total=sum(counts.values())),
             verified=(self.verified[0], self.verified[1]), drops=self.drops(), schema_doc=doc_table(),
             config=src.config if src else None, statistics=src.statistics if src else None)
         (self.root / "README.md").write_text(text)
@@ -83,9 +87,7 @@ class HFExporter(Exporter):
             try:
                 w.close()
             except Exception:  # scratch is removed below anyway
-                pass
-        if hasattr(self, "scratch"):
-            shutil.rmtree(self.scratch, ignore_errors=True)
+                pass  # the staging directory, scratch files included, is removed by the caller
 
     def drops(self) -> list[str]:
         from trajforge.export.schema import DROPS

@@ -29,7 +29,7 @@ MESSAGE = pa.struct([
 ])
 _I = pa.int64()
 SCHEMA = pa.schema([
-    ("prompt_index", _I), ("sample_id", pa.string()), ("dataset_line", _I), ("split", pa.string()),
+    ("prompt_index", _I), ("sample_id", pa.string()), ("rollout", _I), ("dataset_line", _I), ("split", pa.string()),
     ("model", pa.string()), ("batch_num", _I), ("timestamp", pa.string()), ("task_type", pa.string()),
     ("completed", pa.bool_()), ("partial", pa.bool_()), ("api_calls", _I),
     ("toolsets_used", pa.list_(pa.string())),
@@ -41,7 +41,7 @@ SCHEMA = pa.schema([
     ("usage", pa.struct([("prompt_tokens", _I), ("completion_tokens", _I), ("reasoning_tokens", _I),
                          ("cost", pa.float64())])),
     ("verification", pa.struct([("passed", pa.bool_()), ("score", pa.float64()), ("method", pa.string()),
-                                ("detail", pa.string())])),
+                                ("detail", pa.string()), ("error", pa.string())])),
     ("row", pa.string()),
     ("extra", pa.string()),
 ])
@@ -82,6 +82,7 @@ def row_of(item: dict[str, Any], record: dict[str, Any], split: str | None) -> d
     verification = record.get("verification")
     return {
         "prompt_index": _int(record.get("prompt_index")), "sample_id": record.get("sample_id"),
+        "rollout": _int(record.get("rollout")),
         "dataset_line": _int(record.get("dataset_line")), "split": split,
         "model": nested.get("model"), "batch_num": _int(nested.get("batch_num")),
         "timestamp": nested.get("timestamp"), "task_type": record_task_type(record),
@@ -97,7 +98,8 @@ def row_of(item: dict[str, Any], record: dict[str, Any], split: str | None) -> d
         "usage": _struct(record.get("usage"), {"prompt_tokens": _int, "completion_tokens": _int,
                                                "reasoning_tokens": _int, "cost": lambda v: v}),
         "verification": _struct(verification, {"passed": lambda v: v, "score": lambda v: v,
-                                               "method": lambda v: v, "detail": _json_or_none}),
+                                               "method": lambda v: v, "detail": _json_or_none,
+                                               "error": _json_or_none}),
         "row": _json_or_none(record.get("row")),
         "extra": dumps_str(extra) if extra else None,
     }
@@ -106,7 +108,8 @@ def row_of(item: dict[str, Any], record: dict[str, Any], split: str | None) -> d
 # Column -> meaning, for the dataset card and README.md.
 DOC = {
     "prompt_index": "index of the sample among the dataset's valid rows",
-    "sample_id": "stable sample identity (content hash and occurrence)",
+    "sample_id": "stable sample identity (content hash and occurrence; `#k` for rollout k > 0)",
+    "rollout": "which rollout of its prompt the sample is (null in runs without rollouts)",
     "dataset_line": "1-based line of the row in the dataset file (null in runs that did not record it)",
     "split": "the split the row was assigned to (null without --split)",
     "model, batch_num, timestamp": "the record's metadata",
@@ -118,7 +121,8 @@ DOC = {
     "tool_stats": "list of {name, count, success, failure} of the tools that were called",
     "reasoning": "{total_assistant_turns, turns_with_reasoning, turns_without_reasoning, has_any_reasoning}",
     "usage": "{prompt_tokens, completion_tokens, reasoning_tokens, cost}",
-    "verification": "{passed, score, method, detail} when the run verified the sample, else null",
+    "verification": "{passed, score, method, detail (JSON text), error} when the run verified the sample, "
+                    "else null",
     "row": "JSON text: the dataset row's extra fields, when recorded",
     "extra": "JSON text: any other record field (null when none)",
 }

@@ -18,7 +18,7 @@ import orjson
 
 from trajforge.errors import TrajforgeError, UsageError
 from trajforge.export.convert import ConversionError, to_record
-from trajforge.export.filters import record_task_type
+from trajforge.export.filters import record_task_type, row_identity
 from trajforge.jsonio import dumps
 
 
@@ -71,7 +71,7 @@ class Source:
             return own
         if self._task_types is None:
             self._task_types = _dataset_task_types(dataset_file or self._config_dataset())
-        return self._task_types.get(str(record.get("sample_id")))
+        return self._task_types.get(row_identity(str(record.get("sample_id"))))
 
     def _config_dataset(self) -> Path:
         name = (self.config or {}).get("dataset_file")

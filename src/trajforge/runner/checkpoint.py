@@ -91,6 +91,13 @@ class Checkpoint:
         """Discarded samples are final: never run again (batch files tell what else is finished)."""
         return {k for k, v in self.samples.items() if v["status"] == "discarded"}
 
+    def forget(self, identities: list[str]) -> None:
+        """Drop entries that vouch for records the batch files no longer hold: the samples run again
+        and their new outcome, even a failure, is what counts."""
+        for identity in identities:
+            if self.samples.pop(identity, None) is not None:
+                self._dirty = True
+
     def mark_discarded(self, identity: str, reason: str) -> None:
         """A kept record that the final merge filters out (e.g. a hallucinated tool) is discarded."""
         entry = self.samples.get(identity)

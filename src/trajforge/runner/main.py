@@ -142,6 +142,7 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
     for p in scan_problems:
         print(f"trajforge: {p}", file=sys.stderr)
     if recovered:
+        checkpoint.forget([s.identity for s in recovered])
         print(f"trajforge: recovered {len(recovered)} sample(s) that checkpoint.json calls finished but whose "
               "record is missing or unreadable in the batch files: they run again", file=sys.stderr)
     if dataset.skipped:
@@ -163,9 +164,8 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
     failures: list[OutputError] = []
 
     def halt(e: OutputError) -> None:
-        """An output file cannot be written: schedule nothing more, write nothing more."""
-        if not failures:
-            print(f"trajforge: {e}", file=sys.stderr)
+        """An output file cannot be written: schedule nothing more, write nothing more (the first
+        error is the run's one error line)."""
         failures.append(e)
         stop.set()
 

@@ -59,33 +59,41 @@ def scan(run_dir: Path, problems: list[str] | None = None, unreadable: set[str] 
     """Yield every complete record line of every batch file that parses as a whole record.
 
     `unreadable` collects the sample identities named by lines that do not (when their head is
-    intact): those samples are not finished, whatever the checkpoint says."""
+    intact): those samples are not finished, whatever the checkpoint says. Raises OutputError
+    when a batch file cannot be read."""
     for path in batch_files(run_dir):
-        offset = 0
-        with path.open("rb") as f:
-            for lineno, line in enumerate(f, start=1):
-                start, offset = offset, offset + len(line)
-                if not line.endswith(b"\n"):
-                    if problems is not None:
-                        problems.append(f"{path.name}:{lineno}: torn last line ({len(line)} bytes) ignored")
-                    break
-                try:
-                    obj = orjson.loads(line)
-                    ref: LineRef | None = LineRef(str(obj["sample_id"]), int(obj["prompt_index"]), path, start,
-                                                  len(line))
-                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-                    ref = None
-                if ref is not None:
-                    yield ref
-                    continue
-                if not line.strip():
-                    continue
-                head = read_head(line)
-                if head is not None and unreadable is not None:
-                    unreadable.add(head[1])
+        try:
+            yield from _scan_file(path, problems, unreadable)
+        except OSError as e:
+            raise OutputError(path, e, "read") from None
+
+
+def _scan_file(path: Path, problems: list[str] | None, unreadable: set[str] | None) -> Iterator[LineRef]:
+    offset = 0
+    with path.open("rb") as f:
+        for lineno, line in enumerate(f, start=1):
+            start, offset = offset, offset + len(line)
+            if not line.endswith(b"\n"):
                 if problems is not None:
-                    which = f" of sample {head[1]}" if head else ""
-                    problems.append(f"{path.name}:{lineno}: unreadable record{which} ignored ({len(line)} bytes)")
+                    problems.append(f"{path.name}:{lineno}: torn last line ({len(line)} bytes) ignored")
+                break
+            try:
+                obj = orjson.loads(line)
+                ref: LineRef | None = LineRef(str(obj["sample_id"]), int(obj["prompt_index"]), path, start,
+                                              len(line))
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                ref = None
+            if ref is not None:
+                yield ref
+                continue
+            if not line.strip():
+                continue
+            head = read_head(line)
+            if head is not None and unreadable is not None:
+                unreadable.add(head[1])
+            if problems is not None:
+                which = f" of sample {head[1]}" if head else ""
+                problems.append(f"{path.name}:{lineno}: unreadable record{which} ignored ({len(line)} bytes)")
 
 
 def repair(run_dir: Path) -> list[str]:

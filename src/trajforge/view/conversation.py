@@ -17,11 +17,11 @@ from typing import Any
 
 import orjson
 
-_THINK = re.compile(r"<think>\s*(.*?)\s*</think>", re.S)
-_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
-_RESPONSE = re.compile(r"<tool_response>\s*(.*?)\s*</tool_response>", re.S)
-_TOOLS = re.compile(r"<tools>\s*(.*?)\s*</tools>", re.S)
-_ROLES = {"user": "human", "assistant": "gpt", "function": "tool", "ipython": "tool"}
+_THINK = re.compile(r"<think>\s*(.*?)\s*</think>", re.DOTALL)
+_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_RESPONSE = re.compile(r"<tool_response>\s*(.*?)\s*</tool_response>", re.DOTALL)
+_TOOLS = re.compile(r"<tools>\s*(.*?)\s*</tools>", re.DOTALL)
+_ROLES = {"user": "human", "assistant": "gpt", "function": "tool", "ipython": "tool", "observation": "tool"}
 
 
 def pretty(value: Any) -> str:

@@ -73,6 +73,9 @@ def distributions(entries: list[Entry]) -> dict[str, Any]:
             "task_types": dict(Counter(e.task_type for e in kept if e.task_type).most_common())}
 
 
+SORTS = ("turns", "tool_calls", "tokens", "cost")  # besides dataset order: largest first
+
+
 @dataclass(frozen=True)
 class Query:
     status: str = ""
@@ -80,10 +83,12 @@ class Query:
     task_type: str = ""
     reason: str = ""  # failure class or discard reason
     q: str = ""  # text searched in prompts, case-insensitive
+    sort: str = ""  # one of SORTS, or dataset order
 
     @classmethod
     def from_params(cls, params: Any) -> Query:
-        return cls(**{k: str(params.get(k, "")).strip() for k in ("status", "tool", "task_type", "reason", "q")})
+        fields = ("status", "tool", "task_type", "reason", "q", "sort")
+        return cls(**{k: str(params.get(k, "")).strip() for k in fields})
 
     def matches(self, e: Entry) -> bool:
         return ((not self.status or e.status == self.status) and (not self.tool or self.tool in e.tools)
@@ -93,9 +98,10 @@ class Query:
 
 
 def apply(query: Query, entries: list[Entry]) -> list[Entry]:
-    if query == Query():
-        return entries
-    return [e for e in entries if query.matches(e)]
+    rows = entries if query == Query(sort=query.sort) else [e for e in entries if query.matches(e)]
+    if query.sort in SORTS:  # stable: ties stay in dataset order; samples without the figure last
+        rows = sorted(rows, key=lambda e: -(getattr(e, query.sort) or 0))
+    return rows
 
 
 def facets(entries: list[Entry]) -> dict[str, dict[str, int]]:

@@ -1,6 +1,6 @@
-"""`trajforge view`: a read-only local web page over a run directory or a JSONL file.
+"""The viewer's web app: a read-only JSON API over the index, and the static page.
 
-An aiohttp server with a small JSON API over the index (view/index.py) and the static page under
+An aiohttp application with a small JSON API over the index (view/index.py) and the static page under
 view/static (no CDN, no framework: it works offline). The page polls the API, so a live run's
 overview and list grow on their own. Every response carries a strict Content-Security-Policy
 (scripts only from this server, no inline code) and the page inserts data as text only. Bound to
@@ -10,19 +10,14 @@ elsewhere cannot read the run through DNS rebinding.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import ipaddress
-import signal
-import sys
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import orjson
 from aiohttp import web
 
-from trajforge.errors import UsageError
 from trajforge.runner.outcome import FAILURE_CLASSES
 from trajforge.view.conversation import display_turns
 from trajforge.view.index import RunIndex
@@ -48,6 +43,7 @@ class Viewer:
         self.index = index
         self._last_refresh = 0.0
         self._cost = self._work = 0.0  # seconds the last refresh and the rebuilds after it took
+        self._seen_stats: tuple[int, int] | None = None
         self._cache: dict[Any, tuple[int, Any]] = {}
         self.statics = {p.name: p for p in STATIC.iterdir() if p.suffix in _TYPES}
         self.allowed_hosts: set[str] | None = set()  # nothing is served until the port is known
@@ -56,8 +52,10 @@ class Viewer:
         """Look at the files at most every REFRESH_EVERY seconds, and less often when taking in
         changes is costly (a big live run), so watching a run takes at most ~10% of a core."""
         now = time.monotonic()
-        if now - self._last_refresh < max(REFRESH_EVERY, 10 * self._cost):
+        stats = self._stats_signature()  # a run that just ended: show its final state at once
+        if now - self._last_refresh < max(REFRESH_EVERY, 10 * self._cost) and stats == self._seen_stats:
             return
+        self._seen_stats = stats
         self.index.refresh()
         self._last_refresh = time.monotonic()
         self._cost, self._work = self._last_refresh - now + self._work, 0.0
@@ -187,7 +185,7 @@ def _record_fields(rec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _allowed_hosts(host: str, port: int) -> set[str] | None:
+def allowed_hosts(host: str, port: int) -> set[str] | None:
     try:
         loopback = ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -220,81 +218,3 @@ def make_app(viewer: Viewer) -> web.Application:
     app.router.add_get("/api/samples", viewer.api_samples)
     app.router.add_get("/api/sample", viewer.api_sample)
     return app
-
-
-def open_source(path: Path) -> RunIndex:
-    if not path.exists():
-        raise UsageError(f"{path}: no such run directory or JSONL file")
-    if path.is_dir() and not any((path / n).exists() for n in ("checkpoint.json", "trajectories.jsonl")) \
-            and not any(path.glob("batch_*.jsonl")):
-        raise UsageError(f"{path}: not a run directory (no batch_*.jsonl, checkpoint.json or trajectories.jsonl)")
-    index = RunIndex(path)
-    try:
-        index.attach_dataset()
-        index.refresh()
-    except OSError as e:
-        raise UsageError(f"{path}: cannot read: {e.strerror or e}") from None
-    return index
-
-
-async def serve(index: RunIndex, host: str, port: int) -> int:
-    viewer = Viewer(index)
-    runner = web.AppRunner(make_app(viewer), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    try:
-        await site.start()
-    except OSError as e:
-        await runner.cleanup()
-        raise UsageError(f"cannot listen on {host}:{port}: {e.strerror or e} (pass --port N; 0 picks a free port)") \
-            from None
-    bound = runner.addresses[0][1]
-    allowed = viewer.allowed_hosts = _allowed_hosts(host, bound)
-    shown = f"[{host}]" if ":" in host else host
-    print(f"trajforge view: {index.source} ({len(index.entries())} samples) at http://{shown}:{bound}/ "
-          "(Ctrl-C to stop)", flush=True)
-    if allowed is None:
-        print(f"trajforge view: warning: listening on {host}, not loopback: anyone who can reach this machine "
-              "can read the run", file=sys.stderr, flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()
-    return 0
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")  # one line, like the other commands
-
-
-def _port(text: str) -> int:
-    if not text.isdigit() or int(text) > 65535:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a port number 0-65535")
-    return int(text)
-
-
-def _size(source: Path) -> int:
-    files = list(source.glob("batch_*.jsonl")) if source.is_dir() else [source]
-    return sum(p.stat().st_size for p in files if p.is_file())
-
-
-def main(argv: list[str]) -> int:
-    parser = _Parser(prog="trajforge view", description="Browse a run directory (live or finished) or a "
-                     "trajectories JSONL file in a local web page, read-only.")
-    parser.add_argument("source", type=Path, metavar="RUN_DIR_OR_JSONL")
-    parser.add_argument("--port", type=_port, default=8765, help="TCP port [default: 8765; 0 picks a free one]")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on [default: 127.0.0.1]")
-    ns = parser.parse_args(argv)
-    t0 = time.monotonic()
-    if ns.source.exists() and (size := _size(ns.source)) > 100_000_000:
-        print(f"trajforge view: indexing {size / 1e6:,.0f} MB of trajectories...", file=sys.stderr, flush=True)
-    index = open_source(ns.source)
-    if time.monotonic() - t0 > 2:
-        print(f"trajforge view: indexed {len(index.entries())} samples in {time.monotonic() - t0:.1f}s",
-              file=sys.stderr)
-    return asyncio.run(serve(index, ns.host, ns.port))

@@ -8,7 +8,7 @@
 const POLL_MS = 2000;
 const FOLD_CHARS = 1500;
 const FOLD_LINES = 24;
-const FILTERS = ['status', 'tool', 'task_type', 'reason', 'q'];
+const FILTERS = ['status', 'tool', 'task_type', 'reason', 'q', 'sort'];
 let generation = -1;
 let current = null;  // {view, params}
 
@@ -33,9 +33,14 @@ const pct = (r) => (r === null || r === undefined) ? '–' : (100 * r).toFixed(1
 const short = (n) => n >= 1e6 ? +(n / 1e6).toFixed(1) + 'M' : n >= 1e4 ? +(n / 1e3).toFixed(1) + 'k' : String(n);
 const money = (c) => (c === null || c === undefined) ? '–' : '$' + Number(c).toFixed(c >= 1 ? 2 : 4);
 
-async function api(path) {
+class Stale extends Error {}
+let latest = 0;  // the newest view request: answers to older ones (typing fast, clicking on) are dropped
+
+async function api(path, view = true) {
+  const ticket = view ? ++latest : latest;
   const res = await fetch(path, {headers: {Accept: 'application/json'}});
   const body = await res.json();
+  if (ticket !== latest) throw new Stale();
   if (!res.ok) throw new Error(body.error || res.statusText);
   return body;
 }
@@ -74,7 +79,7 @@ async function render() {
     else if (current.view === 'samples') await renderSamples(main, current.params, true);
     else await renderSample(main, current.params);
   } catch (e) {
-    main.replaceChildren(el('p', {class: 'error', text: 'Error: ' + e.message}));
+    if (!(e instanceof Stale)) main.replaceChildren(el('p', {class: 'error', text: 'Error: ' + e.message}));
   }
 }
 
@@ -162,6 +167,8 @@ async function renderOverview(main) {
   if (Object.keys(o.task_types).length)
     charts.append(bars('Task types', Object.entries(o.task_types).map(([k, v]) => ({label: k, value: v})), {id: 'task_types'}));
   const notes = el('div', {class: 'notes'});
+  const stale = o.statistics && o.statistics.merge && o.statistics.merge.not_in_dataset;
+  if (stale) notes.append(el('p', {class: 'muted', text: stale + ' finished sample(s) are no longer in the dataset: listed and counted here, left out of trajectories.jsonl and statistics.json'}));
   if (o.duplicates) notes.append(el('p', {class: 'muted', text: o.duplicates + ' duplicate record(s) ignored (the first one of a sample counts)'}));
   for (const p of o.problems) notes.append(el('p', {class: 'warn-text', text: p}));
   main.replaceChildren(el('h2', {text: 'Run ' + (o.run_name || o.source)}),
@@ -248,8 +255,17 @@ async function renderSamples(main, params, full) {
   const pager = el('div', {class: 'pager', id: 'pager'}, pageLink(page > 0 ? 0 : -1, '« first'), pageLink(page - 1, '← prev'),
     el('span', {id: 'page-info', text: `page ${fmt(page + 1)} of ${fmt(pages)} · ${fmt(data.total)} samples`}),
     pageLink(page + 1, 'next →'), pageLink(page < pages - 1 ? pages - 1 : -1, 'last »'));
+  const sortable = {turns: 'turns', calls: 'tool_calls', tokens: 'tokens', cost: 'cost'};
   const head = el('tr', {}, ['#', 'status', 'prompt', 'turns', 'tools', 'calls', 'tokens', 'cost', 'verification', 'batch']
-    .map((h) => el('th', {text: h})));
+    .map((h) => {
+      const key = sortable[h];
+      if (!key) return el('th', {text: h});
+      const on = params.get('sort') === key;  // click: largest first; again: back to dataset order
+      const p = filterParams(params, {size: params.get('size')});
+      if (on) p.delete('sort'); else p.set('sort', key);
+      return el('th', {class: 'sortable' + (on ? ' sorted' : '')},
+        el('a', {href: '#/samples?' + p.toString(), 'data-sort': key, text: h + (on ? ' ▼' : '')}));
+    }));
   const bottom = pager.cloneNode(true);
   bottom.removeAttribute('id');
   bottom.querySelector('#page-info').removeAttribute('id');
@@ -349,7 +365,7 @@ async function renderSample(main, params) {
 async function poll() {
   if (!current || current.view === 'sample' || document.hidden) return;
   try {
-    const s = await api('/api/status');
+    const s = await api('/api/status', false);
     if (s.generation !== generation) {
       if (current.view === 'overview') await renderOverview(document.getElementById('main'));
       else await renderSamples(document.getElementById('main'), current.params, false);

@@ -1,0 +1,108 @@
+"""`trajforge view RUN_DIR_OR_JSONL [--port P] [--host H]`: index the source, serve the page.
+
+The index is built before the server listens (a big run says it is indexing), then the one line
+with the URL is printed. SIGINT / SIGTERM stop the server cleanly (exit 0). Bad input is one
+`error:` line and exit code 2, like every command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+from aiohttp import web
+
+from trajforge.errors import UsageError
+from trajforge.view.index import RunIndex
+from trajforge.view.server import Viewer, allowed_hosts, make_app
+
+
+def _is_run(path: Path) -> bool:
+    return any((path / n).exists() for n in ("checkpoint.json", "trajectories.jsonl")) \
+        or any(path.glob("batch_*.jsonl"))
+
+
+def open_source(path: Path) -> RunIndex:
+    if not path.exists():
+        raise UsageError(f"{path}: no such run directory or JSONL file")
+    if path.is_dir() and not _is_run(path):
+        runs = sorted(str(p) for p in path.iterdir() if p.is_dir() and _is_run(p))[:5]
+        hint = f"; runs inside it: {', '.join(runs)}" if runs else ""
+        raise UsageError(f"{path}: not a run directory (no batch_*.jsonl, checkpoint.json or trajectories.jsonl)"
+                         + hint)
+    index = RunIndex(path)
+    try:
+        index.attach_dataset()
+        index.refresh()
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read: {e.strerror or e}") from None
+    return index
+
+
+async def serve(index: RunIndex, host: str, port: int) -> int:
+    viewer = Viewer(index)
+    runner = web.AppRunner(make_app(viewer), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        raise UsageError(f"cannot listen on {host}:{port}: {e.strerror or e} (pass --port N; 0 picks a free port)") \
+            from None
+    bound = runner.addresses[0][1]
+    allowed = viewer.allowed_hosts = allowed_hosts(host, bound)
+    shown = f"[{host}]" if ":" in host else host
+    print(f"trajforge view: {index.source} ({len(index.entries())} samples) at http://{shown}:{bound}/ "
+          "(Ctrl-C to stop)", flush=True)
+    if allowed is None:
+        print(f"trajforge view: warning: listening on {host}, not loopback: anyone who can reach this machine "
+              "can read the run", file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+    return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")  # one line, like the other commands
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a port number 0-65535")
+    return int(text)
+
+
+def _size(source: Path) -> int:
+    files = list(source.glob("batch_*.jsonl")) if source.is_dir() else [source]
+    return sum(p.stat().st_size for p in files if p.is_file())
+
+
+def main(argv: list[str]) -> int:
+    parser = _Parser(prog="trajforge view", description="Browse a run directory (live or finished) or a "
+                     "trajectories JSONL file in a local web page, read-only.")
+    parser.add_argument("source", type=Path, metavar="RUN_DIR_OR_JSONL",
+                        help="a run directory (data/<run_name>) or a JSONL file of trajectories")
+    parser.add_argument("--port", type=_port, default=8765, help="TCP port [default: 8765; 0 picks a free one]")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on [default: 127.0.0.1]")
+    ns = parser.parse_args(argv)
+    t0 = time.monotonic()
+    if ns.source.exists() and (size := _size(ns.source)) > 100_000_000:
+        print(f"trajforge view: indexing {size / 1e6:,.0f} MB of trajectories...", file=sys.stderr, flush=True)
+    index = open_source(ns.source)
+    if time.monotonic() - t0 > 2:
+        print(f"trajforge view: indexed {len(index.entries())} samples in {time.monotonic() - t0:.1f}s",
+              file=sys.stderr)
+    return asyncio.run(serve(index, ns.host, ns.port))
