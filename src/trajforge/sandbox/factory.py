@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from trajforge.sandbox.base import Sandbox, SandboxError
 from trajforge.sandbox.process import DEFAULT_LIMITS, Limits
-from trajforge.sandbox.resources import SampleLimits, cgroup_parent
+from trajforge.sandbox.resources import SampleLimits
 
 if TYPE_CHECKING:
     from trajforge.config import RunConfig
