@@ -23,7 +23,7 @@ from trajforge.errors import UsageError
 from trajforge.export import FORMATS, exporter_class
 from trajforge.export.base import Item, Options, Summary, check_output, staged
 from trajforge.export.convert import ConversionError
-from trajforge.export.filters import Filters, parse_split
+from trajforge.export.filters import Filters, parse_split, verification_of
 from trajforge.export.source import InputError, Source, open_source
 
 PROG = "trajforge export"
@@ -119,7 +119,7 @@ def run(argv: list[str]) -> int:
             exporter.open(target)
             for line, record in src.records():
                 total += 1
-                verified += isinstance(record.get("verification"), dict)
+                verified += verification_of(record) is not None
                 reason = filters.reject(record, lambda r: src.task_type(r, ns.dataset_file))
                 if reason is not None:
                     left_out[reason] += 1

@@ -82,9 +82,16 @@ def record_task_type(record: dict[str, Any]) -> str | None:
     return None
 
 
+def verification_of(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The record's verification result, or None when the sample was not verified: no field, or
+    the runner's `method: "none"` (a row that asked for no verification)."""
+    v = record.get("verification")
+    return v if isinstance(v, dict) and v.get("method") != "none" else None
+
+
 def passed(record: dict[str, Any]) -> bool | None:
     """The verification verdict, or None when the record was not verified."""
-    v = record.get("verification")
+    v = verification_of(record)
     return bool(v.get("passed")) if isinstance(v, dict) and v.get("passed") is not None else None
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from trajforge.export.filters import record_task_type
+from trajforge.export.filters import record_task_type, verification_of
 from trajforge.jsonio import dumps_str
 
 _CALL = pa.struct([("id", pa.string()), ("type", pa.string()),
@@ -31,7 +31,7 @@ _I = pa.int64()
 SCHEMA = pa.schema([
     ("prompt_index", _I), ("sample_id", pa.string()), ("rollout", _I), ("dataset_line", _I), ("split", pa.string()),
     ("model", pa.string()), ("batch_num", _I), ("timestamp", pa.string()), ("task_type", pa.string()),
-    ("completed", pa.bool_()), ("partial", pa.bool_()), ("api_calls", _I),
+    ("completed", pa.bool_()), ("partial", pa.bool_()), ("end_reason", pa.string()), ("api_calls", _I),
     ("toolsets_used", pa.list_(pa.string())),
     ("messages", pa.list_(MESSAGE)),
     ("tools", pa.string()),
@@ -79,7 +79,7 @@ def row_of(item: dict[str, Any], record: dict[str, Any], split: str | None) -> d
             extra.update({f"{col}.{k}": v for k, v in sub.items() if k not in names})
     if "sharegpt" in meta:
         extra["sharegpt"] = meta["sharegpt"]
-    verification = record.get("verification")
+    verification = verification_of(record)
     return {
         "prompt_index": _int(record.get("prompt_index")), "sample_id": record.get("sample_id"),
         "rollout": _int(record.get("rollout")),
@@ -87,6 +87,7 @@ def row_of(item: dict[str, Any], record: dict[str, Any], split: str | None) -> d
         "model": nested.get("model"), "batch_num": _int(nested.get("batch_num")),
         "timestamp": nested.get("timestamp"), "task_type": record_task_type(record),
         "completed": record.get("completed"), "partial": record.get("partial"),
+        "end_reason": record.get("end_reason") if isinstance(record.get("end_reason"), str) else None,
         "api_calls": _int(record.get("api_calls")), "toolsets_used": record.get("toolsets_used"),
         "messages": [{k: m.get(k) for k in _MESSAGE_KEYS} for m in item["messages"]],
         "tools": dumps_str(item["tools"]),
@@ -114,7 +115,7 @@ DOC = {
     "split": "the split the row was assigned to (null without --split)",
     "model, batch_num, timestamp": "the record's metadata",
     "task_type": "the row's task type when the record carries one",
-    "completed, partial, api_calls, toolsets_used": "as in trajectories.jsonl",
+    "completed, partial, end_reason, api_calls, toolsets_used": "as in trajectories.jsonl",
     "messages": "list of {role, content, reasoning_content, tool_calls [{id, type, function {name, arguments}}], "
                 "tool_call_id, name}; unused fields are null",
     "tools": "JSON text: the OpenAI `tools` list offered to the sample",
