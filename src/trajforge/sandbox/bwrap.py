@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import posixpath
 import secrets
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 from trajforge.sandbox import helper, workspace
 from trajforge.sandbox.base import ExecResult, Job, Sandbox, SandboxError, check_model_path
 from trajforge.sandbox.channel import HelperChannel
+from trajforge.sandbox.forkserver import Zygote
 from trajforge.sandbox.process import (
     DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, SAFE_PATH, Limits, clean_env, kill_group, limit_pairs, run_argv,
 )
@@ -93,14 +95,9 @@ def bwrap_argv(
 
     privileged: the runner is root, so no user namespace (see module doc) and no capabilities
     for what runs inside; otherwise --unshare-all creates one."""
-    # --as-pid-1: the helper is the pid namespace's init, which the kernel shields from every
-    # signal sent inside it without a handler (`kill -9 -1` spares it); it reaps the orphans, and
-    # its death ends the namespace.
-    argv = [bwrap, "--die-with-parent", "--new-session", "--as-pid-1", "--hostname", "sandbox"]
+    argv = [bwrap, "--die-with-parent", "--new-session", "--hostname", "sandbox"]
     if privileged:
         argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL"]
-        # Only for the helper's first act, dropping to the sample's uid (which clears them).
-        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         if not network:
             argv.append("--unshare-net")
     else:
@@ -179,8 +176,12 @@ async def make(provider: SandboxProvider, *, cwd: str | None, image: str | None,
     if not status.usable:
         raise SandboxError(f"--sandbox bwrap is not usable here: {status.detail} (see `trajforge doctor`)")
     config = provider.config
+    zygote = None
+    if os.geteuid() == 0:
+        zygote = await provider.state("bwrap.zygote", lambda: Zygote().start(_helper_source()), Zygote.aclose)
     return BwrapSandbox(root, keep=config.keep_workspaces, cwd=cwd, limits=provider.limits,
-                        network=config.sandbox_network == "on", nproc=config.sandbox_nproc, bwrap=status.path)
+                        network=config.sandbox_network == "on", nproc=config.sandbox_nproc, bwrap=status.path,
+                        zygote=zygote)
 
 
 class BwrapSandbox(Sandbox):
@@ -189,7 +190,7 @@ class BwrapSandbox(Sandbox):
     def __init__(
         self, root: Path, *, keep: bool = False, cwd: str | None = None, limits: Limits = DEFAULT_LIMITS,
         network: bool = True, nproc: int | None = 512, bwrap: str | None = None,
-        output_cap: int = DEFAULT_OUTPUT_CAP,
+        output_cap: int = DEFAULT_OUTPUT_CAP, zygote: Zygote | None = None,
     ) -> None:
         self.root, self.keep, self._cwd_arg = Path(root), keep, cwd
         self.privileged = os.geteuid() == 0
@@ -204,6 +205,7 @@ class BwrapSandbox(Sandbox):
         self.workdir = WORKSPACE
         self._holder: asyncio.subprocess.Process | None = None
         self._channel: HelperChannel | None = None
+        self._zygote, self._own_zygote = zygote, None
 
     def mounts(self, host_cwd: Path) -> tuple[dict[str, Path], str]:
         """In-sandbox mount points of the workspace, and the cwd as the sample sees it: a row's
@@ -233,16 +235,68 @@ class BwrapSandbox(Sandbox):
             chdir="/", network=self.network, privileged=self.privileged,
             extra_ro=[*_resolv_conf_target(), *python_ro],
         )
-        await self._start_helper(argv, python, sorted(points))
+        if self.privileged:
+            await self._start_root(argv)
+        else:
+            await self._start_helper(argv, python)
+        await self._configure(sorted(points))
 
-    async def _start_helper(self, argv: list[str], python: str, roots: list[str]) -> None:
+    async def _start_root(self, argv: list[str]) -> None:
+        """Root mode: bwrap runs `cat` as the namespace holder (it echoes once when the sandbox is
+        set up, and exits when the runner's end of its stdin closes, taking the namespace with
+        it); the run's zygote forks the helper into the namespaces (zygote.py)."""
+        args_r, args_w = os.pipe()
+        info_r, info_w = os.pipe()
+        try:
+            try:
+                os.write(args_w, b"".join(a.encode() + b"\0" for a in [*argv[1:], "--info-fd", str(info_w)]))
+            finally:
+                os.close(args_w)
+            self._holder = await asyncio.create_subprocess_exec(
+                argv[0], "--args", str(args_r), "cat", stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={"PATH": SAFE_PATH},
+                pass_fds=(args_r, info_w), start_new_session=True)
+        except OSError as e:
+            os.close(info_r)
+            raise SandboxError(f"cannot start bwrap: {e}") from e
+        finally:
+            os.close(args_r)
+            os.close(info_w)
+        holder = self._holder
+        assert holder.stdin is not None and holder.stdout is not None and holder.stderr is not None
+        try:
+            async with asyncio.timeout(START_TIMEOUT):
+                holder.stdin.write(b"up\n")
+                info = await asyncio.to_thread(_read_all, info_r)
+                line = await holder.stdout.readline()
+        except TimeoutError:
+            raise SandboxError(f"bwrap did not start within {START_TIMEOUT:g}s") from None
+        except (OSError, ConnectionError):
+            line = b""
+        if line != b"up\n":
+            err = (await holder.stderr.read()).decode(errors="replace").strip()
+            raise SandboxError(f"bwrap failed to start: {err[-300:] or 'no output'}")
+        try:
+            ns_pid = int(json.loads(info)["child-pid"])
+        except (ValueError, KeyError, TypeError):
+            raise SandboxError(f"bwrap gave no sandbox pid: {info[:200]!r}") from None
+        if self._zygote is None:  # no run provider (tests, the probe): a zygote of our own
+            self._zygote = self._own_zygote = await Zygote().start(_helper_source())
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._channel = HelperChannel(ours, self.output_cap)
+        await self._zygote.fork_helper(ns_pid, self.uid, self.uid + _UID_SPAN, theirs)
+
+    async def _start_helper(self, argv: list[str], python: str) -> None:
+        """User mode: the helper is bwrap's command, run with a host interpreter visible inside."""
         # The mount setup goes through --args (a pipe) so /proc/1/cmdline inside shows no host paths.
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         args_r, args_w = os.pipe()
         src_r, src_w = os.pipe()
         try:
             try:
-                os.write(args_w, b"".join(a.encode() + b"\0" for a in argv[1:]))  # a few KB: fits the pipe
+                # --as-pid-1: the helper is the pid namespace's init, which the kernel shields from
+                # every signal sent inside without a handler (`kill -9 -1` spares it).
+                os.write(args_w, b"".join(a.encode() + b"\0" for a in [*argv[1:], "--as-pid-1"]))
                 # The helper's source comes on stdin, not argv: `ps` inside shows a one-liner.
                 source = _helper_source()
                 assert len(source) < 60_000  # fits the pipe's 64 KiB buffer: this write never blocks
@@ -263,8 +317,11 @@ class BwrapSandbox(Sandbox):
             os.close(src_r)
             theirs.close()
         self._channel = HelperChannel(ours, self.output_cap)
+
+    async def _configure(self, roots: list[str]) -> None:
+        assert self._channel is not None and self._holder is not None
         env = clean_env(WORKSPACE)
-        cfg = {"id": 0, "uid": self.uid if self.privileged else None, "cwd": self.cwd, "roots": roots,
+        cfg = {"id": 0, "cwd": self.cwd, "roots": roots,
                "workdir": WORKSPACE, "env": env, "shell": SHELL,
                "limits": [(r, s, h) for r, (s, h) in limit_pairs(self.limits)]}
         try:
@@ -279,8 +336,8 @@ class BwrapSandbox(Sandbox):
                     async with asyncio.timeout(2):
                         err = await self._holder.stderr.read()
             raise SandboxError(f"bwrap {why}: {err.decode(errors='replace').strip()[-300:] or 'no output'}") from None
-        if self.privileged and reply.get("uid") != self.uid:
-            raise SandboxError(f"the sandbox helper runs as uid {reply.get('uid')}, not {self.uid}")
+        if self.privileged and reply.get("uid") != self.uid + _UID_SPAN:
+            raise SandboxError(f"the sandbox helper runs as uid {reply.get('uid')}, not {self.uid + _UID_SPAN}")
 
     def _live(self) -> HelperChannel:
         if self._channel is None:
@@ -325,6 +382,11 @@ class BwrapSandbox(Sandbox):
         # whatever reaps orphans on this host.
         if channel is not None:
             channel.close()
+        if holder is not None and holder.stdin is not None:
+            holder.stdin.close()  # root mode: the holder (`cat`) ends, and the namespace with it
+        if self._own_zygote is not None:
+            await self._own_zygote.aclose()
+            self._own_zygote = None
         if holder is not None:
             for grace in (2.0, 5.0):
                 with contextlib.suppress(TimeoutError):
@@ -381,3 +443,17 @@ def _chown_beneath(root: Path, parts: tuple[str, ...], uid: int) -> None:
                     fd = nxt
         finally:
             os.close(fd)
+
+
+def _read_all(fd: int) -> str:
+    """Read bwrap's --info-fd JSON: until it parses, or until EOF (bwrap failed early)."""
+    data = b""
+    try:
+        while chunk := os.read(fd, 65536):
+            data += chunk
+            with contextlib.suppress(ValueError):
+                json.loads(data)
+                break
+    finally:
+        os.close(fd)
+    return data.decode(errors="replace")

@@ -62,11 +62,6 @@ class Helper:
         self.sock.sendall(_HEAD.pack(len(data), len(payload)) + data + payload)
 
     def setup(self, cfg: dict) -> None:
-        uid = cfg.get("uid")
-        if uid is not None and os.getuid() == 0:
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)  # all uids non-zero: the kernel clears every capability
         global resource
         import resource  # here, not per command: the children only call setrlimit
 
@@ -156,6 +151,9 @@ class Helper:
             os.dup2(err, 2)
             for res, soft, hard in self.cfg["limits"]:
                 resource.setrlimit(res, (soft, hard))
+            euid = os.geteuid()
+            if os.getuid() != euid:  # root mode: the helper is (helper uid, sample uid); commands the sample's
+                os.setresuid(euid, euid, euid)
             os.chdir(cwd)
             os.execve(self.cfg["shell"], [self.cfg["shell"], "-c", cmd], self.cfg["env"])
         except BaseException as e:  # noqa: BLE001
@@ -225,10 +223,18 @@ def main() -> None:
     import sys
 
     fd = int(sys.argv[1])
-    os.set_inheritable(fd, False)
     null = os.open("/dev/null", os.O_RDONLY)  # stdin was the pipe the source came through
     os.dup2(null, 0)
     os.close(null)
+    if sys.argv[2:] == ["zygote"]:
+        zygote_main(fd)  # noqa: F821 (zygote.py, which follows in the assembled source)
+    else:
+        run_helper(fd)
+
+
+def run_helper(fd: int) -> None:
+    """Serve one sample on socket `fd` until the runner closes it."""
+    os.set_inheritable(fd, False)
     sock = _socket.socket(fileno=fd)
     helper = Helper(sock)
     sock.setblocking(True)
@@ -245,12 +251,12 @@ def main() -> None:
 
 
 def source() -> str:
-    """The helper as one stdlib-only script: safe_fs, fsops and this module, their package
-    imports and __future__ lines dropped (each defines what the next imports)."""
+    """The helper as one stdlib-only script: safe_fs, fsops, this module and zygote, their package
+    imports dropped (each defines what the next imports)."""
     import importlib
 
-    parts = []
-    for name in ("safe_fs", "fsops", "helper"):
+    parts = ["from __future__ import annotations"]  # annotations stay strings: nothing to import for them
+    for name in ("safe_fs", "fsops", "helper", "zygote"):
         mod = importlib.import_module(f"trajforge.sandbox.{name}")
         with open(mod.__file__ or "", encoding="utf-8") as f:
             text = f.read()
@@ -260,7 +266,7 @@ def source() -> str:
             if skip:
                 skip = not line.rstrip().endswith(")")
                 continue
-            if line.startswith(("from __future__", "from trajforge")):
+            if line.startswith(("from __future__", "from trajforge", "from collections.abc")):
                 skip = line.rstrip().endswith("(")
                 continue
             lines.append(line)
