@@ -322,3 +322,27 @@ def test_doctor_reports_every_backend(clean_env: dict[str, str]) -> None:
     assert report["auto"] == ("bwrap" if STATUS.usable else "local")
     assert set(report["container"]["engines"]) == {"podman", "docker"}
     assert report["container"]["usable"] == any(e["usable"] for e in report["container"]["engines"].values())
+
+
+@needs_bwrap
+def test_nested_absolute_and_relative_cwd(tmp_path: Path) -> None:
+    """A row's cwd /app/sub is mounted at that path with traversable parents (bwrap would make
+    /app 0700 and root-owned: `cd: Permission denied` for the sample's uid); a relative one lives
+    beneath /workspace. Commands, relative paths and file operations agree on both."""
+    async def body() -> None:
+        for cwd, inside in (("/app/sub", "/app/sub"), ("/srv/a/b/", "/srv/a/b"), ("proj/src", "/workspace/proj/src")):
+            sb = await started(tmp_path, network=False, cwd=cwd)
+            try:
+                assert sb.cwd == inside
+                res = await sb.exec("pwd; echo hi > f.txt; cd .. && pwd && ls", timeout=10)
+                assert res.exit_code == 0 and res.stdout.splitlines()[0] == inside, res
+                assert await sb.read_file(f"{inside}/f.txt") == await sb.read_file("f.txt") == b"hi\n"
+                assert (await sb.write_file("deeper/g.txt", b"g")).endswith("deeper/g.txt")
+                res = await sb.exec("cat g.txt", timeout=10, cwd="deeper")
+                assert res.stdout == "g", res
+                res = await sb.exec(f"cat {inside}/deeper/g.txt", timeout=10, cwd="/workspace")
+                assert res.stdout == "g", res
+            finally:
+                await sb.close()
+
+    asyncio.run(body())

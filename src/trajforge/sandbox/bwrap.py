@@ -6,18 +6,19 @@ new pid/ipc/uts (and, with `--sandbox_network=none`, network) namespaces. /root,
 /run and the runner's files are simply not there. A row's absolute cwd (/app, /app/sub) is a
 directory of the workspace that is also mounted at that path.
 
-bwrap's command is the sample's helper (helper.py): a small Python process, run with a host
-interpreter visible inside (helper_python), spoken to over a socketpair (channel.py). Commands
-fork from it and file operations run in it, inside the sample's mount view, so there is no
-per-command entry chain and no file access from the host. Two modes, because the kernel never
-enforces RLIMIT_NPROC for host uid 0:
-- runner is root ("root" mode): no user namespace; bwrap keeps the helper only CAP_SETUID and
-  CAP_SETGID (no_new_privs is always set), which it uses to drop to a uid of the sample's own
-  before reading any request. The process limit then holds (fork bombs stop), the sandbox
-  cannot signal the runner, and killing bwrap (close, or the runner dying: --die-with-parent)
-  tears the whole pid namespace down.
-- runner is unprivileged ("user" mode): --unshare-all creates a user namespace; the helper and
-  the files are the user's own.
+Each sample has one helper process inside (helper.py), spoken to over a socketpair (channel.py):
+commands fork from it and file operations run in it, inside the sample's mount view, so there
+is no per-command entry chain and no file access from the host. Two modes, because the kernel
+never enforces RLIMIT_NPROC for host uid 0:
+- runner is root ("root" mode): no user namespace; bwrap holds the namespaces with `cat` (which
+  ends, and the namespace with it, when the runner's end of its stdin closes) and the run's
+  zygote (zygote.py, forkserver.py) forks the helper into them, already stripped of every
+  privilege: uid of the sample's own for what it does, no capabilities, no_new_privs. No
+  interpreter starts per sample. The process limit holds (fork bombs stop), the sandbox cannot
+  signal the helper or the runner, and --die-with-parent ends it all with the runner.
+- runner is unprivileged ("user" mode): --unshare-all creates a user namespace and the helper is
+  bwrap's command (--as-pid-1), started with a host interpreter visible inside (helper_python);
+  the helper and the files are the user's own.
 Both modes: background jobs share the sample's pid namespace and live until the sample closes.
 `bwrap_argv` builds the whole command line (the one place to add options).
 """

@@ -1,20 +1,21 @@
-"""The in-sandbox helper: one small process per sample, inside its namespaces, as its uid.
+"""The in-sandbox helper: one small process per sample, inside its namespaces, with its rights.
 
-The bwrap backend starts it as the sandbox's command (`python3 -S -I -c <boot>`, reading its
-source from stdin: safe_fs + fsops + this file, see `source()`), with a unix socket on the fd named by argv[1]. Its first act is to
-drop to the sample's uid (root mode: bwrap leaves it only CAP_SETUID/CAP_SETGID for that, and
-no_new_privs is set), so everything it does afterwards the sample could have done itself:
+It serves the sample's channel (a unix socket): as bwrap's command in user mode (`python3 -S
+-I -c <boot>`, the source on stdin: safe_fs + fsops + this file + zygote, see `source()`), or,
+in root mode, forked by the run's zygote into the sample's namespaces with the sample's uid as
+its effective uid (zygote.py). Either way everything it does the sample could have done itself:
 
-- commands fork from it (setsid, rlimits, cwd, clean env, `bash -c`): no per-command entry
-  chain into the namespaces. Foreground commands get the runner's pipes (passed with
-  SCM_RIGHTS); background jobs write to a memfd only the helper holds, read back by offset;
+- commands fork from it (setsid, rlimits, the sample's uid, cwd, clean env, `bash -c`): no
+  per-command entry chain into the namespaces. Foreground commands get the runner's pipes
+  (passed with SCM_RIGHTS); background jobs write to a memfd only the helper holds, read back
+  by offset;
 - file operations run fsops in the sandbox's own mount view.
 
 Protocol (both ways): frames of `<II` (meta length, payload length), meta, payload. Runner to
 helper: meta is `marshal` (trusted side). Helper to runner: meta is JSON written by `_enc` (no
-json import: it costs the start-up as much as the interpreter), which the runner parses with
-orjson as untrusted input. One reply per request ({"id": n, ...} or {"id": n, "error": kind,
-"msg": ...}) and an {"ev": "exit", "id": n, "code": c} event per process. Stdlib only.
+json import: it would cost the start-up as much as the interpreter), which the runner parses as
+untrusted input. One reply per request ({"id": n, ...} or {"id": n, "error": kind, "msg": ...})
+and an {"ev": "exit", "id": n, "code": c} event per process. Stdlib only.
 """
 
 from __future__ import annotations
