@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import posixpath
 import secrets
@@ -247,28 +246,24 @@ class BwrapSandbox(Sandbox):
         set up, and exits when the runner's end of its stdin closes, taking the namespace with
         it); the run's zygote forks the helper into the namespaces (zygote.py)."""
         args_r, args_w = os.pipe()
-        info_r, info_w = os.pipe()
         try:
             try:
-                os.write(args_w, b"".join(a.encode() + b"\0" for a in [*argv[1:], "--info-fd", str(info_w)]))
+                os.write(args_w, b"".join(a.encode() + b"\0" for a in argv[1:]))
             finally:
                 os.close(args_w)
             self._holder = await asyncio.create_subprocess_exec(
                 argv[0], "--args", str(args_r), "cat", stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={"PATH": SAFE_PATH},
-                pass_fds=(args_r, info_w), start_new_session=True)
+                pass_fds=(args_r,), start_new_session=True)
         except OSError as e:
-            os.close(info_r)
             raise SandboxError(f"cannot start bwrap: {e}") from e
         finally:
             os.close(args_r)
-            os.close(info_w)
         holder = self._holder
         assert holder.stdin is not None and holder.stdout is not None and holder.stderr is not None
         try:
             async with asyncio.timeout(START_TIMEOUT):
                 holder.stdin.write(b"up\n")
-                info = await asyncio.to_thread(_read_all, info_r)
                 line = await holder.stdout.readline()
         except TimeoutError:
             raise SandboxError(f"bwrap did not start within {START_TIMEOUT:g}s") from None
@@ -277,10 +272,12 @@ class BwrapSandbox(Sandbox):
         if line != b"up\n":
             err = (await holder.stderr.read()).decode(errors="replace").strip()
             raise SandboxError(f"bwrap failed to start: {err[-300:] or 'no output'}")
+        # `cat` answered, so the namespaces are set up; bwrap's only child is their init.
         try:
-            ns_pid = int(json.loads(info)["child-pid"])
-        except (ValueError, KeyError, TypeError):
-            raise SandboxError(f"bwrap gave no sandbox pid: {info[:200]!r}") from None
+            with open(f"/proc/{holder.pid}/task/{holder.pid}/children", encoding="ascii") as f:
+                ns_pid = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError) as e:
+            raise SandboxError(f"cannot find the sandbox's init process: {e}") from None
         if self._zygote is None:  # no run provider (tests, the probe): a zygote of our own
             self._zygote = self._own_zygote = await Zygote().start(_helper_source())
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -444,17 +441,3 @@ def _chown_beneath(root: Path, parts: tuple[str, ...], uid: int) -> None:
                     fd = nxt
         finally:
             os.close(fd)
-
-
-def _read_all(fd: int) -> str:
-    """Read bwrap's --info-fd JSON: until it parses, or until EOF (bwrap failed early)."""
-    data = b""
-    try:
-        while chunk := os.read(fd, 65536):
-            data += chunk
-            with contextlib.suppress(ValueError):
-                json.loads(data)
-                break
-    finally:
-        os.close(fd)
-    return data.decode(errors="replace")
