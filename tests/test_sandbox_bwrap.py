@@ -346,3 +346,29 @@ def test_nested_absolute_and_relative_cwd(tmp_path: Path) -> None:
                 await sb.close()
 
     asyncio.run(body())
+
+
+@needs_bwrap
+def test_cancelled_commands_die_whenever_the_cancel_lands(tmp_path: Path) -> None:
+    """Cancelled while running, or before the helper even answered: the command never survives."""
+    async def body() -> None:
+        sb = await started(tmp_path, network=False)
+        try:
+            for delay in (0.0, 0.0005, 0.5):
+                task = asyncio.create_task(sb.exec(f"exec sleep {300 + int(delay * 1000)}", timeout=60))
+                await asyncio.sleep(delay)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            ps = ""
+            for _ in range(50):
+                ps = (await sb.exec("ps -eo args", timeout=10)).stdout
+                if "sleep 3" not in ps:
+                    break
+                await asyncio.sleep(0.1)
+            assert "sleep 3" not in ps, ps
+            assert (await sb.exec("echo still", timeout=10)).stdout == "still\n"
+        finally:
+            await sb.close()
+
+    asyncio.run(body())
