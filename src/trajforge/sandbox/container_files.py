@@ -50,6 +50,9 @@ inside "$r" "$2" || E escape
 exec head -c "$4" <&4
 '''
 WRITE = _PRELUDE + _INSIDE + r'''
+# Read the data before failing: `podman exec -i` drops the output of a process that exits with
+# its stdin unread.
+E() { cat > /dev/null 2>&1; echo "E $1" >&2; exit 3; }
 d=$(dirname "$p"); n=$(basename "$p")
 mkdir -p "$d" 2>/dev/null
 rd=$(realpath "$d" 2>/dev/null) || E not_found
