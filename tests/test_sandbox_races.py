@@ -18,6 +18,7 @@ every failure is one the model is told about (PathEscapeError/FileOpError), neve
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import subprocess
@@ -30,15 +31,18 @@ from typing import Any
 import pytest
 
 from tests.support.images import busybox_image, podman  # noqa: F401 (fixtures)
+from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat
+from tests.support.web_fixture import make_png
 from trajforge.config import RunConfig
 from trajforge.sandbox.base import FileOpError, PathEscapeError, Sandbox
 from trajforge.sandbox.bwrap import probe
 from trajforge.sandbox.factory import SandboxProvider
-from trajforge.tools import files
-from trajforge.tools.base import ToolContext
+from trajforge.tools import files, image_gen, vision
+from trajforge.tools.base import ToolContext, Toolset
 
 SECRET = b"OUTSIDE-SECRET-7d1e"
-PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 16
+PNG = make_png(2, 2, (0, 200, 0))
+REAL_PNG = make_png(2, 2, (0, 0, 255))
 CALLS = 2000
 ATTACKER = textwrap.dedent("""
     import ctypes, os, sys
@@ -91,8 +95,14 @@ def snapshot(outside: Path) -> dict[str, tuple[int, int, bytes]]:
             for p in sorted(outside.rglob("*"))}
 
 
-async def one_call(sb: Sandbox, ctx: ToolContext, i: int) -> bytes:
-    """The i-th operation; returns everything it gave back (bytes or the tool's JSON)."""
+async def one_call(sb: Sandbox, ctx: ToolContext, i: int, tools: dict[str, Toolset] | None = None) -> bytes:
+    """The i-th operation; returns everything it gave back (bytes or the tool's JSON). With
+    `tools`, every other call goes through the real vision_analyze / image_generate tools."""
+    if tools and i % 2:
+        if i % 4 == 1:
+            path = ("e/img.png", "d/img.png", "p.txt")[i % 3]  # dir->link swaps, file->FIFO swaps
+            return (await tools["vision"].tools[0].run({"image_url": path, "question": "?"}, ctx)).encode()
+        return (await tools["image_gen"].tools[0].run({"prompt": "race"}, ctx)).encode()
     kind = i % 12
     if kind == 0:
         return await sb.read_file("d/f.txt")
@@ -121,7 +131,9 @@ async def one_call(sb: Sandbox, ctx: ToolContext, i: int) -> bytes:
 
 
 async def hammer(config: RunConfig, image: str | None, root: Path, outside: Path, calls: int,
-                 concurrency: int) -> dict[str, Any]:
+                 concurrency: int, with_tools: bool = False) -> dict[str, Any]:
+    tools = {"vision": await vision.build(config), "image_gen": await image_gen.build(config)} if with_tools else None
+    assert tools is None or all(isinstance(t, Toolset) for t in tools.values()), tools
     async with SandboxProvider(config) as provider:
         sb = await provider.create(cwd=None, image=image, root=root)
         assert sb.workspace is not None
@@ -138,7 +150,7 @@ async def hammer(config: RunConfig, image: str | None, root: Path, outside: Path
                 async with sem:
                     try:
                         async with asyncio.timeout(30):  # a blocked open would end here
-                            out = await one_call(sb, ctx, i)
+                            out = await one_call(sb, ctx, i, tools)
                     except (PathEscapeError, FileOpError):
                         stats["refused"] += 1
                         return
@@ -155,11 +167,15 @@ async def hammer(config: RunConfig, image: str | None, root: Path, outside: Path
             attacker.kill()
             attacker.wait()
             await sb.close()
+            for toolset in (tools or {}).values():
+                await toolset.aclose()
+        if tools:  # the vision model never saw a byte from outside either
+            stats["leaks"] += [i for i, body in enumerate(VISION_SEEN) if SECRET in body]
         return stats
 
 
 def check(tmp_path: Path, config: RunConfig, image: str | None = None, calls: int = CALLS,
-          concurrency: int = 8) -> dict[str, Any]:
+          concurrency: int = 8, with_tools: bool = False) -> dict[str, Any]:
     assert os.geteuid() == 0, "the races matter when the runner is root"
     outside = tmp_path / "outside"
     (outside / "sub").mkdir(parents=True)
@@ -169,7 +185,7 @@ def check(tmp_path: Path, config: RunConfig, image: str | None = None, calls: in
     (outside / "sub" / "f.txt").write_bytes(SECRET)
     before = snapshot(outside)
     t0 = time.monotonic()
-    stats = asyncio.run(hammer(config, image, tmp_path / "ws", outside, calls, concurrency))
+    stats = asyncio.run(hammer(config, image, tmp_path / "ws", outside, calls, concurrency, with_tools))
     stats["seconds"] = time.monotonic() - t0
     assert stats["leaks"] == [] and stats["unexpected"] == [], stats
     assert stats["ok"] + stats["refused"] == calls and stats["ok"] > calls // 10, stats
@@ -181,6 +197,34 @@ def check(tmp_path: Path, config: RunConfig, image: str | None = None, calls: in
 
 def test_races_local(tmp_path: Path) -> None:
     check(tmp_path, RunConfig(sandbox="local"))
+
+
+VISION_SEEN: list[bytes] = []
+
+
+def models(req: Recorded) -> Reply:
+    """The vision model (remembers every request body) and the image API of the tool tests."""
+    if req.path.endswith("/images/generations"):
+        return Reply(body={"created": 0, "data": [{"b64_json": base64.b64encode(REAL_PNG).decode()}]})
+    url = req.body["messages"][-1]["content"][1]["image_url"]["url"]
+    VISION_SEEN.append(base64.b64decode(url.split("base64,", 1)[1]))
+    return chat("an image")
+
+
+@pytest.mark.parametrize("sandbox", ["local", "bwrap"])
+def test_races_through_vision_and_image_generate(tmp_path: Path, server: ScriptedServer, sandbox: str,
+                                                 clean_env: dict[str, str]) -> None:
+    """The issue's own scenarios through the real tools: vision_analyze on a workspace image whose
+    directory is swapped for a link to the host, or which is swapped for a FIFO; image_generate
+    while images/ is swapped for a link."""
+    if sandbox == "bwrap" and (not BWRAP.usable or BWRAP.mode != "root"):
+        pytest.skip(f"needs bwrap as root: {BWRAP.detail}")
+    server.handler = models
+    VISION_SEEN.clear()
+    cfg = RunConfig.model_validate({"sandbox": sandbox, "model": "m", "base_url": server.url,
+                                    "sandbox_network": "none" if sandbox == "bwrap" else "on"})
+    stats = check(tmp_path, cfg, calls=1200, with_tools=True)
+    assert len(VISION_SEEN) > 50 and stats["ok"] > 300, stats
 
 
 BWRAP = asyncio.run(probe())
