@@ -30,8 +30,10 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import cli
 from tests.support.images import busybox_image, podman  # noqa: F401 (fixtures)
-from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat
+from tests.support.policies import tool_messages
+from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
 from tests.support.web_fixture import make_png
 from trajforge.config import RunConfig
 from trajforge.sandbox.base import FileOpError, PathEscapeError, Sandbox
@@ -246,3 +248,45 @@ def test_races_container(tmp_path: Path, busybox_image: str) -> None:  # noqa: F
     check(tmp_path, RunConfig(sandbox="container", container_engine="podman", sandbox_network="none",
                               run_name=f"races-{os.getpid()}"), image=busybox_image, calls=CONTAINER_CALLS,
           concurrency=16)
+
+
+SWAPPER = ("printf '\\211PNG\\r\\n\\032\\n0000' > a.png; mkfifo f; "
+           "while :; do mv a.png t; mv f a.png; mv a.png f; mv t a.png; done")
+VISION_CALLS = 25
+
+
+def fifo_policy(req: Recorded) -> Reply:
+    """The vision model answers; the agent starts the swapper, then asks about a.png again and again."""
+    if "tools" not in req.body:
+        return chat("an image")
+    done = len(tool_messages(req.body))
+    if done == 0:
+        return chat(None, tool_calls=[tool_call("terminal", {"command": SWAPPER, "background": True})],
+                    reasoning="Start it.")
+    if done <= VISION_CALLS:
+        return chat(None, tool_calls=[tool_call("vision_analyze", {"image_url": "a.png", "question": "?"})],
+                    reasoning="Look.")
+    return chat("Done.", reasoning="Finished.")
+
+
+@pytest.mark.parametrize("sandbox", ["local", "bwrap"])
+def test_a_run_under_fifo_swaps_exits_on_its_own(tmp_path: Path, server: ScriptedServer, sandbox: str,
+                                                 clean_env: dict[str, str]) -> None:
+    """The issue's hang: vision_analyze on a file the sample keeps swapping for a FIFO blocked
+    executor threads forever and the run never exited. Now every call answers and the CLI exits."""
+    if sandbox == "bwrap" and (not BWRAP.usable or BWRAP.mode != "root"):
+        pytest.skip(f"needs bwrap as root: {BWRAP.detail}")
+    server.handler = fifo_policy
+    (tmp_path / "ds.jsonl").write_text("".join(json.dumps({"prompt": f"task {i}"}) + "\n" for i in range(3)))
+    (tmp_path / "cfg.yaml").write_text("distributions:\n  seeing:\n    toolsets: {terminal: 100, vision: 100}\n")
+    t0 = time.monotonic()
+    proc = subprocess.run(cli("run", "--dataset_file=ds.jsonl", "--batch_size=3", "--run_name=fifo", "--config=cfg.yaml",
+                              f"--base_url={server.url}", "--model=scripted", "--distribution=seeing",
+                              f"--sandbox={sandbox}", "--tool_timeout=20", "--num_workers=3", "--max_turns=40"),
+                          cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert time.monotonic() - t0 < 200
+    records = [json.loads(line) for line in (tmp_path / "data" / "fifo" / "trajectories.jsonl").read_text().splitlines()]
+    assert len(records) == 3
+    for record in records:
+        assert record["tool_stats"]["vision_analyze"]["count"] == VISION_CALLS
