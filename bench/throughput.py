@@ -48,7 +48,7 @@ REPO = Path(__file__).resolve().parent.parent
 # point takes a few rounds. The last point repeats 1000 workers at a longer latency: at 0.5 s the
 # runner's CPU, not the latency, sets the wall time of 5,000 prompts on 2 cores.
 SWEEP = [(16, 320, None), (64, 1280, None), (256, 2000, None), (1000, 5000, None), (1000, 5000, 2.0)]
-COLUMNS = [("prompts", "{:d}"), ("turns", "{:d}"), ("latency", "{:.2f}"), ("num_workers", "{:d}"),
+COLUMNS = [("sandbox", "{}"), ("prompts", "{:d}"), ("turns", "{:d}"), ("latency", "{:.2f}"), ("num_workers", "{:d}"),
            ("wall_s", "{:.2f}"), ("ideal_s", "{:.2f}"), ("efficiency", "{:.2f}"), ("cpu_ms_per_traj", "{:.2f}"),
            ("peak_rss_mb", "{:.0f}"), ("max_in_flight", "{:d}"), ("server_cpu_s", "{:.2f}"), ("errors", "{:d}")]
 
@@ -198,13 +198,13 @@ def machine() -> str:
             f"load avg {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
-def one(args: argparse.Namespace) -> dict[str, Any]:
+def one(args: argparse.Namespace, sandbox: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="trajforge-bench-") as tmp:
         workdir = Path(args.keep) if args.keep else Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         return asyncio.run(run_scenario(
             prompts=args.prompts, turns=args.turns, latency=args.latency, jitter=args.jitter,
-            workers=args.num_workers, sandbox=args.sandbox, batch_size=args.batch_size, workdir=workdir,
+            workers=args.num_workers, sandbox=sandbox, batch_size=args.batch_size, workdir=workdir,
             profile=Path(args.profile).resolve() if args.profile else None,
             pyspy=Path(args.pyspy).resolve() if args.pyspy else None, runner=args.runner, cap=args.cap,
             flags=args.flags.split() if args.flags else None, settle=args.settle))
@@ -215,7 +215,7 @@ def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     for workers, prompts, latency in SWEEP:
         cmd = [sys.executable, __file__, "--json", f"--prompts={prompts}", f"--num_workers={workers}",
                f"--turns={args.turns}", f"--latency={latency or args.latency}", f"--jitter={args.jitter}",
-               f"--sandbox={args.sandbox}", f"--batch_size={args.batch_size}"]
+               f"--sandbox={args.sandbox or 'local'}", f"--batch_size={args.batch_size}"]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         rows.append(orjson.loads(out.strip().splitlines()[-1]))
         r = rows[-1]
@@ -232,7 +232,8 @@ def main() -> None:
     ap.add_argument("--latency", type=float, default=0.5, help="mean seconds per LLM call")
     ap.add_argument("--jitter", type=float, default=0.1, help="latency varies uniformly by +- this fraction")
     ap.add_argument("--num_workers", type=int, default=256)
-    ap.add_argument("--sandbox", default="local")
+    ap.add_argument("--sandbox", help="comma-separated backends, each run in turn (default: auto,local, i.e. the "
+                                       "default sandbox next to the local one; --sweep: local)")
     ap.add_argument("--batch_size", type=int, default=100)
     ap.add_argument("--sweep", action="store_true", help="num_workers 16/64/256/1000, then resume planning")
     ap.add_argument("--json", action="store_true", help="print the result as one JSON line")
@@ -251,24 +252,31 @@ def main() -> None:
 
         resume_main([])
         return
-    row = one(args)
+    sandboxes = (args.sandbox or "auto,local").split(",")
     if args.json:
-        print(orjson.dumps(row).decode())
-    else:
-        print(f"machine: {machine()}")
-        print_table([row])
-        print(f"runner CPU {row['runner_cpu_s']:.2f}s total, {row['requests']} requests served; wall = start-up "
-              f"{row['startup_s']:.2f}s + serving {row['serving_s']:.2f}s + finish {row['finish_s']:.2f}s; "
-              f"1-min load average before the run {row['load_before']:.2f}")
-        print(f"a zero-overhead pool with this latency jitter would take {row['pool_ideal_s']:.2f}s "
-              f"(efficiency against it: {row['pool_efficiency']:.2f})")
+        print(orjson.dumps(one(args, sandboxes[0])).decode())
+        return
+    print(f"machine: {machine()}")
+    rows = [one(args, sandbox) for sandbox in sandboxes]
+    print_table(rows)
+    for row in rows:
+        print(f"[{row['sandbox']}] runner CPU {row['runner_cpu_s']:.2f}s total, {row['requests']} requests served; "
+              f"wall = start-up {row['startup_s']:.2f}s + serving {row['serving_s']:.2f}s + finish "
+              f"{row['finish_s']:.2f}s; 1-min load average before the run {row['load_before']:.2f}; a zero-overhead "
+              f"pool would take {row['pool_ideal_s']:.2f}s (efficiency against it: {row['pool_efficiency']:.2f})")
         if args.cap is not None:
             share = row["late_rejected_share"]
             flight = row["late_mean_in_flight"]
-            print(f"cap {args.cap}: {row['rejected']} of {row['requests']} requests refused (429) "
+            print(f"[{row['sandbox']}] cap {args.cap}: {row['rejected']} of {row['requests']} requests refused (429) "
                   f"({100 * row['rejected_share']:.1f}%); after the first {args.settle:g}s: "
                   f"{'-' if share is None else f'{100 * share:.2f}%'} of {row['late_requests']} refused, "
                   f"mean in flight {'-' if flight is None else f'{flight:.1f}'}")
+    if len(rows) > 1:
+        base = rows[-1]
+        for row in rows[:-1]:
+            print(f"{row['sandbox']} vs {base['sandbox']}: CPU per trajectory x"
+                  f"{row['cpu_ms_per_traj'] / base['cpu_ms_per_traj']:.2f}, efficiency {row['efficiency']:.2f} vs "
+                  f"{base['efficiency']:.2f}")
 
 
 if __name__ == "__main__":

@@ -131,7 +131,7 @@ def test_recovered_sample_that_fails_again_counts_as_failed(tmp_path: Path, serv
     batch.write_bytes(b"".join(lines[:1] + [lines[1][:40] + b"\n"] + lines[2:]))
     server.handler = lambda req: http_error(400, "down")
     proc = run_cli(tmp_path, clean_env, *args, "--resume")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 3, proc.stderr  # the recovered sample failed: a failed sample's exit code
     stats = json.loads((run / "statistics.json").read_text())["run"]["samples"]
     assert (stats["finished"], stats["failed"]) == (3, 1)
     statuses = Counter(e["status"] for e in json.loads((run / "checkpoint.json").read_text())["samples"].values())

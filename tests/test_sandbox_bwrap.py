@@ -186,7 +186,7 @@ def test_fork_bomb_is_contained_and_the_sandbox_survives(tmp_path: Path) -> None
             res = await sb.exec(FORK_COUNT, timeout=30)
             assert "fork failed" in res.stdout and int(res.stdout.split()[-1]) < 64, res
             await sb.exec("setsid sleep 300 > /dev/null 2>&1 &", timeout=10)  # outlives its command
-            assert len(processes_of(sb.uid)) == 2  # the sleep and the sample's helper
+            assert len(processes_of(sb.uid)) == 1  # the sleep (the helper's real uid is its own)
         finally:
             await sb.close()
         await asyncio.sleep(0.2)
@@ -325,3 +325,53 @@ def test_doctor_reports_every_backend(clean_env: dict[str, str]) -> None:
     assert report["auto"] == ("bwrap" if STATUS.usable else "local")
     assert set(report["container"]["engines"]) == {"podman", "docker"}
     assert report["container"]["usable"] == any(e["usable"] for e in report["container"]["engines"].values())
+
+
+@needs_bwrap
+def test_nested_absolute_and_relative_cwd(tmp_path: Path) -> None:
+    """A row's cwd /app/sub is mounted at that path with traversable parents (bwrap would make
+    /app 0700 and root-owned: `cd: Permission denied` for the sample's uid); a relative one lives
+    beneath /workspace. Commands, relative paths and file operations agree on both."""
+    async def body() -> None:
+        for cwd, inside in (("/app/sub", "/app/sub"), ("/srv/a/b/", "/srv/a/b"), ("proj/src", "/workspace/proj/src")):
+            sb = await started(tmp_path, network=False, cwd=cwd)
+            try:
+                assert sb.cwd == inside
+                res = await sb.exec("pwd; echo hi > f.txt; cd .. && pwd && ls", timeout=10)
+                assert res.exit_code == 0 and res.stdout.splitlines()[0] == inside, res
+                assert await sb.read_file(f"{inside}/f.txt") == await sb.read_file("f.txt") == b"hi\n"
+                assert (await sb.write_file("deeper/g.txt", b"g")).endswith("deeper/g.txt")
+                res = await sb.exec("cat g.txt", timeout=10, cwd="deeper")
+                assert res.stdout == "g", res
+                res = await sb.exec(f"cat {inside}/deeper/g.txt", timeout=10, cwd="/workspace")
+                assert res.stdout == "g", res
+            finally:
+                await sb.close()
+
+    asyncio.run(body())
+
+
+@needs_bwrap
+def test_cancelled_commands_die_whenever_the_cancel_lands(tmp_path: Path) -> None:
+    """Cancelled while running, or before the helper even answered: the command never survives."""
+    async def body() -> None:
+        sb = await started(tmp_path, network=False)
+        try:
+            for delay in (0.0, 0.0005, 0.5):
+                task = asyncio.create_task(sb.exec(f"exec sleep {300 + int(delay * 1000)}", timeout=60))
+                await asyncio.sleep(delay)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            ps = ""
+            for _ in range(50):
+                ps = (await sb.exec("ps -eo args", timeout=10)).stdout
+                if "sleep 3" not in ps:
+                    break
+                await asyncio.sleep(0.1)
+            assert "sleep 3" not in ps, ps
+            assert (await sb.exec("echo still", timeout=10)).stdout == "still\n"
+        finally:
+            await sb.close()
+
+    asyncio.run(body())

@@ -19,13 +19,13 @@ import pytest
 
 from tests.conftest import REPO, cli
 from tests.support.images import (  # noqa: F401 (fixtures)
-    APP_README, MARKER, MISSING_IMAGE, busybox_image, containers_with_label, podman,
+    APP_README, MARKER, MISSING_IMAGE, busybox_image, containers_with_label, debian_tools_image, podman,
 )
 from tests.support.policies import prompt_command_policy
 from tests.support.sandboxes import create_sandbox
 from tests.support.scripted_server import ScriptedServer
 from trajforge.config import RunConfig
-from trajforge.sandbox.base import PathEscapeError, SandboxError
+from trajforge.sandbox.base import FileOpError, PathEscapeError, SandboxError
 from trajforge.sandbox.container import ContainerBackend, ContainerSandbox
 from trajforge.sandbox.engine import Engine, container_name, detect
 from trajforge.sandbox.factory import SandboxProvider
@@ -344,3 +344,49 @@ def test_dataset_mixing_images_end_to_end(tmp_path: Path, busybox_image: str, po
     stats = json.loads((out / "statistics.json").read_text())["run"]["samples"]
     assert stats["failed_by_class"]["sandbox"] == 1, stats
     assert containers_with_label(podman, f"trajforge.run={run_name}") == []
+
+
+@pytest.mark.parametrize("image_fixture", ["busybox_image", "debian_tools_image"])
+def test_file_operations_run_inside_the_container(tmp_path: Path, image_fixture: str,
+                                                   request: pytest.FixtureRequest) -> None:
+    """read/write/search resolve in the container's view with its own tools (busybox, or Debian's
+    GNU coreutils/findutils/tar and dash): links out, FIFOs, directories and misses are refused."""
+    image = request.getfixturevalue(image_fixture)
+
+    async def body() -> None:
+        sb = await create_sandbox(config(), cwd="/app", image=image, root=tmp_path)
+        try:
+            assert await sb.write_file("notes.txt", b"hi\n") == "notes.txt"
+            assert await sb.write_file("sub/dir/x.txt", b"x\n") == "sub/dir/x.txt"
+            assert await sb.write_file("images/a.png", b"1", how="new") == "images/a.png"
+            assert await sb.write_file("/app/images/a.png", b"2", how="new") == "images/a-2.png"
+            assert await sb.read_file("notes.txt") == b"hi\n" and await sb.read_file("/app/sub/dir/x.txt") == b"x\n"
+            assert await sb.write_file("notes.txt", b"new\n", how="replace") == "notes.txt"
+            assert await sb.read_file("~/notes.txt") == b"new\n"
+            found, more = await sb.search(".", "x|new")
+            assert found == ["notes.txt:1: new", "sub/dir/x.txt:1: x"] and not more
+            assert (await sb.search("sub", "x", target="files"))[0] == ["sub/dir/x.txt"]
+            res = await sb.exec("mkfifo ff && ln -s /etc etc-link && ln -s /image-marker.txt m && ln -s sub/dir in",
+                                timeout=20)
+            assert res.exit_code == 0, res
+            assert await sb.read_file("in/x.txt") == b"x\n"  # a link that stays inside is followed
+            for path, error, kind in (("ff", FileOpError, "not_regular"), ("etc-link/passwd", PathEscapeError, ""),
+                                      ("m", PathEscapeError, ""), ("../x", PathEscapeError, ""),
+                                      ("/etc/passwd", PathEscapeError, ""), ("sub", FileOpError, "is_dir"),
+                                      ("nope", FileOpError, "not_found")):
+                with pytest.raises(error) as info:
+                    await asyncio.wait_for(sb.read_file(path), 30)  # a FIFO must not block
+                assert getattr(info.value, "kind", "") == kind, (path, info.value)
+            for path in ("etc-link/new.txt", "m", "/etc/x"):
+                with pytest.raises(PathEscapeError):
+                    await sb.write_file(path, b"pwned")
+            with pytest.raises(FileOpError):
+                await asyncio.wait_for(sb.write_file("ff", b"x"), 30)
+            with pytest.raises(FileOpError) as too_large:
+                await sb.read_file("notes.txt", max_bytes=2)
+            assert too_large.value.kind == "too_large"
+            assert (await sb.exec("cat /image-marker.txt", timeout=20)).stdout == MARKER  # untouched
+        finally:
+            await sb.close()
+
+    asyncio.run(body())

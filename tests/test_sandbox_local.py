@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,6 +14,8 @@ from trajforge.config import RunConfig
 from trajforge.sandbox.base import PathEscapeError, SandboxError
 from trajforge.sandbox.bwrap import BwrapSandbox, probe
 from tests.support.sandboxes import create_sandbox
+from trajforge.sandbox import reaper
+from trajforge.sandbox.factory import SandboxProvider
 from trajforge.sandbox.local import LocalSandbox
 from trajforge.sandbox.process import Limits
 
@@ -254,3 +258,54 @@ def test_factory_dispatch(tmp_path: Path) -> None:
             await create_sandbox(RunConfig(sandbox="local"), cwd=None, image=None, root=blocker)
 
     run(body())
+
+
+CGROUPS_OK = reaper.Cgroups.open()
+if CGROUPS_OK is not None:
+    CGROUPS_OK.close()
+
+
+@pytest.mark.skipif(CGROUPS_OK is None, reason="no writable cgroup v2 here (needs root or delegation)")
+def test_escaped_processes_die_with_the_sample(tmp_path: Path) -> None:
+    """`setsid env -i sleep &` leaves the process group and drops the environment tag: only the
+    sample's cgroup still knows it."""
+    async def body() -> list[int]:
+        async with SandboxProvider(RunConfig(sandbox="local")) as provider:
+            sb = await provider.create(cwd=None, image=None, root=tmp_path)
+            try:
+                res = await sb.exec("setsid env -i sleep 1000 > /dev/null 2>&1 & echo $!", timeout=10)
+                job = await sb.spawn("setsid env -i sleep 1001 > /dev/null 2>&1 & echo $!; exec sleep 1002")
+                await job.wait(2)
+                pids = [int(res.stdout.split()[-1]), int((await job.read(0, 100)).head.split()[0]), job.pid]
+                assert all(alive(p) for p in pids)
+            finally:
+                await sb.close()
+            return pids
+
+    assert all(gone(p) for p in run(body()))
+
+
+@pytest.mark.skipif(CGROUPS_OK is None, reason="no writable cgroup v2 here (needs root or delegation)")
+def test_leftovers_of_a_killed_runner_are_killed_at_the_next_start(tmp_path: Path) -> None:
+    script = (f"import asyncio, sys\nsys.path.insert(0, {str(Path(__file__).parent.parent / 'src')!r})\n"
+              "from pathlib import Path\nfrom trajforge.config import RunConfig\n"
+              "from trajforge.sandbox.factory import SandboxProvider\n"
+              "async def main():\n"
+              "    p = await SandboxProvider(RunConfig(sandbox='local')).start()\n"
+              f"    sb = await p.create(cwd=None, image=None, root=Path({str(tmp_path)!r}))\n"
+              "    r = await sb.exec('setsid env -i sleep 1003 > /dev/null 2>&1 & echo $!', timeout=10)\n"
+              "    print(r.stdout.strip(), flush=True)\n"
+              "    await asyncio.sleep(3600)\n"
+              "asyncio.run(main())\n")
+    runner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert runner.stdout is not None
+    leftover = int(runner.stdout.readline())
+    runner.kill()  # no close(): the sleep survives its runner...
+    runner.wait()
+    assert alive(leftover)
+    cgroups = reaper.Cgroups.open()  # ...until the next run starts
+    assert cgroups is not None
+    try:
+        assert gone(leftover)
+    finally:
+        cgroups.close()

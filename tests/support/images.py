@@ -130,3 +130,80 @@ def podman() -> Engine:
 def busybox_image(podman: Engine) -> Iterator[str]:
     """The test image, imported once per session and left in local storage for the next one."""
     yield build_test_image(podman)
+
+
+DEBIAN_TOOLS_IMAGE = "localhost/trajforge-test-debian-tools:latest"
+# GNU tools the container backend's file operations and the tests use; copied from the host (Debian).
+_DEBIAN_TOOLS = ("dash", "cat", "head", "realpath", "dirname", "basename", "mkdir", "rm", "ls", "echo", "sleep",
+                 "mkfifo", "ln", "id", "pwd", "env", "test", "[", "find", "xargs", "tar", "chmod", "touch", "stat")
+
+
+def debian_rootfs_tar() -> bytes | None:
+    """A root filesystem of Debian's own binaries (dash as /bin/sh, coreutils, findutils, GNU tar)
+    and the shared libraries they load, from this host; None when a tool is missing."""
+    files: dict[str, str] = {}
+    for tool in _DEBIAN_TOOLS:
+        path = shutil.which(tool, path="/usr/bin:/bin")
+        if path is None:
+            return None
+        real = str(Path(path).resolve())
+        files[f"usr/bin/{tool}"] = real
+        out = subprocess.run(["ldd", real], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            parts = line.split()
+            lib = parts[2] if "=>" in parts and len(parts) > 2 else parts[0] if parts and parts[0].startswith("/") else None
+            if lib and lib.startswith("/"):
+                files[lib.lstrip("/")] = str(Path(lib).resolve())
+    buf = io.BytesIO()
+    now = time.time()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        made: set[str] = set()
+
+        def add_dir(name: str, mode: int = 0o755) -> None:
+            if name in made:
+                return
+            made.add(name)
+            info = tarfile.TarInfo(name)
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, mode, now
+            tar.addfile(info)
+
+        def add_link(name: str, target: str) -> None:
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname, info.mode, info.mtime = tarfile.SYMTYPE, target, 0o777, now
+            tar.addfile(info)
+
+        for d in ("usr", "usr/bin", "usr/lib", "usr/lib64", "etc", "root", "app", "proc", "sys", "dev"):
+            add_dir(d)
+        add_dir("tmp", 0o1777)
+        for link, target in (("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64")):
+            add_link(link, target)
+        for name, real in sorted(files.items()):
+            name = name.replace("lib/x86_64", "usr/lib/x86_64", 1) if name.startswith("lib/") else name
+            name = name.replace("lib64/", "usr/lib64/", 1) if name.startswith("lib64/") else name
+            parent = ""
+            for part in name.split("/")[:-1]:
+                parent = f"{parent}/{part}" if parent else part
+                add_dir(parent)
+            data = Path(real).read_bytes()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o755, now
+            tar.addfile(info, io.BytesIO(data))
+        add_link("usr/bin/sh", "dash")
+        for name, data in (("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n"), ("etc/group", b"root:x:0:\n"),
+                           ("image-marker.txt", MARKER.encode()), ("app/readme.txt", APP_README.encode())):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o644, now
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="session")
+def debian_tools_image(podman: Engine) -> str:
+    """An image of Debian's GNU tools (no busybox, no interpreter), built from this host's files."""
+    rootfs = debian_rootfs_tar()
+    if rootfs is None:
+        pytest.skip("the host lacks one of the GNU tools the Debian test image is built from")
+    proc = subprocess.run([podman.binary, "import", "--change", "ENV PATH=/usr/bin:/bin", "-", DEBIAN_TOOLS_IMAGE],
+                          input=rootfs, env=podman.env, capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    return DEBIAN_TOOLS_IMAGE

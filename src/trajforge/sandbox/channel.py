@@ -65,6 +65,7 @@ class HelperChannel:
         self._buf = bytearray()
         self._send_lock = asyncio.Lock()
         self.broken: str | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         self.loop.add_reader(sock.fileno(), self._on_readable)
 
     # --- transport -------------------------------------------------------------------------
@@ -162,7 +163,13 @@ class HelperChannel:
             await self._send(meta, payload, fds)
         except OSError as e:
             self._break(f"the sandbox helper's channel failed: {e}")
-        reply, data = await fut
+        try:
+            reply, data = await fut
+        except asyncio.CancelledError:
+            if proc is not None:  # the command may start after all: kill it as soon as its pid is known
+                self._replies[rid] = late = self.loop.create_future()
+                late.add_done_callback(self._kill_late)
+            raise
         kind = reply.get("error")
         if kind is not None:
             self._procs.pop(rid, None)
@@ -173,6 +180,14 @@ class HelperChannel:
                 raise PathEscapeError(msg)
             raise FileOpError(str(kind), msg)
         return reply, data
+
+    def _kill_late(self, fut: asyncio.Future[tuple[dict[str, Any], bytes]]) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        pid = fut.result()[0].get("pid")
+        if isinstance(pid, int) and not self.broken:
+            self._tasks.add(task := self.loop.create_task(self.kill_group(pid)))
+            task.add_done_callback(self._tasks.discard)
 
     # --- processes -------------------------------------------------------------------------
     async def exec(self, command: str, *, timeout: float, cwd: str | None) -> ExecResult:

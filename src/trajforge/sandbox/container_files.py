@@ -6,8 +6,9 @@ the container's kernel view as the image's user: a link can only reach what the 
 can, never a host file behind the bind-mounted workspace. The script checks the real path is
 under the workspace mount, refuses directories, links and non-regular files, and opens a file
 read-write first (a FIFO opened O_RDWR never blocks) to check the opened descriptor through
-/proc/self/fd; the remaining window (a read-only file swapped for a FIFO between two opens, or
-a write target swapped) is bounded by the exec timeout, never a hang. Search streams the
+/proc/self/fd (writes then reopen that descriptor's inode to truncate it); the remaining
+window (a read-only file swapped for a FIFO between two opens) is bounded by the exec
+timeout, never a hang. Search streams the
 regular files below a directory as a tar (find lists regular files without following links,
 tar never opens a FIFO) and matches them on the runner with fsops.scan.
 """
@@ -49,6 +50,9 @@ inside "$r" "$2" || E escape
 exec head -c "$4" <&4
 '''
 WRITE = _PRELUDE + _INSIDE + r'''
+# Read the data before failing: `podman exec -i` drops the output of a process that exits with
+# its stdin unread.
+E() { cat > /dev/null 2>&1; echo "E $1" >&2; exit 3; }
 d=$(dirname "$p"); n=$(basename "$p")
 mkdir -p "$d" 2>/dev/null
 rd=$(realpath "$d" 2>/dev/null) || E not_found
@@ -65,7 +69,9 @@ fi
 if [ -h "$t" ]; then t=$(realpath "$t" 2>/dev/null) || E symlink; inside "$t" "$2" || E escape; fi
 if [ -e "$t" ]; then [ -d "$t" ] && E is_dir; [ -f "$t" ] || E not_regular
 elif [ "$4" = replace ]; then E not_found; fi
-cat > "$t" || E other
+{ exec 4<>"$t"; } 2>/dev/null || E other
+[ -f /proc/self/fd/4 ] || E not_regular
+cat > /proc/self/fd/4 || E other
 echo "${t#"$2"}"
 '''
 SEARCH = _PRELUDE + _INSIDE + r'''

@@ -64,7 +64,7 @@ def _mode_note(mode: str) -> str:
     if mode == "root":
         return ("; runner is root: persistent namespaces per sample, commands as a per-sample uid "
                 "(process limit enforced)")
-    return "; unprivileged: a user namespace per command (process limit not enforced per sample)"
+    return "; unprivileged: a user namespace per sample (process limit not enforced per sample)"
 
 
 async def _engines(choice: str) -> dict[str, Any]:

@@ -53,7 +53,15 @@ def locate(path: str, *, cwd: str, roots: list[str], workdir: str) -> tuple[str,
     if path == "~" or path.startswith("~/"):  # HOME is the workspace
         path = workdir + path[1:]
     # realpath follows every link (dangling ones as far as they go): one pointing out lands out.
-    real = os.path.realpath(path if path.startswith("/") else os.path.join(cwd, path))
+    joined = path if path.startswith("/") else os.path.join(cwd, path)
+    for _ in range(3):
+        try:
+            real = os.path.realpath(joined)
+            break
+        except OSError:  # a link swapped for a directory between lstat and readlink
+            continue
+    else:
+        raise FileOpError("other", "the path kept changing while it was looked up; try again")
     for root in sorted(roots, key=len, reverse=True):
         if real == root or real.startswith(root.rstrip("/") + "/"):
             return root, real[len(root):].lstrip("/") or "."

@@ -1,20 +1,21 @@
-"""The in-sandbox helper: one small process per sample, inside its namespaces, as its uid.
+"""The in-sandbox helper: one small process per sample, inside its namespaces, with its rights.
 
-The bwrap backend starts it as the sandbox's command (`python3 -S -I -c <boot>`, reading its
-source from stdin: safe_fs + fsops + this file, see `source()`), with a unix socket on the fd named by argv[1]. Its first act is to
-drop to the sample's uid (root mode: bwrap leaves it only CAP_SETUID/CAP_SETGID for that, and
-no_new_privs is set), so everything it does afterwards the sample could have done itself:
+It serves the sample's channel (a unix socket): as bwrap's command in user mode (`python3 -S
+-I -c <boot>`, the source on stdin: safe_fs + fsops + this file + zygote, see `source()`), or,
+in root mode, forked by the run's zygote into the sample's namespaces with the sample's uid as
+its effective uid (zygote.py). Either way everything it does the sample could have done itself:
 
-- commands fork from it (setsid, rlimits, cwd, clean env, `bash -c`): no per-command entry
-  chain into the namespaces. Foreground commands get the runner's pipes (passed with
-  SCM_RIGHTS); background jobs write to a memfd only the helper holds, read back by offset;
+- commands fork from it (setsid, rlimits, the sample's uid, cwd, clean env, `bash -c`): no
+  per-command entry chain into the namespaces. Foreground commands get the runner's pipes
+  (passed with SCM_RIGHTS); background jobs write to a memfd only the helper holds, read back
+  by offset;
 - file operations run fsops in the sandbox's own mount view.
 
 Protocol (both ways): frames of `<II` (meta length, payload length), meta, payload. Runner to
 helper: meta is `marshal` (trusted side). Helper to runner: meta is JSON written by `_enc` (no
-json import: it costs the start-up as much as the interpreter), which the runner parses with
-orjson as untrusted input. One reply per request ({"id": n, ...} or {"id": n, "error": kind,
-"msg": ...}) and an {"ev": "exit", "id": n, "code": c} event per process. Stdlib only.
+json import: it would cost the start-up as much as the interpreter), which the runner parses as
+untrusted input. One reply per request ({"id": n, ...} or {"id": n, "error": kind, "msg": ...})
+and an {"ev": "exit", "id": n, "code": c} event per process. Stdlib only.
 """
 
 from __future__ import annotations
@@ -66,11 +67,6 @@ class Helper:
         self.sock.sendall(_HEAD.pack(len(data), len(payload)) + data + payload)
 
     def setup(self, cfg: dict) -> None:
-        uid = cfg.get("uid")
-        if uid is not None and os.getuid() == 0:
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)  # all uids non-zero: the kernel clears every capability
         global resource
         import resource  # here, not per command: the children only call setrlimit
 
@@ -160,6 +156,9 @@ class Helper:
             os.dup2(err, 2)
             for res, soft, hard in self.cfg["limits"]:
                 resource.setrlimit(res, (soft, hard))
+            euid = os.geteuid()
+            if os.getuid() != euid:  # root mode: the helper is (helper uid, sample uid); commands the sample's
+                os.setresuid(euid, euid, euid)
             try:
                 os.chdir(cwd)
             except OSError as e:  # never run the command elsewhere; exec() reports a failed start
@@ -233,10 +232,18 @@ def main() -> None:
     import sys
 
     fd = int(sys.argv[1])
-    os.set_inheritable(fd, False)
     null = os.open("/dev/null", os.O_RDONLY)  # stdin was the pipe the source came through
     os.dup2(null, 0)
     os.close(null)
+    if sys.argv[2:] == ["zygote"]:
+        zygote_main(fd)  # noqa: F821 (zygote.py, which follows in the assembled source)
+    else:
+        run_helper(fd)
+
+
+def run_helper(fd: int) -> None:
+    """Serve one sample on socket `fd` until the runner closes it."""
+    os.set_inheritable(fd, False)
     sock = _socket.socket(fileno=fd)
     helper = Helper(sock)
     sock.setblocking(True)
@@ -253,12 +260,12 @@ def main() -> None:
 
 
 def source() -> str:
-    """The helper as one stdlib-only script: safe_fs, fsops and this module, their package
-    imports and __future__ lines dropped (each defines what the next imports)."""
+    """The helper as one stdlib-only script: safe_fs, fsops, this module and zygote, their package
+    imports dropped (each defines what the next imports)."""
     import importlib
 
-    parts = []
-    for name in ("safe_fs", "fsops", "helper"):
+    parts = ["from __future__ import annotations"]  # annotations stay strings: nothing to import for them
+    for name in ("safe_fs", "fsops", "helper", "zygote"):
         mod = importlib.import_module(f"trajforge.sandbox.{name}")
         with open(mod.__file__ or "", encoding="utf-8") as f:
             text = f.read()
@@ -268,7 +275,7 @@ def source() -> str:
             if skip:
                 skip = not line.rstrip().endswith(")")
                 continue
-            if line.startswith(("from __future__", "from trajforge")):
+            if line.startswith(("from __future__", "from trajforge", "from collections.abc")):
                 skip = line.rstrip().endswith("(")
                 continue
             lines.append(line)

@@ -3,7 +3,7 @@
 Owns the process mechanics shared by the local, bwrap and container backends: a minimal clean
 environment (no runner secrets), resource limits applied in the child, foreground runs with a
 per-stream output cap (head and tail kept) and a timeout that kills the whole process group,
-background spawns writing to a log file, and killing by process group or by environment tag.
+and killing by process group or by environment tag.
 
 Every process starts in its own session (`start_new_session=True`), so its pid is also its
 process-group id and one `killpg` reaches everything it forked, unless a child calls setsid
@@ -242,23 +242,6 @@ async def run_argv(
         stdout=proto.out.text(), stderr=stderr, timed_out=timed_out,
         truncated=proto.out.truncated or proto.err.truncated,
     )
-
-
-async def spawn_argv(
-    argv: Sequence[str],
-    *,
-    cwd: str | Path | None,
-    env: Mapping[str, str],
-    log_path: Path,
-    preexec_fn: Callable[[], None] | None = None,
-) -> asyncio.subprocess.Process:
-    """Start `argv` in the background, stdout and stderr appended to `log_path`."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        return await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
-            cwd=cwd, env=dict(env), start_new_session=True, preexec_fn=preexec_fn,
-        )
 
 
 # kill_tagged remembers what it read, per variable name: (pid, inode of /proc/<pid>) -> the values

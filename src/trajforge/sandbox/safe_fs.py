@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import stat
 from collections.abc import Collection, Iterator
 
@@ -164,7 +163,7 @@ def replace_in(root: str | os.PathLike[str], rel: str, data: bytes) -> None:
     try:
         old, st = open_regular_at(dir_fd, name, rel)
         os.close(old)
-        tmp = f".{name[:200]}.{secrets.token_hex(4)}.tmp"
+        tmp = f".{name[:200]}.{os.urandom(4).hex()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
         try:
             with os.fdopen(fd, "wb") as f:

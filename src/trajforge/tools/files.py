@@ -277,7 +277,7 @@ class SearchFilesTool(_FileTool):
         glob = _opt_str(args, "file_glob", None)
         limit = _int(args, "max_results", 50, 1, 500)
         try:
-            rx = re.compile(pattern)
+            re.compile(pattern)  # checked here: the backend compiles it again where it searches
         except re.error as e:
             raise _Refused(f"invalid regular expression {pattern!r}: {e}") from None
         try:

@@ -1,0 +1,159 @@
+"""How a bwrap sample's helper comes to life, in each mode (bwrap.py says why two modes).
+
+Root mode (`start_root`): bwrap runs `cat` as the holder of the namespaces: it echoes one line
+once they are set up, and exits, ending the namespace, when the runner's end of its stdin
+closes; the run's zygote then forks the helper into them (zygote.py). User mode (`start_user`):
+the helper is bwrap's command, started with a host interpreter visible inside (helper_python),
+its source on stdin. Both hand the mount setup to bwrap through `--args` (a pipe), so
+/proc/1/cmdline inside shows no host path, and return (bwrap process, channel to the helper).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import sys
+from pathlib import Path
+
+from trajforge.sandbox import helper
+from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.channel import HelperChannel
+from trajforge.sandbox.forkserver import Zygote
+from trajforge.sandbox.process import SAFE_PATH, kill_group
+
+START_TIMEOUT = 10.0
+_BOOT = "import os;exec(compile(os.read(0,1<<17),'helper','exec'))"
+_SOURCE: bytes | None = None  # the same for every sample: made once per process
+
+Started = tuple[asyncio.subprocess.Process, HelperChannel]
+
+
+def _args_pipe(args: list[str]) -> int:
+    """A pipe holding bwrap's NUL-separated arguments (a few KB: fits the pipe); its read end."""
+    args_r, args_w = os.pipe()
+    try:
+        os.write(args_w, b"".join(a.encode() + b"\0" for a in args))
+    finally:
+        os.close(args_w)
+    return args_r
+
+
+async def start_root(argv: list[str], zygote: Zygote, *, uid: int, huid: int, output_cap: int,
+                     cgroup: str | None = None) -> tuple[asyncio.subprocess.Process, HelperChannel, int]:
+    """(bwrap, channel, host pid of the namespaces' init). `cgroup`: a cgroup.procs file the
+    helper joins before it runs (the sample's memory cgroup, resources.py)."""
+    args_r = _args_pipe(argv[1:])
+    try:
+        holder = await asyncio.create_subprocess_exec(
+            argv[0], "--args", str(args_r), "cat", stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={"PATH": SAFE_PATH},
+            pass_fds=(args_r,), start_new_session=True)
+    except OSError as e:
+        raise SandboxError(f"cannot start bwrap: {e}") from e
+    finally:
+        os.close(args_r)
+    try:
+        ns_pid = await _holder_ready(holder)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        channel = HelperChannel(ours, output_cap)
+        await zygote.fork_helper(ns_pid, uid, huid, theirs, cgroup=cgroup)
+    except BaseException:
+        kill_group(holder)
+        with contextlib.suppress(ProcessLookupError):
+            await asyncio.shield(holder.wait())
+        raise
+    return holder, channel, ns_pid
+
+
+async def _holder_ready(holder: asyncio.subprocess.Process) -> int:
+    """Wait for `cat` to echo (the sandbox is set up); the pid of the namespaces' init."""
+    assert holder.stdin is not None and holder.stdout is not None and holder.stderr is not None
+    try:
+        async with asyncio.timeout(START_TIMEOUT):
+            holder.stdin.write(b"up\n")
+            line = await holder.stdout.readline()
+    except TimeoutError:
+        raise SandboxError(f"bwrap did not start within {START_TIMEOUT:g}s") from None
+    except (OSError, ConnectionError):
+        line = b""
+    if line != b"up\n":
+        err = (await holder.stderr.read()).decode(errors="replace").strip()
+        raise SandboxError(f"bwrap failed to start: {err[-300:] or 'no output'}")
+    # `cat` answered, so the namespaces are set up; bwrap's only child is their init.
+    try:
+        with open(f"/proc/{holder.pid}/task/{holder.pid}/children", encoding="ascii") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError) as e:
+        raise SandboxError(f"cannot find the sandbox's init process: {e}") from None
+
+
+async def start_user(argv: list[str], python: str, *, output_cap: int) -> Started:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    # --as-pid-1: the helper is the pid namespace's init, which the kernel shields from every
+    # signal sent inside without a handler (`kill -9 -1` spares it).
+    args_r = _args_pipe([*argv[1:], "--as-pid-1"])
+    src_r, src_w = os.pipe()
+    try:
+        try:
+            # The helper's source comes on stdin, not argv: `ps` inside shows a one-liner.
+            source = helper_source()
+            assert len(source) < 60_000  # fits the pipe's 64 KiB buffer: this write never blocks
+            os.write(src_w, source)
+        finally:
+            os.close(src_w)
+        holder = await asyncio.create_subprocess_exec(
+            argv[0], "--args", str(args_r), python, "-S", "-I", "-c", _BOOT, str(theirs.fileno()),
+            stdin=src_r, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+            env={"PATH": SAFE_PATH}, pass_fds=(args_r, theirs.fileno()), start_new_session=True,
+        )
+    except OSError as e:
+        ours.close()
+        raise SandboxError(f"cannot start bwrap: {e}") from e
+    finally:
+        os.close(args_r)
+        os.close(src_r)
+        theirs.close()
+    return holder, HelperChannel(ours, output_cap)
+
+
+def helper_source() -> bytes:
+    global _SOURCE
+    if _SOURCE is None:
+        _SOURCE = helper.source().encode()
+    return _SOURCE
+
+
+def helper_python(visible: tuple[str, ...]) -> tuple[str, list[str]]:
+    """The interpreter of the helper and what must be bound read-only for it to run inside:
+    a python3 under /usr (already visible) if the host has one, else the runner's own."""
+    for cand in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        real = os.path.realpath(cand)
+        if os.access(real, os.X_OK) and real.split("/")[1] in visible:
+            return real, []
+    base = os.path.realpath(sys.base_prefix)
+    exe = os.path.join(base, "bin", f"python{sys.version_info[0]}.{sys.version_info[1]}")
+    return exe, [base]
+
+
+def chown_beneath(root: Path, parts: tuple[str, ...], uid: int) -> None:
+    """chown root and each component of root/parts to uid, never following a symlink.
+
+    Components are opened one by one relative to the previous one with O_NOFOLLOW, so a
+    sandboxed process swapping a directory for a symlink meanwhile cannot make the runner
+    (root) chown anything outside the workspace."""
+    with contextlib.suppress(OSError):
+        fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            if os.fstat(fd).st_uid != uid:
+                os.chown(root, uid, uid, follow_symlinks=False)  # the workspace: the runner's own path
+            for i, part in enumerate(parts):
+                if os.stat(part, dir_fd=fd, follow_symlinks=False).st_uid != uid:
+                    os.chown(part, uid, uid, dir_fd=fd, follow_symlinks=False)
+                if i + 1 < len(parts):
+                    nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                    os.close(fd)
+                    fd = nxt
+        finally:
+            os.close(fd)
