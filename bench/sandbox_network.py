@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 
 from trajforge.sandbox.bwrap import BwrapSandbox
+from trajforge.sandbox.bwrap_start import helper_source
+from trajforge.sandbox.forkserver import Zygote
 from trajforge.sandbox.resources import SampleLimits
 
 NO_LIMITS = SampleLimits(memory=None, disk=None)
@@ -66,8 +68,14 @@ async def measure(name: str, kw: dict[str, object], root: Path, samples: int, co
 
 
 async def main(samples: int, commands: int) -> list[dict[str, object]]:
-    with tempfile.TemporaryDirectory(prefix="trajforge-bench-net-") as tmp:
-        return [await measure(name, kw, Path(tmp), samples, commands) for name, kw in SETTINGS.items()]
+    # One zygote for all samples, as a run's provider holds it: no interpreter starts per sample.
+    zygote = await Zygote().start(helper_source())
+    try:
+        with tempfile.TemporaryDirectory(prefix="trajforge-bench-net-") as tmp:
+            return [await measure(name, {**kw, "zygote": zygote}, Path(tmp), samples, commands)
+                    for name, kw in SETTINGS.items()]
+    finally:
+        await zygote.aclose()
 
 
 if __name__ == "__main__":
