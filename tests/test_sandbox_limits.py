@@ -169,3 +169,29 @@ def test_a_killed_runner_s_disk_and_cgroup_are_swept(tmp_path: Path, clean_env: 
 
         time.sleep(0.05)
     assert not group.exists()
+
+
+@pytest.mark.skipif(not ROOT_BWRAP or cgroup_parent() is None, reason="needs root bwrap and a memory cgroup")
+def test_helper_commands_and_background_jobs_are_all_in_the_sample_memory_cgroup(tmp_path: Path) -> None:
+    """The helper is forked by the run's zygote, not by bwrap: it must join the sample's group
+    itself, or nothing a sample runs would be held by its memory limit."""
+    async def main() -> None:
+        sb = BwrapSandbox(tmp_path, network=False, sample_limits=SampleLimits(memory=256 << 20, disk=None))
+        await sb.start()
+        try:
+            assert sb._res is not None and sb._res.memory is not None
+            group = sb._res.memory.path
+            job = await sb.spawn("exec sleep 300")
+            res = await sb.exec("cat /proc/self/cgroup", timeout=30)
+            assert group.name in res.stdout, res  # a foreground command
+            members = (group / "cgroup.procs").read_text().split()
+            cmdlines = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in members]
+            assert str(sb.ns_pid) in members and str(sb._holder.pid) in members  # type: ignore[union-attr]
+            assert any(c.startswith(b"sleep\x00300") for c in cmdlines), cmdlines  # the background job
+            assert any(b"python" in c for c in cmdlines), cmdlines  # the helper itself
+            await job.kill()
+        finally:
+            await sb.close()
+        assert not group.exists()
+
+    asyncio.run(main())
