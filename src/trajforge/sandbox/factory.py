@@ -3,8 +3,8 @@
 One SandboxProvider per executor process (SampleWorker.start creates it, aclose closes it). It
 holds what samples of a run share: the bwrap probe, the container engine and image cache, the
 local backend's cgroup directory, the limits from the config (limits_for, sample_limits) and the
-run's concrete network mode (network_mode, resolved once; sandbox/network.py). Nothing of it lives in module
-globals, so two runs in one process (tests, Ray actors) never share or leak state.
+run's concrete network mode (network_mode, resolved once; sandbox/network.py). Nothing of it
+lives in module globals, so two runs in one process (tests, Ray actors) never share or leak state.
 
 Backends are registered in BACKENDS: name -> "module:function", the function being
 `async def make(provider, *, cwd, image, root) -> Sandbox` (not yet started). A backend keeps
