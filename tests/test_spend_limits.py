@@ -3,6 +3,8 @@ per-sample limits, fed outcomes and clock values directly (no event loop, no ser
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from trajforge.agent.limits import SampleLimits
@@ -187,3 +189,39 @@ def test_sample_limits_name_the_limit_reached() -> None:
         == "max_tokens_per_sample"
     assert limits.reached(Usage(cost=0.08), Usage(cost=0.03), None) == "max_cost_per_sample"
     assert SampleLimits().reached(Usage(prompt_tokens=10**9, cost=1e9)) is None
+
+
+# --- what progress and statistics.json show ----------------------------------------------------
+
+
+def test_monitor_series_rates_progress_and_thinning() -> None:
+    from trajforge.model.gate import ModelGate
+    from trajforge.runner import monitor as monitor_mod
+
+    now = [0.0]
+    gate = ModelGate(512, clock=lambda: now[0])
+    budget = Budget(limit=2.0, to_run=10)
+    mon = monitor_mod.RunMonitor(gate, budget, every=1.0, clock=lambda: now[0])
+    for _ in range(30):  # requests admitted and answered, as the client does
+        ticket = asyncio.run(gate.acquire("http://x/v1"))
+        gate.release(ticket, "ok", tokens=100)
+    s = budget.start()
+    s.cost = 0.5
+    budget.end(s)
+    now[0] = 1.0
+    mon.tick()
+    point = mon.series[-1]
+    assert point["requests_per_min"] == 1800.0 and point["tokens_per_min"] == 180_000
+    assert point["limit"] == 512 and point["spent"] == 0.5
+    text = mon.progress_text()
+    assert "limit 512/512" in text and "1800 req/min" in text
+    assert "spent $0.5000" in text and "~$5.0000 projected" in text and "of $2.00 budget" in text
+    for _ in range(monitor_mod.MAX_POINTS + 5):
+        now[0] += 1.0
+        mon.tick()
+    assert len(mon.series) <= monitor_mod.MAX_POINTS
+    stats = mon.statistics()
+    assert stats["spend"] == {"spent": 0.5, "this_invocation": 0.5, "max_cost": 2.0, "budget_reached": False,
+                              "average_per_sample": 0.5}
+    assert stats["concurrency"]["ok"] == 30 and stats["concurrency"]["ceiling"] == 512
+    assert monitor_mod.RunMonitor(None, budget).statistics()["concurrency"].get("note")
