@@ -10,8 +10,15 @@ import pytest
 from trajforge.agent.limits import SampleLimits
 from trajforge.model.limiter import AimdLimiter, TokenBucket
 from trajforge.model.pricing import Price, call_usage, price_known, reports_cost
+from trajforge.model import spend
 from trajforge.model.types import Usage
 from trajforge.runner.budget import BUDGET_EXIT_CODE, Budget
+
+
+def pay(meter: spend.SampleSpend, usd: float) -> None:
+    """A model call costing `usd`, charged as the client charges it."""
+    with spend.bound(meter):
+        spend.charge(Usage(cost=usd))
 
 # --- AIMD limiter --------------------------------------------------------------------------------
 
@@ -143,15 +150,15 @@ def test_budget_stops_starts_once_spend_plus_in_flight_projection_reaches_it() -
     budget = Budget(limit=1.0, to_run=20)
     a, b = budget.start(), budget.start()
     assert budget.may_start()  # nothing known yet: no projection
-    a.cost = 0.2
+    pay(a, 0.2)
     budget.end(a)
     assert budget.average() == pytest.approx(0.2)
-    b.cost = 0.05  # in flight, projected to the 0.2 average
+    pay(b, 0.05)  # in flight, projected to the 0.2 average
     c = budget.start()
     budget.start(), budget.start()
     # spent 0.25, in flight b (0.15 more) + three new ones (0.2 each) = 0.25 + 0.75 = 1.0: reached
     assert not budget.may_start()
-    c.cost = 0.01
+    pay(c, 0.01)
     budget.end(c)  # once refused, always refused: in-flight samples finish, nothing new starts
     assert not budget.may_start()
     assert budget.reached
@@ -172,7 +179,7 @@ def test_budget_continues_over_invocations() -> None:
 def test_budget_without_limit_only_counts() -> None:
     budget = Budget(to_run=3)
     s = budget.start()
-    s.cost = 5.0
+    pay(s, 5.0)
     assert budget.may_start() and budget.spent == 5.0
     assert budget.end(s, elsewhere=1.0) == 6.0
     assert budget.invocation_entry() == {"spent": 6.0, "spent_samples": 1}
@@ -206,7 +213,7 @@ def test_monitor_series_rates_progress_and_thinning() -> None:
         ticket = asyncio.run(gate.acquire("http://x/v1"))
         gate.release(ticket, "ok", tokens=100)
     s = budget.start()
-    s.cost = 0.5
+    pay(s, 0.5)
     budget.end(s)
     now[0] = 1.0
     mon.tick()
