@@ -166,3 +166,16 @@ def test_tools_model_calls_pass_the_runs_gate_and_are_charged_to_their_sample(tm
     assert stats["spend"]["spent"] == pytest.approx(calls * 0.01)
     for record in read_jsonl(run_dir(tmp_path) / "trajectories.jsonl"):
         assert record["usage"]["cost"] == pytest.approx(0.05)  # the sample pays for its tool's calls
+
+
+def test_bad_prices_and_limits_are_refused_naming_the_key(tmp_path: Path, server: ScriptedServer, clean_env) -> None:
+    ds = write_dataset(tmp_path / "ds.jsonl", ["say a"])
+    bad = config(tmp_path, "pricing:\n  scripted-model: {prompt: -1, completion: 2}\n")
+    proc = run_cli(tmp_path, clean_env, *base_args(server, ds, "r", bad, "--max_cost=1"))
+    assert proc.returncode == 2
+    assert "pricing.scripted-model.prompt" in proc.stderr and "Traceback" not in proc.stderr
+    for flag, words in (("--max_cost=0", "greater than 0"), ("--max_tokens_per_sample=0", "at least 1"),
+                        ("--adaptive_concurrency=perhaps", "true or false")):
+        proc = run_cli(tmp_path, clean_env, *base_args(server, ds, "r", flag))
+        assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+    assert server.requests == [] and not (tmp_path / "data").exists()
