@@ -232,3 +232,17 @@ def test_monitor_series_rates_progress_and_thinning() -> None:
                               "average_per_sample": 0.5}
     assert stats["concurrency"]["ok"] == 30 and stats["concurrency"]["ceiling"] == 512
     assert monitor_mod.RunMonitor(None, budget).statistics()["concurrency"].get("note")
+
+
+def test_a_ray_actor_gets_its_share_of_the_runs_rate_budgets() -> None:
+    from trajforge.config import RunConfig
+    from trajforge.runner.governor import gate_for
+
+    config = RunConfig(num_workers=512, max_requests_per_minute=800, max_tokens_per_minute=1_600_000,
+                       adaptive_concurrency=False)
+    whole, part = gate_for(config), gate_for(config, share=64 / 512)
+    assert (whole.ceiling, part.ceiling) == (512, 64)
+    assert whole._rpm is not None and part._rpm is not None and part._tpm is not None
+    assert (whole._rpm.per_minute, part._rpm.per_minute, part._tpm.per_minute) == (800, 100, 200_000)
+    assert part.adaptive is False
+    assert gate_for(RunConfig())._rpm is None
