@@ -139,8 +139,10 @@ class OpenAIClient:
                                 self.base_url, failed.final, attempt + 1, attempts - 1)
                     continue
                 delay = self._delay(attempt, failed.retry_after)
-                log.warning("model call to %s failed (%s); retry %d/%d in %.1fs", self.base_url,
-                            failed.final, attempt + 1, attempts - 1, delay)
+                # While the gate adapts, 429s are expected and progress counts them: not a warning each.
+                level = logging.INFO if gate is not None and gate.adaptive and failed.overload else logging.WARNING
+                log.log(level, "model call to %s failed (%s); retry %d/%d in %.1fs", self.base_url,
+                        failed.final, attempt + 1, attempts - 1, delay)
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable: the loop returns or raises")
 
