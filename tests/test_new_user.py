@@ -327,3 +327,54 @@ def test_auto_falling_back_to_local_says_why_and_how_to_get_isolation(tmp_path: 
     assert "trajforge doctor" in proc.stderr
     assert json.loads((run_dir(tmp_path) / "config.json").read_text())["sandbox"] == "local"
     assert json.loads((run_dir(tmp_path) / "statistics.json").read_text())["sandbox"] == "local"
+
+
+# ---- 4. the container tests clean up what they start: no conmon outlives its container
+
+
+def conmons_of(name: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_bytes().strip() != b"conmon":
+                continue
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a == b"-n" and b == name.encode() for a, b in zip(args, args[1:])):
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_killed_commands_leave_no_conmon_behind(tmp_path: Path, busybox_image: str) -> None:  # noqa: F811
+    """A timed-out and a cancelled `podman exec` used to leave their session's conmon waiting
+    300 s (Podman's exit_command_delay) after the container was gone."""
+    from trajforge.config import RunConfig
+    from trajforge.sandbox.factory import create_sandbox
+    from trajforge.sandbox.process import kill_group
+
+    async def body() -> str:
+        cfg = RunConfig(container_engine="podman", run_name="conmon-test")
+        sb = await create_sandbox(cfg, cwd=None, image=busybox_image, root=tmp_path)
+        name = sb.name
+        assert name is not None
+        try:
+            assert (await sb.exec("sleep 30", timeout=1)).timed_out
+            task = asyncio.create_task(sb.exec("sleep 31", timeout=60))
+            await asyncio.sleep(1.0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            job = await sb.spawn("sleep 32", log_path=tmp_path / "job.log")
+            await asyncio.sleep(1.0)
+            kill_group(job)
+            await job.wait()
+            assert conmons_of(name), "the killed sessions' monitors exist while the container does"
+        finally:
+            await sb.close()
+        return name
+
+    name = asyncio.run(body())
+    assert conmons_of(name) == []

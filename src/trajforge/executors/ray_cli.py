@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trajforge.errors import ConfigError, TrajforgeError, UsageError
+from trajforge.executors import ray_auth
 from trajforge.executors.ray import SLOT_RESOURCE, WORKER_ENV, WORKER_LABEL
 
 RAY_CLI = [sys.executable, "-m", "ray.scripts.scripts"]  # the `ray` command of this interpreter
@@ -118,13 +120,24 @@ class Head:
             raise TrajforgeError(f"the Ray head did not start:\n{tail}")
 
     def close(self, grace: float = 30.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)  # `ray start --block` then stops its node's processes
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_node(self.proc, grace)
+
+
+def stop_node(proc: subprocess.Popen[str], grace: float) -> None:
+    """Stop a `ray start --block` child and everything of its node.
+
+    SIGTERM makes `ray start` drain and stop its node's processes; whatever is left in its
+    process group afterwards (agents orphaned when the raylet died first) is killed, so no Ray
+    process outlives the command that started it."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: the group id is its pid
+    proc.wait()
 
 
 def _die_with_parent() -> None:
@@ -170,17 +183,27 @@ def scheduler_main(argv: list[str]) -> int:
     parser.add_argument("--config", type=Path, required=True, help="YAML: run keys plus a `ray:` section")
     ns, overrides = parser.parse_known_args(argv)
     settings, config = load_scheduler_config(ns.config, overrides)
+    auth = ray_auth.decide()
     import ray
 
     from trajforge.runner.main import run
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray_auth.apply(auth)  # the head, this driver and the run's actors: one mode
+    print(f"trajforge: {auth.describe()}" + ("; every worker node needs the same token" if auth.mode == "token"
+                                              else ""), file=sys.stderr)
     head = Head(settings, config.verbose)
     try:
         head.wait_ready()
         print(f"trajforge: Ray head at {settings.address}; join workers with: "
               f"trajforge worker --address {settings.address} --pool_size N", file=sys.stderr)
-        ray.init(address=settings.address, logging_level=logging.WARNING, log_to_driver=config.verbose)
+        try:
+            ray.init(address=settings.address, logging_level=logging.WARNING, log_to_driver=config.verbose)
+        except Exception as e:  # ConnectionError around the real cause: one line, never a traceback
+            text = f"{e} {e.__cause__ or ''}"
+            if ray_auth.is_auth_failure(text):
+                raise TrajforgeError(ray_auth.failure_message(f"Ray head at {settings.address}", auth)) from None
+            raise TrajforgeError(f"cannot connect to the Ray head at {settings.address}: {e}") from None
         wait_for_workers(settings.min_workers, settings.wait_timeout)
         config.executor = "ray"
         config.ray_address = settings.address
@@ -199,7 +222,8 @@ def worker_command(address: str, pool_size: int, worker_id: str, extra: argparse
 
 def worker_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="trajforge worker",
-                                     description="Join a trajforge Ray cluster, offering session slots.")
+                                     description="Join a trajforge Ray cluster, offering session slots. Exits when "
+                                                 "its head goes away; SIGTERM or Ctrl-C stops this node's Ray processes.")
     parser.add_argument("--address", required=True, help="the head's HOST:PORT (printed by trajforge scheduler)")
     parser.add_argument("--pool_size", "--pool-size", type=int, default=4,
                         help="sessions this node runs at once [default: 4]")
@@ -209,16 +233,89 @@ def worker_main(argv: list[str]) -> int:
     parser.add_argument("--num_cpus", "--num-cpus", type=int)
     parser.add_argument("--object_store_memory", "--object-store-memory", type=int)
     parser.add_argument("--temp_dir", "--temp-dir", type=Path)
+    parser.add_argument("--head_timeout", "--head-timeout", type=float, default=HEAD_GONE_SECONDS,
+                        help=f"seconds without the head before this worker exits [default: {HEAD_GONE_SECONDS:g}]")
+    parser.add_argument("--verbose", action="store_true", help="show Ray's own output")
     ns = parser.parse_args(argv)
     if ns.pool_size < 1:
         raise UsageError(f"--pool_size: invalid value {ns.pool_size}: must be at least 1")
+    if ns.head_timeout <= 0:
+        raise UsageError(f"--head_timeout: invalid value {ns.head_timeout:g}: must be greater than 0")
     if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?", ns.worker_id):
         raise UsageError(f"--worker_id: invalid value {ns.worker_id!r}: must be 1-63 letters, digits, '-', '_' "
                          "or '.', starting and ending with a letter or digit (a Ray node label)")
+    auth = ray_auth.decide()
     cmd = worker_command(ns.address, ns.pool_size, ns.worker_id, ns)
-    env = {**os.environ, WORKER_ENV: ns.worker_id, "RAY_USAGE_STATS_ENABLED": "0"}
-    print(f"trajforge: worker {ns.worker_id!r} joining {ns.address} with {ns.pool_size} slot(s)", file=sys.stderr,
-          flush=True)
-    # Become `ray start --block`: signals reach Ray directly, which stops this node's processes.
-    os.execve(cmd[0], cmd, env)
-    return 1  # not reached
+    env = {**os.environ, WORKER_ENV: ns.worker_id, "RAY_USAGE_STATS_ENABLED": "0", ray_auth.MODE_VAR: auth.mode,
+           # The raylet gives up on a vanished head (GCS) after this long, and `ray start` ends with it.
+           "RAY_gcs_rpc_server_reconnect_timeout_s": str(max(1, round(ns.head_timeout)))}
+    print(f"trajforge: worker {ns.worker_id!r} joining {ns.address} with {ns.pool_size} slot(s); {auth.describe()}",
+          file=sys.stderr, flush=True)
+    return WorkerNode(cmd, env, ns.address, auth, ns.verbose).run()
+
+
+HEAD_GONE_SECONDS = 20.0
+_JOINED = "Ray runtime started"
+_HEAD_GONE = ("Failed to connect to GCS", "GCS may have been killed", "GCS has been unavailable")
+
+
+class WorkerNode:
+    """`ray start --block` as a supervised child rather than exec'd: its output tells whether it
+    joined, was rejected (authentication) or lost its head; on the way out, whatever of the node
+    is left in its process group is killed. Ray's output is shown only with --verbose."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], address: str, auth: ray_auth.AuthDecision,
+                 verbose: bool) -> None:
+        self.cmd, self.env, self.address, self.auth, self.verbose = cmd, env, address, auth, verbose
+        self.output: collections.deque[str] = collections.deque(maxlen=40)
+        self.joined = self.auth_failed = self.head_gone = False
+        self.stopping = False
+
+    def _read(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip()
+            self.output.append(line)
+            if self.verbose:
+                print(f"[ray] {line}", file=sys.stderr, flush=True)
+            if _JOINED in line and not self.joined:
+                self.joined = True
+                print(f"trajforge: joined the cluster at {self.address}", file=sys.stderr, flush=True)
+            self.auth_failed = self.auth_failed or ray_auth.is_auth_failure(line)
+            self.head_gone = self.head_gone or any(m in line for m in _HEAD_GONE)
+
+    def run(self) -> int:
+        proc = subprocess.Popen(self.cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True, preexec_fn=_die_with_parent)
+
+        def on_signal(signum: int, frame: object) -> None:
+            self.stopping = True
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)  # `ray start` drains and stops the node
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        reader = threading.Thread(target=self._read, args=(proc,), name="ray-worker-output", daemon=True)
+        reader.start()
+        try:
+            proc.wait()
+        finally:
+            stop_node(proc, grace=35.0)  # drain takes up to 30 s
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            reader.join(5)
+        return self._verdict(proc.returncode)
+
+    def _verdict(self, code: int) -> int:
+        if self.stopping:
+            print("trajforge: worker stopped; no Ray process of this node is left", file=sys.stderr)
+            return 130
+        if self.auth_failed:
+            raise TrajforgeError(ray_auth.failure_message(f"head {self.address}", self.auth))
+        if self.head_gone and self.joined:
+            print(f"trajforge: the head at {self.address} went away (its run ended or it stopped); "
+                  "this worker stopped too", file=sys.stderr)
+            return 0
+        tail = "\n".join(self.output)
+        if not self.joined:
+            raise TrajforgeError(f"could not join the Ray head at {self.address} (ray start exited with {code}):\n{tail}")
+        raise TrajforgeError(f"the Ray node stopped unexpectedly (ray start exited with {code}):\n{tail}")
