@@ -6,19 +6,19 @@ optionally waits for workers to join, runs the job described by the file's run k
 configures the head; every other key is an ordinary run key, and run flags after `--config`
 override them. `trajforge worker --address HEAD --pool_size N` becomes `ray start --address HEAD
 --block` offering N session slots (the `trajforge_slots` resource) and labelled with the worker id
-($TRAJFORGE_WORKER_ID, else the host name), which statistics show per worker.
+($TRAJFORGE_WORKER_ID, else the host name), which statistics show per worker; it supervises that
+child (WorkerNode): it leaves when its head is gone and takes every Ray process of its node with it.
+Both decide Ray's token authentication once (ray_auth) for every Ray process they start.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import json
 import logging
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from trajforge.errors import ConfigError, TrajforgeError, UsageError
 from trajforge.executors import ray_auth
 from trajforge.executors.ray import SLOT_RESOURCE, WORKER_ENV, WORKER_LABEL
+from trajforge.executors.ray_worker import HEAD_GONE_SECONDS, WorkerNode, _die_with_parent, stop_node
 
 RAY_CLI = [sys.executable, "-m", "ray.scripts.scripts"]  # the `ray` command of this interpreter
 
@@ -121,30 +122,6 @@ class Head:
 
     def close(self, grace: float = 30.0) -> None:
         stop_node(self.proc, grace)
-
-
-def stop_node(proc: subprocess.Popen[str], grace: float) -> None:
-    """Stop a `ray start --block` child and everything of its node.
-
-    SIGTERM makes `ray start` drain and stop its node's processes; whatever is left in its
-    process group afterwards (agents orphaned when the raylet died first) is killed, so no Ray
-    process outlives the command that started it."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            pass
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)  # its own session: the group id is its pid
-    proc.wait()
-
-
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 def _node_flags(ip: str | None, num_cpus: int | None, store: int | None, temp_dir: Path | None) -> list[str]:
@@ -252,70 +229,3 @@ def worker_main(argv: list[str]) -> int:
     print(f"trajforge: worker {ns.worker_id!r} joining {ns.address} with {ns.pool_size} slot(s); {auth.describe()}",
           file=sys.stderr, flush=True)
     return WorkerNode(cmd, env, ns.address, auth, ns.verbose).run()
-
-
-HEAD_GONE_SECONDS = 20.0
-_JOINED = "Ray runtime started"
-_HEAD_GONE = ("Failed to connect to GCS", "GCS may have been killed", "GCS has been unavailable")
-
-
-class WorkerNode:
-    """`ray start --block` as a supervised child rather than exec'd: its output tells whether it
-    joined, was rejected (authentication) or lost its head; on the way out, whatever of the node
-    is left in its process group is killed. Ray's output is shown only with --verbose."""
-
-    def __init__(self, cmd: list[str], env: dict[str, str], address: str, auth: ray_auth.AuthDecision,
-                 verbose: bool) -> None:
-        self.cmd, self.env, self.address, self.auth, self.verbose = cmd, env, address, auth, verbose
-        self.output: collections.deque[str] = collections.deque(maxlen=40)
-        self.joined = self.auth_failed = self.head_gone = False
-        self.stopping = False
-
-    def _read(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.rstrip()
-            self.output.append(line)
-            if self.verbose:
-                print(f"[ray] {line}", file=sys.stderr, flush=True)
-            if _JOINED in line and not self.joined:
-                self.joined = True
-                print(f"trajforge: joined the cluster at {self.address}", file=sys.stderr, flush=True)
-            self.auth_failed = self.auth_failed or ray_auth.is_auth_failure(line)
-            self.head_gone = self.head_gone or any(m in line for m in _HEAD_GONE)
-
-    def run(self) -> int:
-        proc = subprocess.Popen(self.cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True, preexec_fn=_die_with_parent)
-
-        def on_signal(signum: int, frame: object) -> None:
-            self.stopping = True
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)  # `ray start` drains and stops the node
-
-        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-        reader = threading.Thread(target=self._read, args=(proc,), name="ray-worker-output", daemon=True)
-        reader.start()
-        try:
-            proc.wait()
-        finally:
-            stop_node(proc, grace=35.0)  # drain takes up to 30 s
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            reader.join(5)
-        return self._verdict(proc.returncode)
-
-    def _verdict(self, code: int) -> int:
-        if self.stopping:
-            print("trajforge: worker stopped; no Ray process of this node is left", file=sys.stderr)
-            return 130
-        if self.auth_failed:
-            raise TrajforgeError(ray_auth.failure_message(f"head {self.address}", self.auth))
-        if self.head_gone and self.joined:
-            print(f"trajforge: the head at {self.address} went away (its run ended or it stopped); "
-                  "this worker stopped too", file=sys.stderr)
-            return 0
-        tail = "\n".join(self.output)
-        if not self.joined:
-            raise TrajforgeError(f"could not join the Ray head at {self.address} (ray start exited with {code}):\n{tail}")
-        raise TrajforgeError(f"the Ray node stopped unexpectedly (ray start exited with {code}):\n{tail}")
