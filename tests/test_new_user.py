@@ -378,3 +378,29 @@ def test_killed_commands_leave_no_conmon_behind(tmp_path: Path, busybox_image: s
 
     name = asyncio.run(body())
     assert conmons_of(name) == []
+
+
+# ---- 6. the compressor falls back to the local model without a key, like `trajforge run`
+
+
+def test_compressor_without_a_key_summarises_with_the_local_model(tmp_path: Path, clean_env: dict[str, str]) -> None:
+    from tests.support.compress_data import trajectory, write_jsonl
+
+    src = write_jsonl(tmp_path / "in.jsonl", [trajectory(0, steps=6, response_words=40)])
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("compression: {summary_target_tokens: 16}\nprotected_turns: {last_n_turns: 2}\n"
+                   "summarization: {max_retries: 0}\n")
+    env = no_search_env(clean_env)
+    proc = subprocess.run(cli("compress", f"--input={src}", "--target_max_tokens=500", f"--config={cfg}"),
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "no API key and no --base_url: summaries come from the bundled local model (--model local)" in proc.stderr
+    metrics = json.loads((tmp_path / "in_compressed_metrics.json").read_text())
+    assert "no API key" not in json.dumps(metrics)  # the remote summariser was never tried
+    assert '"local"' in json.dumps(metrics), metrics  # the summariser model it used
+    # A model the user names is never replaced: no key for it is that model's problem, said as such.
+    proc = subprocess.run(cli("compress", f"--input={src}", "--target_max_tokens=500", f"--config={cfg}",
+                              "--model=openai/gpt-5-mini", "--output=named.jsonl"),
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert "bundled local model" not in proc.stderr
+    assert "summariser: no API key" in proc.stderr or "no API key" in proc.stderr, proc.stderr
