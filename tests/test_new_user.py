@@ -18,8 +18,20 @@ import pytest
 
 from tests.conftest import cli
 from tests.support.images import busybox_image, podman  # noqa: F401 (fixtures)
-from tests.support.policies import echo_policy, prompt_command_policy, tool_messages, user_prompt
-from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call
+from tests.support.policies import (
+    echo_policy,
+    prompt_command_policy,
+    tool_messages,
+    user_prompt,
+)
+from tests.support.scripted_server import (
+    Recorded,
+    Reply,
+    ScriptedServer,
+    chat,
+    http_error,
+    tool_call,
+)
 from tests.test_runner_e2e import read_jsonl, run_cli, write_dataset
 from trajforge.sandbox.bwrap import probe
 

@@ -10,6 +10,7 @@ must exit 0. What cannot run offline here is skipped with the reason:
 
 - a hosted API key: a remote `--model` without `--base_url` (the run would refuse: no key);
 - a multi-host Ray cluster: `trajforge scheduler`/`worker`, `HEAD_IP` placeholders;
+- a model server: a `--base_url` nothing listens at (only loopback is ever tried);
 - the package index: `pip install`;
 - `make test`: that is this suite;
 - slow: a run on the bundled local model (no `--base_url`, no key: the README's offline
@@ -28,16 +29,19 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
 from tests.conftest import REPO, cli
 from tests.support.policies import echo_policy
 from tests.support.scripted_server import ScriptedServer
+from trajforge.model.factory import is_loopback
 
 README = REPO / "README.md"
 NOT_COMMANDS = {"yaml", "yml", "json", "jsonl", "toml", "python", "py", "text", "txt", "ini", "csv"}
@@ -116,6 +120,17 @@ def _make_recipe(cmd: Command) -> list[str]:
     return shlex.split(proc.stdout.replace("\\\n", " "), comments=True) if proc.returncode == 0 else []
 
 
+def _listening(url: str) -> bool:
+    parts = urlsplit(url)
+    if not parts.hostname:
+        return False
+    try:
+        with socket.create_connection((parts.hostname, parts.port or 443), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
 def _is_run(words: list[str]) -> bool:
     return any(w.endswith("batch_runner.py") for w in words) or (
         any(w.endswith("trajforge") for w in words) and "run" in words)
@@ -133,8 +148,13 @@ def skip_reason(cmd: Command) -> str | None:
     if words[0] == "make":
         words = _make_recipe(cmd) or words
     model = _flag(words, "--model")
-    if model and model.startswith(HOSTED_PREFIXES) and not _flag(words, "--base_url", "--base-url"):
+    base_url = _flag(words, "--base_url", "--base-url")
+    if model and model.startswith(HOSTED_PREFIXES) and not base_url:
         return f"needs a hosted API key (--model {model} on the default endpoint)"
+    if base_url and not is_loopback(base_url):
+        return f"needs the hosted API at {base_url} and its key (tests stay on loopback)"
+    if base_url and not _listening(base_url):
+        return f"needs an OpenAI-compatible server at {base_url} (vLLM, llama.cpp...); none is running"
     if _is_run(words) and not _flag(words, "--base_url", "--base-url") and not SLOW:
         return ("slow: runs the bundled local model offline (1-2 min per prompt on two shared cores); "
                 "TRAJFORGE_README_SLOW=1 runs it")
