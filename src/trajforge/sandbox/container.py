@@ -220,8 +220,8 @@ class ContainerSandbox(MountedSandbox):
             res = await asyncio.shield(self.engine.run(*self.engine.rm_args(name), timeout=120))
             if res.exit_code == 0 or "no such container" in (res.stderr + res.stdout).lower():
                 _live.pop(name, None)
-                if self.engine.kind == "podman":
-                    await asyncio.to_thread(kill_exec_monitors, name)
+                # Podman's, also behind the Docker CLI (`podman system service`); none elsewhere.
+                await asyncio.to_thread(kill_exec_monitors, name)
         await super().close()
 
 
