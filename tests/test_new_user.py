@@ -171,6 +171,10 @@ def test_a_distribution_with_no_available_toolset_is_refused(tmp_path: Path, ser
     assert "Traceback" not in proc.stderr
     assert "--distribution minimal: none of its toolsets can be offered here (web: " in proc.stderr
     assert server.chat_requests() == []
+    # Refused before anything was recorded: the same run name starts afresh, without --resume.
+    assert not (run_dir(tmp_path) / "checkpoint.json").exists()
+    proc = run_cli(tmp_path, no_search_env(clean_env), *args_for(server, ds, "--sandbox=local"))
+    assert proc.returncode == 0, proc.stderr
 
 
 # ---- 2. input rows survive into the records

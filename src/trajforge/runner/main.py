@@ -179,6 +179,13 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
         progress.update(o)
 
     executor = make_executor(config, prefill, run_dir)
+    if todo:  # before the checkpoint records this invocation: a refused start leaves no results behind
+        try:
+            for u in await executor.start():
+                print(f"trajforge: toolset '{u.toolset}' unavailable, not offered: {u.reason}", file=sys.stderr)
+        except BaseException:
+            await executor.aclose()
+            raise
     stop = asyncio.Event()
     this_invocation = checkpoint.begin_invocation(started_wall)
     checkpoint.save(force=True)
@@ -186,8 +193,6 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
     flusher = asyncio.create_task(_flush_periodically(batch_store, checkpoint, progress))
     try:
         if todo:
-            for u in await executor.start():
-                print(f"trajforge: toolset '{u.toolset}' unavailable, not offered: {u.reason}", file=sys.stderr)
             if config.executor == "local":
                 from trajforge.sandbox.factory import prefetch_images
 
