@@ -194,3 +194,20 @@ def test_format_distributions_lists_every_name_description_and_probability() -> 
         assert head == f"{name}: {desc}"
         table = SPEC_TABLE[name][1] if name in SPEC_TABLE else {"terminal": 50, "web": 12.5}
         assert probs.strip() == ", ".join(f"{ts} {p:g}%" for ts, p in table.items())
+
+
+def test_only_available_toolsets_are_drawn_and_one_is_always_there() -> None:
+    """A missing top toolset no longer leaves a sample with no tools (balanced, seed 0, sample 16)."""
+    d = BUILTIN["balanced"]
+    here = {"terminal", "file"}
+    for i in range(500):
+        full = sample_toolsets(d, 0, f"s{i}:0")
+        got = sample_toolsets(d, 0, f"s{i}:0", here)
+        assert got, i
+        assert set(got) <= here
+        # Flips do not depend on availability: what came up and is here is kept as is.
+        kept = [ts for ts in full if ts in here]
+        assert got == (kept or ["terminal"]), (i, full, got)
+    assert sample_toolsets(BUILTIN["minimal"], 0, "x:0", {"terminal"}) == []
+    assert BUILTIN["development"].primary({"web", "vision"}) == "web"
+    assert BUILTIN["development"].primary(set()) is None

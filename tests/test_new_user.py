@@ -18,8 +18,20 @@ import pytest
 
 from tests.conftest import cli
 from tests.support.images import busybox_image, podman  # noqa: F401 (fixtures)
-from tests.support.policies import echo_policy, prompt_command_policy, tool_messages, user_prompt
-from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call
+from tests.support.policies import (
+    echo_policy,
+    prompt_command_policy,
+    tool_messages,
+    user_prompt,
+)
+from tests.support.scripted_server import (
+    Recorded,
+    Reply,
+    ScriptedServer,
+    chat,
+    http_error,
+    tool_call,
+)
 from tests.test_runner_e2e import read_jsonl, run_cli, write_dataset
 from trajforge.sandbox.bwrap import probe
 
@@ -159,6 +171,10 @@ def test_a_distribution_with_no_available_toolset_is_refused(tmp_path: Path, ser
     assert "Traceback" not in proc.stderr
     assert "--distribution minimal: none of its toolsets can be offered here (web: " in proc.stderr
     assert server.chat_requests() == []
+    # Refused before anything was recorded: the same run name starts afresh, without --resume.
+    assert not (run_dir(tmp_path) / "checkpoint.json").exists()
+    proc = run_cli(tmp_path, no_search_env(clean_env), *args_for(server, ds, "--sandbox=local"))
+    assert proc.returncode == 0, proc.stderr
 
 
 # ---- 2. input rows survive into the records
@@ -327,3 +343,80 @@ def test_auto_falling_back_to_local_says_why_and_how_to_get_isolation(tmp_path: 
     assert "trajforge doctor" in proc.stderr
     assert json.loads((run_dir(tmp_path) / "config.json").read_text())["sandbox"] == "local"
     assert json.loads((run_dir(tmp_path) / "statistics.json").read_text())["sandbox"] == "local"
+
+
+# ---- 4. the container tests clean up what they start: no conmon outlives its container
+
+
+def conmons_of(name: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_bytes().strip() != b"conmon":
+                continue
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a == b"-n" and b == name.encode() for a, b in zip(args, args[1:])):
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_killed_commands_leave_no_conmon_behind(tmp_path: Path, busybox_image: str) -> None:  # noqa: F811
+    """A timed-out and a cancelled `podman exec` used to leave their session's conmon waiting
+    300 s (Podman's exit_command_delay) after the container was gone."""
+    from trajforge.config import RunConfig
+    from trajforge.sandbox.factory import create_sandbox
+    from trajforge.sandbox.process import kill_group
+
+    async def body() -> str:
+        cfg = RunConfig(container_engine="podman", run_name="conmon-test")
+        sb = await create_sandbox(cfg, cwd=None, image=busybox_image, root=tmp_path)
+        name = sb.name
+        assert name is not None
+        try:
+            assert (await sb.exec("sleep 30", timeout=1)).timed_out
+            task = asyncio.create_task(sb.exec("sleep 31", timeout=60))
+            await asyncio.sleep(1.0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            job = await sb.spawn("sleep 32", log_path=tmp_path / "job.log")
+            await asyncio.sleep(1.0)
+            kill_group(job)
+            await job.wait()
+            assert conmons_of(name), "the killed sessions' monitors exist while the container does"
+        finally:
+            await sb.close()
+        return name
+
+    name = asyncio.run(body())
+    assert conmons_of(name) == []
+
+
+# ---- 6. the compressor falls back to the local model without a key, like `trajforge run`
+
+
+def test_compressor_without_a_key_summarises_with_the_local_model(tmp_path: Path, clean_env: dict[str, str]) -> None:
+    from tests.support.compress_data import trajectory, write_jsonl
+
+    src = write_jsonl(tmp_path / "in.jsonl", [trajectory(0, steps=6, response_words=40)])
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("compression: {summary_target_tokens: 16}\nprotected_turns: {last_n_turns: 2}\n"
+                   "summarization: {max_retries: 0}\n")
+    env = no_search_env(clean_env)
+    proc = subprocess.run(cli("compress", f"--input={src}", "--target_max_tokens=500", f"--config={cfg}"),
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "no API key and no --base_url: summaries come from the bundled local model (--model local)" in proc.stderr
+    metrics = json.loads((tmp_path / "in_compressed_metrics.json").read_text())
+    assert "no API key" not in json.dumps(metrics)  # the remote summariser was never tried
+    assert '"local"' in json.dumps(metrics), metrics  # the summariser model it used
+    # A model the user names is never replaced: no key for it is that model's problem, said as such.
+    proc = subprocess.run(cli("compress", f"--input={src}", "--target_max_tokens=500", f"--config={cfg}",
+                              "--model=openai/gpt-5-mini", "--output=named.jsonl"),
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert "bundled local model" not in proc.stderr
+    assert "summariser: no API key" in proc.stderr or "no API key" in proc.stderr, proc.stderr

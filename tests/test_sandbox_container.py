@@ -334,7 +334,7 @@ def test_dataset_mixing_images_end_to_end(tmp_path: Path, busybox_image: str, po
                                   f"--base_url={server.url}", "--model=scripted", "--distribution=terminal_only",
                                   "--container_engine=podman"),
                               cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 3, proc.stderr  # the missing image's sample failed (--fail_on_error 1)
+    assert proc.returncode == 3, proc.stderr  # the missing-image row failed
     out = tmp_path / "data" / run_name
     records = {r["prompt_index"]: r for r in map(json.loads, (out / "trajectories.jsonl").read_text().splitlines())}
     assert sorted(records) == [0, 2]

@@ -137,3 +137,45 @@ def test_adaptive_concurrency_off_keeps_num_workers(tmp_path: Path, clean_env) -
     assert proc.returncode == 0, proc.stderr[-2000:]
     conc = json.loads((run_dir(tmp_path) / "statistics.json").read_text())["concurrency"]
     assert conc["adaptive"] is False and conc["final_limit"] == conc["min_limit"] == 16
+
+
+def test_tools_model_calls_pass_the_runs_gate_and_are_charged_to_their_sample(tmp_path: Path, clean_env) -> None:
+    from tests.support.scripted_server import Recorded, Reply, chat, tool_call
+
+    def handle(req: Recorded) -> Reply:
+        body = req.body
+        if "tools" not in body:  # moa's own calls: two references, then the aggregator
+            return chat("aggregate" if body["messages"][0]["role"] == "system" else "reference answer")
+        if not any(m["role"] == "tool" for m in body["messages"]):
+            return chat(None, tool_calls=[tool_call("mixture_of_agents", {"user_prompt": "Why?"})], reasoning="Ask.")
+        return chat("Done.", reasoning="Answered.")
+
+    (tmp_path / "c.yaml").write_text(
+        "distributions: {moa_only: {toolsets: {moa: 100}}}\n"
+        "tools: {moa: {reference_models: [ref-a, ref-b], aggregator_model: agg}}\n" + PRICED)
+    with ScriptedServer(with_usage(handle, 100, 20, cost=0.01)) as srv:
+        ds = write_dataset(tmp_path / "ds.jsonl", ["q1", "q2", "q3"])
+        args = [a for a in base_args(srv, ds, "r") if not a.startswith("--distribution")]
+        proc = run_cli(tmp_path, clean_env, *args, "--distribution=moa_only", f"--config={tmp_path / 'c.yaml'}",
+                       "--max_cost=10", "--max_requests_per_minute=6000")
+        calls = len(srv.chat_requests())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert calls == 3 * 5  # per sample: 2 agent calls, 2 references, 1 aggregator
+    stats = json.loads((run_dir(tmp_path) / "statistics.json").read_text())
+    assert stats["concurrency"]["requests"] == calls  # every call, the tool's included, went through the gate
+    assert stats["spend"]["spent"] == pytest.approx(calls * 0.01)
+    for record in read_jsonl(run_dir(tmp_path) / "trajectories.jsonl"):
+        assert record["usage"]["cost"] == pytest.approx(0.05)  # the sample pays for its tool's calls
+
+
+def test_bad_prices_and_limits_are_refused_naming_the_key(tmp_path: Path, server: ScriptedServer, clean_env) -> None:
+    ds = write_dataset(tmp_path / "ds.jsonl", ["say a"])
+    bad = config(tmp_path, "pricing:\n  scripted-model: {prompt: -1, completion: 2}\n")
+    proc = run_cli(tmp_path, clean_env, *base_args(server, ds, "r", bad, "--max_cost=1"))
+    assert proc.returncode == 2
+    assert "pricing.scripted-model.prompt" in proc.stderr and "Traceback" not in proc.stderr
+    for flag, words in (("--max_cost=0", "greater than 0"), ("--max_tokens_per_sample=0", "at least 1"),
+                        ("--adaptive_concurrency=perhaps", "true or false")):
+        proc = run_cli(tmp_path, clean_env, *base_args(server, ds, "r", flag))
+        assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+    assert server.requests == [] and not (tmp_path / "data").exists()

@@ -3,13 +3,22 @@ per-sample limits, fed outcomes and clock values directly (no event loop, no ser
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from trajforge.agent.limits import SampleLimits
 from trajforge.model.limiter import AimdLimiter, TokenBucket
 from trajforge.model.pricing import Price, call_usage, price_known, reports_cost
+from trajforge.model import spend
 from trajforge.model.types import Usage
 from trajforge.runner.budget import BUDGET_EXIT_CODE, Budget
+
+
+def pay(meter: spend.SampleSpend, usd: float) -> None:
+    """A model call costing `usd`, charged as the client charges it."""
+    with spend.bound(meter):
+        spend.charge(Usage(cost=usd))
 
 # --- AIMD limiter --------------------------------------------------------------------------------
 
@@ -141,15 +150,15 @@ def test_budget_stops_starts_once_spend_plus_in_flight_projection_reaches_it() -
     budget = Budget(limit=1.0, to_run=20)
     a, b = budget.start(), budget.start()
     assert budget.may_start()  # nothing known yet: no projection
-    a.cost = 0.2
+    pay(a, 0.2)
     budget.end(a)
     assert budget.average() == pytest.approx(0.2)
-    b.cost = 0.05  # in flight, projected to the 0.2 average
+    pay(b, 0.05)  # in flight, projected to the 0.2 average
     c = budget.start()
     budget.start(), budget.start()
     # spent 0.25, in flight b (0.15 more) + three new ones (0.2 each) = 0.25 + 0.75 = 1.0: reached
     assert not budget.may_start()
-    c.cost = 0.01
+    pay(c, 0.01)
     budget.end(c)  # once refused, always refused: in-flight samples finish, nothing new starts
     assert not budget.may_start()
     assert budget.reached
@@ -170,7 +179,7 @@ def test_budget_continues_over_invocations() -> None:
 def test_budget_without_limit_only_counts() -> None:
     budget = Budget(to_run=3)
     s = budget.start()
-    s.cost = 5.0
+    pay(s, 5.0)
     assert budget.may_start() and budget.spent == 5.0
     assert budget.end(s, elsewhere=1.0) == 6.0
     assert budget.invocation_entry() == {"spent": 6.0, "spent_samples": 1}
@@ -187,3 +196,53 @@ def test_sample_limits_name_the_limit_reached() -> None:
         == "max_tokens_per_sample"
     assert limits.reached(Usage(cost=0.08), Usage(cost=0.03), None) == "max_cost_per_sample"
     assert SampleLimits().reached(Usage(prompt_tokens=10**9, cost=1e9)) is None
+
+
+# --- what progress and statistics.json show ----------------------------------------------------
+
+
+def test_monitor_series_rates_progress_and_thinning() -> None:
+    from trajforge.model.gate import ModelGate
+    from trajforge.runner import monitor as monitor_mod
+
+    now = [0.0]
+    gate = ModelGate(512, clock=lambda: now[0])
+    budget = Budget(limit=2.0, to_run=10)
+    mon = monitor_mod.RunMonitor(gate, budget, every=1.0, clock=lambda: now[0])
+    for _ in range(30):  # requests admitted and answered, as the client does
+        ticket = asyncio.run(gate.acquire("http://x/v1"))
+        gate.release(ticket, "ok", tokens=100)
+    s = budget.start()
+    pay(s, 0.5)
+    budget.end(s)
+    now[0] = 1.0
+    mon.tick()
+    point = mon.series[-1]
+    assert point["requests_per_min"] == 1800.0 and point["tokens_per_min"] == 180_000
+    assert point["limit"] == 512 and point["spent"] == 0.5
+    text = mon.progress_text()
+    assert "limit 512/512" in text and "1800 req/min, 0 429s/min" in text
+    assert "spent $0.5000" in text and "~$5.0000 projected" in text and "of $2.00 budget" in text
+    for _ in range(monitor_mod.MAX_POINTS + 5):
+        now[0] += 1.0
+        mon.tick()
+    assert len(mon.series) <= monitor_mod.MAX_POINTS
+    stats = mon.statistics()
+    assert stats["spend"] == {"spent": 0.5, "this_invocation": 0.5, "max_cost": 2.0, "budget_reached": False,
+                              "average_per_sample": 0.5}
+    assert stats["concurrency"]["ok"] == 30 and stats["concurrency"]["ceiling"] == 512
+    assert monitor_mod.RunMonitor(None, budget).statistics()["concurrency"].get("note")
+
+
+def test_a_ray_actor_gets_its_share_of_the_runs_rate_budgets() -> None:
+    from trajforge.config import RunConfig
+    from trajforge.runner.governor import gate_for
+
+    config = RunConfig(num_workers=512, max_requests_per_minute=800, max_tokens_per_minute=1_600_000,
+                       adaptive_concurrency=False)
+    whole, part = gate_for(config), gate_for(config, share=64 / 512)
+    assert (whole.ceiling, part.ceiling) == (512, 64)
+    assert whole._rpm is not None and part._rpm is not None and part._tpm is not None
+    assert (whole._rpm.per_minute, part._rpm.per_minute, part._tpm.per_minute) == (800, 100, 200_000)
+    assert part.adaptive is False
+    assert gate_for(RunConfig())._rpm is None

@@ -160,6 +160,12 @@ class RayExecutor:
         quiet: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": self._config.verbose}
         # ray.init replaces the SIGTERM handler with sys.exit; the runner's graceful stop needs its own back
         saved = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+        auth = None
+        if self._config.ray_address:  # use a token the way the cluster's `ray start --head` did
+            from trajforge.executors import ray_auth
+
+            auth = ray_auth.decide()
+            ray_auth.apply(auth)
         try:
             if self._config.ray_address:
                 ray.init(address=self._config.ray_address, **quiet)
@@ -168,6 +174,8 @@ class RayExecutor:
                          include_dashboard=False, **quiet)
         except (ConnectionError, RuntimeError, ValueError) as e:
             where = self._config.ray_address or "a local instance"
+            if auth is not None and ray_auth.is_auth_failure(f"{e} {e.__cause__ or ''}"):
+                raise TrajforgeError(ray_auth.failure_message(f"--ray_address {where}", auth)) from None
             raise TrajforgeError(f"--executor ray: cannot start Ray at {where}: {e}") from None
         finally:
             if saved is not None:

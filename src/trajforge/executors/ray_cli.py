@@ -6,7 +6,9 @@ optionally waits for workers to join, runs the job described by the file's run k
 configures the head; every other key is an ordinary run key, and run flags after `--config`
 override them. `trajforge worker --address HEAD --pool_size N` becomes `ray start --address HEAD
 --block` offering N session slots (the `trajforge_slots` resource) and labelled with the worker id
-($TRAJFORGE_WORKER_ID, else the host name), which statistics show per worker.
+($TRAJFORGE_WORKER_ID, else the host name), which statistics show per worker; it supervises that
+child (WorkerNode): it leaves when its head is gone and takes every Ray process of its node with it.
+Both decide Ray's token authentication once (ray_auth) for every Ray process they start.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import json
 import logging
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -30,7 +31,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trajforge.errors import ConfigError, TrajforgeError, UsageError
+from trajforge.executors import ray_auth
 from trajforge.executors.ray import SLOT_RESOURCE, WORKER_ENV, WORKER_LABEL
+from trajforge.executors.ray_worker import HEAD_GONE_SECONDS, WorkerNode, _die_with_parent, stop_node
 
 RAY_CLI = [sys.executable, "-m", "ray.scripts.scripts"]  # the `ray` command of this interpreter
 
@@ -118,20 +121,7 @@ class Head:
             raise TrajforgeError(f"the Ray head did not start:\n{tail}")
 
     def close(self, grace: float = 30.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)  # `ray start --block` then stops its node's processes
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-
-
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        stop_node(self.proc, grace)
 
 
 def _node_flags(ip: str | None, num_cpus: int | None, store: int | None, temp_dir: Path | None) -> list[str]:
@@ -170,17 +160,27 @@ def scheduler_main(argv: list[str]) -> int:
     parser.add_argument("--config", type=Path, required=True, help="YAML: run keys plus a `ray:` section")
     ns, overrides = parser.parse_known_args(argv)
     settings, config = load_scheduler_config(ns.config, overrides)
+    auth = ray_auth.decide()
     import ray
 
     from trajforge.runner.main import run
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray_auth.apply(auth)  # the head, this driver and the run's actors: one mode
+    print(f"trajforge: {auth.describe()}" + ("; every worker node needs the same token" if auth.mode == "token"
+                                              else ""), file=sys.stderr)
     head = Head(settings, config.verbose)
     try:
         head.wait_ready()
         print(f"trajforge: Ray head at {settings.address}; join workers with: "
               f"trajforge worker --address {settings.address} --pool_size N", file=sys.stderr)
-        ray.init(address=settings.address, logging_level=logging.WARNING, log_to_driver=config.verbose)
+        try:
+            ray.init(address=settings.address, logging_level=logging.WARNING, log_to_driver=config.verbose)
+        except Exception as e:  # ConnectionError around the real cause: one line, never a traceback
+            text = f"{e} {e.__cause__ or ''}"
+            if ray_auth.is_auth_failure(text):
+                raise TrajforgeError(ray_auth.failure_message(f"Ray head at {settings.address}", auth)) from None
+            raise TrajforgeError(f"cannot connect to the Ray head at {settings.address}: {e}") from None
         wait_for_workers(settings.min_workers, settings.wait_timeout)
         config.executor = "ray"
         config.ray_address = settings.address
@@ -199,7 +199,8 @@ def worker_command(address: str, pool_size: int, worker_id: str, extra: argparse
 
 def worker_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="trajforge worker",
-                                     description="Join a trajforge Ray cluster, offering session slots.")
+                                     description="Join a trajforge Ray cluster, offering session slots. Exits when "
+                                                 "its head goes away; SIGTERM or Ctrl-C stops this node's Ray processes.")
     parser.add_argument("--address", required=True, help="the head's HOST:PORT (printed by trajforge scheduler)")
     parser.add_argument("--pool_size", "--pool-size", type=int, default=4,
                         help="sessions this node runs at once [default: 4]")
@@ -209,16 +210,22 @@ def worker_main(argv: list[str]) -> int:
     parser.add_argument("--num_cpus", "--num-cpus", type=int)
     parser.add_argument("--object_store_memory", "--object-store-memory", type=int)
     parser.add_argument("--temp_dir", "--temp-dir", type=Path)
+    parser.add_argument("--head_timeout", "--head-timeout", type=float, default=HEAD_GONE_SECONDS,
+                        help=f"seconds without the head before this worker exits [default: {HEAD_GONE_SECONDS:g}]")
+    parser.add_argument("--verbose", action="store_true", help="show Ray's own output")
     ns = parser.parse_args(argv)
     if ns.pool_size < 1:
         raise UsageError(f"--pool_size: invalid value {ns.pool_size}: must be at least 1")
+    if ns.head_timeout <= 0:
+        raise UsageError(f"--head_timeout: invalid value {ns.head_timeout:g}: must be greater than 0")
     if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?", ns.worker_id):
         raise UsageError(f"--worker_id: invalid value {ns.worker_id!r}: must be 1-63 letters, digits, '-', '_' "
                          "or '.', starting and ending with a letter or digit (a Ray node label)")
+    auth = ray_auth.decide()
     cmd = worker_command(ns.address, ns.pool_size, ns.worker_id, ns)
-    env = {**os.environ, WORKER_ENV: ns.worker_id, "RAY_USAGE_STATS_ENABLED": "0"}
-    print(f"trajforge: worker {ns.worker_id!r} joining {ns.address} with {ns.pool_size} slot(s)", file=sys.stderr,
-          flush=True)
-    # Become `ray start --block`: signals reach Ray directly, which stops this node's processes.
-    os.execve(cmd[0], cmd, env)
-    return 1  # not reached
+    env = {**os.environ, WORKER_ENV: ns.worker_id, "RAY_USAGE_STATS_ENABLED": "0", ray_auth.MODE_VAR: auth.mode,
+           # The raylet gives up on a vanished head (GCS) after this long, and `ray start` ends with it.
+           "RAY_gcs_rpc_server_reconnect_timeout_s": str(max(1, round(ns.head_timeout)))}
+    print(f"trajforge: worker {ns.worker_id!r} joining {ns.address} with {ns.pool_size} slot(s); {auth.describe()}",
+          file=sys.stderr, flush=True)
+    return WorkerNode(cmd, env, ns.address, auth, ns.verbose).run()

@@ -18,10 +18,8 @@ whole endpoint at the gate instead of this one request. Each successful call is 
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import logging
 import random
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,6 +35,7 @@ from trajforge.model.parse import (
     reasoning_from_message, split_reasoning,
 )
 from trajforge.model.pricing import call_usage
+from trajforge.model.retry import backoff_delay, parse_retry_after
 from trajforge.model.transport import TransportError, make_transport
 from trajforge.model.types import Completion, ModelSettings, ToolCall
 
@@ -69,38 +68,6 @@ def request_options(settings: ModelSettings) -> dict[str, Any]:
     if extra:
         opts["extra_body"] = extra
     return opts
-
-
-def parse_retry_after(headers: Mapping[str, str]) -> float | None:
-    """Seconds the server asks us to wait (retry-after-ms, Retry-After seconds or HTTP date)."""
-    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
-        value = headers.get(name)
-        if value is None:
-            continue
-        try:
-            return max(0.0, float(value) / scale)
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if value:
-        parsed = email.utils.parsedate_tz(value)
-        if parsed is not None:
-            return max(0.0, email.utils.mktime_tz(parsed) - time.time())
-    return None
-
-
-def backoff_delay(attempt: int, retry_after: float | None, *, base: float, maximum: float,
-                  retry_after_cap: float, rng: random.Random) -> float:
-    """Seconds to wait before retry number `attempt + 1` (attempt counts from 0).
-
-    The server's Retry-After wins (capped); otherwise exponential backoff with full jitter,
-    uniform in [0, min(maximum, base * 2**attempt)].
-    """
-    if retry_after is not None:
-        wait = min(retry_after, retry_after_cap)
-        # A little jitter so a thousand callers told "1s" do not all come back in the same instant.
-        return wait + rng.uniform(0, 0.1 * wait)
-    return rng.uniform(0, min(maximum, base * 2 ** attempt))
 
 
 class _Retryable(Exception):
@@ -173,8 +140,10 @@ class OpenAIClient:
                                 self.base_url, failed.final, attempt + 1, attempts - 1)
                     continue
                 delay = self._delay(attempt, failed.retry_after)
-                log.warning("model call to %s failed (%s); retry %d/%d in %.1fs", self.base_url,
-                            failed.final, attempt + 1, attempts - 1, delay)
+                # While the gate adapts, 429s are expected and progress counts them: not a warning each.
+                level = logging.INFO if gate is not None and gate.adaptive and failed.overload else logging.WARNING
+                log.log(level, "model call to %s failed (%s); retry %d/%d in %.1fs", self.base_url,
+                        failed.final, attempt + 1, attempts - 1, delay)
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable: the loop returns or raises")
 

@@ -23,6 +23,7 @@ class SampleSpend:
     cost: float = 0.0
     tokens: int = 0  # prompt + completion
     calls: int = 0
+    parent: SampleSpend | None = None  # also charged (the run's total), so nobody sums every sample
 
 
 _CURRENT: ContextVar[SampleSpend | None] = ContextVar("trajforge_sample_spend", default=None)
@@ -31,10 +32,11 @@ _CURRENT: ContextVar[SampleSpend | None] = ContextVar("trajforge_sample_spend", 
 def charge(usage: Usage) -> None:
     """Add one call's usage to the sample running in this task, if any."""
     spend = _CURRENT.get()
-    if spend is not None:
+    while spend is not None:
         spend.cost += usage.cost
         spend.tokens += usage.prompt_tokens + usage.completion_tokens
         spend.calls += 1
+        spend = spend.parent
 
 
 @contextmanager

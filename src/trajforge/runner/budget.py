@@ -33,6 +33,8 @@ class Budget:
     started: int = 0
     reached: bool = False
     active: set[SampleSpend] = field(default_factory=set)
+    live: SampleSpend = field(default_factory=SampleSpend)  # every call charged in this process
+    elsewhere: float = 0.0  # USD that ended samples spent in other processes (Ray actors)
 
     @classmethod
     def from_invocations(cls, limit: float | None, invocations: Iterable[Mapping[str, Any]], to_run: int) -> Budget:
@@ -43,7 +45,7 @@ class Budget:
     @property
     def spent_now(self) -> float:
         """USD spent by this invocation so far, in-flight samples included."""
-        return self.closed + sum(s.cost for s in self.active)
+        return self.live.cost + self.elsewhere
 
     @property
     def spent(self) -> float:
@@ -74,7 +76,7 @@ class Budget:
         return not self.reached
 
     def start(self) -> SampleSpend:
-        spend = SampleSpend()
+        spend = SampleSpend(parent=self.live)
         self.active.add(spend)
         self.started += 1
         return spend
@@ -84,6 +86,7 @@ class Budget:
         Returns the sample's cost."""
         self.active.discard(spend)
         cost = spend.cost + elsewhere
+        self.elsewhere += elsewhere
         self.closed += cost
         self.ended += 1
         return cost

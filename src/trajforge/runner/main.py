@@ -195,6 +195,13 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
         progress.update(o)
 
     executor = make_executor(config, prefill, run_dir)
+    if todo:  # before the checkpoint records this invocation: a refused start leaves no results behind
+        try:
+            for u in await executor.start():
+                print(f"trajforge: toolset '{u.toolset}' unavailable, not offered: {u.reason}", file=sys.stderr)
+        except BaseException:
+            await executor.aclose()
+            raise
     budget = budget_for(config, checkpoint.invocations, len(todo))
     monitor = RunMonitor(getattr(executor, "gate", None), budget)
     progress.extra = monitor.progress_text
@@ -205,8 +212,6 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
     sampler = asyncio.create_task(monitor.run())
     try:
         if todo:
-            for u in await executor.start():
-                print(f"trajforge: toolset '{u.toolset}' unavailable, not offered: {u.reason}", file=sys.stderr)
             if config.executor == "local":
                 from trajforge.sandbox.factory import prefetch_images
 

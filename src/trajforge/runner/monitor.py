@@ -66,7 +66,8 @@ class RunMonitor:
         if self.gate is not None:
             snap = self.gate.snapshot()
             parts.append(f"model {snap.in_flight} in flight, limit {snap.limit}/{snap.ceiling}"
-                         f"{' (paused: Retry-After)' if snap.paused else ''}, {self._rates[0]:.0f} req/min")
+                         f"{' (paused: Retry-After)' if snap.paused else ''}, {self._rates[0]:.0f} req/min, "
+                         f"{self._rates[2]:.0f} 429s/min")
         projected = b.projected_total()
         spend = f"spent ${b.spent:.4f}" + (f", ~${projected:.4f} projected" if projected is not None else "")
         parts.append(spend + (f" of ${b.limit:.2f} budget" if b.limit is not None else ""))

@@ -324,6 +324,8 @@ class ContainerSandbox(Sandbox):
             res = await asyncio.shield(self.engine.run(*self.engine.rm_args(name), timeout=120))
             if res.exit_code == 0 or "no such container" in (res.stderr + res.stdout).lower():
                 _live.pop(name, None)
+                # Podman's, also behind the Docker CLI (`podman system service`); none elsewhere.
+                await asyncio.to_thread(kill_exec_monitors, name)
         waits = [asyncio.ensure_future(j.proc.wait()) for j in self._jobs if j.proc.returncode is None]
         if waits:
             await asyncio.wait(waits, timeout=5)
@@ -335,6 +337,33 @@ class ContainerSandbox(Sandbox):
         if self.workspace is not None and not self.keep and not self._removed:
             self._removed = True  # the attribute stays: callers may check the directory is gone
             await workspace.remove(self.workspace)
+
+
+def kill_exec_monitors(name: str) -> int:
+    """Kill the `conmon` exec-session monitors of the removed Podman container `name`.
+
+    A `podman exec` client that is killed (a command's timeout, a cancelled sample, the process
+    tool's kill) leaves its session's conmon waiting `exit_command_delay` (300 s by default) to
+    run a cleanup that has nothing left to clean once the container is gone; hundreds of
+    timed-out commands would keep hundreds of them around. Matched by the container's unique name
+    on conmon's own command line (`-n NAME`). Returns how many were killed."""
+    killed = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/comm", "rb") as f:
+                if f.read().strip() != b"conmon":
+                    continue
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        if any(a == b"-n" and b == name.encode() for a, b in zip(args, args[1:])):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.name), 9)
+                killed += 1
+    return killed
 
 
 class ContainerJob(LocalJob):
