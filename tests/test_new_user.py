@@ -368,8 +368,7 @@ def test_killed_commands_leave_no_conmon_behind(tmp_path: Path, busybox_image: s
     """A timed-out and a cancelled `podman exec` used to leave their session's conmon waiting
     300 s (Podman's exit_command_delay) after the container was gone."""
     from trajforge.config import RunConfig
-    from trajforge.sandbox.factory import create_sandbox
-    from trajforge.sandbox.process import kill_group
+    from tests.support.sandboxes import create_sandbox
 
     async def body() -> str:
         cfg = RunConfig(container_engine="podman", run_name="conmon-test")
@@ -383,9 +382,9 @@ def test_killed_commands_leave_no_conmon_behind(tmp_path: Path, busybox_image: s
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            job = await sb.spawn("sleep 32", log_path=tmp_path / "job.log")
+            job = await sb.spawn("sleep 32")
             await asyncio.sleep(1.0)
-            kill_group(job)
+            await job.kill()
             await job.wait()
             assert conmons_of(name), "the killed sessions' monitors exist while the container does"
         finally:
