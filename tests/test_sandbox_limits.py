@@ -184,8 +184,12 @@ def test_helper_commands_and_background_jobs_are_all_in_the_sample_memory_cgroup
             job = await sb.spawn("exec sleep 300")
             res = await sb.exec("cat /proc/self/cgroup", timeout=30)
             assert group.name in res.stdout, res  # a foreground command
-            members = (group / "cgroup.procs").read_text().split()
-            cmdlines = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in members]
+            for _ in range(100):  # the job's shell execs `sleep` on its own time
+                members = (group / "cgroup.procs").read_text().split()
+                cmdlines = [_cmdline(pid) for pid in members]
+                if any(c.startswith(b"sleep\x00300") for c in cmdlines):
+                    break
+                await asyncio.sleep(0.05)
             assert str(sb.ns_pid) in members and str(sb._holder.pid) in members  # type: ignore[union-attr]
             assert any(c.startswith(b"sleep\x00300") for c in cmdlines), cmdlines  # the background job
             assert any(b"python" in c for c in cmdlines), cmdlines  # the helper itself
@@ -195,3 +199,10 @@ def test_helper_commands_and_background_jobs_are_all_in_the_sample_memory_cgroup
         assert not group.exists()
 
     asyncio.run(main())
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
