@@ -171,7 +171,7 @@ def test_killed_actor_mid_run_loses_nothing(tmp_path: Path, server: ScriptedServ
     from trajforge.dataset import load_dataset
     from trajforge.executors.ray import RayExecutor
     from trajforge.runner.engine import run_engine
-    from trajforge.runner.outcome import Outcome
+    from trajforge.sample.outcome import Outcome
 
     for key in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED", "RAY_TMPDIR"):
         monkeypatch.setenv(key, ray_env[key])

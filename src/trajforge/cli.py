@@ -209,9 +209,10 @@ def _cmd_run(argv: list[str], prog: str, strict_required: bool) -> int:
     config, extra = parse_run_args(argv, prog, strict_required=strict_required)
     if config is None:
         return _print_distributions(extra["config"])
+    from trajforge.executors import make_executor
     from trajforge.runner.main import run
 
-    return run(config)
+    return run(config, make_executor)
 
 
 def _print_distributions(config: RunConfig) -> int:

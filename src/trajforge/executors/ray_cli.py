@@ -172,6 +172,7 @@ def scheduler_main(argv: list[str]) -> int:
     settings, config = load_scheduler_config(ns.config, overrides)
     import ray
 
+    from trajforge.executors import make_executor
     from trajforge.runner.main import run
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -184,7 +185,7 @@ def scheduler_main(argv: list[str]) -> int:
         wait_for_workers(settings.min_workers, settings.wait_timeout)
         config.executor = "ray"
         config.ray_address = settings.address
-        return run(config)
+        return run(config, make_executor)
     finally:
         if ray.is_initialized():
             ray.shutdown()

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import tempfile
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,8 @@ from trajforge.dataset import Sample
 from trajforge.errors import FatalModelError, UsageError
 from trajforge.model.errors import ModelCallError
 from trajforge.model.types import ModelClient
-from trajforge.runner.outcome import Outcome
+from trajforge.sample.outcome import Outcome, batch_number
+from trajforge.sample.trace import tracer
 from trajforge.sandbox.base import SandboxError
 from trajforge.sandbox.factory import SandboxProvider
 from trajforge.tools.base import ToolContext, ToolInfraError, Toolset, Unavailable
@@ -72,6 +74,12 @@ class SampleWorker:
             self.workspace_root = Path(self._tmp.name)
         return self.unavailable
 
+    async def prefetch(self, images: Collection[str]) -> None:
+        """Start pulling the container images that samples of this process will need (local runs)."""
+        from trajforge.sandbox.factory import prefetch_images
+
+        await prefetch_images(self.config, set(images))
+
     async def aclose(self) -> None:
         for ts in self.toolsets.values():
             try:
@@ -89,7 +97,9 @@ class SampleWorker:
 
     async def process(self, sample: Sample, *, attempt: int = 1, trace: Any = None) -> Outcome:
         """One attempt at one sample. Never raises except FatalModelError and cancellation."""
-        batch_num = sample.index // (self.config.batch_size or 1)
+        batch_num = batch_number(sample.index, self.config.batch_size)
+        if trace is None and self.config.verbose:
+            trace = tracer(sample, self.config.batch_size, self.config.log_prefix_chars)
         started = time.monotonic()
 
         def outcome(status: str, **kw: Any) -> Outcome:
