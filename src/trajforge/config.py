@@ -268,9 +268,10 @@ def load_yaml_mapping(path: Path) -> dict[Any, Any]:
     return raw
 
 
-def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
-    """Flat RunConfig keys, and for each the key as written in the file (for error messages)."""
-    raw = load_yaml_mapping(path)
+def _read_yaml(path: Path, raw: dict[Any, Any] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """Flat RunConfig keys, and for each the key as written in the file (for error messages).
+    `raw`: the file's mapping when the caller has read it already."""
+    raw = load_yaml_mapping(path) if raw is None else raw
     flat: dict[str, Any] = {}
     origin: dict[str, str] = {}
     for key, value in raw.items():
@@ -296,12 +297,13 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return _read_yaml(path)[0]
 
 
-def build_config(cli_values: dict[str, Any], config_file: Path | None = None) -> RunConfig:
+def build_config(cli_values: dict[str, Any], config_file: Path | None = None,
+                 file_keys: dict[str, Any] | None = None) -> RunConfig:
     """Merge defaults < YAML < CLI and validate; errors name the flag (or file key) and value.
 
     `cli_values` may hold `parallelism`, the alias of `num_workers`; errors then name --parallelism.
     """
-    file_values, origin = _read_yaml(config_file) if config_file else ({}, {})
+    file_values, origin = _read_yaml(config_file, file_keys) if config_file else ({}, {})
     cli = dict(cli_values)
     flags = {k: f"--{k}" for k in cli}
     if "parallelism" in cli:

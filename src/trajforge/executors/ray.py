@@ -9,7 +9,7 @@ driver, which writes the run directory, so the cluster needs no shared filesyste
 
 A lost actor or node is infrastructure failure, not the sample's: its in-flight samples are sent
 to another actor without counting an attempt, and the lost capacity is re-planned on the nodes
-still alive. Ray is imported only here and in ray_cli, so a local run never loads it.
+still alive. Ray is imported only here and in commands.cluster, so a local run never loads it.
 """
 
 from __future__ import annotations
