@@ -89,3 +89,17 @@ def test_every_subcommand_reports_bad_flags_in_one_line(command: str, capsys: py
     assert cli.main([command, "--no_such_flag=1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: "), err
+
+
+def test_one_error_tree_with_the_failure_classes_attached() -> None:
+    from trajforge.errors import SampleFailure, TrajforgeError, TrajforgeException
+    from trajforge.model.errors import APIFailure, ModelCallError, ModelOutputError, ModelTimeoutError, RateLimitedError
+    from trajforge.sample.outcome import FAILURE_CLASSES
+    from trajforge.sandbox.base import SandboxError
+    from trajforge.tools.base import ToolInfraError
+
+    failures = [ModelCallError, RateLimitedError, APIFailure, ModelTimeoutError, ModelOutputError, SandboxError,
+                ToolInfraError]
+    assert all(issubclass(c, SampleFailure) and issubclass(c, TrajforgeException) for c in failures)
+    assert not any(issubclass(c, TrajforgeError) for c in failures)  # a failed sample never stops the run
+    assert {c.failure_class for c in [*failures, SampleFailure]} == set(FAILURE_CLASSES)

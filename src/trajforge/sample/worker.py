@@ -22,14 +22,12 @@ from trajforge.agent.record import build_record
 from trajforge.agent.stats import reasoning_stats
 from trajforge.config import RunConfig
 from trajforge.dataset import Sample
-from trajforge.errors import FatalModelError, UsageError
-from trajforge.model.errors import ModelCallError
+from trajforge.errors import FatalModelError, SampleFailure, UsageError
 from trajforge.model.types import ModelClient
 from trajforge.sample.outcome import Outcome, batch_number
 from trajforge.sample.trace import tracer
-from trajforge.sandbox.base import SandboxError
 from trajforge.sandbox.factory import SandboxProvider
-from trajforge.tools.base import ToolContext, ToolInfraError, Toolset, Unavailable
+from trajforge.tools.base import ToolContext, Toolset, Unavailable
 from trajforge.tools.distributions import sample_toolsets
 from trajforge.tools.registry import KNOWN_TOOLS, build_toolsets, tools_for
 from trajforge.verify.result import Part
@@ -112,10 +110,8 @@ class SampleWorker:
             raise
         except TimeoutError:
             return outcome("failed", reason="timeout", message=f"exceeded the {self.config.timeout:g}s sample limit")
-        except ModelCallError as e:
+        except SampleFailure as e:  # model call, sandbox or tool backend: its class says which
             return outcome("failed", reason=e.failure_class, message=str(e))
-        except (SandboxError, ToolInfraError) as e:
-            return outcome("failed", reason="sandbox", message=str(e))
         except Exception as e:  # a bug in one sample must not stop the run; it is recorded and retried
             log.exception("sample %s failed", sample.identity)
             return outcome("failed", reason="internal", message=f"{type(e).__name__}: {e}")
