@@ -18,8 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from trajforge.errors import ConfigError, UsageError
 from trajforge.model.pricing import Price
 from trajforge.model.types import ModelSettings
-from trajforge.tools.distributions import TOOLSETS, Distribution, all_distributions
-from trajforge.tools.settings import ToolsSettings
+from trajforge.catalog import toolset_names
+from trajforge.catalog.distributions import Distribution, all_distributions
+from trajforge.catalog.settings import ToolsSettings
 
 DEFAULT_MODEL = "anthropic/claude-sonnet-4.6"
 DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
@@ -68,8 +69,8 @@ class DistributionConfig(_Strict):
     @classmethod
     def _known_toolsets(cls, v: dict[str, float]) -> dict[str, float]:
         for name, p in v.items():
-            if name not in TOOLSETS:
-                raise ValueError(_unknown_choice("toolset", name, list(TOOLSETS)))
+            if name not in toolset_names():
+                raise ValueError(_unknown_choice("toolset", name, list(toolset_names())))
             if not 0 <= p <= 100:
                 raise ValueError(f"probability of {name!r} must be within 0..100, got {p:g}")
         if not v:

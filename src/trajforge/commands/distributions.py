@@ -11,7 +11,7 @@ FLAGS = [("config", "path", "YAML config file with custom distributions")]
 
 
 def print_distributions(config: RunConfig) -> int:
-    from trajforge.tools.distributions import format_distributions
+    from trajforge.catalog.distributions import format_distributions
 
     print(format_distributions(config.all_distributions()))
     return 0

@@ -22,10 +22,9 @@ from trajforge.dataset import split_rollout
 from trajforge.jsonio import atomic_writer
 from trajforge.runner import store
 from trajforge.runner.stats import Totals
-from trajforge.tools.registry import KNOWN_TOOLS
+from trajforge.catalog import known_tool_set
 from trajforge.verify.result import passed
 
-_KNOWN = frozenset(KNOWN_TOOLS)
 
 
 @dataclass
@@ -58,7 +57,8 @@ def merge(run_dir: Path, current_index: dict[str, int], totals: Totals,
 
 def calls_unknown_tools(rec: dict) -> bool:
     """The corrupt-entry filter: a record that called a tool it was not offered is dropped."""
-    return any(name not in _KNOWN for name in rec.get("tool_stats", {}))
+    known = known_tool_set()
+    return any(name not in known for name in rec.get("tool_stats", {}))
 
 
 def _merge(run_dir: Path, current_index: dict[str, int], totals: Totals, target: Path,

@@ -28,8 +28,9 @@ from trajforge.sample.outcome import Outcome, batch_number
 from trajforge.sample.trace import tracer
 from trajforge.sandbox.factory import SandboxProvider
 from trajforge.tools.base import ToolContext, Toolset, Unavailable
-from trajforge.tools.distributions import sample_toolsets
-from trajforge.tools.registry import KNOWN_TOOLS, build_toolsets, tools_for
+from trajforge.catalog.distributions import sample_toolsets
+from trajforge.catalog import known_tools
+from trajforge.tools.registry import build_toolsets, tools_for
 from trajforge.verify.result import Part
 from trajforge.verify.verifier import Verifier, final_answer
 
@@ -117,7 +118,7 @@ class SampleWorker:
             return outcome("failed", reason="internal", message=f"{type(e).__name__}: {e}")
         assert self.model is not None
         record = build_record(session, prompt_index=sample.index, sample_id=sample.identity, batch_num=batch_num,
-                              model=self.model.model_name, toolsets_used=toolsets, known_tools=KNOWN_TOOLS,
+                              model=self.model.model_name, toolsets_used=toolsets, known_tools=known_tools(),
                               dataset_line=sample.line, row=sample.extra)
         record["rollout"] = sample.rollout
         if verification is not None:

@@ -25,7 +25,7 @@ from trajforge.sandbox.base import FileOpError, PathEscapeError
 from trajforge.tools import http_fetch
 from trajforge.tools.aux_models import ToolUnavailable, endpoint_key, endpoint_url
 from trajforge.tools.base import Tool, ToolContext, Toolset, Unavailable, error, ok
-from trajforge.tools.settings import ImageGenSettings
+from trajforge.catalog.settings import ImageGenSettings
 from trajforge.tools.vision import image_mime
 
 if TYPE_CHECKING:
