@@ -89,7 +89,12 @@ class _UnknownDistribution(ValueError):
 
 
 class RunConfig(_Strict):
-    """Every setting of a run. Field names are the flag names (SPEC section 2)."""
+    """Every setting of a run. Field names are the flag names (SPEC section 2).
+
+    Immutable once validated: a value decided later (the sandbox `auto` resolves to, the local
+    model chosen for want of a key) makes a copy with model_copy(update=...)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     dataset_file: Path | None = None
     batch_size: int | None = Field(None, ge=1)

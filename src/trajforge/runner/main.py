@@ -68,7 +68,7 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
     refuse_contradictions(config)
     prefill = load_prefill(config.prefill_messages_file)
     dataset = load_dataset(config.dataset_file, skip_invalid=config.skip_invalid, max_samples=config.max_samples)
-    choose_model(config)
+    config = choose_model(config)
     check_prices(config)
     check_executor(config)
     check_container_images(config, dataset)
@@ -135,7 +135,7 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
               "record is missing or unreadable in the batch files: they run again", file=sys.stderr)
     if dataset.skipped:
         print(f"trajforge: skipped {len(dataset.skipped)} invalid dataset line(s)", file=sys.stderr)
-    sandbox = await _resolve_sandbox(config, dataset)
+    config, sandbox = await _resolve_sandbox(config, dataset)
     print(f"trajforge: run '{config.run_name}': {len(samples)} samples, "
           f"{len(samples) - len(todo)} already finished, {len(todo)} to run, sandbox {sandbox} -> {run_dir}",
           file=sys.stderr)
@@ -252,21 +252,21 @@ def _failed_exit_code(config: RunConfig, stats: dict[str, Any]) -> int:
     return EXIT_SAMPLES_FAILED
 
 
-async def _resolve_sandbox(config: RunConfig, dataset: LoadedDataset) -> str:
+async def _resolve_sandbox(config: RunConfig, dataset: LoadedDataset) -> tuple[RunConfig, str]:
     """Decide `--sandbox auto` once, here, so the start line, config.json and statistics.json name
     the backend the samples really use; a fallback to `local` says why and how to get isolation."""
     if config.executor != "local":
-        return f"{config.sandbox} (chosen on each Ray node)" if config.sandbox == "auto" else config.sandbox
+        return config, f"{config.sandbox} (chosen on each Ray node)" if config.sandbox == "auto" else config.sandbox
     from trajforge.sandbox.factory import resolve_backend
 
     kind, fallback_reason = await resolve_backend(config)
-    config.sandbox = kind  # type: ignore[assignment]
+    config = config.model_copy(update={"sandbox": kind})
     if fallback_reason is not None:
         print(f"trajforge: --sandbox auto: bwrap is not usable here ({fallback_reason}), so commands run in the "
               "`local` sandbox WITHOUT isolation from this host; run `trajforge doctor` to see how to get "
               "isolation, or pass --sandbox local to accept it", file=sys.stderr)
     images = sum(s.image is not None for s in dataset.samples)
-    return f"{kind} (rows with an image: container)" if images and kind != "container" else kind
+    return config, f"{kind} (rows with an image: container)" if images and kind != "container" else kind
 
 
 def _finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint: Checkpoint,
