@@ -17,13 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from trajforge.errors import ConfigError, UsageError
 from trajforge.model.pricing import Price
-from trajforge.model.types import ModelSettings
+from trajforge.model.types import DEFAULT_MODEL, ModelSettings
 from trajforge.catalog import toolset_names
 from trajforge.catalog.distributions import Distribution, all_distributions
 from trajforge.catalog.settings import ToolsSettings
 
-DEFAULT_MODEL = "anthropic/claude-sonnet-4.6"
-DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
 ProviderSort = Literal["price", "throughput", "latency"]
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 

@@ -38,11 +38,10 @@ from trajforge.model.parse import (
 )
 from trajforge.model.pricing import call_usage
 from trajforge.model.transport import TransportError, make_transport
-from trajforge.model.types import Completion, ModelSettings, ToolCall
+from trajforge.model.types import DEFAULT_BASE_URL, Completion, ModelSettings, ToolCall
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
 _RETRYABLE_STATUS = {408, 409, 429}  # plus every 5xx
 _FATAL_STATUS = {401, 403}
 _OVERLOAD_STATUS = {429, 503}  # the provider says "too much": the gate's limiter shrinks

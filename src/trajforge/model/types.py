@@ -9,6 +9,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from trajforge.model.pricing import Price
 
+# The defaults of --model and --base_url, declared once: config's field defaults and the model
+# factory's local-model fallback both read them here.
+DEFAULT_MODEL = "anthropic/claude-sonnet-4.6"
+DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
+
 
 @dataclass(slots=True)
 class ToolCall:
