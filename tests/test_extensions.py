@@ -1,6 +1,7 @@
 """Extension points used the way a contributor would (issue 16): a test-only toolset and a
-test-only exporter, each one file in tests/support plus one registration line, exercised through
-a real run (in-process, against the scripted model server, in a real local sandbox)."""
+test-only run output (exporter), each one file in tests/support plus one registration line,
+exercised through a real run (in-process, against the scripted model server, in a real local
+sandbox)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
 from trajforge import catalog, cli
 from trajforge.catalog import ToolsetSpec
+from trajforge.runner import outputs
 
 
 @pytest.fixture
@@ -26,8 +28,15 @@ def shout_policy(req: Recorded) -> Reply:
     return chat(None, reasoning="I will shout", tool_calls=[tool_call("shout", {"text": "hello"})])
 
 
-def test_a_registered_toolset_runs_end_to_end(tmp_path: Path, server: ScriptedServer, clean_env: dict[str, str],
-                                              loud_toolset: None, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.fixture
+def lengths_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(outputs.RUN_OUTPUTS, "lengths.tsv", "tests.support.lengths_output:LengthsOutput")
+
+
+def test_a_registered_toolset_and_output_run_end_to_end(tmp_path: Path, server: ScriptedServer,
+                                                        clean_env: dict[str, str], loud_toolset: None,
+                                                        lengths_output: None,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
     server.handler = shout_policy
     ds = tmp_path / "ds.jsonl"
     ds.write_text(json.dumps({"prompt": "shout hello"}) + "\n")
@@ -41,6 +50,9 @@ def test_a_registered_toolset_runs_end_to_end(tmp_path: Path, server: ScriptedSe
     assert record["toolsets_used"] == ["loud"]
     tool_turn = next(m for m in record["conversations"] if m["from"] == "tool")
     assert "HELLO" in tool_turn["value"]
+    # The registered output got the same kept record from the merge, beside trajectories.jsonl.
+    lengths = (tmp_path / "data" / "r" / "lengths.tsv").read_text()
+    assert lengths == f"{record['sample_id']}\t{len(record['conversations'])}\n"
 
 
 def test_an_unregistered_toolset_is_refused_by_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

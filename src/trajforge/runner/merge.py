@@ -19,8 +19,8 @@ import orjson
 
 from trajforge.errors import OutputError
 from trajforge.dataset import split_rollout
-from trajforge.jsonio import atomic_writer
 from trajforge.runner import store
+from trajforge.runner.outputs import open_outputs
 from trajforge.runner.stats import Totals
 from trajforge.catalog import known_tool_set
 from trajforge.verify.result import passed
@@ -79,7 +79,7 @@ def _merge(run_dir: Path, current_index: dict[str, int], totals: Totals, target:
     hallucinated: list[str] = []
     handles: dict[Path, BinaryIO] = {}
     try:
-        with atomic_writer(target, buffering=1 << 20) as w:
+        with open_outputs(run_dir) as outputs:  # trajectories.jsonl and any registered output
             for ref in ordered:
                 f = handles.get(ref.path)
                 if f is None:
@@ -111,7 +111,8 @@ def _merge(run_dir: Path, current_index: dict[str, int], totals: Totals, target:
                 if keep_passed and not passed(rec):
                     not_kept += 1
                     continue
-                w.write(line)
+                for out in outputs:
+                    out.write(line, rec)
                 written += 1
     finally:
         for f in handles.values():
