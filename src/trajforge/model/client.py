@@ -37,6 +37,7 @@ from trajforge.model.parse import (
     reasoning_from_message, split_reasoning,
 )
 from trajforge.model.pricing import call_usage
+from trajforge.model.retry import RetryPolicy, backoff_delay  # noqa: F401  (backoff_delay: re-exported)
 from trajforge.model.transport import TransportError, make_transport
 from trajforge.model.types import DEFAULT_BASE_URL, Completion, ModelSettings, ToolCall
 
@@ -88,20 +89,6 @@ def parse_retry_after(headers: Mapping[str, str]) -> float | None:
     return None
 
 
-def backoff_delay(attempt: int, retry_after: float | None, *, base: float, maximum: float,
-                  retry_after_cap: float, rng: random.Random) -> float:
-    """Seconds to wait before retry number `attempt + 1` (attempt counts from 0).
-
-    The server's Retry-After wins (capped); otherwise exponential backoff with full jitter,
-    uniform in [0, min(maximum, base * 2**attempt)].
-    """
-    if retry_after is not None:
-        wait = min(retry_after, retry_after_cap)
-        # A little jitter so a thousand callers told "1s" do not all come back in the same instant.
-        return wait + rng.uniform(0, 0.1 * wait)
-    return rng.uniform(0, min(maximum, base * 2 ** attempt))
-
-
 class _Retryable(Exception):
     """Internal: a failed attempt worth repeating; `final` is raised once attempts run out."""
 
@@ -129,9 +116,7 @@ class OpenAIClient:
         self.base_url = settings.base_url or DEFAULT_BASE_URL
         self._settings = settings
         self._secret = api_key
-        self._backoff_base = backoff_base
-        self._backoff_max = backoff_max
-        self._retry_after_cap = retry_after_cap
+        self._policy = RetryPolicy(settings.max_retries, backoff_base, backoff_max, retry_after_cap)
         self._rng = rng or random.Random()
         self._options = request_options(settings)
         # The body fields of every request; extra_body is merged at the top level, as the SDK does.
@@ -152,7 +137,7 @@ class OpenAIClient:
             body["tools"] = tools
             body["tool_choice"] = "auto"
         payload = orjson.dumps(body)  # once per call, not per attempt
-        attempts = self._settings.max_retries + 1
+        attempts = self._policy.attempts
         gate = model_gate.current()
         # Tokens the request may use, for a tokens-per-minute budget (~4 bytes of JSON per token);
         # the gate settles the difference once the reply says how many it really used.
@@ -178,8 +163,7 @@ class OpenAIClient:
         raise AssertionError("unreachable: the loop returns or raises")
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
-        return backoff_delay(attempt, retry_after, base=self._backoff_base, maximum=self._backoff_max,
-                             retry_after_cap=self._retry_after_cap, rng=self._rng)
+        return self._policy.delay(attempt, retry_after, self._rng)
 
     async def _attempt(self, payload: bytes, gate: model_gate.ModelGate | None, estimate: float) -> Completion:
         if gate is None:
