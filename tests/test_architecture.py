@@ -51,6 +51,12 @@ FORBIDDEN = [
     ("model", "trajforge.tools"),
     ("model", "trajforge.runner"),
     ("errors", "trajforge.model"),
+    ("config", "trajforge.tools"),  # config is a leaf: it reads toolset declarations from trajforge.catalog
+    ("config", "trajforge.sandbox"),
+    ("config", "trajforge.runner"),
+    ("catalog", "trajforge.tools"),
+    ("catalog", "trajforge.config"),
+    ("verify", "trajforge.dataset"),
     ("cmdline", "trajforge.cli"),
 ]
 

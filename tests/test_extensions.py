@@ -68,3 +68,24 @@ def test_declared_toolsets_match_their_settings_and_tools() -> None:
 
     assert {s.settings for s in catalog.TOOLSETS.values() if s.settings} == set(ToolsSettings.model_fields)
     assert set(TOOLSET_TOOLS) == set(catalog.TOOLSETS) and len(set(KNOWN_TOOLS)) == len(KNOWN_TOOLS)
+
+
+def test_the_command_layer_chooses_the_executor_from_the_registry(tmp_path: Path, server: ScriptedServer,
+                                                                  clean_env: dict[str, str], loud_toolset: None,
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.support import counting_executor
+    from trajforge import executors
+
+    monkeypatch.setitem(executors.EXECUTORS, "local", "tests.support.counting_executor:make")
+    counting_executor.PROCESSED.clear()
+    server.handler = shout_policy
+    ds = tmp_path / "ds.jsonl"
+    ds.write_text("".join(json.dumps({"prompt": f"shout {i}"}) + "\n" for i in range(3)))
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("distributions:\n  loud_only:\n    toolsets: {loud: 100}\n")
+    code = cli.main(["run", f"--dataset_file={ds}", f"--config={cfg}", "--distribution=loud_only",
+                     f"--output_dir={tmp_path / 'data'}", "--run_name=r", f"--base_url={server.url}",
+                     "--model=scripted-model", "--sandbox=local"])
+    assert code == 0, capsys.readouterr().err
+    assert len(counting_executor.PROCESSED) == 3
