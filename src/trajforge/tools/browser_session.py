@@ -23,7 +23,7 @@ from trajforge.tools.base import ToolContext, ToolInfraError
 if TYPE_CHECKING:
     from playwright.async_api import Browser, BrowserContext, ConsoleMessage, Page, Playwright
 
-    from trajforge.tools.settings import BrowserSettings
+    from trajforge.catalog.settings import BrowserSettings
 
 STATE_KEY = "browser"
 _CONSOLE_CAP = 200  # per sample; older messages are dropped first

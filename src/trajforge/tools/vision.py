@@ -22,7 +22,7 @@ from trajforge.sandbox.base import FileOpError, PathEscapeError
 from trajforge.tools import http_fetch
 from trajforge.tools.aux_models import ToolUnavailable, record_usage, tool_client
 from trajforge.tools.base import Tool, ToolContext, Toolset, Unavailable, error, ok
-from trajforge.tools.settings import VisionSettings
+from trajforge.catalog.settings import VisionSettings
 
 if TYPE_CHECKING:
     from trajforge.config import RunConfig

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from trajforge.tools import http_fetch
 from trajforge.tools.base import Tool, ToolContext, Toolset, Unavailable, error, ok
-from trajforge.tools.settings import WebSettings
+from trajforge.catalog.settings import WebSettings
 from trajforge.tools.web_content import Page, extract
 from trajforge.tools.web_search import SearchError, SearchProvider, choose_provider
 
