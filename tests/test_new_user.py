@@ -367,9 +367,8 @@ def conmons_of(name: str) -> list[int]:
 def test_killed_commands_leave_no_conmon_behind(tmp_path: Path, busybox_image: str) -> None:  # noqa: F811
     """A timed-out and a cancelled `podman exec` used to leave their session's conmon waiting
     300 s (Podman's exit_command_delay) after the container was gone."""
+    from tests.support.sandboxes import create_sandbox
     from trajforge.config import RunConfig
-    from trajforge.sandbox.factory import create_sandbox
-    from trajforge.sandbox.process import kill_group
 
     async def body() -> str:
         cfg = RunConfig(container_engine="podman", run_name="conmon-test")
@@ -383,10 +382,9 @@ def test_killed_commands_leave_no_conmon_behind(tmp_path: Path, busybox_image: s
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            job = await sb.spawn("sleep 32", log_path=tmp_path / "job.log")
+            job = await sb.spawn("sleep 32")
             await asyncio.sleep(1.0)
-            kill_group(job)
-            await job.wait()
+            await job.kill()
             assert conmons_of(name), "the killed sessions' monitors exist while the container does"
         finally:
             await sb.close()
