@@ -29,7 +29,7 @@ from tests.support.web_fixture import WebFixture, make_png
 from trajforge.sandbox.bwrap import probe
 from trajforge.tools.browser import find_chromium
 from trajforge.tools.registry import KNOWN_TOOLS
-from trajforge.tools.settings import BrowserSettings
+from trajforge.catalog.settings import BrowserSettings
 
 pytestmark = pytest.mark.timeout(180)
 

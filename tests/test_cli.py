@@ -17,9 +17,10 @@ import pytest
 
 from tests.conftest import REPO, cli
 from trajforge import __version__
-from trajforge.cli import FLAGS, batch_runner_main, main, make_parser, parse_run_args
+from trajforge.cli import batch_runner_main, main
+from trajforge.commands.run import FLAGS, make_parser, parse_run_args
 from trajforge.config import RunConfig
-from trajforge.tools.distributions import BUILTIN
+from trajforge.catalog.distributions import BUILTIN
 
 # A valid command-line value for every value flag, and what RunConfig must hold afterwards.
 VALUES: dict[str, tuple[str, object]] = {

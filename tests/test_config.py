@@ -229,10 +229,11 @@ def test_masked_is_json_and_round_trips() -> None:
     assert RunConfig.model_validate(data) == c
 
 
-def test_assignment_is_validated() -> None:
+def test_validated_config_is_immutable() -> None:
+    """A value decided after validation makes a copy (model_copy), so no layer sees the config
+    change under it (issue 16)."""
     c = build_config({})
-    c.run_name = "later"
-    with pytest.raises(ValueError, match="no|unknown distribution"):
-        c.distribution = "nope"
-    with pytest.raises(ValueError):
-        c.batch_size = 0
+    with pytest.raises(ValueError, match="frozen"):
+        c.run_name = "later"
+    later = c.model_copy(update={"run_name": "later"})
+    assert (c.run_name, later.run_name) == (None, "later")

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO
-from trajforge.tools.distributions import (
+from trajforge.catalog.distributions import (
     BUILTIN,
     TOOLSETS,
     Distribution,
@@ -160,7 +160,7 @@ def test_many_toolsets_extend_the_random_stream() -> None:
 
 _CHILD = """
 import json, sys
-from trajforge.tools.distributions import BUILTIN, sample_toolsets
+from trajforge.catalog.distributions import BUILTIN, sample_toolsets
 print(json.dumps({n: [sample_toolsets(d, 9, f"p{i}:{i % 3}") for i in range(150)] for n, d in BUILTIN.items()}))
 """
 

@@ -12,15 +12,13 @@ from typing import Any
 import pytest
 
 from tests.support.scripted_server import Reply, ScriptedServer, chat, http_error, tool_call
-from trajforge import config
 from trajforge.errors import FatalModelError, UsageError
-from trajforge.model import client as client_mod
 from trajforge.model.client import OpenAIClient, backoff_delay, parse_retry_after, request_options
 from trajforge.model.errors import APIFailure, ModelOutputError, RateLimitedError
 from trajforge.model.factory import (
-    DEFAULT_REMOTE_MODEL, NO_KEY_PLACEHOLDER, is_loopback, make_client, resolve_api_key, should_use_local,
+    NO_KEY_PLACEHOLDER, is_loopback, make_client, resolve_api_key, should_use_local,
 )
-from trajforge.model.types import Completion, ModelSettings, Usage
+from trajforge.model.types import DEFAULT_MODEL, Completion, ModelSettings, Usage
 
 KEY = "sk-test-SECRET-0123456789abcdef"
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "list files"}]
@@ -430,10 +428,10 @@ def test_is_loopback(url: str, expected: bool) -> None:
 def test_should_use_local() -> None:
     assert should_use_local(ModelSettings(model="local"), {"OPENROUTER_API_KEY": "k"})
     assert should_use_local(ModelSettings(model="local:/m/x.gguf", base_url="http://x"), {})
-    assert should_use_local(ModelSettings(model=DEFAULT_REMOTE_MODEL), {})
-    assert not should_use_local(ModelSettings(model=DEFAULT_REMOTE_MODEL), {"OPENAI_API_KEY": "k"})
-    assert not should_use_local(ModelSettings(model=DEFAULT_REMOTE_MODEL, api_key="k"), {})
-    assert not should_use_local(ModelSettings(model=DEFAULT_REMOTE_MODEL, base_url="http://127.0.0.1:1/v1"), {})
+    assert should_use_local(ModelSettings(model=DEFAULT_MODEL), {})
+    assert not should_use_local(ModelSettings(model=DEFAULT_MODEL), {"OPENAI_API_KEY": "k"})
+    assert not should_use_local(ModelSettings(model=DEFAULT_MODEL, api_key="k"), {})
+    assert not should_use_local(ModelSettings(model=DEFAULT_MODEL, base_url="http://127.0.0.1:1/v1"), {})
     assert not should_use_local(ModelSettings(model="openai/gpt-4o"), {})  # named remote model: error instead
 
 
@@ -443,7 +441,3 @@ def test_missing_local_backend_is_usage_error(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(UsageError, match="local model backend is not installed"):
         make_client(ModelSettings(model="local"), {})
 
-
-def test_defaults_match_config() -> None:
-    assert DEFAULT_REMOTE_MODEL == config.DEFAULT_MODEL
-    assert client_mod.DEFAULT_BASE_URL == config.DEFAULT_BASE_URL

@@ -367,8 +367,8 @@ def conmons_of(name: str) -> list[int]:
 def test_killed_commands_leave_no_conmon_behind(tmp_path: Path, busybox_image: str) -> None:  # noqa: F811
     """A timed-out and a cancelled `podman exec` used to leave their session's conmon waiting
     300 s (Podman's exit_command_delay) after the container was gone."""
-    from trajforge.config import RunConfig
     from tests.support.sandboxes import create_sandbox
+    from trajforge.config import RunConfig
 
     async def body() -> str:
         cfg = RunConfig(container_engine="podman", run_name="conmon-test")
@@ -385,7 +385,6 @@ def test_killed_commands_leave_no_conmon_behind(tmp_path: Path, busybox_image: s
             job = await sb.spawn("sleep 32")
             await asyncio.sleep(1.0)
             await job.kill()
-            await job.wait()
             assert conmons_of(name), "the killed sessions' monitors exist while the container does"
         finally:
             await sb.close()

@@ -51,6 +51,7 @@ TIMEOUT = 1500 if SLOW else 180  # per command; `make demo` alone takes ~10 min 
 # (regex on the command text, reason): commands the generic rules cannot judge.
 SKIP: list[tuple[str, str]] = [
     (r"^make test\b", "runs the whole test suite, this test included"),
+    (r"^trajforge view\b", "serves a web page until stopped (tests/test_view_browser.py drives it)"),
 ]
 DATASET_FLAGS = {"--dataset_file", "--dataset-file"}
 HOSTED_PREFIXES = ("anthropic/", "openai/", "google/", "meta-llama/", "mistralai/", "x-ai/", "deepseek/", "qwen/")
@@ -110,7 +111,12 @@ def _flag(words: tuple[str, ...] | list[str], *names: str) -> str | None:
 
 
 def _program_words(cmd: Command) -> list[str]:
-    return [w for w in cmd.words if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", w)]
+    """The command without its leading `VAR=value` environment assignments (later words such as
+    `--split train=0.95,test=0.05` are arguments, kept as they are)."""
+    words = list(cmd.words)
+    while words and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]):
+        words.pop(0)
+    return words
 
 
 def _make_recipe(cmd: Command) -> list[str]:

@@ -236,7 +236,7 @@ def test_monitor_series_rates_progress_and_thinning() -> None:
 
 def test_a_ray_actor_gets_its_share_of_the_runs_rate_budgets() -> None:
     from trajforge.config import RunConfig
-    from trajforge.runner.governor import gate_for
+    from trajforge.sample.gate import gate_for
 
     config = RunConfig(num_workers=512, max_requests_per_minute=800, max_tokens_per_minute=1_600_000,
                        adaptive_concurrency=False)

@@ -28,7 +28,7 @@ from trajforge.sandbox.local import LocalSandbox
 from trajforge.tools.base import ToolContext, ToolInfraError, Unavailable, result_failed
 from trajforge.tools.browser import BrowserToolset, build, find_chromium
 from trajforge.tools.registry import TOOLSET_TOOLS
-from trajforge.tools.settings import BrowserSettings
+from trajforge.catalog.settings import BrowserSettings
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -22,7 +22,7 @@ from trajforge.config import RunConfig
 from trajforge.tools import web
 from trajforge.tools.base import ToolContext, Unavailable, result_failed
 from trajforge.tools.registry import build_toolsets
-from trajforge.tools.settings import WebSettings
+from trajforge.catalog.settings import WebSettings
 from trajforge.tools.web_search import choose_provider
 
 

@@ -13,7 +13,7 @@ import pytest
 from trajforge.config import RunConfig
 from trajforge.dataset import load_dataset, rollout_identity, split_rollout
 from trajforge.errors import DatasetError
-from trajforge.runner.outcome import Outcome
+from trajforge.sample.outcome import Outcome
 from trajforge.runner.rollouts import RolloutScheduler, expand
 from trajforge.sandbox.base import ExecResult
 from trajforge.verify.answer import last_number, matches, normalise, parse_number

@@ -29,7 +29,7 @@ from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat,
 from trajforge.config import RunConfig
 from trajforge.dataset import load_dataset, split_rollout
 from trajforge.runner.rollouts import expand
-from trajforge.tools.distributions import sample_toolsets
+from trajforge.catalog.distributions import sample_toolsets
 
 N = 4
 KINDS = ["pass"] * 10 + ["fail"] * 8 + ["mixed"] * 10 + ["hang"] * 4 + ["answer"] * 4 + ["answer_mixed"] * 4

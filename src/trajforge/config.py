@@ -17,12 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from trajforge.errors import ConfigError, UsageError
 from trajforge.model.pricing import Price
-from trajforge.model.types import ModelSettings
-from trajforge.tools.distributions import TOOLSETS, Distribution, all_distributions
-from trajforge.tools.settings import ToolsSettings
+from trajforge.model.types import DEFAULT_MODEL, ModelSettings
+from trajforge.catalog import toolset_names
+from trajforge.catalog.distributions import Distribution, all_distributions
+from trajforge.catalog.settings import ToolsSettings
 
-DEFAULT_MODEL = "anthropic/claude-sonnet-4.6"
-DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
 ProviderSort = Literal["price", "throughput", "latency"]
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 SIZE_PATTERN = r"^[0-9]+(\.[0-9]+)?[bkmgtBKMGT]?$"
@@ -76,8 +75,8 @@ class DistributionConfig(_Strict):
     @classmethod
     def _known_toolsets(cls, v: dict[str, float]) -> dict[str, float]:
         for name, p in v.items():
-            if name not in TOOLSETS:
-                raise ValueError(_unknown_choice("toolset", name, list(TOOLSETS)))
+            if name not in toolset_names():
+                raise ValueError(_unknown_choice("toolset", name, list(toolset_names())))
             if not 0 <= p <= 100:
                 raise ValueError(f"probability of {name!r} must be within 0..100, got {p:g}")
         if not v:
@@ -114,7 +113,12 @@ class _UnknownDistribution(ValueError):
 
 
 class RunConfig(_Strict):
-    """Every setting of a run. Field names are the flag names (SPEC section 2)."""
+    """Every setting of a run. Field names are the flag names (SPEC section 2).
+
+    Immutable once validated: a value decided later (the sandbox `auto` resolves to, the local
+    model chosen for want of a key) makes a copy with model_copy(update=...)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     dataset_file: Path | None = None
     batch_size: int | None = Field(None, ge=1)
@@ -307,9 +311,10 @@ def load_yaml_mapping(path: Path) -> dict[Any, Any]:
     return raw
 
 
-def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
-    """Flat RunConfig keys, and for each the key as written in the file (for error messages)."""
-    raw = load_yaml_mapping(path)
+def _read_yaml(path: Path, raw: dict[Any, Any] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """Flat RunConfig keys, and for each the key as written in the file (for error messages).
+    `raw`: the file's mapping when the caller has read it already."""
+    raw = load_yaml_mapping(path) if raw is None else raw
     flat: dict[str, Any] = {}
     origin: dict[str, str] = {}
     for key, value in raw.items():
@@ -335,12 +340,13 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return _read_yaml(path)[0]
 
 
-def build_config(cli_values: dict[str, Any], config_file: Path | None = None) -> RunConfig:
+def build_config(cli_values: dict[str, Any], config_file: Path | None = None,
+                 file_keys: dict[str, Any] | None = None) -> RunConfig:
     """Merge defaults < YAML < CLI and validate; errors name the flag (or file key) and value.
 
     `cli_values` may hold `parallelism`, the alias of `num_workers`; errors then name --parallelism.
     """
-    file_values, origin = _read_yaml(config_file) if config_file else ({}, {})
+    file_values, origin = _read_yaml(config_file, file_keys) if config_file else ({}, {})
     cli = dict(cli_values)
     flags = {k: f"--{k}" for k in cli}
     if "parallelism" in cli:

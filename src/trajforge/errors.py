@@ -1,18 +1,41 @@
-"""The run-fatal exception tree.
+"""The exception tree: one root, two branches.
 
-Only problems that must stop a whole run live here (bad config, bad dataset, auth, disk).
-A failed *sample* is data, recorded by the runner, never an exception that escapes it.
+    TrajforgeException                 every exception trajforge raises on purpose
+    ├── TrajforgeError                 run-fatal: the CLI prints one line and exits `exit_code`
+    │   ├── UsageError (2) ── ConfigError
+    │   ├── DatasetError, RunStateError, FatalModelError, OutputError, export's InputError
+    └── SampleFailure                  one sample failed: recorded as data under `failure_class`
+        ├── ModelCallError (trajforge.model.errors; rate_limit, api_error, timeout, model_error)
+        ├── SandboxError (trajforge.sandbox.base; sandbox)
+        └── ToolInfraError (trajforge.tools.base; sandbox)
+
+Only problems that must stop a whole run are TrajforgeErrors (bad config, bad dataset, auth,
+disk). A failed *sample* is data: the sample worker turns a SampleFailure into an outcome with
+its failure class (trajforge.sample.outcome.FAILURE_CLASSES), and it never escapes the run.
+The subclasses live next to the code that raises them and keep their import paths.
 """
 
 from __future__ import annotations
 
 import errno
+from typing import ClassVar
 
 
-class TrajforgeError(Exception):
+class TrajforgeException(Exception):
+    """The root of every exception trajforge raises on purpose."""
+
+
+class TrajforgeError(TrajforgeException):
     """Base of every error the CLI turns into a clear message and a non-zero exit."""
 
     exit_code = 1
+
+
+class SampleFailure(TrajforgeException):
+    """One sample failed for a reason outside the model's control; the sample is recorded as failed
+    with `failure_class` (retried in-run and on --resume), the run goes on."""
+
+    failure_class: ClassVar[str] = "internal"
 
 
 class UsageError(TrajforgeError):

@@ -8,17 +8,15 @@ exit 2, bad input exits 1 naming the file and line.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
-from typing import NoReturn
 
-from trajforge.cli import reject_unknown, typed
+from trajforge.cmdline import Flag, Parser, add_flags, parse_flags
 from trajforge.errors import TrajforgeError, UsageError
 
 PROG = "trajectory_compressor.py"
 # (flag, type, help)
-FLAGS: list[tuple[str, str, str]] = [
+FLAGS: list[Flag] = [
     ("input", "path", "trajectories JSONL file, or a run directory (its trajectories.jsonl is used) (required)"),
     ("output", "path", "output JSONL file [default: <input stem><output_suffix>.jsonl, i.e. *_compressed.jsonl]"),
     ("sample_percent", "float", "keep only this percentage (0-100] of the trajectories"),
@@ -35,23 +33,11 @@ FLAGS: list[tuple[str, str, str]] = [
                        "$OPENAI_API_KEY)"),
     ("fresh", "bool", "discard an unfinished earlier run of this output instead of resuming it"),
 ]
-_NAMES = [f for f, _, _ in FLAGS]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
-
-
-def make_parser(prog: str = PROG) -> _Parser:
-    parser = _Parser(prog=prog, description="Fit trajectories into a training token budget, or keep a sample.",
-                     allow_abbrev=False)
-    for name, kind, help_text in FLAGS:
-        opts = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
-        if kind == "bool":
-            parser.add_argument(*opts, dest=name, action="store_true", help=help_text)
-        else:
-            parser.add_argument(*opts, dest=name, type=typed(kind, name), metavar=kind.upper(), help=help_text)
+def make_parser(prog: str = PROG) -> Parser:
+    parser = Parser(prog=prog, description="Fit trajectories into a training token budget, or keep a sample.")
+    add_flags(parser, FLAGS)
     return parser
 
 
@@ -59,8 +45,7 @@ def _run(argv: list[str], prog: str) -> int:
     from trajforge.compress.config import load_config
     from trajforge.compress.pipeline import Options, run
 
-    ns, unknown = make_parser(prog).parse_known_args(argv)
-    reject_unknown(unknown, _NAMES)
+    ns = parse_flags(make_parser(prog), argv, FLAGS)
     if ns.input is None:
         raise UsageError("missing required flag --input (a trajectories JSONL file or a run directory)")
     if ns.sample_percent is not None and not 0 < ns.sample_percent <= 100:

@@ -1,10 +1,11 @@
 """Writing one `[CONTEXT SUMMARY]:` turn for a run of trajectory turns, through the project's model client.
 
-The client (trajforge.model) already retries transport failures (429, 5xx, timeouts) with
-backoff; this module adds what is specific to summaries: the prompt and retries of unusable
-answers. A summary cut off by the token limit
-(finish_reason == "length") or an empty one is retried after `retry_delay` seconds, up to
-`max_retries` times, then the summary fails: the caller keeps the trajectory unchanged. A
+The client (trajforge.model) retries transport failures (429, 5xx, timeouts) under the project's
+one retry policy (model.retry); this module adds what is specific to summaries: the prompt, and
+that an unusable answer is retryable too. A summary cut off by the token limit
+(finish_reason == "length") or an empty one is retried under the same policy (backoff starting at
+`retry_delay` seconds), up to `max_retries` times, then the summary fails: the caller keeps the
+trajectory unchanged. A
 rejected API key (FatalModelError) or a missing one (UsageError) is not a per-trajectory failure
 and propagates to stop the run. The client is built on first use, so a run in which nothing is
 over the budget needs no API key. No temperature is sent when the config says `temperature: null`
@@ -23,6 +24,7 @@ from typing import Any
 from trajforge.compress.config import DEFAULT_SUMMARY_MODEL, SummarizationSection
 from trajforge.errors import UsageError
 from trajforge.model.errors import ModelCallError
+from trajforge.model.retry import RetryPolicy
 from trajforge.model.types import ModelClient, ModelSettings
 
 SUMMARY_PREFIX = "[CONTEXT SUMMARY]:"
@@ -93,6 +95,10 @@ def falls_back_to_local(cfg: SummarizationSection, api_key: str | None, environ:
             and resolve_api_key(api_key or env_key, environ) is None)
 
 
+class _Unusable(Exception):
+    """A reply that is no summary (cut off, empty): worth another attempt."""
+
+
 class Summariser:
     """Shared by every trajectory of a run (the caller bounds how many summaries run at once)."""
 
@@ -106,6 +112,7 @@ class Summariser:
                                        max_tokens=2 * target_tokens,
                                        temperature=None if rejects_temperature(cfg.model) else cfg.temperature,
                                        max_retries=cfg.max_retries, request_timeout=cfg.request_timeout)
+        self._policy = RetryPolicy(max_retries=cfg.max_retries, base=cfg.retry_delay)
         self._client: ModelClient | None = None
         self._client_lock = asyncio.Lock()
 
@@ -128,25 +135,28 @@ class Summariser:
         """One summary of `turns`, prefixed; raises SummaryFailed when none is usable."""
         client = await self._get_client()
         messages = [{"role": "user", "content": summary_prompt(turns, first_index, self._target)}]
-        problem = "no attempt made"
-        for attempt in range(self._cfg.max_retries + 1):
-            if attempt:
-                await asyncio.sleep(self._cfg.retry_delay * 2 ** (attempt - 1))
+
+
+        async def attempt() -> str:
             count.calls += 1
             try:
-                completion = await client.complete(messages, [])
+                completion = await client.complete(messages, [])  # transport failures: retried in the client
             except ModelCallError as e:
                 count.errors += 1
                 raise SummaryFailed(f"summariser call failed: {e}") from None
             text = normalise(completion.content or "")
             if completion.finish_reason == "length":
-                problem = "summary cut off by the token limit (finish_reason=length)"
-            elif not text:
-                problem = "summariser returned an empty summary"
-            else:
-                return text
-            count.errors += 1
-        raise SummaryFailed(problem)
+                count.errors += 1
+                raise _Unusable("summary cut off by the token limit (finish_reason=length)")
+            if not text:
+                count.errors += 1
+                raise _Unusable("summariser returned an empty summary")
+            return text
+
+        try:  # an unusable summary is retried under the one policy, like any model call
+            return await self._policy.run(attempt, lambda e: isinstance(e, _Unusable), what="summariser")
+        except _Unusable as e:
+            raise SummaryFailed(str(e)) from None
 
     async def aclose(self) -> None:
         if self._client is not None:

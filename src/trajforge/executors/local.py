@@ -1,12 +1,12 @@
 """The in-process executor: one SampleWorker serving `num_workers` concurrent sessions.
 
-Its model gate (runner.governor.gate_for) is bound to every session, so each model request of
+Its model gate (trajforge.sample.gate.gate_for) is bound to every session, so each model request of
 the run, tools' included, waits there for its turn.
 """
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +14,10 @@ from trajforge.config import RunConfig
 from trajforge.dataset import Sample
 from trajforge.model import gate as model_gate
 from trajforge.model.types import ModelClient
-from trajforge.runner.governor import gate_for
-from trajforge.runner.outcome import Outcome
-from trajforge.runner.worker import SampleWorker
+from trajforge.sample.gate import gate_for
+from trajforge.sample.outcome import Outcome
+from trajforge.sample.worker import SampleWorker
 from trajforge.tools.base import Unavailable
-
-log = logging.getLogger("trajforge.agent")
 
 
 class LocalExecutor:
@@ -28,35 +26,22 @@ class LocalExecutor:
         self.capacity = config.num_workers
         self._model = model
         self._worker = SampleWorker(config, prefill=prefill, workspace_root=workspace_root)
-        self._verbose = config.verbose
-        self._chars = config.log_prefix_chars
         self.gate = gate_for(config)
 
-    async def start(self) -> list[Unavailable]:
-        return await self._worker.start(self._model)
+    async def start(self, images: Collection[str] = ()) -> list[Unavailable]:
+        unavailable = await self._worker.start(self._model)
+        await self._worker.prefetch(images)
+        return unavailable
 
     async def process(self, sample: Sample, attempt: int) -> Outcome:
-        trace = _tracer(sample, self._worker.config.batch_size or 1, self._chars) if self._verbose else None
         with model_gate.bound(self.gate):
-            return await self._worker.process(sample, attempt=attempt, trace=trace)
+            return await self._worker.process(sample, attempt=attempt)
 
     async def aclose(self) -> None:
         await self._worker.aclose()
 
 
-def _tracer(sample: Sample, batch_size: int, chars: int) -> Any:
-    prefix = f"[B{sample.index // batch_size}:P{sample.index}]"
-
-    def cut(text: str) -> str:
-        text = " ".join(text.split())
-        return text if len(text) <= chars else text[:chars] + "..."
-
-    def trace(kind: str, item: Any) -> None:
-        if kind == "model":
-            calls = ", ".join(c.name for c in item.tool_calls) or "none"
-            log.info("%s model: %s | tool calls: %s", prefix, cut(item.content or ""), calls)
-        else:
-            status = "failed" if item.failed else "ok"
-            log.info("%s tool %s %s: %s", prefix, item.call.name, status, cut(item.result))
-
-    return trace
+def make(config: RunConfig, prefill: list[dict[str, Any]] | None, run_dir: Path) -> LocalExecutor:
+    """The registry's factory (trajforge.executors.EXECUTORS)."""
+    ws = run_dir / "workspaces" if config.keep_workspaces else None
+    return LocalExecutor(config, prefill=prefill, workspace_root=ws)

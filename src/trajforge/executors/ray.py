@@ -9,7 +9,7 @@ driver, which writes the run directory, so the cluster needs no shared filesyste
 
 A lost actor or node is infrastructure failure, not the sample's: its in-flight samples are sent
 to another actor without counting an attempt, and the lost capacity is re-planned on the nodes
-still alive. Ray is imported only here and in ray_cli, so a local run never loads it.
+still alive. Ray is imported only here and in commands.cluster, so a local run never loads it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import SecretStr
@@ -29,14 +31,13 @@ from pydantic import SecretStr
 from trajforge.config import RunConfig
 from trajforge.dataset import Sample
 from trajforge.errors import TrajforgeError, UsageError
-from trajforge.executors.local import _tracer
 from trajforge.model import gate as model_gate
 from trajforge.model import spend
 from trajforge.model.factory import resolve_api_key
 from trajforge.redact import REGISTRY, run_secrets
-from trajforge.runner.governor import gate_for
-from trajforge.runner.outcome import Outcome
-from trajforge.runner.worker import SampleWorker
+from trajforge.sample.gate import gate_for
+from trajforge.sample.outcome import Outcome, batch_number
+from trajforge.sample.worker import SampleWorker
 from trajforge.tools.base import Unavailable
 
 try:
@@ -84,11 +85,9 @@ class SampleActor:
         return await self._worker.start()
 
     async def process(self, sample: Sample, attempt: int) -> Outcome:
-        cfg = self._worker.config
-        trace = _tracer(sample, cfg.batch_size or 1, cfg.log_prefix_chars) if cfg.verbose else None
         meter = spend.SampleSpend()
         with model_gate.bound(self._gate), spend.bound(meter):
-            outcome = await self._worker.process(sample, attempt=attempt, trace=trace)
+            outcome = await self._worker.process(sample, attempt=attempt)
         outcome.cost = meter.cost
         return outcome.scrubbed(REGISTRY.value)
 
@@ -146,7 +145,8 @@ class RayExecutor:
         """Handles of the live SampleActors (to inspect the cluster, or to kill one in a test)."""
         return [a.handle for a in self._actors]
 
-    async def start(self) -> list[Unavailable]:
+    async def start(self, images: Collection[str] = ()) -> list[Unavailable]:
+        """Connect and start actors. `images` are not prefetched: each node pulls what its samples need."""
         self._connect()  # blocking for a few seconds, but Ray wants its init on the main thread
         await self._replan()
         if not self._actors:
@@ -210,7 +210,7 @@ class RayExecutor:
             return outcome
 
     def _failed(self, sample: Sample, attempt: int, message: str) -> Outcome:
-        return Outcome(sample.index, sample.identity, sample.index // (self._config.batch_size or 1), "failed",
+        return Outcome(sample.index, sample.identity, batch_number(sample.index, self._config.batch_size), "failed",
                        reason="internal", message=message, attempts=attempt, worker="ray")
 
     async def _acquire(self) -> _Actor:
@@ -311,3 +311,8 @@ class RayExecutor:
                 ray.kill(a.handle)
             if self._owns_ray:
                 await asyncio.to_thread(ray.shutdown)
+
+
+def make(config: RunConfig, prefill: list[dict[str, Any]] | None, run_dir: Path) -> RayExecutor:
+    """The registry's factory (trajforge.executors.EXECUTORS)."""
+    return RayExecutor(config, prefill=prefill)

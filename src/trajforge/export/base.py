@@ -186,3 +186,28 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+class JsonlExporter(Exporter):
+    """A format of one JSON line per record, one file per split: subclasses say what the line is."""
+
+    suffix = ".jsonl"
+
+    @abstractmethod
+    def line(self, item: Item) -> bytes:
+        """The output line of one record, ending in a newline."""
+
+    def open(self, output: Path) -> None:
+        self.root = output
+        self.files = SplitFiles(output, self.options.splits, self.suffix)
+
+    def write(self, item: Item) -> None:
+        self.files.write(item.split, self.line(item))
+
+    def close(self) -> Summary:
+        self.files.close()
+        return Summary(self.files.counts, self.files.names(self.root), self.drops())
+
+    def abort(self) -> None:
+        if hasattr(self, "files"):
+            self.files.abort()

@@ -16,9 +16,8 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import NoReturn
 
-from trajforge.cli import reject_unknown, typed
+from trajforge.cmdline import Flag, Parser, add_flags, parse_flags
 from trajforge.errors import UsageError
 from trajforge.export import FORMATS, exporter_class
 from trajforge.export.base import Item, Options, Summary, check_output, staged
@@ -28,7 +27,7 @@ from trajforge.export.source import InputError, Source, open_source
 
 PROG = "trajforge export"
 # (flag, kind, help)
-FLAGS: list[tuple[str, str, str]] = [
+FLAGS: list[Flag] = [
     ("format", "str", f"output format: {', '.join(FORMATS)} (required)"),
     ("output", "path", "output file, or directory for hf and with --split (required)"),
     ("only", "str", "keep only completed samples, only verified samples that passed, or all [default: all]"),
@@ -43,25 +42,14 @@ FLAGS: list[tuple[str, str, str]] = [
     ("no_reasoning", "bool", "same as --reasoning drop"),
     ("overwrite", "bool", "replace an existing output (a directory only if it holds nothing but export files)"),
 ]
-_NAMES = [f for f, _, _ in FLAGS]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
-
-
-def make_parser() -> _Parser:
-    parser = _Parser(prog=PROG, description="Export trajectories for training: OpenAI messages JSONL, "
-                     "ShareGPT JSONL, Parquet, or a Hugging Face dataset with its card.", allow_abbrev=False)
+def make_parser() -> Parser:
+    parser = Parser(prog=PROG, description="Export trajectories for training: OpenAI messages JSONL, "
+                     "ShareGPT JSONL, Parquet, or a Hugging Face dataset with its card.")
     parser.add_argument("input", type=Path, metavar="RUN_DIR_OR_JSONL",
                         help="a run directory (its trajectories.jsonl) or a trajectories / openai export JSONL file")
-    for name, kind, help_text in FLAGS:
-        opts = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
-        if kind == "bool":
-            parser.add_argument(*opts, dest=name, action="store_true", help=help_text)
-        else:
-            parser.add_argument(*opts, dest=name, type=typed(kind, name), metavar=kind.upper(), help=help_text)
+    add_flags(parser, FLAGS)
     return parser
 
 
@@ -72,8 +60,7 @@ def _choice(flag: str, value: str, allowed: tuple[str, ...]) -> str:
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, Filters, Options]:
-    ns, unknown = make_parser().parse_known_args(argv)
-    reject_unknown(unknown, _NAMES)
+    ns = parse_flags(make_parser(), argv, FLAGS)
     for flag in ("format", "output"):
         if getattr(ns, flag) is None:
             raise UsageError(f"missing required flag --{flag}")

@@ -7,28 +7,14 @@ saved records back, byte for byte, unless reasoning was dropped.
 
 from __future__ import annotations
 
-from pathlib import Path
 
-from trajforge.export.base import Exporter, Item, SplitFiles, Summary
+from trajforge.export.base import Item, JsonlExporter
 from trajforge.export.convert import to_openai
 from trajforge.jsonio import dumps
 
 
-class OpenAIExporter(Exporter):
+class OpenAIExporter(JsonlExporter):
     name = "openai"
-    suffix = ".jsonl"
 
-    def open(self, output: Path) -> None:
-        self.root = output
-        self.files = SplitFiles(output, self.options.splits, self.suffix)
-
-    def write(self, item: Item) -> None:
-        self.files.write(item.split, dumps(to_openai(item.record, self.options.reasoning)) + b"\n")
-
-    def close(self) -> Summary:
-        self.files.close()
-        return Summary(self.files.counts, self.files.names(self.root), self.drops())
-
-    def abort(self) -> None:
-        if hasattr(self, "files"):
-            self.files.abort()
+    def line(self, item: Item) -> bytes:
+        return dumps(to_openai(item.record, self.options.reasoning)) + b"\n"

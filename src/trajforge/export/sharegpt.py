@@ -6,31 +6,16 @@ rest of each line stays as saved); otherwise every kept line is the input's byte
 
 from __future__ import annotations
 
-from pathlib import Path
 
-from trajforge.export.base import Exporter, Item, SplitFiles, Summary
+from trajforge.export.base import Item, JsonlExporter
 from trajforge.export.convert import to_openai, to_record
 from trajforge.jsonio import dumps
 
 
-class ShareGPTExporter(Exporter):
+class ShareGPTExporter(JsonlExporter):
     name = "sharegpt"
-    suffix = ".jsonl"
 
-    def open(self, output: Path) -> None:
-        self.root = output
-        self.files = SplitFiles(output, self.options.splits, self.suffix)
-
-    def write(self, item: Item) -> None:
-        line = item.line
+    def line(self, item: Item) -> bytes:
         if self.options.reasoning == "drop":
-            line = dumps(to_record(to_openai(item.record, "drop"))) + b"\n"
-        self.files.write(item.split, line)
-
-    def close(self) -> Summary:
-        self.files.close()
-        return Summary(self.files.counts, self.files.names(self.root), self.drops())
-
-    def abort(self) -> None:
-        if hasattr(self, "files"):
-            self.files.abort()
+            return dumps(to_record(to_openai(item.record, "drop"))) + b"\n"
+        return item.line

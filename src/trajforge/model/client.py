@@ -35,13 +35,12 @@ from trajforge.model.parse import (
     reasoning_from_message, split_reasoning,
 )
 from trajforge.model.pricing import call_usage
-from trajforge.model.retry import backoff_delay, parse_retry_after
+from trajforge.model.retry import RetryPolicy, backoff_delay, parse_retry_after  # noqa: F401  (re-exported)
 from trajforge.model.transport import TransportError, make_transport
-from trajforge.model.types import Completion, ModelSettings, ToolCall
+from trajforge.model.types import DEFAULT_BASE_URL, Completion, ModelSettings, ToolCall
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
 _RETRYABLE_STATUS = {408, 409, 429}  # plus every 5xx
 _FATAL_STATUS = {401, 403}
 _OVERLOAD_STATUS = {429, 503}  # the provider says "too much": the gate's limiter shrinks
@@ -97,9 +96,7 @@ class OpenAIClient:
         self.base_url = settings.base_url or DEFAULT_BASE_URL
         self._settings = settings
         self._secret = api_key
-        self._backoff_base = backoff_base
-        self._backoff_max = backoff_max
-        self._retry_after_cap = retry_after_cap
+        self._policy = RetryPolicy(settings.max_retries, backoff_base, backoff_max, retry_after_cap)
         self._rng = rng or random.Random()
         self._options = request_options(settings)
         # The body fields of every request; extra_body is merged at the top level, as the SDK does.
@@ -120,7 +117,7 @@ class OpenAIClient:
             body["tools"] = tools
             body["tool_choice"] = "auto"
         payload = orjson.dumps(body)  # once per call, not per attempt
-        attempts = self._settings.max_retries + 1
+        attempts = self._policy.attempts
         gate = model_gate.current()
         # Tokens the request may use, for a tokens-per-minute budget (~4 bytes of JSON per token);
         # the gate settles the difference once the reply says how many it really used.
@@ -148,8 +145,7 @@ class OpenAIClient:
         raise AssertionError("unreachable: the loop returns or raises")
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
-        return backoff_delay(attempt, retry_after, base=self._backoff_base, maximum=self._backoff_max,
-                             retry_after_cap=self._retry_after_cap, rng=self._rng)
+        return self._policy.delay(attempt, retry_after, self._rng)
 
     async def _attempt(self, payload: bytes, gate: model_gate.ModelGate | None, estimate: float) -> Completion:
         if gate is None:

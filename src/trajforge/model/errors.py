@@ -6,12 +6,12 @@
 
 from __future__ import annotations
 
-from trajforge.errors import FatalModelError
+from trajforge.errors import FatalModelError, SampleFailure
 
 __all__ = ["ModelCallError", "RateLimitedError", "APIFailure", "ModelTimeoutError", "ModelOutputError", "FatalModelError"]
 
 
-class ModelCallError(Exception):
+class ModelCallError(SampleFailure):
     """A model call failed after the client's own retries; the sample fails with `failure_class`."""
 
     failure_class = "api_error"

@@ -14,11 +14,8 @@ from urllib.parse import urlsplit
 
 from trajforge.errors import UsageError
 from trajforge.model.client import DEFAULT_BASE_URL, OpenAIClient
-from trajforge.model.types import ModelClient, ModelSettings
+from trajforge.model.types import DEFAULT_MODEL, ModelClient, ModelSettings
 
-# The CLI's default --model (trajforge.config.DEFAULT_MODEL; a test keeps the two equal). The
-# model package does not import config, which pulls in the tools package.
-DEFAULT_REMOTE_MODEL = "anthropic/claude-sonnet-4.6"
 KEY_ENV_VARS = ("OPENROUTER_API_KEY", "OPENAI_API_KEY")
 NO_KEY_PLACEHOLDER = "no-key"
 
@@ -64,7 +61,7 @@ def should_use_local(settings: ModelSettings, environ: Mapping[str, str] = os.en
     if is_local_model(settings.model):
         return True
     return (settings.base_url is None and resolve_api_key(settings.api_key, environ) is None
-            and settings.model == DEFAULT_REMOTE_MODEL)
+            and settings.model == DEFAULT_MODEL)
 
 
 def make_client(settings: ModelSettings, environ: Mapping[str, str] = os.environ) -> ModelClient:

@@ -12,31 +12,15 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from trajforge.model.types import Usage
+from trajforge.model.types import PER_TOKENS, Price, Usage
 
-PER_TOKENS = 1_000_000
+__all__ = ["PER_TOKENS", "Price", "call_usage", "price_known", "reports_cost", "usage_from"]
 # Hosts whose replies carry the charged cost of each call in usage.cost (OpenRouter always does:
 # https://openrouter.ai/docs/use-cases/usage-accounting).
 COST_REPORTING_HOSTS = ("openrouter.ai",)
-
-
-@dataclass(frozen=True, slots=True)
-class Price:
-    """USD per million tokens. Cached prompt tokens cost `cached_prompt` (default: `prompt`)."""
-
-    prompt: float
-    completion: float
-    cached_prompt: float | None = None
-
-    def cost(self, usage: Usage) -> float:
-        cached = min(usage.cached_tokens, usage.prompt_tokens)
-        cached_rate = self.prompt if self.cached_prompt is None else self.cached_prompt
-        return ((usage.prompt_tokens - cached) * self.prompt + cached * cached_rate
-                + usage.completion_tokens * self.completion) / PER_TOKENS
 
 
 def reports_cost(base_url: str | None) -> bool:

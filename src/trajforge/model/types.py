@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from trajforge.model.pricing import Price
+# The defaults of --model and --base_url, declared once: config's field defaults and the model
+# factory's local-model fallback both read them here.
+DEFAULT_MODEL = "anthropic/claude-sonnet-4.6"
+DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
 
 
 @dataclass(slots=True)
@@ -35,6 +37,24 @@ class Usage:
     def as_dict(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                 "reasoning_tokens": self.reasoning_tokens, "cost": round(self.cost, 8)}
+
+
+PER_TOKENS = 1_000_000  # prices are USD per million tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """USD per million tokens. Cached prompt tokens cost `cached_prompt` (default: `prompt`)."""
+
+    prompt: float
+    completion: float
+    cached_prompt: float | None = None
+
+    def cost(self, usage: Usage) -> float:
+        cached = min(usage.cached_tokens, usage.prompt_tokens)
+        cached_rate = self.prompt if self.cached_prompt is None else self.cached_prompt
+        return ((usage.prompt_tokens - cached) * self.prompt + cached * cached_rate
+                + usage.completion_tokens * self.completion) / PER_TOKENS
 
 
 @dataclass(slots=True)

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from trajforge.errors import OutputError, RunStateError
 from trajforge.jsonio import atomic_write_bytes
 from trajforge.redact import REGISTRY
-from trajforge.runner.outcome import Outcome
+from trajforge.sample.outcome import Outcome
 
 VERSION = 1
 

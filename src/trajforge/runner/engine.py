@@ -13,13 +13,16 @@ charged to its own meter (model.spend), bound to the worker's task while the sam
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
+from pathlib import Path
+from typing import Any
 from typing import Protocol, runtime_checkable
 
+from trajforge.config import RunConfig
 from trajforge.dataset import Sample
 from trajforge.model import spend
 from trajforge.runner.budget import Budget
-from trajforge.runner.outcome import Outcome
+from trajforge.sample.outcome import Outcome
 from trajforge.tools.base import Unavailable
 
 
@@ -33,13 +36,21 @@ class SampleSource(Protocol):
 
 
 class Executor(Protocol):
+    """Where samples run (trajforge.executors): the runner receives one from the command layer.
+
+    `start` gets the container images the run's samples name, to prefetch where that helps."""
+
     capacity: int
 
-    async def start(self) -> list[Unavailable]: ...
+    async def start(self, images: Collection[str] = ()) -> list[Unavailable]: ...
 
     async def process(self, sample: Sample, attempt: int) -> Outcome: ...
 
     async def aclose(self) -> None: ...
+
+
+# Builds the run's executor: (config, prefill messages, run directory) -> Executor.
+ExecutorFactory = Callable[[RunConfig, "list[dict[str, Any]] | None", Path], Executor]
 
 
 async def run_engine(

@@ -1,8 +1,8 @@
 """Spend and load control set up from the run's configuration: prices, the model gate, the budget.
 
-Kept apart from runner.main so that the start-up check (a budget needs prices), the gate's
-construction (shared by the local executor and every Ray actor, which takes its share of the
-run's rate budgets) and the budget's continuation from earlier invocations are each one call.
+Kept apart from runner.main so that the start-up check (a budget needs prices) and the budget's
+continuation from earlier invocations are each one call. The gate's construction lives with the
+sample worker (trajforge.sample.gate), which every executor shares.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import Any
 from trajforge.config import RunConfig
 from trajforge.errors import UsageError
 from trajforge.model.client import DEFAULT_BASE_URL
-from trajforge.model.gate import ModelGate
 from trajforge.model.pricing import price_known
 from trajforge.runner.budget import Budget
 
@@ -31,15 +30,6 @@ def check_prices(config: RunConfig) -> None:
             f"--{flags[0]} needs the price of model {config.model!r}: {url} does not report the cost of "
             f"its calls. Add it to the --config file: pricing: {{{json.dumps(config.model)}: {{prompt: USD_PER_MTOK, "
             "completion: USD_PER_MTOK}}")
-
-
-def gate_for(config: RunConfig, share: float = 1.0) -> ModelGate:
-    """The model gate of a process that runs `share` of the run's sessions (1 locally; a Ray actor
-    running 64 of 512 sessions gets 1/8 of each per-minute budget and a ceiling of 64)."""
-    rpm, tpm = config.max_requests_per_minute, config.max_tokens_per_minute
-    return ModelGate(max(1, round(config.num_workers * share)), adaptive=config.adaptive_concurrency,
-                     requests_per_minute=rpm * share if rpm else None,
-                     tokens_per_minute=tpm * share if tpm else None)
 
 
 def budget_for(config: RunConfig, invocations: Iterable[Mapping[str, Any]], to_run: int) -> Budget:

@@ -33,11 +33,11 @@ from trajforge.runner import store
 from trajforge.runner.budget import BUDGET_EXIT_CODE
 from trajforge.runner.checkpoint import Checkpoint
 from trajforge.runner.console import safe_std_streams
-from trajforge.runner.engine import Executor, run_engine
+from trajforge.runner.engine import ExecutorFactory, run_engine
 from trajforge.runner.governor import budget_for, check_prices
 from trajforge.runner.merge import merge
 from trajforge.runner.monitor import RunMonitor
-from trajforge.runner.outcome import Outcome
+from trajforge.sample.outcome import Outcome
 from trajforge.runner.preflight import (
     check_container_images, check_executor, check_network, choose_model, load_prefill, refuse_contradictions,
 )
@@ -50,15 +50,16 @@ from trajforge.verify.verifier import validate_verification
 log = logging.getLogger("trajforge")
 
 
-def run(config: RunConfig) -> int:
+def run(config: RunConfig, make_executor: ExecutorFactory) -> int:
+    """Run the job `config` describes on the executor `make_executor` builds (the command layer's choice)."""
     secrets = run_secrets(config)
     REGISTRY.add(*secrets)
     hide_in_cmdline(secrets)
     with safe_std_streams():
-        return _run_checked(config)
+        return _run_checked(config, make_executor)
 
 
-def _run_checked(config: RunConfig) -> int:
+def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
     logging.basicConfig(level=logging.INFO if config.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     if config.verbose:
@@ -67,7 +68,7 @@ def _run_checked(config: RunConfig) -> int:
     refuse_contradictions(config)
     prefill = load_prefill(config.prefill_messages_file)
     dataset = load_dataset(config.dataset_file, skip_invalid=config.skip_invalid, max_samples=config.max_samples)
-    choose_model(config)
+    config = choose_model(config)
     check_prices(config)
     check_network(config)
     check_executor(config)
@@ -82,7 +83,7 @@ def _run_checked(config: RunConfig) -> int:
             print(f"trajforge: removed {leftovers} temporary file(s) left by a killed run", file=sys.stderr)
         for msg in store.repair(rundir.path):
             print(f"trajforge: {msg}", file=sys.stderr)
-        return asyncio.run(_run(config, dataset, prefill, rundir))
+        return asyncio.run(_run(config, dataset, prefill, rundir, make_executor))
     finally:
         rundir.release()
 
@@ -104,17 +105,6 @@ def _use_pidfd_child_watcher() -> None:
     asyncio.set_child_watcher(asyncio.PidfdChildWatcher())
 
 
-def make_executor(config: RunConfig, prefill: list[dict[str, Any]] | None, run_dir: Path) -> Executor:
-    ws = run_dir / "workspaces" if config.keep_workspaces else None
-    if config.executor == "ray":
-        from trajforge.executors.ray import RayExecutor
-
-        return RayExecutor(config, prefill=prefill)
-    from trajforge.executors.local import LocalExecutor
-
-    return LocalExecutor(config, prefill=prefill, workspace_root=ws)
-
-
 def plan(samples: list[Sample], run_dir: Path, checkpoint: Checkpoint, problems: list[str],
          recovered: list[Sample] | None = None) -> list[Sample]:
     """The samples still to run: those with no readable record in a batch file and not discarded
@@ -131,7 +121,7 @@ def plan(samples: list[Sample], run_dir: Path, checkpoint: Checkpoint, problems:
 
 
 async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str, Any]] | None,
-               rundir: RunDir) -> int:
+               rundir: RunDir, make_executor: ExecutorFactory) -> int:
     run_dir = rundir.path
     started_wall, t0 = time.time(), time.monotonic()
     checkpoint = Checkpoint.load(run_dir / "checkpoint.json", config.run_name or "")
@@ -147,7 +137,7 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
               "record is missing or unreadable in the batch files: they run again", file=sys.stderr)
     if dataset.skipped:
         print(f"trajforge: skipped {len(dataset.skipped)} invalid dataset line(s)", file=sys.stderr)
-    sandbox = await _resolve_sandbox(config, dataset)
+    config, sandbox = await _resolve_sandbox(config, dataset)
     print(f"trajforge: run '{config.run_name}': {len(samples)} samples, "
           f"{len(samples) - len(todo)} already finished, {len(todo)} to run, sandbox {sandbox} -> {run_dir}",
           file=sys.stderr)
@@ -197,7 +187,7 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
     executor = make_executor(config, prefill, run_dir)
     if todo:  # before the checkpoint records this invocation: a refused start leaves no results behind
         try:
-            for u in await executor.start():
+            for u in await executor.start({s.image for s in todo if s.image}):
                 print(f"trajforge: toolset '{u.toolset}' unavailable, not offered: {u.reason}", file=sys.stderr)
         except BaseException:
             await executor.aclose()
@@ -212,10 +202,6 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
     sampler = asyncio.create_task(monitor.run())
     try:
         if todo:
-            if config.executor == "local":
-                from trajforge.sandbox.factory import prefetch_images
-
-                await prefetch_images(config, {s.image for s in todo if s.image})
             with progress:
                 source = RolloutScheduler.build(todo, config.stop_after_passes,
                                                 passes_on_disk(run_dir) if config.stop_after_passes else None,
@@ -272,21 +258,21 @@ def _failed_exit_code(config: RunConfig, stats: dict[str, Any]) -> int:
     return EXIT_SAMPLES_FAILED
 
 
-async def _resolve_sandbox(config: RunConfig, dataset: LoadedDataset) -> str:
+async def _resolve_sandbox(config: RunConfig, dataset: LoadedDataset) -> tuple[RunConfig, str]:
     """Decide `--sandbox auto` once, here, so the start line, config.json and statistics.json name
     the backend the samples really use; a fallback to `local` says why and how to get isolation."""
     if config.executor != "local":
-        return f"{config.sandbox} (chosen on each Ray node)" if config.sandbox == "auto" else config.sandbox
+        return config, f"{config.sandbox} (chosen on each Ray node)" if config.sandbox == "auto" else config.sandbox
     from trajforge.sandbox.factory import resolve_backend
 
     kind, fallback_reason = await resolve_backend(config)
-    config.sandbox = kind  # type: ignore[assignment]
+    config = config.model_copy(update={"sandbox": kind})
     if fallback_reason is not None:
         print(f"trajforge: --sandbox auto: bwrap is not usable here ({fallback_reason}), so commands run in the "
               "`local` sandbox WITHOUT isolation from this host; run `trajforge doctor` to see how to get "
               "isolation, or pass --sandbox local to accept it", file=sys.stderr)
     images = sum(s.image is not None for s in dataset.samples)
-    return f"{kind} (rows with an image: container)" if images and kind != "container" else kind
+    return config, f"{kind} (rows with an image: container)" if images and kind != "container" else kind
 
 
 def _finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint: Checkpoint,

@@ -19,13 +19,12 @@ import orjson
 
 from trajforge.errors import OutputError
 from trajforge.dataset import split_rollout
-from trajforge.jsonio import atomic_writer
 from trajforge.runner import store
+from trajforge.runner.outputs import open_outputs
 from trajforge.runner.stats import Totals
-from trajforge.tools.registry import KNOWN_TOOLS
+from trajforge.catalog import known_tool_set
 from trajforge.verify.result import passed
 
-_KNOWN = frozenset(KNOWN_TOOLS)
 
 
 @dataclass
@@ -58,7 +57,8 @@ def merge(run_dir: Path, current_index: dict[str, int], totals: Totals,
 
 def calls_unknown_tools(rec: dict) -> bool:
     """The corrupt-entry filter: a record that called a tool it was not offered is dropped."""
-    return any(name not in _KNOWN for name in rec.get("tool_stats", {}))
+    known = known_tool_set()
+    return any(name not in known for name in rec.get("tool_stats", {}))
 
 
 def _merge(run_dir: Path, current_index: dict[str, int], totals: Totals, target: Path,
@@ -79,7 +79,7 @@ def _merge(run_dir: Path, current_index: dict[str, int], totals: Totals, target:
     hallucinated: list[str] = []
     handles: dict[Path, BinaryIO] = {}
     try:
-        with atomic_writer(target, buffering=1 << 20) as w:
+        with open_outputs(run_dir) as outputs:  # trajectories.jsonl and any registered output
             for ref in ordered:
                 f = handles.get(ref.path)
                 if f is None:
@@ -111,7 +111,8 @@ def _merge(run_dir: Path, current_index: dict[str, int], totals: Totals, target:
                 if keep_passed and not passed(rec):
                     not_kept += 1
                     continue
-                w.write(line)
+                for out in outputs:
+                    out.write(line, rec)
                 written += 1
     finally:
         for f in handles.values():

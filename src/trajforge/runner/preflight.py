@@ -71,7 +71,8 @@ def load_prefill(path: Path | None) -> list[dict[str, Any]] | None:
     return data
 
 
-def choose_model(config: RunConfig) -> None:
+def choose_model(config: RunConfig) -> RunConfig:
+    """The config with the model the run will use (the bundled local one when no API is reachable)."""
     from trajforge.model.client import DEFAULT_BASE_URL
     from trajforge.model.factory import is_local_model, is_loopback, resolve_api_key, should_use_local
 
@@ -79,11 +80,11 @@ def choose_model(config: RunConfig) -> None:
     if should_use_local(settings) and not is_local_model(config.model):
         print("trajforge: no API key and no --base_url: using the bundled local model (--model local); "
               "set OPENROUTER_API_KEY or pass --base_url/--api_key to use an API", file=sys.stderr)
-        config.model = "local"
-        return
+        return config.model_copy(update={"model": "local"})
     url = settings.base_url or DEFAULT_BASE_URL
     if not is_local_model(config.model) and not is_loopback(url) and resolve_api_key(settings.api_key, os.environ) is None:
         raise UsageError(f"no API key for {url}: pass --api_key or set OPENROUTER_API_KEY / OPENAI_API_KEY")
+    return config
 
 
 

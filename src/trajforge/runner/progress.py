@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from trajforge.runner.outcome import Outcome
+from trajforge.sample.outcome import Outcome
 
 
 class Progress:

@@ -29,7 +29,7 @@ from trajforge.dataset import Sample, rollout_identity, split_rollout
 from trajforge.runner import store
 from trajforge.runner.checkpoint import Checkpoint
 from trajforge.runner.merge import MergeResult, calls_unknown_tools
-from trajforge.runner.outcome import Outcome
+from trajforge.sample.outcome import Outcome
 from trajforge.runner.stats import Totals
 from trajforge.verify.result import passed
 

@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from trajforge.runner.outcome import FAILURE_CLASSES
+from trajforge.sample.outcome import FAILURE_CLASSES
 from trajforge.runner.verify_stats import VerifyTotals, table_rows
 
 

@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
+from trajforge.errors import SampleFailure
 from trajforge.sandbox.fsops import FileOpError, check_model_path
 from trajforge.sandbox.safe_fs import PathEscapeError, SymlinkError
 
@@ -24,8 +25,10 @@ __all__ = ["ExecResult", "FileOpError", "Job", "LogChunk", "PathEscapeError", "S
 READ_CAP = 256 << 20  # the largest file a tool may ask for
 
 
-class SandboxError(Exception):
+class SandboxError(SampleFailure):
     """The sandbox could not be created or broke (infrastructure): the sample fails as `sandbox`."""
+
+    failure_class = "sandbox"
 
 
 @dataclass(slots=True)

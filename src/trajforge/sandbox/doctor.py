@@ -9,7 +9,6 @@ rely on `--json` rather than the code.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -122,11 +121,13 @@ def format_report(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="trajforge doctor", description="Show which sandbox backends work here.")
+    from trajforge.cmdline import Parser, parse_flags
+
+    parser = Parser(prog="trajforge doctor", description="Show which sandbox backends work here.")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--container_engine", "--container-engine", choices=("auto", "podman", "docker"),
                         default="auto", help="engine to check (default: both)")
-    ns = parser.parse_args(argv)
+    ns = parse_flags(parser, argv, [("json", "bool", ""), ("container_engine", "str", "")])
     report = asyncio.run(gather_report(ns.container_engine))
     report["euid"] = os.geteuid()
     if ns.json:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from trajforge.errors import UsageError
 from trajforge.model.client import DEFAULT_BASE_URL
+from trajforge.model.retry import RetryPolicy
 from trajforge.model.factory import is_local_model, is_loopback, make_client, resolve_api_key
 from trajforge.model.types import ModelClient, Usage
 
@@ -71,8 +72,7 @@ def tool_client(config: RunConfig, section: str, *, model: str, base_url: str | 
     settings = dataclasses.replace(
         run, model=model, base_url=endpoint_url(config, base_url), api_key=key, max_tokens=max_tokens,
         temperature=temperature, request_timeout=timeout,
-        # A tool call waits on these retries; a couple is enough before the model hears of the failure.
-        max_retries=min(run.max_retries, 2),
+        max_retries=RetryPolicy(run.max_retries).for_tool().max_retries,  # the agent waits on a tool call
         # Provider routing names providers of the run's model; for another model it may match none.
         providers_allowed=run.providers_allowed if same_model else None,
         providers_ignored=run.providers_ignored if same_model else None,

@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from trajforge.errors import SampleFailure
 from trajforge.jsonio import dumps_str
 
 if TYPE_CHECKING:
@@ -20,8 +21,10 @@ if TYPE_CHECKING:
     from trajforge.sandbox.base import Sandbox
 
 
-class ToolInfraError(Exception):
+class ToolInfraError(SampleFailure):
     """The tool's backend broke (sandbox died, browser crashed): the sample fails as `sandbox`."""
+
+    failure_class = "sandbox"
 
 
 @dataclass

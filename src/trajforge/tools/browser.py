@@ -22,8 +22,8 @@ from trajforge.tools.base import Toolset, Unavailable
 if TYPE_CHECKING:
     from trajforge.config import RunConfig
     from trajforge.tools.browser_session import BrowserBackend
+    from trajforge.catalog.settings import BrowserSettings
     from trajforge.tools.egress_proxy import EgressProxy
-    from trajforge.tools.settings import BrowserSettings
 
 NAME = "browser"
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")

@@ -23,8 +23,8 @@ from trajforge.tools.base import ToolContext, ToolInfraError
 if TYPE_CHECKING:
     from playwright.async_api import Browser, BrowserContext, ConsoleMessage, Page, Playwright
 
+    from trajforge.catalog.settings import BrowserSettings
     from trajforge.netpolicy import Policy
-    from trajforge.tools.settings import BrowserSettings
 
 STATE_KEY = "browser"
 _CONSOLE_CAP = 200  # per sample; older messages are dropped first

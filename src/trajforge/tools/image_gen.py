@@ -22,13 +22,14 @@ from urllib.parse import urlsplit
 import openai
 from openai import AsyncOpenAI
 
+from trajforge.model.retry import RetryPolicy
 from trajforge.netpolicy import Policy, make_policy
 from trajforge.sandbox.base import FileOpError, PathEscapeError
 from trajforge.tools import http_fetch
 from trajforge.tools.aux_models import ToolUnavailable, endpoint_key, endpoint_url
 from trajforge.tools.egress import policy_for
 from trajforge.tools.base import Tool, ToolContext, Toolset, Unavailable, error, ok
-from trajforge.tools.settings import ImageGenSettings
+from trajforge.catalog.settings import ImageGenSettings
 from trajforge.tools.vision import image_mime
 
 if TYPE_CHECKING:
@@ -42,9 +43,17 @@ def slug(prompt: str) -> str:
     return _SLUG.sub("-", prompt.lower())[:40].strip("-") or "image"
 
 
+def _transient(e: Exception) -> bool:
+    """Worth another attempt: 429, 5xx, 408/409, a timeout or a dropped connection."""
+    if isinstance(e, openai.APIStatusError):
+        return e.status_code in (408, 409, 429) or e.status_code >= 500
+    return isinstance(e, openai.APIConnectionError)  # includes APITimeoutError
+
+
 class ImageGenToolset(Toolset):
     def __init__(self, settings: ImageGenSettings, api: AsyncOpenAI, base_url: str, key: str,
-                 policy: Policy | None = None) -> None:
+                 retry: RetryPolicy | None = None, policy: Policy | None = None) -> None:
+        self.retry = retry or RetryPolicy().for_tool()
         self.settings = settings
         self.api = api
         self.base_url = base_url
@@ -93,8 +102,10 @@ class ImageGenerateTool(Tool):
         size = by_aspect.get(str(args.get("aspect_ratio")), sizes.square)
         extra: dict[str, Any] = {"response_format": settings.response_format} if settings.response_format else {}
         try:
-            response = await owner.api.images.generate(model=settings.model, prompt=prompt, size=size, n=1,
-                                                       **extra)  # type: ignore[call-overload]
+            response = await owner.retry.run(
+                lambda: owner.api.images.generate(model=settings.model, prompt=prompt, size=size, n=1,
+                                                  **extra),  # type: ignore[call-overload]
+                _transient, what=f"image API {owner.base_url}")
         except openai.APIStatusError as e:
             return error(owner.scrub(f"image API {owner.base_url} returned HTTP {e.status_code}: {e.message}"))
         except openai.APITimeoutError:
@@ -153,5 +164,7 @@ async def build(config: RunConfig) -> ImageGenToolset | Unavailable:
         key = endpoint_key(config, "image_gen", settings.base_url, settings.api_key_env)
     except ToolUnavailable as e:
         return Unavailable("image_gen", str(e))
-    api = AsyncOpenAI(api_key=key, base_url=base_url, timeout=settings.timeout, max_retries=2)
-    return ImageGenToolset(settings, api, base_url, key, policy_for(config, [urlsplit(base_url).hostname or ""]))
+    # The SDK's own retries are off: the one policy (model.retry) retries, as for every model call.
+    api = AsyncOpenAI(api_key=key, base_url=base_url, timeout=settings.timeout, max_retries=0)
+    return ImageGenToolset(settings, api, base_url, key, RetryPolicy(config.max_retries).for_tool(),
+                           policy_for(config, [urlsplit(base_url).hostname or ""]))

@@ -21,7 +21,7 @@ from trajforge.model.errors import ModelCallError
 from trajforge.model.types import Completion, ModelClient
 from trajforge.tools.aux_models import ToolUnavailable, is_default_endpoint, record_usage, tool_client
 from trajforge.tools.base import Tool, ToolContext, Toolset, Unavailable, error, ok
-from trajforge.tools.settings import MoaSettings
+from trajforge.catalog.settings import MoaSettings
 
 if TYPE_CHECKING:
     from trajforge.config import RunConfig

@@ -1,4 +1,4 @@
-"""Which tools exist, which toolset each belongs to, and building the toolsets of a run.
+"""Building the toolsets of a run from their declarations (trajforge.catalog.TOOLSETS).
 
 Each toolset lives in its own module exposing `build(config) -> Toolset | Unavailable`; modules
 are imported only when a run samples their toolset, so heavy backends (Playwright) cost nothing
@@ -10,33 +10,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from trajforge.catalog import KNOWN_TOOLS, TOOLSET_TOOLS, TOOLSETS
 from trajforge.tools.base import Tool, Toolset, Unavailable
 
 if TYPE_CHECKING:
     from trajforge.config import RunConfig
 
-TOOLSET_TOOLS: dict[str, tuple[str, ...]] = {
-    "terminal": ("terminal", "process"),
-    "file": ("read_file", "write_file", "patch", "search_files"),
-    "web": ("web_search", "web_extract"),
-    "browser": ("browser_navigate", "browser_snapshot", "browser_click", "browser_type",
-                "browser_scroll", "browser_back", "browser_press", "browser_get_images",
-                "browser_vision", "browser_console"),
-    "vision": ("vision_analyze",),
-    "image_gen": ("image_generate",),
-    "moa": ("mixture_of_agents",),
-}
-KNOWN_TOOLS: tuple[str, ...] = tuple(t for tools in TOOLSET_TOOLS.values() for t in tools)
-
-_MODULES = {
-    "terminal": "trajforge.tools.terminal",
-    "file": "trajforge.tools.files",
-    "web": "trajforge.tools.web",
-    "browser": "trajforge.tools.browser",
-    "vision": "trajforge.tools.vision",
-    "image_gen": "trajforge.tools.image_gen",
-    "moa": "trajforge.tools.moa",
-}
+__all__ = ["KNOWN_TOOLS", "TOOLSET_TOOLS", "build_toolsets", "tools_for"]
 
 
 async def build_toolsets(names: list[str], config: RunConfig) -> tuple[dict[str, Toolset], list[Unavailable]]:
@@ -44,15 +24,13 @@ async def build_toolsets(names: list[str], config: RunConfig) -> tuple[dict[str,
     ready: dict[str, Toolset] = {}
     missing: list[Unavailable] = []
     for name in names:
+        module_name, _, function = TOOLSETS[name].builder.partition(":")
         try:
-            module = importlib.import_module(_MODULES[name])
-        except ModuleNotFoundError as e:
-            if e.name != _MODULES[name]:
-                missing.append(Unavailable(name, f"backend not installed ({e.name})"))
-            else:
-                missing.append(Unavailable(name, "not implemented yet"))
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:  # an optional extra of this toolset is not installed
+            missing.append(Unavailable(name, f"backend not installed ({e.name})"))
             continue
-        built = await module.build(config)
+        built = await getattr(module, function)(config)
         if isinstance(built, Unavailable):
             missing.append(built)
         else:

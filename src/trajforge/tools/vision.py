@@ -23,8 +23,8 @@ from trajforge.tools import http_fetch
 from trajforge.tools.aux_models import ToolUnavailable, record_usage, tool_client
 from trajforge.netpolicy import Policy, make_policy
 from trajforge.tools.base import Tool, ToolContext, Toolset, Unavailable, error, ok
+from trajforge.catalog.settings import VisionSettings
 from trajforge.tools.egress import policy_for
-from trajforge.tools.settings import VisionSettings
 
 if TYPE_CHECKING:
     from trajforge.config import RunConfig

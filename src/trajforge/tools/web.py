@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 from trajforge.tools import http_fetch
 from trajforge.netpolicy import Policy
 from trajforge.tools.base import Tool, ToolContext, Toolset, Unavailable, error, ok
+from trajforge.catalog.settings import WebSettings
 from trajforge.tools.egress import policy_for
-from trajforge.tools.settings import WebSettings
 from trajforge.tools.web_content import Page, extract
 from trajforge.tools.web_search import SearchError, SearchProvider, choose_provider
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from trajforge.tools.settings import WebSettings
+from trajforge.catalog.settings import WebSettings
 
 
 class SearchError(Exception):

@@ -10,7 +10,8 @@ first use and closed with the worker.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trajforge.model.types import ModelClient, Usage
 from trajforge.sandbox.base import Sandbox
@@ -23,7 +24,21 @@ from trajforge.verify.spec import ROW_FIELDS, Resolved, VerifySpec, problem_of, 
 
 if TYPE_CHECKING:
     from trajforge.config import RunConfig
-    from trajforge.dataset import LoadedDataset, Sample
+
+
+class Row(Protocol):
+    """What verification reads of a dataset row (trajforge.dataset.Sample, which sits above verify)."""
+
+    line: int
+    task_type: str | None
+    verify: VerifySpec | None
+
+
+class Rows(Protocol):
+    """What verification reads of a loaded dataset (trajforge.dataset.LoadedDataset)."""
+
+    path: Any
+    samples: Sequence[Row]
 
 
 def resolve_for(config: RunConfig, row: VerifySpec | None, task_type: str | None) -> Resolved:
@@ -46,7 +61,7 @@ class Verifier:
         self._agent_model = agent_model
         self._judge: ModelClient | None = None
 
-    def spec(self, sample: Sample) -> Resolved:
+    def spec(self, sample: Row) -> Resolved:
         return resolve_for(self.config, getattr(sample, "verify", None), sample.task_type)
 
     async def in_sandbox(self, spec: Resolved, sandbox: Sandbox) -> Part | None:
@@ -87,7 +102,7 @@ class Verifier:
             self._judge = None
 
 
-def validate_verification(config: RunConfig, dataset: LoadedDataset) -> None:
+def validate_verification(config: RunConfig, dataset: Rows) -> None:
     """Before a run touches its directory: every row's resolved verification is usable, something
     can pass when --keep passed / --stop_after_passes ask for passes, and the judge endpoint has a
     key when some row has a rubric. Raises DatasetError / UsageError."""

@@ -13,10 +13,10 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import NoReturn
 
 from aiohttp import web
 
+from trajforge.cmdline import Parser, parse_flags
 from trajforge.errors import UsageError
 from trajforge.view.index import RunIndex
 from trajforge.view.server import Viewer, allowed_hosts, make_app
@@ -74,11 +74,6 @@ async def serve(index: RunIndex, host: str, port: int) -> int:
     return 0
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")  # one line, like the other commands
-
-
 def _port(text: str) -> int:
     if not text.isdigit() or int(text) > 65535:
         raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a port number 0-65535")
@@ -91,13 +86,13 @@ def _size(source: Path) -> int:
 
 
 def main(argv: list[str]) -> int:
-    parser = _Parser(prog="trajforge view", description="Browse a run directory (live or finished) or a "
+    parser = Parser(prog="trajforge view", description="Browse a run directory (live or finished) or a "
                      "trajectories JSONL file in a local web page, read-only.")
     parser.add_argument("source", type=Path, metavar="RUN_DIR_OR_JSONL",
                         help="a run directory (data/<run_name>) or a JSONL file of trajectories")
     parser.add_argument("--port", type=_port, default=8765, help="TCP port [default: 8765; 0 picks a free one]")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on [default: 127.0.0.1]")
-    ns = parser.parse_args(argv)
+    ns = parse_flags(parser, argv, [("port", "int", ""), ("host", "str", "")])
     t0 = time.monotonic()
     if ns.source.exists() and (size := _size(ns.source)) > 100_000_000:
         print(f"trajforge view: indexing {size / 1e6:,.0f} MB of trajectories...", file=sys.stderr, flush=True)

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from trajforge.runner.outcome import FAILURE_CLASSES
+from trajforge.sample.outcome import FAILURE_CLASSES
 from trajforge.view.conversation import display_turns
 from trajforge.view.index import RunIndex
 from trajforge.view.overview import Query, apply, distributions, facets, run_totals

@@ -22,14 +22,14 @@ import re
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from trajforge.cmdline import Flag, Parser, add_flags, parse_flags
+from trajforge.config import load_yaml_mapping
 from trajforge.errors import ConfigError, TrajforgeError, UsageError
 from trajforge.executors import ray_auth
 from trajforge.executors.ray import SLOT_RESOURCE, WORKER_ENV, WORKER_LABEL
@@ -59,29 +59,16 @@ class SchedulerRay(BaseModel):
 
 def load_scheduler_config(path: Path, overrides: list[str]) -> tuple[SchedulerRay, Any]:
     """Split the file into its `ray:` section and a RunConfig (run keys < command-line overrides)."""
-    from trajforge.cli import parse_run_args
+    from trajforge.commands.run import parse_run_args
 
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read config file: {e.strerror or e}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}".splitlines()[0]) from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of keys")
+    raw = load_yaml_mapping(path)
     try:
         settings = SchedulerRay.model_validate(raw.pop("ray", None) or {})
     except ValidationError as e:
         err = e.errors()[0]
         raise ConfigError(f"{path}: key 'ray.{'.'.join(map(str, err['loc']))}': {err['msg']}") from None
-    with tempfile.TemporaryDirectory(prefix="trajforge-sched-") as tmp:
-        run_keys = Path(tmp) / path.name
-        run_keys.write_text(yaml.safe_dump(raw), encoding="utf-8")
-        try:
-            config, _ = parse_run_args(["--config", str(run_keys), *overrides], "trajforge scheduler",
-                                       strict_required=False)
-        except UsageError as e:  # errors name the user's file, not the copy without `ray:`
-            raise type(e)(str(e).replace(str(run_keys), str(path))) from None
+    config, _ = parse_run_args(["--config", str(path), *overrides], "trajforge scheduler", strict_required=False,
+                               file_keys=raw)
     if config is None:
         raise UsageError("trajforge scheduler runs a job; use 'trajforge distributions' to list distributions")
     return settings, config
@@ -152,7 +139,7 @@ def wait_for_workers(count: int, timeout: float) -> None:
 def scheduler_main(argv: list[str]) -> int:
     keys = "\n".join(f"  {name}: {f.description or ''} [default: {f.default}]"
                      for name, f in SchedulerRay.model_fields.items())
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="trajforge scheduler", formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="trajforge scheduler --config FILE [run flags that override the file]",
         description="Start a Ray head, wait for workers, run the job of FILE on the cluster, stop the head.",
@@ -163,6 +150,7 @@ def scheduler_main(argv: list[str]) -> int:
     auth = ray_auth.decide()
     import ray
 
+    from trajforge.executors import make_executor
     from trajforge.runner.main import run
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -182,9 +170,7 @@ def scheduler_main(argv: list[str]) -> int:
                 raise TrajforgeError(ray_auth.failure_message(f"Ray head at {settings.address}", auth)) from None
             raise TrajforgeError(f"cannot connect to the Ray head at {settings.address}: {e}") from None
         wait_for_workers(settings.min_workers, settings.wait_timeout)
-        config.executor = "ray"
-        config.ray_address = settings.address
-        return run(config)
+        return run(config.model_copy(update={"executor": "ray", "ray_address": settings.address}), make_executor)
     finally:
         if ray.is_initialized():
             ray.shutdown()
@@ -197,23 +183,29 @@ def worker_command(address: str, pool_size: int, worker_id: str, extra: argparse
             *_node_flags(extra.node_ip_address, extra.num_cpus, extra.object_store_memory, extra.temp_dir)]
 
 
+WORKER_FLAGS: list[Flag] = [
+    ("address", "str", "the head's HOST:PORT (printed by trajforge scheduler) (required)"),
+    ("pool_size", "int", "sessions this node runs at once [default: 4]"),
+    ("worker_id", "str", f"name in statistics [default: ${WORKER_ENV}, else the host name]"),
+    ("node_ip_address", "str", "address the head reaches this node at"),
+    ("num_cpus", "int", "CPUs this node offers Ray"),
+    ("object_store_memory", "int", "bytes of this node's object store"),
+    ("temp_dir", "path", "Ray's session directory on this node"),
+    ("head_timeout", "float", f"seconds without the head before this worker exits [default: {HEAD_GONE_SECONDS:g}]"),
+    ("verbose", "bool", "show Ray's own output"),
+]
+
+
 def worker_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="trajforge worker",
-                                     description="Join a trajforge Ray cluster, offering session slots. Exits when "
-                                                 "its head goes away; SIGTERM or Ctrl-C stops this node's Ray processes.")
-    parser.add_argument("--address", required=True, help="the head's HOST:PORT (printed by trajforge scheduler)")
-    parser.add_argument("--pool_size", "--pool-size", type=int, default=4,
-                        help="sessions this node runs at once [default: 4]")
-    parser.add_argument("--worker_id", "--worker-id", default=os.environ.get(WORKER_ENV) or socket.gethostname(),
-                        help=f"name in statistics [default: ${WORKER_ENV}, else the host name]")
-    parser.add_argument("--node_ip_address", "--node-ip-address", help="address the head reaches this node at")
-    parser.add_argument("--num_cpus", "--num-cpus", type=int)
-    parser.add_argument("--object_store_memory", "--object-store-memory", type=int)
-    parser.add_argument("--temp_dir", "--temp-dir", type=Path)
-    parser.add_argument("--head_timeout", "--head-timeout", type=float, default=HEAD_GONE_SECONDS,
-                        help=f"seconds without the head before this worker exits [default: {HEAD_GONE_SECONDS:g}]")
-    parser.add_argument("--verbose", action="store_true", help="show Ray's own output")
-    ns = parser.parse_args(argv)
+    parser = Parser(prog="trajforge worker",
+                    description="Join a trajforge Ray cluster, offering session slots. Exits when its head goes "
+                                "away; SIGTERM or Ctrl-C stops this node's Ray processes.")
+    add_flags(parser, WORKER_FLAGS)
+    parser.set_defaults(pool_size=4, worker_id=os.environ.get(WORKER_ENV) or socket.gethostname(),
+                        head_timeout=HEAD_GONE_SECONDS)
+    ns = parse_flags(parser, argv, WORKER_FLAGS)
+    if ns.address is None:
+        raise UsageError("missing required flag --address (the head's HOST:PORT)")
     if ns.pool_size < 1:
         raise UsageError(f"--pool_size: invalid value {ns.pool_size}: must be at least 1")
     if ns.head_timeout <= 0:

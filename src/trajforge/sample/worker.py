@@ -12,6 +12,7 @@ import asyncio
 import logging
 import tempfile
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +22,15 @@ from trajforge.agent.record import build_record
 from trajforge.agent.stats import reasoning_stats
 from trajforge.config import RunConfig
 from trajforge.dataset import Sample
-from trajforge.errors import FatalModelError, UsageError
-from trajforge.model.errors import ModelCallError
+from trajforge.errors import FatalModelError, SampleFailure, UsageError
 from trajforge.model.types import ModelClient
-from trajforge.runner.outcome import Outcome
-from trajforge.sandbox.base import SandboxError
+from trajforge.sample.outcome import Outcome, batch_number
+from trajforge.sample.trace import tracer
 from trajforge.sandbox.factory import SandboxProvider
-from trajforge.tools.base import ToolContext, ToolInfraError, Toolset, Unavailable
-from trajforge.tools.distributions import sample_toolsets
-from trajforge.tools.registry import KNOWN_TOOLS, build_toolsets, tools_for
+from trajforge.tools.base import ToolContext, Toolset, Unavailable
+from trajforge.catalog.distributions import sample_toolsets
+from trajforge.catalog import known_tools
+from trajforge.tools.registry import build_toolsets, tools_for
 from trajforge.verify.result import Part
 from trajforge.verify.verifier import Verifier, final_answer
 
@@ -72,6 +73,12 @@ class SampleWorker:
             self.workspace_root = Path(self._tmp.name)
         return self.unavailable
 
+    async def prefetch(self, images: Collection[str]) -> None:
+        """Start pulling the container images that samples of this process will need (local runs)."""
+        from trajforge.sandbox.factory import prefetch_images
+
+        await prefetch_images(self.config, set(images))
+
     async def aclose(self) -> None:
         for ts in self.toolsets.values():
             try:
@@ -89,7 +96,9 @@ class SampleWorker:
 
     async def process(self, sample: Sample, *, attempt: int = 1, trace: Any = None) -> Outcome:
         """One attempt at one sample. Never raises except FatalModelError and cancellation."""
-        batch_num = sample.index // (self.config.batch_size or 1)
+        batch_num = batch_number(sample.index, self.config.batch_size)
+        if trace is None and self.config.verbose:
+            trace = tracer(sample, self.config.batch_size, self.config.log_prefix_chars)
         started = time.monotonic()
 
         def outcome(status: str, **kw: Any) -> Outcome:
@@ -102,16 +111,14 @@ class SampleWorker:
             raise
         except TimeoutError:
             return outcome("failed", reason="timeout", message=f"exceeded the {self.config.timeout:g}s sample limit")
-        except ModelCallError as e:
+        except SampleFailure as e:  # model call, sandbox or tool backend: its class says which
             return outcome("failed", reason=e.failure_class, message=str(e))
-        except (SandboxError, ToolInfraError) as e:
-            return outcome("failed", reason="sandbox", message=str(e))
         except Exception as e:  # a bug in one sample must not stop the run; it is recorded and retried
             log.exception("sample %s failed", sample.identity)
             return outcome("failed", reason="internal", message=f"{type(e).__name__}: {e}")
         assert self.model is not None
         record = build_record(session, prompt_index=sample.index, sample_id=sample.identity, batch_num=batch_num,
-                              model=self.model.model_name, toolsets_used=toolsets, known_tools=KNOWN_TOOLS,
+                              model=self.model.model_name, toolsets_used=toolsets, known_tools=known_tools(),
                               dataset_line=sample.line, row=sample.extra)
         record["rollout"] = sample.rollout
         if verification is not None:

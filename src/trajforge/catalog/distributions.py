@@ -15,7 +15,9 @@ import struct
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-TOOLSETS: tuple[str, ...] = ("web", "vision", "image_gen", "terminal", "file", "moa", "browser")
+from trajforge.catalog import toolset_names
+
+TOOLSETS: tuple[str, ...] = toolset_names()  # the built-in toolsets (config validates against toolset_names())
 
 
 @dataclass(frozen=True, slots=True)

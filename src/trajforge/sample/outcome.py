@@ -10,6 +10,11 @@ FAILURE_CLASSES = ("rate_limit", "api_error", "timeout", "sandbox", "model_error
 Status = Literal["done", "discarded", "failed"]
 
 
+def batch_number(index: int, batch_size: int | None) -> int:
+    """The batch file (batch_N.jsonl) a sample's record goes to: the one place this is computed."""
+    return index // (batch_size or 1)
+
+
 @dataclass(slots=True)
 class Outcome:
     index: int

@@ -1,0 +1,24 @@
+"""`trajforge validate`: check a dataset file and report its problems without running anything."""
+
+from __future__ import annotations
+
+from trajforge.cmdline import Parser, add_flags, parse_flags
+from trajforge.errors import UsageError
+
+FLAGS = [("dataset_file", "path", "JSONL dataset path (required)"),
+         ("skip_invalid", "bool", "skip (and count) invalid lines instead of stopping at the first")]
+
+
+def main(argv: list[str]) -> int:
+    parser = Parser(prog="trajforge validate", description="Check a dataset file and report problems.")
+    add_flags(parser, FLAGS)
+    ns = parse_flags(parser, argv, FLAGS)
+    if ns.dataset_file is None:
+        raise UsageError("missing required flag --dataset_file")
+    from trajforge.dataset import load_dataset
+
+    ds = load_dataset(ns.dataset_file, skip_invalid=ns.skip_invalid)
+    dup = len(ds.samples) - len({s.identity.split(":")[0] for s in ds.samples})
+    print(f"{ns.dataset_file}: {len(ds.samples)} valid samples, {dup} duplicate prompts, "
+          f"{len(ds.skipped)} invalid lines skipped")
+    return 0

@@ -1,0 +1,91 @@
+"""Extension points used the way a contributor would (issue 16): a test-only toolset and a
+test-only run output (exporter), each one file in tests/support plus one registration line,
+exercised through a real run (in-process, against the scripted model server, in a real local
+sandbox)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
+from trajforge import catalog, cli
+from trajforge.catalog import ToolsetSpec
+from trajforge.runner import outputs
+
+
+@pytest.fixture
+def loud_toolset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(catalog.TOOLSETS, "loud", ToolsetSpec("loud", ("shout",), "tests.support.shout_toolset:build"))
+
+
+def shout_policy(req: Recorded) -> Reply:
+    if any(m.get("role") == "tool" for m in req.body["messages"]):
+        return chat("done", reasoning="the tool answered")
+    assert [t["function"]["name"] for t in req.body["tools"]] == ["shout"]
+    return chat(None, reasoning="I will shout", tool_calls=[tool_call("shout", {"text": "hello"})])
+
+
+@pytest.fixture
+def lengths_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(outputs.RUN_OUTPUTS, "lengths.tsv", "tests.support.lengths_output:LengthsOutput")
+
+
+def test_a_registered_toolset_and_output_run_end_to_end(tmp_path: Path, server: ScriptedServer,
+                                                        clean_env: dict[str, str], loud_toolset: None,
+                                                        lengths_output: None,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    server.handler = shout_policy
+    ds = tmp_path / "ds.jsonl"
+    ds.write_text(json.dumps({"prompt": "shout hello"}) + "\n")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("distributions:\n  loud_only:\n    toolsets: {loud: 100}\n")
+    code = cli.main(["run", f"--dataset_file={ds}", f"--config={cfg}", "--distribution=loud_only",
+                     f"--output_dir={tmp_path / 'data'}", "--run_name=r", f"--base_url={server.url}",
+                     "--model=scripted-model", "--sandbox=local"])
+    assert code == 0, capsys.readouterr().err
+    [record] = [json.loads(line) for line in (tmp_path / "data" / "r" / "trajectories.jsonl").read_text().splitlines()]
+    assert record["toolsets_used"] == ["loud"]
+    tool_turn = next(m for m in record["conversations"] if m["from"] == "tool")
+    assert "HELLO" in tool_turn["value"]
+    # The registered output got the same kept record from the merge, beside trajectories.jsonl.
+    lengths = (tmp_path / "data" / "r" / "lengths.tsv").read_text()
+    assert lengths == f"{record['sample_id']}\t{len(record['conversations'])}\n"
+
+
+def test_an_unregistered_toolset_is_refused_by_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("distributions:\n  loud_only:\n    toolsets: {loud: 100}\n")
+    assert cli.main(["distributions", f"--config={cfg}"]) == 2
+    assert "loud" in capsys.readouterr().err
+
+
+def test_declared_toolsets_match_their_settings_and_tools() -> None:
+    from trajforge.catalog.settings import ToolsSettings
+    from trajforge.tools.registry import KNOWN_TOOLS, TOOLSET_TOOLS
+
+    assert {s.settings for s in catalog.TOOLSETS.values() if s.settings} == set(ToolsSettings.model_fields)
+    assert set(TOOLSET_TOOLS) == set(catalog.TOOLSETS) and len(set(KNOWN_TOOLS)) == len(KNOWN_TOOLS)
+
+
+def test_the_command_layer_chooses_the_executor_from_the_registry(tmp_path: Path, server: ScriptedServer,
+                                                                  clean_env: dict[str, str], loud_toolset: None,
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.support import counting_executor
+    from trajforge import executors
+
+    monkeypatch.setitem(executors.EXECUTORS, "local", "tests.support.counting_executor:make")
+    counting_executor.PROCESSED.clear()
+    server.handler = shout_policy
+    ds = tmp_path / "ds.jsonl"
+    ds.write_text("".join(json.dumps({"prompt": f"shout {i}"}) + "\n" for i in range(3)))
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("distributions:\n  loud_only:\n    toolsets: {loud: 100}\n")
+    code = cli.main(["run", f"--dataset_file={ds}", f"--config={cfg}", "--distribution=loud_only",
+                     f"--output_dir={tmp_path / 'data'}", "--run_name=r", f"--base_url={server.url}",
+                     "--model=scripted-model", "--sandbox=local"])
+    assert code == 0, capsys.readouterr().err
+    assert len(counting_executor.PROCESSED) == 3
