@@ -221,7 +221,8 @@ def test_auto_falls_back_to_host_with_a_note_and_explicit_egress_is_refused(monk
         asyncio.run(network.resolve_mode(RunConfig(sandbox_network="egress")))
     assert asyncio.run(network.resolve_mode(RunConfig(sandbox_network="none"))) == ("none", None)
     cfg = RunConfig(sandbox_network="auto")
-    assert network.check_for_run(cfg) == note and cfg.sandbox_network == "host"  # fixed for the whole run
+    fixed, said = network.check_for_run(cfg)
+    assert said == note and fixed.sandbox_network == "host"  # fixed for the whole run
 
 
 def test_explicit_egress_that_cannot_be_had_is_refused_before_any_work(

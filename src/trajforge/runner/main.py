@@ -70,7 +70,7 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
     dataset = load_dataset(config.dataset_file, skip_invalid=config.skip_invalid, max_samples=config.max_samples)
     config = choose_model(config)
     check_prices(config)
-    check_network(config)
+    config = check_network(config)
     check_executor(config)
     check_container_images(config, dataset)
     validate_verification(config, dataset)

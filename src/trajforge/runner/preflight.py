@@ -87,14 +87,15 @@ def choose_model(config: RunConfig) -> RunConfig:
     return config
 
 
-
-
-def check_network(config: RunConfig) -> None:
-    """Fix `auto` to the concrete network mode; an explicit egress that cannot be had stops here (exit 2)."""
+def check_network(config: RunConfig) -> RunConfig:
+    """The config with `auto` fixed to the concrete network mode; an explicit egress that cannot be
+    had stops here (exit 2)."""
     from trajforge.sandbox.network import check_for_run
 
-    if note := check_for_run(config):
+    config, note = check_for_run(config)
+    if note:
         print(f"trajforge: {note}", file=sys.stderr)
+    return config
 
 
 def check_executor(config: RunConfig) -> None:

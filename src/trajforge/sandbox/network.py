@@ -247,13 +247,13 @@ async def resolve_mode(config: RunConfig) -> tuple[str, str | None]:
                     "host network (--sandbox_network host); see `trajforge doctor`")
 
 
-def check_for_run(config: RunConfig) -> str | None:
-    """At run start, before any work: fix `auto` to the concrete mode; the note to print, if any."""
+def check_for_run(config: RunConfig) -> tuple[RunConfig, str | None]:
+    """At run start, before any work: the config with `auto` fixed to the concrete mode, and the
+    note to print, if any."""
     if config.sandbox_network not in ("auto", "egress"):
-        return None
+        return config, None
     mode, note = asyncio.run(resolve_mode(config))
-    config.sandbox_network = mode  # type: ignore[assignment]
-    return note
+    return config.model_copy(update={"sandbox_network": mode}), note
 
 
 async def doctor_rows() -> dict[str, dict[str, object]]:
