@@ -76,7 +76,7 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
     validate_verification(config, dataset)
     rundir = RunDir(config.output_dir / config.run_name)
     rundir.acquire(resume=config.resume, overwrite=config.overwrite)
-    _use_pidfd_child_watcher()
+    watcher = _use_pidfd_child_watcher()
     try:
         leftovers = rundir.remove_leftovers()
         if leftovers:
@@ -85,24 +85,27 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
             print(f"trajforge: {msg}", file=sys.stderr)
         return asyncio.run(_run(config, dataset, prefill, rundir, make_executor))
     finally:
+        if watcher:  # in-process callers (tests, notebooks) get the default back for their own loops
+            asyncio.set_child_watcher(None)
         rundir.release()
 
 
-def _use_pidfd_child_watcher() -> None:
+def _use_pidfd_child_watcher() -> bool:
     """Wait for subprocesses through a pidfd in the event loop instead of a thread per process.
 
     Python 3.11's default (ThreadedChildWatcher) starts a thread for every `terminal` command and
     blocks the loop until it runs: ~5% of the loop's time in bench/throughput.py. 3.12+ already
     uses pidfds when the kernel has them (Linux 5.3+), so this only changes 3.11."""
     if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
-        return
+        return False
     if type(asyncio.get_event_loop_policy()) is not asyncio.DefaultEventLoopPolicy:
-        return  # e.g. uvloop's, which waits for children its own way
+        return False  # e.g. uvloop's, which waits for children its own way
     try:
         os.close(os.pidfd_open(os.getpid()))
     except OSError:  # an older kernel, or a seccomp filter that forbids it
-        return
+        return False
     asyncio.set_child_watcher(asyncio.PidfdChildWatcher())
+    return True
 
 
 def plan(samples: list[Sample], run_dir: Path, checkpoint: Checkpoint, problems: list[str],
