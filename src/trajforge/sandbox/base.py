@@ -12,12 +12,19 @@ its workspace. Backends: local, bwrap, container (registered in sandbox/provider
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from trajforge.errors import SampleFailure
 from trajforge.sandbox.fsops import FileOpError, check_model_path
 from trajforge.sandbox.safe_fs import PathEscapeError, SymlinkError
+
+if TYPE_CHECKING:
+    from trajforge.config import RunConfig
+
+T = TypeVar("T")
 
 __all__ = ["ExecResult", "FileOpError", "Job", "LogChunk", "PathEscapeError", "Sandbox", "SandboxError",
            "SymlinkError", "check_model_path"]
@@ -120,3 +127,21 @@ class Sandbox(ABC):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+class Provider(Protocol):
+    """What a backend's `make(provider, ...)` may ask of the run-scoped provider
+    (sandbox.factory.SandboxProvider): backends depend on this, never on the factory."""
+
+    config: RunConfig
+    limits: Any  # process.Limits of the run's commands
+
+    async def state(self, key: str, factory: Callable[[], Awaitable[T]],
+                    close: Callable[[T], Any] | None = None) -> T: ...
+
+    # process.Limits and resources.SampleLimits; named, not imported: both modules import this one.
+    def command_limits(self, *, memory_cgroup: bool = False) -> Any: ...
+
+    def sample_limits(self) -> Any: ...
+
+    async def network_mode(self) -> str: ...

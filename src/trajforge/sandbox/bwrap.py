@@ -39,16 +39,13 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from trajforge.sandbox.factory import SandboxProvider
 
 from trajforge.sandbox import workspace
 from trajforge.sandbox.bwrap_start import (
     START_TIMEOUT, chown_beneath, helper_python, helper_source, start_root, start_user,
 )
-from trajforge.sandbox.base import ExecResult, Job, Sandbox, SandboxError, check_model_path
+from trajforge.sandbox.base import ExecResult, Job, Provider, Sandbox, SandboxError, check_model_path
 from trajforge.sandbox.channel import HelperChannel
 from trajforge.sandbox.forkserver import Zygote
 from trajforge.sandbox.process import (
@@ -176,26 +173,24 @@ async def probe() -> BwrapStatus:
     return BwrapStatus(ok, path, mode, detail)
 
 
-async def probe_status(provider: SandboxProvider) -> BwrapStatus:
+async def probe_status(provider: Provider) -> BwrapStatus:
     """The run's bwrap probe, made once per provider."""
     return await provider.state("bwrap.status", probe)
 
 
-async def make(provider: SandboxProvider, *, cwd: str | None, image: str | None, root: Path) -> BwrapSandbox:
+async def make(provider: Provider, *, cwd: str | None, image: str | None, root: Path) -> BwrapSandbox:
     status = await probe_status(provider)
     if not status.usable:
         raise SandboxError(f"--sandbox bwrap is not usable here: {status.detail} (see `trajforge doctor`)")
-    from trajforge.sandbox.factory import limits_for, network_mode, sample_limits
-
     config = provider.config
-    network = await network_mode(provider)
+    network = await provider.network_mode()
     # A memory cgroup holds the whole sample in root mode; otherwise RLIMIT_AS per process stands in.
-    limits = limits_for(config, memory_cgroup=status.mode == "root" and cgroup_parent() is not None)
+    limits = provider.command_limits(memory_cgroup=status.mode == "root" and cgroup_parent() is not None)
     zygote = None
     if os.geteuid() == 0:
         zygote = await provider.state("bwrap.zygote", lambda: Zygote().start(helper_source()), Zygote.aclose)
     return BwrapSandbox(root, keep=config.keep_workspaces, cwd=cwd, limits=limits, network=network == "host",
-                        egress=network == "egress", allow=config.network.allow, sample_limits=sample_limits(config),
+                        egress=network == "egress", allow=config.network.allow, sample_limits=provider.sample_limits(),
                         nproc=config.sandbox_nproc, bwrap=status.path, zygote=zygote)
 
 

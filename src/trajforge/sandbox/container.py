@@ -33,10 +33,9 @@ import socket
 import subprocess
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from trajforge.sandbox import workspace
-from trajforge.sandbox.base import ExecResult, Job, PathEscapeError, Sandbox, SandboxError
+from trajforge.sandbox.base import ExecResult, Job, PathEscapeError, Provider, Sandbox, SandboxError
 from trajforge.sandbox.container_files import ContainerFiles
 from trajforge.sandbox.engine import Engine, container_name, detect, last_line, owner_dead
 from trajforge.sandbox.images import ImageChecker
@@ -44,8 +43,6 @@ from trajforge.sandbox.local import LocalJob
 from trajforge.sandbox.process import DEFAULT_OUTPUT_CAP
 from trajforge.sandbox.resources import Resources, SampleLimits, sweep_leftovers
 
-if TYPE_CHECKING:
-    from trajforge.sandbox.factory import SandboxProvider
 
 WORKSPACE = "/workspace"
 _SHELL_PICK = 'if command -v bash >/dev/null 2>&1; then bash -c "$2"{r}; else sh -c "$2"{r}; fi; rc=$?; '
@@ -98,7 +95,7 @@ class ContainerBackend:
         return dead
 
 
-async def backend_for(provider: SandboxProvider) -> ContainerBackend:
+async def backend_for(provider: Provider) -> ContainerBackend:
     """The run's backend, held by its provider: engine detected and swept once."""
     config = provider.config
 
@@ -115,7 +112,7 @@ async def backend_for(provider: SandboxProvider) -> ContainerBackend:
     return await provider.state("container.backend", detect_and_sweep, lambda b: b.images.aclose())
 
 
-async def make(provider: SandboxProvider, *, cwd: str | None, image: str | None, root: Path) -> ContainerSandbox:
+async def make(provider: Provider, *, cwd: str | None, image: str | None, root: Path) -> ContainerSandbox:
     """A row with an image always runs in a container (the image is never silently ignored)."""
     config = provider.config
     image = image or config.container_image
@@ -123,11 +120,9 @@ async def make(provider: SandboxProvider, *, cwd: str | None, image: str | None,
         raise SandboxError("--sandbox container needs an image: give the row an `image` field or set "
                            "`container_image` in the config file")
     backend = await backend_for(provider)
-    from trajforge.sandbox.factory import network_mode, sample_limits
-
     return ContainerSandbox(
-        root, backend=backend, image=image, cwd=cwd, network=await network_mode(provider),
-        allow=config.network.allow, limits=sample_limits(config),
+        root, backend=backend, image=image, cwd=cwd, network=await provider.network_mode(),
+        allow=config.network.allow, limits=provider.sample_limits(),
         memory=config.container_memory or config.sandbox_memory, pids_limit=config.container_pids_limit,
         cpus=config.container_cpus, run_name=config.run_name, keep=config.keep_workspaces,
     )

@@ -84,6 +84,15 @@ class SandboxProvider:
                     self._state[key] = value
         return self._state[key]  # type: ignore[no-any-return]
 
+    def command_limits(self, *, memory_cgroup: bool = False) -> Limits:
+        return limits_for(self.config, memory_cgroup=memory_cgroup)
+
+    def sample_limits(self) -> SampleLimits:
+        return sample_limits(self.config)
+
+    async def network_mode(self) -> str:
+        return await network_mode(self)
+
     async def backend_name(self, image: str | None) -> str:
         kind = self.config.sandbox
         if image is not None or kind == "container":

@@ -22,18 +22,15 @@ import secrets
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from trajforge.sandbox import fsops, workspace
-from trajforge.sandbox.base import ExecResult, Job, LogChunk, Sandbox, SandboxError
+from trajforge.sandbox.base import ExecResult, Job, LogChunk, Provider, Sandbox, SandboxError
 from trajforge.sandbox.process import (
     DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, SAFE_PATH, Limits, bash_limits_prefix, clean_env, kill_group, kill_tagged,
     make_preexec, run_argv,
 )
 from trajforge.sandbox.reaper import Cgroups, SampleCgroup
 
-if TYPE_CHECKING:
-    from trajforge.sandbox.factory import SandboxProvider
 
 TAG_VAR = "TRAJFORGE_SANDBOX"
 _SHELL = shutil.which("bash", path=SAFE_PATH) or "/bin/sh"
@@ -154,10 +151,8 @@ class LocalSandbox(Sandbox):
             await workspace.remove(self.workspace)
 
 
-async def make(provider: SandboxProvider, *, cwd: str | None, image: str | None, root: Path) -> LocalSandbox:
-    from trajforge.sandbox.factory import network_mode
-
-    network = await network_mode(provider)
+async def make(provider: Provider, *, cwd: str | None, image: str | None, root: Path) -> LocalSandbox:
+    network = await provider.network_mode()
     if network in ("none", "egress"):  # refusing beats silently leaving the network on
         raise SandboxError(f"the local sandbox cannot restrict networking (--sandbox_network {network}); "
                            "use --sandbox bwrap or --sandbox container")
