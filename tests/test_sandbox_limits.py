@@ -83,7 +83,8 @@ def test_disk_image_is_sparse_and_removed(tmp_path: Path) -> None:
         sb = BwrapSandbox(tmp_path, network=False, sample_limits=SampleLimits(disk=256 << 20, memory=None))
         await sb.start()
         try:
-            image = sb.workspace.with_name(f"{sb.workspace.name}.trajforge-{os.getpid()}.img")
+            # the slot's disk, mounted on the directory the workspace is made in
+            image = sb.workspace.parent.with_name(f"{sb.workspace.parent.name}.trajforge-{os.getpid()}.img")
             assert image.stat().st_size == 256 << 20 and image.stat().st_blocks * 512 < 32 << 20
             res = await sb.exec("df -B1 --output=size . | tail -1; ls -A", timeout=30)
             assert int(res.stdout.split()[0]) <= 256 << 20 and "lost+found" not in res.stdout
@@ -146,7 +147,7 @@ def test_a_killed_runner_s_disk_and_cgroup_are_swept(tmp_path: Path, clean_env: 
             sb = BwrapSandbox(Path({str(tmp_path)!r}), network=False,
                               sample_limits=SampleLimits(disk=64 << 20, memory=64 << 20))
             await sb.start()
-            print(sb.workspace, sb._res.memory.path, flush=True)
+            print(sb.workspace.parent, sb.memory_group.path, flush=True)
             await asyncio.sleep(60)
         asyncio.run(main())
     """)
@@ -173,26 +174,27 @@ def test_a_killed_runner_s_disk_and_cgroup_are_swept(tmp_path: Path, clean_env: 
 
 @pytest.mark.skipif(not ROOT_BWRAP or cgroup_parent() is None, reason="needs root bwrap and a memory cgroup")
 def test_helper_commands_and_background_jobs_are_all_in_the_sample_memory_cgroup(tmp_path: Path) -> None:
-    """The helper is forked by the run's zygote, not by bwrap: it must join the sample's group
+    """The slot's helper is forked by the run's zygote, not by bwrap: it must join the slot's group
     itself, or nothing a sample runs would be held by its memory limit."""
     async def main() -> None:
         sb = BwrapSandbox(tmp_path, network=False, sample_limits=SampleLimits(memory=256 << 20, disk=None))
         await sb.start()
         try:
-            assert sb._res is not None and sb._res.memory is not None
-            group = sb._res.memory.path
+            assert sb.memory_group is not None
+            group = sb.memory_group.path
             job = await sb.spawn("exec sleep 300")
             res = await sb.exec("cat /proc/self/cgroup", timeout=30)
-            assert group.name in res.stdout, res  # a foreground command
+            # a foreground command: at the root of its cgroup namespace, which is the slot's group
+            assert ":memory:/\n" in res.stdout and group.name not in res.stdout, res
             for _ in range(100):  # the job's shell execs `sleep` on its own time
                 members = (group / "cgroup.procs").read_text().split()
                 cmdlines = [_cmdline(pid) for pid in members]
                 if any(c.startswith(b"sleep\x00300") for c in cmdlines):
                     break
                 await asyncio.sleep(0.05)
-            assert str(sb.ns_pid) in members and str(sb._holder.pid) in members  # type: ignore[union-attr]
+            assert str(sb.helper_pid) in members
             assert any(c.startswith(b"sleep\x00300") for c in cmdlines), cmdlines  # the background job
-            assert any(b"python" in c for c in cmdlines), cmdlines  # the helper itself
+            assert any(c.startswith(b"sandbox-init") for c in cmdlines), cmdlines  # the helper itself
             await job.kill()
         finally:
             await sb.close()

@@ -1,4 +1,4 @@
-"""The bwrap backend: every sample in its own bubblewrap namespaces (`--sandbox bwrap`, auto default).
+"""The bwrap backend: every sample in its own namespaces (`--sandbox bwrap`, the auto default).
 
 Commands see a read-only host system (/usr, /etc, /opt and the /bin, /lib... links), the
 sample's workspace read-write at /workspace, private sized /tmp and /dev/shm, a private /proc,
@@ -7,23 +7,20 @@ and new pid/ipc/uts (and, unless `--sandbox_network host`, network) namespaces. 
 directory of the workspace that is also mounted at that path.
 
 Each sample has one helper process inside (helper.py), spoken to over a socketpair (channel.py):
-commands fork from it and file operations run in it, inside the sample's mount view, so there
-is no per-command entry chain and no file access from the host. Two modes, because the kernel
-never enforces RLIMIT_NPROC for host uid 0:
-- runner is root ("root" mode): no user namespace; bwrap holds the namespaces with `cat` (which
-  ends, and the namespace with it, when the runner's end of its stdin closes) and the run's
-  zygote (zygote.py, forkserver.py, bwrap_start.py) forks the helper into them, already stripped of every
-  privilege: uid of the sample's own for what it does, no capabilities, no_new_privs. No
-  interpreter starts per sample. The process limit holds (fork bombs stop), the sandbox cannot
-  signal the helper or the runner, and --die-with-parent ends it all with the runner.
+commands are spawned by it and file operations run in it, inside the sample's mount view, so
+there is no per-command entry chain and no file access from the host. Two modes, because the
+kernel never enforces RLIMIT_NPROC for host uid 0:
+- runner is root ("root" mode): the run's zygote makes each sample with one fork (zygote.py,
+  bwrap_root.py): fresh mount (a copy of the run's bwrap-built template), pid, ipc, uts and
+  cgroup namespaces, a reused slot for the network namespace, memory cgroup and workspace disk
+  (slots.py), and the helper as the pid namespace's init with a uid of the sample's own and no
+  privileges. The process limit holds (fork bombs stop), the sandbox cannot signal, ptrace or
+  read the helper, and nothing of a sample outlives it. Egress goes through the run's router
+  (router.py); the per-sample limits of resources.py hold.
 - runner is unprivileged ("user" mode): --unshare-all creates a user namespace and the helper is
   bwrap's command (--as-pid-1), started with a host interpreter visible inside (helper_python);
   the helper and the files are the user's own.
 Both modes: background jobs share the sample's pid namespace and live until the sample closes.
-Root mode also gets the per-sample limits and egress (resources.py, network.py): the workspace
-disk is mounted before bwrap starts; bwrap and the helper join the sample's memory cgroup before
-the helper forks anything (the zygote's child joins it first thing), so every command is in it;
-slirp4netns and the firewall attach to the namespace of bwrap's init.
 `bwrap_argv` builds the whole command line (the one place to add options).
 """
 
@@ -42,16 +39,17 @@ from pathlib import Path
 
 
 from trajforge.sandbox import workspace
-from trajforge.sandbox.bwrap_start import (
-    START_TIMEOUT, chown_beneath, helper_python, helper_source, start_root, start_user,
-)
 from trajforge.sandbox.base import ExecResult, Job, Provider, Sandbox, SandboxError, check_model_path
+from trajforge.sandbox.bwrap_root import RootRuntime
+from trajforge.sandbox.bwrap_start import START_TIMEOUT, chown_beneath, helper_python, start_user
 from trajforge.sandbox.channel import HelperChannel
-from trajforge.sandbox.forkserver import Zygote
 from trajforge.sandbox.process import (
-    DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, SAFE_PATH, Limits, clean_env, kill_group, limit_pairs, run_argv,
+    DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, SAFE_PATH, Limits, bash_limits_prefix, clean_env, kill_group, limit_pairs,
+    run_argv,
 )
-from trajforge.sandbox.resources import Resources, SampleLimits, cgroup_parent
+from trajforge.sandbox.resources import MemoryGroup, SampleLimits, cgroup_parent
+from trajforge.sandbox.router import resolv_conf
+from trajforge.sandbox.slots import Slot
 
 WORKSPACE = "/workspace"
 # Host dirs bound read-only when present; /bin, /lib... are links into /usr on merged-usr hosts.
@@ -184,25 +182,44 @@ async def make(provider: Provider, *, cwd: str | None, image: str | None, root: 
         raise SandboxError(f"--sandbox bwrap is not usable here: {status.detail} (see `trajforge doctor`)")
     config = provider.config
     network = await provider.network_mode()
+    privileged = status.mode == "root"
     # A memory cgroup holds the whole sample in root mode; otherwise RLIMIT_AS per process stands in.
-    limits = provider.command_limits(memory_cgroup=status.mode == "root" and cgroup_parent() is not None)
-    zygote = None
-    if os.geteuid() == 0:
-        zygote = await provider.state("bwrap.zygote", lambda: Zygote().start(helper_source()), Zygote.aclose)
+    limits = provider.command_limits(memory_cgroup=privileged and cgroup_parent() is not None)
+    runtime = None
+    if privileged:
+        async def start() -> RootRuntime:
+            return await root_runtime(status.path, network, config.network.allow, provider.sample_limits())
+
+        runtime = await provider.state("bwrap.runtime", start, RootRuntime.aclose)
     return BwrapSandbox(root, keep=config.keep_workspaces, cwd=cwd, limits=limits, network=network == "host",
                         egress=network == "egress", allow=config.network.allow, sample_limits=provider.sample_limits(),
-                        nproc=config.sandbox_nproc, bwrap=status.path, zygote=zygote)
+                        nproc=config.sandbox_nproc, bwrap=status.path, runtime=runtime)
+
+
+async def root_runtime(bwrap: str | None, network: str, allow: Sequence[str] = (),
+                       limits: SampleLimits | None = None) -> RootRuntime:
+    """The run-level state of root mode (bwrap_root.py): its template is the sandbox's system view."""
+    bwrap = bwrap or find_bwrap()
+    if bwrap is None:
+        raise SandboxError(NOT_FOUND)
+    extra = ["--dir", WORKSPACE]
+    if network == "egress":
+        extra += ["--ro-bind", resolv_conf(), "/etc/resolv.conf"]  # slirp's DNS forwarder
+    argv = bwrap_argv(bwrap, layout=host_layout(), binds=[], chdir="/", network=False, privileged=True,
+                      extra_ro=_resolv_conf_target(), extra=extra)
+    return await RootRuntime(template_argv=argv, network=network, allow=allow, limits=limits).start()
 
 
 class BwrapSandbox(Sandbox):
-    """One sample: its workspace, its bwrap namespaces and the helper inside them (module doc)."""
+    """One sample: its workspace, its namespaces and the helper inside them (module doc)."""
 
     def __init__(
         self, root: Path, *, keep: bool = False, cwd: str | None = None, limits: Limits = DEFAULT_LIMITS,
         network: bool = True, nproc: int | None = 512, bwrap: str | None = None,
-        output_cap: int = DEFAULT_OUTPUT_CAP, zygote: Zygote | None = None, egress: bool = False,
+        output_cap: int = DEFAULT_OUTPUT_CAP, runtime: RootRuntime | None = None, egress: bool = False,
         allow: Sequence[str] = (), sample_limits: SampleLimits | None = None,
     ) -> None:
+        """Without a `runtime` (tests, the probe), a root-mode sandbox starts one of its own."""
         self.root, self.keep, self._cwd_arg = Path(root), keep, cwd
         self.privileged = os.geteuid() == 0
         # RLIMIT_NPROC is per real uid: only meaningful with a uid of the sample's own (root mode).
@@ -212,16 +229,16 @@ class BwrapSandbox(Sandbox):
         self.output_cap = output_cap
         self.uid = _UID_BASE + secrets.randbelow(_UID_SPAN) if self.privileged else os.getuid()
         self.workspace: Path | None = None
-        self._removed = False
         self.workdir = WORKSPACE
-        self._holder: asyncio.subprocess.Process | None = None
+        self._holder: asyncio.subprocess.Process | None = None  # user mode: the sample's bwrap
         self._channel: HelperChannel | None = None
-        self._zygote, self._own_zygote = zygote, None
-        # egress: own namespace + slirp4netns and a firewall (sandbox/network.py); root mode only.
-        self.egress, self.allow, self._slirp = egress and self.privileged, tuple(allow), None
+        self.egress, self.allow = egress and self.privileged, tuple(allow)
         self.sample_limits = sample_limits or SampleLimits(memory=None, disk=None)
-        self._res = Resources(self.sample_limits) if self.privileged else None
-        self.ns_pid = 0  # root mode: host pid of the namespaces' init (bwrap's child)
+        self._runtime, self._own_runtime = runtime, False
+        self._slot: Slot | None = None
+        self.helper_pid = 0  # root mode: host pid of the slot's helper (the sample's pid 1)
+        self._exited: asyncio.Future[int] | None = None
+        self._begun = False
 
     def mounts(self, host_cwd: Path) -> tuple[dict[str, Path], str]:
         """In-sandbox mount points of the workspace, and the cwd as the sample sees it: a row's
@@ -236,87 +253,95 @@ class BwrapSandbox(Sandbox):
         rel = host_cwd.relative_to(self.workspace).as_posix()
         return points, WORKSPACE if rel == "." else f"{WORKSPACE}/{rel}"
 
+    @property
+    def memory_group(self) -> MemoryGroup | None:
+        return self._slot.memory if self._slot is not None else None
+
     async def start(self) -> None:
         if self.bwrap is None:
             raise SandboxError(NOT_FOUND)
-        self.workspace, host_cwd = workspace.create(self.root, self._cwd_arg)
-        if self._res is not None:  # the workspace disk is mounted over the directory: cwd again
-            await self._res.before_holder(self.workspace)
-            host_cwd.mkdir(parents=True, exist_ok=True)
+        if self.privileged:
+            await self._start_root()
+        else:
+            await self._start_user()
+
+    async def _start_root(self) -> None:
+        if self._runtime is None:  # no run provider (tests, the probe): a runtime of our own
+            mode = "egress" if self.egress else "host" if self.network else "none"
+            self._runtime = await root_runtime(self.bwrap, mode, self.allow, self.sample_limits)
+            self._own_runtime = True
+        self._slot = slot = await self._runtime.pool(self.root).acquire()
+        self.helper_pid, self._exited = slot.helper_pid, slot.exited
+        self.workspace, host_cwd = workspace.create(slot.root, self._cwd_arg)
         points, self.cwd = self.mounts(host_cwd)
-        if self.privileged:  # the helper drops to the sample's uid: hand it its directories
-            chown_beneath(self.workspace, host_cwd.relative_to(self.workspace).parts, self.uid)
+        # The sample's uid is the helper's for this sample: hand it its directories.
+        chown_beneath(self.workspace, host_cwd.relative_to(self.workspace).parts, self.uid)
+        assert slot.channel is not None
+        self._channel = slot.channel
+        self._channel.output_cap = self.output_cap
+        lim = self.sample_limits
+        begin = {"op": "begin", "uid": self.uid, "tmp": lim.tmp_size, "shm": lim.shm_size,
+                 "mounts": [(inside, str(host)) for inside, host in sorted(points.items(), key=lambda p: len(p[0]))],
+                 **self._helper_config(sorted(points))}
+        try:
+            async with asyncio.timeout(START_TIMEOUT):
+                reply, _ = await self._channel.call(begin)
+        except TimeoutError:
+            raise SandboxError(f"the sandbox helper did not set up the sample within {START_TIMEOUT:g}s") from None
+        except (SandboxError, OSError) as e:
+            raise SandboxError(f"the sandbox helper could not set up the sample: {e}") from None
+        self._begun = True
+        if reply.get("uid") != self.uid:
+            raise SandboxError(f"the sandbox helper runs as uid {reply.get('uid')}, not {self.uid}")
+
+    async def _start_user(self) -> None:
+        self.workspace, host_cwd = workspace.create(self.root, self._cwd_arg)
+        points, self.cwd = self.mounts(host_cwd)
         python, python_ro = helper_python(SYSTEM_DIRS)
         argv = bwrap_argv(
-            self.bwrap, layout=host_layout(), binds=sorted(((h, p) for p, h in points.items()), key=lambda b: len(b[1])),
-            # "/": bwrap changes directory before the helper drops to the sample's uid, and root
-            # without capabilities may not enter the sample's 0700 workspace. Commands chdir themselves.
-            chdir="/", network=self.network and not self.egress, privileged=self.privileged,
-            extra_ro=[*_resolv_conf_target(), *python_ro], tmp_size=self.sample_limits.tmp_size,
-            shm_size=self.sample_limits.shm_size, extra=self._net_args(),
-        )
-        if self.privileged:
-            await self._start_root(argv)
-        else:
-            await self._start_helper(argv, python)
+            self.bwrap or "bwrap", layout=host_layout(),
+            binds=sorted(((h, p) for p, h in points.items()), key=lambda b: len(b[1])),
+            chdir="/", network=self.network, privileged=False, extra_ro=[*_resolv_conf_target(), *python_ro],
+            tmp_size=self.sample_limits.tmp_size, shm_size=self.sample_limits.shm_size)
+        self._holder, self._channel = await start_user(argv, python, output_cap=self.output_cap)
         await self._configure(sorted(points))
 
-    async def _start_root(self, argv: list[str]) -> None:
-        if self._zygote is None:  # no run provider (tests, the probe): a zygote of our own
-            self._zygote = self._own_zygote = await Zygote().start(helper_source())
-        memory = self._res.memory if self._res is not None else None
-        self._holder, self._channel, self.ns_pid = await start_root(
-            argv, self._zygote, uid=self.uid, huid=self.uid + _UID_SPAN, output_cap=self.output_cap,
-            cgroup=memory.procs if memory is not None else None)
-        if self._res is not None:
-            self._res.after_holder(self._holder.pid, self.ns_pid)  # the helper joined in the zygote
-        if self.egress:  # before the first request: no command has run yet
-            from trajforge.sandbox.network import start_egress
-
-            self._slirp = await start_egress(self.ns_pid, self.allow)
-
-    def _net_args(self) -> list[str]:
-        if not self.egress:
-            return []
-        from trajforge.sandbox.network import resolv_conf
-
-        return ["--ro-bind", resolv_conf(), "/etc/resolv.conf"]  # slirp's DNS forwarder
-
-    async def _start_helper(self, argv: list[str], python: str) -> None:
-        self._holder, self._channel = await start_user(argv, python, output_cap=self.output_cap)
+    def _helper_config(self, roots: list[str]) -> dict[str, object]:
+        bash = os.path.basename(SHELL) == "bash"
+        return {"cwd": self.cwd, "roots": roots, "workdir": WORKSPACE, "env": clean_env(WORKSPACE), "shell": SHELL,
+                "prefix": bash_limits_prefix(self.limits) if bash else "",
+                "limits": [] if bash else [(r, s, h) for r, (s, h) in limit_pairs(self.limits)]}
 
     async def _configure(self, roots: list[str]) -> None:
-        assert self._channel is not None and self._holder is not None
-        env = clean_env(WORKSPACE)
-        cfg = {"id": 0, "cwd": self.cwd, "roots": roots,
-               "workdir": WORKSPACE, "env": env, "shell": SHELL,
-               "limits": [(r, s, h) for r, (s, h) in limit_pairs(self.limits)]}
+        """User mode: the helper's first frame is its configuration."""
+        assert self._channel is not None
+        cfg = {"id": 0, **self._helper_config(roots)}
         try:
             async with asyncio.timeout(START_TIMEOUT):
                 reply, _ = await self._channel.call(cfg)
         except (TimeoutError, SandboxError) as e:
             why = "did not start within %gs" % START_TIMEOUT if isinstance(e, TimeoutError) else "failed to start"
             err = b""
-            if self._holder.stderr is not None:
+            if self._holder is not None and self._holder.stderr is not None:
                 self._holder.kill()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(2):
                         err = await self._holder.stderr.read()
             raise SandboxError(f"bwrap {why}: {err.decode(errors='replace').strip()[-300:] or 'no output'}") from None
-        if self.privileged and reply.get("uid") != self.uid + _UID_SPAN:
-            raise SandboxError(f"the sandbox helper runs as uid {reply.get('uid')}, not {self.uid + _UID_SPAN}")
 
     def _live(self) -> HelperChannel:
         if self._channel is None:
             raise SandboxError("sandbox used before start() or after close()")
-        if self._channel.broken or (self._holder is not None and self._holder.returncode is not None):
+        gone = self._holder.returncode is not None if self._holder is not None else \
+            self._exited is not None and self._exited.done()
+        if self._channel.broken or gone:
             raise SandboxError("the bwrap sandbox of this sample is gone")
         return self._channel
 
     async def exec(self, command: str, *, timeout: float, cwd: str | None = None) -> ExecResult:
         res = await self._live().exec(command, timeout=timeout, cwd=cwd)
-        if self._res is not None:
-            self._res.check()  # a hit memory/tmpfs/disk limit ends the sample (SandboxError)
+        if self._slot is not None:
+            self._slot.check(self.sample_limits, self.helper_pid)  # a hit limit ends the sample (SandboxError)
         return res
 
     async def spawn(self, command: str, *, cwd: str | None = None) -> Job:
@@ -343,21 +368,43 @@ class BwrapSandbox(Sandbox):
         return [str(x) for x in found[:limit]], bool(reply.get("more"))
 
     async def close(self) -> None:
-        holder, self._holder = self._holder, None
         channel, self._channel = self._channel, None
-        # The helper exits when its channel closes (the runner's end closes with the runner too:
-        # the parent-death signal bwrap set is cleared by the helper's uid change), and as the
-        # namespace's init it takes every process of the sample with it.
-        # bwrap then reaps it and exits; killing bwrap first would leave the helper a zombie of
-        # whatever reaps orphans on this host.
-        if channel is not None:
-            channel.close()
-        if holder is not None and holder.stdin is not None:
-            holder.stdin.close()  # root mode: the holder (`cat`) ends, and the namespace with it
-        if self._own_zygote is not None:
-            await self._own_zygote.aclose()
-            self._own_zygote = None
+        try:
+            if self.privileged:
+                await self._close_root(channel)
+            else:
+                # The helper exits when its channel closes, and as the pid namespace's init it
+                # takes every process of the sample with it.
+                if channel is not None:
+                    channel.close()
+                await self._close_user()
+        finally:
+            if self._own_runtime and self._runtime is not None:
+                runtime, self._runtime = self._runtime, None
+                await runtime.aclose()
+
+    async def _close_root(self, channel: HelperChannel | None) -> None:
+        slot, self._slot = self._slot, None
+        if slot is None or self._runtime is None:
+            return
+        clean = False
+        if channel is not None and self._begun:
+            self._begun = False
+            try:  # every process of the sample killed, its namespaces left (slot_helper.op_end)
+                async with asyncio.timeout(15):
+                    reply, _ = await asyncio.shield(channel.call({"op": "end"}))
+                clean = reply.get("clean") is True
+            except (TimeoutError, SandboxError, OSError):
+                clean = False
+        kept = await self._runtime.pool(self.root).release(slot, self.workspace, keep=self.keep, clean_exit=clean)
+        if kept is not None:
+            self.workspace = kept
+
+    async def _close_user(self) -> None:
+        holder, self._holder = self._holder, None
         if holder is not None:
+            # bwrap reaps the helper and exits; killing bwrap first would leave the helper a zombie
+            # of whatever reaps orphans on this host.
             for grace in (2.0, 5.0):
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(grace):
@@ -365,11 +412,5 @@ class BwrapSandbox(Sandbox):
                 if holder.returncode is not None:
                     break
                 kill_group(holder)  # a helper stuck in the kernel: --die-with-parent ends it
-        slirp, self._slirp = self._slirp, None
-        if slirp is not None:
-            await slirp.close()
-        if self._res is not None:  # before the workspace goes: its disk is mounted on it
-            await self._res.close(self.keep)
-        if self.workspace is not None and not self.keep and not self._removed:
-            self._removed = True  # the attribute stays: callers may check the directory is gone
+        if self.workspace is not None and not self.keep:
             await workspace.remove(self.workspace)

@@ -1,11 +1,10 @@
-"""How a bwrap sample's helper comes to life, in each mode (bwrap.py says why two modes).
+"""Starting bwrap processes: the helper of a user-mode sample, and the holder of a namespace.
 
-Root mode (`start_root`): bwrap runs `cat` as the holder of the namespaces: it echoes one line
-once they are set up, and exits, ending the namespace, when the runner's end of its stdin
-closes; the run's zygote then forks the helper into them (zygote.py). User mode (`start_user`):
-the helper is bwrap's command, started with a host interpreter visible inside (helper_python),
-its source on stdin. Both hand the mount setup to bwrap through `--args` (a pipe), so
-/proc/1/cmdline inside shows no host path, and return (bwrap process, channel to the helper).
+User mode (`start_user`): the helper is bwrap's command, started with a host interpreter visible
+inside (helper_python), its source on stdin. Root mode runs one bwrap per run, the holder of the
+template namespace (bwrap_root.py): `cat`, which echoes one line once bwrap has set everything
+up (`holder_ready`). Both hand the mount setup to bwrap through `--args` (a pipe), so
+/proc/1/cmdline inside shows no host path.
 """
 
 from __future__ import annotations
@@ -20,17 +19,16 @@ from pathlib import Path
 from trajforge.sandbox import helper
 from trajforge.sandbox.base import SandboxError
 from trajforge.sandbox.channel import HelperChannel
-from trajforge.sandbox.forkserver import Zygote
-from trajforge.sandbox.process import SAFE_PATH, kill_group
+from trajforge.sandbox.process import SAFE_PATH
 
 START_TIMEOUT = 10.0
 _BOOT = "import os;exec(compile(os.read(0,1<<17),'helper','exec'))"
-_SOURCE: bytes | None = None  # the same for every sample: made once per process
+_SOURCE: dict[bool, bytes] = {}  # the same for every sample: made once per process
 
 Started = tuple[asyncio.subprocess.Process, HelperChannel]
 
 
-def _args_pipe(args: list[str]) -> int:
+def args_pipe(args: list[str]) -> int:
     """A pipe holding bwrap's NUL-separated arguments (a few KB: fits the pipe); its read end."""
     args_r, args_w = os.pipe()
     try:
@@ -40,34 +38,7 @@ def _args_pipe(args: list[str]) -> int:
     return args_r
 
 
-async def start_root(argv: list[str], zygote: Zygote, *, uid: int, huid: int, output_cap: int,
-                     cgroup: str | None = None) -> tuple[asyncio.subprocess.Process, HelperChannel, int]:
-    """(bwrap, channel, host pid of the namespaces' init). `cgroup`: a cgroup.procs file the
-    helper joins before it runs (the sample's memory cgroup, resources.py)."""
-    args_r = _args_pipe(argv[1:])
-    try:
-        holder = await asyncio.create_subprocess_exec(
-            argv[0], "--args", str(args_r), "cat", stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={"PATH": SAFE_PATH},
-            pass_fds=(args_r,), start_new_session=True)
-    except OSError as e:
-        raise SandboxError(f"cannot start bwrap: {e}") from e
-    finally:
-        os.close(args_r)
-    try:
-        ns_pid = await _holder_ready(holder)
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        channel = HelperChannel(ours, output_cap)
-        await zygote.fork_helper(ns_pid, uid, huid, theirs, cgroup=cgroup)
-    except BaseException:
-        kill_group(holder)
-        with contextlib.suppress(ProcessLookupError):
-            await asyncio.shield(holder.wait())
-        raise
-    return holder, channel, ns_pid
-
-
-async def _holder_ready(holder: asyncio.subprocess.Process) -> int:
+async def holder_ready(holder: asyncio.subprocess.Process) -> int:
     """Wait for `cat` to echo (the sandbox is set up); the pid of the namespaces' init."""
     assert holder.stdin is not None and holder.stdout is not None and holder.stderr is not None
     try:
@@ -93,7 +64,7 @@ async def start_user(argv: list[str], python: str, *, output_cap: int) -> Starte
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     # --as-pid-1: the helper is the pid namespace's init, which the kernel shields from every
     # signal sent inside without a handler (`kill -9 -1` spares it).
-    args_r = _args_pipe([*argv[1:], "--as-pid-1"])
+    args_r = args_pipe([*argv[1:], "--as-pid-1"])
     src_r, src_w = os.pipe()
     try:
         try:
@@ -118,11 +89,11 @@ async def start_user(argv: list[str], python: str, *, output_cap: int) -> Starte
     return holder, HelperChannel(ours, output_cap)
 
 
-def helper_source() -> bytes:
-    global _SOURCE
-    if _SOURCE is None:
-        _SOURCE = helper.source().encode()
-    return _SOURCE
+def helper_source(zygote: bool = False) -> bytes:
+    """The helper script (helper.source), with the zygote's code when `zygote`."""
+    if zygote not in _SOURCE:
+        _SOURCE[zygote] = helper.source(zygote).encode()
+    return _SOURCE[zygote]
 
 
 def helper_python(visible: tuple[str, ...]) -> tuple[str, list[str]]:

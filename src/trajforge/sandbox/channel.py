@@ -37,6 +37,14 @@ class _Proc:
         self.code: int | None = None
         self.exited: asyncio.Future[int] = loop.create_future()
 
+    def start(self, reply: dict[str, Any]) -> None:
+        """The helper's answer to an exec: a pid, or `failed` (it never started: no exit event)."""
+        self.pid = int(reply["pid"])
+        failed = reply.get("failed")
+        if failed is not None and not self.exited.done():
+            self.code = int(failed)
+            self.exited.set_result(self.code)
+
 
 class _Reader(asyncio.Protocol):
     def __init__(self, buf: CappedBuffer, closed: asyncio.Future[None]) -> None:
@@ -205,7 +213,7 @@ class HelperChannel:
         finally:
             for _, w in pipes:
                 os.close(w)
-        proc.pid = int(reply["pid"])
+        proc.start(reply)
         timed_out = detached = False
         all_closed = asyncio.gather(*closed)
         try:
@@ -231,13 +239,15 @@ class HelperChannel:
         return res
 
     async def kill_group(self, pgid: int) -> None:
+        if pgid <= 1:  # a command that never started has no group
+            return
         with contextlib.suppress(SandboxError):
             await self.call({"op": "kill", "pgid": pgid})
 
     async def spawn(self, command: str, *, cwd: str | None) -> HelperJob:
         proc = _Proc(self.loop)
         reply, _ = await self.call({"op": "exec", "cmd": command, "cwd": cwd, "nfds": 0, "log": True}, proc=proc)
-        proc.pid = int(reply["pid"])
+        proc.start(reply)
         return HelperJob(self, int(reply["id"]), proc)
 
 

@@ -81,6 +81,9 @@ async def sweep_images() -> list[str]:
                 await _run("umount", "-l", point)
             with contextlib.suppress(OSError):
                 os.unlink(backing)
+            for template in Path(backing).parent.glob(f".template{_IMAGE_TAG}{pid}-*.img"):  # loopdisk.Template
+                with contextlib.suppress(OSError):
+                    template.unlink()
             gone.append(point)
     return gone
 

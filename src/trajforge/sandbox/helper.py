@@ -35,8 +35,16 @@ _HEAD = struct.Struct("<II")
 # into ExecResult.start_error (a failed tool call, not a command that ran).
 CD_FAILED = "trajforge-sandbox: cannot enter the working directory"
 CD_FAILED_EXIT = 125
+# Reset in every command: Python ignores SIGPIPE and SIGXFSZ, a slot helper (slot_helper.py)
+# ignores the rest, and an ignored signal stays ignored across exec.
+_DEFAULT_SIGNALS = (_signal.SIGCHLD, _signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP,
+                    _signal.SIGQUIT, _signal.SIGUSR1, _signal.SIGUSR2, _signal.SIGALRM)
 _ESC = {i: f"\\u{i:04x}" for i in range(32)}
 _ESC.update({34: '\\"', 92: "\\\\"})
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
 
 
 def _enc(o: object) -> str:
@@ -67,11 +75,13 @@ class Helper:
         self.sock.sendall(_HEAD.pack(len(data), len(payload)) + data + payload)
 
     def setup(self, cfg: dict) -> None:
-        global resource
-        import resource  # here, not per command: the children only call setrlimit
-
         self.cfg = cfg
         self.devnull = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+        if cfg.get("limits"):  # a shell other than bash: the limits are the helper's, and inherited
+            import resource
+
+            for res, soft, hard in cfg["limits"]:
+                resource.setrlimit(res, (soft, hard))
 
     def frames(self) -> list[tuple[dict, bytes]]:
         try:
@@ -136,46 +146,38 @@ class Helper:
             if m.get("cwd"):
                 root, rel = self.where(m["cwd"])
                 cwd = os.path.join(root, rel) if rel != "." else root
-            os.makedirs(cwd, exist_ok=True)  # the sample may have removed its own working directory
-            pid = os.fork()
-            if pid == 0:
-                self.child(m["cmd"], cwd, out, err)
+            try:  # the sample may have removed its own working directory
+                os.makedirs(cwd, exist_ok=True)
+                if not os.access(cwd, os.X_OK):
+                    raise PermissionError(13, "Permission denied")
+            except OSError as e:  # never run the command elsewhere; exec() reports a failed start
+                os.write(err, f"{CD_FAILED}: {e.strerror}\n".encode())
+                return {"pid": 0, "failed": CD_FAILED_EXIT}, b""
+            pid = self.spawn(m["cmd"], cwd, out, err)
         finally:
             for fd in fds:
                 os.close(fd)
         self.procs[pid], self.pids[m["id"]] = m["id"], pid
         return {"pid": pid}, b""
 
-    def child(self, cmd: str, cwd: str, out: int, err: int) -> None:
-        try:
-            _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
-            _signal.set_wakeup_fd(-1)
-            os.setsid()
-            os.dup2(self.devnull, 0)
-            os.dup2(out, 1)
-            os.dup2(err, 2)
-            for res, soft, hard in self.cfg["limits"]:
-                resource.setrlimit(res, (soft, hard))
-            euid = os.geteuid()
-            if os.getuid() != euid:  # root mode: the helper is (helper uid, sample uid); commands the sample's
-                os.setresuid(euid, euid, euid)
-            try:
-                os.chdir(cwd)
-            except OSError as e:  # never run the command elsewhere; exec() reports a failed start
-                os.write(2, f"{CD_FAILED}: {e.strerror}\n".encode())
-                os._exit(CD_FAILED_EXIT)
-            os.execve(self.cfg["shell"], [self.cfg["shell"], "-c", cmd], self.cfg["env"])
-        except BaseException as e:  # noqa: BLE001
-            os.write(2, f"cannot start the command: {e}\n".encode())
-        os._exit(127)
+    def spawn(self, cmd: str, cwd: str, out: int, err: int) -> int:
+        """bash -c, in its own session, with the sample's limits (set by the shell itself, see
+        process.bash_limits_prefix) and cwd. posix_spawn: a vfork, not a fork of this interpreter."""
+        c = self.cfg
+        script = f"{c['prefix']}cd -- {_quote(cwd)} || exit {CD_FAILED_EXIT}; {cmd}"
+        return os.posix_spawn(c["shell"], [c["shell"], "-c", script], c["env"], setsid=True,
+                              file_actions=[(os.POSIX_SPAWN_DUP2, self.devnull, 0), (os.POSIX_SPAWN_DUP2, out, 1),
+                                            (os.POSIX_SPAWN_DUP2, err, 2)],
+                              setsigdef=_DEFAULT_SIGNALS)
 
     def op_kill(self, m: dict, _p: bytes) -> tuple[dict, bytes]:
         # Even after the leader was reaped: a group id is not reused while the group has members,
         # and in this pid namespace every process is the sample's own anyway.
-        try:
-            os.killpg(m["pgid"], 9)
-        except OSError:
-            pass
+        if m["pgid"] > 1:  # never the helper's own group (0) or itself (pid 1)
+            try:
+                os.killpg(m["pgid"], 9)
+            except OSError:
+                pass
         return {}, b""
 
     def op_log(self, m: dict, _p: bytes) -> tuple[dict, bytes]:
@@ -259,13 +261,14 @@ def run_helper(fd: int) -> None:
         os._exit(0)
 
 
-def source() -> str:
-    """The helper as one stdlib-only script: safe_fs, fsops, this module and zygote, their package
-    imports dropped (each defines what the next imports)."""
+def source(zygote: bool = False) -> str:
+    """The helper as one stdlib-only script: safe_fs, fsops and this module (and, for the root
+    mode's zygote, slot_helper, netlink and zygote), their package imports dropped (each defines
+    what the next imports)."""
     import importlib
 
     parts = ["from __future__ import annotations"]  # annotations stay strings: nothing to import for them
-    for name in ("safe_fs", "fsops", "helper", "zygote"):
+    for name in ("safe_fs", "fsops", "helper", *(("slot_helper", "netlink", "zygote") if zygote else ())):
         mod = importlib.import_module(f"trajforge.sandbox.{name}")
         with open(mod.__file__ or "", encoding="utf-8") as f:
             text = f.read()

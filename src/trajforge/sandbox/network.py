@@ -1,28 +1,28 @@
 """Network modes of the isolating sandboxes (`--sandbox_network auto|egress|host|none`).
 
 - egress (the default where it works): each sample has a network namespace of its own, with a
-  private loopback, and reaches the outside through slirp4netns, a user-mode TCP/IP stack that
-  opens ordinary sockets on the host for the sample. slirp4netns runs with
-  --disable-host-loopback (its gateway 10.0.2.2 does not lead to the host's 127.0.0.1), and
-  before any command runs an nftables rule set inside the namespace rejects every packet to
-  loopback, link-local (169.254.0.0/16: cloud metadata), RFC 1918, CGNAT, unique-local,
-  multicast and reserved ranges, and to the host's own addresses (netpolicy.py), except the
-  slirp DNS forwarder 10.0.2.3:53 and what `network.allow` lists. The rules are installed by
-  the runner (root) and commands run without capabilities, so a sample cannot change them. A
-  sample's services listen in its own namespace, which nothing else can route to, so samples
-  cannot reach each other. Needs root (the bwrap "root" mode), slirp4netns and nft.
+  private loopback, and reaches the outside only through a user-mode TCP/IP stack
+  (slirp4netns, with --disable-host-loopback: its gateway 10.0.2.2 does not lead to the host's
+  127.0.0.1) that opens ordinary sockets on the host for the sample, behind an nftables rule set
+  that rejects every packet to loopback, link-local (169.254.0.0/16: cloud metadata), RFC 1918,
+  CGNAT, unique-local, multicast and reserved ranges, and to the host's own addresses
+  (netpolicy.py), except the slirp DNS forwarder 10.0.2.3:53 and what `network.allow` lists.
+  bwrap: one router namespace per run holds the stack and the rules, and every sample's
+  namespace is linked to it (router.py). The rules are installed by the runner (root) where
+  samples run without capabilities, so a sample cannot change them. A sample's services listen
+  in its own namespace, which nothing else can route to, so samples cannot reach each other.
+  Needs root (the bwrap "root" mode), slirp4netns and nft.
 - host: the host's network as is (the pre-egress behaviour; `on` is accepted as its old name).
 - none: an empty network namespace.
 Containers: egress is podman's `slirp4netns:allow_host_loopback=false` (docker: its default
-bridge) plus the same rule set entered into the container's namespace. `auto` resolves once per
-run (`resolve_mode`): egress when a probe sandbox gets it, else host with a note saying why;
-an explicit egress that cannot be had is a UsageError before any work.
+bridge) plus the same rule set entered into the container's namespace (`install_rules`). `auto`
+resolves once per run (`resolve_mode`): egress when a probe sandbox gets it, else host with a
+note saying why; an explicit egress that cannot be had is a UsageError before any work.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import os
 import shutil
@@ -95,91 +95,6 @@ async def install_rules(pid: int, allow: list[str] | tuple[str, ...] = ()) -> No
         raise SandboxError(f"cannot install the egress firewall: {err.decode(errors='replace').strip()[-300:]}")
 
 
-class Slirp:
-    """One slirp4netns serving the namespace of a sandbox's holder; stops when close() drops its
-    exit pipe, or when the runner dies (the pipe closes with it)."""
-
-    def __init__(self) -> None:
-        self.proc: asyncio.subprocess.Process | None = None
-        self._exit_w: int | None = None
-
-    async def start(self, pid: int) -> None:
-        slirp = tool("slirp4netns")
-        if slirp is None:
-            raise SandboxError("egress networking needs slirp4netns (apt-get install slirp4netns)")
-        exit_r, self._exit_w = os.pipe()
-        ready_r, ready_w = os.pipe()
-        # stderr to an unnamed file, read only when the start fails (a pipe nobody drains would
-        # keep the transport open for the sample's whole life).
-        errors = tempfile.TemporaryFile()
-        try:
-            self.proc = await asyncio.create_subprocess_exec(
-                slirp, "--configure", "--mtu=65520", "--disable-host-loopback", "--enable-sandbox",
-                "--enable-seccomp", f"--exit-fd={exit_r}", f"--ready-fd={ready_w}", str(pid), "tap0",
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-                stderr=errors, pass_fds=(exit_r, ready_w), start_new_session=True,
-                env={"PATH": SAFE_PATH}, cwd="/")
-        except BaseException:
-            errors.close()
-            raise
-        finally:
-            os.close(exit_r)
-            os.close(ready_w)
-        try:
-            async with asyncio.timeout(START_TIMEOUT):
-                ready = await asyncio.to_thread(os.read, ready_r, 1)  # EOF when slirp4netns dies
-        except TimeoutError:
-            ready = b""
-        finally:
-            os.close(ready_r)
-        with errors:
-            if ready != b"1":
-                await self.close()
-                errors.seek(0)
-                err = errors.read()[-300:].decode(errors="replace").strip()
-                raise SandboxError(f"slirp4netns did not start: {err or 'no output'}")
-
-    async def close(self) -> None:
-        if self._exit_w is not None:
-            os.close(self._exit_w)
-            self._exit_w = None
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.returncode is None:
-            try:
-                async with asyncio.timeout(2):
-                    await proc.wait()
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
-
-
-async def start_egress(pid: int, allow: list[str] | tuple[str, ...] = ()) -> Slirp:
-    """The firewall and the user-mode stack, set up side by side: nothing in the namespace sends
-    a packet before the sandbox's start() returns (the holder only sleeps), and both are done then."""
-    slirp = Slirp()
-    rules, stack = await asyncio.gather(install_rules(pid, allow), slirp.start(pid), return_exceptions=True)
-    for outcome in (rules, stack):
-        if isinstance(outcome, BaseException):
-            await slirp.close()
-            raise outcome
-    return slirp
-
-
-_resolv_dir: str | None = None
-
-
-def resolv_conf() -> str:
-    """A resolv.conf naming slirp's DNS forwarder, bound over /etc/resolv.conf in egress mode
-    (the host's resolver is often on a loopback or private address the sample may not reach)."""
-    global _resolv_dir
-    if _resolv_dir is None or not os.path.exists(os.path.join(_resolv_dir, "resolv.conf")):
-        _resolv_dir = tempfile.mkdtemp(prefix="trajforge-net-")
-        with open(os.path.join(_resolv_dir, "resolv.conf"), "w", encoding="ascii") as f:
-            f.write(f"nameserver {SLIRP_DNS}\noptions edns0\n")
-    return os.path.join(_resolv_dir, "resolv.conf")
-
-
 _support: dict[str, EgressSupport] = {}
 
 
@@ -213,10 +128,11 @@ async def _probe_bwrap() -> EgressSupport:
         sb = BwrapSandbox(Path(tmp), network=False, egress=True, bwrap=status.path)
         try:
             await sb.start()
-            res = await sb.exec("grep -c tap0 /proc/net/dev", timeout=10)
+            res = await sb.exec("grep -c eth0 /proc/net/dev", timeout=10)
             if res.exit_code == 0:
-                return EgressSupport(True, "slirp4netns (--disable-host-loopback) + nftables blocks")
-            return EgressSupport(False, f"a probe sandbox has no tap0: {(res.stderr or res.stdout).strip()[-200:]}")
+                return EgressSupport(True, "a router namespace per run: slirp4netns (--disable-host-loopback) "
+                                           "+ nftables blocks")
+            return EgressSupport(False, f"a probe sandbox has no eth0: {(res.stderr or res.stdout).strip()[-200:]}")
         except SandboxError as e:
             return EgressSupport(False, str(e))
         finally:

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import resource
+import shutil
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -50,6 +51,11 @@ class Limits:
 
 # A cap on single files stops one sample from filling the disk shared by thousands of others.
 DEFAULT_LIMITS = Limits(file_size_bytes=1 << 30)
+
+
+def tool_path(name: str) -> str | None:
+    """A system tool as root should run it: looked up in SAFE_PATH only, never the runner's PATH."""
+    return shutil.which(name, path=SAFE_PATH)
 
 
 def clean_env(home: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:

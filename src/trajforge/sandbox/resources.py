@@ -92,6 +92,12 @@ class MemoryGroup:
             with open(self.procs, "w") as f:
                 f.write(str(pid))
 
+    def pids(self) -> list[int]:
+        try:
+            return [int(x) for x in open(self.procs, encoding="ascii").read().split()]
+        except (OSError, ValueError):
+            return []
+
     def oom_kills(self) -> int:
         name = "memory.events" if self.version == "v2" else "memory.oom_control"
         try:

@@ -1,105 +1,289 @@
-"""Root mode: helpers are forked from one warm process per run instead of started per sample.
+"""Root mode: one warm process per run that makes the namespaces and helpers of every slot.
 
-Starting a Python interpreter for every sample's helper costs more CPU than everything else a
-one-command sample does, so when the runner is root a single *zygote* (this code, in the same
-helper script, started once by the run's provider) forks each sample's helper: the child opens
-the namespaces of the sample's bwrap (its init's /proc/<pid>/ns/*), enters them (setns, the
-mount namespace last: it also moves the root into the sandbox), forks once more so the helper
-lives in the sample's pid namespace, and drops everything before it reads a request:
-no_new_privs, an empty capability bounding set, no supplementary groups, gid = the sample's,
-uid (real, effective, saved) = (helper uid, sample uid, helper uid). The effective uid is the
-sample's, so every file it touches is the sample's to touch; the real and saved uid are not,
-so nothing the sample runs can signal or ptrace the helper (`kill -9 -1` spares it). Commands
-then take the sample's uid throughout (helper.child). The zygote holds no sample state, runs
-with a clean environment, and exits when the runner's end of its socket closes.
+Starting a Python interpreter, or even a bwrap, per sample costs more CPU than everything else a
+one-command sample does, so when the runner is root one *zygote* (this code, in the helper
+script, started once per run by the runtime, bwrap_root.py) does the privileged setup in-process:
 
-Protocol: the runner sends `<I` length + marshal {"pid", "uid", "huid", "cgroup"} with the sample's
-channel socket attached (SCM_RIGHTS); the helper answers on that channel (helper.run_helper).
+- `op_template`: it keeps a descriptor of the run's *template* mount namespace, built by one bwrap
+  per run (the read-only system view, /dev and the mount points).
+- `op_router`, `op_netns`: network namespaces made with unshare/setns and wired with netlink
+  (netlink.py), no `ip` process: the run's router (router.py) and each slot's namespace, with
+  its loopback and, in egress mode, a veth link to the router.
+- `op_slot`: a slot's helper (slot_helper.py), forked once per slot: the zygote unshares a new
+  pid namespace for its next child and forks, so the helper is pid 1 there; it joins the slot's
+  memory cgroup and network namespace, unshares uts and cgroup namespaces, empties its
+  capability bounding set, sets no_new_privs and stops being dumpable, then serves its channel
+  sample after sample. The zygote reaps it once the kernel has killed everything in its pid
+  namespace, and reports that exit.
+
+Protocol with the runner (forkserver.py), both ways: `<I` length + marshal dict; requests carry
+"id" and get one reply {"id": n, ...} or {"id": n, "error": text}; {"ev": "exit", "id": n,
+"code": c} follows when the helper of slot request n is reaped. A slot request carries one
+descriptor (SCM_RIGHTS): the slot's channel. The zygote holds no sample data and never runs
+sample code; it exits when the runner's end of its socket closes or the runner dies.
 """
 
 from __future__ import annotations
 
+import _signal
 import _socket
 import marshal
 import os
+import select
 import struct
 
-_NS = ("ipc", "uts", "net", "cgroup", "pid", "mnt")  # mnt last: it changes what /proc/<pid> means
+from trajforge.sandbox.netlink import Netlink
+from trajforge.sandbox.slot_helper import SlotMounts, run_slot_helper
+
+_NEWCGROUP, _NEWUTS, _NEWPID, _NEWNET = 0x2000000, 0x4000000, 0x20000000, 0x40000000
+_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_NAME, _PR_SET_NO_NEW_PRIVS, _PR_CAPBSET_DROP = 1, 4, 15, 38, 24
 _CAP_LAST = 63
-PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_SET_PDEATHSIG = 38, 24, 1
+VETH_MTU = 65520
+_FRAME = struct.Struct("<I")
 
 
-def zygote_main(fd: int) -> None:
-    import ctypes
-    import fnmatch  # noqa: F401  everything a helper may import later, imported while the host's
-    import posixpath  # noqa: F401  library is still visible: inside, the runner's interpreter is not
-    import re  # noqa: F401
-    import resource  # noqa: F401
+def slot_addresses(index: int) -> tuple[str, str]:
+    """(router side, slot side) of slot `index`'s /30 in 10.128.0.0/9 (router.py routes them)."""
+    base = (10 << 24) | (128 << 16) | (4 * index)
+    dotted = ".".join(str(base >> s & 255) for s in (24, 16, 8, 0))
+    head = dotted.rsplit(".", 1)[0]
+    last = base & 255
+    return f"{head}.{last + 1}", f"{head}.{last + 2}"
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)  # the runner's death ends the zygote
-    sock = _socket.socket(fileno=fd)
-    buf = b""
-    while True:
-        data, anc, _flags, _addr = sock.recvmsg(4096, _socket.CMSG_LEN(4 * 4), _socket.MSG_CMSG_CLOEXEC)
+
+class Zygote:
+    def __init__(self, fd: int) -> None:
+        import ctypes
+
+        self.ctypes = ctypes
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+        self.libc.syscall.restype = ctypes.c_long
+        self.libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # the runner's death ends the zygote
+        self.libc.prctl(_PR_SET_NAME, b"tf-zygote", 0, 0, 0)  # for ps and perf on the host
+        self.sock = _socket.socket(fileno=fd)
+        self.fd = fd
+        self.host_net = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        self.host_pid = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        self.template = -1
+        self.nets: dict[int, int] = {}  # handle -> descriptor of a network namespace
+        self.helpers: dict[int, int] = {}  # host pid -> slot request id
+        self.buf = b""
+
+    # --- plumbing ----------------------------------------------------------------------------
+    def check(self, result: int, what: str) -> int:
+        if result < 0:
+            err = self.ctypes.get_errno()
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+        return result
+
+    def send(self, msg: dict) -> None:
+        data = marshal.dumps(msg)
+        self.sock.sendall(_FRAME.pack(len(data)) + data)
+
+    def serve(self) -> None:
+        wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        _signal.signal(_signal.SIGCHLD, lambda *_: None)
+        _signal.set_wakeup_fd(wake_w)
+        poll = select.poll()
+        poll.register(self.fd, select.POLLIN)
+        poll.register(wake_r, select.POLLIN)
+        while True:
+            try:
+                events = poll.poll()
+            except InterruptedError:
+                continue
+            for fd, _ in events:
+                if fd == wake_r:
+                    while True:
+                        try:
+                            os.read(wake_r, 4096)
+                        except BlockingIOError:
+                            break
+                    self.reap()
+                else:
+                    self.receive()
+
+    def receive(self) -> None:
+        try:
+            data, anc, _flags, _addr = self.sock.recvmsg(1 << 16, _socket.CMSG_LEN(4 * 4), _socket.MSG_CMSG_CLOEXEC)
+        except InterruptedError:
+            return
         if not data:
             os._exit(0)
         fds = [int.from_bytes(raw[i:i + 4], "little", signed=True)
                for level, kind, raw in anc if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS
                for i in range(0, len(raw) - 3, 4)]
-        buf += data
-        while len(buf) >= 4:
-            (size,) = struct.unpack_from("<I", buf)
-            if len(buf) < 4 + size:
+        self.buf += data
+        while len(self.buf) >= 4:
+            (size,) = _FRAME.unpack_from(self.buf)
+            if len(self.buf) < 4 + size:
                 break
-            req = marshal.loads(buf[4:4 + size])
-            buf = buf[4 + size:]
-            channel = fds.pop(0) if fds else -1
-            if channel >= 0:
-                _fork_helper(libc, req, channel, fd)
-                os.close(channel)
+            req = marshal.loads(self.buf[4:4 + size])
+            self.buf = self.buf[4 + size:]
+            channel = fds.pop(0) if req.get("op") == "slot" and fds else -1
+            try:
+                reply = getattr(self, "op_" + req["op"])(req, channel)
+            except Exception as e:  # noqa: BLE001 (reported to the runner, the zygote goes on)
+                reply = {"error": f"{type(e).__name__}: {e}"}
+            finally:
+                if channel >= 0:
+                    os.close(channel)
+            reply["id"] = req["id"]
+            self.send(reply)
         for extra in fds:
             os.close(extra)
 
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            rid = self.helpers.pop(pid, None)
+            if rid is not None:
+                self.send({"ev": "exit", "id": rid, "code": os.waitstatus_to_exitcode(status)})
 
-def _fork_helper(libc, req: dict, channel: int, zygote_fd: int) -> None:  # type: ignore[no-untyped-def]
-    pid = os.fork()
-    if pid:
-        os.waitpid(pid, 0)  # the intermediate exits as soon as the helper is forked
-        return
-    try:
-        os.close(zygote_fd)
-        if req.get("cgroup"):  # the sample's memory cgroup, joined while the host's /sys is visible:
-            with open(req["cgroup"], "w") as f:  # the helper and every command it forks are in it
-                f.write(str(os.getpid()))
-        ns_fds = [os.open(f"/proc/{req['pid']}/ns/{ns}", os.O_RDONLY | os.O_CLOEXEC) for ns in _NS]
-        for ns_fd in ns_fds:
-            if libc.setns(ns_fd, 0) != 0:
-                raise OSError(ctypes_errno(), "setns failed")
-            os.close(ns_fd)
-        os.chdir("/")
-        if os.fork():  # the helper must be a child to be in the new pid namespace
-            os._exit(0)
-        os.setsid()
-        if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise OSError(ctypes_errno(), "no_new_privs failed")
+    # --- requests ----------------------------------------------------------------------------
+    def op_template(self, req: dict, _channel: int) -> dict:
+        fd = os.open(f"/proc/{req['pid']}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        if self.template >= 0:
+            os.close(self.template)
+        self.template = fd
+        return {}
+
+    def _new_netns(self) -> int:
+        self.check(self.libc.unshare(_NEWNET), "unshare(net)")
+        try:
+            return os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        finally:
+            self.check(self.libc.setns(self.host_net, _NEWNET), "setns(host net)")
+
+    def _enter(self, ns: int) -> None:
+        self.check(self.libc.setns(ns, _NEWNET), "setns(net)")
+
+    def op_netns(self, req: dict, _channel: int) -> dict:
+        """A slot's network namespace: loopback up; with `router`, a veth link to the router."""
+        ns = self._new_netns()
+        try:
+            router, index = req.get("router"), req.get("index", 0)
+            if router is not None:
+                outside, inside = slot_addresses(index)
+                self._enter(self.nets[router])
+                with Netlink() as nl:
+                    nl.add_veth(f"s{index}", "eth0", ns, VETH_MTU)
+                    nl.add_address(f"s{index}", outside, 30)
+                    nl.link_up(f"s{index}")
+            self._enter(ns)
+            with Netlink() as nl:
+                nl.link_up("lo")
+                if router is not None:
+                    nl.add_address("eth0", inside, 30)
+                    nl.link_up("eth0")
+                    nl.add_default_route(outside)
+        except BaseException:
+            os.close(ns)
+            raise
+        finally:
+            self._enter(self.host_net)
+        self.nets[ns] = ns
+        return {"ns": ns, "path": f"/proc/{os.getpid()}/fd/{ns}"}
+
+    def op_router(self, req: dict, _channel: int) -> dict:
+        """The run's router namespace: loopback up and IPv4 forwarding on (only in there)."""
+        ns = self._new_netns()
+        try:
+            self._enter(ns)
+            with open("/proc/sys/net/ipv4/ip_forward", "w") as f:  # opened here: the router's own
+                f.write("1")
+            with Netlink() as nl:
+                nl.link_up("lo")
+        finally:
+            self._enter(self.host_net)
+        self.nets[ns] = ns
+        return {"ns": ns, "path": f"/proc/{os.getpid()}/fd/{ns}"}
+
+    def op_drop(self, req: dict, _channel: int) -> dict:
+        fd = self.nets.pop(req["ns"], None)
+        if fd is not None:
+            os.close(fd)
+        return {}
+
+    def op_kill(self, req: dict, _channel: int) -> dict:
+        if req["pid"] in self.helpers:  # never a pid that is not one of ours (and still unreaped)
+            os.kill(req["pid"], 9)
+        return {}
+
+    def op_slot(self, req: dict, channel: int) -> dict:
+        """Fork a slot's helper: pid 1 of a new pid namespace, serving `channel` (slot_helper.py)."""
+        if channel < 0 or self.template < 0:
+            raise ValueError("a slot needs a channel and the template")
+        net = self.nets[req["net"]] if req.get("net") is not None else -1
+        # The next child is pid 1 of a new pid namespace; the zygote's own children after it are not.
+        self.check(self.libc.unshare(_NEWPID), "unshare(pid)")
+        pid = -1
+        try:
+            pid = os.fork()
+        finally:
+            if pid != 0:
+                self.check(self.libc.setns(self.host_pid, _NEWPID), "setns(host pid)")
+        if pid == 0:
+            try:
+                self._slot(req, channel, net)
+            except BaseException as e:  # noqa: BLE001
+                os.write(2, f"trajforge zygote: cannot start a slot's helper: {e}\n".encode())
+            os._exit(1)
+        self.helpers[pid] = req["id"]
+        return {"pid": pid}
+
+    def _slot(self, req: dict, channel: int, net: int) -> None:
+        libc, check = self.libc, self.check
+        libc.prctl(_PR_SET_NAME, b"tf-helper", 0, 0, 0)
+        for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT, _signal.SIGUSR1,
+                    _signal.SIGUSR2, _signal.SIGALRM, _signal.SIGPIPE, _signal.SIGXFSZ):
+            _signal.signal(sig, _signal.SIG_IGN)  # the samples share its uid: no signal may end it
+        if req.get("cgroup"):  # "0": this process; every command it starts inherits the cgroup
+            with open(req["cgroup"], "w") as f:
+                f.write("0")
+        host_mnt = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        if net >= 0:
+            check(libc.setns(net, _NEWNET), "setns(net)")
+        check(libc.unshare(_NEWUTS | _NEWCGROUP), "unshare")
+        name = b"sandbox"
+        check(libc.sethostname(name, len(name)), "sethostname")
+        check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
         for cap in range(_CAP_LAST + 1):
-            libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the kernel's last cap: fine
-        uid, huid = req["uid"], req["huid"]
+            # Nothing it starts can ever gain a capability (the helper keeps its own, dormant).
+            libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the kernel's last cap: fine
         os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(huid, uid, huid)  # none is 0: the kernel clears every capability
-        if os.geteuid() != uid or os.getuid() != huid or 0 in os.getresuid():
-            raise OSError("the helper did not drop its privileges")
-        os.closerange(3, channel)
-        os.closerange(channel + 1, 1 << 16)
-        run_helper(channel)  # noqa: F821 (helper.py, before this in the assembled source)
-    except BaseException as e:  # noqa: BLE001
-        os.write(2, f"trajforge zygote: cannot start a sample's helper: {e}\n".encode())
-    os._exit(1)
+        libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+        keep = {channel, host_mnt, self.template}
+        for fd in sorted(keep):
+            os.set_inheritable(fd, False)
+        _close_all_but(keep)
+        run_slot_helper(channel, SlotMounts(libc, host_mnt, self.template))
+
+def _close_all_but(keep: set[int]) -> None:
+    low = 3
+    for fd in sorted(keep):
+        if fd >= low:
+            os.closerange(low, fd)
+            low = fd + 1
+    os.closerange(low, 1 << 16)
 
 
-def ctypes_errno() -> int:
-    import ctypes
+def zygote_main(fd: int) -> None:
+    import fnmatch  # noqa: F401  everything a helper may import later, imported while the host's
+    import posixpath  # noqa: F401  library is still visible: inside, the runner's interpreter is not
+    import re  # noqa: F401
+    import gc
+    import resource  # noqa: F401
 
-    return ctypes.get_errno()
+    zygote = Zygote(fd)
+    # Every object so far is shared with the forked helpers: no collection may touch (and so copy)
+    # their pages. Helpers make little garbage and live as long as one sample.
+    gc.freeze()
+    gc.disable()
+    zygote.serve()

@@ -1,0 +1,94 @@
+"""Run-level state of the bwrap backend when the runner is root: one per run, in the provider.
+
+- the zygote (zygote.py, forkserver.py), which makes every sample's namespaces and helper;
+- the template: one bwrap per run builds the read-only system view that every sample's private
+  mount namespace is copied from (bwrap.bwrap_argv; the holder is `cat`, which ends, and the
+  template with it, when the runner's end of its stdin closes or the runner dies);
+- the router (router.py) in egress mode: one firewall and one slirp4netns for the whole run;
+- the slot pools (slots.py), one per workspace root.
+
+So a sample costs one fork of the zygote and a few mounts; no process starts per sample but its
+own commands (bench/RESULTS.md has the figures).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from trajforge.sandbox.bwrap_start import args_pipe, helper_source, holder_ready
+from trajforge.sandbox.forkserver import Zygote
+from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.process import SAFE_PATH, kill_group
+from trajforge.sandbox.resources import SampleLimits
+from trajforge.sandbox.router import Router
+from trajforge.sandbox.slots import SlotPool
+
+
+class RootRuntime:
+    def __init__(self, *, template_argv: Sequence[str], network: str, allow: Sequence[str] = (),
+                 limits: SampleLimits | None = None) -> None:
+        """template_argv: the bwrap command line of the template (bwrap.bwrap_argv), up to the command."""
+        self.template_argv = list(template_argv)
+        self.network, self.allow = network, tuple(allow)
+        self.limits = limits or SampleLimits(memory=None, disk=None)
+        self.zygote = Zygote()
+        self.router: Router | None = None
+        self._holder: asyncio.subprocess.Process | None = None
+        self._pools: dict[Path, SlotPool] = {}
+
+    async def start(self) -> RootRuntime:
+        try:
+            await self.zygote.start(helper_source(zygote=True))
+            await self._start_template()
+            if self.network == "egress":
+                self.router = await Router(self.zygote, self.allow).start()
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def _start_template(self) -> None:
+        args_r = args_pipe(self.template_argv[1:])
+        try:
+            self._holder = await asyncio.create_subprocess_exec(
+                self.template_argv[0], "--args", str(args_r), "cat", stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={"PATH": SAFE_PATH},
+                pass_fds=(args_r,), start_new_session=True)
+        except OSError as e:
+            raise SandboxError(f"cannot start bwrap: {e}") from e
+        finally:
+            os.close(args_r)
+        init = await holder_ready(self._holder)
+        await self.zygote.request("template", pid=init)
+
+    def pool(self, root: Path) -> SlotPool:
+        root = Path(root)
+        pool = self._pools.get(root)
+        if pool is None:
+            pool = self._pools[root] = SlotPool(root, self.zygote, network=self.network,
+                                                router=self.router.ns if self.router else None, limits=self.limits)
+        return pool
+
+    async def aclose(self) -> None:
+        pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            with contextlib.suppress(Exception):
+                await pool.aclose()
+        if self.router is not None:
+            await self.router.close()
+            self.router = None
+        holder, self._holder = self._holder, None
+        if holder is not None:
+            if holder.stdin is not None:
+                holder.stdin.close()
+            try:
+                async with asyncio.timeout(5):
+                    await holder.wait()
+            except TimeoutError:
+                kill_group(holder)
+                await holder.wait()
+        await self.zygote.aclose()

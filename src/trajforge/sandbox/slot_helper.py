@@ -1,0 +1,173 @@
+"""The helper of a root-mode slot: one warm process that serves sample after sample.
+
+The zygote forks it once per slot (zygote.op_slot) as pid 1 of the slot's pid namespace, inside
+the slot's network namespace, memory cgroup and cgroup namespace, with an empty capability
+bounding set and no_new_privs (nothing it starts can ever gain a privilege) and not dumpable.
+Forking a Python helper per sample would cost more CPU than the rest of a one-command sample
+(page tables and copy-on-write of the interpreter): here a sample costs a few namespace calls.
+
+Per sample, as root (`op_begin`): a fresh private mount namespace copied from the run's
+template (bwrap_root.py) with its own /proc, sized /tmp and /dev/shm, /dev/pts and the sample's
+workspace (a detached clone of its host directory made while the host's view is entered:
+open_tree, move_mount), and a fresh IPC namespace; then real and effective uid and gid become
+the sample's, the saved ones stay 0. While the sample runs its effective capabilities are empty,
+so file operations are checked exactly as the sample's own would be, and commands (posix_spawn,
+exec) carry the sample's uid throughout. The samples' processes share its uid but cannot touch
+it: as their pid namespace's init it ignores their signals, and not dumpable, with saved uid 0,
+it can be neither ptraced nor read.
+
+`op_end`: root again, SIGKILL to every other process of the pid namespace (`kill(-1)` from its
+init) until none is left, every job log and descriptor of the sample closed, and the sample's
+mount and IPC namespaces left, so the next sample finds nothing of this one. It answers
+{"clean": false} when a process would not die in time: the runner then destroys the slot.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from trajforge.sandbox.helper import Helper
+
+_NEWNS, _NEWIPC = 0x20000, 0x8000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
+_SYS_OPEN_TREE, _SYS_MOVE_MOUNT = 428, 429  # the same number on every architecture (asm-generic)
+_OPEN_TREE_CLONE, _OPEN_TREE_CLOEXEC, _AT_SYMLINK_NOFOLLOW = 1, 0o2000000, 0x100
+_MOVE_MOUNT_F_EMPTY_PATH, _AT_FDCWD = 0x4, -100
+KILL_SECONDS = 5.0
+
+
+class SlotMounts:
+    """The namespace calls of a slot helper (ctypes' libc, the host's and the template's mount ns)."""
+
+    def __init__(self, libc, host_mnt: int, template: int) -> None:  # type: ignore[no-untyped-def]
+        import ctypes
+
+        self.ctypes, self.libc, self.host_mnt, self.template = ctypes, libc, host_mnt, template
+
+    def check(self, result: int, what: str) -> int:
+        if result < 0:
+            err = self.ctypes.get_errno()
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+        return result
+
+    def mount(self, source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+        enc = (lambda s: None if s is None else s.encode())
+        self.check(self.libc.mount(enc(source), target.encode(), enc(fstype), flags, enc(data)), f"mount {target}")
+
+    def enter(self, mounts: list, tmp: int | None, shm: int | None) -> None:
+        """A new mount and IPC namespace for the next sample (module doc); the caller is root."""
+        libc, check = self.libc, self.check
+        check(libc.setns(self.host_mnt, _NEWNS), "setns(host mnt)")
+        trees = []
+        try:
+            for inside, host in mounts:  # clones of the workspace, while the host's view is entered
+                trees.append((inside, check(libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, host.encode(),
+                              _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC | _AT_SYMLINK_NOFOLLOW), "open_tree")))
+            self.leave()
+            check(libc.unshare(_NEWNS), "unshare(mnt)")
+            self.mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+            self.mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+            for path, size in (("/tmp", tmp), ("/dev/shm", shm)):
+                self.mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode=1777{f',size={size}' if size else ''}")
+            self.mount("devpts", "/dev/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
+            for inside, tree in trees:
+                os.makedirs(inside, 0o755, exist_ok=True)  # a row's /app: an empty root-owned mount point
+                check(libc.syscall(_SYS_MOVE_MOUNT, tree, b"", _AT_FDCWD, inside.encode(), _MOVE_MOUNT_F_EMPTY_PATH),
+                      f"move_mount {inside}")
+        finally:
+            for _, tree in trees:
+                os.close(tree)
+        os.chdir("/")
+
+    def leave(self) -> None:
+        """Back to the template's view and a new empty IPC namespace: the sample's are released."""
+        self.check(self.libc.setns(self.template, _NEWNS), "setns(template)")
+        self.check(self.libc.unshare(_NEWIPC), "unshare(ipc)")
+        os.chdir("/")
+
+
+class SlotHelper(Helper):
+    def __init__(self, sock, mounts: SlotMounts) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(sock)
+        self.mounts = mounts
+        self.uid: int | None = None
+        self.devnull = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+        self.saved_limits: list = []
+
+    def handle(self, meta: dict, payload: bytes) -> None:
+        if self.uid is None and meta["op"] not in ("begin", "end"):
+            self.send({"id": meta["id"], "error": "other", "msg": "no sample in this slot"})
+            return
+        super().handle(meta, payload)
+
+    def _root(self) -> None:
+        os.setresuid(-1, 0, -1)  # the saved uid is 0: the effective one may return to it
+        os.setresgid(0, 0, 0)
+        os.setresuid(0, 0, 0)
+
+    def op_begin(self, m: dict, _p: bytes) -> tuple[dict, bytes]:
+        if self.uid is not None:
+            raise ValueError("a sample is already in this slot")
+        self._root()
+        self.mounts.enter(m["mounts"], m.get("tmp"), m.get("shm"))
+        import resource
+
+        self.saved_limits = [(res, resource.getrlimit(res)) for res, _s, _h in m.get("limits", ())]
+        for res, soft, hard in m.get("limits", ()):  # a shell other than bash: the helper's own, inherited
+            resource.setrlimit(res, (soft, hard))
+        self.cfg = m
+        uid = m["uid"]
+        os.setresgid(uid, uid, 0)
+        os.setresuid(uid, uid, 0)  # effective uid not 0: the kernel empties the effective capabilities
+        self.uid = uid
+        return {"uid": os.getuid()}, b""
+
+    def op_end(self, _m: dict, _p: bytes) -> tuple[dict, bytes]:
+        self._root()
+        clean = self.kill_all()
+        for fd in self.logs.values():
+            os.close(fd)
+        for fd in self.fds:
+            os.close(fd)
+        self.logs, self.fds, self.procs, self.pids = {}, [], {}, {}
+        import resource
+
+        for res, pair in self.saved_limits:
+            resource.setrlimit(res, pair)
+        self.saved_limits = []
+        self.mounts.leave()
+        self.uid = None
+        return {"clean": clean}, b""
+
+    def kill_all(self) -> bool:
+        """SIGKILL every other process of this pid namespace until there is none; False if one
+        would not go within KILL_SECONDS (stuck in the kernel)."""
+        deadline = time.monotonic() + KILL_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                os.kill(-1, 9)  # from the namespace's init: every process in it but itself
+            except ProcessLookupError:
+                pass
+            self.reap()
+            try:  # WNOWAIT: only look; reap() collects (and reports) every exit
+                if os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+                    time.sleep(0.001)  # still dying: bounded by the deadline
+            except ChildProcessError:
+                return True
+        return False
+
+
+def run_slot_helper(fd: int, mounts: SlotMounts) -> None:
+    """Serve a slot's channel until the runner closes it (the slot is destroyed then)."""
+    import _socket
+
+    os.set_inheritable(fd, False)
+    sock = _socket.socket(fileno=fd)
+    sock.setblocking(True)
+    helper = SlotHelper(sock, mounts)
+    mounts.leave()
+    try:
+        helper.serve()
+    except (EOFError, ConnectionError):
+        os._exit(0)

@@ -1,0 +1,195 @@
+"""Slots of the root-mode bwrap runtime: what is costly to make, reused one sample after another.
+
+A slot is a warm helper process (slot_helper.py: pid 1 of the slot's pid namespace, forked once
+by the zygote) with its network namespace (zygote.op_netns; in egress mode wired to the run's
+router), its memory cgroup (resources.MemoryGroup) and its workspace disk (a copied template
+image mounted on the slot's directory, loopdisk.py). Each sample gets, from the helper, fresh
+mount and IPC namespaces (its own /proc, /tmp, /dev/shm, /dev/pts and workspace) and a uid of
+its own; the slot holds nothing of a sample once its processes are dead.
+
+A slot is handed to the next sample only after the helper has killed every process of the
+previous one and found none left (`end`), its cgroup is empty and its workspace directory is
+gone; a slot failing any of that is destroyed instead. So a sample finds no process, socket,
+file or mount of the one before. The pool grows to the run's peak concurrency and is emptied
+at close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import socket
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trajforge.sandbox import loopdisk, workspace
+from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.channel import HelperChannel
+from trajforge.sandbox.disk import human
+from trajforge.sandbox.forkserver import Zygote
+from trajforge.sandbox.process import DEFAULT_OUTPUT_CAP, SAFE_PATH
+from trajforge.sandbox.resources import MemoryGroup, SampleLimits, cgroup_parent, sweep_leftovers, tmpfs_full
+
+
+@dataclass(slots=True)
+class Slot:
+    index: int
+    root: Path  # its samples' workspaces are created here (the mounted disk, or a plain directory)
+    channel: HelperChannel | None = None  # to the slot's helper
+    helper_pid: int = 0  # its host pid
+    exited: asyncio.Future[int] | None = None  # resolves once the helper is reaped
+    net: int | None = None  # the zygote's handle of its network namespace; None: the host's network
+    memory: MemoryGroup | None = None
+    image: Path | None = None  # the disk's image file, when the workspace disk is limited
+    _oom_seen: int = field(default=0, repr=False)
+
+    @property
+    def alive(self) -> bool:
+        return self.channel is not None and not self.channel.broken and not (self.exited and self.exited.done())
+
+    def begin(self) -> None:
+        """A new sample: memory kills before it are not its."""
+        if self.memory is not None:
+            self._oom_seen = self.memory.oom_kills()
+
+    def check(self, limits: SampleLimits, helper_pid: int) -> None:
+        """After a command: SandboxError naming the limit the sample hit, if any."""
+        if self.memory is not None:
+            kills = self.memory.oom_kills()
+            if kills > self._oom_seen:
+                self._oom_seen = kills
+                raise SandboxError(f"the sample exceeded its memory limit of {human(limits.memory or 0)} "
+                                   "(sandbox_memory): a process was killed by the kernel")
+        for inside, size, key in (("tmp", limits.tmp_size, "sandbox_tmp_size"),
+                                  ("dev/shm", limits.shm_size, "sandbox_shm_size")):
+            if tmpfs_full(f"/proc/{helper_pid}/root/{inside}", size):
+                raise SandboxError(f"the sample filled /{inside} ({human(size or 0)}, {key})")
+        if self.image is not None and limits.disk and loopdisk.full(self.root, limits.disk):
+            raise SandboxError(f"the sample filled its workspace disk limit of {human(limits.disk)} (sandbox_disk)")
+
+
+class SlotPool:
+    """The slots of one workspace root (one per run in practice)."""
+
+    def __init__(self, root: Path, zygote: Zygote, *, network: str, router: int | None, limits: SampleLimits) -> None:
+        self.root, self.zygote, self.network, self.router, self.limits = root, zygote, network, router, limits
+        self._free: list[Slot] = []
+        self._ids = itertools.count()
+        self._template: loopdisk.Template | None = None
+        self._template_lock = asyncio.Lock()
+        # Where the slots' memory cgroups go, looked up once (a few stat calls) rather than per slot.
+        self.memory_parent = cgroup_parent() if limits.memory else None
+        self.closing = False
+
+    async def acquire(self) -> Slot:
+        while self._free:
+            slot = self._free.pop()
+            if slot.alive:
+                break
+            await self._destroy(slot)
+        else:
+            slot = await self._make(next(self._ids))
+        slot.begin()
+        return slot
+
+    async def _make(self, index: int) -> Slot:
+        await sweep_leftovers()  # a killed runner's disks and cgroups, once per process
+        slot = Slot(index, self.root / f"slot-{index}")
+        try:
+            slot.root.mkdir(parents=True, exist_ok=True)
+            if self.limits.disk:
+                template = await self._disk_template()
+                slot.image = await asyncio.to_thread(loopdisk.mount_copy, template, slot.root)
+            if self.memory_parent is not None:
+                slot.memory = MemoryGroup(*self.memory_parent, self.limits.memory)  # type: ignore[arg-type]
+                slot.memory.create()
+            if self.network in ("egress", "none"):
+                reply = await self.zygote.request("netns", router=self.router, index=index)
+                slot.net = reply["ns"]
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            slot.channel = HelperChannel(ours, DEFAULT_OUTPUT_CAP)
+            slot.helper_pid, slot.exited = await self.zygote.slot(
+                theirs, net=slot.net, cgroup=slot.memory.procs if slot.memory is not None else None)
+        except BaseException:
+            await self._destroy(slot)
+            raise
+        return slot
+
+    async def _disk_template(self) -> loopdisk.Template:
+        async with self._template_lock:
+            if self._template is None:
+                size = self.limits.disk or 0
+                self._template = await asyncio.to_thread(loopdisk.Template(self.root, size).create)
+            return self._template
+
+    async def release(self, slot: Slot, ws: Path | None, *, keep: bool, clean_exit: bool) -> Path | None:
+        """Give the slot back once its sample is over (`end` answered); the kept workspace, if any."""
+        kept = None
+        healthy = clean_exit and slot.alive and not self.closing
+        if ws is not None:
+            if keep:
+                kept = await asyncio.to_thread(_keep, ws, self.root)
+            try:
+                await workspace.remove(ws)
+            except OSError:
+                healthy = False
+            healthy = healthy and not os.path.lexists(ws)
+        if slot.memory is not None and set(slot.memory.pids()) - {slot.helper_pid}:
+            healthy = False  # cannot happen (`end` found no process); never reuse it if it did
+        if healthy:
+            self._free.append(slot)
+        else:
+            await self._destroy(slot)
+        return kept
+
+    async def _destroy(self, slot: Slot) -> None:
+        channel, slot.channel = slot.channel, None
+        if channel is not None:
+            channel.close()  # the helper exits, and the kernel kills its pid namespace
+        if slot.exited is not None:
+            try:
+                async with asyncio.timeout(5):
+                    await asyncio.shield(slot.exited)
+            except TimeoutError:
+                with contextlib.suppress(SandboxError):
+                    await self.zygote.request("kill", pid=slot.helper_pid)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(10):
+                        await asyncio.shield(slot.exited)
+        if slot.net is not None:
+            net, slot.net = slot.net, None
+            with contextlib.suppress(SandboxError):
+                await self.zygote.request("drop", ns=net)
+        if slot.memory is not None:
+            memory, slot.memory = slot.memory, None
+            await asyncio.to_thread(memory.remove)
+        if slot.image is not None:
+            image, slot.image = slot.image, None
+            await asyncio.to_thread(loopdisk.unmount, slot.root, image)
+        with contextlib.suppress(OSError):
+            slot.root.rmdir()
+
+    async def aclose(self) -> None:
+        self.closing = True
+        free, self._free = self._free, []
+        await asyncio.gather(*(self._destroy(slot) for slot in free), return_exceptions=True)
+        if self._template is not None:
+            self._template.remove()
+            self._template = None
+
+
+def _keep(ws: Path, root: Path) -> Path | None:
+    """`keep_workspaces`: the files outlive the slot in a directory beside the slots (moved when
+    on the same filesystem, else copied by `cp -a`, which recreates FIFOs instead of opening them)."""
+    target = root / ws.name
+    try:
+        os.rename(ws, target)
+        return target
+    except OSError:
+        pass
+    done = subprocess.run(["cp", "-a", "--", f"{ws}/.", str(target)], capture_output=True, env={"PATH": SAFE_PATH},
+                          cwd="/", timeout=600)
+    return target if done.returncode == 0 else None
