@@ -26,7 +26,9 @@ from trajforge.errors import FatalModelError, SampleFailure, UsageError
 from trajforge.model.types import ModelClient
 from trajforge.sample.outcome import Outcome, batch_number
 from trajforge.sample.trace import tracer
+from trajforge.sandbox.base import Sandbox
 from trajforge.sandbox.factory import SandboxProvider
+from trajforge.sandbox.lazy import LazySandbox
 from trajforge.tools.base import ToolContext, Toolset, Unavailable
 from trajforge.catalog.distributions import sample_toolsets
 from trajforge.catalog import known_tools
@@ -134,9 +136,16 @@ class SampleWorker:
         # Only available toolsets are drawn from, so a sample always gets at least one (start() checked).
         offered = sample_toolsets(self.distribution, self.config.seed, sample.identity, self.toolsets)
         tools = tools_for(offered, self.toolsets)
-        # The wall-clock limit starts once the sandbox exists: a shared image pull or a wait for a
-        # container slot is the run's cost, not this sample's.
-        sandbox = await self.sandboxes.create(cwd=sample.cwd, image=sample.image, root=self.workspace_root)
+        provider = self.sandboxes
+
+        async def create() -> Sandbox:
+            return await provider.create(cwd=sample.cwd, image=sample.image, root=self.workspace_root)
+
+        # A container is started before the wall-clock limit begins: a shared image pull or a wait
+        # for a container slot is the run's cost, not this sample's. Other sandboxes take
+        # milliseconds and are made at the first tool call (sandbox/lazy.py).
+        eager = sample.image is not None or self.config.sandbox == "container"
+        sandbox = await create() if eager else LazySandbox(create)
         try:
             ctx = ToolContext(sandbox, self.config, sample.identity)
             async with asyncio.timeout(self.config.timeout) as limit, ctx.cleanup:

@@ -164,12 +164,20 @@ class Zygote:
     def _enter(self, ns: int) -> None:
         self.check(self.libc.setns(ns, _NEWNET), "setns(net)")
 
+    def _no_ipv6(self) -> None:
+        """Interfaces made from now on in the current namespace get no IPv6 (nothing routes it, and
+        address configuration would cost every new veth its timers and packets)."""
+        with open("/proc/sys/net/ipv6/conf/default/disable_ipv6", "w") as f:  # opened here: this ns's own
+            f.write("1")
+
     def op_netns(self, req: dict, _channel: int) -> dict:
         """A slot's network namespace: loopback up; with `router`, a veth link to the router."""
         ns = self._new_netns()
         try:
             router, index = req.get("router"), req.get("index", 0)
             if router is not None:
+                self._enter(ns)
+                self._no_ipv6()
                 outside, inside = slot_addresses(index)
                 self._enter(self.nets[router])
                 with Netlink() as nl:
@@ -198,6 +206,7 @@ class Zygote:
             self._enter(ns)
             with open("/proc/sys/net/ipv4/ip_forward", "w") as f:  # opened here: the router's own
                 f.write("1")
+            self._no_ipv6()
             with Netlink() as nl:
                 nl.link_up("lo")
         finally:

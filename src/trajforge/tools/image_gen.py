@@ -123,11 +123,11 @@ class ImageGenerateTool(Tool):
         if mime is None:
             return error(f"image API {owner.base_url} returned data that is not a PNG, JPEG, GIF or WEBP image")
         rel = f"images/{slug(prompt)}.{_EXT[mime]}"
-        workdir = ctx.sandbox.workdir.rstrip("/")
-        try:
-            saved = await ctx.sandbox.write_file(f"{workdir}/{rel}", data, how="new")
+        try:  # "~" is the workspace in every backend; the sandbox may be made by this very write
+            saved = await ctx.sandbox.write_file(f"~/{rel}", data, how="new")
         except (PathEscapeError, FileOpError) as e:
             return error(f"cannot save the image as {rel}: {e}")
+        workdir = ctx.sandbox.workdir.rstrip("/")
         rel = f"images/{saved.rsplit('/', 1)[-1]}"
         return ok(path=rel, absolute_path=f"{workdir}/{rel}", url=item.url,
                   revised_prompt=getattr(item, "revised_prompt", None), size=size, bytes=len(data))

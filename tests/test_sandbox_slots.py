@@ -1,0 +1,154 @@
+"""Root-mode bwrap slots, played by a hostile sample: a slot reused by the next sample holds
+nothing of the one before, and the slot's warm helper (the sample's pid 1, which shares the
+sample's uid while it runs) is out of the sample's reach."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from trajforge.sandbox.bwrap import BwrapSandbox, probe, root_runtime
+from trajforge.sandbox.network import egress_support
+from trajforge.sandbox.resources import SampleLimits, cgroup_parent
+
+STATUS = asyncio.run(probe())
+pytestmark = pytest.mark.skipif(not STATUS.usable or STATUS.mode != "root",
+                                reason=f"needs root-mode bwrap ({STATUS.detail})")
+LIMITS = SampleLimits(memory=512 << 20 if cgroup_parent() else None, disk=256 << 20, tmp_size=64 << 20,
+                      shm_size=32 << 20)
+PORT = 47123
+
+LEAVE_BEHIND = f"""
+echo secret > /tmp/left; echo secret > /dev/shm/left; echo secret > ~/left; mkfifo /tmp/fifo
+setsid nohup sleep 1000 > /dev/null 2>&1 &
+setsid sh -c 'trap "" TERM HUP INT; while :; do sleep 1; done' > /dev/null 2>&1 &
+setsid python3 -c '
+import socket, time
+tcp = socket.socket(); tcp.bind(("127.0.0.1", {PORT})); tcp.listen()
+unix = socket.socket(socket.AF_UNIX); unix.bind("\\0trajforge-left"); unix.listen()
+time.sleep(1000)' > /dev/null 2>&1 &
+{'ipcmk -M 4096 > /dev/null' if shutil.which('ipcmk') else 'true'}
+sleep 0.5; echo planted
+"""
+
+FIND_LEFTOVERS = f"""
+ps -e -o pid=,comm= | grep -v -w -e ps -e sh -e bash -e grep -e init || true
+ls -A /tmp /dev/shm ~
+echo "ipc=$(ipcs -m 2>/dev/null | grep -c 0x)"
+python3 -c '
+import socket
+for family, addr in ((socket.AF_INET, ("127.0.0.1", {PORT})), (socket.AF_UNIX, "\\0trajforge-left")):
+    s = socket.socket(family)
+    try:
+        s.connect(addr); print("REACHED", addr)
+    except OSError as e:
+        print("refused", e.errno)'
+id -u
+"""
+
+
+def _sandbox(root: Path, runtime: object, mode: str) -> BwrapSandbox:
+    return BwrapSandbox(root, network=False, egress=mode == "egress", sample_limits=LIMITS,
+                        runtime=runtime)  # type: ignore[arg-type]
+
+
+def test_a_reused_slot_holds_nothing_of_the_previous_sample(tmp_path: Path) -> None:
+    async def main() -> None:
+        mode = "egress" if (await egress_support("bwrap")).usable else "none"
+        runtime = await root_runtime(None, mode, (), LIMITS)
+        try:
+            a = _sandbox(tmp_path, runtime, mode)
+            await a.start()
+            try:
+                res = await a.exec(LEAVE_BEHIND, timeout=30)
+                assert res.stdout.strip() == "planted", res
+                uid_a, helper = a.uid, a.helper_pid
+            finally:
+                await a.close()
+            b = _sandbox(tmp_path, runtime, mode)
+            await b.start()
+            try:
+                assert b.helper_pid == helper  # the same slot: otherwise this test proves nothing
+                res = await b.exec(FIND_LEFTOVERS, timeout=30)
+            finally:
+                await b.close()
+            lines = res.stdout.splitlines()
+            assert not [line for line in lines if "sleep" in line or "python3" in line], res.stdout  # no process
+            assert "left" not in res.stdout and "fifo" not in res.stdout, res.stdout  # no file anywhere
+            assert "REACHED" not in res.stdout and res.stdout.count("refused") == 2, res.stdout  # no listener
+            assert "ipc=0" in lines or not shutil.which("ipcmk"), res.stdout  # no SysV segment
+            assert int(lines[-1]) != uid_a  # a uid of its own
+        finally:
+            await runtime.aclose()
+
+    asyncio.run(main())
+
+
+HOSTILE_TO_PID_1 = """
+for sig in KILL TERM INT HUP QUIT USR1 USR2 ALRM PIPE STOP CHLD; do kill -s $sig 1 2>/dev/null; done
+for f in environ maps mem fd/0 root/etc/hostname; do
+  if cat /proc/1/$f > /dev/null 2>&1; then echo "READ $f"; else echo "denied $f"; fi
+done
+python3 -c '
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+print("ptrace", libc.ptrace(16, 1, 0, 0), ctypes.get_errno() != 0)  # PTRACE_ATTACH
+try:
+    os.open("/proc/1/mem", os.O_RDONLY); print("OPENED mem")
+except OSError as e:
+    print("mem", e.errno)'
+prlimit --pid 1 --nofile=0:0 2>/dev/null && echo "LIMITED" || echo "prlimit refused"
+echo done
+"""
+
+
+def test_the_slot_helper_is_out_of_the_sample_s_reach(tmp_path: Path) -> None:
+    async def main() -> None:
+        sb = BwrapSandbox(tmp_path, network=False, sample_limits=LIMITS)
+        await sb.start()
+        try:
+            res = await sb.exec(HOSTILE_TO_PID_1, timeout=30)
+            out = res.stdout
+            assert "READ" not in out and "OPENED" not in out and "LIMITED" not in out, out
+            assert "ptrace -1 True" in out and out.strip().endswith("done"), out
+            # the helper survived all of it: commands and file operations still work
+            assert (await sb.exec("echo alive", timeout=10)).stdout == "alive\n"
+            await sb.write_file("still.txt", b"here")
+            assert await sb.read_file("still.txt") == b"here"
+            assert os.path.exists(f"/proc/{sb.helper_pid}")
+        finally:
+            await sb.close()
+
+    asyncio.run(main())
+
+
+def test_a_slot_whose_sample_will_not_end_cleanly_is_destroyed(tmp_path: Path) -> None:
+    """A helper that breaks mid-sample (here: killed from the host) costs its slot; the next
+    sample gets a new one and works."""
+    async def main() -> None:
+        runtime = await root_runtime(None, "none", (), LIMITS)
+        try:
+            a = _sandbox(tmp_path, runtime, "none")
+            await a.start()
+            helper = a.helper_pid
+            os.kill(helper, 9)
+            await asyncio.sleep(0.2)
+            with pytest.raises(Exception):
+                await a.exec("true", timeout=5)
+            await a.close()
+            b = _sandbox(tmp_path, runtime, "none")
+            await b.start()
+            try:
+                assert b.helper_pid != helper
+                assert (await b.exec("echo ok", timeout=10)).stdout == "ok\n"
+            finally:
+                await b.close()
+        finally:
+            await runtime.aclose()
+        assert not any(tmp_path.glob("slot-*")), list(tmp_path.iterdir())  # every slot's disk gone
+
+    asyncio.run(main())
