@@ -13,6 +13,7 @@ from trajforge.model.pricing import Price, call_usage, price_known, reports_cost
 from trajforge.model import spend
 from trajforge.model.types import Usage
 from trajforge.runner.budget import BUDGET_EXIT_CODE, Budget
+from trajforge.runner.checkpoint import InvocationEntry
 
 
 def pay(meter: spend.SampleSpend, usd: float) -> None:
@@ -165,7 +166,9 @@ def test_budget_stops_starts_once_spend_plus_in_flight_projection_reaches_it() -
 
 
 def test_budget_continues_over_invocations() -> None:
-    invocations = [{"spent": 0.4, "spent_samples": 4}, {"seconds": 3.0}, {"spent": 0.1, "spent_samples": 1}]
+    # The middle one is from before spend was recorded: it adds nothing.
+    invocations = [InvocationEntry(started=1.0, spent=0.4, spent_samples=4), InvocationEntry(started=2.0, seconds=3.0),
+                   InvocationEntry(started=3.0, spent=0.1, spent_samples=1)]
     budget = Budget.from_invocations(0.5, invocations, to_run=5)
     assert budget.spent == pytest.approx(0.5)
     assert budget.average() == pytest.approx(0.1)
@@ -182,7 +185,10 @@ def test_budget_without_limit_only_counts() -> None:
     pay(s, 5.0)
     assert budget.may_start() and budget.spent == 5.0
     assert budget.end(s, elsewhere=1.0) == 6.0
-    assert budget.invocation_entry() == {"spent": 6.0, "spent_samples": 1}
+    entry = InvocationEntry(started=1.0)
+    budget.fill(entry)
+    assert (entry.spent, entry.spent_samples) == (6.0, 1)
+    assert entry.model_dump(exclude_unset=True) == {"started": 1.0, "spent": 6.0, "spent_samples": 1}
     assert budget.projected_total() == pytest.approx(6.0 + 2 * 6.0)
 
 

@@ -118,8 +118,7 @@ def plan(samples: list[Sample], run_dir: Path, checkpoint: Checkpoint, problems:
     finished = {ref.identity for ref in store.scan(run_dir, problems, unreadable)} | checkpoint.discarded()
     todo = [s for s in samples if s.identity not in finished]
     if recovered is not None:
-        recovered += [s for s in todo if s.identity in unreadable
-                      or checkpoint.samples.get(s.identity, {}).get("status") == "done"]
+        recovered += [s for s in todo if s.identity in unreadable or checkpoint.status(s.identity) == "done"]
     return todo
 
 
@@ -168,7 +167,7 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
         try:
             if o.status == "done" and o.record is not None:
                 batch_store.append(o.batch_num, dumps(o.record) + b"\n")
-            this_invocation.update(budget.invocation_entry())  # saved with the checkpoint: the next --resume's prior spend
+            budget.fill(this_invocation)  # saved with the checkpoint: the next --resume's prior spend
             checkpoint.record(o)
             checkpoint.save()
         except OutputError as e:
@@ -226,8 +225,8 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
         for msg in batch_store.repaired:
             print(f"trajforge: {msg}", file=sys.stderr)
         seconds = time.monotonic() - t0
-        this_invocation.update(ran=sum(invocation.per_worker.values()), interrupted=interrupted,
-                               **budget.invocation_entry())
+        this_invocation.ran, this_invocation.interrupted = sum(invocation.per_worker.values()), interrupted
+        budget.fill(this_invocation)
         try:
             checkpoint.save(force=True)
         except OutputError as e:
@@ -293,12 +292,12 @@ def _finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint:
     for identity, entry in checkpoint.samples.items():
         if identity not in current or identity in result.finished:
             continue  # a sample no longer in the dataset, or one that a later attempt finished
-        if entry["status"] == "failed":
-            totals.failed[entry.get("reason", "internal")] += 1
-        elif entry["status"] == "discarded":
-            totals.discarded[entry.get("reason", "unknown")] += 1
-            totals.add_usage(entry.get("usage") or {}, int(entry.get("api_calls", 0)))
-    total_seconds = sum(i.get("seconds", 0.0) for i in checkpoint.invocations)
+        if entry.status == "failed":
+            totals.failed[entry.reason or "internal"] += 1
+        elif entry.status == "discarded":
+            totals.discarded[entry.reason or "unknown"] += 1
+            totals.add_usage(entry.usage.model_dump() if entry.usage else {}, entry.api_calls)
+    total_seconds = sum(i.seconds for i in checkpoint.invocations)
     stats = {
         "run_name": config.run_name,
         "model": config.model,
