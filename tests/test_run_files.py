@@ -174,3 +174,25 @@ def test_a_checkpoint_of_the_earlier_format_resumes_and_keeps_what_it_held(
     assert new["samples"][failed] == old["samples"][failed]  # the same failure again
     assert new["invocations"][:2] == old["invocations"] and len(new["invocations"]) == 3
     assert read(path.parent, "statistics.json")["invocations"] == 3
+
+
+def test_keys_written_only_in_some_runs() -> None:
+    """What the run above does not show: figures without a duration (the exporter's), a duration of
+    no time, and the monitor without a gate of its own (Ray): a note, and points of spend only."""
+    from trajforge.runner.budget import Budget
+    from trajforge.runner.monitor import RunMonitor
+    from trajforge.runner.stats import Totals
+
+    untimed = Totals().as_dict(total=3)
+    assert not {"duration_seconds", "throughput_samples_per_minute", "per_worker"} & untimed.keys()
+    assert "per_row" not in untimed["verification"]
+    timed = Totals().as_dict(seconds=0.0)
+    assert (timed["duration_seconds"], timed["throughput_samples_per_minute"]) == (0.0, None)
+    clock = [0.0]
+    monitor = RunMonitor(None, Budget(), clock=lambda: clock[0])
+    clock[0] = 5.0
+    monitor.tick()
+    assert monitor.concurrency().to_json() == {"note": "not collected: with --executor ray each actor adapts on its own"}
+    assert [p.to_json() for p in monitor.series] == [{"t": 5.0, "spent": 0.0}]
+    assert monitor.spend().to_json() == {"spent": 0.0, "this_invocation": 0.0, "max_cost": None,
+                                         "budget_reached": False, "average_per_sample": None}

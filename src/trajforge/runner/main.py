@@ -34,6 +34,7 @@ from trajforge.runner.budget import BUDGET_EXIT_CODE
 from trajforge.runner.checkpoint import Checkpoint
 from trajforge.runner.console import safe_std_streams
 from trajforge.runner.engine import ExecutorFactory, run_engine
+from trajforge.runner.figures import ConcurrencyFigures, ConcurrencyNote, MergeFigures, SpendFigures, Statistics
 from trajforge.runner.governor import budget_for, check_prices
 from trajforge.runner.merge import merge
 from trajforge.runner.monitor import RunMonitor
@@ -233,7 +234,7 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
             halt(e)
     if failures:
         raise failures[0]  # trajectories.jsonl and statistics.json of the last good end stay as they are
-    stats = _finish(config, samples, run_dir, checkpoint, invocation, seconds, extra=monitor.statistics())
+    stats = _finish(config, samples, run_dir, checkpoint, invocation, seconds, monitor.spend(), monitor.concurrency())
     _print_summary(stats, run_dir)
     if fatal is not None:
         print(f"error: {fatal}", file=sys.stderr)
@@ -247,13 +248,13 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
     return _failed_exit_code(config, stats)
 
 
-def _failed_exit_code(config: RunConfig, stats: dict[str, Any]) -> int:
+def _failed_exit_code(config: RunConfig, stats: Statistics) -> int:
     """0, or EXIT_SAMPLES_FAILED when the run's failed samples reach --fail_on_error."""
-    samples = stats["run"]["samples"]
-    failed, total = samples["failed"], samples["total"] or 0
+    samples = stats.run.samples
+    failed, total = samples.failed, samples.total or 0
     if not too_many_failed(failed, total, config.fail_on_error):
         return 0
-    classes = ", ".join(f"{k} {v}" for k, v in samples["failed_by_class"].items() if v)
+    classes = ", ".join(f"{k} {v}" for k, v in samples.failed_by_class.items() if v)
     print(f"trajforge: {failed} of {total} sample(s) failed ({classes}); each one's reason is in "
           f"checkpoint.json; `--resume` retries them; exit code {EXIT_SAMPLES_FAILED} "
           f"(--fail_on_error {config.fail_on_error:g})", file=sys.stderr)
@@ -277,8 +278,9 @@ async def _resolve_sandbox(config: RunConfig, dataset: LoadedDataset) -> tuple[R
     return config, f"{kind} (rows with an image: container)" if images and kind != "container" else kind
 
 
-def _finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint: Checkpoint,
-            invocation: Totals, seconds: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def _finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint: Checkpoint, invocation: Totals,
+           seconds: float, spend: SpendFigures, concurrency: ConcurrencyFigures | ConcurrencyNote) -> Statistics:
+    """Merge the batch files into trajectories.jsonl, then write and return the run's statistics."""
     totals = Totals()
     current = {s.identity: s.index for s in samples}
     rows = prepare_totals(totals, config, samples)
@@ -297,22 +299,16 @@ def _finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint:
         elif entry.status == "discarded":
             totals.discarded[entry.reason or "unknown"] += 1
             totals.add_usage(entry.usage.model_dump() if entry.usage else {}, entry.api_calls)
-    total_seconds = sum(i.seconds for i in checkpoint.invocations)
-    stats = {
-        "run_name": config.run_name,
-        "model": config.model,
-        "distribution": config.distribution,
-        "sandbox": config.sandbox,
-        "dataset_file": str(config.dataset_file),
-        "invocations": len(checkpoint.invocations),
-        "run": totals.as_dict(total=len(samples), seconds=total_seconds),
-        "last_invocation": invocation.as_dict(total=None, seconds=seconds),
-        "merge": {"written": result.written, "hallucinated_filtered": result.hallucinated,
-                  "duplicates_ignored": result.duplicates, "not_in_dataset": result.stale,
-                  "not_kept": result.not_kept,
-                  "problems": result.problems},
-    }
-    stats.update(extra or {})  # spend and concurrency (runner.monitor)
+    stats = Statistics(
+        run_name=config.run_name, model=config.model, distribution=config.distribution, sandbox=config.sandbox,
+        dataset_file=str(config.dataset_file), invocations=len(checkpoint.invocations),
+        run=totals.figures(total=len(samples), seconds=sum(i.seconds for i in checkpoint.invocations)),
+        last_invocation=invocation.figures(total=None, seconds=seconds),
+        merge=MergeFigures(written=result.written, hallucinated_filtered=result.hallucinated,
+                           duplicates_ignored=result.duplicates, not_in_dataset=result.stale,
+                           not_kept=result.not_kept, problems=result.problems),
+        spend=spend, concurrency=concurrency,
+    )
     for p in result.problems:
         print(f"trajforge: {p}", file=sys.stderr)
     if result.stale:
@@ -320,13 +316,13 @@ def _finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint:
               "batch files but not in trajectories.jsonl", file=sys.stderr)
     path = run_dir / "statistics.json"
     try:
-        atomic_write_bytes(path, REGISTRY.bytes(dumps_pretty(stats)))
+        atomic_write_bytes(path, REGISTRY.bytes(dumps_pretty(stats.to_json())))
     except OSError as e:
         raise OutputError(path, e) from None
     return stats
 
 
-def _print_summary(stats: dict[str, Any], run_dir: Path) -> None:
+def _print_summary(stats: Statistics, run_dir: Path) -> None:
     from rich.console import Console
 
     console = Console(file=sys.stdout, width=100)
