@@ -17,6 +17,7 @@ from trajforge.agent.sharegpt import conversations
 from trajforge.config import RunConfig
 from trajforge.model.client import OpenAIClient
 from trajforge.model.types import ModelSettings
+from trajforge.sample.settings import tool_settings
 from trajforge.sandbox.local import LocalSandbox
 from trajforge.tools import files, terminal
 from trajforge.tools.base import ToolContext
@@ -25,13 +26,13 @@ from trajforge.tools.registry import KNOWN_TOOLS
 
 def run(server: ScriptedServer, tmp_path: Path, prompt: str = "do it", **kw) -> SessionResult:
     async def go() -> SessionResult:
-        config = RunConfig(tool_timeout=10)
-        tools = (await terminal.build(config)).tools + (await files.build(config)).tools
+        settings = tool_settings(RunConfig(tool_timeout=10))
+        tools = (await terminal.build(settings)).tools + (await files.build(settings)).tools
         client = OpenAIClient(ModelSettings(model="m", base_url=server.url, max_retries=0), "k")
         sb = LocalSandbox(tmp_path)
         await sb.start()
         try:
-            ctx = ToolContext(sb, config, "id")
+            ctx = ToolContext(sb, settings, "id")
             async with ctx.cleanup:
                 return await run_session(prompt, client, tools, ctx, max_turns=kw.pop("max_turns", 5), **kw)
         finally:

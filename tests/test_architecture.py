@@ -46,6 +46,7 @@ FORBIDDEN = [
     ("agent", "trajforge.runner"),
     ("tools", "trajforge.runner"),
     ("tools", "trajforge.agent"),
+    ("tools", "trajforge.config"),  # tools get ToolSettings (tools/settings.py), built by the sample layer
     ("sandbox", "trajforge.tools"),
     ("sandbox", "trajforge.runner"),
     ("model", "trajforge.tools"),

@@ -36,6 +36,7 @@ from tests.support.policies import tool_messages
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
 from tests.support.web_fixture import make_png
 from trajforge.config import RunConfig
+from trajforge.sample.settings import tool_settings
 from trajforge.sandbox.base import FileOpError, PathEscapeError, Sandbox
 from trajforge.sandbox.bwrap import probe
 from trajforge.sandbox.factory import SandboxProvider
@@ -134,7 +135,8 @@ async def one_call(sb: Sandbox, ctx: ToolContext, i: int, tools: dict[str, Tools
 
 async def hammer(config: RunConfig, image: str | None, root: Path, outside: Path, calls: int,
                  concurrency: int, with_tools: bool = False) -> dict[str, Any]:
-    tools = {"vision": await vision.build(config), "image_gen": await image_gen.build(config)} if with_tools else None
+    settings = tool_settings(config)
+    tools = {"vision": await vision.build(settings), "image_gen": await image_gen.build(settings)} if with_tools else None
     assert tools is None or all(isinstance(t, Toolset) for t in tools.values()), tools
     async with SandboxProvider(config) as provider:
         sb = await provider.create(cwd=None, image=image, root=root)
@@ -142,7 +144,7 @@ async def hammer(config: RunConfig, image: str | None, root: Path, outside: Path
         plant(sb.workspace, outside)
         attacker = subprocess.Popen([sys.executable, "-c", ATTACKER, str(sb.workspace), str(outside)],
                                     stdout=subprocess.PIPE, text=True)
-        ctx = ToolContext(sandbox=sb, config=config)
+        ctx = ToolContext(sandbox=sb, settings=settings)
         stats: dict[str, Any] = {"ok": 0, "refused": 0, "leaks": [], "unexpected": []}
         try:
             assert attacker.stdout is not None and attacker.stdout.readline().strip() == "ready"

@@ -13,6 +13,7 @@ from trajforge.model.pricing import Price, call_usage, price_known, reports_cost
 from trajforge.model import spend
 from trajforge.model.types import Usage
 from trajforge.runner.budget import BUDGET_EXIT_CODE, Budget
+from trajforge.runner.checkpoint import InvocationEntry
 
 
 def pay(meter: spend.SampleSpend, usd: float) -> None:
@@ -165,7 +166,9 @@ def test_budget_stops_starts_once_spend_plus_in_flight_projection_reaches_it() -
 
 
 def test_budget_continues_over_invocations() -> None:
-    invocations = [{"spent": 0.4, "spent_samples": 4}, {"seconds": 3.0}, {"spent": 0.1, "spent_samples": 1}]
+    # The middle one is from before spend was recorded: it adds nothing.
+    invocations = [InvocationEntry(started=1.0, spent=0.4, spent_samples=4), InvocationEntry(started=2.0, seconds=3.0),
+                   InvocationEntry(started=3.0, spent=0.1, spent_samples=1)]
     budget = Budget.from_invocations(0.5, invocations, to_run=5)
     assert budget.spent == pytest.approx(0.5)
     assert budget.average() == pytest.approx(0.1)
@@ -182,7 +185,10 @@ def test_budget_without_limit_only_counts() -> None:
     pay(s, 5.0)
     assert budget.may_start() and budget.spent == 5.0
     assert budget.end(s, elsewhere=1.0) == 6.0
-    assert budget.invocation_entry() == {"spent": 6.0, "spent_samples": 1}
+    entry = InvocationEntry(started=1.0)
+    budget.fill(entry)
+    assert (entry.spent, entry.spent_samples) == (6.0, 1)
+    assert entry.model_dump(exclude_unset=True) == {"started": 1.0, "spent": 6.0, "spent_samples": 1}
     assert budget.projected_total() == pytest.approx(6.0 + 2 * 6.0)
 
 
@@ -218,8 +224,8 @@ def test_monitor_series_rates_progress_and_thinning() -> None:
     now[0] = 1.0
     mon.tick()
     point = mon.series[-1]
-    assert point["requests_per_min"] == 1800.0 and point["tokens_per_min"] == 180_000
-    assert point["limit"] == 512 and point["spent"] == 0.5
+    assert point.gate is not None and point.gate.requests_per_min == 1800.0 and point.gate.tokens_per_min == 180_000
+    assert point.gate.limit == 512 and point.spent == 0.5
     text = mon.progress_text()
     assert "limit 512/512" in text and "1800 req/min, 0 429s/min" in text
     assert "spent $0.5000" in text and "~$5.0000 projected" in text and "of $2.00 budget" in text
@@ -227,11 +233,14 @@ def test_monitor_series_rates_progress_and_thinning() -> None:
         now[0] += 1.0
         mon.tick()
     assert len(mon.series) <= monitor_mod.MAX_POINTS
-    stats = mon.statistics()
-    assert stats["spend"] == {"spent": 0.5, "this_invocation": 0.5, "max_cost": 2.0, "budget_reached": False,
-                              "average_per_sample": 0.5}
-    assert stats["concurrency"]["ok"] == 30 and stats["concurrency"]["ceiling"] == 512
-    assert monitor_mod.RunMonitor(None, budget).statistics()["concurrency"].get("note")
+    assert mon.spend().to_json() == {"spent": 0.5, "this_invocation": 0.5, "max_cost": 2.0, "budget_reached": False,
+                                     "average_per_sample": 0.5}
+    concurrency = mon.concurrency().to_json()
+    assert concurrency["ok"] == 30 and concurrency["ceiling"] == 512
+    assert concurrency["series"][0] == {"t": 1.0, "spent": 0.5, "limit": 512, "in_flight": 0, "waiting": 0,
+                                        "requests_per_min": 1800.0, "tokens_per_min": 180_000,
+                                        "rate_limited_per_min": 0.0}  # thinning keeps the first reading
+    assert monitor_mod.RunMonitor(None, budget).concurrency().to_json()["note"]
 
 
 def test_a_ray_actor_gets_its_share_of_the_runs_rate_budgets() -> None:

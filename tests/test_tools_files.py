@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from trajforge.config import RunConfig
+from trajforge.sample.settings import tool_settings
 from trajforge.sandbox import safe_fs
 from trajforge.sandbox.bwrap import BwrapSandbox, probe
 from trajforge.sandbox.local import LocalSandbox
@@ -27,7 +28,7 @@ def in_sandbox(tmp_path: Path, body: Callable[[ToolContext], Coroutine[Any, Any,
                sandbox_cls: type[LocalSandbox] = LocalSandbox) -> None:
     async def main() -> None:
         async with sandbox_cls(tmp_path, cwd=cwd) as sandbox:
-            await body(ToolContext(sandbox=sandbox, config=RunConfig()))
+            await body(ToolContext(sandbox=sandbox, settings=tool_settings(RunConfig())))
 
     asyncio.run(main())
 
@@ -361,7 +362,7 @@ BWRAP = asyncio.run(probe())
 def test_bwrap_root_mode_files_written_by_tools_belong_to_the_sandbox(tmp_path: Path) -> None:
     async def main() -> None:
         async with BwrapSandbox(tmp_path, network=False) as sb:
-            ctx = ToolContext(sandbox=sb, config=RunConfig())
+            ctx = ToolContext(sandbox=sb, settings=tool_settings(RunConfig()))
             assert (await call(WRITE, ctx, path="new/dir/f.txt", content="one\n"))["success"]
             res = await sb.exec("echo two >> new/dir/f.txt && stat -c %u new new/dir new/dir/f.txt", timeout=10)
             assert res.exit_code == 0 and res.stdout.split() == [str(sb.uid)] * 3, res

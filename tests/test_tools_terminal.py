@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from trajforge.config import RunConfig
+from trajforge.sample.settings import tool_settings
 from trajforge.sandbox.local import LocalSandbox
 from trajforge.tools import terminal
 from trajforge.tools.base import ToolContext, result_failed
@@ -29,7 +30,7 @@ PROCESS = terminal.ProcessTool()
 async def session(root: Path, **config: Any) -> AsyncIterator[ToolContext]:
     sandbox = LocalSandbox(root)
     await sandbox.start()
-    ctx = ToolContext(sandbox=sandbox, config=RunConfig(**{"tool_timeout": 10, **config}))
+    ctx = ToolContext(sandbox=sandbox, settings=tool_settings(RunConfig(**{"tool_timeout": 10, **config})))
     try:
         yield ctx
     finally:
@@ -185,7 +186,7 @@ def test_background_jobs_die_with_the_sample(tmp_path: Path) -> None:
     async def sandbox_close_alone() -> int:
         sandbox = LocalSandbox(tmp_path)
         await sandbox.start()
-        ctx = ToolContext(sandbox=sandbox, config=RunConfig())
+        ctx = ToolContext(sandbox=sandbox, settings=tool_settings(RunConfig()))
         r = await call(PROCESS, ctx, action="start", command="exec sleep 300")
         await sandbox.close()  # even without the tool cleanup, closing the sandbox kills the job
         await ctx.cleanup.aclose()
@@ -196,7 +197,7 @@ def test_background_jobs_die_with_the_sample(tmp_path: Path) -> None:
 
 def test_build_and_registry(tmp_path: Path) -> None:
     async def body() -> None:
-        ready, missing = await build_toolsets(["terminal", "file"], RunConfig())
+        ready, missing = await build_toolsets(["terminal", "file"], tool_settings(RunConfig()))
         assert not missing
         assert [t.name for t in ready["terminal"].tools] == ["terminal", "process"]
         assert [t.name for t in ready["file"].tools] == ["read_file", "write_file", "patch", "search_files"]
@@ -215,7 +216,7 @@ def test_a_closed_sandbox_is_an_infrastructure_failure(tmp_path: Path) -> None:
     async def body() -> None:
         sandbox = LocalSandbox(tmp_path)
         await sandbox.start()
-        ctx = ToolContext(sandbox=sandbox, config=RunConfig())
+        ctx = ToolContext(sandbox=sandbox, settings=tool_settings(RunConfig()))
         await sandbox.close()
         for tool, args in ((TERMINAL, {"command": "true"}), (PROCESS, {"action": "start", "command": "true"}),
                            (ReadFileTool(), {"path": "a.txt"})):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import shlex
 from typing import Any, ClassVar
 
-from trajforge.config import RunConfig
 from trajforge.tools.base import Tool, ToolContext, Toolset, error, ok
+from trajforge.tools.settings import ToolSettings
 
 
 class Shout(Tool):
@@ -23,5 +23,5 @@ class Shout(Tool):
         return ok(text=res.stdout)
 
 
-async def build(config: RunConfig) -> Toolset:
+async def build(run: ToolSettings) -> Toolset:
     return Toolset("loud", [Shout()])

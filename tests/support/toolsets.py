@@ -1,4 +1,6 @@
-"""Run a test body against one built toolset and a real local sandbox, closing both afterwards."""
+"""Run a test body against one built toolset and a real local sandbox, closing both afterwards.
+
+The run is described as a RunConfig, turned into the ToolSettings a worker would hand down."""
 
 from __future__ import annotations
 
@@ -8,19 +10,22 @@ from pathlib import Path
 from typing import Any
 
 from trajforge.config import RunConfig
+from trajforge.sample.settings import tool_settings
 from trajforge.sandbox.local import LocalSandbox
 from trajforge.tools.base import ToolContext, Toolset
+from trajforge.tools.settings import ToolSettings
 
 
-def run_with(tmp_path: Path, build: Callable[[RunConfig], Awaitable[Any]], cfg: RunConfig,
+def run_with(tmp_path: Path, build: Callable[[ToolSettings], Awaitable[Any]], cfg: RunConfig,
              body: Callable[[Any, ToolContext], Awaitable[Any]]) -> Any:
     async def main() -> Any:
-        built = await build(cfg)
+        settings = tool_settings(cfg)
+        built = await build(settings)
         assert isinstance(built, Toolset), built
         sandbox = LocalSandbox(tmp_path / "sandboxes")
         await sandbox.start()
         try:
-            return await body(built, ToolContext(sandbox=sandbox, config=cfg))
+            return await body(built, ToolContext(sandbox=sandbox, settings=settings))
         finally:
             await sandbox.close()
             await built.aclose()

@@ -6,7 +6,7 @@ A leaf, like trajforge.config that reads it: it imports nothing of trajforge but
 - catalog.settings: the typed `tools:` sections; catalog.distributions: the named distributions
   and the seeded sampler.
 
-Adding a toolset is one module in trajforge/tools exposing `build(config) -> Toolset | Unavailable`
+Adding a toolset is one module in trajforge/tools exposing `build(settings) -> Toolset | Unavailable`
 plus one `register(ToolsetSpec(...))` line below (and, if it has settings, its section class in
 catalog.settings).
 """
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 class ToolsetSpec:
     name: str
     tools: tuple[str, ...]  # the tool names it offers, in the order the model sees them
-    builder: str  # "module:function", called once per process as `await function(config)`
+    builder: str  # "module:function", called once per process as `await function(tool_settings)`
     settings: str | None = None  # its section of the config's `tools:` (catalog.settings.ToolsSettings)
 
 

@@ -13,11 +13,11 @@ Pure: the engine calls `may_start`, `start` and `end`; nothing here waits or rea
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from trajforge.model.spend import SampleSpend
+from trajforge.runner.checkpoint import InvocationEntry
 
 BUDGET_EXIT_CODE = 4  # 0 ok, 1 fatal, 2 usage, 130 interrupted
 
@@ -37,9 +37,9 @@ class Budget:
     elsewhere: float = 0.0  # USD that ended samples spent in other processes (Ray actors)
 
     @classmethod
-    def from_invocations(cls, limit: float | None, invocations: Iterable[Mapping[str, Any]], to_run: int) -> Budget:
+    def from_invocations(cls, limit: float | None, invocations: Iterable[InvocationEntry], to_run: int) -> Budget:
         """A budget continuing the spend recorded by earlier invocations (checkpoint.json)."""
-        prior = [(float(i.get("spent", 0.0)), int(i.get("spent_samples", 0))) for i in invocations]
+        prior = [(i.spent, i.spent_samples) for i in invocations]
         return cls(limit, sum(p for p, _ in prior), sum(n for _, n in prior), to_run)
 
     @property
@@ -91,9 +91,9 @@ class Budget:
         self.ended += 1
         return cost
 
-    def invocation_entry(self) -> dict[str, Any]:
-        """What checkpoint.json keeps of this invocation's spend, for the next one."""
-        return {"spent": round(self.spent_now, 8), "spent_samples": self.ended}
+    def fill(self, entry: InvocationEntry) -> None:
+        """Write this invocation's spend into its checkpoint entry: the next invocation's prior."""
+        entry.spent, entry.spent_samples = round(self.spent_now, 8), self.ended
 
     def stop_message(self) -> list[str]:
         """The lines printed when the budget stopped the run, ending with how to continue."""

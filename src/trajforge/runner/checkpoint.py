@@ -5,7 +5,8 @@ say: discarded samples (final, never re-run) and failed ones (retried on resume)
 invocation's duration for cumulative statistics. It is replaced atomically, at most about once a
 second while samples finish (the interval grows with the file's size) and always at the end.
 A file read back is validated as a whole (`CheckpointFile`): one of the wrong shape is refused
-like an unparsable one, with the file named, never half-used.
+like an unparsable one, with the file named, never half-used. The validated models are the
+in-memory state too (SampleEntry, InvocationEntry), turned back into JSON only when saved.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -27,25 +28,37 @@ VERSION = 1
 
 
 class _Entry(BaseModel):
-    # extra="allow": entries written by a newer version (or another helper's field) stay readable.
+    # extra="allow": fields written by another version (or another helper) are kept, and written
+    # back as they were; only the fields a file holds, or that were set here, are written.
     model_config = ConfigDict(extra="allow", strict=True)
+
+
+class SampleUsage(_Entry):
+    """Tokens and USD of a discarded sample (a kept one has them in its record)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost: float = 0.0
 
 
 class SampleEntry(_Entry):
     status: Literal["done", "discarded", "failed"]
     batch: int
     attempts: int = 1
-    reason: str | None = None
-    message: str | None = None
-    usage: dict[str, Any] | None = None
+    reason: str | None = None  # discard reason or failure class
+    message: str | None = None  # a failure's detail, cut to 500 characters
+    usage: SampleUsage | None = None
     api_calls: int = 0
 
 
 class InvocationEntry(_Entry):
-    started: float
+    started: float  # wall-clock time
     seconds: float = 0.0
-    ran: int = 0
+    ran: int = 0  # samples it ended
     interrupted: bool = False
+    spent: float = 0.0  # USD (runner.budget), the next invocation's prior spend
+    spent_samples: int = 0  # samples whose spend that is
 
 
 class CheckpointFile(_Entry):
@@ -60,12 +73,12 @@ class CheckpointFile(_Entry):
 class Checkpoint:
     path: Path
     run_name: str
-    samples: dict[str, dict[str, Any]] = field(default_factory=dict)  # identity -> outcome summary
-    invocations: list[dict[str, Any]] = field(default_factory=list)
+    samples: dict[str, SampleEntry] = field(default_factory=dict)  # by sample identity
+    invocations: list[InvocationEntry] = field(default_factory=list)
     _last_save: float = 0.0
     _save_cost: float = 0.0
     _dirty: bool = False
-    _current: dict[str, Any] | None = None
+    _current: InvocationEntry | None = None
     _invocation_t0: float = 0.0
 
     @classmethod
@@ -80,16 +93,21 @@ class Checkpoint:
         except (OSError, orjson.JSONDecodeError) as e:
             raise RunStateError(f"{path}: checkpoint is unreadable ({e}); {way_out}") from None
         try:
-            CheckpointFile.model_validate(data)
+            file = CheckpointFile.model_validate(data)
         except ValidationError as e:
             first = e.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "top level"
             raise RunStateError(f"{path}: not a trajforge checkpoint (at {where}: {first['msg']}); {way_out}") from None
-        return cls(path, run_name, dict(data.get("samples", {})), list(data.get("invocations", [])))
+        return cls(path, run_name, file.samples, file.invocations)
+
+    def status(self, identity: str) -> str | None:
+        """The recorded status of a sample (done, discarded, failed), None when it has none."""
+        entry = self.samples.get(identity)
+        return None if entry is None else entry.status
 
     def discarded(self) -> set[str]:
         """Discarded samples are final: never run again (batch files tell what else is finished)."""
-        return {k for k, v in self.samples.items() if v["status"] == "discarded"}
+        return {k for k, v in self.samples.items() if v.status == "discarded"}
 
     def forget(self, identities: list[str]) -> None:
         """Drop entries that vouch for records the batch files no longer hold: the samples run again
@@ -101,28 +119,27 @@ class Checkpoint:
     def mark_discarded(self, identity: str, reason: str) -> None:
         """A kept record that the final merge filters out (e.g. a hallucinated tool) is discarded."""
         entry = self.samples.get(identity)
-        if entry is not None and (entry["status"], entry.get("reason")) != ("discarded", reason):
-            self.samples[identity] = {**entry, "status": "discarded", "reason": reason}
+        if entry is not None and (entry.status, entry.reason) != ("discarded", reason):
+            entry.status, entry.reason = "discarded", reason
             self._dirty = True
 
     def record(self, o: Outcome) -> None:
-        entry: dict[str, Any] = {"status": o.status, "batch": o.batch_num, "attempts": o.attempts}
-        if o.reason:
-            entry["reason"] = o.reason
-        if o.status == "failed" and o.message:
-            entry["message"] = o.message[:500]
-        if o.usage:
-            entry["usage"] = o.usage
-            entry["api_calls"] = o.api_calls
         prev = self.samples.get(o.identity)
-        if prev is not None and prev["status"] != "failed" and o.status == "failed":
+        if prev is not None and prev.status != "failed" and o.status == "failed":
             return  # a finished sample never becomes failed again
+        entry = SampleEntry(status=o.status, batch=o.batch_num, attempts=o.attempts)
+        if o.reason:
+            entry.reason = o.reason
+        if o.status == "failed" and o.message:
+            entry.message = o.message[:500]
+        if o.usage:
+            entry.usage, entry.api_calls = SampleUsage.model_validate(o.usage), o.api_calls
         self.samples[o.identity] = entry
         self._dirty = True
 
-    def begin_invocation(self, started_wall: float) -> dict[str, Any]:
+    def begin_invocation(self, started_wall: float) -> InvocationEntry:
         """Record this invocation now, so its duration counts even if the process is killed."""
-        entry: dict[str, Any] = {"started": started_wall, "seconds": 0.0, "ran": 0, "interrupted": False}
+        entry = InvocationEntry(started=started_wall, seconds=0.0, ran=0, interrupted=False)
         self.invocations.append(entry)
         self._invocation_t0 = time.monotonic()
         self._current = entry
@@ -131,14 +148,15 @@ class Checkpoint:
     def save(self, *, force: bool = False) -> None:
         now = time.monotonic()
         if self._current is not None:
-            self._current["seconds"] = round(now - self._invocation_t0, 3)
+            self._current.seconds = round(now - self._invocation_t0, 3)
         if not force and (not self._dirty or now - self._last_save < max(1.0, 20 * self._save_cost)):
             return
         t0 = time.perf_counter()
-        body = {"version": VERSION, "run_name": self.run_name, "updated": time.time(),
-                "samples": self.samples, "invocations": self.invocations}
+        # model_construct: every part is typed already; what was set (or read) is what is written.
+        body = CheckpointFile.model_construct(version=VERSION, run_name=self.run_name, updated=time.time(),
+                                              samples=self.samples, invocations=self.invocations)
         try:
-            atomic_write_bytes(self.path, REGISTRY.bytes(orjson.dumps(body)))
+            atomic_write_bytes(self.path, REGISTRY.bytes(body.model_dump_json(exclude_unset=True).encode()))
         except OSError as e:
             raise OutputError(self.path, e) from None
         self._save_cost = time.perf_counter() - t0

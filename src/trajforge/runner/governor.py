@@ -8,14 +8,14 @@ sample worker (trajforge.sample.gate), which every executor shares.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
 from trajforge.config import RunConfig
 from trajforge.errors import UsageError
 from trajforge.model.client import DEFAULT_BASE_URL
 from trajforge.model.pricing import price_known
 from trajforge.runner.budget import Budget
+from trajforge.runner.checkpoint import InvocationEntry
 
 
 def check_prices(config: RunConfig) -> None:
@@ -32,6 +32,6 @@ def check_prices(config: RunConfig) -> None:
             "completion: USD_PER_MTOK}}")
 
 
-def budget_for(config: RunConfig, invocations: Iterable[Mapping[str, Any]], to_run: int) -> Budget:
+def budget_for(config: RunConfig, invocations: Iterable[InvocationEntry], to_run: int) -> Budget:
     """This invocation's budget, continuing the spend that checkpoint.json recorded."""
     return Budget.from_invocations(config.max_cost, invocations, to_run)

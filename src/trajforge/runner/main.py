@@ -3,7 +3,8 @@
 Everything that can be wrong with the input (dataset, prefill file, model key, contradicting
 settings: runner.preflight) is checked before the run directory is touched, so bad input never
 alters existing output. The order of the end phase matters: batch files are closed and synced,
-the checkpoint is saved, then the merge and statistics are rebuilt from what is on disk.
+the checkpoint is saved, then the merge and statistics are rebuilt from what is on disk
+(runner.report).
 
 A file of the run that cannot be written (disk full, read-only, I/O error) stops scheduling:
 outcomes not yet written are dropped (those samples run again on --resume), what is written is
@@ -27,7 +28,7 @@ from typing import Any
 from trajforge.config import RunConfig
 from trajforge.dataset import LoadedDataset, Sample, load_dataset
 from trajforge.errors import FatalModelError, OutputError
-from trajforge.jsonio import atomic_write_bytes, dumps, dumps_pretty
+from trajforge.jsonio import dumps
 from trajforge.redact import REGISTRY, hide_in_cmdline, run_secrets
 from trajforge.runner import store
 from trajforge.runner.budget import BUDGET_EXIT_CODE
@@ -35,16 +36,16 @@ from trajforge.runner.checkpoint import Checkpoint
 from trajforge.runner.console import safe_std_streams
 from trajforge.runner.engine import ExecutorFactory, run_engine
 from trajforge.runner.governor import budget_for, check_prices
-from trajforge.runner.merge import merge
 from trajforge.runner.monitor import RunMonitor
 from trajforge.sample.outcome import Outcome
 from trajforge.runner.preflight import (
     check_container_images, check_executor, check_network, choose_model, load_prefill, refuse_contradictions,
 )
 from trajforge.runner.progress import Progress
-from trajforge.runner.rollouts import RolloutScheduler, expand, finish_totals, passes_on_disk, prepare_totals
+from trajforge.runner.report import failed_exit_code, finish, print_summary
+from trajforge.runner.rollouts import RolloutScheduler, expand, passes_on_disk, prepare_totals
 from trajforge.runner.rundir import RunDir
-from trajforge.runner.stats import EXIT_SAMPLES_FAILED, Totals, render_table, too_many_failed
+from trajforge.runner.stats import Totals
 from trajforge.verify.verifier import validate_verification
 
 log = logging.getLogger("trajforge")
@@ -118,8 +119,7 @@ def plan(samples: list[Sample], run_dir: Path, checkpoint: Checkpoint, problems:
     finished = {ref.identity for ref in store.scan(run_dir, problems, unreadable)} | checkpoint.discarded()
     todo = [s for s in samples if s.identity not in finished]
     if recovered is not None:
-        recovered += [s for s in todo if s.identity in unreadable
-                      or checkpoint.samples.get(s.identity, {}).get("status") == "done"]
+        recovered += [s for s in todo if s.identity in unreadable or checkpoint.status(s.identity) == "done"]
     return todo
 
 
@@ -168,7 +168,7 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
         try:
             if o.status == "done" and o.record is not None:
                 batch_store.append(o.batch_num, dumps(o.record) + b"\n")
-            this_invocation.update(budget.invocation_entry())  # saved with the checkpoint: the next --resume's prior spend
+            budget.fill(this_invocation)  # saved with the checkpoint: the next --resume's prior spend
             checkpoint.record(o)
             checkpoint.save()
         except OutputError as e:
@@ -226,16 +226,16 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
         for msg in batch_store.repaired:
             print(f"trajforge: {msg}", file=sys.stderr)
         seconds = time.monotonic() - t0
-        this_invocation.update(ran=sum(invocation.per_worker.values()), interrupted=interrupted,
-                               **budget.invocation_entry())
+        this_invocation.ran, this_invocation.interrupted = sum(invocation.per_worker.values()), interrupted
+        budget.fill(this_invocation)
         try:
             checkpoint.save(force=True)
         except OutputError as e:
             halt(e)
     if failures:
         raise failures[0]  # trajectories.jsonl and statistics.json of the last good end stay as they are
-    stats = _finish(config, samples, run_dir, checkpoint, invocation, seconds, extra=monitor.statistics())
-    _print_summary(stats, run_dir)
+    stats = finish(config, samples, run_dir, checkpoint, invocation, seconds, monitor.spend(), monitor.concurrency())
+    print_summary(stats, run_dir)
     if fatal is not None:
         print(f"error: {fatal}", file=sys.stderr)
         return 1
@@ -245,20 +245,7 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
         for line in budget.stop_message():
             print(line, file=sys.stderr)
         return BUDGET_EXIT_CODE
-    return _failed_exit_code(config, stats)
-
-
-def _failed_exit_code(config: RunConfig, stats: dict[str, Any]) -> int:
-    """0, or EXIT_SAMPLES_FAILED when the run's failed samples reach --fail_on_error."""
-    samples = stats["run"]["samples"]
-    failed, total = samples["failed"], samples["total"] or 0
-    if not too_many_failed(failed, total, config.fail_on_error):
-        return 0
-    classes = ", ".join(f"{k} {v}" for k, v in samples["failed_by_class"].items() if v)
-    print(f"trajforge: {failed} of {total} sample(s) failed ({classes}); each one's reason is in "
-          f"checkpoint.json; `--resume` retries them; exit code {EXIT_SAMPLES_FAILED} "
-          f"(--fail_on_error {config.fail_on_error:g})", file=sys.stderr)
-    return EXIT_SAMPLES_FAILED
+    return failed_exit_code(config, stats)
 
 
 async def _resolve_sandbox(config: RunConfig, dataset: LoadedDataset) -> tuple[RunConfig, str]:
@@ -276,63 +263,6 @@ async def _resolve_sandbox(config: RunConfig, dataset: LoadedDataset) -> tuple[R
               "isolation, or pass --sandbox local to accept it", file=sys.stderr)
     images = sum(s.image is not None for s in dataset.samples)
     return config, f"{kind} (rows with an image: container)" if images and kind != "container" else kind
-
-
-def _finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint: Checkpoint,
-            invocation: Totals, seconds: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    totals = Totals()
-    current = {s.identity: s.index for s in samples}
-    rows = prepare_totals(totals, config, samples)
-    result = merge(run_dir, current, totals, {s.identity: (s.line, s.extra) for s in samples},
-                   keep_passed=config.keep == "passed")
-    for identity in result.hallucinated_ids:
-        checkpoint.mark_discarded(identity, "hallucinated_tool")
-    if result.hallucinated_ids:
-        checkpoint.save(force=True)
-    finish_totals(totals, config, rows, result, checkpoint)
-    for identity, entry in checkpoint.samples.items():
-        if identity not in current or identity in result.finished:
-            continue  # a sample no longer in the dataset, or one that a later attempt finished
-        if entry["status"] == "failed":
-            totals.failed[entry.get("reason", "internal")] += 1
-        elif entry["status"] == "discarded":
-            totals.discarded[entry.get("reason", "unknown")] += 1
-            totals.add_usage(entry.get("usage") or {}, int(entry.get("api_calls", 0)))
-    total_seconds = sum(i.get("seconds", 0.0) for i in checkpoint.invocations)
-    stats = {
-        "run_name": config.run_name,
-        "model": config.model,
-        "distribution": config.distribution,
-        "sandbox": config.sandbox,
-        "dataset_file": str(config.dataset_file),
-        "invocations": len(checkpoint.invocations),
-        "run": totals.as_dict(total=len(samples), seconds=total_seconds),
-        "last_invocation": invocation.as_dict(total=None, seconds=seconds),
-        "merge": {"written": result.written, "hallucinated_filtered": result.hallucinated,
-                  "duplicates_ignored": result.duplicates, "not_in_dataset": result.stale,
-                  "not_kept": result.not_kept,
-                  "problems": result.problems},
-    }
-    stats.update(extra or {})  # spend and concurrency (runner.monitor)
-    for p in result.problems:
-        print(f"trajforge: {p}", file=sys.stderr)
-    if result.stale:
-        print(f"trajforge: {result.stale} finished sample(s) are no longer in the dataset; they stay in their "
-              "batch files but not in trajectories.jsonl", file=sys.stderr)
-    path = run_dir / "statistics.json"
-    try:
-        atomic_write_bytes(path, REGISTRY.bytes(dumps_pretty(stats)))
-    except OSError as e:
-        raise OutputError(path, e) from None
-    return stats
-
-
-def _print_summary(stats: dict[str, Any], run_dir: Path) -> None:
-    from rich.console import Console
-
-    console = Console(file=sys.stdout, width=100)
-    console.print(render_table(stats))
-    console.print(f"trajectories: {run_dir / 'trajectories.jsonl'}  statistics: {run_dir / 'statistics.json'}")
 
 
 async def _flush_periodically(batch_store: store.BatchStore, checkpoint: Checkpoint, progress: Progress,

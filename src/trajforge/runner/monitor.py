@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
 
 from trajforge.model.gate import GateSnapshot, ModelGate
 from trajforge.runner.budget import Budget
+from trajforge.runner.figures import ConcurrencyFigures, ConcurrencyNote, GatePoint, SeriesPoint, SpendFigures
 
 MAX_POINTS = 720
 
@@ -25,7 +25,7 @@ class RunMonitor:
         self.gate = gate
         self.budget = budget
         self.every = every
-        self.series: list[dict[str, Any]] = []
+        self.series: list[SeriesPoint] = []
         self._clock = clock
         self._t0 = clock()
         self._last: tuple[float, GateSnapshot] | None = (self._t0, gate.snapshot()) if gate else None
@@ -36,7 +36,7 @@ class RunMonitor:
 
     def tick(self) -> None:
         now = self._clock()
-        point: dict[str, Any] = {"t": round(now - self._t0, 1), "spent": round(self.budget.spent, 6)}
+        gate: GatePoint | None = None
         if self.gate is not None and self._last is not None:
             snap = self.gate.snapshot()
             then, prev = self._last
@@ -45,12 +45,12 @@ class RunMonitor:
                            (snap.overloaded - prev.overloaded) * per_min)
             self._last = (now, snap)
             self.min_limit = min(self.min_limit, snap.limit)
-            point.update(limit=snap.limit, in_flight=snap.in_flight, waiting=snap.waiting,
-                         requests_per_min=round(self._rates[0], 1), tokens_per_min=round(self._rates[1]),
-                         rate_limited_per_min=round(self._rates[2], 1))
+            gate = GatePoint(limit=snap.limit, in_flight=snap.in_flight, waiting=snap.waiting,
+                             requests_per_min=round(self._rates[0], 1), tokens_per_min=round(self._rates[1]),
+                             rate_limited_per_min=round(self._rates[2], 1))
         if now - self._t0 - self._last_record >= self._record_every:
             self._last_record = now - self._t0
-            self.series.append(point)
+            self.series.append(SeriesPoint(round(now - self._t0, 1), round(self.budget.spent, 6), gate))
             if len(self.series) > MAX_POINTS:
                 self.series = self.series[::2]
                 self._record_every *= 2
@@ -73,20 +73,19 @@ class RunMonitor:
         parts.append(spend + (f" of ${b.limit:.2f} budget" if b.limit is not None else ""))
         return " | ".join(parts)
 
-    def statistics(self) -> dict[str, Any]:
-        """The `spend` and `concurrency` sections of statistics.json."""
+    def spend(self) -> SpendFigures:
+        """The `spend` section of statistics.json."""
         b = self.budget
-        out: dict[str, Any] = {"spend": {
-            "spent": round(b.spent, 6), "this_invocation": round(b.spent_now, 6), "max_cost": b.limit,
-            "budget_reached": b.reached, "average_per_sample": None if b.average() is None else round(b.average() or 0, 6),
-        }}
+        average = b.average()
+        return SpendFigures(spent=round(b.spent, 6), this_invocation=round(b.spent_now, 6), max_cost=b.limit,
+                            budget_reached=b.reached,
+                            average_per_sample=None if average is None else round(average or 0, 6))
+
+    def concurrency(self) -> ConcurrencyFigures | ConcurrencyNote:
+        """The `concurrency` section of statistics.json."""
         if self.gate is None:
-            out["concurrency"] = {"note": "not collected: with --executor ray each actor adapts on its own"}
-            return out
+            return ConcurrencyNote("not collected: with --executor ray each actor adapts on its own")
         snap = self.gate.snapshot()
-        out["concurrency"] = {
-            "adaptive": self.gate.adaptive, "ceiling": snap.ceiling, "final_limit": snap.limit,
-            "min_limit": self.min_limit, "requests": snap.requests, "ok": snap.ok, "rate_limited": snap.overloaded,
-            "series": self.series,
-        }
-        return out
+        return ConcurrencyFigures(adaptive=self.gate.adaptive, ceiling=snap.ceiling, final_limit=snap.limit,
+                                  min_limit=self.min_limit, requests=snap.requests, ok=snap.ok,
+                                  rate_limited=snap.overloaded, series=self.series)

@@ -1,8 +1,10 @@
 """Run statistics (pure aggregation) and their table.
 
-`Totals` accumulates over trajectory records and outcomes. The run-wide figures are rebuilt at
-the end from every batch file plus the checkpoint, so a resumed run reports the whole run; the
-last invocation's figures come from the outcomes it produced.
+`Totals` accumulates over trajectory records and outcomes, and gives its figures as a typed
+runner.figures.RunFigures (`figures`) or as their JSON (`as_dict`, for the viewer and the
+exporter). The run-wide figures are rebuilt at the end from every batch file plus the checkpoint,
+so a resumed run reports the whole run; the last invocation's figures come from the outcomes it
+produced.
 """
 
 from __future__ import annotations
@@ -11,8 +13,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from trajforge.sample.outcome import FAILURE_CLASSES
+from trajforge.runner.figures import (
+    ReasoningFigures, RunFigures, SampleCounts, Statistics, TokenFigures, ToolFigures,
+)
 from trajforge.runner.verify_stats import VerifyTotals, table_rows
+from trajforge.sample.outcome import FAILURE_CLASSES
 
 
 EXIT_SAMPLES_FAILED = 3  # the run finished, but too many samples ended failed (--fail_on_error)
@@ -71,78 +76,63 @@ class Totals:
         self.turns_with_reasoning += int(r.get("turns_with_reasoning", 0))
         self.verify.add(rec)
 
-    def as_dict(self, *, total: int | None = None, seconds: float | None = None) -> dict[str, Any]:
-        tools = {
-            name: {"count": c, "success": s, "failure": f,
-                   "success_rate": round(s / c, 4) if c else None,
-                   "failure_rate": round(f / c, 4) if c else None}
-            for name, (c, s, f) in sorted(self.tools.items())
-        }
+    def figures(self, *, total: int | None = None, seconds: float | None = None) -> RunFigures:
+        """`total`: the samples there are (None: not known); `seconds`: their duration, if any."""
         turns = self.assistant_turns
-        out: dict[str, Any] = {
-            "samples": {
-                "total": total,
-                "finished": self.finished,
-                "completed": self.completed,
-                "partial": self.partial,
-                "failed": sum(self.failed.values()),
-                "failed_by_class": {c: self.failed.get(c, 0) for c in FAILURE_CLASSES},
-                "discarded": sum(self.discarded.values()),
-                "discarded_by_reason": dict(sorted(self.discarded.items())),
-            },
-            "tools": tools,
-            "reasoning": {
-                "assistant_turns": turns,
-                "with_reasoning": self.turns_with_reasoning,
-                "without_reasoning": turns - self.turns_with_reasoning,
-                "coverage": round(self.turns_with_reasoning / turns, 4) if turns else None,
-            },
-            "api_calls": self.api_calls,
-            "tokens": {"prompt": self.prompt_tokens, "completion": self.completion_tokens,
-                       "reasoning": self.reasoning_tokens,
-                       "total": self.prompt_tokens + self.completion_tokens},
-            "cost": round(self.cost, 6),
-            "verification": self.verify.as_dict(self.cost),
-        }
-        if seconds is not None:
-            out["duration_seconds"] = round(seconds, 3)
-            out["throughput_samples_per_minute"] = round(60 * self.finished / seconds, 2) if seconds > 0 else None
-        if self.per_worker:
-            out["per_worker"] = dict(sorted(self.per_worker.items()))
-        return out
+        rate = round(60 * self.finished / seconds, 2) if seconds is not None and seconds > 0 else None
+        return RunFigures(
+            samples=SampleCounts(
+                total=total, finished=self.finished, completed=self.completed, partial=self.partial,
+                failed=sum(self.failed.values()), failed_by_class={c: self.failed.get(c, 0) for c in FAILURE_CLASSES},
+                discarded=sum(self.discarded.values()), discarded_by_reason=dict(sorted(self.discarded.items())),
+            ),
+            tools={name: ToolFigures(c, s, f, round(s / c, 4) if c else None, round(f / c, 4) if c else None)
+                   for name, (c, s, f) in sorted(self.tools.items())},
+            reasoning=ReasoningFigures(turns, self.turns_with_reasoning, turns - self.turns_with_reasoning,
+                                       round(self.turns_with_reasoning / turns, 4) if turns else None),
+            api_calls=self.api_calls,
+            tokens=TokenFigures(self.prompt_tokens, self.completion_tokens, self.reasoning_tokens,
+                                self.prompt_tokens + self.completion_tokens),
+            cost=round(self.cost, 6),
+            verification=self.verify.figures(self.cost),
+            duration_seconds=None if seconds is None else round(seconds, 3),
+            throughput_samples_per_minute=rate,  # None: no time at all
+            per_worker=dict(sorted(self.per_worker.items())) if self.per_worker else None,
+        )
+
+    def as_dict(self, *, total: int | None = None, seconds: float | None = None) -> dict[str, Any]:
+        """The figures as statistics.json writes them (the viewer and the exporter show this)."""
+        return self.figures(total=total, seconds=seconds).to_json()
 
 
-def render_table(stats: dict[str, Any]) -> Any:
-    """A rich renderable summarising statistics.json's run section."""
+def render_table(stats: Statistics) -> Any:
+    """A rich renderable summarising the run's statistics."""
     from rich.table import Table
 
-    run = stats["run"]
-    s = run["samples"]
-    table = Table(title=f"trajforge run '{stats['run_name']}'", show_header=True, header_style="bold")
+    run, s = stats.run, stats.run.samples
+    table = Table(title=f"trajforge run '{stats.run_name}'", show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
     rows = [
-        ("samples total", s["total"]), ("finished", s["finished"]),
-        ("  completed / partial", f"{s['completed']} / {s['partial']}"),
-        ("failed", s["failed"]), ("discarded", s["discarded"]),
+        ("samples total", s.total), ("finished", s.finished), ("  completed / partial", f"{s.completed} / {s.partial}"),
+        ("failed", s.failed), ("discarded", s.discarded),
     ]
-    rows += [(f"  failed: {k}", v) for k, v in s["failed_by_class"].items() if v]
-    rows += [(f"  discarded: {k}", v) for k, v in s["discarded_by_reason"].items() if v]
-    r = run["reasoning"]
-    cov = "-" if r["coverage"] is None else f"{100 * r['coverage']:.1f}%"
-    rows += [("reasoning coverage", cov), ("api calls", run["api_calls"]),
-             ("tokens (prompt/completion)", f"{run['tokens']['prompt']} / {run['tokens']['completion']}"),
-             ("cost", f"${run['cost']:.4f}"), ("duration (all invocations)", f"{run.get('duration_seconds', 0):.1f}s"),
-             ("throughput", f"{run.get('throughput_samples_per_minute') or 0:.1f} samples/min")]
-    rows += table_rows(run.get("verification") or {})
-    last = stats.get("last_invocation")
-    if last and stats.get("invocations", 1) > 1:
-        ls = last["samples"]
-        rows.append(("this invocation", f"{ls['finished']} finished, {ls['failed']} failed, "
-                                        f"{ls['discarded']} discarded in {last.get('duration_seconds', 0):.1f}s"))
-    for name, t in run["tools"].items():
-        if t["count"]:
-            rows.append((f"tool {name}", f"{t['count']} calls, {100 * (t['success_rate'] or 0):.0f}% ok"))
+    rows += [(f"  failed: {k}", v) for k, v in s.failed_by_class.items() if v]
+    rows += [(f"  discarded: {k}", v) for k, v in s.discarded_by_reason.items() if v]
+    cov = "-" if run.reasoning.coverage is None else f"{100 * run.reasoning.coverage:.1f}%"
+    rows += [("reasoning coverage", cov), ("api calls", run.api_calls),
+             ("tokens (prompt/completion)", f"{run.tokens.prompt} / {run.tokens.completion}"),
+             ("cost", f"${run.cost:.4f}"), ("duration (all invocations)", f"{run.duration_seconds or 0:.1f}s"),
+             ("throughput", f"{run.throughput_samples_per_minute or 0:.1f} samples/min")]
+    rows += table_rows(run.verification)
+    last = stats.last_invocation
+    if stats.invocations > 1:
+        ls = last.samples
+        rows.append(("this invocation", f"{ls.finished} finished, {ls.failed} failed, "
+                                        f"{ls.discarded} discarded in {last.duration_seconds or 0:.1f}s"))
+    for name, t in run.tools.items():
+        if t.count:
+            rows.append((f"tool {name}", f"{t.count} calls, {100 * (t.success_rate or 0):.0f}% ok"))
     for k, v in rows:
         table.add_row(k, str(v))
     return table

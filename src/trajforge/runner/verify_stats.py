@@ -1,4 +1,4 @@
-"""Verification statistics (pure aggregation over trajectory records).
+"""Verification statistics (pure aggregation over trajectory records), as runner.figures.VerifyFigures.
 
 Counted per rollout record: passed, failed, errors by kind (a verification that could not run)
 and unverified (the row asks for nothing). The pass rate is passes / (passes + fails): errors
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trajforge.dataset import split_rollout
+from trajforge.runner.figures import PassAtK, RowFigures, TaskTypeFigures, VerifyFigures
 from trajforge.verify.passk import mean_pass_at_k
 from trajforge.verify.result import ERROR_KINDS
 
@@ -56,31 +57,29 @@ class VerifyTotals:
             tt[1] += 1
             row[3] += 1
 
-    def as_dict(self, cost: float) -> dict[str, Any]:
+    def figures(self, cost: float) -> VerifyFigures:
         verdict_rows = [(r[3], r[2]) for r in self.rows.values()]
-        out: dict[str, Any] = {
-            "verified": self.passed + self.failed,
-            "passed": self.passed,
-            "failed": self.failed,
-            "pass_rate": _rate(self.passed, self.passed + self.failed),
-            "errors": sum(self.errors.values()),
-            "errors_by_kind": {kind: self.errors.get(kind, 0) for kind in
-                               (*ERROR_KINDS, *sorted(set(self.errors) - set(ERROR_KINDS)))},
-            "unverified": self.unverified,
-            "by_task_type": {name: {"passed": p, "failed": f, "errors": e, "pass_rate": _rate(p, p + f)}
-                             for name, (p, f, e) in sorted(self.by_type.items())},
-            "rows": len(self.rows),
-            "rows_solved": sum(1 for r in self.rows.values() if r[2]),
-            "pass_at_1": _round(mean_pass_at_k(verdict_rows, 1)),
-            "pass_at_k": {"k": self.k, "value": _round(mean_pass_at_k(verdict_rows, self.k))},
-            "skipped_solved": self.skipped_solved,
-            "not_kept": self.not_kept,
-            "cost_per_pass": round(cost / self.passed, 8) if self.passed else None,
-        }
-        if self.per_row and (self.k > 1 or self.passed or self.failed or self.errors):
-            out["per_row"] = [{"prompt_index": i, "rollouts": n, "passes": c, "verdicts": v}
-                              for i, n, c, v in sorted(self.rows.values())]
-        return out
+        listed = self.per_row and (self.k > 1 or self.passed or self.failed or self.errors)
+        return VerifyFigures(
+            verified=self.passed + self.failed,
+            passed=self.passed,
+            failed=self.failed,
+            pass_rate=_rate(self.passed, self.passed + self.failed),
+            errors=sum(self.errors.values()),
+            errors_by_kind={kind: self.errors.get(kind, 0) for kind in
+                            (*ERROR_KINDS, *sorted(set(self.errors) - set(ERROR_KINDS)))},
+            unverified=self.unverified,
+            by_task_type={name: TaskTypeFigures(p, f, e, _rate(p, p + f))
+                          for name, (p, f, e) in sorted(self.by_type.items())},
+            rows=len(self.rows),
+            rows_solved=sum(1 for r in self.rows.values() if r[2]),
+            pass_at_1=_round(mean_pass_at_k(verdict_rows, 1)),
+            pass_at_k=PassAtK(self.k, _round(mean_pass_at_k(verdict_rows, self.k))),
+            skipped_solved=self.skipped_solved,
+            not_kept=self.not_kept,
+            cost_per_pass=round(cost / self.passed, 8) if self.passed else None,
+            per_row=[RowFigures(i, n, c, v) for i, n, c, v in sorted(self.rows.values())] if listed else None,
+        )
 
 
 def _rate(num: int, den: int) -> float | None:
@@ -91,22 +90,21 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 6)
 
 
-def table_rows(v: dict[str, Any]) -> list[tuple[str, str]]:
+def table_rows(v: VerifyFigures) -> list[tuple[str, str]]:
     """Rows of the end-of-run table (nothing when no record asked for verification)."""
-    if not v or (not v["verified"] and not v["errors"]):
+    if not v.verified and not v.errors:
         return []
-    rate = "-" if v["pass_rate"] is None else f"{100 * v['pass_rate']:.1f}%"
-    rows = [("verified: passed / failed", f"{v['passed']} / {v['failed']} ({rate})")]
-    rows += [(f"  pass rate {name}", f"{t['passed']}/{t['passed'] + t['failed']}")
-             for name, t in v["by_task_type"].items() if name != NO_TASK_TYPE or len(v["by_task_type"]) > 1]
-    pk = v["pass_at_k"]
+    rate = "-" if v.pass_rate is None else f"{100 * v.pass_rate:.1f}%"
+    rows = [("verified: passed / failed", f"{v.passed} / {v.failed} ({rate})")]
+    rows += [(f"  pass rate {name}", f"{t.passed}/{t.passed + t.failed}")
+             for name, t in v.by_task_type.items() if name != NO_TASK_TYPE or len(v.by_task_type) > 1]
     fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
-    rows.append((f"pass@1 / pass@{pk['k']} ({v['rows']} rows)", f"{fmt(v['pass_at_1'])} / {fmt(pk['value'])}"))
-    rows += [(f"  verification error: {k}", str(n)) for k, n in v["errors_by_kind"].items() if n]
-    if v["skipped_solved"]:
-        rows.append(("rollouts skipped (solved)", str(v["skipped_solved"])))
-    if v["not_kept"]:
-        rows.append(("not kept (--keep passed)", str(v["not_kept"])))
-    if v["cost_per_pass"] is not None:
-        rows.append(("cost per passing trajectory", f"${v['cost_per_pass']:.4f}"))
+    rows.append((f"pass@1 / pass@{v.pass_at_k.k} ({v.rows} rows)", f"{fmt(v.pass_at_1)} / {fmt(v.pass_at_k.value)}"))
+    rows += [(f"  verification error: {k}", str(n)) for k, n in v.errors_by_kind.items() if n]
+    if v.skipped_solved:
+        rows.append(("rollouts skipped (solved)", str(v.skipped_solved)))
+    if v.not_kept:
+        rows.append(("not kept (--keep passed)", str(v.not_kept)))
+    if v.cost_per_pass is not None:
+        rows.append(("cost per passing trajectory", f"${v.cost_per_pass:.4f}"))
     return rows

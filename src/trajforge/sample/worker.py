@@ -25,6 +25,7 @@ from trajforge.dataset import Sample
 from trajforge.errors import FatalModelError, SampleFailure, UsageError
 from trajforge.model.types import ModelClient
 from trajforge.sample.outcome import Outcome, batch_number
+from trajforge.sample.settings import tool_settings
 from trajforge.sample.trace import tracer
 from trajforge.sandbox.base import Sandbox
 from trajforge.sandbox.factory import SandboxProvider
@@ -43,6 +44,7 @@ class SampleWorker:
     def __init__(self, config: RunConfig, *, prefill: list[dict[str, Any]] | None = None,
                  worker_id: str = "local", workspace_root: Path | None = None) -> None:
         self.config = config
+        self.tool_settings = tool_settings(config)
         self.prefill = prefill
         self.worker_id = worker_id
         self.distribution = config.all_distributions()[config.distribution]
@@ -61,7 +63,7 @@ class SampleWorker:
         self.model = model or make_client(self.config.model_settings())
         self.verifier = Verifier(self.config, self.model)
         wanted = [ts for ts, p in self.distribution.probabilities.items() if p > 0]
-        self.toolsets, self.unavailable = await build_toolsets(wanted, self.config)
+        self.toolsets, self.unavailable = await build_toolsets(wanted, self.tool_settings)
         if not self.toolsets:  # every sample would get no tool at all: refuse rather than run blind
             why = "; ".join(f"{u.toolset}: {u.reason}" for u in self.unavailable)
             raise UsageError(f"--distribution {self.distribution.name}: none of its toolsets can be offered "
@@ -147,7 +149,7 @@ class SampleWorker:
         eager = sample.image is not None or self.config.sandbox == "container"
         sandbox = await create() if eager else LazySandbox(create)
         try:
-            ctx = ToolContext(sandbox, self.config, sample.identity)
+            ctx = ToolContext(sandbox, self.tool_settings, sample.identity)
             async with asyncio.timeout(self.config.timeout) as limit, ctx.cleanup:
                 session = await run_session(
                     sample.prompt, self.model, tools, ctx, max_turns=self.config.max_turns,

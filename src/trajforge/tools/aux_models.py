@@ -1,4 +1,4 @@
-"""Model endpoints used *by tools* (vision, moa, image_gen), derived from the run's settings.
+"""Model endpoints used *by tools* (vision, moa, image_gen), derived from the run's model settings.
 
 A tool's endpoint defaults to the run's: --base_url (None = the client's default remote API)
 and the run's key lookup (--api_key, then $OPENROUTER_API_KEY, $OPENAI_API_KEY, as in
@@ -22,8 +22,8 @@ from trajforge.model.factory import is_local_model, is_loopback, make_client, re
 from trajforge.model.types import ModelClient, Usage
 
 if TYPE_CHECKING:
-    from trajforge.config import RunConfig
     from trajforge.tools.base import ToolContext
+    from trajforge.tools.settings import ToolSettings
 
 NO_KEY = "no-key"  # loopback servers accept any key; the SDK insists on one
 
@@ -32,25 +32,24 @@ class ToolUnavailable(Exception):
     """The tool's endpoint cannot work in this run; the message says why and how to fix it."""
 
 
-def endpoint_url(config: RunConfig, base_url: str | None) -> str:
-    return (base_url or config.base_url or DEFAULT_BASE_URL).rstrip("/")
+def endpoint_url(settings: ToolSettings, base_url: str | None) -> str:
+    return (base_url or settings.model.base_url or DEFAULT_BASE_URL).rstrip("/")
 
 
-def is_default_endpoint(config: RunConfig, base_url: str | None) -> bool:
-    return endpoint_url(config, base_url) == DEFAULT_BASE_URL.rstrip("/")
+def is_default_endpoint(settings: ToolSettings, base_url: str | None) -> bool:
+    return endpoint_url(settings, base_url) == DEFAULT_BASE_URL.rstrip("/")
 
 
-def endpoint_key(config: RunConfig, section: str, base_url: str | None, api_key_env: str | None,
+def endpoint_key(settings: ToolSettings, section: str, base_url: str | None, api_key_env: str | None,
                  environ: Mapping[str, str] = os.environ) -> str:
     """The key for a tool endpoint; ToolUnavailable when a remote endpoint has none."""
-    url = endpoint_url(config, base_url)
+    url = endpoint_url(settings, base_url)
     if api_key_env:
         own = environ.get(api_key_env, "").strip()
         if not own:
             raise ToolUnavailable(f"tools.{section}.api_key_env names ${api_key_env}, which is not set")
         return own
-    explicit = config.api_key.get_secret_value() if config.api_key else None
-    key = resolve_api_key(explicit, environ)
+    key = resolve_api_key(settings.model.api_key, environ)
     if key is None:
         if is_loopback(url):
             return NO_KEY
@@ -59,18 +58,18 @@ def endpoint_key(config: RunConfig, section: str, base_url: str | None, api_key_
     return key
 
 
-def tool_client(config: RunConfig, section: str, *, model: str, base_url: str | None, api_key_env: str | None,
+def tool_client(settings: ToolSettings, section: str, *, model: str, base_url: str | None, api_key_env: str | None,
                 max_tokens: int | None, temperature: float | None, timeout: float,
                 environ: Mapping[str, str] = os.environ) -> ModelClient:
     """A chat client for `model` on the tool's endpoint. Raises ToolUnavailable."""
     if is_local_model(model):
         raise ToolUnavailable(f"tools.{section} needs an OpenAI-compatible API, but its model is the in-process "
                               f"local model ({model}); set tools.{section}.base_url and a model it serves")
-    key = endpoint_key(config, section, base_url, api_key_env, environ)
-    run = config.model_settings()
-    same_model = model == run.model and endpoint_url(config, base_url) == endpoint_url(config, None)
-    settings = dataclasses.replace(
-        run, model=model, base_url=endpoint_url(config, base_url), api_key=key, max_tokens=max_tokens,
+    key = endpoint_key(settings, section, base_url, api_key_env, environ)
+    run = settings.model
+    same_model = model == run.model and endpoint_url(settings, base_url) == endpoint_url(settings, None)
+    client_settings = dataclasses.replace(
+        run, model=model, base_url=endpoint_url(settings, base_url), api_key=key, max_tokens=max_tokens,
         temperature=temperature, request_timeout=timeout,
         max_retries=RetryPolicy(run.max_retries).for_tool().max_retries,  # the agent waits on a tool call
         # Provider routing names providers of the run's model; for another model it may match none.
@@ -80,7 +79,7 @@ def tool_client(config: RunConfig, section: str, *, model: str, base_url: str | 
         provider_sort=run.provider_sort if same_model else None,
     )
     try:
-        return make_client(settings, environ)
+        return make_client(client_settings, environ)
     except UsageError as e:
         raise ToolUnavailable(str(e)) from None
 

@@ -17,8 +17,8 @@ from trajforge.errors import SampleFailure
 from trajforge.jsonio import dumps_str
 
 if TYPE_CHECKING:
-    from trajforge.config import RunConfig
     from trajforge.sandbox.base import Sandbox
+    from trajforge.tools.settings import ToolSettings
 
 
 class ToolInfraError(SampleFailure):
@@ -29,10 +29,10 @@ class ToolInfraError(SampleFailure):
 
 @dataclass
 class ToolContext:
-    """What a tool call may touch: this sample's sandbox and per-sample state, and run config."""
+    """What a tool call may touch: this sample's sandbox and per-sample state, and the run's tool settings."""
 
     sandbox: Sandbox
-    config: RunConfig
+    settings: ToolSettings
     sample_identity: str = ""
     # Per-sample state owned by toolsets (process table, browser page, ...), keyed by toolset name.
     state: dict[str, Any] = field(default_factory=dict)

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 from trajforge.tools.base import Toolset, Unavailable
 
 if TYPE_CHECKING:
-    from trajforge.config import RunConfig
-    from trajforge.tools.browser_session import BrowserBackend
     from trajforge.catalog.settings import BrowserSettings
+    from trajforge.tools.browser_session import BrowserBackend
     from trajforge.tools.egress_proxy import EgressProxy
+    from trajforge.tools.settings import ToolSettings
 
 NAME = "browser"
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -65,9 +65,9 @@ def find_chromium(settings: BrowserSettings) -> Path | None:
     return None
 
 
-async def build(config: RunConfig) -> BrowserToolset | Unavailable:
-    settings = config.tools.browser
-    if config.sandbox_network == "none":
+async def build(run: ToolSettings) -> BrowserToolset | Unavailable:
+    settings = run.sections.browser
+    if not run.fetch_model_urls:
         return Unavailable(NAME, "--sandbox_network none: the browser would fetch model-chosen URLs")
     executable = find_chromium(settings)
     if executable is None:
@@ -84,7 +84,7 @@ async def build(config: RunConfig) -> BrowserToolset | Unavailable:
     from trajforge.tools.egress import policy_for
     from trajforge.tools.egress_proxy import EgressProxy
 
-    proxy = EgressProxy(policy_for(config))
+    proxy = EgressProxy(policy_for(run))
     proxy_url = await proxy.start()
     playwright = await async_playwright().start()
     try:

@@ -17,13 +17,16 @@ import asyncio
 import ipaddress
 import socket
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpcore
 import httpx
 
 from trajforge.netpolicy import Policy, make_policy
+
+if TYPE_CHECKING:
+    from trajforge.tools.settings import ToolSettings
 
 CONNECT_TIMEOUT = 10.0
 
@@ -32,10 +35,9 @@ class EgressRefused(httpcore.ConnectError):
     """A destination the policy refuses; its message is meant for the model."""
 
 
-def policy_for(config: Any, extra_hosts: Iterable[str] = ()) -> Policy:
+def policy_for(settings: ToolSettings, extra_hosts: Iterable[str] = ()) -> Policy:
     """The run's policy: `network.allow` plus `extra_hosts` (a configured endpoint's host)."""
-    allow = list(config.network.allow) if config is not None else []
-    return make_policy([*allow, *extra_hosts])
+    return make_policy([*settings.network_allow, *extra_hosts])
 
 
 async def resolve_checked(host: str, port: int, policy: Policy, timeout: float = CONNECT_TIMEOUT) -> list[str]:

@@ -20,7 +20,7 @@ from trajforge.sandbox.fsops import SKIP_DIRS
 from trajforge.tools.base import Tool, ToolContext, ToolInfraError, Toolset, error, ok
 
 if TYPE_CHECKING:
-    from trajforge.config import RunConfig
+    from trajforge.tools.settings import ToolSettings
 
 MAX_READ_BYTES = 256 << 20  # beyond this, reading (even counting lines) is a job for `sed -n`
 MAX_READ_CHARS = 100_000  # content returned by one read_file call
@@ -292,5 +292,5 @@ class SearchFilesTool(_FileTool):
         return ok(**{key: found}, count=len(found), truncated=more, **hint)
 
 
-async def build(config: RunConfig) -> Toolset:
+async def build(run: ToolSettings) -> Toolset:
     return Toolset("file", [ReadFileTool(), WriteFileTool(), PatchTool(), SearchFilesTool()])

@@ -33,7 +33,7 @@ from trajforge.catalog.settings import ImageGenSettings
 from trajforge.tools.vision import image_mime
 
 if TYPE_CHECKING:
-    from trajforge.config import RunConfig
+    from trajforge.tools.settings import ToolSettings
 
 _EXT = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp"}
 _SLUG = re.compile(r"[^a-z0-9]+")
@@ -154,17 +154,17 @@ class ImageGenerateTool(Tool):
         return fetched.body
 
 
-async def build(config: RunConfig) -> ImageGenToolset | Unavailable:
-    settings = config.tools.image_gen
-    if not (settings.base_url or config.base_url):
+async def build(run: ToolSettings) -> ImageGenToolset | Unavailable:
+    settings = run.sections.image_gen
+    if not (settings.base_url or run.model.base_url):
         return Unavailable("image_gen", "no images endpoint configured: set tools.image_gen.base_url (an "
                                         "OpenAI-compatible API serving /images/generations) or --base_url")
-    base_url = endpoint_url(config, settings.base_url)
+    base_url = endpoint_url(run, settings.base_url)
     try:
-        key = endpoint_key(config, "image_gen", settings.base_url, settings.api_key_env)
+        key = endpoint_key(run, "image_gen", settings.base_url, settings.api_key_env)
     except ToolUnavailable as e:
         return Unavailable("image_gen", str(e))
     # The SDK's own retries are off: the one policy (model.retry) retries, as for every model call.
     api = AsyncOpenAI(api_key=key, base_url=base_url, timeout=settings.timeout, max_retries=0)
-    return ImageGenToolset(settings, api, base_url, key, RetryPolicy(config.max_retries).for_tool(),
-                           policy_for(config, [urlsplit(base_url).hostname or ""]))
+    return ImageGenToolset(settings, api, base_url, key, RetryPolicy(run.model.max_retries).for_tool(),
+                           policy_for(run, [urlsplit(base_url).hostname or ""]))

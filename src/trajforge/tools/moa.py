@@ -24,7 +24,7 @@ from trajforge.tools.base import Tool, ToolContext, Toolset, Unavailable, error,
 from trajforge.catalog.settings import MoaSettings
 
 if TYPE_CHECKING:
-    from trajforge.config import RunConfig
+    from trajforge.tools.settings import ToolSettings
 
 # OpenRouter model names: four strong models from different families, for diverse answers.
 DEFAULT_REFERENCE_MODELS = ("anthropic/claude-sonnet-4.6", "google/gemini-2.5-pro", "openai/gpt-5",
@@ -109,24 +109,24 @@ async def _ask(client: ModelClient, messages: list[dict[str, Any]]) -> Completio
     return completion
 
 
-async def build(config: RunConfig) -> MoaToolset | Unavailable:
-    settings = config.tools.moa
+async def build(run: ToolSettings) -> MoaToolset | Unavailable:
+    settings = run.sections.moa
     if settings.reference_models is not None:
         reference_models = list(settings.reference_models)
-    elif is_default_endpoint(config, settings.base_url):
+    elif is_default_endpoint(run, settings.base_url):
         reference_models = list(DEFAULT_REFERENCE_MODELS)
     else:
-        reference_models = [config.model] * 3
+        reference_models = [run.model.model] * 3
     if not reference_models:
         return Unavailable("moa", "tools.moa.reference_models is empty")
     if settings.min_successes > len(reference_models):
         return Unavailable("moa", f"tools.moa.min_successes ({settings.min_successes}) exceeds the "
                                   f"{len(reference_models)} reference models")
-    aggregator_model = settings.aggregator_model or config.model
+    aggregator_model = settings.aggregator_model or run.model.model
     clients: list[ModelClient] = []
 
     def client(model: str, temperature: float, max_tokens: int | None) -> ModelClient:
-        made = tool_client(config, "moa", model=model, base_url=settings.base_url, api_key_env=settings.api_key_env,
+        made = tool_client(run, "moa", model=model, base_url=settings.base_url, api_key_env=settings.api_key_env,
                            max_tokens=max_tokens, temperature=temperature, timeout=settings.timeout)
         clients.append(made)
         return made

@@ -1,8 +1,9 @@
 """Building the toolsets of a run from their declarations (trajforge.catalog.TOOLSETS).
 
-Each toolset lives in its own module exposing `build(config) -> Toolset | Unavailable`; modules
-are imported only when a run samples their toolset, so heavy backends (Playwright) cost nothing
-otherwise. KNOWN_TOOLS is fixed (SPEC section 4) so every trajectory has the same stats schema.
+Each toolset lives in its own module exposing `build(settings) -> Toolset | Unavailable`, where
+settings is the run's ToolSettings (tools/settings.py); modules are imported only when a run
+samples their toolset, so heavy backends (Playwright) cost nothing otherwise. KNOWN_TOOLS is
+fixed (SPEC section 4) so every trajectory has the same stats schema.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from trajforge.catalog import KNOWN_TOOLS, TOOLSET_TOOLS, TOOLSETS
 from trajforge.tools.base import Tool, Toolset, Unavailable
 
 if TYPE_CHECKING:
-    from trajforge.config import RunConfig
+    from trajforge.tools.settings import ToolSettings
 
 __all__ = ["KNOWN_TOOLS", "TOOLSET_TOOLS", "build_toolsets", "tools_for"]
 
 
-async def build_toolsets(names: list[str], config: RunConfig) -> tuple[dict[str, Toolset], list[Unavailable]]:
+async def build_toolsets(names: list[str], settings: ToolSettings) -> tuple[dict[str, Toolset], list[Unavailable]]:
     """Build each named toolset once per run; report the ones that cannot be offered and why."""
     ready: dict[str, Toolset] = {}
     missing: list[Unavailable] = []
@@ -30,7 +31,7 @@ async def build_toolsets(names: list[str], config: RunConfig) -> tuple[dict[str,
         except ModuleNotFoundError as e:  # an optional extra of this toolset is not installed
             missing.append(Unavailable(name, f"backend not installed ({e.name})"))
             continue
-        built = await getattr(module, function)(config)
+        built = await getattr(module, function)(settings)
         if isinstance(built, Unavailable):
             missing.append(built)
         else:

@@ -22,7 +22,7 @@ from trajforge.sandbox.process import cap_text, truncation_marker
 from trajforge.tools.base import Tool, ToolContext, ToolInfraError, Toolset, error, ok
 
 if TYPE_CHECKING:
-    from trajforge.config import RunConfig
+    from trajforge.tools.settings import ToolSettings
 
 OUTPUT_CAP = 50_000  # bytes of output returned per call
 MAX_RUNNING_JOBS = 16
@@ -133,7 +133,7 @@ class TerminalTool(Tool):
         command = _str_arg(args, "command")
         if command is None:
             return error("'command' must be a non-empty string")
-        limit = ctx.config.tool_timeout
+        limit = ctx.settings.tool_timeout
         timeout = args.get("timeout")
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
@@ -201,5 +201,5 @@ class ProcessTool(Tool):
         return ok(**job.status(), output=output)
 
 
-async def build(config: RunConfig) -> Toolset:
+async def build(run: ToolSettings) -> Toolset:
     return Toolset("terminal", [TerminalTool(), ProcessTool()])

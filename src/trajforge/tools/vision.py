@@ -27,7 +27,7 @@ from trajforge.catalog.settings import VisionSettings
 from trajforge.tools.egress import policy_for
 
 if TYPE_CHECKING:
-    from trajforge.config import RunConfig
+    from trajforge.tools.settings import ToolSettings
 
 _MAGIC = ((b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8\xff", "image/jpeg"), (b"GIF87a", "image/gif"),
           (b"GIF89a", "image/gif"))
@@ -140,11 +140,11 @@ class VisionAnalyzeTool(Tool):
         return data_url(data, mime)
 
 
-def vision_client(config: RunConfig) -> tuple[ModelClient, str]:
+def vision_client(run: ToolSettings) -> tuple[ModelClient, str]:
     """The run's vision model client and model name; ToolUnavailable when it could only fail."""
-    settings = config.tools.vision
-    model = settings.model or config.model
-    client = tool_client(config, "vision", model=model, base_url=settings.base_url,
+    settings = run.sections.vision
+    model = settings.model or run.model.model
+    client = tool_client(run, "vision", model=model, base_url=settings.base_url,
                          api_key_env=settings.api_key_env, max_tokens=settings.max_tokens,
                          temperature=None, timeout=settings.timeout)
     return client, model
@@ -166,10 +166,10 @@ async def ask(client: ModelClient, model: str, url: str, question: str, ctx: Too
     return ok(analysis=completion.content, **extra, model=model)
 
 
-async def build(config: RunConfig) -> VisionToolset | Unavailable:
+async def build(run: ToolSettings) -> VisionToolset | Unavailable:
     try:
-        client, model = vision_client(config)
+        client, model = vision_client(run)
     except ToolUnavailable as e:
         return Unavailable("vision", str(e))
-    policy = None if config.sandbox_network == "none" else policy_for(config)
-    return VisionToolset(config.tools.vision, client, model, policy)
+    policy = policy_for(run) if run.fetch_model_urls else None
+    return VisionToolset(run.sections.vision, client, model, policy)

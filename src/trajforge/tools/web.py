@@ -28,7 +28,7 @@ from trajforge.tools.web_content import Page, extract
 from trajforge.tools.web_search import SearchError, SearchProvider, choose_provider
 
 if TYPE_CHECKING:
-    from trajforge.config import RunConfig
+    from trajforge.tools.settings import ToolSettings
 
 
 class WebToolset(Toolset):
@@ -129,12 +129,12 @@ class WebExtractTool(Tool):
         return await asyncio.to_thread(extract, fetched, settings.max_chars)
 
 
-async def build(config: RunConfig, environ: Mapping[str, str] | None = None) -> WebToolset | Unavailable:
+async def build(run: ToolSettings, environ: Mapping[str, str] | None = None) -> WebToolset | Unavailable:
     """The web toolset when a search provider is configured, else Unavailable saying how to add one."""
-    settings = config.tools.web
+    settings = run.sections.web
     provider = choose_provider(settings, os.environ if environ is None else environ)
     if isinstance(provider, str):
         return Unavailable("web", provider)
-    no_net = config.sandbox_network == "none"  # model-chosen URLs are not fetched at all then
-    return WebToolset(settings, provider, None if no_net else policy_for(config))
+    # Under --sandbox_network none model-chosen URLs are not fetched at all: no web_extract policy.
+    return WebToolset(settings, provider, policy_for(run) if run.fetch_model_urls else None)
 

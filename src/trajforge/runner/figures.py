@@ -1,0 +1,219 @@
+"""The typed sections of statistics.json, and their one conversion to JSON (`to_json`).
+
+Built once at the end of an invocation (runner.report), by Totals.figures (samples, tools,
+reasoning, tokens, cost), VerifyTotals.figures (verification) and RunMonitor (spend, concurrency);
+read back by the end-of-run table. Each record's `to_json` is the file's layout: the fields by
+name, in order, except where a record says otherwise (keys written only in some runs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+class Record:
+    """A section: `to_json` is its fields by name, nested sections converted too."""
+
+    __slots__ = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return _fields(self)
+
+
+def _fields(record: Record, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {f.name: _json(getattr(record, f.name)) for f in fields(record) if f.name not in skip}  # type: ignore[arg-type]
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, Record):
+        return value.to_json()
+    if isinstance(value, dict):
+        return {k: _json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class SampleCounts(Record):
+    total: int | None  # None: not known (the last invocation's figures)
+    finished: int
+    completed: int
+    partial: int
+    failed: int
+    failed_by_class: dict[str, int]
+    discarded: int
+    discarded_by_reason: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFigures(Record):
+    count: int
+    success: int
+    failure: int
+    success_rate: float | None
+    failure_rate: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningFigures(Record):
+    assistant_turns: int
+    with_reasoning: int
+    without_reasoning: int
+    coverage: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenFigures(Record):
+    prompt: int
+    completion: int
+    reasoning: int
+    total: int
+
+
+@dataclass(frozen=True, slots=True)
+class TaskTypeFigures(Record):
+    passed: int
+    failed: int
+    errors: int
+    pass_rate: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class PassAtK(Record):
+    k: int
+    value: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class RowFigures:
+    prompt_index: int
+    rollouts: int
+    passes: int
+    verdicts: int
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyFigures(Record):
+    verified: int
+    passed: int
+    failed: int
+    pass_rate: float | None
+    errors: int
+    errors_by_kind: dict[str, int]
+    unverified: int
+    by_task_type: dict[str, TaskTypeFigures]
+    rows: int
+    rows_solved: int
+    pass_at_1: float | None
+    pass_at_k: PassAtK
+    skipped_solved: int
+    not_kept: int
+    cost_per_pass: float | None
+    per_row: list[RowFigures] | None = None  # None: not listed (no verdicts, or not the run's figures)
+
+    def to_json(self) -> dict[str, Any]:
+        out = _fields(self, ("per_row",))
+        if self.per_row is not None:  # one per dataset row: built inline, not by the generic walk
+            out["per_row"] = [{"prompt_index": r.prompt_index, "rollouts": r.rollouts, "passes": r.passes,
+                               "verdicts": r.verdicts} for r in self.per_row]
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class RunFigures(Record):
+    """The figures of a set of samples: the whole run's, or the last invocation's."""
+
+    samples: SampleCounts
+    tools: dict[str, ToolFigures]
+    reasoning: ReasoningFigures
+    api_calls: int
+    tokens: TokenFigures
+    cost: float
+    verification: VerifyFigures
+    # Written only when the figures have a duration (then throughput too, None for no time at all).
+    duration_seconds: float | None = None
+    throughput_samples_per_minute: float | None = None
+    per_worker: dict[str, int] | None = None  # written only when samples were counted by worker
+
+    def to_json(self) -> dict[str, Any]:
+        skip = () if self.duration_seconds is not None else ("duration_seconds", "throughput_samples_per_minute")
+        return _fields(self, skip if self.per_worker else (*skip, "per_worker"))
+
+
+@dataclass(frozen=True, slots=True)
+class MergeFigures(Record):
+    written: int
+    hallucinated_filtered: int
+    duplicates_ignored: int
+    not_in_dataset: int
+    not_kept: int
+    problems: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class SpendFigures(Record):
+    spent: float
+    this_invocation: float
+    max_cost: float | None
+    budget_reached: bool
+    average_per_sample: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class GatePoint(Record):
+    limit: int
+    in_flight: int
+    waiting: int
+    requests_per_min: float
+    tokens_per_min: int
+    rate_limited_per_min: float
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesPoint(Record):
+    """One reading of the monitor: seconds since the start, USD spent, the gate's state if any."""
+
+    t: float
+    spent: float
+    gate: GatePoint | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"t": self.t, "spent": self.spent, **(self.gate.to_json() if self.gate is not None else {})}
+
+
+@dataclass(frozen=True, slots=True)
+class ConcurrencyFigures(Record):
+    adaptive: bool
+    ceiling: int
+    final_limit: int
+    min_limit: int
+    requests: int
+    ok: int
+    rate_limited: int
+    series: list[SeriesPoint]
+
+
+@dataclass(frozen=True, slots=True)
+class ConcurrencyNote(Record):
+    """In place of ConcurrencyFigures where the runner has no gate of its own (Ray)."""
+
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
+class Statistics(Record):
+    """statistics.json."""
+
+    run_name: str | None
+    model: str
+    distribution: str
+    sandbox: str
+    dataset_file: str
+    invocations: int
+    run: RunFigures
+    last_invocation: RunFigures
+    merge: MergeFigures
+    spend: SpendFigures
+    concurrency: ConcurrencyFigures | ConcurrencyNote

@@ -1,0 +1,88 @@
+"""The end of an invocation: the merge, statistics.json rebuilt from disk, the summary table and
+the exit code that failed samples give.
+
+The run's figures come from every batch file (through the merge) plus the checkpoint, which alone
+knows the failed and discarded samples; the last invocation's come from its outcomes. They are
+kept typed (runner.figures.Statistics) and become JSON only where statistics.json is written.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from trajforge.config import RunConfig
+from trajforge.dataset import Sample
+from trajforge.errors import OutputError
+from trajforge.jsonio import atomic_write_bytes, dumps_pretty
+from trajforge.redact import REGISTRY
+from trajforge.runner.checkpoint import Checkpoint
+from trajforge.runner.figures import ConcurrencyFigures, ConcurrencyNote, MergeFigures, SpendFigures, Statistics
+from trajforge.runner.merge import merge
+from trajforge.runner.rollouts import finish_totals, prepare_totals
+from trajforge.runner.stats import EXIT_SAMPLES_FAILED, Totals, render_table, too_many_failed
+
+
+def finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint: Checkpoint, invocation: Totals,
+           seconds: float, spend: SpendFigures, concurrency: ConcurrencyFigures | ConcurrencyNote) -> Statistics:
+    """Merge the batch files into trajectories.jsonl, then write and return the run's statistics."""
+    totals = Totals()
+    current = {s.identity: s.index for s in samples}
+    rows = prepare_totals(totals, config, samples)
+    result = merge(run_dir, current, totals, {s.identity: (s.line, s.extra) for s in samples},
+                   keep_passed=config.keep == "passed")
+    for identity in result.hallucinated_ids:
+        checkpoint.mark_discarded(identity, "hallucinated_tool")
+    if result.hallucinated_ids:
+        checkpoint.save(force=True)
+    finish_totals(totals, config, rows, result, checkpoint)
+    for identity, entry in checkpoint.samples.items():
+        if identity not in current or identity in result.finished:
+            continue  # a sample no longer in the dataset, or one that a later attempt finished
+        if entry.status == "failed":
+            totals.failed[entry.reason or "internal"] += 1
+        elif entry.status == "discarded":
+            totals.discarded[entry.reason or "unknown"] += 1
+            totals.add_usage(entry.usage.model_dump() if entry.usage else {}, entry.api_calls)
+    stats = Statistics(
+        run_name=config.run_name, model=config.model, distribution=config.distribution, sandbox=config.sandbox,
+        dataset_file=str(config.dataset_file), invocations=len(checkpoint.invocations),
+        run=totals.figures(total=len(samples), seconds=sum(i.seconds for i in checkpoint.invocations)),
+        last_invocation=invocation.figures(total=None, seconds=seconds),
+        merge=MergeFigures(written=result.written, hallucinated_filtered=result.hallucinated,
+                           duplicates_ignored=result.duplicates, not_in_dataset=result.stale,
+                           not_kept=result.not_kept, problems=result.problems),
+        spend=spend, concurrency=concurrency,
+    )
+    for p in result.problems:
+        print(f"trajforge: {p}", file=sys.stderr)
+    if result.stale:
+        print(f"trajforge: {result.stale} finished sample(s) are no longer in the dataset; they stay in their "
+              "batch files but not in trajectories.jsonl", file=sys.stderr)
+    path = run_dir / "statistics.json"
+    try:
+        atomic_write_bytes(path, REGISTRY.bytes(dumps_pretty(stats.to_json())))
+    except OSError as e:
+        raise OutputError(path, e) from None
+    return stats
+
+
+def print_summary(stats: Statistics, run_dir: Path) -> None:
+    from rich.console import Console
+
+    console = Console(file=sys.stdout, width=100)
+    console.print(render_table(stats))
+    console.print(f"trajectories: {run_dir / 'trajectories.jsonl'}  statistics: {run_dir / 'statistics.json'}")
+
+
+def failed_exit_code(config: RunConfig, stats: Statistics) -> int:
+    """0, or EXIT_SAMPLES_FAILED when the run's failed samples reach --fail_on_error."""
+    samples = stats.run.samples
+    failed, total = samples.failed, samples.total or 0
+    if not too_many_failed(failed, total, config.fail_on_error):
+        return 0
+    classes = ", ".join(f"{k} {v}" for k, v in samples.failed_by_class.items() if v)
+    print(f"trajforge: {failed} of {total} sample(s) failed ({classes}); each one's reason is in "
+          f"checkpoint.json; `--resume` retries them; exit code {EXIT_SAMPLES_FAILED} "
+          f"(--fail_on_error {config.fail_on_error:g})", file=sys.stderr)
+    return EXIT_SAMPLES_FAILED
