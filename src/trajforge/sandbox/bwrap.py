@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import posixpath
 import secrets
@@ -125,6 +126,15 @@ def bwrap_argv(
     return argv + [*extra, "--chdir", chdir]
 
 
+@functools.lru_cache(maxsize=8)
+def _shell_config(limits: Limits) -> dict[str, object]:
+    """The helper's command settings for these limits (the same for every sample of a run)."""
+    bash = os.path.basename(SHELL) == "bash"
+    return {"workdir": WORKSPACE, "env": clean_env(WORKSPACE), "shell": SHELL,
+            "prefix": bash_limits_prefix(limits) if bash else "",
+            "limits": [] if bash else [(r, s, h) for r, (s, h) in limit_pairs(limits)]}
+
+
 def _parents(path: str) -> list[str]:
     """'/a/b/c' -> ['/a', '/a/b']: the directories above an absolute path, outermost first."""
     parts = path.strip("/").split("/")[:-1]
@@ -176,24 +186,58 @@ async def probe_status(provider: Provider) -> BwrapStatus:
     return await provider.state("bwrap.status", probe)
 
 
-async def make(provider: Provider, *, cwd: str | None, image: str | None, root: Path) -> BwrapSandbox:
-    status = await probe_status(provider)
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """What every bwrap sample of a run shares, worked out once per provider."""
+
+    status: BwrapStatus
+    network: str
+    limits: Limits
+    sample_limits: SampleLimits
+    keep: bool
+    allow: tuple[str, ...]
+    nproc: int
+    runtime: RootRuntime | None
+
+
+async def _run_of(provider: Provider) -> _Run | SandboxError:
+    """Root mode: starting the runtime is the probe (a failure is kept, not retried per sample)."""
+    if os.geteuid() == 0:
+        path = find_bwrap()
+        status = BwrapStatus(path is not None, path, "root", "" if path else NOT_FOUND)
+    else:
+        status = await probe_status(provider)
     if not status.usable:
-        raise SandboxError(f"--sandbox bwrap is not usable here: {status.detail} (see `trajforge doctor`)")
+        return SandboxError(f"--sandbox bwrap is not usable here: {status.detail} (see `trajforge doctor`)")
     config = provider.config
     network = await provider.network_mode()
     privileged = status.mode == "root"
-    # A memory cgroup holds the whole sample in root mode; otherwise RLIMIT_AS per process stands in.
-    limits = provider.command_limits(memory_cgroup=privileged and cgroup_parent() is not None)
+    sample_limits = provider.sample_limits()
     runtime = None
     if privileged:
         async def start() -> RootRuntime:
-            return await root_runtime(status.path, network, config.network.allow, provider.sample_limits())
+            return await root_runtime(status.path, network, config.network.allow, sample_limits)
 
-        runtime = await provider.state("bwrap.runtime", start, RootRuntime.aclose)
-    return BwrapSandbox(root, keep=config.keep_workspaces, cwd=cwd, limits=limits, network=network == "host",
-                        egress=network == "egress", allow=config.network.allow, sample_limits=provider.sample_limits(),
-                        nproc=config.sandbox_nproc, bwrap=status.path, runtime=runtime)
+        try:
+            runtime = await provider.state("bwrap.runtime", start, RootRuntime.aclose)
+        except SandboxError as e:
+            return SandboxError(f"--sandbox bwrap is not usable here: {e} (see `trajforge doctor`)")
+    # A memory cgroup holds the whole sample in root mode; otherwise RLIMIT_AS per process stands in.
+    limits = provider.command_limits(memory_cgroup=privileged and cgroup_parent() is not None)
+    return _Run(status, network, limits, sample_limits, config.keep_workspaces, tuple(config.network.allow),
+                config.sandbox_nproc, runtime)
+
+
+async def make(provider: Provider, *, cwd: str | None, image: str | None, root: Path) -> BwrapSandbox:
+    async def work_out() -> _Run | SandboxError:
+        return await _run_of(provider)
+
+    run = await provider.state("bwrap.run", work_out)
+    if isinstance(run, SandboxError):
+        raise run
+    return BwrapSandbox(root, keep=run.keep, cwd=cwd, limits=run.limits, network=run.network == "host",
+                        egress=run.network == "egress", allow=run.allow, sample_limits=run.sample_limits,
+                        nproc=run.nproc, bwrap=run.status.path, runtime=run.runtime)
 
 
 async def root_runtime(bwrap: str | None, network: str, allow: Sequence[str] = (),
@@ -272,7 +316,7 @@ class BwrapSandbox(Sandbox):
             self._own_runtime = True
         self._slot = slot = await self._runtime.pool(self.root).acquire()
         self.helper_pid, self._exited = slot.helper_pid, slot.exited
-        self.workspace, host_cwd = workspace.create(slot.root, self._cwd_arg)
+        self.workspace, host_cwd = workspace.create_fresh(slot.root, self._cwd_arg)
         points, self.cwd = self.mounts(host_cwd)
         # The sample's uid is the helper's for this sample: hand it its directories.
         chown_beneath(self.workspace, host_cwd.relative_to(self.workspace).parts, self.uid)
@@ -307,10 +351,7 @@ class BwrapSandbox(Sandbox):
         await self._configure(sorted(points))
 
     def _helper_config(self, roots: list[str]) -> dict[str, object]:
-        bash = os.path.basename(SHELL) == "bash"
-        return {"cwd": self.cwd, "roots": roots, "workdir": WORKSPACE, "env": clean_env(WORKSPACE), "shell": SHELL,
-                "prefix": bash_limits_prefix(self.limits) if bash else "",
-                "limits": [] if bash else [(r, s, h) for r, (s, h) in limit_pairs(self.limits)]}
+        return {"cwd": self.cwd, "roots": roots, **_shell_config(self.limits)}
 
     async def _configure(self, roots: list[str]) -> None:
         """User mode: the helper's first frame is its configuration."""

@@ -1,11 +1,13 @@
 """The runner's end of the in-sandbox helper (sandbox/helper.py): requests, replies, processes.
 
-One HelperChannel per sample, over a non-blocking unix stream socket read by the event loop.
-Requests carry an id; replies and process-exit events come back as frames whose meta the runner
-parses (json) as untrusted input (the helper runs as the sample), with sizes capped: a
-helper that breaks the protocol breaks only its own sample (SandboxError). Foreground commands
-get two pipes passed with SCM_RIGHTS and read here; background jobs keep their output in the
-helper (HelperJob.read). No host path crosses the channel.
+One HelperChannel per helper (a user-mode sample's, or a root-mode slot's, reused by sample after
+sample), over a non-blocking unix stream socket read by the event loop. Requests carry an id;
+replies and process-exit events come back as frames whose meta the runner parses (json) as
+untrusted input (the helper runs as the sample), with sizes capped: a helper that breaks the
+protocol breaks only its own sample (SandboxError). A foreground command's output comes with
+its exit event (head and tail of each stream, helper_exec.py): one request and one event per
+command; background jobs keep their output in the helper (HelperJob.read). No host path
+crosses the channel.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import asyncio
 import contextlib
 import itertools
 import marshal
-import os
 import socket
 import struct
 from typing import Any
@@ -32,33 +33,37 @@ MAX_PAYLOAD = 300 << 20  # above every cap a request asks for (sandbox.base.READ
 
 
 class _Proc:
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, cap: int = 0) -> None:
         self.pid = 0
         self.code: int | None = None
         self.exited: asyncio.Future[int] = loop.create_future()
+        self.out, self.err = CappedBuffer(cap), CappedBuffer(cap)
+        self.detached = False
 
     def start(self, reply: dict[str, Any]) -> None:
         """The helper's answer to an exec: a pid, or `failed` (it never started: no exit event)."""
         self.pid = int(reply["pid"])
         failed = reply.get("failed")
         if failed is not None and not self.exited.done():
-            self.code = int(failed)
-            self.exited.set_result(self.code)
+            self.err.feed(str(reply.get("err", "")).encode())
+            self.end(int(failed))
 
+    def end(self, code: int) -> None:
+        if not self.exited.done():
+            self.code = code
+            self.exited.set_result(code)
 
-class _Reader(asyncio.Protocol):
-    def __init__(self, buf: CappedBuffer, closed: asyncio.Future[None]) -> None:
-        self.buf, self.closed = buf, closed
-
-    def data_received(self, data: bytes) -> None:
-        self.buf.feed(data)
-
-    def eof_received(self) -> bool:
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed.done():
-            self.closed.set_result(None)
+    def output(self, meta: dict[str, Any], payload: bytes) -> None:
+        """A foreground command's exit event: head and tail of each stream (helper_exec.Capture)."""
+        sizes = meta.get("sizes")
+        if not (isinstance(sizes, list) and len(sizes) == 6 and all(isinstance(n, int) and n >= 0 for n in sizes)
+                and sizes[0] + sizes[1] + sizes[3] + sizes[4] == len(payload)):
+            return  # a helper that breaks the protocol: no output, never someone else's bytes
+        at = 0
+        for buf, (head, tail, total) in ((self.out, sizes[0:3]), (self.err, sizes[3:6])):
+            buf.restore(payload[at:at + head], payload[at + head:at + head + tail], total)
+            at += head + tail
+        self.detached = meta.get("detached") is True
 
 
 class HelperChannel:
@@ -109,8 +114,9 @@ class HelperChannel:
             proc = self._procs.pop(rid, None) if isinstance(rid, int) else None
             if proc is not None and not proc.exited.done():
                 code = meta.get("code")
-                proc.code = code if isinstance(code, int) else -9
-                proc.exited.set_result(proc.code)
+                if "sizes" in meta:
+                    proc.output(meta, payload)
+                proc.end(code if isinstance(code, int) else -9)
             return
         fut = self._replies.pop(rid, None) if isinstance(rid, int) else None
         if fut is not None and not fut.done():
@@ -126,9 +132,7 @@ class HelperChannel:
                 fut.set_exception(SandboxError(why))
         self._replies.clear()
         for proc in self._procs.values():  # the namespace died with the helper: so did they
-            if not proc.exited.done():
-                proc.code = -9
-                proc.exited.set_result(-9)
+            proc.end(-9)
         self._procs.clear()
 
     def close(self) -> None:
@@ -199,40 +203,23 @@ class HelperChannel:
 
     # --- processes -------------------------------------------------------------------------
     async def exec(self, command: str, *, timeout: float, cwd: str | None) -> ExecResult:
-        out_buf, err_buf = CappedBuffer(self.output_cap), CappedBuffer(self.output_cap)
-        closed = [self.loop.create_future(), self.loop.create_future()]
-        pipes = [os.pipe(), os.pipe()]
-        transports = []
-        try:
-            for (r, _), buf, done in zip(pipes, (out_buf, err_buf), closed, strict=True):
-                t, _ = await self.loop.connect_read_pipe(lambda b=buf, d=done: _Reader(b, d), open(r, "rb", 0))
-                transports.append(t)
-            proc = _Proc(self.loop)
-            meta: dict[str, Any] = {"op": "exec", "cmd": command, "cwd": cwd, "nfds": 2}
-            reply, _ = await self.call(meta, fds=(pipes[0][1], pipes[1][1]), proc=proc)
-        finally:
-            for _, w in pipes:
-                os.close(w)
+        proc = _Proc(self.loop, self.output_cap)
+        reply, _ = await self.call({"op": "exec", "cmd": command, "cwd": cwd, "cap": self.output_cap}, proc=proc)
         proc.start(reply)
-        timed_out = detached = False
-        all_closed = asyncio.gather(*closed)
+        # asyncio.wait never cancels what it watches: after a timeout the exit is still awaitable.
         try:
             done, _ = await asyncio.wait([proc.exited], timeout=timeout)
-            timed_out = not done
-            if done:
-                done, _ = await asyncio.wait([all_closed], timeout=DETACH_GRACE)
-                detached = not done
-        finally:
-            if not all_closed.done():
-                await asyncio.shield(self.kill_group(proc.pid))
-                await asyncio.wait([all_closed], timeout=DETACH_GRACE)
-            if not proc.exited.done():
-                await asyncio.wait([proc.exited], timeout=DETACH_GRACE)
-            for t in transports:
-                t.close()
-        stderr = err_buf.text() + (DETACH_NOTE if detached else "")
-        res = ExecResult(exit_code=None if timed_out else proc.code, stdout=out_buf.text(), stderr=stderr,
-                         timed_out=timed_out, truncated=out_buf.truncated or err_buf.truncated)
+        except asyncio.CancelledError:  # the command must not outlive its call
+            await asyncio.shield(self.kill_group(proc.pid))
+            raise
+        timed_out = not done
+        if timed_out:
+            await asyncio.shield(self.kill_group(proc.pid))
+            # The helper reports it once killed (and its pipes closed, DETACH_GRACE at most).
+            await asyncio.wait([proc.exited], timeout=DETACH_GRACE + 5)
+        stderr = proc.err.text() + (DETACH_NOTE if proc.detached and not timed_out else "")
+        res = ExecResult(exit_code=None if timed_out else proc.code, stdout=proc.out.text(), stderr=stderr,
+                         timed_out=timed_out, truncated=proc.out.truncated or proc.err.truncated)
         if proc.code == CD_FAILED_EXIT and stderr.startswith(CD_FAILED):
             res.start_error = "the command could not start in its working directory: " + \
                 stderr[len(CD_FAILED):].strip(": \n")

@@ -1,21 +1,20 @@
-"""The in-sandbox helper: one small process per sample, inside its namespaces, with its rights.
+"""The in-sandbox helper: one small process serving a sample, inside its namespaces, with its rights.
 
 It serves the sample's channel (a unix socket): as bwrap's command in user mode (`python3 -S
--I -c <boot>`, the source on stdin: safe_fs + fsops + this file + zygote, see `source()`), or,
-in root mode, forked by the run's zygote into the sample's namespaces with the sample's uid as
-its effective uid (zygote.py). Either way everything it does the sample could have done itself:
+-I -c <boot>`, the source on stdin, see `source()`), or, in root mode, as the warm helper of a
+slot, forked by the run's zygote and serving sample after sample with each sample's uid
+(slot_helper.py, zygote.py). Either way everything it does the sample could have done itself:
 
-- commands fork from it (setsid, rlimits, the sample's uid, cwd, clean env, `bash -c`): no
-  per-command entry chain into the namespaces. Foreground commands get the runner's pipes
-  (passed with SCM_RIGHTS); background jobs write to a memfd only the helper holds, read back
-  by offset;
+- commands are spawned by it (helper_exec.py): no per-command entry chain into the namespaces,
+  and it collects their output itself;
 - file operations run fsops in the sandbox's own mount view.
 
 Protocol (both ways): frames of `<II` (meta length, payload length), meta, payload. Runner to
 helper: meta is `marshal` (trusted side). Helper to runner: meta is JSON written by `_enc` (no
 json import: it would cost the start-up as much as the interpreter), which the runner parses as
 untrusted input. One reply per request ({"id": n, ...} or {"id": n, "error": kind, "msg": ...})
-and an {"ev": "exit", "id": n, "code": c} event per process. Stdlib only.
+and an {"ev": "exit", "id": n, "code": c, ...} event per command (with a foreground command's
+output as the payload). Stdlib only.
 """
 
 from __future__ import annotations
@@ -28,23 +27,12 @@ import select
 import struct
 
 from trajforge.sandbox.fsops import FileOpError, locate, read, search, write
+from trajforge.sandbox.helper_exec import CD_FAILED, CD_FAILED_EXIT, Commands  # noqa: F401 (channel.py)
 from trajforge.sandbox.safe_fs import PathEscapeError, SymlinkError
 
 _HEAD = struct.Struct("<II")
-# A command whose cwd cannot be entered ends with this line and code; the runner's exec() turns it
-# into ExecResult.start_error (a failed tool call, not a command that ran).
-CD_FAILED = "trajforge-sandbox: cannot enter the working directory"
-CD_FAILED_EXIT = 125
-# Reset in every command: Python ignores SIGPIPE and SIGXFSZ, a slot helper (slot_helper.py)
-# ignores the rest, and an ignored signal stays ignored across exec.
-_DEFAULT_SIGNALS = (_signal.SIGCHLD, _signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP,
-                    _signal.SIGQUIT, _signal.SIGUSR1, _signal.SIGUSR2, _signal.SIGALRM)
 _ESC = {i: f"\\u{i:04x}" for i in range(32)}
 _ESC.update({34: '\\"', 92: "\\\\"})
-
-
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "'\\''") + "'"
 
 
 def _enc(o: object) -> str:
@@ -61,14 +49,12 @@ def _enc(o: object) -> str:
     return _enc(str(o))
 
 
-class Helper:
+class Helper(Commands):
     def __init__(self, sock: _socket.socket) -> None:
         self.sock = sock
         self.buf = b""
-        self.fds: list[int] = []
-        self.procs: dict[int, int] = {}  # pid -> request id
-        self.pids: dict[int, int] = {}  # request id -> pid (until reaped)
-        self.logs: dict[int, int] = {}  # job id -> memfd
+        self.poll = select.poll()
+        self.init_commands()
 
     def send(self, meta: dict, payload: bytes = b"") -> None:
         data = _enc(meta).encode("utf-8", "replace")
@@ -91,9 +77,10 @@ class Helper:
             return []
         if not data:
             raise EOFError
-        for level, kind, raw in anc:
+        for level, kind, raw in anc:  # the protocol passes no descriptors: none may accumulate here
             if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-                self.fds += [int.from_bytes(raw[i:i + 4], "little", signed=True) for i in range(0, len(raw) - 3, 4)]
+                for i in range(0, len(raw) - 3, 4):
+                    os.close(int.from_bytes(raw[i:i + 4], "little", signed=True))
         self.buf += data
         out = []
         while len(self.buf) >= 8:
@@ -135,99 +122,33 @@ class Helper:
                              limit=m["limit"], max_file=m["max_file"], max_files=m["max_files"])
         return {"found": found, "more": more}, b""
 
-    def op_exec(self, m: dict, _p: bytes) -> tuple[dict, bytes]:
-        fds, self.fds = self.fds[:m["nfds"]], self.fds[m["nfds"]:]
-        try:
-            if m.get("log"):
-                out = err = self.logs[m["id"]] = os.memfd_create(f"job-{m['id']}", os.MFD_CLOEXEC)
-            else:
-                out, err = fds
-            cwd = self.cfg["cwd"]
-            if m.get("cwd"):
-                root, rel = self.where(m["cwd"])
-                cwd = os.path.join(root, rel) if rel != "." else root
-            try:  # the sample may have removed its own working directory
-                os.makedirs(cwd, exist_ok=True)
-                if not os.access(cwd, os.X_OK):
-                    raise PermissionError(13, "Permission denied")
-            except OSError as e:  # never run the command elsewhere; exec() reports a failed start
-                os.write(err, f"{CD_FAILED}: {e.strerror}\n".encode())
-                return {"pid": 0, "failed": CD_FAILED_EXIT}, b""
-            pid = self.spawn(m["cmd"], cwd, out, err)
-        finally:
-            for fd in fds:
-                os.close(fd)
-        self.procs[pid], self.pids[m["id"]] = m["id"], pid
-        return {"pid": pid}, b""
-
-    def spawn(self, cmd: str, cwd: str, out: int, err: int) -> int:
-        """bash -c, in its own session, with the sample's limits (set by the shell itself, see
-        process.bash_limits_prefix) and cwd. posix_spawn: a vfork, not a fork of this interpreter."""
-        c = self.cfg
-        script = f"{c['prefix']}cd -- {_quote(cwd)} || exit {CD_FAILED_EXIT}; {cmd}"
-        return os.posix_spawn(c["shell"], [c["shell"], "-c", script], c["env"], setsid=True,
-                              file_actions=[(os.POSIX_SPAWN_DUP2, self.devnull, 0), (os.POSIX_SPAWN_DUP2, out, 1),
-                                            (os.POSIX_SPAWN_DUP2, err, 2)],
-                              setsigdef=_DEFAULT_SIGNALS)
-
-    def op_kill(self, m: dict, _p: bytes) -> tuple[dict, bytes]:
-        # Even after the leader was reaped: a group id is not reused while the group has members,
-        # and in this pid namespace every process is the sample's own anyway.
-        if m["pgid"] > 1:  # never the helper's own group (0) or itself (pid 1)
-            try:
-                os.killpg(m["pgid"], 9)
-            except OSError:
-                pass
-        return {}, b""
-
-    def op_log(self, m: dict, _p: bytes) -> tuple[dict, bytes]:
-        fd, offset, cap = self.logs[m["job"]], m["offset"], m["cap"]
-        size = os.fstat(fd).st_size
-        if size - offset <= cap:
-            return {"end": size, "dropped": 0, "head": size - offset}, os.pread(fd, size - offset, offset)
-        half = cap // 2
-        head, tail = os.pread(fd, half, offset), os.pread(fd, half, size - half)
-        return {"end": size, "dropped": size - offset - 2 * half, "head": len(head)}, head + tail
-
-    def op_forget(self, m: dict, _p: bytes) -> tuple[dict, bytes]:
-        fd = self.logs.pop(m["job"], None)
-        if fd is not None:
-            os.close(fd)
-        return {}, b""
-
-    def reap(self) -> None:
-        while True:  # as pid 1 it also reaps every orphan of the namespace
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            rid = self.procs.pop(pid, None)
-            if rid is not None:
-                del self.pids[rid]
-                self.send({"ev": "exit", "id": rid, "code": os.waitstatus_to_exitcode(status)})
-
     def serve(self) -> None:
-        wake_r, wake_w = os.pipe()
-        os.set_blocking(wake_w, False)
+        wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         _signal.signal(_signal.SIGCHLD, lambda *_: None)
         _signal.set_wakeup_fd(wake_w)
-        poll = select.poll()
-        poll.register(self.sock.fileno(), select.POLLIN)
+        poll, sock = self.poll, self.sock.fileno()
+        poll.register(sock, select.POLLIN)
         poll.register(wake_r, select.POLLIN)
         while True:
+            wait = self.next_deadline()
             try:
-                events = poll.poll()
+                events = poll.poll(None if wait is None else wait * 1000 + 1)
             except InterruptedError:
                 continue
             for fd, _ in events:
-                if fd == wake_r:
-                    os.read(wake_r, 4096)
-                    self.reap()
-                else:
+                if fd == sock:
                     for meta, payload in self.frames():
                         self.handle(meta, payload)
+                elif fd == wake_r:
+                    while True:
+                        try:
+                            os.read(wake_r, 4096)
+                        except BlockingIOError:
+                            break
+                    self.reap()
+                elif fd in self.readers:
+                    self.readable(fd)
+            self.expire()
 
 
 def main() -> None:
@@ -268,7 +189,7 @@ def source(zygote: bool = False) -> str:
     import importlib
 
     parts = ["from __future__ import annotations"]  # annotations stay strings: nothing to import for them
-    for name in ("safe_fs", "fsops", "helper", *(("slot_helper", "netlink", "zygote") if zygote else ())):
+    for name in ("safe_fs", "fsops", "helper_exec", "helper", *(("slot_helper", "netlink", "zygote") if zygote else ())):
         mod = importlib.import_module(f"trajforge.sandbox.{name}")
         with open(mod.__file__ or "", encoding="utf-8") as f:
             text = f.read()

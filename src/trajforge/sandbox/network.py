@@ -119,13 +119,14 @@ async def egress_support(backend: str) -> EgressSupport:
 
 
 async def _probe_bwrap() -> EgressSupport:
-    from trajforge.sandbox.bwrap import BwrapSandbox, probe
+    from trajforge.sandbox.bwrap import BwrapSandbox, find_bwrap
 
-    status = await probe()
-    if not status.usable:
-        return EgressSupport(False, f"bwrap is not usable: {status.detail}")
+    path = find_bwrap()
+    if path is None:
+        return EgressSupport(False, "bwrap is not installed")
+    # Root only (egress_support checked): a real egress sandbox is also the proof that bwrap works.
     with tempfile.TemporaryDirectory(prefix="trajforge-egress-probe-") as tmp:
-        sb = BwrapSandbox(Path(tmp), network=False, egress=True, bwrap=status.path)
+        sb = BwrapSandbox(Path(tmp), network=False, egress=True, bwrap=path)
         try:
             await sb.start()
             res = await sb.exec("grep -c eth0 /proc/net/dev", timeout=10)

@@ -145,6 +145,11 @@ class CappedBuffer:
             if len(self.tail) > self.half:
                 del self.tail[: len(self.tail) - self.half]
 
+    def restore(self, head: bytes, tail: bytes, total: int) -> None:
+        """The state a feed of `total` bytes left: what a helper that kept them sends back."""
+        self.head, self.tail = bytearray(head[:self.half]), bytearray(tail[-self.half:] if tail else b"")
+        self.total = max(total, len(self.head) + len(self.tail))
+
     @property
     def truncated(self) -> bool:
         return self.total > len(self.head) + len(self.tail)

@@ -67,6 +67,7 @@ class MemoryGroup:
         self.version, self.limit = version, limit
         self.path = parent / f"s-{os.getpid()}-{secrets.token_hex(4)}"
         self.procs = str(self.path / "cgroup.procs")
+        self._events = str(self.path / ("memory.events" if version == "v2" else "memory.oom_control"))
         self._seen = 0
 
     def create(self) -> None:
@@ -94,14 +95,16 @@ class MemoryGroup:
 
     def pids(self) -> list[int]:
         try:
-            return [int(x) for x in open(self.procs, encoding="ascii").read().split()]
+            with open(self.procs, encoding="ascii") as f:
+                return [int(x) for x in f.read().split()]
         except (OSError, ValueError):
             return []
 
     def oom_kills(self) -> int:
-        name = "memory.events" if self.version == "v2" else "memory.oom_control"
         try:
-            for line in (self.path / name).read_text().splitlines():
+            with open(self._events, encoding="ascii") as f:
+                lines = f.read().splitlines()
+            for line in lines:
                 key, _, value = line.partition(" ")
                 if key == "oom_kill":
                     return int(value)

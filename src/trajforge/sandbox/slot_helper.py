@@ -126,11 +126,7 @@ class SlotHelper(Helper):
     def op_end(self, _m: dict, _p: bytes) -> tuple[dict, bytes]:
         self._root()
         clean = self.kill_all()
-        for fd in self.logs.values():
-            os.close(fd)
-        for fd in self.fds:
-            os.close(fd)
-        self.logs, self.fds, self.procs, self.pids = {}, [], {}, {}
+        self.drop_commands()
         import resource
 
         for res, pair in self.saved_limits:

@@ -75,7 +75,10 @@ class SlotPool:
     """The slots of one workspace root (one per run in practice)."""
 
     def __init__(self, root: Path, zygote: Zygote, *, network: str, router: int | None, limits: SampleLimits) -> None:
-        self.root, self.zygote, self.network, self.router, self.limits = root, zygote, network, router, limits
+        root.mkdir(parents=True, exist_ok=True)
+        # A real path: workspaces made under it need no lookup of their own (workspace.create_fresh).
+        self.root = root.resolve()
+        self.zygote, self.network, self.router, self.limits = zygote, network, router, limits
         self._free: list[Slot] = []
         self._ids = itertools.count()
         self._template: loopdisk.Template | None = None

@@ -35,6 +35,25 @@ def create(root: Path, cwd: str | None) -> tuple[Path, Path]:
     return workspace, host_cwd
 
 
+def create_fresh(root: Path, cwd: str | None) -> tuple[Path, Path]:
+    """Like create, in a directory of the runner's own that no sample can see or has seen (a
+    slot's, sandbox/slots.py): a plain name, and no real-path lookup (`root` is one already)."""
+    try:
+        workspace = root / f"sample-{os.urandom(6).hex()}"
+        os.mkdir(workspace, 0o700)
+    except OSError as e:
+        raise SandboxError(f"cannot create a workspace under {root}: {e}") from e
+    rel = os.path.normpath((cwd or "").lstrip("/")) if cwd and cwd.strip("/") else ""
+    if rel in ("", "."):
+        return workspace, workspace
+    if rel == ".." or rel.startswith("../"):
+        os.rmdir(workspace)
+        raise SandboxError(f"task cwd {cwd!r} points outside the workspace")
+    host_cwd = workspace / rel
+    os.makedirs(host_cwd, exist_ok=True)
+    return workspace, host_cwd
+
+
 async def remove(workspace: Path) -> None:
     if not _remove_if_flat(workspace):
         await asyncio.to_thread(_remove_tree, workspace)
