@@ -26,7 +26,8 @@ from tests.support.sandboxes import create_sandbox
 from tests.support.scripted_server import ScriptedServer
 from trajforge.config import RunConfig
 from trajforge.sandbox.base import FileOpError, PathEscapeError, SandboxError
-from trajforge.sandbox.container import ContainerBackend, ContainerSandbox
+from trajforge.sandbox.container import ContainerSandbox
+from trajforge.sandbox.container_backend import ContainerBackend, backend_for
 from trajforge.sandbox.engine import Engine, container_name, detect
 from trajforge.sandbox.factory import SandboxProvider
 from trajforge.sandbox.images import ImageChecker
@@ -346,15 +347,24 @@ def test_dataset_mixing_images_end_to_end(tmp_path: Path, busybox_image: str, po
     assert containers_with_label(podman, f"trajforge.run={run_name}") == []
 
 
+@pytest.mark.parametrize("helper", [True, False], ids=["file-helper", "exec"])
 @pytest.mark.parametrize("image_fixture", ["busybox_image", "debian_tools_image"])
-def test_file_operations_run_inside_the_container(tmp_path: Path, image_fixture: str,
+def test_file_operations_run_inside_the_container(tmp_path: Path, image_fixture: str, helper: bool,
                                                    request: pytest.FixtureRequest) -> None:
-    """read/write/search resolve in the container's view with its own tools (busybox, or Debian's
-    GNU coreutils/findutils/tar and dash): links out, FIFOs, directories and misses are refused."""
+    """read/write/search resolve in the container's view: through the file helper in the
+    container's mount namespace (a root runner), or with the image's own tools (busybox, or
+    Debian's GNU coreutils/findutils/tar and dash) one exec each. Either way links out, FIFOs,
+    directories and misses are refused."""
     image = request.getfixturevalue(image_fixture)
+    if helper and os.geteuid() != 0:
+        pytest.skip("the file helper needs a root runner")
 
     async def body() -> None:
-        sb = await create_sandbox(config(), cwd="/app", image=image, root=tmp_path)
+        provider = await SandboxProvider(config()).start()
+        sb = ContainerSandbox(tmp_path, backend=await backend_for(provider), image=image, cwd="/app",
+                              file_helper=helper)
+        await sb.start()
+        assert (sb.helper is not None) == helper  # the path this run exercises
         try:
             assert await sb.write_file("notes.txt", b"hi\n") == "notes.txt"
             assert await sb.write_file("sub/dir/x.txt", b"x\n") == "sub/dir/x.txt"
@@ -388,5 +398,6 @@ def test_file_operations_run_inside_the_container(tmp_path: Path, image_fixture:
             assert (await sb.exec("cat /image-marker.txt", timeout=20)).stdout == MARKER  # untouched
         finally:
             await sb.close()
+            await provider.aclose()
 
     asyncio.run(body())

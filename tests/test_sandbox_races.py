@@ -39,6 +39,7 @@ from trajforge.config import RunConfig
 from trajforge.sample.settings import tool_settings
 from trajforge.sandbox.base import FileOpError, PathEscapeError, Sandbox
 from trajforge.sandbox.bwrap import probe
+from trajforge.sandbox.container import ContainerSandbox
 from trajforge.sandbox.factory import SandboxProvider
 from trajforge.tools import files, image_gen, vision
 from trajforge.tools.base import ToolContext, Toolset
@@ -134,13 +135,17 @@ async def one_call(sb: Sandbox, ctx: ToolContext, i: int, tools: dict[str, Tools
 
 
 async def hammer(config: RunConfig, image: str | None, root: Path, outside: Path, calls: int,
-                 concurrency: int, with_tools: bool = False) -> dict[str, Any]:
+                 concurrency: int, with_tools: bool = False, exec_files: bool = False) -> dict[str, Any]:
     settings = tool_settings(config)
     tools = {"vision": await vision.build(settings), "image_gen": await image_gen.build(settings)} if with_tools else None
     assert tools is None or all(isinstance(t, Toolset) for t in tools.values()), tools
     async with SandboxProvider(config) as provider:
         sb = await provider.create(cwd=None, image=image, root=root)
         assert sb.workspace is not None
+        if exec_files:  # a container without its file helper: the exec-based path (non-root runners)
+            assert isinstance(sb, ContainerSandbox) and sb.helper is not None
+            sb.helper.close()
+            sb.helper = None
         plant(sb.workspace, outside)
         attacker = subprocess.Popen([sys.executable, "-c", ATTACKER, str(sb.workspace), str(outside)],
                                     stdout=subprocess.PIPE, text=True)
@@ -179,7 +184,7 @@ async def hammer(config: RunConfig, image: str | None, root: Path, outside: Path
 
 
 def check(tmp_path: Path, config: RunConfig, image: str | None = None, calls: int = CALLS,
-          concurrency: int = 8, with_tools: bool = False) -> dict[str, Any]:
+          concurrency: int = 8, with_tools: bool = False, exec_files: bool = False) -> dict[str, Any]:
     assert os.geteuid() == 0, "the races matter when the runner is root"
     outside = tmp_path / "outside"
     (outside / "sub").mkdir(parents=True)
@@ -189,7 +194,7 @@ def check(tmp_path: Path, config: RunConfig, image: str | None = None, calls: in
     (outside / "sub" / "f.txt").write_bytes(SECRET)
     before = snapshot(outside)
     t0 = time.monotonic()
-    stats = asyncio.run(hammer(config, image, tmp_path / "ws", outside, calls, concurrency, with_tools))
+    stats = asyncio.run(hammer(config, image, tmp_path / "ws", outside, calls, concurrency, with_tools, exec_files))
     stats["seconds"] = time.monotonic() - t0
     assert stats["leaks"] == [] and stats["unexpected"] == [], stats
     assert stats["ok"] + stats["refused"] == calls and stats["ok"] > calls // 10, stats
@@ -242,17 +247,21 @@ def test_races_bwrap(tmp_path: Path) -> None:
     check(tmp_path, RunConfig(sandbox="bwrap", sandbox_network="none"))
 
 
-# Every container file operation is one `podman exec` (0.1 s unloaded, 0.3-0.5 s on a loaded
-# 2-core machine), so the suite's default is a sample of the races; set the variable to 2000 for
-# the full run (bench/RESULTS.md has its figures).
-CONTAINER_CALLS = int(os.environ.get("TRAJFORGE_RACE_CONTAINER_CALLS", "240"))
+# As root, container file operations go through the file helper in the container's mount namespace
+# (container.py), as fast as bwrap's; the exec-based path (one `podman exec` each, ~0.1-0.5 s) is
+# raced with fewer calls below.
+CONTAINER_CALLS = int(os.environ.get("TRAJFORGE_RACE_CONTAINER_CALLS", str(CALLS)))
+
+
+CONTAINER_EXEC_CALLS = int(os.environ.get("TRAJFORGE_RACE_CONTAINER_EXEC_CALLS", "240"))
 
 
 @pytest.mark.timeout(1800)
-def test_races_container(tmp_path: Path, busybox_image: str) -> None:  # noqa: F811
+@pytest.mark.parametrize("exec_files", [False, True], ids=["file-helper", "exec"])
+def test_races_container(tmp_path: Path, busybox_image: str, exec_files: bool) -> None:  # noqa: F811
     check(tmp_path, RunConfig(sandbox="container", container_engine="podman", sandbox_network="none",
-                              run_name=f"races-{os.getpid()}"), image=busybox_image, calls=CONTAINER_CALLS,
-          concurrency=16)
+                              run_name=f"races-{os.getpid()}"), image=busybox_image,
+          calls=CONTAINER_EXEC_CALLS if exec_files else CONTAINER_CALLS, concurrency=16, exec_files=exec_files)
 
 
 SWAPPER = ("printf '\\211PNG\\r\\n\\032\\n0000' > a.png; mkfifo f; "

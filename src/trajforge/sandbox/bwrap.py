@@ -40,7 +40,7 @@ from pathlib import Path
 
 
 from trajforge.sandbox import workspace
-from trajforge.sandbox.base import ExecResult, Job, Provider, Sandbox, SandboxError, check_model_path
+from trajforge.sandbox.base import ExecResult, Job, Provider, Sandbox, SandboxError
 from trajforge.sandbox.bwrap_root import RootRuntime
 from trajforge.sandbox.bwrap_start import START_TIMEOUT, chown_beneath, helper_python, start_user
 from trajforge.sandbox.channel import HelperChannel
@@ -389,24 +389,15 @@ class BwrapSandbox(Sandbox):
         return await self._live().spawn(command, cwd=cwd)
 
     async def read_file(self, path: str, *, max_bytes: int = 256 << 20) -> bytes:
-        _, data = await self._live().call({"op": "read", "path": check_model_path(path), "max": max_bytes})
-        if len(data) > max_bytes:
-            raise SandboxError("the sandbox helper sent more than was asked for")
-        return data
+        return await self._live().read_file(path, max_bytes)
 
     async def write_file(self, path: str, data: bytes, *, how: str = "overwrite") -> str:
-        reply, _ = await self._live().call({"op": "write", "path": check_model_path(path), "how": how}, data)
-        return str(reply.get("rel", ""))
+        return await self._live().write_file(path, data, how)
 
     async def search(self, path: str, pattern: str, *, target: str = "content", glob: str | None = None,
                      limit: int = 50, max_file: int = 2 << 20, max_files: int = 50_000) -> tuple[list[str], bool]:
-        reply, _ = await self._live().call({
-            "op": "search", "path": check_model_path(path), "pattern": pattern, "target": target, "glob": glob,
-            "limit": limit, "max_file": max_file, "max_files": max_files})
-        found = reply.get("found")
-        if not isinstance(found, list):
-            raise SandboxError("the sandbox helper sent a malformed search result")
-        return [str(x) for x in found[:limit]], bool(reply.get("more"))
+        return await self._live().search(path, pattern, target=target, glob=glob, limit=limit, max_file=max_file,
+                                         max_files=max_files)
 
     async def close(self) -> None:
         channel, self._channel = self._channel, None

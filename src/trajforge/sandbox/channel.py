@@ -23,7 +23,9 @@ from typing import Any
 
 import json
 
-from trajforge.sandbox.base import ExecResult, FileOpError, Job, LogChunk, PathEscapeError, SandboxError, SymlinkError
+from trajforge.sandbox.base import (
+    ExecResult, FileOpError, Job, LogChunk, PathEscapeError, SandboxError, SymlinkError, check_model_path,
+)
 from trajforge.sandbox.helper import CD_FAILED, CD_FAILED_EXIT
 from trajforge.sandbox.process import DETACH_GRACE, DETACH_NOTE, CappedBuffer
 
@@ -200,6 +202,27 @@ class HelperChannel:
         if isinstance(pid, int) and not self.broken:
             self._tasks.add(task := self.loop.create_task(self.kill_group(pid)))
             task.add_done_callback(self._tasks.discard)
+
+    # --- files -----------------------------------------------------------------------------
+    async def read_file(self, path: str, max_bytes: int) -> bytes:
+        _, data = await self.call({"op": "read", "path": check_model_path(path), "max": max_bytes})
+        if len(data) > max_bytes:
+            raise SandboxError("the sandbox helper sent more than was asked for")
+        return data
+
+    async def write_file(self, path: str, data: bytes, how: str) -> str:
+        reply, _ = await self.call({"op": "write", "path": check_model_path(path), "how": how}, data)
+        return str(reply.get("rel", ""))
+
+    async def search(self, path: str, pattern: str, *, target: str, glob: str | None, limit: int, max_file: int,
+                     max_files: int) -> tuple[list[str], bool]:
+        reply, _ = await self.call({
+            "op": "search", "path": check_model_path(path), "pattern": pattern, "target": target, "glob": glob,
+            "limit": limit, "max_file": max_file, "max_files": max_files})
+        found = reply.get("found")
+        if not isinstance(found, list):
+            raise SandboxError("the sandbox helper sent a malformed search result")
+        return [str(x) for x in found[:limit]], bool(reply.get("more"))
 
     # --- processes -------------------------------------------------------------------------
     async def exec(self, command: str, *, timeout: float, cwd: str | None) -> ExecResult:

@@ -7,7 +7,10 @@ limits (plus /tmp, /dev/shm, CPU and a size-limited workspace disk, see resource
 of `--sandbox_network` (network.py), and only the image's own environment (the
 engine CLI never passes the runner's). Commands run with `exec`. Creation is bounded by
 `--max_sandboxes`, separately from model concurrency; the image is checked once per run
-(images.py).
+(images.py). File operations go through a helper in the container's mount namespace when the
+runner is root (container_backend.file_helper), else one `exec` of a sh script each
+(container_files.py): either way paths resolve in the container's own view, never through the
+bind-mounted host directory.
 
 Killing what runs inside. Killing the `podman exec` client does not stop the process in the
 container, so every command runs under a small sh wrapper (the exec'd process leads its own
@@ -23,25 +26,23 @@ live ones when the interpreter exits without closing them.
 from __future__ import annotations
 
 import asyncio
-import atexit
-import contextlib
 import os
 import posixpath
 import secrets
 import shlex
 import socket
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 
 from trajforge.sandbox import workspace
 from trajforge.sandbox.base import ExecResult, Job, PathEscapeError, Provider, Sandbox, SandboxError
+from trajforge.sandbox.channel import HelperChannel
+from trajforge.sandbox.container_backend import ContainerBackend, _live, backend_for, kill_exec_monitors
 from trajforge.sandbox.container_files import ContainerFiles
-from trajforge.sandbox.engine import Engine, container_name, detect, last_line, owner_dead
-from trajforge.sandbox.images import ImageChecker
+from trajforge.sandbox.engine import container_name, last_line
 from trajforge.sandbox.local import LocalJob
 from trajforge.sandbox.process import DEFAULT_OUTPUT_CAP
-from trajforge.sandbox.resources import Resources, SampleLimits, sweep_leftovers
+from trajforge.sandbox.resources import Resources, SampleLimits
 
 
 WORKSPACE = "/workspace"
@@ -53,63 +54,11 @@ KILL_WRAP = f'for f in {_PIDFILES}; do [ -f "$f" ] && kill -9 -"$(cat "$f")" 2>/
 # fd 3 keeps the client's stdin: an async list in a non-interactive shell gets /dev/null otherwise.
 SPAWN_WRAP = ('exec 3<&0; (cat <&3 >/dev/null 2>&1; kill -9 -$$ 2>/dev/null) & '
               + _SHELL_PICK.format(r=" </dev/null 3<&-") + 'kill $! 2>/dev/null; exit $rc')
-_CATATONIT = ("/usr/libexec/podman/catatonit", "/usr/bin/catatonit", "/usr/local/libexec/podman/catatonit")
-
-_live: dict[str, Engine] = {}  # container name -> engine, for the atexit fallback
-
-
-@atexit.register
-def _remove_live() -> None:
-    """Last resort at interpreter exit: remove containers whose sample never closed them."""
-    groups: dict[int, tuple[Engine, list[str]]] = {}
-    for name, engine in list(_live.items()):
-        groups.setdefault(id(engine), (engine, []))[1].append(name)
-    for engine, names in groups.values():
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            subprocess.run([engine.binary, *engine.rm_args(*names)], env=engine.env, timeout=60, capture_output=True)
-    _live.clear()
-
 
 def _engine_failed(res: ExecResult) -> bool:
     """Podman exits 125 for its own errors; the Docker CLI reports the daemon's with this prefix."""
     err = res.stderr.lstrip()
     return (res.exit_code == 125 and err.startswith("Error")) or err.startswith("Error response from daemon")
-
-
-class ContainerBackend:
-    """What samples of one run share: the engine, the image checks and the creation limit."""
-
-    def __init__(self, engine: Engine, *, max_creating: int, pull_timeout: float) -> None:
-        self.engine = engine
-        self.images = ImageChecker(engine, pull_timeout=pull_timeout)
-        self.creating = asyncio.Semaphore(max_creating)
-        self.init_flag = ["--init"] if engine.kind == "docker" or any(map(os.path.exists, _CATATONIT)) else []
-
-    async def sweep(self) -> list[str]:
-        """Remove containers left by crashed runners on this host; returns their names."""
-        res = await self.engine.run("ps", "-a", "--filter", "label=trajforge", "--format", "{{.Names}}", timeout=60)
-        dead = [n for n in res.stdout.split() if owner_dead(n)] if res.exit_code == 0 else []
-        if dead:
-            await self.engine.run(*self.engine.rm_args(*dead), timeout=120)
-            await sweep_leftovers(force=True)  # their workspace disks, now that nothing uses them
-        return dead
-
-
-async def backend_for(provider: Provider) -> ContainerBackend:
-    """The run's backend, held by its provider: engine detected and swept once."""
-    config = provider.config
-
-    async def detect_and_sweep() -> ContainerBackend:
-        status = await detect(config.container_engine)
-        if status.engine is None:
-            why = "; ".join(f"{k}: {v}" for k, v in status.reasons.items())
-            raise SandboxError(f"no usable container engine ({why}); see `trajforge doctor`")
-        backend = ContainerBackend(status.engine, max_creating=config.max_sandboxes,
-                                   pull_timeout=config.image_pull_timeout)
-        await backend.sweep()
-        return backend
-
-    return await provider.state("container.backend", detect_and_sweep, lambda b: b.images.aclose())
 
 
 async def make(provider: Provider, *, cwd: str | None, image: str | None, root: Path) -> ContainerSandbox:
@@ -133,7 +82,9 @@ class ContainerSandbox(Sandbox):
                  network: str = "host", memory: str | None = None, pids_limit: int | None = None,
                  cpus: float | None = None, run_name: str | None = None, keep: bool = False,
                  output_cap: int = DEFAULT_OUTPUT_CAP, allow: tuple[str, ...] | list[str] = (),
-                 limits: SampleLimits | None = None) -> None:
+                 limits: SampleLimits | None = None, file_helper: bool = True) -> None:
+        """file_helper: file operations through a helper in the container's mount namespace (root
+        runner); otherwise, or when it cannot start, one `exec` of a sh script each (container_files.py)."""
         # An absolute cwd is where the workspace is mounted; a relative one is a directory in it.
         self.seeded = bool(cwd and cwd.startswith("/"))  # the image's content at cwd is copied in
         self.mount_at = (posixpath.normpath(cwd) or "/") if self.seeded and cwd else WORKSPACE
@@ -144,6 +95,8 @@ class ContainerSandbox(Sandbox):
         self.workdir = self.mount_at
         self._jobs: list[ContainerJob] = []
         self.files: ContainerFiles | None = None
+        self.helper: HelperChannel | None = None
+        self._want_helper = file_helper
         self.backend, self.engine, self.image = backend, backend.engine, image
         self.network, self.memory, self.pids_limit, self.cpus = network, memory, pids_limit, cpus
         self.run_name = run_name or ""
@@ -186,11 +139,14 @@ class ContainerSandbox(Sandbox):
         return []
 
     async def _after_create(self) -> None:
-        """Egress: the sandbox firewall inside the container's namespace, before any exec."""
-        if self.network != "egress" and self._res is None:
+        """Egress: the sandbox firewall inside the container's namespace, before any exec; the
+        file helper."""
+        if self.network != "egress" and self._res is None and not self._want_helper:
             return
         res = await self.engine.run("inspect", "--format", "{{.State.Pid}}", self.name or "", timeout=60)
         pid = int(res.stdout.strip()) if res.exit_code == 0 and res.stdout.strip().isdigit() else 0
+        if self._want_helper and pid:
+            self.helper = await self.backend.file_helper(pid, cwd=self.cwd, mount=self.mount_at, cap=self.output_cap)
         if self._res is not None and pid:
             self._res.after_holder(pid, pid)
         if self.network == "egress":
@@ -301,17 +257,33 @@ class ContainerSandbox(Sandbox):
         return self.files
 
     async def read_file(self, path: str, *, max_bytes: int = 256 << 20) -> bytes:
+        if self.helper is not None:
+            return await self._live_helper().read_file(path, max_bytes)
         return await self._files().read(path, max_bytes)
 
     async def write_file(self, path: str, data: bytes, *, how: str = "overwrite") -> str:
+        if self.helper is not None:
+            return await self._live_helper().write_file(path, data, how)
         return await self._files().write(path, data, how)
 
     async def search(self, path: str, pattern: str, *, target: str = "content", glob: str | None = None,
                      limit: int = 50, max_file: int = 2 << 20, max_files: int = 50_000) -> tuple[list[str], bool]:
+        if self.helper is not None:
+            return await self._live_helper().search(path, pattern, target=target, glob=glob, limit=limit,
+                                                    max_file=max_file, max_files=max_files)
         return await self._files().search(path, pattern, target=target, glob=glob, limit=limit,
                                           max_file=max_file, max_files=max_files)
 
+    def _live_helper(self) -> HelperChannel:
+        helper = self.helper
+        if helper is None or helper.broken or self.name is None:
+            raise SandboxError("the container of this sample is gone")
+        return helper
+
     async def close(self) -> None:
+        helper, self.helper = self.helper, None
+        if helper is not None:
+            helper.close()  # the file helper exits, releasing the container's mount namespace
         name, self.name = self.name, None
         for job in self._jobs:
             job.kill_now()  # the exec clients; what runs inside goes with the container
@@ -332,33 +304,6 @@ class ContainerSandbox(Sandbox):
         if self.workspace is not None and not self.keep and not self._removed:
             self._removed = True  # the attribute stays: callers may check the directory is gone
             await workspace.remove(self.workspace)
-
-
-def kill_exec_monitors(name: str) -> int:
-    """Kill the `conmon` exec-session monitors of the removed Podman container `name`.
-
-    A `podman exec` client that is killed (a command's timeout, a cancelled sample, the process
-    tool's kill) leaves its session's conmon waiting `exit_command_delay` (300 s by default) to
-    run a cleanup that has nothing left to clean once the container is gone; hundreds of
-    timed-out commands would keep hundreds of them around. Matched by the container's unique name
-    on conmon's own command line (`-n NAME`). Returns how many were killed."""
-    killed = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/comm", "rb") as f:
-                if f.read().strip() != b"conmon":
-                    continue
-            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
-        except OSError:  # gone meanwhile
-            continue
-        if any(a == b"-n" and b == name.encode() for a, b in zip(args, args[1:])):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(entry.name), 9)
-                killed += 1
-    return killed
 
 
 class ContainerJob(LocalJob):

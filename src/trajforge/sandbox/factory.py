@@ -174,7 +174,7 @@ async def prefetch_images(config: RunConfig, images: set[str]) -> None:
     provider = _open.get(asyncio.get_running_loop())
     if not images or provider is None:
         return
-    from trajforge.sandbox.container import backend_for
+    from trajforge.sandbox.container_backend import backend_for
 
     try:
         backend = await backend_for(provider)

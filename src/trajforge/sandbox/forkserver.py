@@ -123,7 +123,7 @@ class Zygote:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._replies[rid] = fut
-        if op == "slot":
+        if op in ("slot", "enter"):
             self._exits[rid] = loop.create_future()
         try:
             async with self._lock:  # a frame and its descriptor go together
@@ -150,9 +150,10 @@ class Zygote:
         reply["rid"] = rid
         return reply
 
-    async def slot(self, channel: socket.socket, **fields: Any) -> tuple[int, asyncio.Future[int]]:
-        """Fork a slot's helper serving `channel` (closed here): (host pid, its exit, once reaped)."""
-        reply = await self.request("slot", channel=channel, **fields)
+    async def slot(self, channel: socket.socket, op: str = "slot", **fields: Any) -> tuple[int, asyncio.Future[int]]:
+        """Fork a helper serving `channel` (closed here): a slot's (`slot`) or a container's file
+        helper (`enter`); (host pid, its exit, once reaped)."""
+        reply = await self.request(op, channel=channel, **fields)
         exited = self._exits.get(reply["rid"])
         if exited is None:  # cannot happen: the reply comes before any exit event
             exited = asyncio.get_running_loop().create_future()

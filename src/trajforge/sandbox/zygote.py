@@ -9,6 +9,8 @@ script, started once per run by the runtime, bwrap_root.py) does the privileged 
 - `op_router`, `op_netns`: network namespaces made with unshare/setns and wired with netlink
   (netlink.py), no `ip` process: the run's router (router.py) and each slot's namespace, with
   its loopback and, in egress mode, a veth link to the router.
+- `op_enter`: a file helper in a container's mount namespace (container.py), as the container's
+  uid and without any capability.
 - `op_slot`: a slot's helper (slot_helper.py), forked once per slot: the zygote unshares a new
   pid namespace for its next child and forks, so the helper is pid 1 there; it joins the slot's
   memory cgroup and network namespace, unshares uts and cgroup namespaces, empties its
@@ -38,6 +40,8 @@ from trajforge.sandbox.slot_helper import SlotMounts, run_slot_helper
 _NEWCGROUP, _NEWUTS, _NEWPID, _NEWNET = 0x2000000, 0x4000000, 0x20000000, 0x40000000
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_NAME, _PR_SET_NO_NEW_PRIVS, _PR_CAPBSET_DROP = 1, 4, 15, 38, 24
 _CAP_LAST = 63
+_CAPABILITY_VERSION_3 = 0x20080522
+_NEWNS = 0x20000
 VETH_MTU = 65520
 _FRAME = struct.Struct("<I")
 
@@ -121,7 +125,7 @@ class Zygote:
                 break
             req = marshal.loads(self.buf[4:4 + size])
             self.buf = self.buf[4 + size:]
-            channel = fds.pop(0) if req.get("op") == "slot" and fds else -1
+            channel = fds.pop(0) if req.get("op") in ("slot", "enter") and fds else -1
             try:
                 reply = getattr(self, "op_" + req["op"])(req, channel)
             except Exception as e:  # noqa: BLE001 (reported to the runner, the zygote goes on)
@@ -224,6 +228,54 @@ class Zygote:
         if req["pid"] in self.helpers:  # never a pid that is not one of ours (and still unreaped)
             os.kill(req["pid"], 9)
         return {}
+
+    def op_enter(self, req: dict, channel: int) -> dict:
+        """Fork a file helper into the mount namespace of a container's process `pid`, with that
+        process's uid and gid and no capability (container.py): the container's own view of its
+        files, symlinks resolved by its kernel view, no host path."""
+        if channel < 0:
+            raise ValueError("a file helper needs a channel")
+        target = req["pid"]
+        if os.stat(f"/proc/{target}/ns/user").st_ino != os.stat("/proc/self/ns/user").st_ino:
+            raise ValueError("the container has a user namespace of its own")
+        mnt = os.open(f"/proc/{target}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            pid = os.fork()
+        except BaseException:
+            os.close(mnt)
+            raise
+        if pid == 0:
+            try:
+                self._enter_container(req, channel, mnt)
+            except BaseException as e:  # noqa: BLE001
+                os.write(2, f"trajforge zygote: cannot start a container's file helper: {e}\n".encode())
+            os._exit(1)
+        os.close(mnt)
+        self.helpers[pid] = req["id"]
+        return {"pid": pid}
+
+    def _enter_container(self, req: dict, channel: int, mnt: int) -> None:
+        libc, check = self.libc, self.check
+        libc.prctl(_PR_SET_NAME, b"tf-files", 0, 0, 0)
+        for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGPIPE):
+            _signal.signal(sig, _signal.SIG_IGN)
+        check(libc.setns(mnt, _NEWNS), "setns(mnt)")  # root and cwd become the container's
+        os.chdir("/")
+        check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        for cap in range(_CAP_LAST + 1):
+            libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
+        uid, gid = req["uid"], req["gid"]
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+        # As uid 0 (the image's USER is root) the capabilities stay: drop every one (capset).
+        header = (self.ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
+        data = (self.ctypes.c_uint32 * 6)()
+        check(libc.capset(header, data), "capset")
+        libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+        libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)
+        _close_all_but({channel})
+        run_helper(channel)  # noqa: F821 (helper.py)
 
     def op_slot(self, req: dict, channel: int) -> dict:
         """Fork a slot's helper: pid 1 of a new pid namespace, serving `channel` (slot_helper.py)."""

@@ -1,0 +1,164 @@
+"""What the container samples of one run share: the engine, image checks, creation limit, file helpers.
+
+One ContainerBackend per run, held by the provider (`backend_for`): the engine detected and a
+crashed runner's leftovers swept once, each distinct image checked once (images.py),
+`--max_sandboxes` bounding container creation, and, when the runner is root, a zygote
+(zygote.py) that starts each container's file helper: a process in the container's mount
+namespace with the uid of the container's own process and no capability, so reads, writes and
+searches resolve exactly as the container sees its files (helper.py, fsops.py), at the cost of
+a message instead of an `exec`. Also here: the last-resort removal of live containers at
+interpreter exit, and the sweep of Podman's exec-session monitors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import os
+import socket
+import subprocess
+
+from trajforge.sandbox.base import Provider, SandboxError
+from trajforge.sandbox.bwrap_start import helper_source
+from trajforge.sandbox.channel import HelperChannel
+from trajforge.sandbox.engine import Engine, detect, owner_dead
+from trajforge.sandbox.forkserver import Zygote
+from trajforge.sandbox.images import ImageChecker
+from trajforge.sandbox.resources import sweep_leftovers
+
+_CATATONIT = ("/usr/libexec/podman/catatonit", "/usr/bin/catatonit", "/usr/local/libexec/podman/catatonit")
+
+_live: dict[str, Engine] = {}  # container name -> engine, for the atexit fallback
+
+
+@atexit.register
+def _remove_live() -> None:
+    """Last resort at interpreter exit: remove containers whose sample never closed them."""
+    groups: dict[int, tuple[Engine, list[str]]] = {}
+    for name, engine in list(_live.items()):
+        groups.setdefault(id(engine), (engine, []))[1].append(name)
+    for engine, names in groups.values():
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run([engine.binary, *engine.rm_args(*names)], env=engine.env, timeout=60, capture_output=True)
+    _live.clear()
+
+
+class ContainerBackend:
+    """What samples of one run share: the engine, the image checks, the creation limit, and (root
+    runner) the zygote that starts each container's file helper."""
+
+    def __init__(self, engine: Engine, *, max_creating: int, pull_timeout: float) -> None:
+        self.engine = engine
+        self.images = ImageChecker(engine, pull_timeout=pull_timeout)
+        self.creating = asyncio.Semaphore(max_creating)
+        self.init_flag = ["--init"] if engine.kind == "docker" or any(map(os.path.exists, _CATATONIT)) else []
+        self.zygote: Zygote | None = None
+        self._zygote_lock = asyncio.Lock()
+
+    async def file_zygote(self) -> Zygote | None:
+        """The zygote of file helpers, started on first use; None when the runner is not root."""
+        if os.geteuid() != 0:
+            return None
+        async with self._zygote_lock:
+            if self.zygote is None:
+                self.zygote = await Zygote().start(helper_source(zygote=True))
+        return self.zygote
+
+    async def file_helper(self, pid: int, *, cwd: str, mount: str, cap: int) -> HelperChannel | None:
+        """A helper in the mount namespace of the container whose process is `pid`, as that
+        process's uid and without capabilities, serving file operations with paths as the
+        container sees them; None (exec-based file operations) when the runner is not root or
+        the container cannot be entered (a user namespace of its own, say)."""
+        zygote = await self.file_zygote()
+        if zygote is None:
+            return None
+        try:
+            uid, gid = _ids_of(pid)
+        except (OSError, ValueError):
+            return None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        channel = HelperChannel(ours, cap)
+        try:
+            await zygote.slot(theirs, op="enter", pid=pid, uid=uid, gid=gid)
+            cfg = {"id": 0, "cwd": cwd, "roots": [mount], "workdir": mount, "env": {}, "shell": "/bin/sh",
+                   "prefix": "", "limits": []}
+            async with asyncio.timeout(30):
+                await channel.call(cfg)
+        except (SandboxError, TimeoutError, OSError):
+            channel.close()
+            return None
+        return channel
+
+    async def aclose(self) -> None:
+        await self.images.aclose()
+        if self.zygote is not None:
+            await self.zygote.aclose()
+            self.zygote = None
+
+    async def sweep(self) -> list[str]:
+        """Remove containers left by crashed runners on this host; returns their names."""
+        res = await self.engine.run("ps", "-a", "--filter", "label=trajforge", "--format", "{{.Names}}", timeout=60)
+        dead = [n for n in res.stdout.split() if owner_dead(n)] if res.exit_code == 0 else []
+        if dead:
+            await self.engine.run(*self.engine.rm_args(*dead), timeout=120)
+            await sweep_leftovers(force=True)  # their workspace disks, now that nothing uses them
+        return dead
+
+
+async def backend_for(provider: Provider) -> ContainerBackend:
+    """The run's backend, held by its provider: engine detected and swept once."""
+    config = provider.config
+
+    async def detect_and_sweep() -> ContainerBackend:
+        status = await detect(config.container_engine)
+        if status.engine is None:
+            why = "; ".join(f"{k}: {v}" for k, v in status.reasons.items())
+            raise SandboxError(f"no usable container engine ({why}); see `trajforge doctor`")
+        backend = ContainerBackend(status.engine, max_creating=config.max_sandboxes,
+                                   pull_timeout=config.image_pull_timeout)
+        await backend.sweep()
+        return backend
+
+    return await provider.state("container.backend", detect_and_sweep, ContainerBackend.aclose)
+
+
+def kill_exec_monitors(name: str) -> int:
+    """Kill the `conmon` exec-session monitors of the removed Podman container `name`.
+
+    A `podman exec` client that is killed (a command's timeout, a cancelled sample, the process
+    tool's kill) leaves its session's conmon waiting `exit_command_delay` (300 s by default) to
+    run a cleanup that has nothing left to clean once the container is gone; hundreds of
+    timed-out commands would keep hundreds of them around. Matched by the container's unique name
+    on conmon's own command line (`-n NAME`). Returns how many were killed."""
+    killed = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/comm", "rb") as f:
+                if f.read().strip() != b"conmon":
+                    continue
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        if any(a == b"-n" and b == name.encode() for a, b in zip(args, args[1:])):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.name), 9)
+                killed += 1
+    return killed
+
+
+def _ids_of(pid: int) -> tuple[int, int]:
+    """The effective uid and gid of a process (its /proc status)."""
+    uid = gid = -1
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("Uid:"):
+                uid = int(line.split()[2])
+            elif line.startswith("Gid:"):
+                gid = int(line.split()[2])
+    if uid < 0 or gid < 0:
+        raise ValueError(f"no uid/gid for process {pid}")
+    return uid, gid
