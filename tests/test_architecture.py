@@ -49,6 +49,8 @@ FORBIDDEN = [
     ("tools", "trajforge.config"),  # tools get ToolSettings (tools/settings.py), built by the sample layer
     ("sandbox", "trajforge.tools"),
     ("sandbox", "trajforge.runner"),
+    ("sandbox", "trajforge.config"),  # the sandbox gets SandboxSettings from the sample layer
+    ("sandbox", "trajforge.sample"),
     ("model", "trajforge.tools"),
     ("model", "trajforge.runner"),
     ("errors", "trajforge.model"),

@@ -24,6 +24,7 @@ from tests.conftest import REPO, cli
 from tests.support.policies import prompt_command_policy
 from tests.support.scripted_server import ScriptedServer
 from trajforge.config import RunConfig
+from trajforge.sample.settings import sandbox_settings
 from trajforge.sandbox.base import PathEscapeError
 from trajforge.sandbox.bwrap import BwrapSandbox, bwrap_argv, probe
 
@@ -272,7 +273,7 @@ def test_factory_picks_bwrap_by_default(tmp_path: Path) -> None:
             try:
                 from trajforge.sandbox.network import resolve_mode
 
-                mode = (await resolve_mode(cfg))[0]  # auto: egress where it works here, else host
+                mode = (await resolve_mode(sandbox_settings(cfg)))[0]  # auto: egress where it works here, else host
                 assert isinstance(sb, BwrapSandbox) and sb.network == (mode == "host") and sb.egress == (mode == "egress")
                 res = await sb.exec("pwd; ls -d /workspace/app", timeout=10)
                 assert res.stdout == "/app\n/workspace/app\n"  # an absolute cwd is also mounted at its path

@@ -25,6 +25,7 @@ from tests.support.policies import prompt_command_policy
 from tests.support.sandboxes import create_sandbox
 from tests.support.scripted_server import ScriptedServer
 from trajforge.config import RunConfig
+from trajforge.sample.settings import sandbox_settings
 from trajforge.sandbox.base import FileOpError, PathEscapeError, SandboxError
 from trajforge.sandbox.container import ContainerSandbox
 from trajforge.sandbox.container_backend import ContainerBackend, backend_for
@@ -160,7 +161,7 @@ def test_missing_image_fails_the_sample_once_per_image(tmp_path: Path, busybox_i
 
     async def body() -> None:
         cfg = config(run_name=f"ctest-missing-{os.getpid()}")
-        async with SandboxProvider(cfg) as provider:  # the run's: one image check each
+        async with SandboxProvider(sandbox_settings(cfg)) as provider:  # the run's: one image check each
             results = await asyncio.gather(
                 *(provider.create(cwd=None, image=MISSING_IMAGE, root=tmp_path) for _ in range(3)),
                 *(provider.create(cwd=None, image=busybox_image, root=tmp_path) for _ in range(2)),
@@ -201,7 +202,7 @@ def test_container_creation_is_bounded_by_max_sandboxes(tmp_path: Path, busybox_
 
     async def body() -> None:
         cfg = config(max_sandboxes=1, run_name=f"ctest-bound-{os.getpid()}")
-        async with SandboxProvider(cfg) as provider:
+        async with SandboxProvider(sandbox_settings(cfg)) as provider:
             boxes = await asyncio.gather(*(provider.create(cwd=None, image=busybox_image, root=tmp_path)
                                            for _ in range(3)))
             try:
@@ -245,7 +246,7 @@ CHILD = textwrap.dedent("""
 
     async def main():
         cfg = RunConfig(container_engine="podman", run_name=sys.argv[2])
-        async with SandboxProvider(cfg) as provider:
+        async with SandboxProvider(sandbox_settings(cfg)) as provider:
             sb = await provider.create(cwd=None, image=sys.argv[1], root=Path(sys.argv[3]))
             try:
                 print("ready", sb.name, flush=True)
@@ -360,7 +361,7 @@ def test_file_operations_run_inside_the_container(tmp_path: Path, image_fixture:
         pytest.skip("the file helper needs a root runner")
 
     async def body() -> None:
-        provider = await SandboxProvider(config()).start()
+        provider = await SandboxProvider(sandbox_settings(config())).start()
         sb = ContainerSandbox(tmp_path, backend=await backend_for(provider), image=image, cwd="/app",
                               file_helper=helper)
         await sb.start()

@@ -17,8 +17,9 @@ from tests.conftest import cli
 from tests.support.policies import prompt_command_policy
 from tests.support.scripted_server import ScriptedServer
 from trajforge.config import RunConfig, size_bytes
+from trajforge.sample.settings import sandbox_settings
 from trajforge.sandbox.bwrap import BwrapSandbox, probe
-from trajforge.sandbox.factory import limits_for, sample_limits
+from trajforge.sandbox.factory import limits_for
 from trajforge.sandbox.disk import disk_usable
 from trajforge.sandbox.resources import SampleLimits, cgroup_parent
 
@@ -40,8 +41,8 @@ MESSAGES = {"memory": "memory limit of 160 MiB (sandbox_memory)", "tmp": "filled
 
 def test_sizes_and_defaults_map_to_limits() -> None:
     assert size_bytes("4g") == 4 << 30 and size_bytes("256m") == 256 << 20 and size_bytes("1024") == 1024
-    cfg = RunConfig()
-    lim = sample_limits(cfg)
+    cfg = sandbox_settings(RunConfig())
+    lim = cfg.limits
     assert (lim.memory, lim.tmp_size, lim.shm_size, lim.disk, lim.cpu_seconds) == (
         4 << 30, 1 << 30, 256 << 20, 10 << 30, 600)
     assert limits_for(cfg, memory_cgroup=True).address_space_bytes is None  # the cgroup holds the sample

@@ -26,6 +26,7 @@ from tests.support.policies import tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
 from tests.support.web_fixture import WebFixture
 from trajforge.config import RunConfig
+from trajforge.sample.settings import sandbox_settings
 from trajforge.netpolicy import make_policy
 from trajforge.sandbox.bwrap import BwrapSandbox, bwrap_argv
 from trajforge.sandbox.network import egress_support, ruleset
@@ -212,17 +213,18 @@ def test_none_mode_offers_no_tool_that_fetches_model_urls(tmp_path: Path, server
 
 def test_auto_falls_back_to_host_with_a_note_and_explicit_egress_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     from trajforge.errors import UsageError
+    from trajforge.runner.preflight import check_network
     from trajforge.sandbox import network
 
     monkeypatch.setitem(network._support, "bwrap", network.EgressSupport(False, "no slirp4netns here"))
-    mode, note = asyncio.run(network.resolve_mode(RunConfig()))
+    mode, note = asyncio.run(network.resolve_mode(sandbox_settings(RunConfig())))
     assert mode == "host" and note is not None and "no slirp4netns here" in note and "host" in note
     with pytest.raises(UsageError, match="egress is not available.*no slirp4netns here"):
-        asyncio.run(network.resolve_mode(RunConfig(sandbox_network="egress")))
-    assert asyncio.run(network.resolve_mode(RunConfig(sandbox_network="none"))) == ("none", None)
+        asyncio.run(network.resolve_mode(sandbox_settings(RunConfig(sandbox_network="egress"))))
+    assert asyncio.run(network.resolve_mode(sandbox_settings(RunConfig(sandbox_network="none")))) == ("none", None)
     cfg = RunConfig(sandbox_network="auto")
-    fixed, said = network.check_for_run(cfg)
-    assert said == note and fixed.sandbox_network == "host"  # fixed for the whole run
+    fixed = check_network(cfg)
+    assert fixed.sandbox_network == "host"  # fixed for the whole run
 
 
 def test_explicit_egress_that_cannot_be_had_is_refused_before_any_work(

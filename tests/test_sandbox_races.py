@@ -36,6 +36,7 @@ from tests.support.policies import tool_messages
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
 from tests.support.web_fixture import make_png
 from trajforge.config import RunConfig
+from trajforge.sample.settings import sandbox_settings
 from trajforge.sample.settings import tool_settings
 from trajforge.sandbox.base import FileOpError, PathEscapeError, Sandbox
 from trajforge.sandbox.bwrap import probe
@@ -139,7 +140,7 @@ async def hammer(config: RunConfig, image: str | None, root: Path, outside: Path
     settings = tool_settings(config)
     tools = {"vision": await vision.build(settings), "image_gen": await image_gen.build(settings)} if with_tools else None
     assert tools is None or all(isinstance(t, Toolset) for t in tools.values()), tools
-    async with SandboxProvider(config) as provider:
+    async with SandboxProvider(sandbox_settings(config)) as provider:
         sb = await provider.create(cwd=None, image=image, root=root)
         assert sb.workspace is not None
         if exec_files:  # a container without its file helper: the exec-based path (non-root runners)

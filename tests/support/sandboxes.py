@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from trajforge.config import RunConfig
+from trajforge.sample.settings import sandbox_settings
 from trajforge.sandbox.base import Sandbox
 from trajforge.sandbox.factory import SandboxProvider
 
 
 async def create_sandbox(config: RunConfig, *, cwd: str | None, image: str | None, root: Path) -> Sandbox:
     """A started sandbox; closing it closes its provider too."""
-    provider = await SandboxProvider(config).start()
+    provider = await SandboxProvider(sandbox_settings(config)).start()
     try:
         sb = await provider.create(cwd=cwd, image=image, root=root)
     except BaseException:

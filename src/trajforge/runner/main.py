@@ -253,9 +253,10 @@ async def _resolve_sandbox(config: RunConfig, dataset: LoadedDataset) -> tuple[R
     the backend the samples really use; a fallback to `local` says why and how to get isolation."""
     if config.executor != "local":
         return config, f"{config.sandbox} (chosen on each Ray node)" if config.sandbox == "auto" else config.sandbox
+    from trajforge.sample.settings import sandbox_settings
     from trajforge.sandbox.factory import resolve_backend
 
-    kind, fallback_reason = await resolve_backend(config)
+    kind, fallback_reason = await resolve_backend(sandbox_settings(config))
     config = config.model_copy(update={"sandbox": kind})
     if fallback_reason is not None:
         print(f"trajforge: --sandbox auto: bwrap is not usable here ({fallback_reason}), so commands run in the "

@@ -5,6 +5,7 @@ bad input never alters an existing run directory and a run that could only fail 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from pathlib import Path
@@ -90,9 +91,13 @@ def choose_model(config: RunConfig) -> RunConfig:
 def check_network(config: RunConfig) -> RunConfig:
     """The config with `auto` fixed to the concrete network mode; an explicit egress that cannot be
     had stops here (exit 2)."""
-    from trajforge.sandbox.network import check_for_run
+    if config.sandbox_network not in ("auto", "egress"):
+        return config
+    from trajforge.sample.settings import sandbox_settings
+    from trajforge.sandbox.network import resolve_mode
 
-    config, note = check_for_run(config)
+    mode, note = asyncio.run(resolve_mode(sandbox_settings(config)))
+    config = config.model_copy(update={"sandbox_network": mode})
     if note:
         print(f"trajforge: {note}", file=sys.stderr)
     return config

@@ -1,12 +1,13 @@
 """The narrow settings the sample layer hands to the layers below it, built from RunConfig.
 
-Layers below the sample (tools, model) never see RunConfig; each gets its own settings object,
-built here once per process from the run's configuration.
+Layers below the sample (tools, model, sandbox) never see RunConfig; each gets its own settings
+object, built here once per process from the run's configuration.
 """
 
 from __future__ import annotations
 
-from trajforge.config import RunConfig
+from trajforge.config import RunConfig, size_bytes
+from trajforge.sandbox.settings import ContainerSettings, SampleLimits, SandboxSettings
 from trajforge.tools.settings import ToolSettings
 
 
@@ -15,3 +16,17 @@ def tool_settings(config: RunConfig) -> ToolSettings:
     return ToolSettings(sections=config.tools, model=config.model_settings(),
                         network_allow=tuple(config.network.allow),
                         fetch_model_urls=config.sandbox_network != "none", tool_timeout=config.tool_timeout)
+
+
+def sandbox_settings(config: RunConfig) -> SandboxSettings:
+    """What the sandbox provider and its backends read of the run (sandbox/settings.py)."""
+    limits = SampleLimits(memory=size_bytes(config.sandbox_memory), tmp_size=size_bytes(config.sandbox_tmp_size),
+                          shm_size=size_bytes(config.sandbox_shm_size), disk=size_bytes(config.sandbox_disk),
+                          cpu_seconds=config.sandbox_cpu_seconds)
+    container = ContainerSettings(
+        engine=config.container_engine, max_sandboxes=config.max_sandboxes, image_pull_timeout=config.image_pull_timeout,
+        image=config.container_image, memory=config.container_memory or config.sandbox_memory,
+        pids_limit=config.container_pids_limit, cpus=config.container_cpus, run_name=config.run_name or "")
+    return SandboxSettings(backend=config.sandbox, network=config.sandbox_network, allow=tuple(config.network.allow),
+                           keep_workspaces=config.keep_workspaces, limits=limits, nproc=config.sandbox_nproc,
+                           container=container)

@@ -25,7 +25,7 @@ from trajforge.dataset import Sample
 from trajforge.errors import FatalModelError, SampleFailure, UsageError
 from trajforge.model.types import ModelClient
 from trajforge.sample.outcome import Outcome, batch_number
-from trajforge.sample.settings import tool_settings
+from trajforge.sample.settings import sandbox_settings, tool_settings
 from trajforge.sample.trace import tracer
 from trajforge.sandbox.base import Sandbox
 from trajforge.sandbox.factory import SandboxProvider
@@ -68,7 +68,7 @@ class SampleWorker:
             why = "; ".join(f"{u.toolset}: {u.reason}" for u in self.unavailable)
             raise UsageError(f"--distribution {self.distribution.name}: none of its toolsets can be offered "
                              f"here ({why}); pick another distribution (see `trajforge distributions`)")
-        self.sandboxes = await SandboxProvider(self.config).start()
+        self.sandboxes = await SandboxProvider(sandbox_settings(self.config)).start()
         if self._root_override is not None:
             self.workspace_root = self._root_override
             self.workspace_root.mkdir(parents=True, exist_ok=True)
@@ -81,7 +81,7 @@ class SampleWorker:
         """Start pulling the container images that samples of this process will need (local runs)."""
         from trajforge.sandbox.factory import prefetch_images
 
-        await prefetch_images(self.config, set(images))
+        await prefetch_images(set(images))
 
     async def aclose(self) -> None:
         for ts in self.toolsets.values():

@@ -22,7 +22,7 @@ from trajforge.sandbox.fsops import FileOpError, check_model_path
 from trajforge.sandbox.safe_fs import PathEscapeError, SymlinkError
 
 if TYPE_CHECKING:
-    from trajforge.config import RunConfig
+    from trajforge.sandbox.settings import SandboxSettings
 
 T = TypeVar("T")
 
@@ -133,7 +133,7 @@ class Provider(Protocol):
     """What a backend's `make(provider, ...)` may ask of the run-scoped provider
     (sandbox.factory.SandboxProvider): backends depend on this, never on the factory."""
 
-    config: RunConfig
+    settings: SandboxSettings
     limits: Any  # process.Limits of the run's commands
 
     async def state(self, key: str, factory: Callable[[], Awaitable[T]],

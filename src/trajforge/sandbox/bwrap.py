@@ -209,14 +209,14 @@ async def _run_of(provider: Provider) -> _Run | SandboxError:
         status = await probe_status(provider)
     if not status.usable:
         return SandboxError(f"--sandbox bwrap is not usable here: {status.detail} (see `trajforge doctor`)")
-    config = provider.config
+    settings = provider.settings
     network = await provider.network_mode()
     privileged = status.mode == "root"
     sample_limits = provider.sample_limits()
     runtime = None
     if privileged:
         async def start() -> RootRuntime:
-            return await root_runtime(status.path, network, config.network.allow, sample_limits)
+            return await root_runtime(status.path, network, settings.allow, sample_limits)
 
         try:
             runtime = await provider.state("bwrap.runtime", start, RootRuntime.aclose)
@@ -224,8 +224,8 @@ async def _run_of(provider: Provider) -> _Run | SandboxError:
             return SandboxError(f"--sandbox bwrap is not usable here: {e} (see `trajforge doctor`)")
     # A memory cgroup holds the whole sample in root mode; otherwise RLIMIT_AS per process stands in.
     limits = provider.command_limits(memory_cgroup=privileged and cgroup_parent() is not None)
-    return _Run(status, network, limits, sample_limits, config.keep_workspaces, tuple(config.network.allow),
-                config.sandbox_nproc, runtime)
+    return _Run(status, network, limits, sample_limits, settings.keep_workspaces, settings.allow, settings.nproc,
+                runtime)
 
 
 async def make(provider: Provider, *, cwd: str | None, image: str | None, root: Path) -> BwrapSandbox:

@@ -63,17 +63,16 @@ def _engine_failed(res: ExecResult) -> bool:
 
 async def make(provider: Provider, *, cwd: str | None, image: str | None, root: Path) -> ContainerSandbox:
     """A row with an image always runs in a container (the image is never silently ignored)."""
-    config = provider.config
-    image = image or config.container_image
+    settings, run = provider.settings, provider.settings.container
+    image = image or run.image
     if image is None:
         raise SandboxError("--sandbox container needs an image: give the row an `image` field or set "
                            "`container_image` in the config file")
     backend = await backend_for(provider)
     return ContainerSandbox(
         root, backend=backend, image=image, cwd=cwd, network=await provider.network_mode(),
-        allow=config.network.allow, limits=provider.sample_limits(),
-        memory=config.container_memory or config.sandbox_memory, pids_limit=config.container_pids_limit,
-        cpus=config.container_cpus, run_name=config.run_name, keep=config.keep_workspaces,
+        allow=settings.allow, limits=provider.sample_limits(), memory=run.memory, pids_limit=run.pids_limit,
+        cpus=run.cpus, run_name=run.run_name, keep=settings.keep_workspaces,
     )
 
 

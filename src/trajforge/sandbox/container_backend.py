@@ -108,15 +108,14 @@ class ContainerBackend:
 
 async def backend_for(provider: Provider) -> ContainerBackend:
     """The run's backend, held by its provider: engine detected and swept once."""
-    config = provider.config
+    run = provider.settings.container
 
     async def detect_and_sweep() -> ContainerBackend:
-        status = await detect(config.container_engine)
+        status = await detect(run.engine)
         if status.engine is None:
             why = "; ".join(f"{k}: {v}" for k, v in status.reasons.items())
             raise SandboxError(f"no usable container engine ({why}); see `trajforge doctor`")
-        backend = ContainerBackend(status.engine, max_creating=config.max_sandboxes,
-                                   pull_timeout=config.image_pull_timeout)
+        backend = ContainerBackend(status.engine, max_creating=run.max_sandboxes, pull_timeout=run.image_pull_timeout)
         await backend.sweep()
         return backend
 

@@ -3,7 +3,8 @@
 One SandboxProvider per executor process (SampleWorker.start creates it, aclose closes it). It
 holds what samples of a run share: the bwrap probe, the container engine and image cache, the
 local backend's cgroup directory, the limits from the config (limits_for, sample_limits) and the
-run's concrete network mode (network_mode, resolved once; sandbox/network.py). Nothing of it
+run's concrete network mode (network_mode, resolved once; sandbox/network.py), all from the
+run's SandboxSettings (settings.py), never from RunConfig. Nothing of it
 lives in module globals, so two runs in one process (tests, Ray actors) never share or leak state.
 
 Backends are registered in BACKENDS: name -> "module:function", the function being
@@ -23,14 +24,11 @@ import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from trajforge.sandbox.base import Sandbox, SandboxError
 from trajforge.sandbox.process import DEFAULT_LIMITS, Limits
-from trajforge.sandbox.resources import SampleLimits
-
-if TYPE_CHECKING:
-    from trajforge.config import RunConfig
+from trajforge.sandbox.settings import SampleLimits, SandboxSettings
 
 BACKENDS = {
     "local": "trajforge.sandbox.local:make",
@@ -42,29 +40,19 @@ T = TypeVar("T")
 _open: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SandboxProvider] = weakref.WeakKeyDictionary()
 
 
-def limits_for(config: RunConfig, *, memory_cgroup: bool = False) -> Limits:
+def limits_for(settings: SandboxSettings, *, memory_cgroup: bool = False) -> Limits:
     """Per-process rlimits of sandboxed commands: CPU seconds, and the memory limit as an
     address-space limit where no memory cgroup holds the whole sample (sandbox/resources.py)."""
-    from trajforge.config import size_bytes
-
-    return replace(DEFAULT_LIMITS, cpu_seconds=config.sandbox_cpu_seconds,
-                   address_space_bytes=None if memory_cgroup else size_bytes(config.sandbox_memory))
-
-
-def sample_limits(config: RunConfig) -> SampleLimits:
-    from trajforge.config import size_bytes
-
-    return SampleLimits(memory=size_bytes(config.sandbox_memory), tmp_size=size_bytes(config.sandbox_tmp_size),
-                        shm_size=size_bytes(config.sandbox_shm_size), disk=size_bytes(config.sandbox_disk),
-                        cpu_seconds=config.sandbox_cpu_seconds)
+    return replace(DEFAULT_LIMITS, cpu_seconds=settings.limits.cpu_seconds,
+                   address_space_bytes=None if memory_cgroup else settings.limits.memory)
 
 
 class SandboxProvider:
-    def __init__(self, config: RunConfig) -> None:
-        self.config = config
+    def __init__(self, settings: SandboxSettings) -> None:
+        self.settings = settings
         # CPU seconds and memory as an address-space limit; bwrap swaps the latter for a memory cgroup
         # where it can have one (bwrap.make), sandbox_nproc is bwrap's.
-        self.limits: Limits = limits_for(config)
+        self.limits: Limits = limits_for(settings)
         self._state: dict[str, Any] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._closing = contextlib.AsyncExitStack()
@@ -85,16 +73,16 @@ class SandboxProvider:
         return self._state[key]  # type: ignore[no-any-return]
 
     def command_limits(self, *, memory_cgroup: bool = False) -> Limits:
-        return limits_for(self.config, memory_cgroup=memory_cgroup)
+        return limits_for(self.settings, memory_cgroup=memory_cgroup)
 
     def sample_limits(self) -> SampleLimits:
-        return sample_limits(self.config)
+        return self.settings.limits
 
     async def network_mode(self) -> str:
         return await network_mode(self)
 
     async def backend_name(self, image: str | None) -> str:
-        kind = self.config.sandbox
+        kind = self.settings.backend
         if image is not None or kind == "container":
             return "container"
         if kind == "auto":
@@ -141,18 +129,18 @@ async def network_mode(provider: SandboxProvider) -> str:
 
     async def resolve() -> str:
         try:
-            return (await resolve_mode(provider.config))[0]
+            return (await resolve_mode(provider.settings))[0]
         except UsageError as e:
             raise SandboxError(str(e)) from None
 
     return await provider.state("network.mode", resolve)
 
 
-async def resolve_backend(config: RunConfig) -> tuple[str, str | None]:
+async def resolve_backend(settings: SandboxSettings) -> tuple[str, str | None]:
     """The backend `--sandbox` means on this machine for rows without an image, and, when `auto`
     fell back to `local` (no isolation), why bwrap could not be used."""
-    if config.sandbox != "auto":
-        return config.sandbox, None
+    if settings.backend != "auto":
+        return settings.backend, None
     from trajforge.sandbox.bwrap import probe
 
     status = await probe()
@@ -168,7 +156,7 @@ def _as_async(fn: Callable[[Any], Any]) -> Callable[[Any], Awaitable[None]]:
     return call
 
 
-async def prefetch_images(config: RunConfig, images: set[str]) -> None:
+async def prefetch_images(images: set[str]) -> None:
     """Start checking (and pulling) the run's distinct images in the background, before the first
     sample needs them; a problem surfaces later as that image's samples' `sandbox` failure."""
     provider = _open.get(asyncio.get_running_loop())

@@ -161,7 +161,7 @@ async def make(provider: Provider, *, cwd: str | None, image: str | None, root: 
         return await asyncio.to_thread(Cgroups.open)
 
     cgroups = await provider.state("local.cgroups", open_cgroups, lambda c: c and c.close())
-    return LocalSandbox(root, keep=provider.config.keep_workspaces, cwd=cwd, limits=provider.limits, cgroups=cgroups)
+    return LocalSandbox(root, keep=provider.settings.keep_workspaces, cwd=cwd, limits=provider.limits, cgroups=cgroups)
 
 
 def anonymous_file() -> int:

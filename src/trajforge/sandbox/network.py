@@ -37,7 +37,7 @@ from trajforge.sandbox.base import SandboxError
 from trajforge.sandbox.process import SAFE_PATH
 
 if TYPE_CHECKING:
-    from trajforge.config import RunConfig
+    from trajforge.sandbox.settings import SandboxSettings
 
 SLIRP_DNS = "10.0.2.3"
 START_TIMEOUT = 10.0
@@ -140,37 +140,29 @@ async def _probe_bwrap() -> EgressSupport:
             await sb.close()
 
 
-def _backend_of(config: RunConfig) -> str:
-    return "container" if config.sandbox == "container" else "local" if config.sandbox == "local" else "bwrap"
+def _backend_of(settings: SandboxSettings) -> str:
+    kind = settings.backend
+    return "container" if kind == "container" else "local" if kind == "local" else "bwrap"
 
 
-async def resolve_mode(config: RunConfig) -> tuple[str, str | None]:
+async def resolve_mode(settings: SandboxSettings) -> tuple[str, str | None]:
     """The concrete mode for this run and a note for the user when auto could not get egress.
 
     Raises UsageError when egress was asked for explicitly and cannot be had."""
-    mode = config.sandbox_network
+    mode = settings.network
     if mode not in ("auto", "egress"):
         return mode, None
-    backend = _backend_of(config)
+    backend = _backend_of(settings)
     support = await egress_support(backend)
     if support.usable:
         return "egress", None
     if mode == "egress":
-        raise UsageError(f"--sandbox_network egress is not available with --sandbox {config.sandbox}: "
+        raise UsageError(f"--sandbox_network egress is not available with --sandbox {settings.backend}: "
                          f"{support.detail} (see `trajforge doctor`; --sandbox_network host opts into the host network)")
     if backend == "local":
         return "host", None  # the local backend never isolates anything; nothing to announce
     return "host", (f"egress networking is not available here ({support.detail}); samples share the "
                     "host network (--sandbox_network host); see `trajforge doctor`")
-
-
-def check_for_run(config: RunConfig) -> tuple[RunConfig, str | None]:
-    """At run start, before any work: the config with `auto` fixed to the concrete mode, and the
-    note to print, if any."""
-    if config.sandbox_network not in ("auto", "egress"):
-        return config, None
-    mode, note = asyncio.run(resolve_mode(config))
-    return config.model_copy(update={"sandbox_network": mode}), note
 
 
 async def doctor_rows() -> dict[str, dict[str, object]]:

@@ -22,24 +22,15 @@ import contextlib
 import os
 import secrets
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from trajforge.sandbox.base import SandboxError
 from trajforge.sandbox.disk import DiskImage, disk_usable, human, pid_alive, sweep_images
+from trajforge.sandbox.settings import SampleLimits
 
 V2_ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
 _GROUP = "trajforge"
-
-
-@dataclass(frozen=True, slots=True)
-class SampleLimits:
-    memory: int | None = 4 << 30
-    tmp_size: int | None = 1 << 30
-    shm_size: int | None = 256 << 20
-    disk: int | None = 10 << 30
-    cpu_seconds: int | None = 600
 
 
 def _writable_dir(p: Path) -> bool:
