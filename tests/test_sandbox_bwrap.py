@@ -26,7 +26,8 @@ from tests.support.scripted_server import ScriptedServer
 from trajforge.config import RunConfig
 from trajforge.sample.settings import sandbox_settings
 from trajforge.sandbox.base import PathEscapeError
-from trajforge.sandbox.bwrap import BwrapSandbox, bwrap_argv, probe
+from trajforge.sandbox.bwrap import BwrapSandbox, bwrap_argv
+from trajforge.sandbox.bwrap_backend import probe
 
 STATUS = asyncio.run(probe())
 needs_bwrap = pytest.mark.skipif(not STATUS.usable, reason=f"bwrap not usable here: {STATUS.detail}")

@@ -18,7 +18,8 @@ from tests.support.policies import prompt_command_policy
 from tests.support.scripted_server import ScriptedServer
 from trajforge.config import RunConfig, size_bytes
 from trajforge.sample.settings import sandbox_settings
-from trajforge.sandbox.bwrap import BwrapSandbox, probe
+from trajforge.sandbox.bwrap import BwrapSandbox
+from trajforge.sandbox.bwrap_backend import probe
 from trajforge.sandbox.factory import limits_for
 from trajforge.sandbox.disk import disk_usable
 from trajforge.sandbox.resources import SampleLimits, cgroup_parent

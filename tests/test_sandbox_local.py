@@ -13,7 +13,8 @@ import pytest
 from trajforge.config import RunConfig
 from trajforge.sample.settings import sandbox_settings
 from trajforge.sandbox.base import PathEscapeError, SandboxError
-from trajforge.sandbox.bwrap import BwrapSandbox, probe
+from trajforge.sandbox.bwrap import BwrapSandbox
+from trajforge.sandbox.bwrap_backend import probe
 from tests.support.sandboxes import create_sandbox
 from trajforge.sandbox import reaper
 from trajforge.sandbox.factory import SandboxProvider

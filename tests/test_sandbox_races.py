@@ -39,7 +39,7 @@ from trajforge.config import RunConfig
 from trajforge.sample.settings import sandbox_settings
 from trajforge.sample.settings import tool_settings
 from trajforge.sandbox.base import FileOpError, PathEscapeError, Sandbox
-from trajforge.sandbox.bwrap import probe
+from trajforge.sandbox.bwrap_backend import probe
 from trajforge.sandbox.container import ContainerSandbox
 from trajforge.sandbox.factory import SandboxProvider
 from trajforge.tools import files, image_gen, vision

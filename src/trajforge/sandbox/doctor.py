@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any
 
-from trajforge.sandbox.bwrap import probe
+from trajforge.sandbox.bwrap_backend import probe
 from trajforge.sandbox.engine import detect
 from trajforge.sandbox.network import doctor_rows
 from trajforge.sandbox.disk import disk_usable, human

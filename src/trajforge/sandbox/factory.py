@@ -32,7 +32,7 @@ from trajforge.sandbox.settings import SampleLimits, SandboxSettings
 
 BACKENDS = {
     "local": "trajforge.sandbox.local:make",
-    "bwrap": "trajforge.sandbox.bwrap:make",
+    "bwrap": "trajforge.sandbox.bwrap_backend:make",
     "container": "trajforge.sandbox.container:make",
 }
 T = TypeVar("T")
@@ -86,7 +86,7 @@ class SandboxProvider:
         if image is not None or kind == "container":
             return "container"
         if kind == "auto":
-            from trajforge.sandbox.bwrap import probe_status
+            from trajforge.sandbox.bwrap_backend import probe_status
 
             return "bwrap" if (await probe_status(self)).usable else "local"
         return kind
@@ -141,7 +141,7 @@ async def resolve_backend(settings: SandboxSettings) -> tuple[str, str | None]:
     fell back to `local` (no isolation), why bwrap could not be used."""
     if settings.backend != "auto":
         return settings.backend, None
-    from trajforge.sandbox.bwrap import probe
+    from trajforge.sandbox.bwrap_backend import probe
 
     status = await probe()
     return ("bwrap", None) if status.usable else ("local", status.detail)

@@ -34,7 +34,7 @@ import os
 import select
 import struct
 
-from trajforge.sandbox.netlink import Netlink
+from trajforge.sandbox.zygote_net import Namespaces
 from trajforge.sandbox.slot_helper import SlotMounts, run_slot_helper
 
 _NEWCGROUP, _NEWUTS, _NEWPID, _NEWNET = 0x2000000, 0x4000000, 0x20000000, 0x40000000
@@ -42,20 +42,10 @@ _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_NAME, _PR_SET_NO_NEW_PRIVS, _PR_CAP
 _CAP_LAST = 63
 _CAPABILITY_VERSION_3 = 0x20080522
 _NEWNS = 0x20000
-VETH_MTU = 65520
 _FRAME = struct.Struct("<I")
 
 
-def slot_addresses(index: int) -> tuple[str, str]:
-    """(router side, slot side) of slot `index`'s /30 in 10.128.0.0/9 (router.py routes them)."""
-    base = (10 << 24) | (128 << 16) | (4 * index)
-    dotted = ".".join(str(base >> s & 255) for s in (24, 16, 8, 0))
-    head = dotted.rsplit(".", 1)[0]
-    last = base & 255
-    return f"{head}.{last + 1}", f"{head}.{last + 2}"
-
-
-class Zygote:
+class Zygote(Namespaces):
     def __init__(self, fd: int) -> None:
         import ctypes
 
@@ -156,72 +146,6 @@ class Zygote:
         if self.template >= 0:
             os.close(self.template)
         self.template = fd
-        return {}
-
-    def _new_netns(self) -> int:
-        self.check(self.libc.unshare(_NEWNET), "unshare(net)")
-        try:
-            return os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-        finally:
-            self.check(self.libc.setns(self.host_net, _NEWNET), "setns(host net)")
-
-    def _enter(self, ns: int) -> None:
-        self.check(self.libc.setns(ns, _NEWNET), "setns(net)")
-
-    def _no_ipv6(self) -> None:
-        """Interfaces made from now on in the current namespace get no IPv6 (nothing routes it, and
-        address configuration would cost every new veth its timers and packets)."""
-        with open("/proc/sys/net/ipv6/conf/default/disable_ipv6", "w") as f:  # opened here: this ns's own
-            f.write("1")
-
-    def op_netns(self, req: dict, _channel: int) -> dict:
-        """A slot's network namespace: loopback up; with `router`, a veth link to the router."""
-        ns = self._new_netns()
-        try:
-            router, index = req.get("router"), req.get("index", 0)
-            if router is not None:
-                self._enter(ns)
-                self._no_ipv6()
-                outside, inside = slot_addresses(index)
-                self._enter(self.nets[router])
-                with Netlink() as nl:
-                    nl.add_veth(f"s{index}", "eth0", ns, VETH_MTU)
-                    nl.add_address(f"s{index}", outside, 30)
-                    nl.link_up(f"s{index}")
-            self._enter(ns)
-            with Netlink() as nl:
-                nl.link_up("lo")
-                if router is not None:
-                    nl.add_address("eth0", inside, 30)
-                    nl.link_up("eth0")
-                    nl.add_default_route(outside)
-        except BaseException:
-            os.close(ns)
-            raise
-        finally:
-            self._enter(self.host_net)
-        self.nets[ns] = ns
-        return {"ns": ns, "path": f"/proc/{os.getpid()}/fd/{ns}"}
-
-    def op_router(self, req: dict, _channel: int) -> dict:
-        """The run's router namespace: loopback up and IPv4 forwarding on (only in there)."""
-        ns = self._new_netns()
-        try:
-            self._enter(ns)
-            with open("/proc/sys/net/ipv4/ip_forward", "w") as f:  # opened here: the router's own
-                f.write("1")
-            self._no_ipv6()
-            with Netlink() as nl:
-                nl.link_up("lo")
-        finally:
-            self._enter(self.host_net)
-        self.nets[ns] = ns
-        return {"ns": ns, "path": f"/proc/{os.getpid()}/fd/{ns}"}
-
-    def op_drop(self, req: dict, _channel: int) -> dict:
-        fd = self.nets.pop(req["ns"], None)
-        if fd is not None:
-            os.close(fd)
         return {}
 
     def op_kill(self, req: dict, _channel: int) -> dict:

@@ -1,0 +1,101 @@
+"""What a sandbox costs, per backend and setting: a new slot, a sample in a warm slot, a command.
+
+Each figure is the CPU of a child process and everything it reaped (os.wait4: exact, even for
+helpers that live as long as the run), with the fixed cost of a child that only starts and
+closes a provider subtracted:
+- first sample of a slot: N samples at once (create, `true`, close), so each gets a new slot
+  (local: a new cgroup and workspace, as for every sample);
+- sample in a warm slot: N samples one after another, each reusing the previous one's slot;
+- command: N `true` in one sample.
+Needs a root runner for the bwrap settings (slots, egress, cgroups, loop disks).
+
+    .venv/bin/python bench/sandbox_costs.py [--samples 200] [--commands 300] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SETTINGS = {  # name -> RunConfig fields
+    "local": {"sandbox": "local", "sandbox_network": "host"},
+    "bwrap, host network, no limits": {"sandbox": "bwrap", "sandbox_network": "host", "sandbox_disk": "0",
+                                       "sandbox_memory": "0"},
+    "bwrap, egress, no limits": {"sandbox": "bwrap", "sandbox_network": "egress", "sandbox_disk": "0",
+                                 "sandbox_memory": "0"},
+    "bwrap, egress + limits (default)": {"sandbox": "bwrap", "sandbox_network": "egress"},
+}
+CHILD = r'''
+import asyncio, json, sys, tempfile
+from pathlib import Path
+from trajforge.config import RunConfig
+from trajforge.sample.settings import sandbox_settings
+from trajforge.sandbox.factory import SandboxProvider
+
+async def one(p, root, commands=1):
+    sb = await p.create(cwd=None, image=None, root=root)
+    try:
+        for _ in range(commands):
+            assert (await sb.exec("true", timeout=30)).exit_code == 0
+    finally:
+        await sb.close()
+
+async def main(fields, what, n):
+    settings = sandbox_settings(RunConfig(**fields))
+    with tempfile.TemporaryDirectory() as tmp:
+        async with SandboxProvider(settings) as p:
+            await one(p, Path(tmp))  # the runtime and one slot: the fixed cost
+            if what == "burst":
+                await asyncio.gather(*(one(p, Path(tmp)) for _ in range(n)))
+            elif what == "warm":
+                for _ in range(n):
+                    await one(p, Path(tmp))
+            elif what == "commands":
+                await one(p, Path(tmp), n)
+
+asyncio.run(main(json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])))
+'''
+
+
+def cpu_of(fields: dict[str, str], what: str, n: int) -> float:
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(fields), what, str(n)])
+    _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"the measuring child failed ({fields}, {what})")
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure(fields: dict[str, str], samples: int, commands: int) -> dict[str, float]:
+    base = min(cpu_of(fields, "none", 0) for _ in range(3))
+    burst = min(cpu_of(fields, "burst", samples) for _ in range(2)) - base
+    warm = min(cpu_of(fields, "warm", samples) for _ in range(2)) - base
+    cmds = min(cpu_of(fields, "commands", commands) for _ in range(2)) - base
+    return {"first_sample_ms": 1000 * burst / samples, "warm_sample_ms": 1000 * warm / samples,
+            "command_ms": 1000 * cmds / commands, "fixed_ms": 1000 * base}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=200)
+    parser.add_argument("--commands", type=int, default=300)
+    parser.add_argument("--json", action="store_true")
+    ns = parser.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("needs root (slots, egress, memory cgroups and loop-mounted disks are root-mode features)")
+    os.environ.setdefault("PYTHONPATH", str(Path(__file__).resolve().parent.parent / "src"))
+    print(f"load average before: {os.getloadavg()[0]:.2f}")
+    rows = {name: measure(fields, ns.samples, ns.commands) for name, fields in SETTINGS.items()}
+    if ns.json:
+        print(json.dumps(rows, indent=2))
+        return
+    print(f"{'setting':<34}{'first sample of a slot':>24}{'sample, warm slot':>19}{'command':>9}  (ms of CPU)")
+    for name, r in rows.items():
+        print(f"{name:<34}{r['first_sample_ms']:>24.2f}{r['warm_sample_ms']:>19.2f}{r['command_ms']:>9.2f}")
+
+
+if __name__ == "__main__":
+    main()

