@@ -242,6 +242,7 @@ CHILD = textwrap.dedent("""
     import asyncio, sys
     from pathlib import Path
     from trajforge.config import RunConfig
+    from trajforge.sample.settings import sandbox_settings
     from trajforge.sandbox.factory import SandboxProvider
 
     async def main():
