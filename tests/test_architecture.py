@@ -112,3 +112,43 @@ def test_one_error_tree_with_the_failure_classes_attached() -> None:
     assert all(issubclass(c, SampleFailure) and issubclass(c, TrajforgeException) for c in failures)
     assert not any(issubclass(c, TrajforgeError) for c in failures)  # a failed sample never stops the run
     assert {c.failure_class for c in [*failures, SampleFailure]} == set(FAILURE_CLASSES)
+
+
+def _module_of(path: Path) -> str:
+    rel = path.relative_to(SRC.parent).with_suffix("")
+    return ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+
+
+def test_no_import_circles() -> None:
+    """Between trajforge's modules, lazy imports inside functions included: every import runs one way."""
+    paths = sorted(SRC.rglob("*.py"))
+    modules = {_module_of(p) for p in paths}
+    graph = {_module_of(p): {m for m in imports_of(p) if m in modules} - {_module_of(p)} for p in paths}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    assert circles == []
