@@ -150,15 +150,16 @@ class Zygote:
         reply["rid"] = rid
         return reply
 
-    async def slot(self, channel: socket.socket, op: str = "slot", **fields: Any) -> tuple[int, asyncio.Future[int]]:
-        """Fork a helper serving `channel` (closed here): a slot's (`slot`) or a container's file
-        helper (`enter`); (host pid, its exit, once reaped)."""
+    async def slot(self, channel: socket.socket, op: str = "slot", **fields: Any) -> tuple[int, asyncio.Future[int], Any]:
+        """Fork a helper serving `channel` (closed here): a slot's (`slot`, with `new_net` its new
+        network namespace) or a container's file helper (`enter`); (host pid, its exit, once
+        reaped, the handle of the namespace made)."""
         reply = await self.request(op, channel=channel, **fields)
         exited = self._exits.get(reply["rid"])
         if exited is None:  # cannot happen: the reply comes before any exit event
             exited = asyncio.get_running_loop().create_future()
             exited.set_result(-9)
-        return int(reply["pid"]), exited
+        return int(reply["pid"]), exited, reply.get("ns")
 
     async def aclose(self) -> None:
         if self.sock is not None:

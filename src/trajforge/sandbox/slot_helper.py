@@ -56,7 +56,8 @@ class SlotMounts:
         self.check(self.libc.mount(enc(source), target.encode(), enc(fstype), flags, enc(data)), f"mount {target}")
 
     def enter(self, mounts: list, tmp: int | None, shm: int | None) -> None:
-        """A new mount and IPC namespace for the next sample (module doc); the caller is root."""
+        """A new mount namespace for the next sample (module doc; `leave` made its IPC one); the
+        caller is root."""
         libc, check = self.libc, self.check
         check(libc.setns(self.host_mnt, _NEWNS), "setns(host mnt)")
         trees = []
@@ -64,7 +65,8 @@ class SlotMounts:
             for inside, host in mounts:  # clones of the workspace, while the host's view is entered
                 trees.append((inside, check(libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, host.encode(),
                               _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC | _AT_SYMLINK_NOFOLLOW), "open_tree")))
-            self.leave()
+            # From the template (`end` left the previous sample's namespaces, its IPC one included).
+            check(libc.setns(self.template, _NEWNS), "setns(template)")
             check(libc.unshare(_NEWNS), "unshare(mnt)")
             self.mount(None, "/", None, _MS_REC | _MS_PRIVATE)
             self.mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)

@@ -101,21 +101,28 @@ class SlotPool:
     async def _make(self, index: int) -> Slot:
         await sweep_leftovers()  # a killed runner's disks and cgroups, once per process
         slot = Slot(index, self.root / f"slot-{index}")
-        try:
-            slot.root.mkdir(parents=True, exist_ok=True)
+
+        async def disk() -> None:
             if self.limits.disk:
                 template = await self._disk_template()
                 slot.image = await asyncio.to_thread(loopdisk.mount_copy, template, slot.root)
+
+        async def helper() -> None:  # its network namespace made in the same zygote request
             if self.memory_parent is not None:
                 slot.memory = MemoryGroup(*self.memory_parent, self.limits.memory)  # type: ignore[arg-type]
                 slot.memory.create()
-            if self.network in ("egress", "none"):
-                reply = await self.zygote.request("netns", router=self.router, index=index)
-                slot.net = reply["ns"]
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             slot.channel = HelperChannel(ours, DEFAULT_OUTPUT_CAP)
-            slot.helper_pid, slot.exited = await self.zygote.slot(
-                theirs, net=slot.net, cgroup=slot.memory.procs if slot.memory is not None else None)
+            new_net = {"router": self.router, "index": index} if self.network in ("egress", "none") else None
+            slot.helper_pid, slot.exited, slot.net = await self.zygote.slot(
+                theirs, new_net=new_net, cgroup=slot.memory.procs if slot.memory is not None else None)
+
+        try:
+            slot.root.mkdir(parents=True, exist_ok=True)
+            results = await asyncio.gather(disk(), helper(), return_exceptions=True)
+            for outcome in results:
+                if isinstance(outcome, BaseException):
+                    raise outcome
         except BaseException:
             await self._destroy(slot)
             raise

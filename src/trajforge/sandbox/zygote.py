@@ -205,15 +205,24 @@ class Zygote(Namespaces):
         """Fork a slot's helper: pid 1 of a new pid namespace, serving `channel` (slot_helper.py)."""
         if channel < 0 or self.template < 0:
             raise ValueError("a slot needs a channel and the template")
+        made = None
+        if req.get("new_net") is not None:  # the slot's namespace, in the same request (op_netns)
+            made = self.op_netns(req["new_net"], -1)["ns"]
+            req["net"] = made
         net = self.nets[req["net"]] if req.get("net") is not None else -1
-        # The next child is pid 1 of a new pid namespace; the zygote's own children after it are not.
-        self.check(self.libc.unshare(_NEWPID), "unshare(pid)")
         pid = -1
         try:
-            pid = os.fork()
-        finally:
-            if pid != 0:
-                self.check(self.libc.setns(self.host_pid, _NEWPID), "setns(host pid)")
+            # The next child is pid 1 of a new pid namespace; the zygote's own children after it are not.
+            self.check(self.libc.unshare(_NEWPID), "unshare(pid)")
+            try:
+                pid = os.fork()
+            finally:
+                if pid != 0:
+                    self.check(self.libc.setns(self.host_pid, _NEWPID), "setns(host pid)")
+        except BaseException:
+            if made is not None:  # the runner never hears of it: not kept
+                self.op_drop({"ns": made}, -1)
+            raise
         if pid == 0:
             try:
                 self._slot(req, channel, net)
@@ -221,7 +230,7 @@ class Zygote(Namespaces):
                 os.write(2, f"trajforge zygote: cannot start a slot's helper: {e}\n".encode())
             os._exit(1)
         self.helpers[pid] = req["id"]
-        return {"pid": pid}
+        return {"pid": pid, "ns": made}
 
     def _slot(self, req: dict, channel: int, net: int) -> None:
         libc, check = self.libc, self.check
