@@ -1,12 +1,13 @@
-"""A sandbox made on first use: a sample holds one only from its first tool call to its end.
+"""A sandbox made in the background: a sample's first model call does not wait for it.
 
-Most of a sample's life is spent waiting for the model, and its first model call needs no
-sandbox. Creating the sandbox when the first tool actually uses it means a run holds fewer
-sandboxes at once (a two-call sample holds one for about half its life), and a sample that
-never calls a tool never makes one. Every operation of the Sandbox interface creates the real
-sandbox first (once, under a lock); `close()` closes it if it was made, and waits for one being
-made. A creation failure is the sample's `sandbox` failure, raised from the tool call that
-needed it, exactly as from an eager start.
+A sample's first model call needs no sandbox, so the worker starts making it (a task) when the
+sample starts, and the sample's first tool call waits for it only if it is not ready yet. The
+sandbox's start-up (a slot, a workspace; milliseconds, but CPU all the same) thus overlaps the
+first model call instead of delaying it, which matters most when hundreds of samples start at
+once. With `start=False` it is made at the first operation instead, so a sample that never calls
+a tool makes none. Every operation of the Sandbox interface waits for the real sandbox first;
+`close()` waits for one being made and closes it. A creation failure is the sample's `sandbox`
+failure, raised from the tool call that needed it, exactly as from an eager start.
 """
 
 from __future__ import annotations
@@ -19,20 +20,28 @@ from trajforge.sandbox.base import READ_CAP, ExecResult, Job, Sandbox, SandboxEr
 
 
 class LazySandbox(Sandbox):
-    def __init__(self, create: Callable[[], Awaitable[Sandbox]]) -> None:
+    def __init__(self, create: Callable[[], Awaitable[Sandbox]], *, start: bool = True) -> None:
         self._create = create
         self._real: Sandbox | None = None
         self._lock = asyncio.Lock()
         self._closed = False
+        self._making: asyncio.Task[Sandbox] | None = asyncio.ensure_future(self._make()) if start else None
+
+    async def _make(self) -> Sandbox:
+        async with self._lock:
+            if self._closed:
+                raise SandboxError("sandbox used after close()")
+            if self._real is None:
+                self._real = await self._create()
+            return self._real
 
     async def real(self) -> Sandbox:
-        if self._real is None:
-            async with self._lock:
-                if self._closed:
-                    raise SandboxError("sandbox used after close()")
-                if self._real is None:
-                    self._real = await self._create()
-        return self._real
+        if self._real is not None:
+            return self._real
+        if self._making is None:
+            self._making = asyncio.ensure_future(self._make())
+        # Shielded: a tool call cancelled while it waits leaves the making to close().
+        return await asyncio.shield(self._making)
 
     def _made(self) -> Sandbox:
         if self._real is None:
@@ -77,7 +86,12 @@ class LazySandbox(Sandbox):
 
     async def close(self) -> None:
         self._closed = True
-        async with self._lock:  # a creation in flight finishes (or fails) first
+        making, self._making = self._making, None
+        if making is not None:  # one being made finishes (or fails) first
+            await asyncio.wait([making])
+            if not making.cancelled():
+                making.exception()  # retrieved: a failure nobody needed is not an error at close
+        async with self._lock:
             real, self._real = self._real, None
         if real is not None:
             await real.close()
