@@ -145,7 +145,7 @@ class SampleWorker:
 
         # A container is started before the wall-clock limit begins: a shared image pull or a wait
         # for a container slot is the run's cost, not this sample's. Other sandboxes take
-        # milliseconds and are made meanwhile the first model call is out (sandbox/lazy.py).
+        # milliseconds and are made at the first tool call (sandbox/lazy.py).
         eager = sample.image is not None or self.config.sandbox == "container"
         sandbox = await create() if eager else LazySandbox(create)
         try:

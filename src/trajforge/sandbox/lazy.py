@@ -1,13 +1,14 @@
-"""A sandbox made in the background: a sample's first model call does not wait for it.
+"""A sandbox made on first use: a sample holds one only from its first tool call to its end.
 
-A sample's first model call needs no sandbox, so the worker starts making it (a task) when the
-sample starts, and the sample's first tool call waits for it only if it is not ready yet. The
-sandbox's start-up (a slot, a workspace; milliseconds, but CPU all the same) thus overlaps the
-first model call instead of delaying it, which matters most when hundreds of samples start at
-once. With `start=False` it is made at the first operation instead, so a sample that never calls
-a tool makes none. Every operation of the Sandbox interface waits for the real sandbox first;
-`close()` waits for one being made and closes it. A creation failure is the sample's `sandbox`
-failure, raised from the tool call that needed it, exactly as from an eager start.
+Most of a sample's life is spent waiting for the model, and its first model call needs no
+sandbox. Made when the first tool actually uses it, a run holds fewer sandboxes at once (a
+two-call sample about half as long; with bwrap, fewer slots are made, sandbox/slots.py) and a
+sample that never calls a tool makes none. (Made in the background from the sample's start
+instead, the pool grew to one slot per worker and more, and cost more CPU than it saved in
+latency: bench/RESULTS.md.) Every operation of the Sandbox interface makes the real sandbox
+first, once, under a lock; `close()` waits for one being made and closes it. A creation failure
+is the sample's `sandbox` failure, raised from the tool call that needed it, exactly as from an
+eager start.
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ from trajforge.sandbox.base import READ_CAP, ExecResult, Job, Sandbox, SandboxEr
 
 
 class LazySandbox(Sandbox):
-    def __init__(self, create: Callable[[], Awaitable[Sandbox]], *, start: bool = True) -> None:
+    def __init__(self, create: Callable[[], Awaitable[Sandbox]]) -> None:
         self._create = create
         self._real: Sandbox | None = None
         self._lock = asyncio.Lock()
         self._closed = False
-        self._making: asyncio.Task[Sandbox] | None = asyncio.ensure_future(self._make()) if start else None
+        self._making: asyncio.Task[Sandbox] | None = None
 
     async def _make(self) -> Sandbox:
         async with self._lock:
