@@ -73,6 +73,8 @@ class Zygote:
         return self.proc.pid if self.proc is not None else 0
 
     def _on_readable(self) -> None:
+        # Deliberately not channel.HelperChannel's reader: this peer is the runner's own (marshal
+        # frames, no size caps), that one a sample's helper (JSON parsed as untrusted, capped).
         assert self.sock is not None
         try:
             data = self.sock.recv(1 << 16)

@@ -27,7 +27,7 @@ import select
 import struct
 
 from trajforge.sandbox.fsops import FileOpError, locate, read, search, write
-from trajforge.sandbox.helper_exec import CD_FAILED, CD_FAILED_EXIT, Commands  # noqa: F401 (channel.py)
+from trajforge.sandbox.helper_exec import CD_FAILED, CD_FAILED_EXIT, Commands, drain  # noqa: F401 (channel.py)
 from trajforge.sandbox.safe_fs import PathEscapeError, SymlinkError
 
 _HEAD = struct.Struct("<II")
@@ -140,11 +140,7 @@ class Helper(Commands):
                     for meta, payload in self.frames():
                         self.handle(meta, payload)
                 elif fd == wake_r:
-                    while True:
-                        try:
-                            os.read(wake_r, 4096)
-                        except BlockingIOError:
-                            break
+                    drain(wake_r)
                     self.reap()
                 elif fd in self.readers:
                     self.readable(fd)

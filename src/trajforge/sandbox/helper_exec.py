@@ -30,6 +30,29 @@ _DEFAULT_SIGNALS = (_signal.SIGCHLD, _signal.SIGPIPE, _signal.SIGXFSZ, _signal.S
                     _signal.SIGQUIT, _signal.SIGUSR1, _signal.SIGUSR2, _signal.SIGALRM)
 
 
+def drain(fd: int) -> None:
+    """Empty a non-blocking pipe (a signal wakeup pipe: only that it woke up matters)."""
+    while True:
+        try:
+            if not os.read(fd, 4096):
+                return
+        except BlockingIOError:
+            return
+
+
+def reaped() -> list[tuple[int, int]]:
+    """(pid, exit code) of every child that has exited, reaped now."""
+    out = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return out
+        if pid == 0:
+            return out
+        out.append((pid, os.waitstatus_to_exitcode(status)))
+
+
 def quote(text: str) -> str:
     return "'" + text.replace("'", "'\\''") + "'"
 
@@ -182,18 +205,11 @@ class Commands:
         return {}, b""
 
     def reap(self) -> None:
-        while True:  # as pid 1 it also reaps every orphan of the namespace
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, code in reaped():  # as pid 1 it also reaps every orphan of the namespace
             rid = self.procs.pop(pid, None)
             if rid is None:
                 continue
             del self.pids[rid]
-            code = os.waitstatus_to_exitcode(status)
             capture = self.captures.get(rid)
             if capture is None:
                 self.send({"ev": "exit", "id": rid, "code": code})  # type: ignore[attr-defined]

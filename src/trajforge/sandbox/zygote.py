@@ -35,6 +35,7 @@ import select
 import struct
 
 from trajforge.sandbox.zygote_net import Namespaces
+from trajforge.sandbox.helper_exec import drain, reaped
 from trajforge.sandbox.slot_helper import SlotMounts, run_slot_helper
 
 _NEWCGROUP, _NEWUTS, _NEWPID, _NEWNET = 0x2000000, 0x4000000, 0x20000000, 0x40000000
@@ -89,11 +90,7 @@ class Zygote(Namespaces):
                 continue
             for fd, _ in events:
                 if fd == wake_r:
-                    while True:
-                        try:
-                            os.read(wake_r, 4096)
-                        except BlockingIOError:
-                            break
+                    drain(wake_r)
                     self.reap()
                 else:
                     self.receive()
@@ -129,16 +126,10 @@ class Zygote(Namespaces):
             os.close(extra)
 
     def reap(self) -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, code in reaped():
             rid = self.helpers.pop(pid, None)
             if rid is not None:
-                self.send({"ev": "exit", "id": rid, "code": os.waitstatus_to_exitcode(status)})
+                self.send({"ev": "exit", "id": rid, "code": code})
 
     # --- requests ----------------------------------------------------------------------------
     def op_template(self, req: dict, _channel: int) -> dict:
@@ -153,6 +144,17 @@ class Zygote(Namespaces):
             os.kill(req["pid"], 9)
         return {}
 
+    def _fork(self, what: str, body) -> int:  # type: ignore[no-untyped-def]
+        """Fork a child that runs `body` and never returns here; its pid."""
+        pid = os.fork()
+        if pid == 0:
+            try:
+                body()
+            except BaseException as e:  # noqa: BLE001
+                os.write(2, f"trajforge zygote: cannot start {what}: {e}\n".encode())
+            os._exit(1)
+        return pid
+
     def op_enter(self, req: dict, channel: int) -> dict:
         """Fork a file helper into the mount namespace of a container's process `pid`, with that
         process's uid and gid and no capability (container.py): the container's own view of its
@@ -164,17 +166,9 @@ class Zygote(Namespaces):
             raise ValueError("the container has a user namespace of its own")
         mnt = os.open(f"/proc/{target}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         try:
-            pid = os.fork()
-        except BaseException:
+            pid = self._fork("a container's file helper", lambda: self._enter_container(req, channel, mnt))
+        finally:
             os.close(mnt)
-            raise
-        if pid == 0:
-            try:
-                self._enter_container(req, channel, mnt)
-            except BaseException as e:  # noqa: BLE001
-                os.write(2, f"trajforge zygote: cannot start a container's file helper: {e}\n".encode())
-            os._exit(1)
-        os.close(mnt)
         self.helpers[pid] = req["id"]
         return {"pid": pid}
 
@@ -210,25 +204,17 @@ class Zygote(Namespaces):
             made = self.op_netns(req["new_net"], -1)["ns"]
             req["net"] = made
         net = self.nets[req["net"]] if req.get("net") is not None else -1
-        pid = -1
         try:
             # The next child is pid 1 of a new pid namespace; the zygote's own children after it are not.
             self.check(self.libc.unshare(_NEWPID), "unshare(pid)")
             try:
-                pid = os.fork()
+                pid = self._fork("a slot's helper", lambda: self._slot(req, channel, net))
             finally:
-                if pid != 0:
-                    self.check(self.libc.setns(self.host_pid, _NEWPID), "setns(host pid)")
+                self.check(self.libc.setns(self.host_pid, _NEWPID), "setns(host pid)")
         except BaseException:
             if made is not None:  # the runner never hears of it: not kept
                 self.op_drop({"ns": made}, -1)
             raise
-        if pid == 0:
-            try:
-                self._slot(req, channel, net)
-            except BaseException as e:  # noqa: BLE001
-                os.write(2, f"trajforge zygote: cannot start a slot's helper: {e}\n".encode())
-            os._exit(1)
         self.helpers[pid] = req["id"]
         return {"pid": pid, "ns": made}
 
