@@ -143,11 +143,11 @@ class SampleWorker:
         async def create() -> Sandbox:
             return await provider.create(cwd=sample.cwd, image=sample.image, root=self.workspace_root)
 
-        # A container is started before the wall-clock limit begins: a shared image pull or a wait
-        # for a container slot is the run's cost, not this sample's. Other sandboxes take
-        # milliseconds and are made at the first tool call (sandbox/lazy.py).
-        eager = sample.image is not None or self.config.sandbox == "container"
-        sandbox = await create() if eager else LazySandbox(create)
+        # Made before the wall-clock limit begins (a container's image pull or a wait for a
+        # container slot is the run's cost, not this sample's), or, where the backend pools what
+        # it is made of (bwrap slots), at the first tool call (sandbox/lazy.py).
+        lazy = await provider.made_on_first_use(sample.image)
+        sandbox = LazySandbox(create) if lazy else await create()
         try:
             ctx = ToolContext(sandbox, self.tool_settings, sample.identity)
             async with asyncio.timeout(self.config.timeout) as limit, ctx.cleanup:

@@ -20,6 +20,11 @@ from trajforge.sandbox.bwrap_start import helper_python
 from trajforge.sandbox.process import SAFE_PATH, Limits, run_argv
 from trajforge.sandbox.resources import SampleLimits, cgroup_parent
 
+# As root, a sample takes a slot (a process, namespaces, a disk) of a pool that grows to the
+# number of sandboxes in use at once: made at the first tool call, a two-call sample holds one
+# about half as long, so the pool stays smaller (sandbox/lazy.py, factory.made_on_first_use).
+MAKE_ON_FIRST_USE = True
+
 
 @dataclass(frozen=True, slots=True)
 class BwrapStatus:

@@ -91,14 +91,24 @@ class SandboxProvider:
             return "bwrap" if (await probe_status(self)).usable else "local"
         return kind
 
-    async def create(self, *, cwd: str | None, image: str | None, root: Path) -> Sandbox:
-        """A started sandbox for one sample, its workspace created under `root`. Raises SandboxError."""
+    async def _backend(self, image: str | None) -> tuple[Any, str]:
         name = await self.backend_name(image)
         target = BACKENDS.get(name)
         if target is None:
             raise SandboxError(f"sandbox backend {name!r} is not available; use one of {', '.join(BACKENDS)}")
         module, _, func = target.partition(":")
-        make: Callable[..., Awaitable[Sandbox]] = getattr(importlib.import_module(module), func)
+        return importlib.import_module(module), func
+
+    async def made_on_first_use(self, image: str | None) -> bool:
+        """Whether a sample's sandbox of this backend should be made at its first tool call
+        (sandbox/lazy.py): a backend module says so with MAKE_ON_FIRST_USE = True."""
+        module, _ = await self._backend(image)
+        return bool(getattr(module, "MAKE_ON_FIRST_USE", False))
+
+    async def create(self, *, cwd: str | None, image: str | None, root: Path) -> Sandbox:
+        """A started sandbox for one sample, its workspace created under `root`. Raises SandboxError."""
+        module, func = await self._backend(image)
+        make: Callable[..., Awaitable[Sandbox]] = getattr(module, func)
         sandbox = await make(self, cwd=cwd, image=image, root=root)
         try:
             await sandbox.start()
