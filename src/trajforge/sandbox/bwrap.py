@@ -10,13 +10,15 @@ Each sample has one helper process inside (helper.py), spoken to over a socketpa
 commands are spawned by it and file operations run in it, inside the sample's mount view, so
 there is no per-command entry chain and no file access from the host. Two modes, because the
 kernel never enforces RLIMIT_NPROC for host uid 0:
-- runner is root ("root" mode): the run's zygote makes each sample with one fork (zygote.py,
-  bwrap_root.py): fresh mount (a copy of the run's bwrap-built template), pid, ipc, uts and
-  cgroup namespaces, a reused slot for the network namespace, memory cgroup and workspace disk
-  (slots.py), and the helper as the pid namespace's init with a uid of the sample's own and no
-  privileges. The process limit holds (fork bombs stop), the sandbox cannot signal, ptrace or
-  read the helper, and nothing of a sample outlives it. Egress goes through the run's router
-  (router.py); the per-sample limits of resources.py hold.
+- runner is root ("root" mode): a sample takes a slot (slots.py, bwrap_root.py): a warm helper
+  forked once by the run's zygote as the init of the slot's pid namespace, with the slot's
+  network namespace, memory cgroup and workspace disk. From the helper the sample gets fresh
+  mount (a copy of the run's bwrap-built template) and IPC namespaces and a uid of its own,
+  which is the helper's real and effective uid while the sample runs (saved uid 0, so it can
+  set up the next sample; slot_helper.py). The process limit holds (fork bombs stop), the
+  sandbox cannot signal, ptrace or read the helper, and nothing of a sample outlives it: the
+  helper kills every other process of its namespace before the slot is reused. Egress goes
+  through the run's router (router.py); the per-sample limits of resources.py hold.
 - runner is unprivileged ("user" mode): --unshare-all creates a user namespace and the helper is
   bwrap's command (--as-pid-1), started with a host interpreter visible inside (helper_python);
   the helper and the files are the user's own.

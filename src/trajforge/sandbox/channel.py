@@ -12,7 +12,6 @@ crosses the channel.
 
 from __future__ import annotations
 
-import array
 import asyncio
 import contextlib
 import itertools
@@ -141,30 +140,12 @@ class HelperChannel:
         self._break("the sandbox is closed")
         self.sock.close()
 
-    async def _send(self, meta: dict[str, Any], payload: bytes = b"", fds: tuple[int, ...] = ()) -> None:
+    async def _send(self, meta: dict[str, Any], payload: bytes = b"") -> None:
         data = marshal.dumps(meta)
-        frame = _HEAD.pack(len(data), len(payload)) + data
         async with self._send_lock:
-            if fds:  # the descriptors ride on the first bytes of the frame
-                while True:
-                    try:
-                        sent = self.sock.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                                            array.array("i", fds).tobytes())])
-                        break
-                    except BlockingIOError:
-                        await self._writable()
-                frame = frame[sent:]
-            await self.loop.sock_sendall(self.sock, frame + payload)
+            await self.loop.sock_sendall(self.sock, _HEAD.pack(len(data), len(payload)) + data + payload)
 
-    async def _writable(self) -> None:
-        fut = self.loop.create_future()
-        self.loop.add_writer(self.sock.fileno(), lambda: fut.done() or fut.set_result(None))
-        try:
-            await fut
-        finally:
-            self.loop.remove_writer(self.sock.fileno())
-
-    async def call(self, meta: dict[str, Any], payload: bytes = b"", fds: tuple[int, ...] = (),
+    async def call(self, meta: dict[str, Any], payload: bytes = b"",
                    proc: _Proc | None = None) -> tuple[dict[str, Any], bytes]:
         """One request and its reply; file errors raised as the model's, breakage as SandboxError."""
         if self.broken:
@@ -174,7 +155,7 @@ class HelperChannel:
         if proc is not None:
             self._procs[rid] = proc
         try:
-            await self._send(meta, payload, fds)
+            await self._send(meta, payload)
         except OSError as e:
             self._break(f"the sandbox helper's channel failed: {e}")
         try:
@@ -256,7 +237,7 @@ class HelperChannel:
 
     async def spawn(self, command: str, *, cwd: str | None) -> HelperJob:
         proc = _Proc(self.loop)
-        reply, _ = await self.call({"op": "exec", "cmd": command, "cwd": cwd, "nfds": 0, "log": True}, proc=proc)
+        reply, _ = await self.call({"op": "exec", "cmd": command, "cwd": cwd, "log": True}, proc=proc)
         proc.start(reply)
         return HelperJob(self, int(reply["id"]), proc)
 

@@ -23,7 +23,7 @@ import time
 # ExecResult.start_error (a failed tool call, not a command that ran).
 CD_FAILED = "trajforge-sandbox: cannot enter the working directory"
 CD_FAILED_EXIT = 125
-DETACH_GRACE = 0.5  # process.DETACH_GRACE, for the runner's local commands
+DETACH_GRACE = 0.5  # also the local backend's (process.DETACH_GRACE)
 # Reset in every command: Python ignores SIGPIPE and SIGXFSZ, a slot helper (slot_helper.py)
 # ignores the rest, and an ignored signal stays ignored across exec.
 _DEFAULT_SIGNALS = (_signal.SIGCHLD, _signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP,
@@ -83,7 +83,6 @@ class Capture:
 class Commands:
     def init_commands(self) -> None:
         self.procs: dict[int, int] = {}  # pid -> request id
-        self.pids: dict[int, int] = {}  # request id -> pid (until reaped)
         self.logs: dict[int, int] = {}  # job id -> memfd
         self.captures: dict[int, Capture] = {}  # request id -> capture, until its exit event is sent
         self.readers: dict[int, tuple[Capture, int]] = {}  # pipe read end -> (capture, stream)
@@ -117,7 +116,7 @@ class Commands:
             for stream, (r, _) in enumerate(pipes):
                 self.readers[r] = (capture, stream)
                 self.poll.register(r, 1)  # type: ignore[attr-defined]  # POLLIN
-        self.procs[pid], self.pids[m["id"]] = m["id"], pid
+        self.procs[pid] = m["id"]
         return {"pid": pid}, b""
 
     def spawn(self, cmd: str, cwd: str, out: int, err: int) -> int:
@@ -209,7 +208,6 @@ class Commands:
             rid = self.procs.pop(pid, None)
             if rid is None:
                 continue
-            del self.pids[rid]
             capture = self.captures.get(rid)
             if capture is None:
                 self.send({"ev": "exit", "id": rid, "code": code})  # type: ignore[attr-defined]
@@ -226,4 +224,4 @@ class Commands:
             self._maybe_done(capture, detached=True)
         for fd in self.logs.values():
             os.close(fd)
-        self.procs, self.pids, self.logs = {}, {}, {}
+        self.procs, self.logs = {}, {}

@@ -6,7 +6,8 @@ two-call sample about half as long; with bwrap, fewer slots are made, sandbox/sl
 sample that never calls a tool makes none. (Made in the background from the sample's start
 instead, the pool grew to one slot per worker and more, and cost more CPU than it saved in
 latency: bench/RESULTS.md.) Every operation of the Sandbox interface makes the real sandbox
-first, once, under a lock; `close()` waits for one being made and closes it. A creation failure
+first, once (one task, which every caller waits for); `close()` waits for one being made and
+closes it. A creation failure
 is the sample's `sandbox` failure, raised from the tool call that needed it, exactly as from an
 eager start.
 """
@@ -24,21 +25,18 @@ class LazySandbox(Sandbox):
     def __init__(self, create: Callable[[], Awaitable[Sandbox]]) -> None:
         self._create = create
         self._real: Sandbox | None = None
-        self._lock = asyncio.Lock()
         self._closed = False
-        self._making: asyncio.Task[Sandbox] | None = None
+        self._making: asyncio.Task[Sandbox] | None = None  # the one making: every caller waits for it
 
     async def _make(self) -> Sandbox:
-        async with self._lock:
-            if self._closed:
-                raise SandboxError("sandbox used after close()")
-            if self._real is None:
-                self._real = await self._create()
-            return self._real
+        self._real = await self._create()
+        return self._real
 
     async def real(self) -> Sandbox:
         if self._real is not None:
             return self._real
+        if self._closed:
+            raise SandboxError("sandbox used after close()")
         if self._making is None:
             self._making = asyncio.ensure_future(self._make())
         # Shielded: a tool call cancelled while it waits leaves the making to close().
@@ -60,10 +58,6 @@ class LazySandbox(Sandbox):
     @property
     def workspace(self) -> Path | None:  # type: ignore[override]
         return self._real.workspace if self._real is not None else None
-
-    @property
-    def made(self) -> bool:
-        return self._real is not None
 
     async def start(self) -> None:
         await self.real()
@@ -92,7 +86,6 @@ class LazySandbox(Sandbox):
             await asyncio.wait([making])
             if not making.cancelled():
                 making.exception()  # retrieved: a failure nobody needed is not an error at close
-        async with self._lock:
-            real, self._real = self._real, None
+        real, self._real = self._real, None
         if real is not None:
             await real.close()

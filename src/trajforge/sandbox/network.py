@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import os
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ from typing import TYPE_CHECKING
 from trajforge.errors import UsageError
 from trajforge.netpolicy import BLOCKED_V4, BLOCKED_V6, host_addresses
 from trajforge.sandbox.base import SandboxError
-from trajforge.sandbox.process import SAFE_PATH
+from trajforge.sandbox.process import SAFE_PATH, tool_path
 
 if TYPE_CHECKING:
     from trajforge.sandbox.settings import SandboxSettings
@@ -47,10 +46,6 @@ START_TIMEOUT = 10.0
 class EgressSupport:
     usable: bool
     detail: str
-
-
-def tool(name: str) -> str | None:
-    return shutil.which(name, path=SAFE_PATH)
 
 
 def _network(entry: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
@@ -84,7 +79,7 @@ def ruleset(allow: list[str] | tuple[str, ...] = ()) -> str:
 
 async def install_rules(pid: int, allow: list[str] | tuple[str, ...] = ()) -> None:
     """Load `ruleset` into the network namespace of `pid` (as root, from the host)."""
-    nft = tool("nft")
+    nft = tool_path("nft")
     if nft is None:
         raise SandboxError("egress networking needs nft (apt-get install nftables)")
     proc = await asyncio.create_subprocess_exec(
@@ -103,7 +98,7 @@ async def egress_support(backend: str) -> EgressSupport:
     sandbox (its tap0 up and the firewall loaded), once per process."""
     if backend in _support:
         return _support[backend]
-    missing = [n for n in ("slirp4netns", "nft", "nsenter") if tool(n) is None]
+    missing = [n for n in ("slirp4netns", "nft", "nsenter") if tool_path(n) is None]
     if os.geteuid() != 0:
         found = EgressSupport(False, "egress needs the runner to be root (it sets up each sample's namespace)")
     elif missing:
@@ -170,7 +165,7 @@ async def doctor_rows() -> dict[str, dict[str, object]]:
     egress = await egress_support("bwrap")
     return {
         "egress": {"usable": egress.usable, "detail": egress.detail,
-                   "slirp4netns": tool("slirp4netns"), "pasta": tool("pasta"), "nft": tool("nft")},
+                   "slirp4netns": tool_path("slirp4netns"), "pasta": tool_path("pasta"), "nft": tool_path("nft")},
         "host": {"usable": True, "detail": "the host's network, loopback and private ranges included (opt-in)"},
         "none": {"usable": True, "detail": "an empty network namespace"},
         "auto": "egress" if egress.usable else "host",

@@ -23,12 +23,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from trajforge.sandbox import helper_exec
 from trajforge.sandbox.base import ExecResult
 
 DEFAULT_OUTPUT_CAP = 50_000  # bytes kept per stream of a foreground command
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # After the shell exits, how long children that inherited its stdout/stderr may keep them open.
-DETACH_GRACE = 0.5
+DETACH_GRACE = helper_exec.DETACH_GRACE  # the same grace for the helper's commands
 DETACH_NOTE = ("\n[background processes still attached to this command's output were killed; "
                "redirect their output to a file (cmd > log 2>&1 &) or use the process tool]\n")
 

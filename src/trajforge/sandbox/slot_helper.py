@@ -37,19 +37,22 @@ _MOVE_MOUNT_F_EMPTY_PATH, _AT_FDCWD = 0x4, -100
 KILL_SECONDS = 5.0
 
 
+def checked(result: int, what: str) -> int:
+    """A libc call's result, or OSError with its errno (ctypes, use_errno=True)."""
+    if result < 0:
+        import ctypes
+
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return result
+
+
 class SlotMounts:
     """The namespace calls of a slot helper (ctypes' libc, the host's and the template's mount ns)."""
 
     def __init__(self, libc, host_mnt: int, template: int) -> None:  # type: ignore[no-untyped-def]
-        import ctypes
-
-        self.ctypes, self.libc, self.host_mnt, self.template = ctypes, libc, host_mnt, template
-
-    def check(self, result: int, what: str) -> int:
-        if result < 0:
-            err = self.ctypes.get_errno()
-            raise OSError(err, f"{what}: {os.strerror(err)}")
-        return result
+        self.libc, self.host_mnt, self.template = libc, host_mnt, template
+        self.check = checked
 
     def mount(self, source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
         enc = (lambda s: None if s is None else s.encode())

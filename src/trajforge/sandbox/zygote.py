@@ -36,7 +36,7 @@ import struct
 
 from trajforge.sandbox.zygote_net import Namespaces
 from trajforge.sandbox.helper_exec import drain, reaped
-from trajforge.sandbox.slot_helper import SlotMounts, run_slot_helper
+from trajforge.sandbox.slot_helper import SlotMounts, checked, run_slot_helper
 
 _NEWCGROUP, _NEWUTS, _NEWPID, _NEWNET = 0x2000000, 0x4000000, 0x20000000, 0x40000000
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_NAME, _PR_SET_NO_NEW_PRIVS, _PR_CAPBSET_DROP = 1, 4, 15, 38, 24
@@ -67,10 +67,7 @@ class Zygote(Namespaces):
 
     # --- plumbing ----------------------------------------------------------------------------
     def check(self, result: int, what: str) -> int:
-        if result < 0:
-            err = self.ctypes.get_errno()
-            raise OSError(err, f"{what}: {os.strerror(err)}")
-        return result
+        return checked(result, what)
 
     def send(self, msg: dict) -> None:
         data = marshal.dumps(msg)
