@@ -33,12 +33,23 @@ tcp = socket.socket(); tcp.bind(("127.0.0.1", {PORT})); tcp.listen()
 unix = socket.socket(socket.AF_UNIX); unix.bind("\\0trajforge-left"); unix.listen()
 time.sleep(1000)' > /dev/null 2>&1 &
 {'ipcmk -M 4096 > /dev/null' if shutil.which('ipcmk') else 'true'}
+python3 -c '
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mq_open.restype = ctypes.c_int
+print("mq", libc.mq_open(b"/left-mq", os.O_CREAT | os.O_RDWR, 0o600, None) >= 0)'
+n=0
+for d in $(find / \\( -path /proc -o -path /sys \\) -prune -o -type d -writable -print 2>/dev/null); do
+  echo secret > "$d/tf-left-$n" 2>/dev/null && n=$((n + 1))
+done
+echo "planted in $n directories"
 sleep 0.5; echo planted
 """
 
 FIND_LEFTOVERS = f"""
 ps -e -o pid=,comm= | grep -v -w -e ps -e sh -e bash -e grep -e init || true
-ls -A /tmp /dev/shm ~
+ls -A /tmp /dev/shm /dev/mqueue ~
+find / \\( -path /proc -o -path /sys \\) -prune -o -name 'tf-left-*' -print 2>/dev/null
 echo "ipc=$(ipcs -m 2>/dev/null | grep -c 0x)"
 python3 -c '
 import socket
@@ -65,8 +76,10 @@ def test_a_reused_slot_holds_nothing_of_the_previous_sample(tmp_path: Path) -> N
             a = _sandbox(tmp_path, runtime, mode)
             await a.start()
             try:
-                res = await a.exec(LEAVE_BEHIND, timeout=30)
-                assert res.stdout.strip() == "planted", res
+                res = await a.exec(LEAVE_BEHIND, timeout=60)
+                assert res.stdout.strip().endswith("planted") and "mq True" in res.stdout, res
+                # at least the workspace, /tmp and /dev/shm (/dev/mqueue holds queues only: mq_open above)
+                assert int(res.stdout.split("planted in ")[1].split()[0]) >= 3, res.stdout
                 uid_a, helper = a.uid, a.helper_pid
             finally:
                 await a.close()
@@ -74,7 +87,7 @@ def test_a_reused_slot_holds_nothing_of_the_previous_sample(tmp_path: Path) -> N
             await b.start()
             try:
                 assert b.helper_pid == helper  # the same slot: otherwise this test proves nothing
-                res = await b.exec(FIND_LEFTOVERS, timeout=30)
+                res = await b.exec(FIND_LEFTOVERS, timeout=60)
             finally:
                 await b.close()
             lines = res.stdout.splitlines()

@@ -12,9 +12,10 @@ there is no per-command entry chain and no file access from the host. Two modes,
 kernel never enforces RLIMIT_NPROC for host uid 0:
 - runner is root ("root" mode): a sample takes a slot (slots.py, bwrap_root.py): a warm helper
   forked once by the run's zygote as the init of the slot's pid namespace, with the slot's
-  network namespace, memory cgroup and workspace disk. From the helper the sample gets fresh
-  mount (a copy of the run's bwrap-built template) and IPC namespaces and a uid of its own,
-  which is the helper's real and effective uid while the sample runs (saved uid 0, so it can
+  network namespace, memory cgroup, workspace disk and mount namespace (a copy of the run's
+  bwrap-built template). From the helper the sample gets its workspace mounted in, /tmp,
+  /dev/shm and the IPC namespace renewed if the previous sample left anything there, and a uid
+  of its own, which is the helper's real and effective uid while the sample runs (saved uid 0, so it can
   set up the next sample; slot_helper.py). The process limit holds (fork bombs stop), the
   sandbox cannot signal, ptrace or read the helper, and nothing of a sample outlives it: the
   helper kills every other process of its namespace before the slot is reused. Egress goes

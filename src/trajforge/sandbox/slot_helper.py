@@ -6,20 +6,25 @@ bounding set and no_new_privs (nothing it starts can ever gain a privilege) and 
 Forking a Python helper per sample would cost more CPU than the rest of a one-command sample
 (page tables and copy-on-write of the interpreter): here a sample costs a few namespace calls.
 
-Per sample, as root (`op_begin`): a fresh private mount namespace copied from the run's
-template (bwrap_root.py) with its own /proc, sized /tmp and /dev/shm, /dev/pts and the sample's
-workspace (a detached clone of its host directory made while the host's view is entered:
-open_tree, move_mount), and a fresh IPC namespace; then real and effective uid and gid become
-the sample's, the saved ones stay 0. While the sample runs its effective capabilities are empty,
-so file operations are checked exactly as the sample's own would be, and commands (posix_spawn,
-exec) carry the sample's uid throughout. The samples' processes share its uid but cannot touch
-it: as their pid namespace's init it ignores their signals, and not dumpable, with saved uid 0,
-it can be neither ptraced nor read.
+Once per slot: a private mount namespace copied from the run's template (bwrap_root.py) with
+the slot's /proc, /dev/pts and /dev/mqueue, and an IPC namespace (SlotMounts.setup).
+
+Per sample, as root (`op_begin`): the sample's workspace (a detached clone of its host directory
+made while the host's view is entered: open_tree, move_mount) and, the first time, sized /tmp
+and /dev/shm; then real and effective uid and gid become the sample's, the saved ones stay 0.
+While the sample runs its effective capabilities are empty, so file operations are checked
+exactly as the sample's own would be, and commands (posix_spawn, exec) carry the sample's uid
+throughout. The samples' processes share its uid but cannot touch it: as their pid namespace's
+init it ignores their signals, and not dumpable, with saved uid 0, it can be neither ptraced nor
+read.
 
 `op_end`: root again, SIGKILL to every other process of the pid namespace (`kill(-1)` from its
-init) until none is left, every job log and descriptor of the sample closed, and the sample's
-mount and IPC namespaces left, so the next sample finds nothing of this one. It answers
-{"clean": false} when a process would not die in time: the runner then destroys the slot.
+init) until none is left, every job log and descriptor of the sample closed, its workspace
+unmounted, and /tmp, /dev/shm and the IPC namespace renewed if it left anything in them, so the
+next sample finds nothing of this one. Nothing else of the namespace is the sample's to change:
+without capabilities it can neither mount nor unmount, and every other directory is root's and
+read-only to it. It answers {"clean": false} when a process would not die in time: the runner
+then destroys the slot.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000,
 _SYS_OPEN_TREE, _SYS_MOVE_MOUNT = 428, 429  # the same number on every architecture (asm-generic)
 _OPEN_TREE_CLONE, _OPEN_TREE_CLOEXEC, _AT_SYMLINK_NOFOLLOW = 1, 0o2000000, 0x100
 _MOVE_MOUNT_F_EMPTY_PATH, _AT_FDCWD = 0x4, -100
+_MNT_DETACH, _UMOUNT_NOFOLLOW = 2, 8
+_MQUEUE = "/dev/mqueue"
 KILL_SECONDS = 5.0
 
 
@@ -48,48 +55,107 @@ def checked(result: int, what: str) -> int:
 
 
 class SlotMounts:
-    """The namespace calls of a slot helper (ctypes' libc, the host's and the template's mount ns)."""
+    """The namespace calls of a slot helper (ctypes' libc, the host's and the template's mount ns).
+
+    The slot's mount namespace is made once (`setup`), copied from the template, with the slot's
+    /proc and /dev/pts. Per sample only what a sample can change is renewed: its workspace is
+    moved in (`enter`) and unmounted (`leave`); /tmp and /dev/shm are mounted afresh when the
+    sample left anything in them (an unprivileged sample cannot mount, unmount or write any other
+    place of this namespace: the test of hygiene looks for writable directories)."""
 
     def __init__(self, libc, host_mnt: int, template: int) -> None:  # type: ignore[no-untyped-def]
         self.libc, self.host_mnt, self.template = libc, host_mnt, template
         self.check = checked
+        self.own = -1  # the slot's mount namespace
+        self.points: list[str] = []  # the sample's workspace mount points, parents first
+        self.sizes: tuple | None = None  # of the /tmp and /dev/shm mounted now
 
     def mount(self, source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
         enc = (lambda s: None if s is None else s.encode())
         self.check(self.libc.mount(enc(source), target.encode(), enc(fstype), flags, enc(data)), f"mount {target}")
 
+    def umount(self, target: str) -> None:
+        self.check(self.libc.umount2(target.encode(), _MNT_DETACH | _UMOUNT_NOFOLLOW), f"umount {target}")
+
+    def setup(self) -> None:
+        """The slot's mount namespace and a new IPC namespace; the caller is root."""
+        libc, check = self.libc, self.check
+        check(libc.setns(self.template, _NEWNS), "setns(template)")
+        check(libc.unshare(_NEWNS | _NEWIPC), "unshare(mnt, ipc)")
+        self.mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+        self.mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)  # this pid namespace's
+        self.mount("devpts", "/dev/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
+        os.makedirs(_MQUEUE, 0o755, exist_ok=True)  # in the template's /dev: root's, the same for every slot
+        self._mqueue()
+        self.own = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        os.chdir("/")
+
+    def _mqueue(self) -> None:
+        """The IPC namespace's POSIX queues, where the sample (and `_ipc_used`) can list them."""
+        self.mount("mqueue", _MQUEUE, "mqueue", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+
+    def _tmpfs(self, tmp: int | None, shm: int | None, *, fresh: bool) -> None:
+        for path, size in (("/tmp", tmp), ("/dev/shm", shm)):
+            if fresh or _used(path):
+                if self.sizes is not None:
+                    self.umount(path)
+                self.mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode=1777{f',size={size}' if size else ''}")
+        self.sizes = (tmp, shm)
+
     def enter(self, mounts: list, tmp: int | None, shm: int | None) -> None:
-        """A new mount namespace for the next sample (module doc; `leave` made its IPC one); the
+        """The next sample's workspace (a detached clone of its host directory, made while the
+        host's view is entered) and, the first time or for other sizes, /tmp and /dev/shm; the
         caller is root."""
         libc, check = self.libc, self.check
         check(libc.setns(self.host_mnt, _NEWNS), "setns(host mnt)")
         trees = []
         try:
-            for inside, host in mounts:  # clones of the workspace, while the host's view is entered
+            for inside, host in mounts:
                 trees.append((inside, check(libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, host.encode(),
                               _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC | _AT_SYMLINK_NOFOLLOW), "open_tree")))
-            # From the template (`end` left the previous sample's namespaces, its IPC one included).
-            check(libc.setns(self.template, _NEWNS), "setns(template)")
-            check(libc.unshare(_NEWNS), "unshare(mnt)")
-            self.mount(None, "/", None, _MS_REC | _MS_PRIVATE)
-            self.mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-            for path, size in (("/tmp", tmp), ("/dev/shm", shm)):
-                self.mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode=1777{f',size={size}' if size else ''}")
-            self.mount("devpts", "/dev/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
+            check(libc.setns(self.own, _NEWNS), "setns(slot mnt)")
+            os.chdir("/")
+            if self.sizes != (tmp, shm):
+                self._tmpfs(tmp, shm, fresh=True)
             for inside, tree in trees:
                 os.makedirs(inside, 0o755, exist_ok=True)  # a row's /app: an empty root-owned mount point
                 check(libc.syscall(_SYS_MOVE_MOUNT, tree, b"", _AT_FDCWD, inside.encode(), _MOVE_MOUNT_F_EMPTY_PATH),
                       f"move_mount {inside}")
+                self.points.append(inside)
         finally:
             for _, tree in trees:
                 os.close(tree)
         os.chdir("/")
 
     def leave(self) -> None:
-        """Back to the template's view and a new empty IPC namespace: the sample's are released."""
-        self.check(self.libc.setns(self.template, _NEWNS), "setns(template)")
-        self.check(self.libc.unshare(_NEWIPC), "unshare(ipc)")
+        """Once the sample's processes are dead: its workspace unmounted, /tmp and /dev/shm
+        renewed if it left anything there, and a new IPC namespace if it left an object in its
+        own. The caller is root."""
         os.chdir("/")
+        for inside in reversed(self.points):
+            self.umount(inside)
+        self.points = []
+        if self.sizes is not None:
+            self._tmpfs(*self.sizes, fresh=False)
+        if _ipc_used():
+            self.check(self.libc.unshare(_NEWIPC), "unshare(ipc)")
+            self.umount(_MQUEUE)
+            self._mqueue()
+
+
+def _used(path: str) -> bool:
+    with os.scandir(path) as it:
+        return next(it, None) is not None
+
+
+def _ipc_used() -> bool:
+    """Whether the IPC namespace holds a SysV segment, semaphore set or queue, or a POSIX queue
+    (/proc/sysvipc, and the namespace's mqueue file system mounted on /dev/mqueue)."""
+    for kind in ("shm", "sem", "msg"):
+        with open(f"/proc/sysvipc/{kind}", "rb") as f:
+            if f.read().count(b"\n") > 1:  # a header line, then one per object
+                return True
+    return _used(_MQUEUE)
 
 
 class SlotHelper(Helper):
@@ -143,20 +209,27 @@ class SlotHelper(Helper):
 
     def kill_all(self) -> bool:
         """SIGKILL every other process of this pid namespace until there is none; False if one
-        would not go within KILL_SECONDS (stuck in the kernel)."""
+        would not go within KILL_SECONDS (stuck in the kernel).
+
+        Every process of the namespace descends from its init, and an orphan becomes the init's
+        child before its parent can be reaped: so once the helper has no child, the namespace is
+        empty, and a sample whose commands all ended costs no `kill(-1)` (which walks every
+        process of the host)."""
         deadline = time.monotonic() + KILL_SECONDS
-        while time.monotonic() < deadline:
-            try:
-                os.kill(-1, 9)  # from the namespace's init: every process in it but itself
-            except ProcessLookupError:
-                pass
+        while True:
             self.reap()
             try:  # WNOWAIT: only look; reap() collects (and reports) every exit
-                if os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-                    time.sleep(0.001)  # still dying: bounded by the deadline
+                running = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
             except ChildProcessError:
                 return True
-        return False
+            if time.monotonic() > deadline:
+                return False
+            if running:
+                try:
+                    os.kill(-1, 9)  # from the namespace's init: every process in it but itself
+                except ProcessLookupError:
+                    pass
+                time.sleep(0.001)  # still dying: bounded by the deadline
 
 
 def run_slot_helper(fd: int, mounts: SlotMounts) -> None:
@@ -167,7 +240,7 @@ def run_slot_helper(fd: int, mounts: SlotMounts) -> None:
     sock = _socket.socket(fileno=fd)
     sock.setblocking(True)
     helper = SlotHelper(sock, mounts)
-    mounts.leave()
+    mounts.setup()
     try:
         helper.serve()
     except (EOFError, ConnectionError):
