@@ -36,16 +36,23 @@ _ESC.update({34: '\\"', 92: "\\\\"})
 
 
 def _enc(o: object) -> str:
+    t = type(o)  # exact types first: the messages are mostly small ints and short strings
+    if t is int:
+        return str(o)
+    if t is str:
+        return '"' + o.translate(_ESC) + '"'  # type: ignore[attr-defined]
+    if t is dict:
+        return "{" + ",".join(['"' + str(k).translate(_ESC) + '":' + _enc(v) for k, v in o.items()]) + "}"  # type: ignore[attr-defined]
     if o is None or o is True or o is False:
         return "null" if o is None else "true" if o else "false"
     if isinstance(o, int):
-        return str(o)
+        return str(int(o))  # type: ignore[call-overload]
     if isinstance(o, str):
-        return '"' + o.translate(_ESC) + '"'
+        return _enc(str(o))
     if isinstance(o, list | tuple):
         return "[" + ",".join(map(_enc, o)) + "]"
     if isinstance(o, dict):
-        return "{" + ",".join(_enc(str(k)) + ":" + _enc(v) for k, v in o.items()) + "}"
+        return _enc(dict(o))
     return _enc(str(o))
 
 
