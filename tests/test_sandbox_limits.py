@@ -85,8 +85,9 @@ def test_disk_image_is_sparse_and_removed(tmp_path: Path) -> None:
         sb = BwrapSandbox(tmp_path, network=False, sample_limits=SampleLimits(disk=256 << 20, memory=None))
         await sb.start()
         try:
-            # the slot's disk, mounted on the directory the workspace is made in
-            image = sb.workspace.parent.with_name(f"{sb.workspace.parent.name}.trajforge-{os.getpid()}.img")
+            # the slot's disk, mounted on the slot's directory; workspaces are made in its loopdisk.WORKSPACES
+            point = sb.workspace.parent.parent
+            image = point.with_name(f"{point.name}.trajforge-{os.getpid()}.img")
             assert image.stat().st_size == 256 << 20 and image.stat().st_blocks * 512 < 32 << 20
             res = await sb.exec("df -B1 --output=size . | tail -1; ls -A", timeout=30)
             assert int(res.stdout.split()[0]) <= 256 << 20 and "lost+found" not in res.stdout
@@ -149,7 +150,7 @@ def test_a_killed_runner_s_disk_and_cgroup_are_swept(tmp_path: Path, clean_env: 
             sb = BwrapSandbox(Path({str(tmp_path)!r}), network=False,
                               sample_limits=SampleLimits(disk=64 << 20, memory=64 << 20))
             await sb.start()
-            print(sb.workspace.parent, sb.memory_group.path, flush=True)
+            print(sb.workspace.parent.parent, sb.memory_group.path, flush=True)  # the disk: slot-N, workspaces in slot-N/w
             await asyncio.sleep(60)
         asyncio.run(main())
     """)

@@ -128,7 +128,7 @@ class BwrapSandbox(Sandbox):
             self._own_runtime = True
         self._slot = slot = await self._runtime.pool(self.root).acquire()
         self.helper_pid, self._exited = slot.helper_pid, slot.exited
-        self.workspace, host_cwd = workspace.create_fresh(slot.root, self._cwd_arg)
+        self.workspace, host_cwd = workspace.create_fresh(slot.workspaces, self._cwd_arg)
         points, self.cwd = self.mounts(host_cwd)
         # The sample's uid is the helper's for this sample: hand it its directories.
         chown_beneath(self.workspace, host_cwd.relative_to(self.workspace).parts, self.uid)

@@ -30,7 +30,7 @@ def disk_usable() -> str | None:
     """None when a loop-mounted image can limit the workspace here, else why not."""
     if os.geteuid() != 0:
         return "needs root (loop mounts)"
-    missing = [t for t in ("mkfs.ext4", "mount", "umount") if shutil.which(t, path=_PATH) is None]
+    missing = [t for t in ("mkfs.ext4", "debugfs", "mount", "umount") if shutil.which(t, path=_PATH) is None]
     if missing:
         return f"missing {', '.join(missing)}"
     if not os.path.exists("/dev/loop-control"):

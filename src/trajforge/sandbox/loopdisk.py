@@ -7,6 +7,10 @@ of data), and every further image is a sparse copy of it (copy_file_range over i
 extents), attached with the loop ioctls and mounted with mount(2): ~2 ms, no process started.
 `noinit_itable`: the kernel would otherwise zero the inode tables in the background, writing
 ~100 MB into each sparse image for nothing (unused inodes are flagged in the group descriptors).
+The template holds one directory, WORKSPACES, under which the samples' workspaces are made, and
+no lost+found (a sample never sees the disk's root): ext4 spreads directories made in the root
+over the block groups (Orlov), which costs ~0.25 ms per workspace on a 10 GB disk, while one
+made in a subdirectory stays in its parent's group (~0.03 ms).
 
 Images carry the runner's pid in their name (`<mount point>.trajforge-<pid>.img`), so
 disk.sweep_images unmounts and deletes those of a runner that was killed. Root only.
@@ -32,6 +36,7 @@ _MS_NOSUID, _MS_NODEV, _MNT_DETACH = 0x2, 0x4, 0x2
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+WORKSPACES = "w"
 
 
 def image_for(point: Path) -> Path:
@@ -52,6 +57,10 @@ class Template:
             subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal,^resize_inode",
                             "-E", "nodiscard,lazy_itable_init=1,root_owner=0:0", str(self.path)],
                            check=True, capture_output=True, env={"PATH": SAFE_PATH}, cwd="/", timeout=120)
+            # debugfs (e2fsprogs, like mkfs.ext4) edits the image without mounting it.
+            subprocess.run(["debugfs", "-w", "-f", "-", str(self.path)], check=True, capture_output=True,
+                           input=f"mkdir {WORKSPACES}\nset_inode_field {WORKSPACES} mode 040700\nrmdir lost+found\n"
+                           .encode(), env={"PATH": SAFE_PATH}, cwd="/", timeout=120)
         except (OSError, subprocess.SubprocessError) as e:
             self.remove()
             detail = getattr(e, "stderr", b"") or b""
@@ -116,7 +125,8 @@ def _attach(image: Path) -> tuple[str, int]:
 
 
 def mount_copy(template: Template, point: Path) -> Path:
-    """Mount a fresh copy of `template` on the (existing, empty) directory `point`; its image."""
+    """Mount a fresh copy of `template` on the (existing, empty) directory `point`; its image.
+    Workspaces go in `point / WORKSPACES`."""
     image = image_for(point)
     try:
         _sparse_copy(template.path, image)
@@ -131,8 +141,6 @@ def mount_copy(template: Template, point: Path) -> Path:
         with contextlib.suppress(FileNotFoundError):
             image.unlink()
         raise SandboxError(f"cannot mount a workspace disk of {human(template.size)} on {point}: {e}") from e
-    with contextlib.suppress(OSError):
-        os.rmdir(point / "lost+found")
     return image
 
 

@@ -38,7 +38,7 @@ from trajforge.sandbox.resources import MemoryGroup, SampleLimits, cgroup_parent
 @dataclass(slots=True)
 class Slot:
     index: int
-    root: Path  # its samples' workspaces are created here (the mounted disk, or a plain directory)
+    root: Path  # the mount point of its disk, or a plain directory
     channel: HelperChannel | None = None  # to the slot's helper
     helper_pid: int = 0  # its host pid
     exited: asyncio.Future[int] | None = None  # resolves once the helper is reaped
@@ -46,6 +46,11 @@ class Slot:
     memory: MemoryGroup | None = None
     image: Path | None = None  # the disk's image file, when the workspace disk is limited
     _oom_seen: int = field(default=0, repr=False)
+
+    @property
+    def workspaces(self) -> Path:
+        """Where its samples' workspaces are made (loopdisk.WORKSPACES on its disk)."""
+        return self.root / loopdisk.WORKSPACES if self.image is not None else self.root
 
     @property
     def alive(self) -> bool:
