@@ -102,6 +102,36 @@ def test_a_reused_slot_holds_nothing_of_the_previous_sample(tmp_path: Path) -> N
     asyncio.run(main())
 
 
+@pytest.mark.skipif(not shutil.which("ipcmk"), reason="needs ipcmk (util-linux)")
+@pytest.mark.parametrize("plant", ["ipcmk -M 4096", "ipcmk -S 2", "ipcmk -Q", "echo x > /dev/mqueue/left"],
+                         ids=["shm", "sem", "msg", "mqueue"])
+def test_each_kind_of_ipc_object_is_gone_for_the_next_sample(tmp_path: Path, plant: str) -> None:
+    """One object of one kind: the slot's check for a used IPC namespace must see each alone."""
+    async def main() -> None:
+        runtime = await root_runtime(None, "none", (), LIMITS)
+        try:
+            a = _sandbox(tmp_path, runtime, "none")
+            await a.start()
+            try:
+                assert (await a.exec(f"{plant} > /dev/null && ipcs -a | grep -c 0x; ls /dev/mqueue | wc -l",
+                                     timeout=30)).stdout.split() != ["0", "0"]  # planted
+                helper = a.helper_pid
+            finally:
+                await a.close()
+            b = _sandbox(tmp_path, runtime, "none")
+            await b.start()
+            try:
+                assert b.helper_pid == helper
+                res = await b.exec("ipcs -a | grep -c 0x; ls /dev/mqueue | wc -l", timeout=30)
+            finally:
+                await b.close()
+            assert res.stdout.split() == ["0", "0"], res
+        finally:
+            await runtime.aclose()
+
+    asyncio.run(main())
+
+
 HOSTILE_TO_PID_1 = """
 for sig in KILL TERM INT HUP QUIT USR1 USR2 ALRM PIPE STOP CHLD; do kill -s $sig 1 2>/dev/null; done
 for f in environ maps mem fd/0 root/etc/hostname; do

@@ -93,7 +93,8 @@ class Commands:
             root, rel = self.where(m["cwd"])  # type: ignore[attr-defined]
             cwd = os.path.join(root, rel) if rel != "." else root
         try:  # the sample may have removed its own working directory
-            os.makedirs(cwd, exist_ok=True)
+            if not os.path.isdir(cwd):  # the usual case costs one stat, not a failed mkdir
+                os.makedirs(cwd, exist_ok=True)
             if not os.access(cwd, os.X_OK):
                 raise PermissionError(13, "Permission denied")
         except OSError as e:  # never run the command elsewhere

@@ -29,6 +29,7 @@ then destroys the slot.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 
@@ -41,17 +42,19 @@ _OPEN_TREE_CLONE, _OPEN_TREE_CLOEXEC, _AT_SYMLINK_NOFOLLOW = 1, 0o2000000, 0x100
 _MOVE_MOUNT_F_EMPTY_PATH, _AT_FDCWD = 0x4, -100
 _MNT_DETACH, _UMOUNT_NOFOLLOW = 2, 8
 _MQUEUE = "/dev/mqueue"
+_SHM_INFO, _SEM_INFO, _MSG_INFO = 14, 19, 12
 KILL_SECONDS = 5.0
 
 
 def checked(result: int, what: str) -> int:
     """A libc call's result, or OSError with its errno (ctypes, use_errno=True)."""
     if result < 0:
-        import ctypes
-
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
     return result
+
+
+_IpcInfo = ctypes.c_int * 32  # room for struct shm_info, seminfo or msginfo
 
 
 class SlotMounts:
@@ -118,7 +121,8 @@ class SlotMounts:
             if self.sizes != (tmp, shm):
                 self._tmpfs(tmp, shm, fresh=True)
             for inside, tree in trees:
-                os.makedirs(inside, 0o755, exist_ok=True)  # a row's /app: an empty root-owned mount point
+                if not os.path.isdir(inside):
+                    os.makedirs(inside, 0o755, exist_ok=True)  # a row's /app: an empty root-owned mount point
                 check(libc.syscall(_SYS_MOVE_MOUNT, tree, b"", _AT_FDCWD, inside.encode(), _MOVE_MOUNT_F_EMPTY_PATH),
                       f"move_mount {inside}")
                 self.points.append(inside)
@@ -137,7 +141,7 @@ class SlotMounts:
         self.points = []
         if self.sizes is not None:
             self._tmpfs(*self.sizes, fresh=False)
-        if _ipc_used():
+        if _ipc_used(self.libc):
             self.check(self.libc.unshare(_NEWIPC), "unshare(ipc)")
             self.umount(_MQUEUE)
             self._mqueue()
@@ -148,13 +152,15 @@ def _used(path: str) -> bool:
         return next(it, None) is not None
 
 
-def _ipc_used() -> bool:
-    """Whether the IPC namespace holds a SysV segment, semaphore set or queue, or a POSIX queue
-    (/proc/sysvipc, and the namespace's mqueue file system mounted on /dev/mqueue)."""
-    for kind in ("shm", "sem", "msg"):
-        with open(f"/proc/sysvipc/{kind}", "rb") as f:
-            if f.read().count(b"\n") > 1:  # a header line, then one per object
-                return True
+def _ipc_used(libc) -> bool:  # type: ignore[no-untyped-def]
+    """Whether the IPC namespace holds a SysV segment, semaphore set or message queue (the
+    counts of shmctl SHM_INFO, semctl SEM_INFO, msgctl MSG_INFO: no file to open) or a POSIX
+    queue (the namespace's mqueue file system, mounted on /dev/mqueue)."""
+    for call, slot in ((lambda b: libc.shmctl(0, _SHM_INFO, b), 0), (lambda b: libc.semctl(0, 0, _SEM_INFO, b), 7),
+                       (lambda b: libc.msgctl(0, _MSG_INFO, b), 0)):
+        info = _IpcInfo()
+        if call(info) < 0 or info[slot] > 0:  # shm_info.used_ids, seminfo.semusz, msginfo.msgpool
+            return True
     return _used(_MQUEUE)
 
 
