@@ -10,6 +10,7 @@ gone, and SIGTERM leaves no Ray process behind. HOME is a temporary directory, s
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -64,6 +65,28 @@ def processes_with_env(marker: str) -> list[int]:
     return found
 
 
+def processes_of_node(worker_id: str, temp_dir: str) -> list[int]:
+    """Pids of the processes of a worker's Ray node: its environment says so, or it has a file open
+    under the node's --temp_dir (every Ray process keeps its logs there). The second witness does
+    not read /proc/<pid>/environ, which Ray's process titles wipe in part unless SPT_NOENV is set:
+    a leftover must be seen whatever the worker did to keep its own tag readable."""
+    prefix = os.path.join(os.path.realpath(temp_dir), "")
+    found = set(processes_with_env(f"TRAJFORGE_WORKER_ID={worker_id}"))
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and any(f.startswith(prefix) for f in _open_files(entry)):
+            found.add(int(entry.name))
+    return sorted(found)
+
+
+def _open_files(proc_dir: Path) -> list[str]:
+    files = []
+    with contextlib.suppress(OSError):  # the process is gone
+        for fd in (proc_dir / "fd").iterdir():
+            with contextlib.suppress(OSError):  # that descriptor was closed meanwhile
+                files.append(os.readlink(fd))
+    return files
+
+
 def worker_argv(port: int, worker_id: str, temp_dir: str, *extra: str) -> list[str]:
     return cli("worker", f"--address=127.0.0.1:{port}", "--pool_size=2", "--num_cpus=1",
                f"--object_store_memory={STORE}", f"--temp_dir={temp_dir}", "--node_ip_address=127.0.0.1",
@@ -113,7 +136,7 @@ def test_scheduler_and_workers_agree_on_auth_and_workers_leave_with_their_head(
         assert worker.returncode == 0, werr
         assert time.monotonic() - t0 < 90
         assert "joined the cluster" in werr and "went away" in werr and "Traceback" not in werr
-        assert processes_with_env(f"TRAJFORGE_WORKER_ID={worker_id}") == []
+        assert processes_of_node(worker_id, w_tmp) == []
         drain.join(10)
         stderr = "".join(err)
         assert "Traceback" not in stderr and "InvalidAuthToken" not in stderr, stderr
@@ -158,7 +181,7 @@ def test_sigterm_stops_the_worker_and_every_ray_process_of_its_node(tmp_path: Pa
         rest = worker.stderr.read()
         assert worker.wait(60) == 130, rest
         assert "no Ray process of this node is left" in rest and "Traceback" not in rest
-        assert processes_with_env(f"TRAJFORGE_WORKER_ID={worker_id}") == []
+        assert processes_of_node(worker_id, w_tmp) == []
     finally:
         if worker is not None:
             _stop_group(worker, 60)

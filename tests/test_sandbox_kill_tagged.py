@@ -69,3 +69,16 @@ def test_values_of_a_variable_are_read_exactly() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_with_wait_it_returns_once_the_killed_have_exited() -> None:
+    tag = secrets.token_hex(4)
+    proc = _tagged_sleep(tag)
+    try:
+        assert process.kill_tagged(f"TF_TEST_TAG={tag}", wait=5.0) == 1
+        # Exited already, not merely signalled: waitid without waiting finds it dead.
+        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        assert info is not None and info.si_status == 9
+    finally:
+        proc.kill()
+        proc.wait()

@@ -2,9 +2,9 @@
 
 Its output tells whether it joined, was rejected (authentication) or lost its head; the raylet is
 told to give up on a vanished head after --head_timeout seconds, and `ray start` ends with it. On
-the way out (head gone, SIGTERM, Ctrl-C) whatever of the node is left is killed: processes carry
-a tag in their environment, so even agents orphaned by a dead raylet are found. `stop_node` is
-shared with the scheduler's head.
+the way out (head gone, SIGTERM, Ctrl-C) whatever of the node is left is killed, and waited for:
+processes carry a tag in their environment, so even agents orphaned by a dead raylet are found,
+and SPT_NOENV keeps it readable (see WorkerNode.run). `stop_node` is shared with the scheduler's head.
 """
 
 from __future__ import annotations
@@ -22,13 +22,16 @@ from trajforge.errors import TrajforgeError
 from trajforge.executors import ray_auth
 from trajforge.sandbox.process import kill_tagged
 
+KILLED_GONE_SECONDS = 5.0  # at most, for the killed leftovers of a node to exit
+
 
 def stop_node(proc: subprocess.Popen[str], grace: float, tag: str | None = None) -> None:
     """Stop a `ray start --block` child and everything of its node.
 
     SIGTERM makes `ray start` drain and stop its node's processes; whatever is left afterwards
     (agents orphaned when the raylet died first) is killed: the processes carrying `tag` in their
-    environment, else the child's process group. No Ray process outlives the command that started it."""
+    environment, waited for until they are gone, else the child's process group. No Ray process
+    outlives the command that started it."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -38,7 +41,9 @@ def stop_node(proc: subprocess.Popen[str], grace: float, tag: str | None = None)
     if tag is not None:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
-        kill_tagged(tag)
+        # Bounded: SIGKILLed processes are gone within milliseconds unless stuck in the kernel, and
+        # one of those must not hang the command; the wait ends at their exits, not on a timer.
+        kill_tagged(tag, wait=KILLED_GONE_SECONDS)
     else:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)  # its own session: the group id is its pid
@@ -60,7 +65,7 @@ _HEAD_GONE = ("Failed to connect to GCS", "GCS may have been killed", "GCS has b
 class WorkerNode:
     """`ray start --block` as a supervised child rather than exec'd: its output tells whether it
     joined, was rejected (authentication) or lost its head; on the way out, whatever of the node
-    is left in its process group is killed. Ray's output is shown only with --verbose."""
+    is left is killed (found by the tag in its environment). Ray's output is shown only with --verbose."""
 
     def __init__(self, cmd: list[str], env: dict[str, str], address: str, auth: ray_auth.AuthDecision,
                  verbose: bool) -> None:
@@ -86,7 +91,13 @@ class WorkerNode:
         # Same process group as this command, so killing the group (a supervisor's stop, a test)
         # takes the node down at once; the tag finds what escaped the group.
         tag = f"TRAJFORGE_RAY_NODE={secrets.token_hex(8)}"
-        env = {**self.env, tag.partition("=")[0]: tag.partition("=")[2]}
+        # SPT_NOENV: Ray's processes retitle themselves (ray::DashboardAgent, ray::IDLE, ...) with a
+        # bundled py-setproctitle, which by default takes the environ block as room for the title and
+        # zeroes it, up to the first variable `import ray` rewrote (RAY_CLIENT_MODE). The raylet gives
+        # its agents their environment in no fixed order, so in about a third of the runs the tag was
+        # in the zeroed part of /proc/<pid>/environ and kill_tagged missed the agents. SPT_NOENV limits
+        # the titles to the command line's room and leaves the environ block alone.
+        env = {**self.env, "SPT_NOENV": "1", tag.partition("=")[0]: tag.partition("=")[2]}
         proc = subprocess.Popen(self.cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 preexec_fn=_die_with_parent)
 

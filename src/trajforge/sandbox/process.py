@@ -3,7 +3,7 @@
 Owns the process mechanics shared by the local, bwrap and container backends: a minimal clean
 environment (no runner secrets), resource limits applied in the child, foreground runs with a
 per-stream output cap (head and tail kept) and a timeout that kills the whole process group,
-and killing by process group or by environment tag.
+and killing by process group or by environment tag (optionally until the killed are gone).
 
 Every process starts in its own session (`start_new_session=True`), so its pid is also its
 process-group id and one `killpg` reaches everything it forked, unless a child calls setsid
@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import resource
+import select
 import shutil
 import signal
 import time
@@ -294,11 +295,14 @@ def _env_values(pid: str, name: bytes) -> frozenset[bytes]:
     return frozenset(e[len(name):] for e in environ.split(b"\0") if e.startswith(name))
 
 
-def kill_tagged(marker: str) -> int:
+def kill_tagged(marker: str, wait: float = 0.0) -> int:
     """SIGKILL every process whose environment contains `marker` ("NAME=value"); Linux only.
 
     Catches what process groups miss (children that called setsid, daemons). Rescans because a
-    process may fork while we scan; returns how many processes were signalled."""
+    process may fork while we scan; returns how many processes were signalled. With `wait`, also
+    waits up to that many seconds for them to exit: a killed process is still there (in /proc,
+    holding its files) until the kernel has torn it down, which for a many-threaded process on a
+    busy host is not instant; a caller that promises none is left must not return before that."""
     if not os.path.isdir("/proc"):
         return 0
     name, _, value = marker.encode().partition(b"=")
@@ -309,6 +313,7 @@ def kill_tagged(marker: str) -> int:
         stamp, cache = now, {}
     me = os.getpid()
     killed: set[int] = set()
+    pidfds: list[int] = []
     for _ in range(20):
         with os.scandir("/proc") as it:
             keys = [(entry.name, entry.inode()) for entry in it if entry.name.isdigit()]
@@ -319,8 +324,41 @@ def kill_tagged(marker: str) -> int:
         if not found:
             break
         for pid in found:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
+            fd = _pidfd(pid) if wait > 0 else None  # before the kill: a pid is reused once reaped
+            try:
                 os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                if fd is not None:
+                    os.close(fd)  # gone already, or not ours to kill: nothing to wait for
+            else:
+                if fd is not None:
+                    pidfds.append(fd)
             killed.add(pid)
     _tag_cache[name] = (stamp, cache)
+    if pidfds:
+        _wait_exited(pidfds, wait)
     return len(killed)
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except OSError:  # exited meanwhile, or a kernel before 5.3 (no pidfds): not waited for
+        return None
+
+
+def _wait_exited(pidfds: list[int], timeout: float) -> None:
+    """Until every process of `pidfds` has exited (its pidfd polls readable once its last thread
+    is gone), at most `timeout` seconds: one stuck in the kernel must not hang the caller. Closes them."""
+    poller = select.poll()
+    for fd in pidfds:
+        poller.register(fd, select.POLLIN)
+    deadline, pending = time.monotonic() + timeout, len(pidfds)
+    try:
+        while pending and (left := deadline - time.monotonic()) > 0:
+            for fd, _ in poller.poll(left * 1000):
+                poller.unregister(fd)
+                pending -= 1
+    finally:
+        for fd in pidfds:
+            os.close(fd)
