@@ -31,6 +31,7 @@ import random
 import resource
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -253,6 +254,8 @@ def main() -> None:
     ap.add_argument("--cap", type=int, help="the server answers 429 above this many concurrent requests")
     ap.add_argument("--settle", type=float, default=10.0, help="with --cap: seconds left out of the settled figures")
     ap.add_argument("--flags", help="more run flags for the CLI, space-separated")
+    ap.add_argument("--repeat", type=int, default=1, help="run the sandboxes in turn this many times and compare "
+                                                          "the medians (CPU varies +-10%% between identical runs here)")
     args = ap.parse_args()
     cache_bytecode()
     if args.sweep:
@@ -267,7 +270,7 @@ def main() -> None:
         print(orjson.dumps(one(args, sandboxes[0])).decode())
         return
     print(f"machine: {machine()}")
-    rows = [one(args, sandbox) for sandbox in sandboxes]
+    rows = [one(args, sandbox) for _ in range(max(1, args.repeat)) for sandbox in sandboxes]
     print_table(rows)
     for row in rows:
         print(f"[{row['sandbox']}] runner CPU {row['runner_cpu_s']:.2f}s total, {row['requests']} requests served; "
@@ -281,12 +284,19 @@ def main() -> None:
                   f"({100 * row['rejected_share']:.1f}%); after the first {args.settle:g}s: "
                   f"{'-' if share is None else f'{100 * share:.2f}%'} of {row['late_requests']} refused, "
                   f"mean in flight {'-' if flight is None else f'{flight:.1f}'}")
-    if len(rows) > 1:
-        base = rows[-1]
-        for row in rows[:-1]:
-            print(f"{row['sandbox']} vs {base['sandbox']}: CPU per trajectory x"
-                  f"{row['cpu_ms_per_traj'] / base['cpu_ms_per_traj']:.2f}, efficiency {row['efficiency']:.2f} vs "
-                  f"{base['efficiency']:.2f}")
+    if len(sandboxes) > 1:
+        base = sandboxes[-1]
+        for sandbox in sandboxes[:-1]:
+            mine = [r for r in rows if r["sandbox"] == sandbox]
+            theirs = [r for r in rows if r["sandbox"] == base]
+            for r, b in zip(mine, theirs):
+                print(f"{sandbox} vs {base}: CPU per trajectory x{r['cpu_ms_per_traj'] / b['cpu_ms_per_traj']:.2f}, "
+                      f"efficiency {r['efficiency']:.2f} vs {b['efficiency']:.2f}")
+            if len(mine) > 1:
+                cpu, base_cpu = (statistics.median(x["cpu_ms_per_traj"] for x in rs) for rs in (mine, theirs))
+                eff, base_eff = (statistics.median(x["efficiency"] for x in rs) for rs in (mine, theirs))
+                print(f"{sandbox} vs {base}, medians of {len(mine)}: CPU per trajectory {cpu:.2f} vs {base_cpu:.2f} ms "
+                      f"(x{cpu / base_cpu:.2f}), efficiency {eff:.2f} vs {base_eff:.2f}")
 
 
 if __name__ == "__main__":
