@@ -30,6 +30,7 @@ then destroys the slot.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import time
 
@@ -61,7 +62,7 @@ class SlotMounts:
     """The namespace calls of a slot helper (ctypes' libc, the host's and the template's mount ns).
 
     The slot's mount namespace is made once (`setup`), copied from the template, with the slot's
-    /proc and /dev/pts. Per sample only what a sample can change is renewed: its workspace is
+    /proc, /dev/pts and /dev/mqueue. Per sample only what a sample can change is renewed: its workspace is
     moved in (`enter`) and unmounted (`leave`); /tmp and /dev/shm are mounted afresh when the
     sample left anything in them (an unprivileged sample cannot mount, unmount or write any other
     place of this namespace: the test of hygiene looks for writable directories)."""
@@ -72,6 +73,7 @@ class SlotMounts:
         self.own = -1  # the slot's mount namespace
         self.points: list[str] = []  # the sample's workspace mount points, parents first
         self.sizes: tuple | None = None  # of the /tmp and /dev/shm mounted now
+        self.mq = True  # /dev/mqueue is mounted (not on a kernel without POSIX queues)
 
     def mount(self, source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
         enc = (lambda s: None if s is None else s.encode())
@@ -94,8 +96,14 @@ class SlotMounts:
         os.chdir("/")
 
     def _mqueue(self) -> None:
-        """The IPC namespace's POSIX queues, where the sample (and `_ipc_used`) can list them."""
-        self.mount("mqueue", _MQUEUE, "mqueue", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        """The IPC namespace's POSIX queues, where the sample (and `_ipc_used`) can list them. A
+        kernel without them (no mqueue file system: mq_open fails there too) has nothing to list."""
+        try:
+            self.mount("mqueue", _MQUEUE, "mqueue", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        except OSError as e:
+            if e.errno != errno.ENODEV:
+                raise
+            self.mq = False
 
     def _tmpfs(self, tmp: int | None, shm: int | None, *, fresh: bool) -> None:
         for path, size in (("/tmp", tmp), ("/dev/shm", shm)):
@@ -143,8 +151,9 @@ class SlotMounts:
             self._tmpfs(*self.sizes, fresh=False)
         if _ipc_used(self.libc):
             self.check(self.libc.unshare(_NEWIPC), "unshare(ipc)")
-            self.umount(_MQUEUE)
-            self._mqueue()
+            if self.mq:
+                self.umount(_MQUEUE)
+                self._mqueue()
 
 
 def _used(path: str) -> bool:
