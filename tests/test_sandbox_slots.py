@@ -38,6 +38,10 @@ import ctypes, os
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mq_open.restype = ctypes.c_int
 print("mq", libc.mq_open(b"/left-mq", os.O_CREAT | os.O_RDWR, 0o600, None) >= 0)'
+# a user namespace of its own: root there, it mounts over /tmp and the workspace in its copy of the
+# slot's mount namespace, and stays (it must die with the sample, its mounts with it)
+setsid unshare -Urm sh -c 'mount -t tmpfs none /tmp && echo secret > /tmp/tf-left-userns &&
+  mount -t tmpfs none ~ && echo secret > ~/tf-left-userns && sleep 1000' > /dev/null 2>&1 &
 n=0
 for d in $(find / \\( -path /proc -o -path /sys \\) -prune -o -type d -writable -print 2>/dev/null); do
   echo secret > "$d/tf-left-$n" 2>/dev/null && n=$((n + 1))
