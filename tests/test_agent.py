@@ -90,6 +90,27 @@ def test_model_mistakes_become_error_results(server: ScriptedServer, tmp_path: P
     assert rec["tool_error_counts"]["terminal"] == 2
 
 
+def test_calls_sharing_an_id_each_keep_their_result(server: ScriptedServer, tmp_path: Path) -> None:
+    """A provider that repeats a tool call id (or omits one) in one reply: every call still gets
+    its own id, its own result, and its own <tool_response> in the ShareGPT turn."""
+    server.script(
+        chat(None, tool_calls=[tool_call("terminal", {"command": "echo first-1"}, "dup"),
+                               tool_call("terminal", {"command": "echo second-2"}, "dup"),
+                               tool_call("terminal", {"command": "echo third-3"}, "call_2")]),
+        chat("done"),
+    )
+    session = run(server, tmp_path)
+    ids = [c.id for c in session.turns[0].tool_calls]
+    assert len(set(ids)) == 3 and ids[0] == "dup", ids
+    sent = server.chat_requests()[-1]["messages"]
+    assistant = next(m for m in sent if m["role"] == "assistant")
+    assert [tc["id"] for tc in assistant["tool_calls"]] == ids  # the provider sees the same ids back
+    assert [m["tool_call_id"] for m in sent if m["role"] == "tool"] == ids
+    conv = conversations(session)
+    tool_turn = next(t for t in conv if t["from"] == "tool")["value"]
+    assert all(word in tool_turn for word in ("first-1", "second-2", "third-3")), tool_turn
+
+
 def test_length_and_max_turns_are_partial(server: ScriptedServer, tmp_path: Path) -> None:
     server.script(chat("cut", finish_reason="length"))
     s = run(server, tmp_path)

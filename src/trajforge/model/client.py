@@ -240,12 +240,24 @@ class OpenAIClient:
 
 
 def _native_calls(raw: Any) -> list[ToolCall]:
+    """The reply's tool calls, each with an id of its own: a call without one, or repeating one
+    of an earlier call in the reply, gets `call_<n>` (or `call_<n>_<k>` if that is taken too), so
+    no result is paired with the wrong call or lost (results are matched to calls by id)."""
+    items = raw if isinstance(raw, list) else []
+    given = [tc.get("id") if isinstance(tc, dict) and isinstance(tc.get("id"), str) and tc.get("id") else None
+             for tc in items]
+    taken = {i for i in given if i is not None}
+    used: set[str] = set()
     calls: list[ToolCall] = []
-    for n, tc in enumerate(raw if isinstance(raw, list) else [], start=1):
+    for n, (tc, call_id) in enumerate(zip(items, given), start=1):
         tc = tc if isinstance(tc, dict) else {}
         fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
         name = fn.get("name") if isinstance(fn.get("name"), str) and fn.get("name") else INVALID_TOOL_NAME
-        call_id = tc.get("id") if isinstance(tc.get("id"), str) and tc.get("id") else f"call_{n}"
+        if call_id is None or call_id in used:
+            call_id, k = f"call_{n}", 1
+            while call_id in taken or call_id in used:
+                call_id, k = f"call_{n}_{k}", k + 1
+        used.add(call_id)
         calls.append(ToolCall(id=call_id, name=name, arguments=arguments_text(fn.get("arguments"))))
     return calls
 
