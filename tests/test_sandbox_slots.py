@@ -41,13 +41,16 @@ print("mq", libc.mq_open(b"/left-mq", os.O_CREAT | os.O_RDWR, 0o600, None) >= 0)
 # a user namespace of its own: root there, it mounts over /tmp and the workspace in its copy of the
 # slot's mount namespace, and stays (it must die with the sample, its mounts with it)
 setsid unshare -Urm sh -c 'mount -t tmpfs none /tmp && echo secret > /tmp/tf-left-userns &&
-  mount -t tmpfs none ~ && echo secret > ~/tf-left-userns && sleep 1000' > /dev/null 2>&1 &
+  mount -t tmpfs none ~ && echo secret > ~/tf-left-userns && sleep 1234' > /dev/null 2>&1 &
 n=0
 for d in $(find / \\( -path /proc -o -path /sys \\) -prune -o -type d -writable -print 2>/dev/null); do
   echo secret > "$d/tf-left-$n" 2>/dev/null && n=$((n + 1))
 done
 echo "planted in $n directories"
-sleep 0.5; echo planted
+sleep 0.5
+# where the kernel lets a sample make a user namespace, the one above must be up, or it proves nothing
+if unshare -Ur true 2> /dev/null; then pgrep -f "^sleep 1234$" > /dev/null && echo "userns up" || echo "userns DOWN"; fi
+echo planted
 """
 
 FIND_LEFTOVERS = f"""
@@ -82,6 +85,7 @@ def test_a_reused_slot_holds_nothing_of_the_previous_sample(tmp_path: Path) -> N
             try:
                 res = await a.exec(LEAVE_BEHIND, timeout=60)
                 assert res.stdout.strip().endswith("planted") and "mq True" in res.stdout, res
+                assert "userns DOWN" not in res.stdout, res.stdout
                 # at least the workspace, /tmp and /dev/shm (/dev/mqueue holds queues only: mq_open above)
                 assert int(res.stdout.split("planted in ")[1].split()[0]) >= 3, res.stdout
                 uid_a, helper = a.uid, a.helper_pid
@@ -117,8 +121,9 @@ def test_each_kind_of_ipc_object_is_gone_for_the_next_sample(tmp_path: Path, pla
             a = _sandbox(tmp_path, runtime, "none")
             await a.start()
             try:
-                assert (await a.exec(f"{plant} > /dev/null && ipcs -a | grep -c 0x; ls /dev/mqueue | wc -l",
-                                     timeout=30)).stdout.split() != ["0", "0"]  # planted
+                planted = await a.exec(f"{plant} > /dev/null && ipcs -a | grep -c 0x; ls /dev/mqueue | wc -l",
+                                       timeout=30)
+                assert sorted(planted.stdout.split()) == ["0", "1"], planted  # exactly the one object
                 helper = a.helper_pid
             finally:
                 await a.close()

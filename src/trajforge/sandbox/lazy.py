@@ -7,9 +7,8 @@ sample that never calls a tool makes none. (Made in the background from the samp
 instead, the pool grew to one slot per worker and more, and cost more CPU than it saved in
 latency: bench/RESULTS.md.) Every operation of the Sandbox interface makes the real sandbox
 first, once (one task, which every caller waits for); `close()` waits for one being made and
-closes it. A creation failure
-is the sample's `sandbox` failure, raised from the tool call that needed it, exactly as from an
-eager start.
+closes it. A creation failure is the sample's `sandbox` failure, raised from the tool call that
+needed it, exactly as from an eager start.
 """
 
 from __future__ import annotations

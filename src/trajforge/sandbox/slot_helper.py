@@ -62,10 +62,11 @@ class SlotMounts:
     """The namespace calls of a slot helper (ctypes' libc, the host's and the template's mount ns).
 
     The slot's mount namespace is made once (`setup`), copied from the template, with the slot's
-    /proc, /dev/pts and /dev/mqueue. Per sample only what a sample can change is renewed: its workspace is
-    moved in (`enter`) and unmounted (`leave`); /tmp and /dev/shm are mounted afresh when the
-    sample left anything in them (an unprivileged sample cannot mount, unmount or write any other
-    place of this namespace: the test of hygiene looks for writable directories)."""
+    /proc, /dev/pts and /dev/mqueue. Per sample only what a sample can change is renewed: its
+    workspace is moved in (`enter`) and unmounted (`leave`); /tmp and /dev/shm are mounted afresh,
+    and the IPC namespace made anew, when the sample left anything in them (an unprivileged sample
+    cannot mount, unmount or write any other place of this namespace: the hygiene test looks for
+    writable directories)."""
 
     def __init__(self, libc, host_mnt: int, template: int) -> None:  # type: ignore[no-untyped-def]
         self.libc, self.host_mnt, self.template = libc, host_mnt, template
