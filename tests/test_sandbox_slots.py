@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from trajforge.sandbox.base import Sandbox
 from trajforge.sandbox.bwrap import BwrapSandbox, root_runtime
 from trajforge.sandbox.bwrap_backend import probe
 from trajforge.sandbox.network import egress_support
@@ -205,3 +206,61 @@ def test_a_slot_whose_sample_will_not_end_cleanly_is_destroyed(tmp_path: Path) -
         assert not any(tmp_path.glob("slot-*")), list(tmp_path.iterdir())  # every slot's disk gone
 
     asyncio.run(main())
+
+
+def test_a_draining_run_keeps_idle_slots_only_for_sandboxes_still_to_be_made(tmp_path: Path) -> None:
+    """Once no new sample will start, a slot whose sample ends is destroyed at once unless a
+    sandbox not made yet may still take it, so the run's close has (almost) nothing left to do."""
+    from trajforge.config import RunConfig
+    from trajforge.sample.settings import sandbox_settings
+    from trajforge.sandbox.factory import SandboxProvider
+
+    def slot_dirs() -> set[str]:
+        return {p.name for p in tmp_path.glob("slot-*") if p.is_dir()}  # (beside each: its disk image)
+
+    async def main() -> None:
+        async with SandboxProvider(sandbox_settings(RunConfig(sandbox="bwrap", sandbox_network="none"))) as p:
+            async def create() -> Sandbox:
+                return await p.create(cwd=None, image=None, root=tmp_path)
+
+            async def no_runtime() -> None:
+                raise AssertionError("the first sandbox starts the runtime")
+
+            running = [p.lazy(create) for _ in range(4)]
+            waiting = [p.lazy(create) for _ in range(2)]  # samples still in their first model call
+            unused = p.lazy(create)  # a sample that will never call a tool
+            for sb in running:
+                assert (await sb.exec("echo ok", timeout=10)).stdout == "ok\n"
+            helpers = {(await sb.real()).helper_pid for sb in running}  # type: ignore[attr-defined]
+            pool = (await p.state("bwrap.runtime", no_runtime)).pool(tmp_path)
+            assert len(helpers) == 4 and len(slot_dirs()) == 4 and p.waiting == 3
+            await unused.close()
+            p.drain()
+            for sb in running:
+                await sb.close()
+            await pool.settle()
+            assert len(slot_dirs()) == 2  # two kept for the two still to be made, two destroyed
+            assert sum(_alive(pid) for pid in helpers) == 2
+            for sb in waiting:
+                assert (await sb.exec("echo again", timeout=10)).stdout == "again\n"
+            assert {(await sb.real()).helper_pid for sb in waiting} <= helpers  # type: ignore[attr-defined]
+            assert len(slot_dirs()) == 2  # reused, none made
+            for sb in waiting:
+                await sb.close()
+            await pool.settle()
+            assert slot_dirs() == set() and not any(_alive(pid) for pid in helpers)  # before the close
+            retry = p.lazy(create)  # a retry after the drain still gets a sandbox
+            assert (await retry.exec("echo retried", timeout=10)).stdout == "retried\n"
+            await retry.close()
+            await pool.settle()
+            assert slot_dirs() == set()
+
+    asyncio.run(main())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -37,6 +37,9 @@ class LocalExecutor:
         with model_gate.bound(self.gate):
             return await self._worker.process(sample, attempt=attempt)
 
+    def drain(self) -> None:
+        self._worker.drain()
+
     async def aclose(self) -> None:
         await self._worker.aclose()
 

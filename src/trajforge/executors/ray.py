@@ -297,6 +297,9 @@ class RayExecutor:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def drain(self) -> None:
+        """Nothing to do: each actor's sandbox pool is emptied when the actor closes."""
+
     async def aclose(self) -> None:
         for task in list(self._background):
             task.cancel()

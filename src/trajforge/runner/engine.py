@@ -8,6 +8,10 @@ A FatalModelError (bad key) stops everything at once.
 With a Budget, a sample (or a retry of one) starts only while the budget allows it; once it does
 not, workers take no new samples and the ones in flight finish. Each sample's model calls are
 charged to its own meter (model.spend), bound to the worker's task while the sample runs.
+
+When the first worker leaves, no new sample will start (only retries of ones in flight): the
+executor is told once (Executor.drain), so it can let go of idle sandboxes while the last
+samples run.
 """
 
 from __future__ import annotations
@@ -46,6 +50,9 @@ class Executor(Protocol):
 
     async def process(self, sample: Sample, attempt: int) -> Outcome: ...
 
+    def drain(self) -> None:
+        """No new sample will start (those in flight may still retry): let go of what only new ones would use."""
+
     async def aclose(self) -> None: ...
 
 
@@ -68,7 +75,20 @@ async def run_engine(
     samples = iter(todo) if not isinstance(todo, SampleSource) else None
     budget = budget if budget is not None else Budget()
 
+    drained = False
+
     async def worker() -> None:
+        nonlocal drained
+        try:
+            await work()
+        finally:
+            # A worker leaves when nothing is left to start, on a stop or at the budget: each holds
+            # for every worker, so from the first one leaving no new sample starts anywhere.
+            if not drained:
+                drained = True
+                executor.drain()
+
+    async def work() -> None:
         while not stop.is_set() and budget.may_start():
             sample = next(samples, None) if samples is not None else await source.next()  # type: ignore[union-attr]
             if sample is None:

@@ -29,7 +29,6 @@ from trajforge.sample.settings import sandbox_settings, tool_settings
 from trajforge.sample.trace import tracer
 from trajforge.sandbox.base import Sandbox
 from trajforge.sandbox.factory import SandboxProvider
-from trajforge.sandbox.lazy import LazySandbox
 from trajforge.tools.base import ToolContext, Toolset, Unavailable
 from trajforge.catalog.distributions import sample_toolsets
 from trajforge.catalog import known_tools
@@ -82,6 +81,11 @@ class SampleWorker:
         from trajforge.sandbox.factory import prefetch_images
 
         await prefetch_images(set(images))
+
+    def drain(self) -> None:
+        """No new sample will start here (retries of ones in flight aside): the sandboxes let go of what only new samples would use."""
+        if self.sandboxes is not None:
+            self.sandboxes.drain()
 
     async def aclose(self) -> None:
         for ts in self.toolsets.values():
@@ -147,7 +151,7 @@ class SampleWorker:
         # container slot is the run's cost, not this sample's), or, where the backend pools what
         # it is made of (bwrap slots), at the first tool call (sandbox/lazy.py).
         lazy = await provider.made_on_first_use(sample.image)
-        sandbox = LazySandbox(create) if lazy else await create()
+        sandbox = provider.lazy(create) if lazy else await create()
         try:
             ctx = ToolContext(sandbox, self.tool_settings, sample.identity)
             async with asyncio.timeout(self.config.timeout) as limit, ctx.cleanup:

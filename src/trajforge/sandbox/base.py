@@ -135,6 +135,9 @@ class Provider(Protocol):
 
     settings: SandboxSettings
     limits: Any  # process.Limits of the run's commands
+    waiting: int  # sandboxes to be made on first use, not made yet
+
+    def on_drain(self, hook: Callable[[], None]) -> None: ...
 
     async def state(self, key: str, factory: Callable[[], Awaitable[T]],
                     close: Callable[[T], Any] | None = None) -> T: ...

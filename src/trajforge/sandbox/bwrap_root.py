@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from trajforge.sandbox.bwrap_layout import NOT_FOUND, WORKSPACE, bwrap_argv, find_bwrap, host_layout, resolv_conf_target
@@ -40,6 +40,7 @@ class RootRuntime:
         self.router: Router | None = None
         self._holder: asyncio.subprocess.Process | None = None
         self._pools: dict[Path, SlotPool] = {}
+        self._demand: Callable[[], int] | None = None  # set by drain
 
     async def start(self) -> RootRuntime:
         try:
@@ -72,7 +73,15 @@ class RootRuntime:
         if pool is None:
             pool = self._pools[root] = SlotPool(root, self.zygote, network=self.network,
                                                 router=self.router.ns if self.router else None, limits=self.limits)
+            if self._demand is not None:
+                pool.drain(self._demand)
         return pool
+
+    def drain(self, demand: Callable[[], int]) -> None:
+        """No new sample will start: every pool keeps at most `demand()` idle slots from now on."""
+        self._demand = demand
+        for pool in self._pools.values():
+            pool.drain(demand)
 
     async def aclose(self) -> None:
         pools, self._pools = list(self._pools.values()), {}

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from trajforge.sandbox.base import Sandbox, SandboxError
+from trajforge.sandbox.lazy import LazySandbox
 from trajforge.sandbox.process import DEFAULT_LIMITS, Limits
 from trajforge.sandbox.settings import SampleLimits, SandboxSettings
 
@@ -56,6 +57,11 @@ class SandboxProvider:
         self._state: dict[str, Any] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._closing = contextlib.AsyncExitStack()
+        # Sandboxes handed out to be made on first use and not made yet: once the run is
+        # draining, a backend keeps this many idle slots at most (drain).
+        self.waiting = 0
+        self.draining = False
+        self._on_drain: list[Callable[[], None]] = []
 
     async def start(self) -> SandboxProvider:
         _open[asyncio.get_running_loop()] = self
@@ -104,6 +110,29 @@ class SandboxProvider:
         (sandbox/lazy.py): a backend module says so with MAKE_ON_FIRST_USE = True."""
         module, _ = await self._backend(image)
         return bool(getattr(module, "MAKE_ON_FIRST_USE", False))
+
+    def lazy(self, create: Callable[[], Awaitable[Sandbox]]) -> LazySandbox:
+        """A sample's sandbox made by `create` at its first use (lazy.py), counted in `waiting` until then."""
+        self.waiting += 1
+        return LazySandbox(create, on_settled=self._settled)
+
+    def _settled(self) -> None:
+        self.waiting -= 1
+
+    def drain(self) -> None:
+        """No new sample will start (in-flight ones may still retry): backends may let go of what
+        only new samples would use, such as bwrap's idle slots beyond the `waiting` sandboxes,
+        while the last samples run instead of all at once at aclose."""
+        if not self.draining:
+            self.draining = True
+            for hook in self._on_drain:
+                hook()
+
+    def on_drain(self, hook: Callable[[], None]) -> None:
+        """Run `hook` at drain (now, if the provider drains already)."""
+        self._on_drain.append(hook)
+        if self.draining:
+            hook()
 
     async def create(self, *, cwd: str | None, image: str | None, root: Path) -> Sandbox:
         """A started sandbox for one sample, its workspace created under `root`. Raises SandboxError."""

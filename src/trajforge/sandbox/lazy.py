@@ -21,15 +21,26 @@ from trajforge.sandbox.base import READ_CAP, ExecResult, Job, Sandbox, SandboxEr
 
 
 class LazySandbox(Sandbox):
-    def __init__(self, create: Callable[[], Awaitable[Sandbox]]) -> None:
+    def __init__(self, create: Callable[[], Awaitable[Sandbox]], *, on_settled: Callable[[], None] | None = None) -> None:
         self._create = create
+        # Called once: when the sandbox is made (or its making failed), or at a close before any
+        # use. Until then it is demand a pool may keep idle slots for (SandboxProvider.lazy).
+        self._on_settled = on_settled
         self._real: Sandbox | None = None
         self._closed = False
         self._making: asyncio.Task[Sandbox] | None = None  # the one making: every caller waits for it
 
     async def _make(self) -> Sandbox:
-        self._real = await self._create()
+        try:
+            self._real = await self._create()
+        finally:
+            self._settle()
         return self._real
+
+    def _settle(self) -> None:
+        settled, self._on_settled = self._on_settled, None
+        if settled is not None:
+            settled()
 
     async def real(self) -> Sandbox:
         if self._real is not None:
@@ -85,6 +96,7 @@ class LazySandbox(Sandbox):
             await asyncio.wait([making])
             if not making.cancelled():
                 making.exception()  # retrieved: a failure nobody needed is not an error at close
+        self._settle()  # never used (or its making cancelled before it ran): it will want none now
         real, self._real = self._real, None
         if real is not None:
             await real.close()

@@ -11,8 +11,9 @@ a sample once its processes are dead.
 A slot is handed to the next sample only after the helper has killed every process of the
 previous one and found none left (`end`), its cgroup is empty and its workspace directory is
 gone; a slot failing any of that is destroyed instead. So a sample finds no process, socket,
-file or mount of the one before. The pool grows to the run's peak concurrency and is emptied
-at close.
+file or mount of the one before. The pool grows to the run's peak concurrency. Once the run
+drains (no new sample will start), it keeps only as many idle slots as there are sandboxes still
+to be made and destroys the others as their samples end, so that little is left for close.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import itertools
 import os
 import socket
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,6 +94,8 @@ class SlotPool:
         # Where the slots' memory cgroups go, looked up once (a few stat calls) rather than per slot.
         self.memory_parent = cgroup_parent() if limits.memory else None
         self.closing = False
+        self._demand: Callable[[], int] | None = None  # draining: how many idle slots may still be used
+        self._trimming: set[asyncio.Task[None]] = set()
 
     async def acquire(self) -> Slot:
         while self._free:
@@ -111,7 +115,9 @@ class SlotPool:
         async def disk() -> None:
             if self.limits.disk:
                 template = await self._disk_template()
-                slot.image = await asyncio.to_thread(loopdisk.mount_copy, template, slot.root)
+                slot.image = await asyncio.to_thread(_mount_disk, template, slot.root)
+            else:
+                slot.root.mkdir(parents=True, exist_ok=True)
 
         async def helper() -> None:  # its network namespace made in the same zygote request
             if self.memory_parent is not None:
@@ -124,7 +130,6 @@ class SlotPool:
                 theirs, new_net=new_net, cgroup=slot.memory.procs if slot.memory is not None else None)
 
         try:
-            slot.root.mkdir(parents=True, exist_ok=True)
             results = await asyncio.gather(disk(), helper(), return_exceptions=True)
             for outcome in results:
                 if isinstance(outcome, BaseException):
@@ -157,9 +162,21 @@ class SlotPool:
             healthy = False  # cannot happen (`end` found no process); never reuse it if it did
         if healthy:
             self._free.append(slot)
+            self._trim()
         else:
             await self._destroy(slot)
         return kept
+
+    def drain(self, demand: Callable[[], int]) -> None:
+        """From now on keep at most `demand()` idle slots; the others are destroyed in the background."""
+        self._demand = demand
+        self._trim()
+
+    def _trim(self) -> None:
+        while self._demand is not None and len(self._free) > max(0, self._demand()):
+            task = asyncio.ensure_future(self._destroy(self._free.pop(0)))
+            self._trimming.add(task)
+            task.add_done_callback(self._trimming.discard)
 
     async def _destroy(self, slot: Slot) -> None:
         channel, slot.channel = slot.channel, None
@@ -182,19 +199,35 @@ class SlotPool:
         if slot.memory is not None:
             memory, slot.memory = slot.memory, None
             await asyncio.to_thread(memory.remove)
-        if slot.image is not None:
-            image, slot.image = slot.image, None
-            await asyncio.to_thread(loopdisk.unmount, slot.root, image)
-        with contextlib.suppress(OSError):
-            slot.root.rmdir()
+        image, slot.image = slot.image, None
+        await asyncio.to_thread(_remove_root, slot.root, image)
+
+    async def settle(self) -> None:
+        """Until the slots being destroyed in the background are gone."""
+        while self._trimming:
+            await asyncio.gather(*self._trimming, return_exceptions=True)
 
     async def aclose(self) -> None:
         self.closing = True
         free, self._free = self._free, []
-        await asyncio.gather(*(self._destroy(slot) for slot in free), return_exceptions=True)
+        await asyncio.gather(self.settle(), *(self._destroy(slot) for slot in free), return_exceptions=True)
         if self._template is not None:
             self._template.remove()
             self._template = None
+
+
+# A mkdir or rmdir on the host's (often churned) filesystem can take a millisecond: done in the
+# disk's thread, not on the event loop.
+def _mount_disk(template: loopdisk.Template, root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    return loopdisk.mount_copy(template, root)
+
+
+def _remove_root(root: Path, image: Path | None) -> None:
+    if image is not None:
+        loopdisk.unmount(root, image)
+    with contextlib.suppress(OSError):
+        root.rmdir()
 
 
 def _keep(ws: Path, root: Path) -> Path | None:
