@@ -19,8 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
-from typing import Any
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from trajforge.config import RunConfig
 from trajforge.dataset import Sample

@@ -20,6 +20,8 @@ from trajforge.agent.limits import SampleLimits
 from trajforge.agent.loop import SessionResult, run_session
 from trajforge.agent.record import build_record
 from trajforge.agent.stats import reasoning_stats
+from trajforge.catalog import known_tools
+from trajforge.catalog.distributions import sample_toolsets
 from trajforge.config import RunConfig
 from trajforge.dataset import Sample
 from trajforge.errors import FatalModelError, SampleFailure, UsageError
@@ -30,8 +32,6 @@ from trajforge.sample.trace import tracer
 from trajforge.sandbox.base import Sandbox
 from trajforge.sandbox.factory import SandboxProvider
 from trajforge.tools.base import ToolContext, Toolset, Unavailable
-from trajforge.catalog.distributions import sample_toolsets
-from trajforge.catalog import known_tools
 from trajforge.tools.registry import build_toolsets, tools_for
 from trajforge.verify.result import Part
 from trajforge.verify.verifier import Verifier, final_answer

@@ -19,10 +19,17 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from trajforge.sandbox.bwrap_layout import NOT_FOUND, WORKSPACE, bwrap_argv, find_bwrap, host_layout, resolv_conf_target
+from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.bwrap_layout import (
+    NOT_FOUND,
+    WORKSPACE,
+    bwrap_argv,
+    find_bwrap,
+    host_layout,
+    resolv_conf_target,
+)
 from trajforge.sandbox.bwrap_start import args_pipe, helper_source, holder_ready
 from trajforge.sandbox.forkserver import Zygote
-from trajforge.sandbox.base import SandboxError
 from trajforge.sandbox.process import SAFE_PATH, kill_group
 from trajforge.sandbox.resources import SampleLimits
 from trajforge.sandbox.router import Router, resolv_conf

@@ -34,7 +34,13 @@ from trajforge.sandbox.channel import HelperChannel
 from trajforge.sandbox.disk import human
 from trajforge.sandbox.forkserver import Zygote
 from trajforge.sandbox.process import DEFAULT_OUTPUT_CAP, SAFE_PATH
-from trajforge.sandbox.resources import MemoryGroup, SampleLimits, cgroup_parent, sweep_leftovers, tmpfs_full
+from trajforge.sandbox.resources import (
+    MemoryGroup,
+    SampleLimits,
+    cgroup_parent,
+    sweep_leftovers,
+    tmpfs_full,
+)
 
 
 @dataclass(slots=True)
