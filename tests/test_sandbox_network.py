@@ -497,3 +497,24 @@ def test_image_api_download_urls_go_through_the_policy(tmp_path: Path, server: S
 
         run_with(tmp_path, image_gen.build, cfg, body)
         assert len(server.requests) == 1 and metadata.hits == []
+
+
+@needs_egress
+def test_a_working_egress_probe_spares_the_bwrap_probe_a_second_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The egress probe (preflight) is a root bwrap sandbox that worked: the backend's probe then
+    needs no sandbox of its own, and still makes one when no egress probe ran."""
+    from trajforge.sandbox import bwrap_backend, network
+
+    started: list[bool] = []
+    real_start = BwrapSandbox.start
+
+    async def counting_start(self: BwrapSandbox) -> None:
+        started.append(True)
+        await real_start(self)
+
+    monkeypatch.setattr(BwrapSandbox, "start", counting_start)
+    status = asyncio.run(bwrap_backend.probe())
+    assert status.usable and status.mode == "root" and "bubblewrap" in status.detail and started == []
+    monkeypatch.setattr(network, "_support", {})
+    status = asyncio.run(bwrap_backend.probe())
+    assert status.usable and started == [True]

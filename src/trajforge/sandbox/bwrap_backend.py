@@ -17,6 +17,7 @@ from trajforge.sandbox.bwrap import BwrapSandbox
 from trajforge.sandbox.bwrap_layout import NOT_FOUND, SYSTEM_DIRS, find_bwrap
 from trajforge.sandbox.bwrap_root import RootRuntime, root_runtime
 from trajforge.sandbox.bwrap_start import helper_python
+from trajforge.sandbox.network import bwrap_proven
 from trajforge.sandbox.process import SAFE_PATH, Limits, run_argv
 from trajforge.sandbox.resources import SampleLimits, cgroup_parent
 
@@ -45,6 +46,8 @@ async def probe() -> BwrapStatus:
     if not os.access(python, os.X_OK):
         return BwrapStatus(False, path, mode, f"no Python interpreter for the sandbox helper ({python})")
     version = (await run_argv([path, "--version"], timeout=10, cwd=None, env={"PATH": SAFE_PATH})).stdout.strip()
+    if mode == "root" and bwrap_proven():  # the run's preflight egress probe was such a sandbox (~60 ms saved)
+        return BwrapStatus(True, path, mode, version)
     with tempfile.TemporaryDirectory(prefix="trajforge-bwrap-probe-") as tmp:
         sb = BwrapSandbox(Path(tmp), network=False, bwrap=path)
         try:

@@ -135,6 +135,13 @@ async def _probe_bwrap() -> EgressSupport:
             await sb.close()
 
 
+def bwrap_proven() -> bool:
+    """Whether this process's egress probe already ran a root bwrap sandbox that worked, which is
+    all bwrap_backend.probe would find out with a sandbox of its own."""
+    found = _support.get("bwrap")
+    return found is not None and found.usable
+
+
 def _backend_of(settings: SandboxSettings) -> str:
     kind = settings.backend
     return "container" if kind == "container" else "local" if kind == "local" else "bwrap"
