@@ -91,6 +91,9 @@ class SampleActor:
         outcome.cost = meter.cost
         return outcome.scrubbed(REGISTRY.value)
 
+    async def drain(self) -> None:
+        self._worker.drain()
+
     async def aclose(self) -> None:
         await self._worker.aclose()
 
@@ -298,7 +301,15 @@ class RayExecutor:
         task.add_done_callback(self._background.discard)
 
     def drain(self) -> None:
-        """Nothing to do: each actor's sandbox pool is emptied when the actor closes."""
+        """Tell every actor, in the background (an actor lost meanwhile needs telling no more)."""
+        async def tell(actor: _Actor) -> None:
+            with contextlib.suppress(RayError):
+                await actor.handle.drain.remote()
+
+        for actor in self._actors:
+            task = asyncio.ensure_future(tell(actor))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     async def aclose(self) -> None:
         for task in list(self._background):
