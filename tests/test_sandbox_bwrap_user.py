@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import tempfile
 import textwrap
+
 import pytest
 
 from tests.conftest import REPO
@@ -33,6 +34,11 @@ CHILD = textwrap.dedent("""
         try:
             r = await sb.exec("id -u; pwd; echo hi > f; touch /etc/x 2>&1; ls /root 2>&1; echo done", timeout=20)
             out["exec"] = r.stdout
+            # no user namespace of its own inside the sandbox's (seccomp.py)
+            r = await sb.exec("unshare -Ur true 2>&1; echo userns=$?; python3 -c 'import ctypes; "
+                              "libc = ctypes.CDLL(None, use_errno=True); "
+                              "print(libc.unshare(0x10000000), ctypes.get_errno())'", timeout=20)
+            out["userns"] = r.stdout
             out["file"] = (await sb.read_file("/app/f")).decode()
             job = await sb.spawn("echo from-job")
             out["job_exit"] = await job.wait(20)
@@ -80,3 +86,4 @@ def test_unprivileged_runner_uses_a_user_namespace() -> None:
     assert out["file"] == "hi\n"
     assert out["job_exit"] == 0 and out["job_log"] == "from-job\n"
     assert out["timed_out"] is True and out["workspace_left"] is False
+    assert "userns=1" in out["userns"] and "-1 1" in out["userns"], out["userns"]  # EPERM

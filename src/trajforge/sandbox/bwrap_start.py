@@ -4,7 +4,8 @@ User mode (`start_user`): the helper is bwrap's command, started with a host int
 inside (helper_python), its source on stdin. Root mode runs one bwrap per run, the holder of the
 template namespace (bwrap_root.py): `cat`, which echoes one line once bwrap has set everything
 up (`holder_ready`). Both hand the mount setup to bwrap through `--args` (a pipe), so
-/proc/1/cmdline inside shows no host path.
+/proc/1/cmdline inside shows no host path. A user-mode helper also gets the seccomp filter that
+keeps samples from making user namespaces (seccomp.py), through bwrap's `--seccomp` (a pipe).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from trajforge.sandbox import helper
 from trajforge.sandbox.base import SandboxError
 from trajforge.sandbox.channel import HelperChannel
 from trajforge.sandbox.process import SAFE_PATH
+from trajforge.sandbox.seccomp import seccomp_program
 
 START_TIMEOUT = 10.0
 _BOOT = "import os;exec(compile(os.read(0,1<<17),'helper','exec'))"
@@ -30,12 +32,19 @@ Started = tuple[asyncio.subprocess.Process, HelperChannel]
 
 def args_pipe(args: list[str]) -> int:
     """A pipe holding bwrap's NUL-separated arguments (a few KB: fits the pipe); its read end."""
-    args_r, args_w = os.pipe()
+    return _pipe_of(b"".join(a.encode() + b"\0" for a in args))
+
+
+def _pipe_of(data: bytes | None) -> int:
+    """A pipe holding `data` (under its 64 KiB buffer), its read end; -1 for None."""
+    if data is None:
+        return -1
+    r, w = os.pipe()
     try:
-        os.write(args_w, b"".join(a.encode() + b"\0" for a in args))
+        os.write(w, data)
     finally:
-        os.close(args_w)
-    return args_r
+        os.close(w)
+    return r
 
 
 async def holder_ready(holder: asyncio.subprocess.Process) -> int:
@@ -64,7 +73,10 @@ async def start_user(argv: list[str], python: str, *, output_cap: int) -> Starte
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     # --as-pid-1: the helper is the pid namespace's init, which the kernel shields from every
     # signal sent inside without a handler (`kill -9 -1` spares it).
-    args_r = args_pipe([*argv[1:], "--as-pid-1"])
+    # bwrap installs the filter (seccomp.py) on the helper, whose every command inherits it: no
+    # sample makes a user namespace of its own inside the one bwrap made for it.
+    filter_r = _pipe_of(seccomp_program(os.uname().machine))
+    args_r = args_pipe([*argv[1:], "--as-pid-1", *(["--seccomp", str(filter_r)] if filter_r >= 0 else [])])
     src_r, src_w = os.pipe()
     try:
         try:
@@ -77,13 +89,16 @@ async def start_user(argv: list[str], python: str, *, output_cap: int) -> Starte
         holder = await asyncio.create_subprocess_exec(
             argv[0], "--args", str(args_r), python, "-S", "-I", "-c", _BOOT, str(theirs.fileno()),
             stdin=src_r, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-            env={"PATH": SAFE_PATH}, pass_fds=(args_r, theirs.fileno()), start_new_session=True,
+            env={"PATH": SAFE_PATH}, pass_fds=(args_r, theirs.fileno(), *([filter_r] if filter_r >= 0 else [])),
+            start_new_session=True,
         )
     except OSError as e:
         ours.close()
         raise SandboxError(f"cannot start bwrap: {e}") from e
     finally:
         os.close(args_r)
+        if filter_r >= 0:
+            os.close(filter_r)
         os.close(src_r)
         theirs.close()
     return holder, HelperChannel(ours, output_cap)

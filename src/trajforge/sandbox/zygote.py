@@ -15,7 +15,8 @@ script, started once per run by the runtime, bwrap_root.py) does the privileged 
   pid namespace for its next child and forks, so the helper is pid 1 there; it joins the slot's
   memory cgroup and network namespace, unshares uts and cgroup namespaces, empties its
   capability bounding set, sets no_new_privs and stops being dumpable, then serves its channel
-  sample after sample. The zygote reaps it once the kernel has killed everything in its pid
+  sample after sample. A seccomp filter (seccomp.py) keeps it and its samples from making user
+  namespaces. The zygote reaps it once the kernel has killed everything in its pid
   namespace, and reports that exit.
 
 Protocol with the runner (forkserver.py), both ways: `<I` length + marshal dict; requests carry
@@ -34,9 +35,10 @@ import os
 import select
 import struct
 
-from trajforge.sandbox.zygote_net import Namespaces
 from trajforge.sandbox.helper_exec import drain, reaped
+from trajforge.sandbox.seccomp import forbid_user_namespaces
 from trajforge.sandbox.slot_helper import SlotMounts, checked, run_slot_helper
+from trajforge.sandbox.zygote_net import Namespaces
 
 _NEWCGROUP, _NEWUTS, _NEWPID, _NEWNET = 0x2000000, 0x4000000, 0x20000000, 0x40000000
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_NAME, _PR_SET_NO_NEW_PRIVS, _PR_CAPBSET_DROP = 1, 4, 15, 38, 24
@@ -234,6 +236,7 @@ class Zygote(Namespaces):
         for cap in range(_CAP_LAST + 1):
             # Nothing it starts can ever gain a capability (the helper keeps its own, dormant).
             libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the kernel's last cap: fine
+        forbid_user_namespaces(libc, self.ctypes)  # for it and every command of its samples (seccomp.py)
         os.setgroups([])
         libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
         keep = {channel, host_mnt, self.template}
@@ -253,9 +256,9 @@ def _close_all_but(keep: set[int]) -> None:
 
 def zygote_main(fd: int) -> None:
     import fnmatch  # noqa: F401  everything a helper may import later, imported while the host's
+    import gc
     import posixpath  # noqa: F401  library is still visible: inside, the runner's interpreter is not
     import re  # noqa: F401
-    import gc
     import resource  # noqa: F401
 
     zygote = Zygote(fd)

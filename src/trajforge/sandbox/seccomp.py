@@ -1,0 +1,81 @@
+"""A seccomp filter for root-mode bwrap slots: a sample may not make user namespaces. Stdlib only.
+
+In a user namespace of its own a process is root there and can mount, make network devices and
+reach kernel code that is otherwise root-only: a large attack surface, and the usual first step
+of a kernel escape. Nothing a tool-using agent runs needs one (Chromium runs with --no-sandbox,
+tools/browser.py). The slot helper (zygote.py) installs this filter on itself before it serves,
+so every command of every sample inherits it; the helper's own unshare and setns calls (mount
+and IPC namespaces) carry no CLONE_NEWUSER and pass. As in Docker's default profile:
+- clone and unshare with CLONE_NEWUSER fail with EPERM;
+- clone3 fails with ENOSYS, since its flags sit in memory a filter cannot read: the C library
+  falls back to clone, which the filter can check;
+- for x86_64 the x32 numbering and the 32-bit (i386) entry are covered with their own numbers,
+  for aarch64 the 32-bit (arm) one; any other architecture field gets ENOSYS for every call.
+On another machine architecture no filter is installed (`forbid_user_namespaces` returns False).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+_SC_NEWUSER = 0x10000000
+_SC_EPERM, _SC_ENOSYS = 1, 38
+_SC_PR_SET_SECCOMP, _SC_SECCOMP_MODE_FILTER = 22, 2
+_SC_ALLOW, _SC_ERRNO = 0x7FFF0000, 0x00050000
+_SC_LD_ABS, _SC_AND, _SC_JEQ, _SC_JSET, _SC_RET = 0x20, 0x54, 0x15, 0x45, 0x06
+_SC_X32_BIT = 0x40000000
+# machine -> (native audit arch, its (clone, unshare, clone3), number mask, compat arch, its numbers)
+_SC_ARCHES = {
+    "x86_64": (0xC000003E, (56, 272, 435), ~_SC_X32_BIT & 0xFFFFFFFF, 0x40000003, (120, 310, 435)),
+    "aarch64": (0xC00000B7, (220, 97, 435), 0xFFFFFFFF, 0x40000028, (120, 337, 435)),
+}
+
+
+def seccomp_program(machine: str) -> bytes | None:
+    """The filter's instructions (struct sock_filter[]), None for a machine without a table."""
+    if machine not in _SC_ARCHES:
+        return None
+    native, (clone, unshare, clone3), mask, compat, (c_clone, c_unshare, c_clone3) = _SC_ARCHES[machine]
+    # index: instruction; jumps are (true, false) offsets from the next instruction
+    flags, eperm, enosys = 14, 17, 18
+    code = [
+        (_SC_LD_ABS, 0, 0, 4),  # 0: the architecture
+        (_SC_JEQ, 0, 6, native),  # 1: else the compat block at 8
+        (_SC_LD_ABS, 0, 0, 0),  # 2: the syscall number
+        (_SC_AND, 0, 0, mask),  # 3: x32 numbers are the native ones with a bit set
+        (_SC_JEQ, enosys - 5, 0, clone3),  # 4
+        (_SC_JEQ, flags - 6, 0, clone),  # 5
+        (_SC_JEQ, flags - 7, 0, unshare),  # 6
+        (_SC_RET, 0, 0, _SC_ALLOW),  # 7
+        (_SC_JEQ, 0, enosys - 9, compat),  # 8: the architecture is still loaded here
+        (_SC_LD_ABS, 0, 0, 0),  # 9
+        (_SC_JEQ, enosys - 11, 0, c_clone3),  # 10
+        (_SC_JEQ, flags - 12, 0, c_clone),  # 11
+        (_SC_JEQ, flags - 13, 0, c_unshare),  # 12
+        (_SC_RET, 0, 0, _SC_ALLOW),  # 13
+        (_SC_LD_ABS, 0, 0, 16),  # 14: flags: the low half of the first argument (little-endian)
+        (_SC_JSET, eperm - 16, 0, _SC_NEWUSER),  # 15
+        (_SC_RET, 0, 0, _SC_ALLOW),  # 16
+        (_SC_RET, 0, 0, _SC_ERRNO | _SC_EPERM),  # 17
+        (_SC_RET, 0, 0, _SC_ERRNO | _SC_ENOSYS),  # 18
+    ]
+    return b"".join(struct.pack("=HBBI", *ins) for ins in code)
+
+
+def forbid_user_namespaces(libc: object, ctypes: object) -> bool:
+    """Install the filter on this process (no_new_privs must be set); False where there is no
+    table for this machine. Raises OSError when the kernel refuses it."""
+    prog = seccomp_program(os.uname().machine)
+    if prog is None:
+        return False
+    buf = ctypes.create_string_buffer(prog, len(prog))  # type: ignore[attr-defined]
+
+    class Fprog(ctypes.Structure):  # type: ignore[attr-defined,name-defined,misc]
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]  # type: ignore[attr-defined]
+
+    fprog = Fprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))  # type: ignore[attr-defined]
+    if libc.prctl(_SC_PR_SET_SECCOMP, _SC_SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:  # type: ignore[attr-defined]
+        err = ctypes.get_errno()  # type: ignore[attr-defined]
+        raise OSError(err, f"seccomp filter: {os.strerror(err)}")
+    return True
