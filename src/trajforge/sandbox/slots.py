@@ -128,9 +128,7 @@ class SlotPool:
         async def helper() -> None:  # its network namespace made in the same zygote request
             if self.memory_parent is not None:
                 slot.memory = MemoryGroup(*self.memory_parent, self.limits.memory)  # type: ignore[arg-type]
-                # In a thread, like the disk: a cgroup's mkdir and limit writes take ~0.3-0.5 ms
-                # in the kernel, and the first wave makes a slot per worker at once.
-                await asyncio.to_thread(slot.memory.create)
+                slot.memory.create()
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             slot.channel = HelperChannel(ours, DEFAULT_OUTPUT_CAP)
             new_net = {"router": self.router, "index": index} if self.network in ("egress", "none") else None
