@@ -108,7 +108,7 @@ class ContainerSandbox(Sandbox):
     def _create_args(self, name: str) -> list[str]:
         args = ["run", "-d", "--name", name, "--label", "trajforge=1", "--label", f"trajforge.run={self.run_name}",
                 "--label", f"trajforge.owner={socket.gethostname()}:{os.getpid()}",
-                "-v", f"{self.workspace}:{self.mount_at}", "-w", self.cwd, *self.backend.init_flag]
+                "-v", f"{self.workspace}:{self.mount_at}", "-w", self.cwd, *self.backend.init_flag, *self.backend.security]
         args += self._network_args()
         if self.memory:  # --memory-swap equal to --memory: no swap on top
             args += ["--memory", self.memory, "--memory-swap", self.memory]

@@ -6,7 +6,8 @@ crashed runner's leftovers swept once, each distinct image checked once (images.
 (zygote.py) that starts each container's file helper: a process in the container's mount
 namespace with the uid of the container's own process and no capability, so reads, writes and
 searches resolve exactly as the container sees its files (helper.py, fsops.py), at the cost of
-a message instead of an `exec`. Also here: the last-resort removal of live containers at
+a message instead of an `exec`. With Podman, containers get its default seccomp profile with user
+namespaces refused (container_seccomp.py). Also here: the last-resort removal of live containers at
 interpreter exit, and the sweep of Podman's exec-session monitors.
 """
 
@@ -22,6 +23,7 @@ import subprocess
 from trajforge.sandbox.base import Provider, SandboxError
 from trajforge.sandbox.bwrap_start import helper_source
 from trajforge.sandbox.channel import HelperChannel
+from trajforge.sandbox.container_seccomp import profile_flags
 from trajforge.sandbox.engine import Engine, detect, owner_dead
 from trajforge.sandbox.forkserver import Zygote
 from trajforge.sandbox.images import ImageChecker
@@ -53,8 +55,17 @@ class ContainerBackend:
         self.images = ImageChecker(engine, pull_timeout=pull_timeout)
         self.creating = asyncio.Semaphore(max_creating)
         self.init_flag = ["--init"] if engine.kind == "docker" or any(map(os.path.exists, _CATATONIT)) else []
+        self._security: list[str] | None = None
         self.zygote: Zygote | None = None
         self._zygote_lock = asyncio.Lock()
+
+    @property
+    def security(self) -> list[str]:
+        """`run` flags: with Podman, its default seccomp profile guarded against user namespaces
+        (container_seccomp.py), written once, at the first container."""
+        if self._security is None:
+            self._security = profile_flags(self.engine.kind)
+        return self._security
 
     async def file_zygote(self) -> Zygote | None:
         """The zygote of file helpers, started on first use; None when the runner is not root."""
