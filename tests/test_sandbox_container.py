@@ -428,7 +428,7 @@ def test_the_guarded_profile_changes_only_clone_clone3_and_unshare() -> None:
     from trajforge.sandbox.container_seccomp import without_user_namespaces
 
     profile = {"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [
-        {"names": ["read", "clone", "clone3", "unshare", "write"], "action": "SCMP_ACT_ALLOW", "args": []},
+        {"names": ["read", "clone", "clone3", "unshare", "keyctl", "write"], "action": "SCMP_ACT_ALLOW", "args": []},
         {"names": ["clone"], "action": "SCMP_ACT_ALLOW", "includes": {"caps": ["CAP_SYS_ADMIN"]}},
         {"names": ["unshare"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1},
     ]}
@@ -445,5 +445,6 @@ def test_the_guarded_profile_changes_only_clone_clone3_and_unshare() -> None:
     s390 = [r for r in guarded if r["args"][0]["index"] == 1]  # s390's clone takes its flags second
     assert all(r["includes"] == {"arches": ["s390", "s390x"]} for r in s390)
     assert {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38} in out["syscalls"]
+    assert {"names": ["add_key", "request_key", "keyctl"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1} in out["syscalls"]
     assert {"names": ["unshare"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1} in out["syscalls"]  # kept as it was
-    assert profile["syscalls"][0]["names"] == ["read", "clone", "clone3", "unshare", "write"]  # input untouched
+    assert profile["syscalls"][0]["names"] == ["read", "clone", "clone3", "unshare", "keyctl", "write"]  # untouched

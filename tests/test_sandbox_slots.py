@@ -201,6 +201,9 @@ if r == 0:
     os._exit(0)
 print("clone", result(r))
 print("clone3", result(libc.syscall(435, 0, 0)))
+if os.uname().machine == "x86_64":  # kernel keyrings: add_key into the uid's keyring, a new session one
+    print("add_key", result(libc.syscall(248, b"user", b"left", b"secret", 6, -4)))
+    print("keyctl", result(libc.syscall(250, 1, 0)))
 # the 32-bit entry (int 0x80) of x86_64, with i386 numbers: push rbx; eax=310 (unshare); ebx=flags
 code = bytes.fromhex("53b836010000bb00000010cd805bc3")
 if os.uname().machine == "x86_64":
@@ -223,7 +226,7 @@ PY
 
 
 @pytest.mark.skipif(seccomp_program(os.uname().machine) is None, reason="no seccomp table for this machine")
-def test_a_sample_cannot_make_a_user_namespace(tmp_path: Path) -> None:
+def test_a_sample_cannot_make_a_user_namespace_or_use_keyrings(tmp_path: Path) -> None:
     async def main() -> None:
         sb = BwrapSandbox(tmp_path, network=False, sample_limits=LIMITS)
         await sb.start()
@@ -235,6 +238,8 @@ def test_a_sample_cannot_make_a_user_namespace(tmp_path: Path) -> None:
         assert "unshare -1 1\n" in out and "clone -1 1\n" in out, out  # EPERM
         assert "unshare-x32 -1 " in out, out  # EPERM from the filter, or ENOSYS without x32
         assert "clone3 -1 38\n" in out, out  # ENOSYS: the C library falls back to clone
+        if os.uname().machine == "x86_64":
+            assert "add_key -1 1\n" in out and "keyctl -1 1\n" in out, out
         if os.uname().machine == "x86_64" and "unshare-i386" in out:  # (absent: no 32-bit entry here)
             assert "unshare-i386 -1\n" in out, out  # -EPERM
         assert "thread ok" in out and "spawned ok" in out and "forked 7" in out, out

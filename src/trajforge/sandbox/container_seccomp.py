@@ -7,7 +7,8 @@ mounts and the kernel's root-only code in reach. Docker's built-in profile refus
 the host's default profile (into the trajforge cache, beside a generated containers.conf) where
 those three calls are allowed only as seccomp.py allows them:
 `clone` and `unshare` without CLONE_NEWUSER (EPERM with it), `clone3` never (ENOSYS: the C
-library falls back to `clone`); every other rule stays as the host has it. A host without a
+library falls back to `clone`), and the kernel keyrings refused too (`add_key`, `request_key`,
+`keyctl`: EPERM, as in Docker's profile); every other rule stays as the host has it. A host without a
 readable default profile keeps the engine's own choice (`profile_flags` returns nothing).
 """
 
@@ -26,7 +27,7 @@ from trajforge.sandbox.engine import cache_dir
 # Where Podman looks for its default profile: the administrator's first.
 DEFAULT_PROFILES = ("/etc/containers/seccomp.json", "/usr/share/containers/seccomp.json")
 _NEWUSER = 0x10000000
-_GUARDED = ("clone", "clone3", "unshare")
+_GUARDED = ("clone", "clone3", "unshare", "add_key", "request_key", "keyctl")
 
 
 def without_user_namespaces(profile: dict[str, Any]) -> dict[str, Any]:
@@ -50,7 +51,8 @@ def without_user_namespaces(profile: dict[str, Any]) -> dict[str, Any]:
 
     s390 = {"arches": ["s390", "s390x"]}  # whose clone takes its flags second
     rules += [*pair(["unshare"], 0), *pair(["clone"], 0, excludes=s390), *pair(["clone"], 1, includes=s390),
-              {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38}]
+              {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38},
+              {"names": ["add_key", "request_key", "keyctl"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1}]
     return {**profile, "syscalls": rules}
 
 

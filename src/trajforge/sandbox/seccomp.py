@@ -1,4 +1,4 @@
-"""A seccomp filter for root-mode bwrap slots: a sample may not make user namespaces. Stdlib only.
+"""A seccomp filter for bwrap samples: no user namespaces, no kernel keyrings. Stdlib only.
 
 In a user namespace of its own a process is root there and can mount, make network devices and
 reach kernel code that is otherwise root-only: a large attack surface, and the usual first step
@@ -9,6 +9,8 @@ and IPC namespaces) carry no CLONE_NEWUSER and pass. As in Docker's default prof
 - clone and unshare with CLONE_NEWUSER fail with EPERM;
 - clone3 fails with ENOSYS, since its flags sit in memory a filter cannot read: the C library
   falls back to clone, which the filter can check;
+- add_key, request_key and keyctl fail with EPERM: kernel keyrings are not namespaced, so a
+  sample's keys could outlive it in the kernel, and nothing an agent runs needs them;
 - for x86_64 the x32 numbering and the 32-bit (i386) entry are covered with their own numbers,
   for aarch64 the 32-bit (arm) one; any other architecture field gets ENOSYS for every call.
 On another machine architecture no filter is installed (`forbid_user_namespaces` returns False).
@@ -30,10 +32,13 @@ _SC_SYSCALL = {"x86_64": 317, "aarch64": 277}  # seccomp(2)
 _SC_ALLOW, _SC_ERRNO = 0x7FFF0000, 0x00050000
 _SC_LD_ABS, _SC_AND, _SC_JEQ, _SC_JSET, _SC_RET = 0x20, 0x54, 0x15, 0x45, 0x06
 _SC_X32_BIT = 0x40000000
-# machine -> (native audit arch, its (clone, unshare, clone3), number mask, compat arch, its numbers)
+# machine -> (native audit arch, number mask, its calls, compat arch, its calls); calls are
+# (clone, unshare, clone3, (add_key, request_key, keyctl))
 _SC_ARCHES = {
-    "x86_64": (0xC000003E, (56, 272, 435), ~_SC_X32_BIT & 0xFFFFFFFF, 0x40000003, (120, 310, 435)),
-    "aarch64": (0xC00000B7, (220, 97, 435), 0xFFFFFFFF, 0x40000028, (120, 337, 435)),
+    "x86_64": (0xC000003E, ~_SC_X32_BIT & 0xFFFFFFFF, (56, 272, 435, (248, 249, 250)),
+               0x40000003, (120, 310, 435, (286, 287, 288))),
+    "aarch64": (0xC00000B7, 0xFFFFFFFF, (220, 97, 435, (217, 218, 219)),
+                0x40000028, (120, 337, 435, (309, 310, 311))),
 }
 
 
@@ -41,31 +46,36 @@ def seccomp_program(machine: str) -> bytes | None:
     """The filter's instructions (struct sock_filter[]), None for a machine without a table."""
     if machine not in _SC_ARCHES:
         return None
-    native, (clone, unshare, clone3), mask, compat, (c_clone, c_unshare, c_clone3) = _SC_ARCHES[machine]
-    # index: instruction; jumps are (true, false) offsets from the next instruction
-    flags, eperm, enosys = 14, 17, 18
-    code = [
-        (_SC_LD_ABS, 0, 0, 4),  # 0: the architecture
-        (_SC_JEQ, 0, 6, native),  # 1: else the compat block at 8
-        (_SC_LD_ABS, 0, 0, 0),  # 2: the syscall number
-        (_SC_AND, 0, 0, mask),  # 3: x32 numbers are the native ones with a bit set
-        (_SC_JEQ, enosys - 5, 0, clone3),  # 4
-        (_SC_JEQ, flags - 6, 0, clone),  # 5
-        (_SC_JEQ, flags - 7, 0, unshare),  # 6
-        (_SC_RET, 0, 0, _SC_ALLOW),  # 7
-        (_SC_JEQ, 0, enosys - 9, compat),  # 8: the architecture is still loaded here
-        (_SC_LD_ABS, 0, 0, 0),  # 9
-        (_SC_JEQ, enosys - 11, 0, c_clone3),  # 10
-        (_SC_JEQ, flags - 12, 0, c_clone),  # 11
-        (_SC_JEQ, flags - 13, 0, c_unshare),  # 12
-        (_SC_RET, 0, 0, _SC_ALLOW),  # 13
-        (_SC_LD_ABS, 0, 0, 16),  # 14: flags: the low half of the first argument (little-endian)
-        (_SC_JSET, eperm - 16, 0, _SC_NEWUSER),  # 15
-        (_SC_RET, 0, 0, _SC_ALLOW),  # 16
-        (_SC_RET, 0, 0, _SC_ERRNO | _SC_EPERM),  # 17
-        (_SC_RET, 0, 0, _SC_ERRNO | _SC_ENOSYS),  # 18
-    ]
-    return b"".join(struct.pack("=HBBI", *ins) for ins in code)
+    native, mask, calls, compat, compat_calls = _SC_ARCHES[machine]
+    code: list[tuple[int, object, object, int]] = []  # jump targets are labels until resolved below
+    labels: dict[str, int] = {}
+
+    def block(calls: tuple) -> None:  # type: ignore[type-arg]
+        clone, unshare, clone3, keys = calls
+        code.append((_SC_JEQ, "enosys", 0, clone3))
+        code.append((_SC_JEQ, "flags", 0, clone))
+        code.append((_SC_JEQ, "flags", 0, unshare))
+        code.extend((_SC_JEQ, "eperm", 0, nr) for nr in keys)
+        code.append((_SC_RET, 0, 0, _SC_ALLOW))
+
+    code += [(_SC_LD_ABS, 0, 0, 4), (_SC_JEQ, 0, "compat", native),  # the architecture
+             (_SC_LD_ABS, 0, 0, 0), (_SC_AND, 0, 0, mask)]  # the number; x32's are native ones with a bit set
+    block(calls)
+    labels["compat"] = len(code)
+    code += [(_SC_JEQ, 0, "enosys", compat), (_SC_LD_ABS, 0, 0, 0)]  # the architecture is still loaded
+    block(compat_calls)
+    labels["flags"] = len(code)  # the low half of the first argument (little-endian)
+    code += [(_SC_LD_ABS, 0, 0, 16), (_SC_JSET, "eperm", 0, _SC_NEWUSER), (_SC_RET, 0, 0, _SC_ALLOW)]
+    labels["eperm"] = len(code)
+    code.append((_SC_RET, 0, 0, _SC_ERRNO | _SC_EPERM))
+    labels["enosys"] = len(code)
+    code.append((_SC_RET, 0, 0, _SC_ERRNO | _SC_ENOSYS))
+
+    def offset(target: object, at: int) -> int:  # a jump counts from the next instruction
+        return labels[target] - at - 1 if isinstance(target, str) else int(target)  # type: ignore[call-overload]
+
+    return b"".join(struct.pack("=HBBI", op, offset(jt, at), offset(jf, at), k)
+                    for at, (op, jt, jf, k) in enumerate(code))
 
 
 def forbid_user_namespaces(libc: object, ctypes: object) -> bool:
