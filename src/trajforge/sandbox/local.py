@@ -10,7 +10,7 @@ the host for every sample, so it is mapped to `<workspace>/app`.
 
 Processes cannot outlive the sample: every command joins the sample's cgroup (reaper.py) as its
 first act, and close() kills the cgroup, which reaches `setsid env -i sleep 1000 &` too. Where
-no cgroup can be made, the environment tag sweep (process.kill_tagged) is the fallback.
+no cgroup can be made, the environment tag sweep (tagkill.kill_tagged) is the fallback.
 Background output goes to an unlinked file only the runner holds.
 """
 
@@ -23,13 +23,27 @@ import tempfile
 from pathlib import Path
 
 from trajforge.sandbox import fsops, workspace
-from trajforge.sandbox.base import ExecResult, Job, LogChunk, Provider, Sandbox, SandboxError
+from trajforge.sandbox.base import (
+    ExecResult,
+    Job,
+    LogChunk,
+    Provider,
+    Sandbox,
+    SandboxError,
+)
 from trajforge.sandbox.process import (
-    DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, SHELL, Limits, bash_limits_prefix, clean_env, kill_group, kill_tagged,
-    make_preexec, run_argv,
+    DEFAULT_LIMITS,
+    DEFAULT_OUTPUT_CAP,
+    SHELL,
+    Limits,
+    bash_limits_prefix,
+    clean_env,
+    kill_group,
+    make_preexec,
+    run_argv,
 )
 from trajforge.sandbox.reaper import Cgroups, SampleCgroup
-
+from trajforge.sandbox.tagkill import kill_tagged
 
 TAG_VAR = "TRAJFORGE_SANDBOX"
 
