@@ -289,12 +289,12 @@ class RayExecutor:
             self._unavailable.setdefault(u.toolset, u)
         self._actors.append(_Actor(handle, node_id, size))
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any, what: str = "adding Ray workers") -> None:
         async def guarded() -> None:
             try:
                 await coro
             except Exception as e:  # a node that joined late and cannot start must not stop the run
-                log.warning("adding Ray workers failed: %s", e)
+                log.warning("%s failed: %s", what, e)
 
         task = asyncio.ensure_future(guarded())
         self._background.add(task)
@@ -307,9 +307,7 @@ class RayExecutor:
                 await actor.handle.drain.remote()
 
         for actor in self._actors:
-            task = asyncio.ensure_future(tell(actor))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._spawn(tell(actor), "telling a Ray worker that no sample will start")
 
     async def aclose(self) -> None:
         for task in list(self._background):

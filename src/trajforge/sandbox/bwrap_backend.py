@@ -97,16 +97,13 @@ async def _run_of(provider: Provider) -> _Run | SandboxError:
     runtime = None
     if privileged:
         async def start() -> RootRuntime:
-            return await root_runtime(status.path, network, settings.allow, sample_limits)
-
-        async def start_draining() -> RootRuntime:
-            started = await start()
+            started = await root_runtime(status.path, network, settings.allow, sample_limits)
             # Once no new sample will start, idle slots beyond the sandboxes still to be made go.
             provider.on_drain(lambda: started.drain(lambda: provider.waiting))
             return started
 
         try:
-            runtime = await provider.state("bwrap.runtime", start_draining, RootRuntime.aclose)
+            runtime = await provider.state("bwrap.runtime", start, RootRuntime.aclose)
         except SandboxError as e:
             return SandboxError(f"--sandbox bwrap is not usable here: {e} (see `trajforge doctor`)")
     # A memory cgroup holds the whole sample in root mode; otherwise RLIMIT_AS per process stands in.

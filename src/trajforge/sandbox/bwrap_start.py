@@ -35,10 +35,10 @@ def args_pipe(args: list[str]) -> int:
     return _pipe_of(b"".join(a.encode() + b"\0" for a in args))
 
 
-def _pipe_of(data: bytes | None) -> int:
-    """A pipe holding `data` (under its 64 KiB buffer), its read end; -1 for None."""
-    if data is None:
-        return -1
+def _pipe_of(data: bytes) -> int:
+    """A pipe holding `data`, its read end. The write never blocks: `data` must fit the pipe's
+    64 KiB buffer (bwrap's arguments, the seccomp filter, the helper's source all do)."""
+    assert len(data) < 60_000
     r, w = os.pipe()
     try:
         os.write(w, data)
@@ -75,31 +75,22 @@ async def start_user(argv: list[str], python: str, *, output_cap: int) -> Starte
     # signal sent inside without a handler (`kill -9 -1` spares it).
     # bwrap installs the filter (seccomp.py) on the helper, whose every command inherits it: no
     # sample makes a user namespace of its own inside the one bwrap made for it.
-    filter_r = _pipe_of(seccomp_program(os.uname().machine))
-    args_r = args_pipe([*argv[1:], "--as-pid-1", *(["--seccomp", str(filter_r)] if filter_r >= 0 else [])])
-    src_r, src_w = os.pipe()
+    program = seccomp_program(os.uname().machine)
+    filters = [_pipe_of(program)] if program is not None else []
+    args_r = args_pipe([*argv[1:], "--as-pid-1", *(a for fd in filters for a in ("--seccomp", str(fd)))])
+    src_r = _pipe_of(helper_source())  # the source comes on stdin, not argv: `ps` inside shows a one-liner
     try:
-        try:
-            # The helper's source comes on stdin, not argv: `ps` inside shows a one-liner.
-            source = helper_source()
-            assert len(source) < 60_000  # fits the pipe's 64 KiB buffer: this write never blocks
-            os.write(src_w, source)
-        finally:
-            os.close(src_w)
         holder = await asyncio.create_subprocess_exec(
             argv[0], "--args", str(args_r), python, "-S", "-I", "-c", _BOOT, str(theirs.fileno()),
             stdin=src_r, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-            env={"PATH": SAFE_PATH}, pass_fds=(args_r, theirs.fileno(), *([filter_r] if filter_r >= 0 else [])),
-            start_new_session=True,
+            env={"PATH": SAFE_PATH}, pass_fds=(args_r, theirs.fileno(), *filters), start_new_session=True,
         )
     except OSError as e:
         ours.close()
         raise SandboxError(f"cannot start bwrap: {e}") from e
     finally:
-        os.close(args_r)
-        if filter_r >= 0:
-            os.close(filter_r)
-        os.close(src_r)
+        for fd in (args_r, src_r, *filters):
+            os.close(fd)
         theirs.close()
     return holder, HelperChannel(ours, output_cap)
 

@@ -21,8 +21,12 @@ for every filtered process, which slows the sample's programs and protects nothi
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import struct
+
+from trajforge.sandbox.slot_helper import checked
 
 _SC_NEWUSER = 0x10000000
 _SC_EPERM, _SC_ENOSYS = 1, 38
@@ -42,8 +46,10 @@ _SC_ARCHES = {
 }
 
 
+@functools.cache
 def seccomp_program(machine: str) -> bytes | None:
-    """The filter's instructions (struct sock_filter[]), None for a machine without a table."""
+    """The filter's instructions (struct sock_filter[]), None for a machine without a table. Made
+    once per process: the zygote makes it before it forks any slot helper (zygote_main)."""
     if machine not in _SC_ARCHES:
         return None
     native, mask, calls, compat, compat_calls = _SC_ARCHES[machine]
@@ -78,26 +84,21 @@ def seccomp_program(machine: str) -> bytes | None:
                     for at, (op, jt, jf, k) in enumerate(code))
 
 
-def forbid_user_namespaces(libc: object, ctypes: object) -> bool:
+class _Fprog(ctypes.Structure):  # struct sock_fprog
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def forbid_user_namespaces(libc) -> bool:  # type: ignore[no-untyped-def]
     """Install the filter on this process (no_new_privs must be set); False where there is no
     table for this machine. Raises OSError when the kernel refuses it."""
     machine = os.uname().machine
     prog = seccomp_program(machine)
     if prog is None:
         return False
-    buf = ctypes.create_string_buffer(prog, len(prog))  # type: ignore[attr-defined]
-
-    class Fprog(ctypes.Structure):  # type: ignore[attr-defined,name-defined,misc]
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]  # type: ignore[attr-defined]
-
-    fprog = Fprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))  # type: ignore[attr-defined]
-    if libc.syscall(_SC_SYSCALL[machine], _SC_SET_MODE_FILTER, _SC_FLAG_SPEC_ALLOW,  # type: ignore[attr-defined]
-                    ctypes.byref(fprog)) == 0:  # type: ignore[attr-defined]
-        return True
-    if ctypes.get_errno() != _SC_EINVAL:  # type: ignore[attr-defined]  # (EINVAL: a kernel without the flag)
-        err = ctypes.get_errno()  # type: ignore[attr-defined]
-        raise OSError(err, f"seccomp filter: {os.strerror(err)}")
-    if libc.prctl(_SC_PR_SET_SECCOMP, _SC_SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:  # type: ignore[attr-defined]
-        err = ctypes.get_errno()  # type: ignore[attr-defined]
-        raise OSError(err, f"seccomp filter: {os.strerror(err)}")
+    buf = ctypes.create_string_buffer(prog, len(prog))
+    fprog = _Fprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    done = libc.syscall(_SC_SYSCALL[machine], _SC_SET_MODE_FILTER, _SC_FLAG_SPEC_ALLOW, ctypes.byref(fprog))
+    if done < 0 and ctypes.get_errno() == _SC_EINVAL:  # a kernel that does not know the flag
+        done = libc.prctl(_SC_PR_SET_SECCOMP, _SC_SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0)
+    checked(done, "seccomp filter")
     return True

@@ -36,7 +36,7 @@ import select
 import struct
 
 from trajforge.sandbox.helper_exec import drain, reaped
-from trajforge.sandbox.seccomp import forbid_user_namespaces
+from trajforge.sandbox.seccomp import forbid_user_namespaces, seccomp_program
 from trajforge.sandbox.slot_helper import SlotMounts, checked, run_slot_helper
 from trajforge.sandbox.zygote_net import Namespaces
 
@@ -236,7 +236,7 @@ class Zygote(Namespaces):
         for cap in range(_CAP_LAST + 1):
             # Nothing it starts can ever gain a capability (the helper keeps its own, dormant).
             libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the kernel's last cap: fine
-        forbid_user_namespaces(libc, self.ctypes)  # for it and every command of its samples (seccomp.py)
+        forbid_user_namespaces(libc)  # for it and every command of its samples (seccomp.py)
         os.setgroups([])
         libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
         keep = {channel, host_mnt, self.template}
@@ -262,6 +262,7 @@ def zygote_main(fd: int) -> None:
     import resource  # noqa: F401
 
     zygote = Zygote(fd)
+    seccomp_program(os.uname().machine)  # made (and cached) once, for every helper forked from here
     # Every object so far is shared with the forked helpers: no collection may touch (and so copy)
     # their pages. Helpers make little garbage and live as long as one sample.
     gc.freeze()
