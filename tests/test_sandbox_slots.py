@@ -186,6 +186,8 @@ def test_the_slot_helper_is_out_of_the_sample_s_reach(tmp_path: Path) -> None:
 # A hostile sample trying every way into a user namespace of its own (root there: mounts, network
 # devices, root-only kernel code), then what ordinary programs do with the same calls.
 USERNS = r"""
+grep -E '^(NoNewPrivs|Seccomp|CapBnd|CapEff):' /proc/self/status | sed 's/^/self-/'
+grep -E '^(NoNewPrivs|Seccomp|CapBnd):' /proc/1/status | sed 's/^/init-/'
 unshare -Ur id -u 2>&1; echo "unshare-cmd=$?"
 python3 - <<'PY'
 import ctypes, mmap, os, subprocess, sys, threading
@@ -234,6 +236,11 @@ def test_a_sample_cannot_make_a_user_namespace_or_use_keyrings(tmp_path: Path) -
             out = (await sb.exec(USERNS, timeout=30)).stdout
         finally:
             await sb.close()
+        # Set once on the zygote, inherited by the slot's helper (pid 1 here) and every command.
+        for who in ("self", "init"):
+            assert f"{who}-NoNewPrivs:\t1\n" in out and f"{who}-Seccomp:\t2\n" in out, out
+            assert f"{who}-CapBnd:\t0000000000000000\n" in out, out
+        assert "self-CapEff:\t0000000000000000\n" in out, out
         assert "unshare-cmd=0" not in out and "Operation not permitted" in out, out
         assert "unshare -1 1\n" in out and "clone -1 1\n" in out, out  # EPERM
         assert "unshare-x32 -1 " in out, out  # EPERM from the filter, or ENOSYS without x32

@@ -3,9 +3,9 @@
 In a user namespace of its own a process is root there and can mount, make network devices and
 reach kernel code that is otherwise root-only: a large attack surface, and the usual first step
 of a kernel escape. Nothing a tool-using agent runs needs one (Chromium runs with --no-sandbox,
-tools/browser.py). The slot helper (zygote.py) installs this filter on itself before it serves,
-so every command of every sample inherits it; the helper's own unshare and setns calls (mount
-and IPC namespaces) carry no CLONE_NEWUSER and pass. As in Docker's default profile:
+tools/browser.py). The root mode's zygote (zygote.py) installs this filter on itself when it
+starts, so every slot helper it forks and every command of every sample inherits it; the
+zygote's and the helpers' own unshare and setns calls carry no CLONE_NEWUSER and pass. As in Docker's default profile:
 - clone and unshare with CLONE_NEWUSER fail with EPERM;
 - clone3 fails with ENOSYS, since its flags sit in memory a filter cannot read: the C library
   falls back to clone, which the filter can check;
@@ -14,7 +14,7 @@ and IPC namespaces) carry no CLONE_NEWUSER and pass. As in Docker's default prof
 - for x86_64 the x32 numbering and the 32-bit (i386) entry are covered with their own numbers,
   for aarch64 the 32-bit (arm) one; any other architecture field gets ENOSYS for every call.
 On another machine architecture no filter is installed (`forbid_user_namespaces` returns False).
-The slot helper installs it with seccomp(2) and SECCOMP_FILTER_FLAG_SPEC_ALLOW where the kernel
+The zygote installs it with seccomp(2) and SECCOMP_FILTER_FLAG_SPEC_ALLOW where the kernel
 knows the flag: kernels before 5.16 otherwise turn on the speculative store bypass mitigation
 for every filtered process, which slows the sample's programs and protects nothing of the host.
 """
@@ -49,7 +49,7 @@ _SC_ARCHES = {
 @functools.cache
 def seccomp_program(machine: str) -> bytes | None:
     """The filter's instructions (struct sock_filter[]), None for a machine without a table. Made
-    once per process: the zygote makes it before it forks any slot helper (zygote_main)."""
+    once per process."""
     if machine not in _SC_ARCHES:
         return None
     native, mask, calls, compat, compat_calls = _SC_ARCHES[machine]
