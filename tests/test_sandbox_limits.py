@@ -85,17 +85,22 @@ def test_disk_image_is_sparse_and_removed(tmp_path: Path) -> None:
         sb = BwrapSandbox(tmp_path, network=False, sample_limits=SampleLimits(disk=256 << 20, memory=None))
         await sb.start()
         try:
-            # the slot's disk, mounted on the slot's directory; workspaces are made in its loopdisk.WORKSPACES
+            # the slot's disk, mounted on a directory of the pool's tmpfs (loopdisk.Disks), in the
+            # first region of the pool's first image; workspaces are made in its loopdisk.WORKSPACES
             point = sb.workspace.parent.parent
-            image = point.with_name(f"{point.name}.trajforge-{os.getpid()}.img")
+            assert point.parent.name == f".slots.trajforge-{os.getpid()}" and point.parent.parent == tmp_path
+            image = tmp_path / f".slots.trajforge-{os.getpid()}-0.img"
             assert image.stat().st_size == 256 << 20 and image.stat().st_blocks * 512 < 32 << 20
+            mounts = Path("/proc/self/mounts").read_text()
+            assert f" {point.parent} tmpfs " in mounts and f" {point} ext4 " in mounts
             res = await sb.exec("df -B1 --output=size . | tail -1; ls -A", timeout=30)
             assert int(res.stdout.split()[0]) <= 256 << 20 and "lost+found" not in res.stdout
             await sb.write_file("note.txt", b"x")  # the file tools write into the mounted disk
             assert (await sb.exec("cat note.txt", timeout=30)).stdout == "x"
         finally:
             await sb.close()
-        assert not image.exists() and not sb.workspace.exists()
+        assert not image.exists() and not sb.workspace.exists() and not point.parent.exists()
+        assert not list(tmp_path.glob("*.img")) and str(tmp_path) not in Path("/proc/self/mounts").read_text()
 
     asyncio.run(main())
 
@@ -150,7 +155,7 @@ def test_a_killed_runner_s_disk_and_cgroup_are_swept(tmp_path: Path, clean_env: 
             sb = BwrapSandbox(Path({str(tmp_path)!r}), network=False,
                               sample_limits=SampleLimits(disk=64 << 20, memory=64 << 20))
             await sb.start()
-            print(sb.workspace.parent.parent, sb.memory_group.path, flush=True)  # the disk: slot-N, workspaces in slot-N/w
+            print(sb.workspace.parent.parent, sb.memory_group.path, flush=True)  # the disk: .slots.trajforge-<pid>/slot-N, workspaces in slot-N/w
             await asyncio.sleep(60)
         asyncio.run(main())
     """)
@@ -163,7 +168,8 @@ def test_a_killed_runner_s_disk_and_cgroup_are_swept(tmp_path: Path, clean_env: 
     resources._swept = False  # the sweep runs once per process; this process has not swept the new leftovers
     gone = asyncio.run(resources.sweep_leftovers())
     assert str(ws) in gone and str(ws) not in Path("/proc/self/mounts").read_text()
-    assert not list(tmp_path.glob("*.img"))
+    assert not list(tmp_path.glob("*.img")) and not list(tmp_path.glob(".slots.*"))  # images, the mount points' tmpfs
+    assert str(tmp_path) not in Path("/proc/self/mounts").read_text()
     for _ in range(100):  # the killed holder's processes leave the cgroup as the kernel reaps them
         if not group.exists():
             break

@@ -114,6 +114,47 @@ def test_a_reused_slot_holds_nothing_of_the_previous_sample(tmp_path: Path) -> N
     asyncio.run(main())
 
 
+def test_neighbouring_disks_in_one_image_cannot_reach_each_other(tmp_path: Path) -> None:
+    """Two slots' disks are adjacent regions of one image file (loopdisk.Disks): a sample that fills
+    its disk to the last block neither spills into its neighbour's region nor sees its files."""
+    import hashlib
+
+    from trajforge.sandbox.base import SandboxError
+
+    plant = "head -c 1048576 /dev/urandom > mine; df -B1 --output=size . | tail -1; ls -A"
+
+    async def main() -> None:
+        runtime = await root_runtime(None, "none", (), LIMITS)
+        try:
+            a, b = _sandbox(tmp_path, runtime, "none"), _sandbox(tmp_path, runtime, "none")
+            await a.start()
+            await b.start()
+            try:
+                assert a.workspace.parent.parent.parent == b.workspace.parent.parent.parent  # one pool's disks
+                images = list(tmp_path.glob(f".slots.trajforge-{os.getpid()}-*.img"))
+                assert len(images) == 1 and images[0].stat().st_size == 2 * LIMITS.disk, images  # side by side
+                for sb in (a, b):
+                    out = (await sb.exec(plant, timeout=60)).stdout.split()
+                    assert int(out[0]) <= LIMITS.disk and out[1:] == ["mine"], out  # its own disk, its own file
+                before = {sb: hashlib.sha256((sb.workspace / "mine").read_bytes()).digest() for sb in (a, b)}
+                for sb in (a, b):  # each fills its disk to the last block, in turn
+                    with pytest.raises(SandboxError, match="workspace disk limit"):
+                        await sb.exec("dd if=/dev/zero of=big bs=1M; dd if=/dev/urandom of=big2 bs=4k", timeout=120)
+                    assert sorted(p.name for p in sb.workspace.iterdir()) == ["big", "big2", "mine"]
+                for sb in (a, b):  # every byte of each sample's own file as it wrote it
+                    assert hashlib.sha256((sb.workspace / "mine").read_bytes()).digest() == before[sb]
+                    st = os.statvfs(sb.workspace)
+                    assert st.f_bavail * st.f_frsize < 1 << 20
+            finally:
+                await a.close()
+                await b.close()
+        finally:
+            await runtime.aclose()
+        assert not list(tmp_path.glob("*.img"))
+
+    asyncio.run(main())
+
+
 @pytest.mark.skipif(not shutil.which("ipcmk"), reason="needs ipcmk (util-linux)")
 @pytest.mark.parametrize("plant", ["ipcmk -M 4096", "ipcmk -S 2", "ipcmk -Q", "echo x > /dev/mqueue/left"],
                          ids=["shm", "sem", "msg", "mqueue"])
@@ -277,7 +318,8 @@ def test_a_slot_whose_sample_will_not_end_cleanly_is_destroyed(tmp_path: Path) -
                 await b.close()
         finally:
             await runtime.aclose()
-        assert not any(tmp_path.glob("slot-*")), list(tmp_path.iterdir())  # every slot's disk gone
+        assert not any(tmp_path.glob("slot-*")), list(tmp_path.iterdir())
+        assert not any(tmp_path.glob(".slots.*")), list(tmp_path.iterdir())  # every disk, image and mount point gone
 
     asyncio.run(main())
 
@@ -290,7 +332,8 @@ def test_a_draining_run_keeps_idle_slots_only_for_sandboxes_still_to_be_made(tmp
     from trajforge.sandbox.factory import SandboxProvider
 
     def slot_dirs() -> set[str]:
-        return {p.name for p in tmp_path.glob("slot-*") if p.is_dir()}  # (beside each: its disk image)
+        # with a disk limit, the slots' mount points are on the pool's tmpfs (loopdisk.Disks)
+        return {p.name for p in (*tmp_path.glob("slot-*"), *tmp_path.glob(".slots.*/slot-*")) if p.is_dir()}
 
     async def main() -> None:
         async with SandboxProvider(sandbox_settings(RunConfig(sandbox="bwrap", sandbox_network="none"))) as p:

@@ -10,12 +10,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 from pathlib import Path
 
 from trajforge.sandbox.base import SandboxError
 
 _IMAGE_TAG = ".trajforge-"
+# The runner's pid in a disk image's name, and `.img` (with the image's number, for a pool's) or
+# nothing (a pool's tmpfs of mount points).
+_IMAGE_PID = re.compile(r".*\.trajforge-(\d+)((?:-\d+)?\.img)?")
 _PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -58,33 +62,48 @@ def pid_alive(pid: int) -> bool:
 
 
 async def sweep_images() -> list[str]:
-    """Unmount and delete the disk images of runners that no longer exist; their mount points."""
+    """Unmount and delete the disk images of runners that no longer exist (a sample's own,
+    `<workspace>.trajforge-<pid>.img`, or a slot pool's, `.slots.trajforge-<pid>-<n>.img`, whose
+    mount points are on the tmpfs `.slots.trajforge-<pid>`, loopdisk.py); their mount points."""
     gone: list[str] = []
     try:
         mounts = [line.split() for line in Path("/proc/self/mounts").read_text().splitlines()]
     except OSError:
         mounts = []
+    pools: list[str] = []
     for fields in mounts:
-        if len(fields) < 2 or not fields[0].startswith("/dev/loop"):
+        if len(fields) < 3:
             continue
         point = fields[1].replace("\\040", " ")
+        pool = _IMAGE_PID.fullmatch(Path(point).name) if fields[2] == "tmpfs" else None
+        if pool is not None and pool.group(2) is None and not pid_alive(int(pool.group(1))):
+            pools.append(point)  # after the disks mounted in it
+        if not fields[0].startswith("/dev/loop"):
+            continue
         try:
             backing = Path(f"/sys/block/{Path(fields[0]).name}/loop/backing_file").read_text().strip()
         except OSError:
             continue
-        name = Path(backing).name
-        if not (backing.startswith(point + _IMAGE_TAG) and name.endswith(".img")):
+        match = _IMAGE_PID.fullmatch(Path(backing).name)
+        if match is None or not match.group(2) or pid_alive(int(match.group(1))):
             continue
-        pid = name[len(Path(point).name) + len(_IMAGE_TAG):-len(".img")]
-        if pid.isdigit() and not pid_alive(int(pid)):
-            with contextlib.suppress(SandboxError):
-                await _run("umount", "-l", point)
+        with contextlib.suppress(SandboxError):
+            await _run("umount", "-l", point)
+        with contextlib.suppress(OSError):
+            os.unlink(backing)
+        for template in Path(backing).parent.glob(f".template{_IMAGE_TAG}{match.group(1)}-*.img"):  # loopdisk.Template
             with contextlib.suppress(OSError):
-                os.unlink(backing)
-            for template in Path(backing).parent.glob(f".template{_IMAGE_TAG}{pid}-*.img"):  # loopdisk.Template
-                with contextlib.suppress(OSError):
-                    template.unlink()
-            gone.append(point)
+                template.unlink()
+        gone.append(point)
+    for point in pools:
+        with contextlib.suppress(SandboxError):
+            await _run("umount", "-l", point)
+        with contextlib.suppress(OSError):
+            os.rmdir(point)
+        for image in Path(point).parent.glob(f"{Path(point).name}-*.img"):  # regions no disk used any more
+            with contextlib.suppress(OSError):
+                image.unlink()
+        gone.append(point)
     return gone
 
 

@@ -2,8 +2,8 @@
 
 A slot is a warm helper process (slot_helper.py: pid 1 of the slot's pid namespace, forked once
 by the zygote) with its network namespace (zygote.op_netns; in egress mode wired to the run's
-router), its memory cgroup (resources.MemoryGroup) and its workspace disk (a copied template
-image mounted on the slot's directory, loopdisk.py), and its mount and IPC namespaces. Each
+router), its memory cgroup (resources.MemoryGroup) and its workspace disk (a copy of the pool's template
+in a region of a shared sparse image, loop-mounted, loopdisk.py), and its mount and IPC namespaces. Each
 sample gets, from the helper, its workspace mounted in, /tmp, /dev/shm and IPC namespace renewed
 when the previous sample left anything in them, and a uid of its own; the slot holds nothing of
 a sample once its processes are dead.
@@ -46,19 +46,19 @@ from trajforge.sandbox.resources import (
 @dataclass(slots=True)
 class Slot:
     index: int
-    root: Path  # the mount point of its disk, or a plain directory
+    root: Path  # the mount point of its disk (on the disks' tmpfs), or a plain directory
     channel: HelperChannel | None = None  # to the slot's helper
     helper_pid: int = 0  # its host pid
     exited: asyncio.Future[int] | None = None  # resolves once the helper is reaped
     net: int | None = None  # the zygote's handle of its network namespace; None: the host's network
     memory: MemoryGroup | None = None
-    image: Path | None = None  # the disk's image file, when the workspace disk is limited
+    disk: loopdisk.Region | None = None  # where its disk lives, when the workspace disk is limited
     _oom_seen: int = field(default=0, repr=False)
 
     @property
     def workspaces(self) -> Path:
         """Where its samples' workspaces are made (loopdisk.WORKSPACES on its disk)."""
-        return self.root / loopdisk.WORKSPACES if self.image is not None else self.root
+        return self.root / loopdisk.WORKSPACES if self.disk is not None else self.root
 
     @property
     def alive(self) -> bool:
@@ -81,7 +81,7 @@ class Slot:
                                   ("dev/shm", limits.shm_size, "sandbox_shm_size")):
             if tmpfs_full(f"/proc/{helper_pid}/root/{inside}", size):
                 raise SandboxError(f"the sample filled /{inside} ({human(size or 0)}, {key})")
-        if self.image is not None and limits.disk and loopdisk.full(self.root, limits.disk):
+        if self.disk is not None and limits.disk and loopdisk.full(self.root, limits.disk):
             raise SandboxError(f"the sample filled its workspace disk limit of {human(limits.disk)} (sandbox_disk)")
 
 
@@ -95,8 +95,8 @@ class SlotPool:
         self.zygote, self.network, self.router, self.limits = zygote, network, router, limits
         self._free: list[Slot] = []
         self._ids = itertools.count()
-        self._template: loopdisk.Template | None = None
-        self._template_lock = asyncio.Lock()
+        self._disks: loopdisk.Disks | None = None
+        self._disks_lock = asyncio.Lock()
         # Where the slots' memory cgroups go, looked up once (a few stat calls) rather than per slot.
         self.memory_parent = cgroup_parent() if limits.memory else None
         self.closing = False
@@ -120,8 +120,8 @@ class SlotPool:
 
         async def disk() -> None:
             if self.limits.disk:
-                template = await self._disk_template()
-                slot.image = await asyncio.to_thread(_mount_disk, template, slot.root)
+                disks = await self._workspace_disks()
+                slot.root, slot.disk = await asyncio.to_thread(disks.mount, slot.root.name)
             else:
                 slot.root.mkdir(parents=True, exist_ok=True)
 
@@ -145,12 +145,12 @@ class SlotPool:
             raise
         return slot
 
-    async def _disk_template(self) -> loopdisk.Template:
-        async with self._template_lock:
-            if self._template is None:
+    async def _workspace_disks(self) -> loopdisk.Disks:
+        async with self._disks_lock:
+            if self._disks is None:
                 size = self.limits.disk or 0
-                self._template = await asyncio.to_thread(loopdisk.Template(self.root, size).create)
-            return self._template
+                self._disks = await asyncio.to_thread(loopdisk.Disks(self.root, size).create)
+            return self._disks
 
     async def release(self, slot: Slot, ws: Path | None, *, keep: bool, clean_exit: bool) -> Path | None:
         """Give the slot back once its sample is over (`end` answered); the kept workspace, if any."""
@@ -205,8 +205,11 @@ class SlotPool:
         if slot.memory is not None:
             memory, slot.memory = slot.memory, None
             await asyncio.to_thread(memory.remove)
-        image, slot.image = slot.image, None
-        await asyncio.to_thread(_remove_root, slot.root, image)
+        disk, slot.disk = slot.disk, None
+        if disk is not None and self._disks is not None:
+            await asyncio.to_thread(self._disks.unmount, slot.root, disk)
+        else:
+            await asyncio.to_thread(_remove_root, slot.root)
 
     async def settle(self) -> None:
         """Until the slots being destroyed in the background are gone."""
@@ -217,21 +220,14 @@ class SlotPool:
         self.closing = True
         free, self._free = self._free, []
         await asyncio.gather(self.settle(), *(self._destroy(slot) for slot in free), return_exceptions=True)
-        if self._template is not None:
-            self._template.remove()
-            self._template = None
+        if self._disks is not None:
+            self._disks.close()
+            self._disks = None
 
 
 # A mkdir or rmdir on the host's (often churned) filesystem can take a millisecond: done in the
 # disk's thread, not on the event loop.
-def _mount_disk(template: loopdisk.Template, root: Path) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    return loopdisk.mount_copy(template, root)
-
-
-def _remove_root(root: Path, image: Path | None) -> None:
-    if image is not None:
-        loopdisk.unmount(root, image)
+def _remove_root(root: Path) -> None:
     with contextlib.suppress(OSError):
         root.rmdir()
 
