@@ -217,3 +217,46 @@ def _cmdline(pid: str) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+@needs_limits
+def test_disks_mounted_at_once_get_regions_of_their_own(tmp_path: Path) -> None:
+    """A pool mounts its slots' disks from several threads at once (loopdisk.Disks): each gets a
+    region no other disk has, a filesystem of its own size, and nothing is left after close."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from trajforge.sandbox import loopdisk
+
+    disks = loopdisk.Disks(tmp_path, 32 << 20)
+    disks.per_file = 5  # a new image file every 5 regions: 24 disks need 5 files
+    disks.create()
+    try:
+        start = threading.Barrier(8)
+
+        def mount(i: int) -> tuple[Path, loopdisk.Region]:
+            if i < 8:
+                start.wait()
+            point, region = disks.mount(f"slot-{i}")
+            (point / loopdisk.WORKSPACES / "id").write_text(str(i))
+            return point, region
+
+        with ThreadPoolExecutor(8) as pool:
+            mounted = list(pool.map(mount, range(24)))
+        assert len({(r.image, r.offset) for _, r in mounted}) == 24
+        assert len({r.image for _, r in mounted}) == 5
+        for i, (point, _) in enumerate(mounted):
+            assert (point / loopdisk.WORKSPACES / "id").read_text() == str(i)  # no two share a filesystem
+            st = os.statvfs(point)
+            assert st.f_blocks * st.f_frsize <= 32 << 20
+        first = [(p, r) for p, r in mounted if r.number == 0]
+        for point, region in first:  # the first file's regions all released: the file goes
+            assert region.image.exists()
+            disks.unmount(point, region)
+        assert not first[0][1].image.exists() and len(list(tmp_path.glob("*.img"))) == 5  # 4 + the template
+        for point, region in mounted:
+            if region.number:
+                disks.unmount(point, region)
+    finally:
+        disks.close()
+    assert not list(tmp_path.iterdir()) and str(tmp_path) not in Path("/proc/self/mounts").read_text()

@@ -32,6 +32,7 @@ import fcntl
 import os
 import struct
 import subprocess
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,7 +138,7 @@ class Region:
 
 class Disks:
     """The workspace disks of one slot pool: a template, image files of regions, a tmpfs of mount
-    points. Blocking calls (a thread of the pool's, or its close)."""
+    points. Blocking calls, made from several threads at once (the pool's `asyncio.to_thread`)."""
 
     def __init__(self, directory: Path, size: int) -> None:
         self.size = size
@@ -149,6 +150,7 @@ class Disks:
         self._next = 0  # regions are never reused in a run (see the module's docstring)
         self._files: dict[Path, int] = {}  # image -> open descriptor
         self._live: dict[Path, int] = {}  # image -> regions in use
+        self._lock = threading.Lock()
 
     def create(self) -> Disks:
         self.template.create()
@@ -166,19 +168,21 @@ class Disks:
     def mount(self, name: str) -> tuple[Path, Region]:
         """A fresh disk mounted on a new directory `name` of the mount points; (that directory,
         its region). Workspaces go in `point / WORKSPACES`."""
-        index, self._next = self._next, self._next + 1
-        number = index // self.per_file
-        region = Region(Path(f"{self.prefix}-{number}.img"), number, (index % self.per_file) * self.stride)
         point = self.points / name
+        with self._lock:  # the pool mounts several disks at once, each in a thread of its own
+            index, self._next = self._next, self._next + 1
+            number = index // self.per_file
+            region = Region(Path(f"{self.prefix}-{number}.img"), number, (index % self.per_file) * self.stride)
         try:
-            fd = self._files.get(region.image)
-            if fd is None:
-                fd = self._files[region.image] = os.open(region.image, os.O_RDWR | os.O_CREAT | os.O_EXCL
-                                                         | os.O_CLOEXEC, 0o600)
-            self._live[region.image] = self._live.get(region.image, 0) + 1
-            end = region.offset + self.stride
-            if os.fstat(fd).st_size < end:
-                os.ftruncate(fd, end)  # sparse: takes host disk only as samples write
+            with self._lock:
+                fd = self._files.get(region.image)
+                if fd is None:
+                    fd = self._files[region.image] = os.open(region.image, os.O_RDWR | os.O_CREAT | os.O_EXCL
+                                                             | os.O_CLOEXEC, 0o600)
+                self._live[region.image] = self._live.get(region.image, 0) + 1
+                end = region.offset + self.stride
+                if os.fstat(fd).st_size < end:
+                    os.ftruncate(fd, end)  # sparse: takes host disk only as samples write
             _sparse_copy(self.template.path, fd, region.offset)
             point.mkdir()
             dev, loop = _attach(fd, region.offset, self.size)
@@ -200,13 +204,14 @@ class Disks:
         _libc.umount2(str(point).encode(), _MNT_DETACH)
         with contextlib.suppress(OSError):
             point.rmdir()
-        fd = self._files.get(region.image)
-        if fd is None:
-            return
-        _libc.fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, region.offset, self.stride)
-        self._live[region.image] -= 1
-        if self._live[region.image] == 0 and self._next > (region.number + 1) * self.per_file:  # no new region from it
-            self._drop(region.image)
+        with self._lock:
+            fd = self._files.get(region.image)
+            if fd is None or not self._live.get(region.image):
+                return
+            _libc.fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, region.offset, self.stride)
+            self._live[region.image] -= 1
+            if self._live[region.image] == 0 and self._next > (region.number + 1) * self.per_file:  # no new region
+                self._drop(region.image)
 
     def _drop(self, image: Path) -> None:
         os.close(self._files.pop(image))
@@ -217,8 +222,9 @@ class Disks:
     def close(self) -> None:
         """Every image and the template deleted, the mount points' tmpfs unmounted (the caller
         has unmounted every disk)."""
-        for image in list(self._files):
-            self._drop(image)
+        with self._lock:
+            for image in list(self._files):
+                self._drop(image)
         self.template.remove()
         _libc.umount2(str(self.points).encode(), _MNT_DETACH)
         with contextlib.suppress(OSError):
