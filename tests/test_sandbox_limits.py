@@ -260,3 +260,11 @@ def test_disks_mounted_at_once_get_regions_of_their_own(tmp_path: Path) -> None:
     finally:
         disks.close()
     assert not list(tmp_path.iterdir()) and str(tmp_path) not in Path("/proc/self/mounts").read_text()
+
+
+def test_oom_kill_count_reads_either_cgroup_version() -> None:
+    from trajforge.sandbox.resources import oom_kill_count
+
+    assert oom_kill_count(b"oom_kill_disable 0\nunder_oom 0\noom_kill 3\n") == 3  # v1 memory.oom_control
+    assert oom_kill_count(b"low 0\nhigh 0\nmax 7\noom 2\noom_kill 2\noom_group_kill 1\n") == 2  # v2 memory.events
+    assert oom_kill_count(b"oom_kill_disable 0\nunder_oom 0\n") == 0

@@ -162,12 +162,16 @@ class Commands:
 
     def next_deadline(self) -> float | None:
         """Seconds until the earliest detach grace ends, None when none is running."""
+        if not self.captures:  # (once per wake-up of the helper: the usual case costs nothing)
+            return None
         pending = [c.deadline for c in self.captures.values() if c.code is not None]
         return max(0.0, min(pending) - time.monotonic()) if pending else None
 
     def expire(self) -> None:
         """Kill what still holds the pipes of commands that exited DETACH_GRACE ago, then give the
         killed processes DETACH_GRACE more to exit (and close them) before reporting regardless."""
+        if not self.captures:
+            return
         now = time.monotonic()
         for capture in [c for c in self.captures.values() if c.code is not None and c.deadline <= now]:
             if capture.killed:

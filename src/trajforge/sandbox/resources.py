@@ -60,6 +60,7 @@ class MemoryGroup:
         self.procs = str(self.path / "cgroup.procs")
         self._events = str(self.path / ("memory.events" if version == "v2" else "memory.oom_control"))
         self._seen = 0
+        self._events_fd = -1
 
     def create(self) -> None:
         try:
@@ -86,22 +87,19 @@ class MemoryGroup:
 
     def pids(self) -> list[int]:
         try:
-            with open(self.procs, encoding="ascii") as f:
-                return [int(x) for x in f.read().split()]
+            return [int(x) for x in _read_all(self.procs).split()]
         except (OSError, ValueError):
             return []
 
     def oom_kills(self) -> int:
+        """The group's count of OOM kills. Read after every command: the file stays open (a
+        cgroup file is generated afresh by each read from offset 0), bytes, no text layer."""
         try:
-            with open(self._events, encoding="ascii") as f:
-                lines = f.read().splitlines()
-            for line in lines:
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
+            if self._events_fd < 0:
+                self._events_fd = os.open(self._events, os.O_RDONLY | os.O_CLOEXEC)
+            return oom_kill_count(os.pread(self._events_fd, 4096, 0))
         except (OSError, ValueError):
-            pass
-        return 0
+            return 0
 
     def new_oom_kill(self) -> bool:
         n = self.oom_kills()
@@ -109,6 +107,9 @@ class MemoryGroup:
         return hit
 
     def remove(self) -> None:
+        if self._events_fd >= 0:
+            os.close(self._events_fd)
+            self._events_fd = -1
         # The group empties once its processes are reaped; a few retries cover the kernel's lag.
         for _ in range(50):
             try:
@@ -122,6 +123,26 @@ class MemoryGroup:
                         with contextlib.suppress(OSError):
                             os.kill(int(pid), 9)
                 time.sleep(0.01)  # bounded (0.5 s): processes of a killed namespace are still exiting
+
+
+def oom_kill_count(events: bytes) -> int:
+    """The `oom_kill` line of memory.events (v2) or memory.oom_control (v1), 0 without one."""
+    for line in events.splitlines():
+        key, _, value = line.partition(b" ")
+        if key == b"oom_kill":
+            return int(value)
+    return 0
+
+
+def _read_all(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 _swept = False
