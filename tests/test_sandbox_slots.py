@@ -381,3 +381,18 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_the_zygote_s_reply_encoder_says_what_the_helper_s_own_does() -> None:
+    """Slot helpers reply through json's C encoder (set by zygote_main), a helper started alone
+    through helper._enc: the runner must read the same message from either, odd strings included
+    (lone surrogates from undecodable file names, control characters, quotes)."""
+    import json
+
+    from trajforge.sandbox.helper import _enc
+    from trajforge.sandbox.zygote import reply_encoder
+
+    fast = reply_encoder()
+    meta = {"id": 3, "found": ["a\udcffb", "é\x00\x1f\"\\"], "more": True, "x": None, "raw": b"xy", "t": (1, 2),
+            5: "k", "nested": {"sizes": [0, 1, 2]}}
+    assert json.loads(fast(meta).encode("utf-8", "replace")) == json.loads(_enc(meta).encode("utf-8", "replace"))
