@@ -396,3 +396,29 @@ def test_the_zygote_s_reply_encoder_says_what_the_helper_s_own_does() -> None:
     meta = {"id": 3, "found": ["a\udcffb", "é\x00\x1f\"\\"], "more": True, "x": None, "raw": b"xy", "t": (1, 2),
             5: "k", "nested": {"sizes": [0, 1, 2]}}
     assert json.loads(fast(meta).encode("utf-8", "replace")) == json.loads(_enc(meta).encode("utf-8", "replace"))
+
+
+def test_the_slot_s_own_proc_keeps_bwrap_s_read_only_parts(tmp_path: Path) -> None:
+    """The slot's helper mounts a /proc of its pid namespace over the template's, whose /proc/sys,
+    /proc/irq and /proc/bus bwrap had made read-only: the slot makes them read-only again (a layer
+    beside the sample's lack of privilege, which alone refuses the writes)."""
+    async def main() -> str:
+        sb = BwrapSandbox(tmp_path, network=False, sample_limits=LIMITS)
+        await sb.start()
+        try:
+            return (await sb.exec("cat /proc/self/mounts; echo 1 > /proc/sys/kernel/ns_last_pid; echo rc=$?",
+                                  timeout=30)).stdout
+        finally:
+            await sb.close()
+
+    out = asyncio.run(main())
+    visible: dict[str, str] = {}
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[1].startswith("/proc"):
+            visible[fields[1]] = fields[3]  # the last mount on a path is the one seen
+    assert visible["/proc"].startswith("rw,"), visible
+    for path in ("/proc/sys", "/proc/irq", "/proc/bus"):
+        if path in visible or os.path.exists(path):
+            assert visible[path].startswith("ro,"), (path, visible)
+    assert "rc=0" not in out, out

@@ -7,7 +7,8 @@ Forking a Python helper per sample would cost more CPU than the rest of a one-co
 (page tables and copy-on-write of the interpreter): here a sample costs a few namespace calls.
 
 Once per slot: a private mount namespace copied from the run's template (bwrap_root.py) with
-the slot's /proc, /dev/pts and /dev/mqueue, and an IPC namespace (SlotMounts.setup).
+the slot's /proc (with /proc/sys, /proc/sysrq-trigger, /proc/irq and /proc/bus read-only, as in
+bwrap's), /dev/pts and /dev/mqueue, and an IPC namespace (SlotMounts.setup).
 
 Per sample, as root (`op_begin`): the sample's workspace (a detached clone of its host directory
 made while the host's view is entered: open_tree, move_mount) and, the first time, sized /tmp
@@ -38,6 +39,9 @@ from trajforge.sandbox.helper import Helper
 
 _NEWNS, _NEWIPC = 0x20000, 0x8000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
+_MS_RDONLY, _MS_REMOUNT, _MS_BIND = 0x1, 0x20, 0x1000
+# What bwrap makes read-only in the /proc it mounts: the slot's own /proc covers that one.
+_PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus")
 _SYS_OPEN_TREE, _SYS_MOVE_MOUNT = 428, 429  # the same number on every architecture (asm-generic)
 _OPEN_TREE_CLONE, _OPEN_TREE_CLOEXEC, _AT_SYMLINK_NOFOLLOW = 1, 0o2000000, 0x100
 _MOVE_MOUNT_F_EMPTY_PATH, _AT_FDCWD = 0x4, -100
@@ -90,6 +94,10 @@ class SlotMounts:
         check(libc.unshare(_NEWNS | _NEWIPC), "unshare(mnt, ipc)")
         self.mount(None, "/", None, _MS_REC | _MS_PRIVATE)
         self.mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)  # this pid namespace's
+        for path in _PROC_READ_ONLY:  # a second layer beside the samples' lack of privilege
+            if os.path.exists(path):
+                self.mount(path, path, None, _MS_BIND | _MS_REC)
+                self.mount(None, path, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
         self.mount("devpts", "/dev/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
         os.makedirs(_MQUEUE, 0o755, exist_ok=True)  # in the template's /dev: root's, the same for every slot
         self._mqueue()
