@@ -91,16 +91,15 @@ async def sweep_images() -> list[str]:
             await _run("umount", "-l", point)
         with contextlib.suppress(OSError):
             os.unlink(backing)
-        for template in Path(backing).parent.glob(f".template{_IMAGE_TAG}{match.group(1)}-*.img"):  # loopdisk.Template
-            with contextlib.suppress(OSError):
-                template.unlink()
         gone.append(point)
     for point in pools:
         with contextlib.suppress(SandboxError):
             await _run("umount", "-l", point)
         with contextlib.suppress(OSError):
             os.rmdir(point)
-        for image in Path(point).parent.glob(f"{Path(point).name}-*.img"):  # regions no disk used any more
+        where, pid = Path(point).parent, _IMAGE_PID.fullmatch(Path(point).name).group(1)  # type: ignore[union-attr]
+        # its images whose disks were all unmounted already, and its loopdisk.Template
+        for image in (*where.glob(f"{Path(point).name}-*.img"), *where.glob(f".template{_IMAGE_TAG}{pid}-*.img")):
             with contextlib.suppress(OSError):
                 image.unlink()
         gone.append(point)

@@ -144,8 +144,7 @@ class Disks:
         self.size = size
         self.stride = -(-size // _ALIGN) * _ALIGN  # regions start on MiB boundaries
         self.per_file = max(1, REGION_BYTES_PER_FILE // self.stride)
-        self.prefix = directory / f".slots{_IMAGE_TAG}{os.getpid()}"
-        self.points = self.prefix  # the tmpfs of mount points
+        self.points = directory / f".slots{_IMAGE_TAG}{os.getpid()}"  # the tmpfs of mount points
         self.template = Template(directory, size)
         self._next = 0  # regions are never reused in a run (see the module's docstring)
         self._files: dict[Path, int] = {}  # image -> open descriptor
@@ -171,8 +170,8 @@ class Disks:
         point = self.points / name
         with self._lock:  # the pool mounts several disks at once, each in a thread of its own
             index, self._next = self._next, self._next + 1
-            number = index // self.per_file
-            region = Region(Path(f"{self.prefix}-{number}.img"), number, (index % self.per_file) * self.stride)
+        number = index // self.per_file
+        region = Region(Path(f"{self.points}-{number}.img"), number, (index % self.per_file) * self.stride)
         try:
             with self._lock:
                 fd = self._files.get(region.image)

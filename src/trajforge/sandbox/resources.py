@@ -87,7 +87,7 @@ class MemoryGroup:
 
     def pids(self) -> list[int]:
         try:
-            return [int(x) for x in _read_all(self.procs).split()]
+            return [int(x) for x in Path(self.procs).read_bytes().split()]
         except (OSError, ValueError):
             return []
 
@@ -132,17 +132,6 @@ def oom_kill_count(events: bytes) -> int:
         if key == b"oom_kill":
             return int(value)
     return 0
-
-
-def _read_all(path: str) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = []
-        while chunk := os.read(fd, 1 << 16):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
 
 
 _swept = False

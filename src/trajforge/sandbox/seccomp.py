@@ -5,7 +5,8 @@ reach kernel code that is otherwise root-only: a large attack surface, and the u
 of a kernel escape. Nothing a tool-using agent runs needs one (Chromium runs with --no-sandbox,
 tools/browser.py). The root mode's zygote (zygote.py) installs this filter on itself when it
 starts, so every slot helper it forks and every command of every sample inherits it; the
-zygote's and the helpers' own unshare and setns calls carry no CLONE_NEWUSER and pass. As in Docker's default profile:
+zygote's and the helpers' own unshare and setns calls carry no CLONE_NEWUSER and pass. As in
+Docker's default profile:
 - clone and unshare with CLONE_NEWUSER fail with EPERM;
 - clone3 fails with ENOSYS, since its flags sit in memory a filter cannot read: the C library
   falls back to clone, which the filter can check;

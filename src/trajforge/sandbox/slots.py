@@ -2,11 +2,11 @@
 
 A slot is a warm helper process (slot_helper.py: pid 1 of the slot's pid namespace, forked once
 by the zygote) with its network namespace (zygote.op_netns; in egress mode wired to the run's
-router), its memory cgroup (resources.MemoryGroup) and its workspace disk (a copy of the pool's template
-in a region of a shared sparse image, loop-mounted, loopdisk.py), and its mount and IPC namespaces. Each
-sample gets, from the helper, its workspace mounted in, /tmp, /dev/shm and IPC namespace renewed
-when the previous sample left anything in them, and a uid of its own; the slot holds nothing of
-a sample once its processes are dead.
+router), its memory cgroup (resources.MemoryGroup) and its workspace disk (a copy of the pool's
+template in a region of a shared sparse image, loop-mounted, loopdisk.py), and its mount and IPC
+namespaces. Each sample gets, from the helper, its workspace mounted in, /tmp, /dev/shm and IPC
+namespace renewed when the previous sample left anything in them, and a uid of its own; the slot
+holds nothing of a sample once its processes are dead.
 
 A slot is handed to the next sample only after the helper has killed every process of the
 previous one and found none left (`end`), its cgroup is empty and its workspace directory is

@@ -16,8 +16,9 @@ script, started once per run by the runtime, bwrap_root.py) does the privileged 
   memory cgroup and network namespace, unshares uts and cgroup namespaces and stops being
   dumpable, then serves its channel sample after sample. An empty capability bounding set,
   no_new_privs and a seccomp filter (seccomp.py) that keeps it and its samples from making user
-  namespaces are the zygote's own, set once at its start and inherited by every fork. The zygote reaps it once the kernel has killed everything in its pid
-  namespace, and reports that exit.
+  namespaces are the zygote's own, set once at its start and inherited by every fork. The
+  zygote reaps it once the kernel has killed everything in its pid namespace, and reports that
+  exit.
 
 Protocol with the runner (forkserver.py), both ways: `<I` length + marshal dict; requests carry
 "id" and get one reply {"id": n, ...} or {"id": n, "error": text}; {"ev": "exit", "id": n,
