@@ -346,8 +346,8 @@ def test_a_draining_run_keeps_idle_slots_only_for_sandboxes_still_to_be_made(tmp
             running = [p.lazy(create) for _ in range(4)]
             waiting = [p.lazy(create) for _ in range(2)]  # samples still in their first model call
             unused = p.lazy(create)  # a sample that will never call a tool
-            for sb in running:
-                assert (await sb.exec("echo ok", timeout=10)).stdout == "ok\n"
+            for sb in running:  # a file in the workspace: they keep their slots (no parking)
+                assert (await sb.exec("echo ok | tee kept", timeout=10)).stdout == "ok\n"
             helpers = {(await sb.real()).helper_pid for sb in running}  # type: ignore[attr-defined]
             pool = (await p.state("bwrap.runtime", no_runtime)).pool(tmp_path)
             assert len(helpers) == 4 and len(slot_dirs()) == 4 and p.waiting == 3

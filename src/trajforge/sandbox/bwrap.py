@@ -23,6 +23,12 @@ kernel never enforces RLIMIT_NPROC for host uid 0:
 - runner is unprivileged ("user" mode): --unshare-all creates a user namespace and the helper is
   bwrap's command (--as-pid-1), started with a host interpreter visible inside (helper_python);
   the helper and the files are the user's own.
+- parking (root mode, the run's sandboxes unless workspaces are kept): after a command, a
+  sample that holds nothing in its sandbox (no process or job, its workspace as it was made,
+  /tmp, /dev/shm and IPC empty: slot_helper.op_park) gives its slot back and takes one again,
+  with the same uid and cwd, at its next operation. Such a sample cannot tell the two slots
+  apart, and the pool needs as many slots as there are samples with something in their sandbox
+  or a call in progress, not one per sample between its model calls.
 Both modes: background jobs share the sample's pid namespace and live until the sample closes.
 `bwrap_argv` builds the whole command line (the one place to add options).
 """
@@ -35,7 +41,7 @@ import functools
 import os
 import posixpath
 import secrets
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -46,16 +52,19 @@ from trajforge.sandbox.bwrap_layout import (
     NOT_FOUND, RESERVED, SYSTEM_DIRS, WORKSPACE, bwrap_argv, find_bwrap, host_layout, resolv_conf_target,
 )
 from trajforge.sandbox.bwrap_root import RootRuntime, root_runtime
-from trajforge.sandbox.bwrap_start import START_TIMEOUT, chown_beneath, helper_python, start_user
+from trajforge.sandbox.bwrap_start import (
+    START_TIMEOUT, chown_beneath, configure, helper_python, start_user, stop_holder,
+)
 from trajforge.sandbox.channel import HelperChannel
 from trajforge.sandbox.process import (
-    DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, SHELL, Limits, bash_limits_prefix, clean_env, kill_group, limit_pairs,
+    DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, SHELL, Limits, bash_limits_prefix, clean_env, limit_pairs,
 )
 from trajforge.sandbox.resources import MemoryGroup, SampleLimits
+from trajforge.sandbox.slots import Slot
 
 # Sandbox uids (root mode) come from a range no real account uses.
 _UID_BASE, _UID_SPAN = 1_800_000_000, 200_000_000
-from trajforge.sandbox.slots import Slot
+
 
 @functools.lru_cache(maxsize=8)
 def _shell_config(limits: Limits) -> dict[str, object]:
@@ -73,7 +82,7 @@ class BwrapSandbox(Sandbox):
         self, root: Path, *, keep: bool = False, cwd: str | None = None, limits: Limits = DEFAULT_LIMITS,
         network: bool = True, nproc: int | None = 512, bwrap: str | None = None,
         output_cap: int = DEFAULT_OUTPUT_CAP, runtime: RootRuntime | None = None, egress: bool = False,
-        allow: Sequence[str] = (), sample_limits: SampleLimits | None = None,
+        allow: Sequence[str] = (), sample_limits: SampleLimits | None = None, park: bool = False,
     ) -> None:
         """Without a `runtime` (tests, the probe), a root-mode sandbox starts one of its own."""
         self.root, self.keep, self._cwd_arg = Path(root), keep, cwd
@@ -95,6 +104,11 @@ class BwrapSandbox(Sandbox):
         self.helper_pid = 0  # root mode: host pid of the slot's helper (the sample's pid 1)
         self._exited: asyncio.Future[int] | None = None
         self._begun = False
+        # Parking (module doc): until the sample is found holding something, or starts a job.
+        self._parkable = park and self.privileged and not keep
+        self._parked = False
+        self._busy = 0  # operations in progress: a sample parks only between them
+        self._gate = asyncio.Lock()  # held while parking or taking a slot again
 
     def mounts(self, host_cwd: Path) -> tuple[dict[str, Path], str]:
         """In-sandbox mount points of the workspace, and the cwd as the sample sees it: a row's
@@ -126,6 +140,10 @@ class BwrapSandbox(Sandbox):
             mode = "egress" if self.egress else "host" if self.network else "none"
             self._runtime = await root_runtime(self.bwrap, mode, self.allow, self.sample_limits)
             self._own_runtime = True
+        await self._take_slot()
+
+    async def _take_slot(self) -> None:
+        assert self._runtime is not None
         self._slot = slot = await self._runtime.pool(self.root).acquire()
         self.helper_pid, self._exited = slot.helper_pid, slot.exited
         self.workspace, host_cwd = workspace.create_fresh(slot.workspaces, self._cwd_arg)
@@ -160,27 +178,10 @@ class BwrapSandbox(Sandbox):
             chdir="/", network=self.network, privileged=False, extra_ro=[*resolv_conf_target(), *python_ro],
             tmp_size=self.sample_limits.tmp_size, shm_size=self.sample_limits.shm_size)
         self._holder, self._channel = await start_user(argv, python, output_cap=self.output_cap)
-        await self._configure(sorted(points))
+        await configure(self._channel, self._holder, self._helper_config(sorted(points)))
 
     def _helper_config(self, roots: list[str]) -> dict[str, object]:
         return {"cwd": self.cwd, "roots": roots, **_shell_config(self.limits)}
-
-    async def _configure(self, roots: list[str]) -> None:
-        """User mode: the helper's first frame is its configuration."""
-        assert self._channel is not None
-        cfg = {"id": 0, **self._helper_config(roots)}
-        try:
-            async with asyncio.timeout(START_TIMEOUT):
-                reply, _ = await self._channel.call(cfg)
-        except (TimeoutError, SandboxError) as e:
-            why = "did not start within %gs" % START_TIMEOUT if isinstance(e, TimeoutError) else "failed to start"
-            err = b""
-            if self._holder is not None and self._holder.stderr is not None:
-                self._holder.kill()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(2):
-                        err = await self._holder.stderr.read()
-            raise SandboxError(f"bwrap {why}: {err.decode(errors='replace').strip()[-300:] or 'no output'}") from None
 
     def _live(self) -> HelperChannel:
         if self._channel is None:
@@ -191,34 +192,88 @@ class BwrapSandbox(Sandbox):
             raise SandboxError("the bwrap sandbox of this sample is gone")
         return self._channel
 
+    @contextlib.asynccontextmanager
+    async def _op(self) -> AsyncIterator[HelperChannel]:
+        """The channel for one operation, counted in `_busy` while it runs: a parked sample takes
+        a slot again first, and none starts while the sample is parking."""
+        if self._parked or self._gate.locked():
+            async with self._gate:
+                if self._parked:
+                    self._parked = False
+                    assert self._runtime is not None
+                    self._runtime.pool(self.root).parked -= 1
+                    await self._take_slot()
+        channel = self._live()
+        self._busy += 1
+        try:
+            yield channel
+        finally:
+            self._busy -= 1
+
     async def exec(self, command: str, *, timeout: float, cwd: str | None = None) -> ExecResult:
-        res = await self._live().exec(command, timeout=timeout, cwd=cwd)
-        if self._slot is not None:
-            self._slot.check(self.sample_limits, self.helper_pid)  # a hit limit ends the sample (SandboxError)
+        async with self._op() as channel:
+            res = await channel.exec(command, timeout=timeout, cwd=cwd)
+            if self._slot is not None:
+                self._slot.check(self.sample_limits, self.helper_pid)  # a hit limit ends the sample (SandboxError)
+        if self._parkable and not self._busy:
+            await self._park()
         return res
 
+    async def _park(self) -> None:
+        """Give the slot back if the sample holds nothing in it (module doc); once it is found
+        holding something, it keeps its slot to the end."""
+        async with self._gate:
+            slot, channel, runtime = self._slot, self._channel, self._runtime
+            if self._busy or slot is None or channel is None or runtime is None or not self._begun:
+                return
+            try:
+                async with asyncio.timeout(15):
+                    reply, _ = await asyncio.shield(channel.call({"op": "park"}))
+            except (TimeoutError, SandboxError, OSError):
+                reply = {}  # close() ends the sample (and destroys a broken slot)
+            if reply.get("parked") is not True:
+                self._parkable = False
+                return
+            self._slot, self._channel, self._begun, self._exited = None, None, False, None
+            ws, self.workspace = self.workspace, None
+            pool = runtime.pool(self.root)
+            self._parked = True
+            pool.parked += 1
+            await asyncio.shield(pool.release(slot, ws, keep=False, clean_exit=reply.get("clean") is True))
+
     async def spawn(self, command: str, *, cwd: str | None = None) -> Job:
-        return await self._live().spawn(command, cwd=cwd)
+        self._parkable = False  # the job's process and its log are the sample's until it ends
+        async with self._op() as channel:
+            return await channel.spawn(command, cwd=cwd)
 
     async def read_file(self, path: str, *, max_bytes: int = 256 << 20) -> bytes:
-        return await self._live().read_file(path, max_bytes)
+        async with self._op() as channel:
+            return await channel.read_file(path, max_bytes)
 
     async def write_file(self, path: str, data: bytes, *, how: str = "overwrite") -> str:
-        return await self._live().write_file(path, data, how)
+        async with self._op() as channel:
+            return await channel.write_file(path, data, how)
 
     async def search(self, path: str, pattern: str, *, target: str = "content", glob: str | None = None,
                      limit: int = 50, max_file: int = 2 << 20, max_files: int = 50_000) -> tuple[list[str], bool]:
-        return await self._live().search(path, pattern, target=target, glob=glob, limit=limit, max_file=max_file,
-                                         max_files=max_files)
+        async with self._op() as channel:
+            return await channel.search(path, pattern, target=target, glob=glob, limit=limit, max_file=max_file,
+                                        max_files=max_files)
 
     async def close(self) -> None:
-        channel, self._channel = self._channel, None
         try:
             if self.privileged:
-                await self._close_root(channel)
+                async with self._gate:  # a sample parking finishes first
+                    channel, self._channel = self._channel, None
+                    if self._parked and self._runtime is not None:
+                        self._parked = False
+                        self._runtime.pool(self.root).parked_closed()
+                    self._parkable = False
+                    await self._close_root(channel)
             else:
                 # The helper exits when its channel closes, and as the pid namespace's init it
                 # takes every process of the sample with it.
+                channel, self._channel = self._channel, None
                 if channel is not None:
                     channel.close()
                 await self._close_user()
@@ -247,14 +302,6 @@ class BwrapSandbox(Sandbox):
     async def _close_user(self) -> None:
         holder, self._holder = self._holder, None
         if holder is not None:
-            # bwrap reaps the helper and exits; killing bwrap first would leave the helper a zombie
-            # of whatever reaps orphans on this host.
-            for grace in (2.0, 5.0):
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(grace):
-                        await asyncio.shield(holder.wait())
-                if holder.returncode is not None:
-                    break
-                kill_group(holder)  # a helper stuck in the kernel: --die-with-parent ends it
+            await stop_holder(holder)
         if self.workspace is not None and not self.keep:
             await workspace.remove(self.workspace)

@@ -121,4 +121,4 @@ async def make(provider: Provider, *, cwd: str | None, image: str | None, root: 
         raise run
     return BwrapSandbox(root, keep=run.keep, cwd=cwd, limits=run.limits, network=run.network == "host",
                         egress=run.network == "egress", allow=run.allow, sample_limits=run.sample_limits,
-                        nproc=run.nproc, bwrap=run.status.path, runtime=run.runtime)
+                        nproc=run.nproc, bwrap=run.status.path, runtime=run.runtime, park=True)

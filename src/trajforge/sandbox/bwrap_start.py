@@ -20,7 +20,7 @@ from pathlib import Path
 from trajforge.sandbox import helper
 from trajforge.sandbox.base import SandboxError
 from trajforge.sandbox.channel import HelperChannel
-from trajforge.sandbox.process import SAFE_PATH
+from trajforge.sandbox.process import SAFE_PATH, kill_group
 from trajforge.sandbox.seccomp import seccomp_program
 
 START_TIMEOUT = 10.0
@@ -93,6 +93,35 @@ async def start_user(argv: list[str], python: str, *, output_cap: int) -> Starte
             os.close(fd)
         theirs.close()
     return holder, HelperChannel(ours, output_cap)
+
+
+async def configure(channel: HelperChannel, holder: asyncio.subprocess.Process, cfg: dict[str, object]) -> None:
+    """User mode: the helper's first frame is its configuration; SandboxError with bwrap's own
+    words if it never answers."""
+    try:
+        async with asyncio.timeout(START_TIMEOUT):
+            await channel.call({"id": 0, **cfg})
+    except (TimeoutError, SandboxError) as e:
+        why = "did not start within %gs" % START_TIMEOUT if isinstance(e, TimeoutError) else "failed to start"
+        err = b""
+        if holder.stderr is not None:
+            holder.kill()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(2):
+                    err = await holder.stderr.read()
+        raise SandboxError(f"bwrap {why}: {err.decode(errors='replace').strip()[-300:] or 'no output'}") from None
+
+
+async def stop_holder(holder: asyncio.subprocess.Process) -> None:
+    """User mode, once the channel is closed: bwrap reaps the helper and exits; killing bwrap
+    first would leave the helper a zombie of whatever reaps orphans on this host."""
+    for grace in (2.0, 5.0):
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                await asyncio.shield(holder.wait())
+        if holder.returncode is not None:
+            return
+        kill_group(holder)  # a helper stuck in the kernel: --die-with-parent ends it
 
 
 def helper_source(zygote: bool = False) -> bytes:

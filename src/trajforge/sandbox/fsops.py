@@ -206,3 +206,29 @@ def kind_of(root: str, rel: str) -> str:
         os.close(fd)
     return ("file" if stat.S_ISREG(mode) else "dir" if stat.S_ISDIR(mode)
             else "link" if stat.S_ISLNK(mode) else "other")
+
+
+def tree_state(root: str, most: int = 32) -> list | None:
+    """The entries beneath `root` with their type, mode and owner (root's own first), without
+    following a link; None past `most` entries or where one cannot be read. A fresh workspace
+    holds at most its cwd's directories: anything larger is a sample that left files."""
+    out: list = []
+    stack = [""]
+    try:
+        st = os.lstat(root)
+        out.append(("", st.st_mode, st.st_uid, st.st_gid))
+        while stack:
+            rel = stack.pop()
+            with os.scandir(os.path.join(root, rel) if rel else root) as it:
+                for entry in it:
+                    st = entry.stat(follow_symlinks=False)
+                    name = os.path.join(rel, entry.name) if rel else entry.name
+                    out.append((name, st.st_mode, st.st_uid, st.st_gid))
+                    if len(out) > most:
+                        return None
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(name)
+    except OSError:
+        return None
+    out.sort()
+    return out

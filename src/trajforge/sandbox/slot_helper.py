@@ -19,6 +19,11 @@ throughout. The samples' processes share its uid but cannot touch it: as their p
 init it ignores their signals, and not dumpable, with saved uid 0, it can be neither ptraced nor
 read.
 
+`op_park`: after a command, whether the sample holds nothing here: no process or job, its
+workspace as `op_begin` made it (the same entries, modes and owners: `tree_state`), nothing in
+/tmp, /dev/shm or its IPC namespace. If so it ends the sample as `op_end` does, and the runner
+gives the slot to another sample (bwrap.py: parking); if not, nothing changes.
+
 `op_end`: root again, SIGKILL to every other process of the pid namespace (`kill(-1)` from its
 init) until none is left, every job log and descriptor of the sample closed, its workspace
 unmounted, and /tmp, /dev/shm and the IPC namespace renewed if it left anything in them, so the
@@ -35,6 +40,7 @@ import errno
 import os
 import time
 
+from trajforge.sandbox.fsops import tree_state
 from trajforge.sandbox.helper import Helper
 
 _NEWNS, _NEWIPC = 0x20000, 0x8000000
@@ -122,6 +128,14 @@ class SlotMounts:
                 self.mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode=1777{f',size={size}' if size else ''}")
         self.sizes = (tmp, shm)
 
+    def pristine(self, workdir: str, made: list | None) -> bool:
+        """Whether the sample left nothing: its workspace as `made` recorded it (tree_state) and
+        nothing in /tmp, /dev/shm or the IPC namespace. Run with the sample's uid: what it made
+        unreadable is not pristine."""
+        if made is None or workdir not in self.points or tree_state(workdir) != made:
+            return False
+        return not (_used("/tmp") or _used("/dev/shm") or _ipc_used(self.libc))
+
     def enter(self, mounts: list, tmp: int | None, shm: int | None) -> None:
         """The next sample's workspace (a detached clone of its host directory, made while the
         host's view is entered) and, the first time or for other sizes, /tmp and /dev/shm; the
@@ -200,6 +214,7 @@ class SlotHelper(Helper):
         self.uid: int | None = None
         self.devnull = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
         self.saved_limits: list = []
+        self.made: list | None = None  # the sample's workspace as op_begin made it (tree_state)
 
     def handle(self, meta: dict, payload: bytes) -> None:
         if self.uid is None and meta["op"] not in ("begin", "end"):
@@ -217,6 +232,7 @@ class SlotHelper(Helper):
             raise ValueError("a sample is already in this slot")
         self._root()
         self.mounts.enter(m["mounts"], m.get("tmp"), m.get("shm"))
+        self.made = tree_state(m["workdir"])
         import resource
 
         self.saved_limits = [(res, resource.getrlimit(res)) for res, _s, _h in m.get("limits", ())]
@@ -229,6 +245,21 @@ class SlotHelper(Helper):
         self.uid = uid
         return {"uid": os.getuid()}, b""
 
+    def op_park(self, m: dict, p: bytes) -> tuple[dict, bytes]:
+        """End the sample if it holds nothing in the slot (module doc); else change nothing."""
+        self.reap()
+        if self.procs or self.logs or self.captures:
+            return {"parked": False}, b""
+        try:  # WNOWAIT: only look. A child left means a process of the sample still runs.
+            os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            return {"parked": False}, b""
+        except ChildProcessError:
+            pass
+        if not self.mounts.pristine(self.cfg["workdir"], self.made):
+            return {"parked": False}, b""
+        reply, data = self.op_end(m, p)
+        return {"parked": True, **reply}, data
+
     def op_end(self, _m: dict, _p: bytes) -> tuple[dict, bytes]:
         self._root()
         clean = self.kill_all()
@@ -239,7 +270,7 @@ class SlotHelper(Helper):
             resource.setrlimit(res, pair)
         self.saved_limits = []
         self.mounts.leave()
-        self.uid = None
+        self.uid, self.made = None, None
         return {"clean": clean}, b""
 
     def kill_all(self) -> bool:

@@ -11,19 +11,25 @@ holds nothing of a sample once its processes are dead.
 A slot is handed to the next sample only after the helper has killed every process of the
 previous one and found none left (`end`), its cgroup is empty and its workspace directory is
 gone; a slot failing any of that is destroyed instead. So a sample finds no process, socket,
-file or mount of the one before. The pool grows to the run's peak concurrency. Once the run
-drains (no new sample will start), it keeps only as many idle slots as there are sandboxes still
-to be made and destroys the others as their samples end, so that little is left for close.
+file or mount of the one before.
+
+The pool grows to the number of slots in use at once, and no faster than MAKING slots at a time:
+a sample wanting one when none is idle waits for the first to be made or given back, whichever
+comes first. (A burst of first tool calls would otherwise make one slot each, although most of
+them are given back within milliseconds: a sample with nothing in its sandbox parks, bwrap.py.)
+Once the run drains (no new sample will start), it keeps only as many idle slots as there are
+sandboxes still to be made or parked and destroys the others as their samples end, so that
+little is left for close.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import os
 import socket
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +39,7 @@ from trajforge.sandbox.base import SandboxError
 from trajforge.sandbox.channel import HelperChannel
 from trajforge.sandbox.disk import human
 from trajforge.sandbox.forkserver import Zygote
-from trajforge.sandbox.process import DEFAULT_OUTPUT_CAP, SAFE_PATH
+from trajforge.sandbox.process import DEFAULT_OUTPUT_CAP
 from trajforge.sandbox.resources import (
     MemoryGroup,
     SampleLimits,
@@ -41,6 +47,10 @@ from trajforge.sandbox.resources import (
     sweep_leftovers,
     tmpfs_full,
 )
+
+# Slots made at once when samples wait for one: enough to keep the zygote, the disks' thread and
+# the kernel busy, few enough that a burst of first tool calls does not make a slot per call.
+MAKING = 4
 
 
 @dataclass(slots=True)
@@ -102,6 +112,10 @@ class SlotPool:
         self.closing = False
         self._demand: Callable[[], int] | None = None  # draining: how many idle slots may still be used
         self._trimming: set[asyncio.Task[None]] = set()
+        self._waiters: collections.deque[asyncio.Future[Slot]] = collections.deque()  # callers wanting a slot
+        self._making = 0  # slots being made
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.parked = 0  # samples that gave their slot back and may want one again (bwrap.py)
 
     async def acquire(self) -> Slot:
         while self._free:
@@ -110,9 +124,57 @@ class SlotPool:
                 break
             await self._destroy(slot)
         else:
-            slot = await self._make(next(self._ids))
+            waiter: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            self._start_making()
+            try:
+                slot = await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                    self._put(waiter.result())  # handed over as this caller left: the next one's
+                else:
+                    with contextlib.suppress(ValueError):
+                        self._waiters.remove(waiter)
+                raise
         slot.begin()
         return slot
+
+    def _start_making(self) -> None:
+        """As many slots being made as there are callers waiting, at most MAKING at once."""
+        while self._making < min(MAKING, len(self._waiters)) and not self.closing:
+            self._making += 1
+            task = asyncio.ensure_future(self._make_one())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _make_one(self) -> None:
+        try:
+            slot = await self._make(next(self._ids))
+        except Exception as e:  # the first waiter's failure, as its own making would have been
+            waiter = self._first_waiter()
+            if waiter is not None:
+                waiter.set_exception(e)
+        else:
+            self._put(slot)
+        finally:
+            self._making -= 1
+            self._start_making()
+
+    def _first_waiter(self) -> asyncio.Future[Slot] | None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                return waiter
+        return None
+
+    def _put(self, slot: Slot) -> None:
+        """A slot ready for a sample: to the first caller waiting, or idle."""
+        waiter = self._first_waiter()
+        if waiter is not None and not self.closing:
+            waiter.set_result(slot)
+            return
+        self._free.append(slot)
+        self._trim()
 
     async def _make(self, index: int) -> Slot:
         await sweep_leftovers()  # a killed runner's disks and cgroups, once per process
@@ -158,7 +220,7 @@ class SlotPool:
         healthy = clean_exit and slot.alive and not self.closing
         if ws is not None:
             if keep:
-                kept = await asyncio.to_thread(_keep, ws, self.root)
+                kept = await asyncio.to_thread(workspace.keep, ws, self.root)
             try:
                 await workspace.remove(ws)
             except OSError:
@@ -167,11 +229,15 @@ class SlotPool:
         if slot.memory is not None and set(slot.memory.pids()) - {slot.helper_pid}:
             healthy = False  # cannot happen (`end` found no process); never reuse it if it did
         if healthy:
-            self._free.append(slot)
-            self._trim()
+            self._put(slot)
         else:
             await self._destroy(slot)
         return kept
+
+    def parked_closed(self) -> None:
+        """A parked sample ended without taking a slot again: one idle slot fewer to keep."""
+        self.parked -= 1
+        self._trim()
 
     def drain(self, demand: Callable[[], int]) -> None:
         """From now on keep at most `demand()` idle slots; the others are destroyed in the background."""
@@ -179,7 +245,7 @@ class SlotPool:
         self._trim()
 
     def _trim(self) -> None:
-        while self._demand is not None and len(self._free) > max(0, self._demand()):
+        while self._demand is not None and len(self._free) > max(0, self._demand()) + self.parked:
             task = asyncio.ensure_future(self._destroy(self._free.pop(0)))
             self._trimming.add(task)
             task.add_done_callback(self._trimming.discard)
@@ -212,12 +278,17 @@ class SlotPool:
             await asyncio.to_thread(_remove_root, slot.root)
 
     async def settle(self) -> None:
-        """Until the slots being destroyed in the background are gone."""
-        while self._trimming:
-            await asyncio.gather(*self._trimming, return_exceptions=True)
+        """Until the slots being made or destroyed in the background are done."""
+        while self._trimming or self._tasks:
+            await asyncio.gather(*self._trimming, *self._tasks, return_exceptions=True)
 
     async def aclose(self) -> None:
         self.closing = True
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_exception(SandboxError("the run's sandboxes are closing"))
+        self._waiters.clear()
+        await self.settle()  # a slot made meanwhile went to the idle list
         free, self._free = self._free, []
         await asyncio.gather(self.settle(), *(self._destroy(slot) for slot in free), return_exceptions=True)
         if self._disks is not None:
@@ -231,16 +302,3 @@ def _remove_root(root: Path) -> None:
     with contextlib.suppress(OSError):
         root.rmdir()
 
-
-def _keep(ws: Path, root: Path) -> Path | None:
-    """`keep_workspaces`: the files outlive the slot in a directory beside the slots (moved when
-    on the same filesystem, else copied by `cp -a`, which recreates FIFOs instead of opening them)."""
-    target = root / ws.name
-    try:
-        os.rename(ws, target)
-        return target
-    except OSError:
-        pass
-    done = subprocess.run(["cp", "-a", "--", f"{ws}/.", str(target)], capture_output=True, env={"PATH": SAFE_PATH},
-                          cwd="/", timeout=600)
-    return target if done.returncode == 0 else None

@@ -11,11 +11,13 @@ import asyncio
 import os
 import shutil
 import stat
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.process import SAFE_PATH
 
 
 def create(root: Path, cwd: str | None) -> tuple[Path, Path]:
@@ -96,3 +98,17 @@ def _remove_tree(root: Path) -> None:
         shutil.rmtree(root, onexc=force)
     else:
         shutil.rmtree(root, onerror=force)
+
+
+def keep(ws: Path, root: Path) -> Path | None:
+    """`keep_workspaces`: the files outlive the slot in a directory beside the slots (moved when
+    on the same filesystem, else copied by `cp -a`, which recreates FIFOs instead of opening them)."""
+    target = root / ws.name
+    try:
+        os.rename(ws, target)
+        return target
+    except OSError:
+        pass
+    done = subprocess.run(["cp", "-a", "--", f"{ws}/.", str(target)], capture_output=True, env={"PATH": SAFE_PATH},
+                          cwd="/", timeout=600)
+    return target if done.returncode == 0 else None
