@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 
 from trajforge.sandbox.bwrap import BwrapSandbox, root_runtime
 from trajforge.sandbox.bwrap_backend import probe
+from trajforge.sandbox.channel import SlotIdle
 from trajforge.sandbox.resources import SampleLimits, cgroup_parent
 from trajforge.sandbox.slots import MAKING
 
@@ -206,5 +208,65 @@ def test_a_caller_cancelled_while_waiting_for_a_slot_leaks_none(tmp_path: Path) 
         finally:
             await runtime.aclose()
         assert not any(tmp_path.glob(".slots.*"))
+
+    asyncio.run(main())
+
+
+def test_a_request_sent_as_the_sample_parks_runs_on_its_next_slot(tmp_path: Path) -> None:
+    """The helper ends the sample after a command; a second request of the sample, sent before
+    the runner read that exit, is refused unrun by the helper and runs on the sample's next slot."""
+    async def main() -> None:
+        runtime = await root_runtime(None, "none", (), LIMITS)
+        try:
+            sb = _sandbox(tmp_path, runtime)
+            await sb.start()
+            try:
+                assert sb._channel is not None
+                channel, token = sb._channel, sb._channel.token
+                first = asyncio.ensure_future(sb.exec("true", timeout=10))
+                for _ in range(3):
+                    await asyncio.sleep(0)  # its request is sent
+                time.sleep(0.5)  # the loop held: the helper runs it, parks, and reports it
+                second = asyncio.ensure_future(sb.exec("echo second; id -u", timeout=10))  # sent before that is read
+                assert (await first).exit_code == 0
+                assert (await second).stdout == f"second\n{sb.uid}\n"
+                # it ran after the sample took a slot again (a new token), and parked after it: it
+                # had not run before the sample parked (it would have kept the sample in its slot)
+                assert sb._slot is None and runtime.pool(tmp_path).parked == 1
+                assert channel.token != token
+            finally:
+                await sb.close()
+        finally:
+            await runtime.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_request_of_a_sample_that_left_the_slot_is_refused(tmp_path: Path) -> None:
+    """Whatever the runner's timing, a slot's helper runs requests of its current sample only:
+    one carrying an earlier sample's token does nothing in the next sample's sandbox."""
+    async def main() -> None:
+        runtime = await root_runtime(None, "none", (), LIMITS)
+        try:
+            a = _sandbox(tmp_path, runtime)
+            await a.start()
+            assert a._channel is not None
+            channel, old = a._channel, a._channel.token
+            await a.exec("true", timeout=10)  # parks
+            b = _sandbox(tmp_path, runtime, park=False)
+            await b.start()
+            try:
+                assert b._channel is channel and channel.token != old
+                for request in ({"op": "exec", "cmd": "echo a > /workspace/from-a", "cwd": None, "cap": 1000},
+                                {"op": "write", "path": "from-a", "how": "overwrite"},
+                                {"op": "kill", "pgid": 2}):
+                    with pytest.raises(SlotIdle):
+                        await channel.call({**request, "tok": old}, b"x")
+                assert (await b.exec("ls -A", timeout=10)).stdout == ""
+            finally:
+                await b.close()
+                await a.close()
+        finally:
+            await runtime.aclose()
 
     asyncio.run(main())

@@ -10,25 +10,23 @@ Each sample has one helper process inside (helper.py), spoken to over a socketpa
 commands are spawned by it and file operations run in it, inside the sample's mount view, so
 there is no per-command entry chain and no file access from the host. Two modes, because the
 kernel never enforces RLIMIT_NPROC for host uid 0:
-- runner is root ("root" mode): a sample takes a slot (slots.py, bwrap_root.py): a warm helper
-  forked once by the run's zygote as the init of the slot's pid namespace, with the slot's
-  network namespace, memory cgroup, workspace disk and mount namespace (a copy of the run's
-  bwrap-built template). From the helper the sample gets its workspace mounted in, /tmp,
-  /dev/shm and the IPC namespace renewed if the previous sample left anything there, and a uid
-  of its own, which is the helper's real and effective uid while the sample runs (saved uid 0, so it can
-  set up the next sample; slot_helper.py). The process limit holds (fork bombs stop), the
-  sandbox cannot signal, ptrace or read the helper, and nothing of a sample outlives it: the
-  helper kills every other process of its namespace before the slot is reused. Egress goes
-  through the run's router (router.py); the per-sample limits of resources.py hold.
+- runner is root ("root" mode): a sample takes a slot (slots.py, bwrap_root.py): a warm helper,
+  the init of the slot's pid namespace, with the slot's network namespace, memory cgroup,
+  workspace disk and mount namespace. The sample gets its workspace mounted in, /tmp, /dev/shm
+  and IPC renewed if the previous sample left anything there, and a uid of its own, the
+  helper's real and effective uid while it runs (slot_helper.py). Fork bombs stop at the process
+  limit, the sample cannot signal, ptrace or read the helper, and nothing of it outlives it.
+  Egress goes through the run's router (router.py); the limits of resources.py hold.
+  Parking (the run's sandboxes unless workspaces are kept): a command run while nothing else of
+  the sample is in progress goes with `park`; if the sample then holds nothing in its sandbox
+  (no process or job, its workspace as made, /tmp, /dev/shm and IPC empty: after_command in
+  slot_helper.py) the helper ends it and the slot goes back to the pool; the sample takes one
+  again, with the same uid and cwd, at its next operation, and cannot tell the two apart. So
+  the pool holds a slot per sample with something in its sandbox or a call in progress, not
+  one per sample waiting for its model.
 - runner is unprivileged ("user" mode): --unshare-all creates a user namespace and the helper is
   bwrap's command (--as-pid-1), started with a host interpreter visible inside (helper_python);
   the helper and the files are the user's own.
-- parking (root mode, the run's sandboxes unless workspaces are kept): after a command, a
-  sample that holds nothing in its sandbox (no process or job, its workspace as it was made,
-  /tmp, /dev/shm and IPC empty: slot_helper.op_park) gives its slot back and takes one again,
-  with the same uid and cwd, at its next operation. Such a sample cannot tell the two slots
-  apart, and the pool needs as many slots as there are samples with something in their sandbox
-  or a call in progress, not one per sample between its model calls.
 Both modes: background jobs share the sample's pid namespace and live until the sample closes.
 `bwrap_argv` builds the whole command line (the one place to add options).
 """
@@ -38,41 +36,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import os
-import posixpath
 import secrets
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 
 from trajforge.sandbox import workspace
 from trajforge.sandbox.base import ExecResult, Job, Sandbox, SandboxError
 from trajforge.sandbox.bwrap_layout import (
-    NOT_FOUND, RESERVED, SYSTEM_DIRS, WORKSPACE, bwrap_argv, find_bwrap, host_layout, resolv_conf_target,
+    NOT_FOUND, SYSTEM_DIRS, WORKSPACE, bwrap_argv, find_bwrap, host_layout, resolv_conf_target, sample_mounts,
+    shell_config,
 )
 from trajforge.sandbox.bwrap_root import RootRuntime, root_runtime
 from trajforge.sandbox.bwrap_start import (
     START_TIMEOUT, chown_beneath, configure, helper_python, start_user, stop_holder,
 )
-from trajforge.sandbox.channel import HelperChannel
-from trajforge.sandbox.process import (
-    DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, SHELL, Limits, bash_limits_prefix, clean_env, limit_pairs,
-)
+from trajforge.sandbox.channel import HelperChannel, SlotIdle
+from trajforge.sandbox.process import DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, Limits
 from trajforge.sandbox.resources import MemoryGroup, SampleLimits
 from trajforge.sandbox.slots import Slot
 
 # Sandbox uids (root mode) come from a range no real account uses.
 _UID_BASE, _UID_SPAN = 1_800_000_000, 200_000_000
-
-
-@functools.lru_cache(maxsize=8)
-def _shell_config(limits: Limits) -> dict[str, object]:
-    """The helper's command settings for these limits (the same for every sample of a run)."""
-    bash = os.path.basename(SHELL) == "bash"
-    return {"workdir": WORKSPACE, "env": clean_env(WORKSPACE), "shell": SHELL,
-            "prefix": bash_limits_prefix(limits) if bash else "",
-            "limits": [] if bash else [(r, s, h) for r, (s, h) in limit_pairs(limits)]}
+_TOKENS = itertools.count(1)  # one per sample in a slot: a slot helper serves only the current one
+T = TypeVar("T")
 
 
 class BwrapSandbox(Sandbox):
@@ -108,20 +99,13 @@ class BwrapSandbox(Sandbox):
         self._parkable = park and self.privileged and not keep
         self._parked = False
         self._busy = 0  # operations in progress: a sample parks only between them
-        self._gate = asyncio.Lock()  # held while parking or taking a slot again
+        self._gate = asyncio.Lock()  # held while a parked sample takes a slot again
+        self._parking: asyncio.Future[None] | None = None  # a command run with `park` in progress
+        self._releasing: set[asyncio.Task[Path | None]] = set()  # slots given back as the sample parked
 
     def mounts(self, host_cwd: Path) -> tuple[dict[str, Path], str]:
-        """In-sandbox mount points of the workspace, and the cwd as the sample sees it: a row's
-        absolute cwd (/app, /app/sub) is also mounted at that path, a relative one is beneath
-        /workspace."""
         assert self.workspace is not None
-        points = {WORKSPACE: self.workspace}
-        alias = posixpath.normpath(self._cwd_arg) if self._cwd_arg and self._cwd_arg.startswith("/") else ""
-        if alias not in ("", "/") and alias.split("/")[1] not in RESERVED:
-            points[alias] = host_cwd
-            return points, alias
-        rel = host_cwd.relative_to(self.workspace).as_posix()
-        return points, WORKSPACE if rel == "." else f"{WORKSPACE}/{rel}"
+        return sample_mounts(self.workspace, host_cwd, self._cwd_arg)
 
     @property
     def memory_group(self) -> MemoryGroup | None:
@@ -153,6 +137,7 @@ class BwrapSandbox(Sandbox):
         assert slot.channel is not None
         self._channel = slot.channel
         self._channel.output_cap = self.output_cap
+        self._channel.token = next(_TOKENS)  # on this sample's every request (channel.py)
         lim = self.sample_limits
         begin = {"op": "begin", "uid": self.uid, "tmp": lim.tmp_size, "shm": lim.shm_size,
                  "mounts": [(inside, str(host)) for inside, host in sorted(points.items(), key=lambda p: len(p[0]))],
@@ -181,7 +166,7 @@ class BwrapSandbox(Sandbox):
         await configure(self._channel, self._holder, self._helper_config(sorted(points)))
 
     def _helper_config(self, roots: list[str]) -> dict[str, object]:
-        return {"cwd": self.cwd, "roots": roots, **_shell_config(self.limits)}
+        return {"cwd": self.cwd, "roots": roots, **shell_config(self.limits)}
 
     def _live(self) -> HelperChannel:
         if self._channel is None:
@@ -194,8 +179,8 @@ class BwrapSandbox(Sandbox):
 
     @contextlib.asynccontextmanager
     async def _op(self) -> AsyncIterator[HelperChannel]:
-        """The channel for one operation, counted in `_busy` while it runs: a parked sample takes
-        a slot again first, and none starts while the sample is parking."""
+        """The channel for one operation, counted in `_busy` while it runs; a parked sample takes
+        a slot again first (one caller does, the others wait for it)."""
         if self._parked or self._gate.locked():
             async with self._gate:
                 if self._parked:
@@ -210,60 +195,83 @@ class BwrapSandbox(Sandbox):
         finally:
             self._busy -= 1
 
-    async def exec(self, command: str, *, timeout: float, cwd: str | None = None) -> ExecResult:
+    async def _call(self, fn: Callable[[HelperChannel], Awaitable[T]]) -> T:
+        """One operation; refused because the sample parked meanwhile (a command run with `park`
+        ended before the helper read this request: SlotIdle, nothing done), run again on its next slot."""
+        try:
+            async with self._op() as channel:
+                return await fn(channel)
+        except SlotIdle:
+            if self._parking is not None:
+                await asyncio.shield(self._parking)
         async with self._op() as channel:
-            res = await channel.exec(command, timeout=timeout, cwd=cwd)
-            if self._slot is not None:
-                self._slot.check(self.sample_limits, self.helper_pid)  # a hit limit ends the sample (SandboxError)
-        if self._parkable and not self._busy:
-            await self._park()
+            return await fn(channel)
+
+    async def exec(self, command: str, *, timeout: float, cwd: str | None = None) -> ExecResult:
+        return await self._call(functools.partial(self._exec, command, timeout, cwd))
+
+    async def _exec(self, command: str, timeout: float, cwd: str | None, channel: HelperChannel) -> ExecResult:
+        # The only operation in progress: the helper may end the sample after it (module doc).
+        park = self._parkable and self._busy == 1 and self._parking is None
+        if not park:
+            res = (await channel.run(command, timeout=timeout, cwd=cwd))[0]
+            self._check()
+            return res
+        self._parking = parking = asyncio.get_running_loop().create_future()
+        release = None
+        try:
+            res, parked, clean = await channel.run(command, timeout=timeout, cwd=cwd, park=True)
+            self._check()
+            if parked:
+                release = self._parked_now(clean)
+            else:  # it holds something: it keeps its slot to the end
+                self._parkable = False
+        finally:
+            self._parking = None
+            parking.set_result(None)
+        if release is not None:
+            await asyncio.shield(release)
         return res
 
-    async def _park(self) -> None:
-        """Give the slot back if the sample holds nothing in it (module doc); once it is found
-        holding something, it keeps its slot to the end."""
-        async with self._gate:
-            slot, channel, runtime = self._slot, self._channel, self._runtime
-            if self._busy or slot is None or channel is None or runtime is None or not self._begun:
-                return
-            try:
-                async with asyncio.timeout(15):
-                    reply, _ = await asyncio.shield(channel.call({"op": "park"}))
-            except (TimeoutError, SandboxError, OSError):
-                reply = {}  # close() ends the sample (and destroys a broken slot)
-            if reply.get("parked") is not True:
-                self._parkable = False
-                return
-            self._slot, self._channel, self._begun, self._exited = None, None, False, None
-            ws, self.workspace = self.workspace, None
-            pool = runtime.pool(self.root)
-            self._parked = True
-            pool.parked += 1
-            await asyncio.shield(pool.release(slot, ws, keep=False, clean_exit=reply.get("clean") is True))
+    def _check(self) -> None:
+        if self._slot is not None:
+            self._slot.check(self.sample_limits, self.helper_pid)  # a hit limit ends the sample (SandboxError)
+
+    def _parked_now(self, clean: bool) -> asyncio.Task[Path | None]:
+        """The helper ended the sample, which left nothing: its slot goes back to the pool."""
+        slot, runtime = self._slot, self._runtime
+        assert slot is not None and runtime is not None
+        self._slot, self._channel, self._begun, self._exited = None, None, False, None
+        ws, self.workspace = self.workspace, None
+        pool = runtime.pool(self.root)
+        self._parked = True
+        pool.parked += 1
+        task = asyncio.ensure_future(pool.release(slot, ws, keep=False, clean_exit=clean))
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+        return task
 
     async def spawn(self, command: str, *, cwd: str | None = None) -> Job:
         self._parkable = False  # the job's process and its log are the sample's until it ends
-        async with self._op() as channel:
-            return await channel.spawn(command, cwd=cwd)
+        return await self._call(lambda channel: channel.spawn(command, cwd=cwd))
 
     async def read_file(self, path: str, *, max_bytes: int = 256 << 20) -> bytes:
-        async with self._op() as channel:
-            return await channel.read_file(path, max_bytes)
+        return await self._call(lambda channel: channel.read_file(path, max_bytes))
 
     async def write_file(self, path: str, data: bytes, *, how: str = "overwrite") -> str:
-        async with self._op() as channel:
-            return await channel.write_file(path, data, how)
+        return await self._call(lambda channel: channel.write_file(path, data, how))
 
     async def search(self, path: str, pattern: str, *, target: str = "content", glob: str | None = None,
                      limit: int = 50, max_file: int = 2 << 20, max_files: int = 50_000) -> tuple[list[str], bool]:
-        async with self._op() as channel:
-            return await channel.search(path, pattern, target=target, glob=glob, limit=limit, max_file=max_file,
-                                        max_files=max_files)
+        return await self._call(lambda channel: channel.search(
+            path, pattern, target=target, glob=glob, limit=limit, max_file=max_file, max_files=max_files))
 
     async def close(self) -> None:
         try:
             if self.privileged:
-                async with self._gate:  # a sample parking finishes first
+                async with self._gate:  # a parked sample taking a slot again finishes first
+                    if self._releasing:
+                        await asyncio.gather(*self._releasing, return_exceptions=True)
                     channel, self._channel = self._channel, None
                     if self._parked and self._runtime is not None:
                         self._parked = False

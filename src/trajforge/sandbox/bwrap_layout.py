@@ -9,12 +9,16 @@ run for the template namespace in root mode (bwrap_root.py).
 
 from __future__ import annotations
 
+import functools
 import os
+import posixpath
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from trajforge.sandbox.process import SAFE_PATH
+from trajforge.sandbox.process import (
+    SAFE_PATH, SHELL, Limits, bash_limits_prefix, clean_env, limit_pairs,
+)
 
 WORKSPACE = "/workspace"
 # Host dirs bound read-only when present; /bin, /lib... are links into /usr on merged-usr hosts.
@@ -98,3 +102,24 @@ def resolv_conf_target() -> list[str]:
     real = os.path.realpath("/etc/resolv.conf")
     top = real.split("/")[1] if real.count("/") > 1 else ""
     return [os.path.dirname(real)] if top and top not in SYSTEM_DIRS + SYSTEM_LINKS else []
+
+
+@functools.lru_cache(maxsize=8)
+def shell_config(limits: Limits) -> dict[str, object]:
+    """The helper's command settings for these limits (the same for every sample of a run)."""
+    bash = os.path.basename(SHELL) == "bash"
+    return {"workdir": WORKSPACE, "env": clean_env(WORKSPACE), "shell": SHELL,
+            "prefix": bash_limits_prefix(limits) if bash else "",
+            "limits": [] if bash else [(r, s, h) for r, (s, h) in limit_pairs(limits)]}
+
+
+def sample_mounts(workspace: Path, host_cwd: Path, cwd: str | None) -> tuple[dict[str, Path], str]:
+    """In-sandbox mount points of a sample's workspace, and its cwd as the sample sees it: a row's
+    absolute cwd (/app, /app/sub) is also mounted at that path, a relative one is beneath /workspace."""
+    points = {WORKSPACE: workspace}
+    alias = posixpath.normpath(cwd) if cwd and cwd.startswith("/") else ""
+    if alias not in ("", "/") and alias.split("/")[1] not in RESERVED:
+        points[alias] = host_cwd
+        return points, alias
+    rel = host_cwd.relative_to(workspace).as_posix()
+    return points, WORKSPACE if rel == "." else f"{WORKSPACE}/{rel}"

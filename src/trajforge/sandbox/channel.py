@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import marshal
 import socket
@@ -36,6 +37,10 @@ MAX_META = 4 << 20
 MAX_PAYLOAD = 300 << 20  # above every cap a request asks for (sandbox.base.READ_CAP)
 
 
+class SlotIdle(SandboxError):
+    """A slot helper refused a request of a sample it no longer serves (it parked: bwrap.py)."""
+
+
 class _Proc:
     def __init__(self, loop: asyncio.AbstractEventLoop, cap: int = 0) -> None:
         self.pid = 0
@@ -43,6 +48,7 @@ class _Proc:
         self.exited: asyncio.Future[int] = loop.create_future()
         self.out, self.err = CappedBuffer(cap), CappedBuffer(cap)
         self.detached = False
+        self.parked = self.clean = False  # the helper ended the sample after it (slot_helper: parking)
 
     def start(self, reply: dict[str, Any]) -> None:
         """The helper's answer to an exec: a pid, or `failed` (it never started: no exit event)."""
@@ -83,6 +89,9 @@ class HelperChannel:
         self._send_lock = asyncio.Lock()
         self.broken: str | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # The sample served now (root-mode slots): every request carries it, and a slot helper
+        # refuses one not of its current sample (SlotIdle).
+        self.token: int | None = None
         self.loop.add_reader(sock.fileno(), self._on_readable)
 
     # --- transport -------------------------------------------------------------------------
@@ -120,6 +129,7 @@ class HelperChannel:
                 code = meta.get("code")
                 if "sizes" in meta:
                     proc.output(meta, payload)
+                proc.parked, proc.clean = meta.get("parked") is True, meta.get("clean") is True
                 proc.end(code if isinstance(code, int) else -9)
             return
         fut = self._replies.pop(rid, None) if isinstance(rid, int) else None
@@ -154,6 +164,8 @@ class HelperChannel:
         if self.broken:
             raise SandboxError(self.broken)
         rid = meta.setdefault("id", next(self._ids))
+        if self.token is not None:
+            meta.setdefault("tok", self.token)
         fut = self._replies[rid] = self.loop.create_future()
         if proc is not None:
             self._procs[rid] = proc
@@ -166,7 +178,7 @@ class HelperChannel:
         except asyncio.CancelledError:
             if proc is not None:  # the command may start after all: kill it as soon as its pid is known
                 self._replies[rid] = late = self.loop.create_future()
-                late.add_done_callback(self._kill_late)
+                late.add_done_callback(functools.partial(self._kill_late, meta.get("tok")))
             raise
         kind = reply.get("error")
         if kind is not None:
@@ -176,15 +188,17 @@ class HelperChannel:
                 raise SymlinkError(str(reply.get("rel", "")), str(reply.get("link", "")))
             if kind == "escape":
                 raise PathEscapeError(msg)
+            if kind == "idle":
+                raise SlotIdle(msg)
             raise FileOpError(str(kind), msg)
         return reply, data
 
-    def _kill_late(self, fut: asyncio.Future[tuple[dict[str, Any], bytes]]) -> None:
+    def _kill_late(self, token: int | None, fut: asyncio.Future[tuple[dict[str, Any], bytes]]) -> None:
         if fut.cancelled() or fut.exception() is not None:
             return
         pid = fut.result()[0].get("pid")
-        if isinstance(pid, int) and not self.broken:
-            self._tasks.add(task := self.loop.create_task(self.kill_group(pid)))
+        if isinstance(pid, int) and not self.broken:  # as the sample that ran it (a later one's group is not its)
+            self._tasks.add(task := self.loop.create_task(self.kill_group(pid, token)))
             task.add_done_callback(self._tasks.discard)
 
     # --- files -----------------------------------------------------------------------------
@@ -210,8 +224,16 @@ class HelperChannel:
 
     # --- processes -------------------------------------------------------------------------
     async def exec(self, command: str, *, timeout: float, cwd: str | None) -> ExecResult:
+        return (await self.run(command, timeout=timeout, cwd=cwd))[0]
+
+    async def run(self, command: str, *, timeout: float, cwd: str | None, park: bool = False) -> tuple[ExecResult, bool, bool]:
+        """`exec`, and whether the helper ended the sample after it (`park`, slot_helper.py) and
+        cleanly: (result, parked, clean)."""
         proc = _Proc(self.loop, self.output_cap)
-        reply, _ = await self.call({"op": "exec", "cmd": command, "cwd": cwd, "cap": self.output_cap}, proc=proc)
+        request = {"op": "exec", "cmd": command, "cwd": cwd, "cap": self.output_cap}
+        if park:
+            request["park"] = True
+        reply, _ = await self.call(request, proc=proc)
         proc.start(reply)
         # asyncio.wait never cancels what it watches: after a timeout the exit is still awaitable.
         try:
@@ -230,13 +252,13 @@ class HelperChannel:
         if proc.code == CD_FAILED_EXIT and stderr.startswith(CD_FAILED):
             res.start_error = "the command could not start in its working directory: " + \
                 stderr[len(CD_FAILED):].strip(": \n")
-        return res
+        return res, proc.parked, proc.clean
 
-    async def kill_group(self, pgid: int) -> None:
+    async def kill_group(self, pgid: int, token: int | None = None) -> None:
         if pgid <= 1:  # a command that never started has no group
             return
         with contextlib.suppress(SandboxError):
-            await self.call({"op": "kill", "pgid": pgid})
+            await self.call({"op": "kill", "pgid": pgid, **({"tok": token} if token is not None else {})})
 
     async def spawn(self, command: str, *, cwd: str | None) -> HelperJob:
         proc = _Proc(self.loop)

@@ -19,10 +19,14 @@ throughout. The samples' processes share its uid but cannot touch it: as their p
 init it ignores their signals, and not dumpable, with saved uid 0, it can be neither ptraced nor
 read.
 
-`op_park`: after a command, whether the sample holds nothing here: no process or job, its
-workspace as `op_begin` made it (the same entries, modes and owners: `tree_state`), nothing in
-/tmp, /dev/shm or its IPC namespace. If so it ends the sample as `op_end` does, and the runner
-gives the slot to another sample (bwrap.py: parking); if not, nothing changes.
+Parking (`after_command`): when a command the runner sent with `park` exits, the helper checks
+that the sample holds nothing here: no process, command or job, no request waiting on the
+channel, its workspace as `op_begin` made it (the same entries, modes and owners: `tree_state`),
+nothing in /tmp, /dev/shm or its IPC namespace. If so it ends the sample as `op_end` does and
+says so in the exit event, and the runner gives the slot to another sample (bwrap.py); if not,
+nothing changes. Every request but `begin` and `end` carries the sample's token (`tok`, given at
+`begin`): one of an ended sample's, sent before it learnt it had parked, is refused as `idle`
+(and retried by the runner on its next slot), never run in the next sample.
 
 `op_end`: root again, SIGKILL to every other process of the pid namespace (`kill(-1)` from its
 init) until none is left, every job log and descriptor of the sample closed, its workspace
@@ -35,6 +39,7 @@ then destroys the slot.
 
 from __future__ import annotations
 
+import _socket
 import ctypes
 import errno
 import os
@@ -215,12 +220,32 @@ class SlotHelper(Helper):
         self.devnull = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
         self.saved_limits: list = []
         self.made: list | None = None  # the sample's workspace as op_begin made it (tree_state)
+        self.token: object = None  # the sample's, carried by its every request
 
     def handle(self, meta: dict, payload: bytes) -> None:
-        if self.uid is None and meta["op"] not in ("begin", "end"):
-            self.send({"id": meta["id"], "error": "other", "msg": "no sample in this slot"})
+        if meta["op"] not in ("begin", "end") and (self.uid is None or meta.get("tok") != self.token):
+            self.send({"id": meta["id"], "error": "idle", "msg": "this sample is not in this slot"})
             return
         super().handle(meta, payload)
+
+    def after_command(self) -> dict:
+        """End the sample if it holds nothing in the slot (module doc); else change nothing."""
+        if self.uid is None or self.procs or self.captures or self.logs or self.buf:
+            return {}
+        try:  # a request waiting to be read is the sample's: it must run in this slot
+            self.sock.recv(1, _socket.MSG_PEEK | _socket.MSG_DONTWAIT)
+            return {}  # (or the runner has gone)
+        except BlockingIOError:
+            pass
+        try:  # WNOWAIT: only look. A child left means a process of the sample still runs.
+            os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            return {}
+        except ChildProcessError:
+            pass
+        if not self.mounts.pristine(self.cfg["workdir"], self.made):
+            return {}
+        reply, _ = self.op_end({}, b"")
+        return {"parked": True, "clean": reply["clean"]}
 
     def _root(self) -> None:
         os.setresuid(-1, 0, -1)  # the saved uid is 0: the effective one may return to it
@@ -233,6 +258,7 @@ class SlotHelper(Helper):
         self._root()
         self.mounts.enter(m["mounts"], m.get("tmp"), m.get("shm"))
         self.made = tree_state(m["workdir"])
+        self.token = m.get("tok")
         import resource
 
         self.saved_limits = [(res, resource.getrlimit(res)) for res, _s, _h in m.get("limits", ())]
@@ -245,21 +271,6 @@ class SlotHelper(Helper):
         self.uid = uid
         return {"uid": os.getuid()}, b""
 
-    def op_park(self, m: dict, p: bytes) -> tuple[dict, bytes]:
-        """End the sample if it holds nothing in the slot (module doc); else change nothing."""
-        self.reap()
-        if self.procs or self.logs or self.captures:
-            return {"parked": False}, b""
-        try:  # WNOWAIT: only look. A child left means a process of the sample still runs.
-            os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            return {"parked": False}, b""
-        except ChildProcessError:
-            pass
-        if not self.mounts.pristine(self.cfg["workdir"], self.made):
-            return {"parked": False}, b""
-        reply, data = self.op_end(m, p)
-        return {"parked": True, **reply}, data
-
     def op_end(self, _m: dict, _p: bytes) -> tuple[dict, bytes]:
         self._root()
         clean = self.kill_all()
@@ -270,7 +281,7 @@ class SlotHelper(Helper):
             resource.setrlimit(res, pair)
         self.saved_limits = []
         self.mounts.leave()
-        self.uid, self.made = None, None
+        self.uid, self.made, self.token = None, None, None
         return {"clean": clean}, b""
 
     def kill_all(self) -> bool:
