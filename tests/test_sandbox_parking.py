@@ -72,6 +72,8 @@ KEEPERS = {
     "a directory": ("mkdir d", "ls", "d"),
     "a symlink": ("ln -s /etc/hostname l", "readlink l", "/etc/hostname"),
     "a mode": ("chmod 755 .", "stat -c %a .", "755"),
+    "an extended attribute": ("python3 -c 'import os; os.setxattr(\".\", \"user.k\", b\"v\")'",
+                              "python3 -c 'import os; print(os.getxattr(\".\", \"user.k\").decode())'", "v"),
     "a file in /tmp": ("echo x > /tmp/f", "cat /tmp/f", "x"),
     "a file in /dev/shm": ("echo x > /dev/shm/f", "cat /dev/shm/f", "x"),
     "a process": ("setsid sleep 1000 > /dev/null 2>&1 &", "pgrep -x sleep > /dev/null && echo up", "up"),

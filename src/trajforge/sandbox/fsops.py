@@ -209,21 +209,20 @@ def kind_of(root: str, rel: str) -> str:
 
 
 def tree_state(root: str, most: int = 32) -> list | None:
-    """The entries beneath `root` with their type, mode and owner (root's own first), without
-    following a link; None past `most` entries or where one cannot be read. A fresh workspace
-    holds at most its cwd's directories: anything larger is a sample that left files."""
+    """The entries beneath `root` with their type, mode, owner and extended attribute names
+    (root's own first), without following a link; None past `most` entries or where one cannot
+    be read. A fresh workspace holds at most its cwd's directories: anything larger is a sample
+    that left files."""
     out: list = []
     stack = [""]
     try:
-        st = os.lstat(root)
-        out.append(("", st.st_mode, st.st_uid, st.st_gid))
+        out.append(_entry_state("", root))
         while stack:
             rel = stack.pop()
             with os.scandir(os.path.join(root, rel) if rel else root) as it:
                 for entry in it:
-                    st = entry.stat(follow_symlinks=False)
                     name = os.path.join(rel, entry.name) if rel else entry.name
-                    out.append((name, st.st_mode, st.st_uid, st.st_gid))
+                    out.append(_entry_state(name, entry.path))
                     if len(out) > most:
                         return None
                     if entry.is_dir(follow_symlinks=False):
@@ -232,3 +231,12 @@ def tree_state(root: str, most: int = 32) -> list | None:
         return None
     out.sort()
     return out
+
+
+def _entry_state(name: str, path: str) -> tuple:
+    st = os.lstat(path)
+    try:
+        attrs = sorted(os.listxattr(path, follow_symlinks=False))
+    except OSError:  # a file system without them
+        attrs = []
+    return (name, st.st_mode, st.st_uid, st.st_gid, tuple(attrs))
