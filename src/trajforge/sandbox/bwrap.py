@@ -58,7 +58,7 @@ from trajforge.sandbox.bwrap_start import (
 from trajforge.sandbox.channel import HelperChannel, SlotIdle
 from trajforge.sandbox.process import DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, Limits
 from trajforge.sandbox.resources import MemoryGroup, SampleLimits
-from trajforge.sandbox.slots import Slot
+from trajforge.sandbox.slots import Slot, SlotPool
 
 # Sandbox uids (root mode) come from a range no real account uses.
 _UID_BASE, _UID_SPAN = 1_800_000_000, 200_000_000
@@ -102,6 +102,7 @@ class BwrapSandbox(Sandbox):
         self._gate = asyncio.Lock()  # held while a parked sample takes a slot again
         self._parking: asyncio.Future[None] | None = None  # a command run with `park` in progress
         self._releasing: set[asyncio.Task[Path | None]] = set()  # slots given back as the sample parked
+        self._pool: SlotPool | None = None
 
     def mounts(self, host_cwd: Path) -> tuple[dict[str, Path], str]:
         assert self.workspace is not None
@@ -126,9 +127,14 @@ class BwrapSandbox(Sandbox):
             self._own_runtime = True
         await self._take_slot()
 
+    def _slot_pool(self) -> SlotPool:
+        if self._pool is None:
+            assert self._runtime is not None
+            self._pool = self._runtime.pool(self.root)
+        return self._pool
+
     async def _take_slot(self) -> None:
-        assert self._runtime is not None
-        self._slot = slot = await self._runtime.pool(self.root).acquire()
+        self._slot = slot = await self._slot_pool().acquire()
         self.helper_pid, self._exited = slot.helper_pid, slot.exited
         self.workspace, host_cwd = workspace.create_fresh(slot.workspaces, self._cwd_arg)
         points, self.cwd = self.mounts(host_cwd)
@@ -185,8 +191,7 @@ class BwrapSandbox(Sandbox):
             async with self._gate:
                 if self._parked:
                     self._parked = False
-                    assert self._runtime is not None
-                    self._runtime.pool(self.root).parked -= 1
+                    self._slot_pool().parked -= 1
                     await self._take_slot()
         channel = self._live()
         self._busy += 1
@@ -221,7 +226,7 @@ class BwrapSandbox(Sandbox):
         release = None
         try:
             res, parked, clean = await channel.run(command, timeout=timeout, cwd=cwd, park=True)
-            self._check()
+            self._check(parked)
             if parked:
                 release = self._parked_now(clean)
             else:  # it holds something: it keeps its slot to the end
@@ -233,17 +238,17 @@ class BwrapSandbox(Sandbox):
             await asyncio.shield(release)
         return res
 
-    def _check(self) -> None:
-        if self._slot is not None:
-            self._slot.check(self.sample_limits, self.helper_pid)  # a hit limit ends the sample (SandboxError)
+    def _check(self, parked: bool = False) -> None:
+        if self._slot is not None:  # a hit limit ends the sample (SandboxError)
+            self._slot.check(self.sample_limits, self.helper_pid, parked=parked)
 
     def _parked_now(self, clean: bool) -> asyncio.Task[Path | None]:
         """The helper ended the sample, which left nothing: its slot goes back to the pool."""
-        slot, runtime = self._slot, self._runtime
-        assert slot is not None and runtime is not None
+        slot = self._slot
+        assert slot is not None
         self._slot, self._channel, self._begun, self._exited = None, None, False, None
         ws, self.workspace = self.workspace, None
-        pool = runtime.pool(self.root)
+        pool = self._slot_pool()
         self._parked = True
         pool.parked += 1
         task = asyncio.ensure_future(pool.release(slot, ws, keep=False, clean_exit=clean))
@@ -275,7 +280,7 @@ class BwrapSandbox(Sandbox):
                     channel, self._channel = self._channel, None
                     if self._parked and self._runtime is not None:
                         self._parked = False
-                        self._runtime.pool(self.root).parked_closed()
+                        self._slot_pool().parked_closed()
                     self._parkable = False
                     await self._close_root(channel)
             else:
@@ -303,7 +308,7 @@ class BwrapSandbox(Sandbox):
                 clean = reply.get("clean") is True
             except (TimeoutError, SandboxError, OSError):
                 clean = False
-        kept = await self._runtime.pool(self.root).release(slot, self.workspace, keep=self.keep, clean_exit=clean)
+        kept = await self._slot_pool().release(slot, self.workspace, keep=self.keep, clean_exit=clean)
         if kept is not None:
             self.workspace = kept
 

@@ -60,7 +60,7 @@ class MemoryGroup:
         self.procs = str(self.path / "cgroup.procs")
         self._events = str(self.path / ("memory.events" if version == "v2" else "memory.oom_control"))
         self._seen = 0
-        self._events_fd = -1
+        self._fds: dict[str, int] = {}  # files read after every command, kept open (_read)
 
     def create(self) -> None:
         try:
@@ -85,19 +85,24 @@ class MemoryGroup:
             with open(self.procs, "w") as f:
                 f.write(str(pid))
 
+    def _read(self, path: str) -> bytes:
+        """A file of the group, read often (per command or sample): kept open, since a cgroup
+        file is generated afresh by each read from offset 0; bytes, no text layer."""
+        fd = self._fds.get(path)
+        if fd is None:
+            fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return os.pread(fd, 1 << 16, 0)
+
     def pids(self) -> list[int]:
         try:
-            return [int(x) for x in Path(self.procs).read_bytes().split()]
+            return [int(x) for x in self._read(self.procs).split()]
         except (OSError, ValueError):
             return []
 
     def oom_kills(self) -> int:
-        """The group's count of OOM kills. Read after every command: the file stays open (a
-        cgroup file is generated afresh by each read from offset 0), bytes, no text layer."""
+        """The group's count of OOM kills (read after every command)."""
         try:
-            if self._events_fd < 0:
-                self._events_fd = os.open(self._events, os.O_RDONLY | os.O_CLOEXEC)
-            return oom_kill_count(os.pread(self._events_fd, 4096, 0))
+            return oom_kill_count(self._read(self._events))
         except (OSError, ValueError):
             return 0
 
@@ -107,9 +112,9 @@ class MemoryGroup:
         return hit
 
     def remove(self) -> None:
-        if self._events_fd >= 0:
-            os.close(self._events_fd)
-            self._events_fd = -1
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
         # The group empties once its processes are reaped; a few retries cover the kernel's lag.
         for _ in range(50):
             try:

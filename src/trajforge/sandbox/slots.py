@@ -79,14 +79,17 @@ class Slot:
         if self.memory is not None:
             self._oom_seen = self.memory.oom_kills()
 
-    def check(self, limits: SampleLimits, helper_pid: int) -> None:
-        """After a command: SandboxError naming the limit the sample hit, if any."""
+    def check(self, limits: SampleLimits, helper_pid: int, *, parked: bool = False) -> None:
+        """After a command: SandboxError naming the limit the sample hit, if any. A sample that
+        parked after it has nothing in /tmp, /dev/shm or its workspace: only memory can be hit."""
         if self.memory is not None:
             kills = self.memory.oom_kills()
             if kills > self._oom_seen:
                 self._oom_seen = kills
                 raise SandboxError(f"the sample exceeded its memory limit of {human(limits.memory or 0)} "
                                    "(sandbox_memory): a process was killed by the kernel")
+        if parked:
+            return
         for inside, size, key in (("tmp", limits.tmp_size, "sandbox_tmp_size"),
                                   ("dev/shm", limits.shm_size, "sandbox_shm_size")):
             if tmpfs_full(f"/proc/{helper_pid}/root/{inside}", size):
@@ -124,6 +127,8 @@ class SlotPool:
                 break
             await self._destroy(slot)
         else:
+            if self.closing:
+                raise SandboxError("the run's sandboxes are closing")
             waiter: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
             self._start_making()
