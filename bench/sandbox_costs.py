@@ -3,10 +3,14 @@
 Each figure is the CPU of a child process and everything it reaped (os.wait4: exact, even for
 helpers that live as long as the run), with the fixed cost of a child that only starts and
 closes a provider subtracted:
-- first sample of a slot: N samples at once (create, `true`, close), so each gets a new slot
-  (local: a new cgroup and workspace, as for every sample);
-- sample in a warm slot: N samples one after another, each reusing the previous one's slot;
-- command: N `true` in one sample.
+- first sample of a slot: N samples at once (create, write a file, `true`, close), so each gets a
+  new slot (local: a new cgroup and workspace, as for every sample);
+- sample in a warm slot: N such samples one after another, each reusing the previous one's slot;
+- command: N `true` in one sample holding a file;
+- command, holding nothing: N `true` in one sample holding nothing, which parks after its first
+  (bwrap, root: it takes a slot again for the second and keeps it, sandbox/bwrap.py).
+The file keeps the samples from parking: a burst of samples holding nothing would share a few
+slots, and the first column would not measure a slot.
 Needs a root runner for the bwrap settings (slots, egress, cgroups, loop disks).
 
     .venv/bin/python bench/sandbox_costs.py [--samples 200] [--commands 300] [--json]
@@ -37,9 +41,11 @@ from trajforge.config import RunConfig
 from trajforge.sample.settings import sandbox_settings
 from trajforge.sandbox.factory import SandboxProvider
 
-async def one(p, root, commands=1):
+async def one(p, root, commands=1, hold=True):
     sb = await p.create(cwd=None, image=None, root=root)
     try:
+        if hold:
+            await sb.write_file("held", b"")
         for _ in range(commands):
             assert (await sb.exec("true", timeout=30)).exit_code == 0
     finally:
@@ -57,6 +63,8 @@ async def main(fields, what, n):
                     await one(p, Path(tmp))
             elif what == "commands":
                 await one(p, Path(tmp), n)
+            elif what == "parking":
+                await one(p, Path(tmp), n, hold=False)
 
 asyncio.run(main(json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])))
 '''
@@ -76,8 +84,10 @@ def measure(fields: dict[str, str], samples: int, commands: int) -> dict[str, fl
     burst = min(cpu_of(fields, "burst", samples) for _ in range(REPEAT)) - base
     warm = min(cpu_of(fields, "warm", samples) for _ in range(REPEAT)) - base
     cmds = min(cpu_of(fields, "commands", commands) for _ in range(REPEAT)) - base
+    parking = min(cpu_of(fields, "parking", commands) for _ in range(REPEAT)) - base
     return {"first_sample_ms": 1000 * burst / samples, "warm_sample_ms": 1000 * warm / samples,
-            "command_ms": 1000 * cmds / commands, "fixed_ms": 1000 * base}
+            "command_ms": 1000 * cmds / commands, "parking_command_ms": 1000 * parking / commands,
+            "fixed_ms": 1000 * base}
 
 
 def main() -> None:
@@ -94,9 +104,11 @@ def main() -> None:
     if ns.json:
         print(json.dumps(rows, indent=2))
         return
-    print(f"{'setting':<34}{'first sample of a slot':>24}{'sample, warm slot':>19}{'command':>9}  (ms of CPU)")
+    print(f"{'setting':<34}{'first sample of a slot':>24}{'sample, warm slot':>19}{'command':>9}"
+          f"{'command, holding nothing':>26}  (ms of CPU)")
     for name, r in rows.items():
-        print(f"{name:<34}{r['first_sample_ms']:>24.2f}{r['warm_sample_ms']:>19.2f}{r['command_ms']:>9.2f}")
+        print(f"{name:<34}{r['first_sample_ms']:>24.2f}{r['warm_sample_ms']:>19.2f}{r['command_ms']:>9.2f}"
+              f"{r['parking_command_ms']:>26.2f}")
 
 
 if __name__ == "__main__":

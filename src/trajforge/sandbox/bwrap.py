@@ -17,13 +17,14 @@ kernel never enforces RLIMIT_NPROC for host uid 0:
   helper's real and effective uid while it runs (slot_helper.py). Fork bombs stop at the process
   limit, the sample cannot signal, ptrace or read the helper, and nothing of it outlives it.
   Egress goes through the run's router (router.py); the limits of resources.py hold.
-  Parking (the run's sandboxes unless workspaces are kept): a command run while nothing else of
-  the sample is in progress goes with `park`; if the sample then holds nothing in its sandbox
-  (no process or job, its workspace as made, /tmp, /dev/shm and IPC empty: after_command in
-  slot_helper.py) the helper ends it and the slot goes back to the pool; the sample takes one
-  again, with the same uid and cwd, at its next operation, and cannot tell the two apart. So
-  the pool holds a slot per sample with something in its sandbox or a call in progress, not
-  one per sample waiting for its model.
+  Parking (the run's sandboxes unless workspaces are kept): a sample's first command, run while
+  nothing else of it is in progress, goes with `park`; if the sample then holds nothing in its
+  sandbox (no process or job, its workspace as made, /tmp, /dev/shm and IPC empty:
+  after_command in slot_helper.py) the helper ends it and the slot goes back to the pool; the
+  sample takes one again, with the same uid and cwd, at its next operation, and cannot tell the
+  two apart. So a burst of samples waiting for their model after one command shares a few
+  slots. Only the first command parks: a sample back for more keeps the slot it takes (moving
+  costs a sample's set-up, ~1 ms of CPU, per move).
 - runner is unprivileged ("user" mode): --unshare-all creates a user namespace and the helper is
   bwrap's command (--as-pid-1), started with a host interpreter visible inside (helper_python);
   the helper and the files are the user's own.
@@ -95,7 +96,7 @@ class BwrapSandbox(Sandbox):
         self.helper_pid = 0  # root mode: host pid of the slot's helper (the sample's pid 1)
         self._exited: asyncio.Future[int] | None = None
         self._begun = False
-        # Parking (module doc): until the sample is found holding something, or starts a job.
+        # Parking (module doc): its first command only, unless it starts a job before.
         self._parkable = park and self.privileged and not keep
         self._parked = False
         self._busy = 0  # operations in progress: a sample parks only between them
@@ -223,14 +224,13 @@ class BwrapSandbox(Sandbox):
             self._check()
             return res
         self._parking = parking = asyncio.get_running_loop().create_future()
+        self._parkable = False  # once: a sample back for more keeps the slot it takes next
         release = None
         try:
             res, parked, clean = await channel.run(command, timeout=timeout, cwd=cwd, park=True)
             self._check(parked)
             if parked:
                 release = self._parked_now(clean)
-            else:  # it holds something: it keeps its slot to the end
-                self._parkable = False
         finally:
             self._parking = None
             parking.set_result(None)
