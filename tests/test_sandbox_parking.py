@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from collections.abc import Awaitable, Callable
 import time
 from pathlib import Path
 
 import pytest
 
 from trajforge.sandbox.bwrap import BwrapSandbox, root_runtime
+from trajforge.sandbox.bwrap_root import RootRuntime
 from trajforge.sandbox.bwrap_backend import probe
 from trajforge.sandbox.channel import SlotIdle
 from trajforge.sandbox.resources import SampleLimits, cgroup_parent
@@ -29,6 +31,23 @@ LOOK = "id -u; pwd; stat -c '%a %u %g' .; ls -lAn --time-style=+ .; ls -A /tmp /
 def _sandbox(root: Path, runtime: object, *, cwd: str | None = None, park: bool = True) -> BwrapSandbox:
     return BwrapSandbox(root, network=False, sample_limits=LIMITS, runtime=runtime, cwd=cwd,  # type: ignore[arg-type]
                         park=park)
+
+
+def _with_sample(tmp_path: Path, body: Callable[[BwrapSandbox, RootRuntime], Awaitable[None]]) -> None:
+    """`body` with a started parking sample of a runtime of its own, both closed after it."""
+    async def main() -> None:
+        runtime = await root_runtime(None, "none", (), LIMITS)
+        try:
+            sb = _sandbox(tmp_path, runtime)
+            await sb.start()
+            try:
+                await body(sb, runtime)
+            finally:
+                await sb.close()
+        finally:
+            await runtime.aclose()
+
+    asyncio.run(main())
 
 
 @pytest.mark.parametrize("cwd", [None, "sub/dir", "/app/src"])
@@ -87,91 +106,55 @@ if shutil.which("ipcmk"):
 def test_a_sample_holding_anything_keeps_its_slot(tmp_path: Path, what: str) -> None:
     make, look, expect = KEEPERS[what]
 
-    async def main() -> None:
-        runtime = await root_runtime(None, "none", (), LIMITS)
-        try:
-            sb = _sandbox(tmp_path, runtime)
-            await sb.start()
-            try:
-                helper = sb.helper_pid
-                await sb.exec(make, timeout=10)
-                assert sb._slot is not None and sb.helper_pid == helper, what
-                other = _sandbox(tmp_path, runtime, park=False)  # a neighbour: it must get another slot
-                await other.start()
-                assert other.helper_pid != helper
-                await other.close()
-                assert (await sb.exec(look, timeout=10)).stdout.strip() == expect, what
-                assert sb.helper_pid == helper
-            finally:
-                await sb.close()
-        finally:
-            await runtime.aclose()
+    async def body(sb: BwrapSandbox, runtime: RootRuntime) -> None:
+        helper = sb.helper_pid
+        await sb.exec(make, timeout=10)
+        assert sb._slot is not None and sb.helper_pid == helper, what
+        other = _sandbox(tmp_path, runtime, park=False)  # a neighbour: it must get another slot
+        await other.start()
+        assert other.helper_pid != helper
+        await other.close()
+        assert (await sb.exec(look, timeout=10)).stdout.strip() == expect, what
+        assert sb.helper_pid == helper
 
-    asyncio.run(main())
+    _with_sample(tmp_path, body)
 
 
 def test_only_the_first_command_parks(tmp_path: Path) -> None:
     """A sample back for more keeps the slot it takes: moving costs a sample's set-up per move."""
-    async def main() -> None:
-        runtime = await root_runtime(None, "none", (), LIMITS)
-        try:
-            sb = _sandbox(tmp_path, runtime)
-            await sb.start()
-            try:
-                await sb.exec("true", timeout=10)
-                assert sb._slot is None  # parked
-                await sb.exec("true", timeout=10)
-                helper = sb.helper_pid
-                for _ in range(3):
-                    assert (await sb.exec("echo again", timeout=10)).stdout == "again\n"
-                    assert sb._slot is not None and sb.helper_pid == helper
-            finally:
-                await sb.close()
-        finally:
-            await runtime.aclose()
+    async def body(sb: BwrapSandbox, runtime: RootRuntime) -> None:
+        await sb.exec("true", timeout=10)
+        assert sb._slot is None  # parked
+        await sb.exec("true", timeout=10)
+        helper = sb.helper_pid
+        for _ in range(3):
+            assert (await sb.exec("echo again", timeout=10)).stdout == "again\n"
+            assert sb._slot is not None and sb.helper_pid == helper
 
-    asyncio.run(main())
+    _with_sample(tmp_path, body)
 
 
 def test_a_sample_with_a_job_never_parks(tmp_path: Path) -> None:
-    async def main() -> None:
-        runtime = await root_runtime(None, "none", (), LIMITS)
-        try:
-            sb = _sandbox(tmp_path, runtime)
-            await sb.start()
-            try:
-                job = await sb.spawn("echo done")
-                assert await job.wait(10) == 0
-                await sb.exec("true", timeout=10)  # the job's log is the sample's still
-                assert sb._slot is not None
-            finally:
-                await sb.close()
-        finally:
-            await runtime.aclose()
+    async def body(sb: BwrapSandbox, runtime: RootRuntime) -> None:
+        job = await sb.spawn("echo done")
+        assert await job.wait(10) == 0
+        await sb.exec("true", timeout=10)  # the job's log is the sample's still
+        assert sb._slot is not None
 
-    asyncio.run(main())
+    _with_sample(tmp_path, body)
 
 
 def test_operations_in_flight_keep_the_slot_until_the_last_ends(tmp_path: Path) -> None:
     """Two commands at once: the first to end must not park the sample under the second."""
-    async def main() -> None:
-        runtime = await root_runtime(None, "none", (), LIMITS)
-        try:
-            sb = _sandbox(tmp_path, runtime)
-            await sb.start()
-            try:
-                slow = asyncio.ensure_future(sb.exec("sleep 0.5; echo slow", timeout=10))
-                await asyncio.sleep(0.1)
-                assert (await sb.exec("echo fast", timeout=10)).stdout == "fast\n"
-                assert sb._slot is not None
-                assert (await slow).stdout == "slow\n"
-                assert sb._slot is None  # now it holds nothing
-            finally:
-                await sb.close()
-        finally:
-            await runtime.aclose()
+    async def body(sb: BwrapSandbox, runtime: RootRuntime) -> None:
+        slow = asyncio.ensure_future(sb.exec("sleep 0.5; echo slow", timeout=10))
+        await asyncio.sleep(0.1)
+        assert (await sb.exec("echo fast", timeout=10)).stdout == "fast\n"
+        assert sb._slot is not None
+        assert (await slow).stdout == "slow\n"
+        assert sb._slot is None  # now it holds nothing
 
-    asyncio.run(main())
+    _with_sample(tmp_path, body)
 
 
 def test_a_burst_of_first_calls_shares_a_few_slots(tmp_path: Path) -> None:
@@ -240,30 +223,21 @@ def test_a_caller_cancelled_while_waiting_for_a_slot_leaks_none(tmp_path: Path) 
 def test_a_request_sent_as_the_sample_parks_runs_on_its_next_slot(tmp_path: Path) -> None:
     """The helper ends the sample after a command; a second request of the sample, sent before
     the runner read that exit, is refused unrun by the helper and runs on the sample's next slot."""
-    async def main() -> None:
-        runtime = await root_runtime(None, "none", (), LIMITS)
-        try:
-            sb = _sandbox(tmp_path, runtime)
-            await sb.start()
-            try:
-                assert sb._channel is not None
-                token = sb._channel.token
-                first = asyncio.ensure_future(sb.exec("true", timeout=10))
-                for _ in range(3):
-                    await asyncio.sleep(0)  # its request is sent
-                time.sleep(0.5)  # the loop held: the helper runs it, parks, and reports it
-                second = asyncio.ensure_future(sb.exec("echo second; id -u", timeout=10))  # sent before that is read
-                assert (await first).exit_code == 0
-                assert (await second).stdout == f"second\n{sb.uid}\n"
-                # it ran after the sample took a slot again (a new token): it had not run before the
-                # sample parked (it would have kept the sample in its first slot, with its token)
-                assert sb._slot is not None and sb._channel is not None and sb._channel.token != token
-            finally:
-                await sb.close()
-        finally:
-            await runtime.aclose()
+    async def body(sb: BwrapSandbox, runtime: RootRuntime) -> None:
+        assert sb._channel is not None
+        token = sb._channel.token
+        first = asyncio.ensure_future(sb.exec("true", timeout=10))
+        for _ in range(3):
+            await asyncio.sleep(0)  # its request is sent
+        time.sleep(0.5)  # the loop held: the helper runs it, parks, and reports it
+        second = asyncio.ensure_future(sb.exec("echo second; id -u", timeout=10))  # sent before that is read
+        assert (await first).exit_code == 0
+        assert (await second).stdout == f"second\n{sb.uid}\n"
+        # it ran after the sample took a slot again (a new token): it had not run before the
+        # sample parked (it would have kept the sample in its first slot, with its token)
+        assert sb._slot is not None and sb._channel is not None and sb._channel.token != token
 
-    asyncio.run(main())
+    _with_sample(tmp_path, body)
 
 
 def test_a_request_of_a_sample_that_left_the_slot_is_refused(tmp_path: Path) -> None:
