@@ -1,40 +1,34 @@
 """The helper of a root-mode slot: one warm process that serves sample after sample.
 
-The zygote forks it once per slot (zygote.op_slot) as pid 1 of the slot's pid namespace, inside
-the slot's network namespace, memory cgroup and cgroup namespace, with an empty capability
-bounding set and no_new_privs (nothing it starts can ever gain a privilege) and not dumpable.
-Forking a Python helper per sample would cost more CPU than the rest of a one-command sample
-(page tables and copy-on-write of the interpreter): here a sample costs a few namespace calls.
+The zygote forks it once per slot (zygote.op_slot) as pid 1 of the slot's pid namespace, in the
+slot's network namespace, memory cgroup and cgroup namespace, with an empty bounding set and
+no_new_privs (nothing it starts can gain a privilege), not dumpable. (A Python helper forked per
+sample would cost more CPU than the rest of a one-command sample.) Once per slot: a private
+mount namespace copied from the run's template (bwrap_root.py) with the slot's /proc (/proc/sys,
+/proc/sysrq-trigger, /proc/irq and /proc/bus read-only, as in bwrap's), /dev/pts, /dev/mqueue,
+and an IPC namespace (SlotMounts.setup).
 
-Once per slot: a private mount namespace copied from the run's template (bwrap_root.py) with
-the slot's /proc (with /proc/sys, /proc/sysrq-trigger, /proc/irq and /proc/bus read-only, as in
-bwrap's), /dev/pts and /dev/mqueue, and an IPC namespace (SlotMounts.setup).
+`op_begin`, as root: the sample's workspace (a detached clone of its host directory made while
+the host's view is entered: open_tree, move_mount) and, the first time, sized /tmp and /dev/shm;
+then real and effective uid and gid become the sample's, the saved ones stay 0. Its effective
+capabilities are then empty, so file operations are checked as the sample's own would be, and
+commands carry the sample's uid. The sample's processes share that uid but cannot touch the
+helper: their pid namespace's init ignores their signals and, not dumpable with saved uid 0, can
+be neither ptraced nor read. Every request but `begin` and `end` carries the sample's token
+(`tok`, given at `begin`): one not of the current sample is refused (`idle`), never run.
 
-Per sample, as root (`op_begin`): the sample's workspace (a detached clone of its host directory
-made while the host's view is entered: open_tree, move_mount) and, the first time, sized /tmp
-and /dev/shm; then real and effective uid and gid become the sample's, the saved ones stay 0.
-While the sample runs its effective capabilities are empty, so file operations are checked
-exactly as the sample's own would be, and commands (posix_spawn, exec) carry the sample's uid
-throughout. The samples' processes share its uid but cannot touch it: as their pid namespace's
-init it ignores their signals, and not dumpable, with saved uid 0, it can be neither ptraced nor
-read.
-
-Parking (`after_command`): when a command the runner sent with `park` exits, the helper checks
+Parking (`after_command`): as a command the runner sent with `park` exits, the helper checks
 that the sample holds nothing here: no process, command or job, no request waiting on the
-channel, its workspace as `op_begin` made it (the same entries, modes and owners: `tree_state`),
-nothing in /tmp, /dev/shm or its IPC namespace. If so it ends the sample as `op_end` does and
-says so in the exit event, and the runner gives the slot to another sample (bwrap.py); if not,
-nothing changes. Every request but `begin` and `end` carries the sample's token (`tok`, given at
-`begin`): one of an ended sample's, sent before it learnt it had parked, is refused as `idle`
-(and retried by the runner on its next slot), never run in the next sample.
+channel, its workspace as `op_begin` made it (entries, modes, owners, extended attributes:
+fsops.tree_state), nothing in /tmp, /dev/shm or IPC. If so it ends the sample as `op_end` does
+and says so in the exit event; the runner gives the slot to another sample (bwrap.py).
 
 `op_end`: root again, SIGKILL to every other process of the pid namespace (`kill(-1)` from its
 init) until none is left, every job log and descriptor of the sample closed, its workspace
-unmounted, and /tmp, /dev/shm and the IPC namespace renewed if it left anything in them, so the
-next sample finds nothing of this one. Nothing else of the namespace is the sample's to change:
-without capabilities it can neither mount nor unmount, and every other directory is root's and
-read-only to it. It answers {"clean": false} when a process would not die in time: the runner
-then destroys the slot.
+unmounted, and /tmp, /dev/shm and the IPC namespace renewed if it left anything in them. Nothing
+else of the namespace is the sample's to change (no capabilities: no mount or unmount; every
+other directory is root's and read-only to it). It answers {"clean": false} when a process would
+not die in time: the runner then destroys the slot.
 """
 
 from __future__ import annotations
