@@ -59,7 +59,8 @@ from trajforge.sandbox.bwrap_start import (
 from trajforge.sandbox.channel import HelperChannel, SlotIdle
 from trajforge.sandbox.process import DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, Limits
 from trajforge.sandbox.resources import MemoryGroup, SampleLimits
-from trajforge.sandbox.slots import Slot, SlotPool
+from trajforge.sandbox.slot import Slot
+from trajforge.sandbox.slots import SlotPool
 
 # Sandbox uids (root mode) come from a range no real account uses.
 _UID_BASE, _UID_SPAN = 1_800_000_000, 200_000_000

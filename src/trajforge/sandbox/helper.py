@@ -187,13 +187,13 @@ def run_helper(fd: int) -> None:
 
 def source(zygote: bool = False) -> str:
     """The helper as one stdlib-only script: safe_fs, fsops and this module (and, for the root
-    mode's zygote, slot_helper, netlink, zygote_net, seccomp and zygote), their package imports dropped
-    (each defines what the next imports)."""
+    mode's zygote, slot_mounts, slot_helper, netlink, zygote_net, seccomp and zygote), their
+    package imports dropped (each defines what the next imports)."""
     import importlib
 
     parts = ["from __future__ import annotations"]  # annotations stay strings: nothing to import for them
     for name in ("safe_fs", "fsops", "helper_exec", "helper",
-                 *(("slot_helper", "netlink", "zygote_net", "seccomp", "zygote") if zygote else ())):
+                 *(("slot_mounts", "slot_helper", "netlink", "zygote_net", "seccomp", "zygote") if zygote else ())):
         mod = importlib.import_module(f"trajforge.sandbox.{name}")
         with open(mod.__file__ or "", encoding="utf-8") as f:
             text = f.read()

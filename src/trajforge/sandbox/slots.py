@@ -1,7 +1,7 @@
 """Slots of the root-mode bwrap runtime: what is costly to make, reused one sample after another.
 
-A slot is a warm helper process (slot_helper.py: pid 1 of the slot's pid namespace, forked once
-by the zygote) with its network namespace (zygote.op_netns; in egress mode wired to the run's
+A slot (slot.py) is a warm helper process (slot_helper.py: pid 1 of the slot's pid namespace,
+forked once by the zygote) with its network namespace (zygote.op_netns; in egress mode wired to the run's
 router), its memory cgroup (resources.MemoryGroup) and its workspace disk (a copy of the pool's
 template in a region of a shared sparse image, loop-mounted, loopdisk.py), and its mount and IPC
 namespaces. Each sample gets, from the helper, its workspace mounted in, /tmp, /dev/shm and IPC
@@ -31,71 +31,19 @@ import itertools
 import os
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from trajforge.sandbox import loopdisk, workspace
 from trajforge.sandbox.base import SandboxError
 from trajforge.sandbox.channel import HelperChannel
-from trajforge.sandbox.disk import human
+from trajforge.sandbox.slot import Slot
 from trajforge.sandbox.forkserver import Zygote
 from trajforge.sandbox.process import DEFAULT_OUTPUT_CAP
-from trajforge.sandbox.resources import (
-    MemoryGroup,
-    SampleLimits,
-    cgroup_parent,
-    sweep_leftovers,
-    tmpfs_full,
-)
+from trajforge.sandbox.resources import MemoryGroup, SampleLimits, cgroup_parent, sweep_leftovers
 
 # Slots made at once when samples wait for one: enough to keep the zygote, the disks' thread and
 # the kernel busy, few enough that a burst of first tool calls does not make a slot per call.
 MAKING = 4
-
-
-@dataclass(slots=True)
-class Slot:
-    index: int
-    root: Path  # the mount point of its disk (on the disks' tmpfs), or a plain directory
-    channel: HelperChannel | None = None  # to the slot's helper
-    helper_pid: int = 0  # its host pid
-    exited: asyncio.Future[int] | None = None  # resolves once the helper is reaped
-    net: int | None = None  # the zygote's handle of its network namespace; None: the host's network
-    memory: MemoryGroup | None = None
-    disk: loopdisk.Region | None = None  # where its disk lives, when the workspace disk is limited
-    _oom_seen: int = field(default=0, repr=False)
-
-    @property
-    def workspaces(self) -> Path:
-        """Where its samples' workspaces are made (loopdisk.WORKSPACES on its disk)."""
-        return self.root / loopdisk.WORKSPACES if self.disk is not None else self.root
-
-    @property
-    def alive(self) -> bool:
-        return self.channel is not None and not self.channel.broken and not (self.exited and self.exited.done())
-
-    def begin(self) -> None:
-        """A new sample: memory kills before it are not its."""
-        if self.memory is not None:
-            self._oom_seen = self.memory.oom_kills()
-
-    def check(self, limits: SampleLimits, helper_pid: int, *, parked: bool = False) -> None:
-        """After a command: SandboxError naming the limit the sample hit, if any. A sample that
-        parked after it has nothing in /tmp, /dev/shm or its workspace: only memory can be hit."""
-        if self.memory is not None:
-            kills = self.memory.oom_kills()
-            if kills > self._oom_seen:
-                self._oom_seen = kills
-                raise SandboxError(f"the sample exceeded its memory limit of {human(limits.memory or 0)} "
-                                   "(sandbox_memory): a process was killed by the kernel")
-        if parked:
-            return
-        for inside, size, key in (("tmp", limits.tmp_size, "sandbox_tmp_size"),
-                                  ("dev/shm", limits.shm_size, "sandbox_shm_size")):
-            if tmpfs_full(f"/proc/{helper_pid}/root/{inside}", size):
-                raise SandboxError(f"the sample filled /{inside} ({human(size or 0)}, {key})")
-        if self.disk is not None and limits.disk and loopdisk.full(self.root, limits.disk):
-            raise SandboxError(f"the sample filled its workspace disk limit of {human(limits.disk)} (sandbox_disk)")
 
 
 class SlotPool:

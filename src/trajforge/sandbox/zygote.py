@@ -39,7 +39,8 @@ import struct
 
 from trajforge.sandbox.helper_exec import drain, reaped
 from trajforge.sandbox.seccomp import forbid_user_namespaces
-from trajforge.sandbox.slot_helper import SlotMounts, checked, run_slot_helper
+from trajforge.sandbox.slot_helper import run_slot_helper
+from trajforge.sandbox.slot_mounts import SlotMounts, checked
 from trajforge.sandbox.zygote_net import Namespaces
 
 _NEWCGROUP, _NEWUTS, _NEWPID, _NEWNET = 0x2000000, 0x4000000, 0x20000000, 0x40000000
