@@ -22,8 +22,8 @@ kernel never enforces RLIMIT_NPROC for host uid 0:
   sandbox (no process or job, its workspace as made, /tmp, /dev/shm and IPC empty:
   after_command in slot_helper.py) the helper ends it and the slot goes back to the pool; the
   sample takes one again, with the same uid and cwd, at its next operation, and cannot tell the
-  two apart. So a burst of samples waiting for their model after one command shares a few
-  slots. Only the first command parks: a sample back for more keeps the slot it takes (moving
+  two apart. So a burst of samples waiting for their model after one command shares far
+  fewer slots than there are samples. Only the first command parks: a sample back for more keeps the slot it takes (moving
   costs a sample's set-up, ~1 ms of CPU, per move).
 - runner is unprivileged ("user" mode): --unshare-all creates a user namespace and the helper is
   bwrap's command (--as-pid-1), started with a host interpreter visible inside (helper_python);
@@ -219,7 +219,7 @@ class BwrapSandbox(Sandbox):
 
     async def _exec(self, command: str, timeout: float, cwd: str | None, channel: HelperChannel) -> ExecResult:
         # The only operation in progress: the helper may end the sample after it (module doc).
-        park = self._parkable and self._busy == 1 and self._parking is None
+        park = self._parkable and self._busy == 1
         if not park:
             res = (await channel.run(command, timeout=timeout, cwd=cwd))[0]
             self._check()

@@ -76,7 +76,7 @@ class SlotHelper(Helper):
             pass
         if not self.mounts.pristine(self.cfg["workdir"], self.made):
             return {}
-        reply, _ = self.op_end({}, b"")
+        reply, _ = self._end(empty=True)
         return {"parked": True, "clean": reply["clean"]}
 
     def _root(self) -> None:
@@ -104,6 +104,11 @@ class SlotHelper(Helper):
         return {"uid": os.getuid()}, b""
 
     def op_end(self, _m: dict, _p: bytes) -> tuple[dict, bytes]:
+        return self._end(empty=False)
+
+    def _end(self, *, empty: bool) -> tuple[dict, bytes]:
+        """`empty`: the sample was just found holding nothing (after_command): /tmp, /dev/shm and
+        IPC need no second look."""
         self._root()
         clean = self.kill_all()
         self.drop_commands()
@@ -112,7 +117,7 @@ class SlotHelper(Helper):
         for res, pair in self.saved_limits:
             resource.setrlimit(res, pair)
         self.saved_limits = []
-        self.mounts.leave()
+        self.mounts.leave(empty=empty)
         self.uid, self.made, self.token = None, None, None
         return {"clean": clean}, b""
 

@@ -133,14 +133,16 @@ class SlotMounts:
                 os.close(tree)
         os.chdir("/")
 
-    def leave(self) -> None:
+    def leave(self, *, empty: bool = False) -> None:
         """Once the sample's processes are dead: its workspace unmounted, /tmp and /dev/shm
         renewed if it left anything there, and a new IPC namespace if it left an object in its
-        own. The caller is root."""
+        own (not looked at again when `pristine` just found them `empty`). The caller is root."""
         os.chdir("/")
         for inside in reversed(self.points):
             self.umount(inside)
         self.points = []
+        if empty:
+            return
         if self.sizes is not None:
             self._tmpfs(*self.sizes, fresh=False)
         if _ipc_used(self.libc):
