@@ -31,7 +31,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
-	$(BIN)/python bench/throughput.py --repeat 3
+	$(BIN)/python bench/throughput.py --repeat 3 --floor
 
 bench-sweep: $(STAMP)
 	$(BIN)/python bench/throughput.py --sweep

@@ -1,6 +1,8 @@
 """Throughput benchmark: the real CLI, end to end, against the benchmark's own model server.
 
-`make bench` runs the main scenario (2,000 prompts, 1 tool turn, 0.5 s latency, 256 workers);
+`make bench` runs the main scenario (2,000 prompts, 1 tool turn, 0.5 s latency, 256 workers) with
+the default sandbox, the local one and, for the floor, bench/floor.py (`--floor`: a client that
+makes the same requests and runs the same command with nothing else, so no runner can do better);
 `make bench-sweep` runs num_workers 16, 64, 256 and 1000 (and 1000 again at 2 s latency), then the
 resume-planning measurement (bench/resume_plan.py).
 
@@ -200,6 +202,10 @@ def machine() -> str:
 
 
 def one(args: argparse.Namespace, sandbox: str) -> dict[str, Any]:
+    """One run of the scenario: trajforge with `sandbox`, or a floor client (`floor:loop`, `floor:helper`)."""
+    runner = args.runner
+    if sandbox.startswith("floor:"):
+        runner = f"{shlex.quote(sys.executable)} {shlex.quote(str(REPO / 'bench' / 'floor.py'))} {sandbox[6:]}"
     with tempfile.TemporaryDirectory(prefix="trajforge-bench-") as tmp:
         workdir = Path(args.keep) if args.keep else Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -207,7 +213,7 @@ def one(args: argparse.Namespace, sandbox: str) -> dict[str, Any]:
             prompts=args.prompts, turns=args.turns, latency=args.latency, jitter=args.jitter,
             workers=args.num_workers, sandbox=sandbox, batch_size=args.batch_size, workdir=workdir,
             profile=Path(args.profile).resolve() if args.profile else None,
-            pyspy=Path(args.pyspy).resolve() if args.pyspy else None, runner=args.runner, cap=args.cap,
+            pyspy=Path(args.pyspy).resolve() if args.pyspy else None, runner=runner, cap=args.cap,
             flags=args.flags.split() if args.flags else None, settle=args.settle))
 
 
@@ -254,6 +260,8 @@ def main() -> None:
     ap.add_argument("--cap", type=int, help="the server answers 429 above this many concurrent requests")
     ap.add_argument("--settle", type=float, default=10.0, help="with --cap: seconds left out of the settled figures")
     ap.add_argument("--flags", help="more run flags for the CLI, space-separated")
+    ap.add_argument("--floor", action="store_true", help="also run bench/floor.py (the least any runner must do: "
+                                                         "the requests and `bash -c`, nothing else) in both its modes")
     ap.add_argument("--repeat", type=int, default=1, help="run the sandboxes in turn this many times and compare "
                                                           "the medians (CPU varies +-10%% between identical runs here)")
     args = ap.parse_args()
@@ -270,7 +278,8 @@ def main() -> None:
         print(orjson.dumps(one(args, sandboxes[0])).decode())
         return
     print(f"machine: {machine()}")
-    rows = [one(args, sandbox) for _ in range(max(1, args.repeat)) for sandbox in sandboxes]
+    floors = ["floor:loop", "floor:helper"] if args.floor else []
+    rows = [one(args, sandbox) for _ in range(max(1, args.repeat)) for sandbox in sandboxes + floors]
     print_table(rows)
     for row in rows:
         print(f"[{row['sandbox']}] runner CPU {row['runner_cpu_s']:.2f}s total, {row['requests']} requests served; "
@@ -297,6 +306,11 @@ def main() -> None:
                 eff, base_eff = (statistics.median(x["efficiency"] for x in rs) for rs in (mine, theirs))
                 print(f"{sandbox} vs {base}, medians of {len(mine)}: CPU per trajectory {cpu:.2f} vs {base_cpu:.2f} ms "
                       f"(x{cpu / base_cpu:.2f}), efficiency {eff:.2f} vs {base_eff:.2f}")
+    for floor in floors:
+        mine = [r for r in rows if r["sandbox"] == floor]
+        cpu, eff = (statistics.median(x[k] for x in mine) for k in ("cpu_ms_per_traj", "efficiency"))
+        print(f"{floor} (no trajforge: the requests and the command only), median of {len(mine)}: "
+              f"CPU per trajectory {cpu:.2f} ms, efficiency {eff:.2f}")
 
 
 if __name__ == "__main__":

@@ -56,6 +56,39 @@ def test_scenario_runs_the_cli_end_to_end_and_measures_it(tmp_path: Path) -> Non
     assert "bench-42" in rec["conversations"][3]["value"]  # the real command ran in a real shell
 
 
+@pytest.mark.parametrize("mode", ["loop", "helper"])
+def test_floor_client_runs_the_same_scenario_in_the_same_harness(tmp_path: Path, mode: str) -> None:
+    """bench/floor.py is started like the CLI and checked like it: every prompt's command must have
+    printed bench-42 in a real shell, and the server must have seen both requests of each prompt."""
+    floor = f"{sys.executable} {REPO / 'bench' / 'floor.py'} {mode}"
+    row = asyncio.run(throughput.run_scenario(prompts=8, turns=1, latency=0.05, jitter=0.2, workers=3,
+                                              sandbox=f"floor:{mode}", batch_size=4, workdir=tmp_path, runner=floor))
+    assert row["errors"] == 0, row["notes"]
+    assert row["requests"] == 16 and row["runner_cpu_s"] > 0
+    # the spawner is a child the client reaps: its CPU and its shells' count
+    assert len((tmp_path / "out" / "bench" / "trajectories.jsonl").read_bytes().splitlines()) == 8
+
+
+def test_floor_client_counts_a_command_that_did_not_print_the_expected_output(tmp_path: Path) -> None:
+    async def scenario() -> tuple[int, bytes]:
+        server = server_mod.BenchServer(turns=1, latency=0.01, command="echo something-else")
+        await server.start()
+        try:
+            dataset = tmp_path / "d.jsonl"
+            throughput.write_dataset(dataset, 3)
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, str(REPO / "bench" / "floor.py"), "helper", "run", f"--dataset_file={dataset}",
+                f"--base_url={server.url}", "--num_workers=2", f"--output_dir={tmp_path}", "--run_name=r")
+            return await proc.wait(), (tmp_path / "r" / "trajectories.jsonl").read_bytes()
+        finally:
+            await server.aclose()
+
+    code, lines = asyncio.run(scenario())
+    assert code == 1
+    errors, _ = throughput.check_output(tmp_path / "r", prompts=3, turns=1)
+    assert errors == 3 and len(lines.splitlines()) == 3
+
+
 def test_capped_scenario_says_where_the_runner_settled(tmp_path: Path) -> None:
     row = asyncio.run(throughput.run_scenario(prompts=40, turns=1, latency=0.1, jitter=0.1, workers=16,
                                               sandbox="local", batch_size=10, workdir=tmp_path, cap=4,
