@@ -424,6 +424,35 @@ def test_a_container_sample_cannot_make_a_user_namespace(tmp_path: Path, busybox
     asyncio.run(body())
 
 
+def test_a_container_sample_has_no_raw_sockets_device_nodes_or_file_capabilities(
+        tmp_path: Path, busybox_image: str, podman: Engine) -> None:
+    """The hostile sample, as the container's root: it cannot forge packets (raw ICMP socket), make
+    a device node or give a file capabilities, and none of DROPPED_CAPS is even in its bounding set
+    (so no exec of anything can regain one). What tasks do as root still works."""
+    from trajforge.sandbox.container_backend import DROPPED_CAPS
+
+    bits = {"NET_RAW": 13, "MKNOD": 27, "SETFCAP": 31, "SETPCAP": 8, "AUDIT_WRITE": 29}
+    assert set(bits) == set(DROPPED_CAPS)
+
+    async def body() -> None:
+        sb = await create_sandbox(config(sandbox_network="none"), cwd=None, image=busybox_image, root=tmp_path)
+        try:
+            res = await sb.exec("id -u; ping -c1 -W1 127.0.0.1 >/dev/null 2>&1; echo ping=$?; "
+                                "mknod /tmp/mem c 1 1 2>/dev/null; echo mknod=$?; ls /tmp; "
+                                "grep -E '^Cap(Eff|Bnd)' /proc/self/status", timeout=30)
+            lines = res.stdout.split("\n")
+            assert lines[:3] == ["0", "ping=1", "mknod=1"], res
+            masks = [int(line.split()[1], 16) for line in lines if line.startswith("Cap")]
+            assert len(masks) == 2 and all(m & (1 << b) == 0 for m in masks for b in bits.values()), res.stdout
+            assert all(m & 1 for m in masks)  # CAP_CHOWN kept: package managers use it
+            res = await sb.exec("touch f && chown 1:1 f && stat -c %u f && chmod 4755 f && echo ok", timeout=30)
+            assert res.stdout == "1\nok\n", res
+        finally:
+            await sb.close()
+
+    asyncio.run(body())
+
+
 def test_the_guarded_profile_changes_only_clone_clone3_and_unshare() -> None:
     from trajforge.sandbox.container_seccomp import without_user_namespaces
 

@@ -7,7 +7,8 @@ crashed runner's leftovers swept once, each distinct image checked once (images.
 namespace with the uid of the container's own process and no capability, so reads, writes and
 searches resolve exactly as the container sees its files (helper.py, fsops.py), at the cost of
 a message instead of an `exec`. With Podman, containers get its default seccomp profile with user
-namespaces refused (container_seccomp.py). Also here: the last-resort removal of live containers at
+namespaces refused (container_seccomp.py), and with either engine the capabilities of DROPPED_CAPS
+are taken out of the engine's default set. Also here: the last-resort removal of live containers at
 interpreter exit, and the sweep of Podman's exec-session monitors.
 """
 
@@ -30,6 +31,14 @@ from trajforge.sandbox.images import ImageChecker
 from trajforge.sandbox.resources import sweep_leftovers
 
 _CATATONIT = ("/usr/libexec/podman/catatonit", "/usr/bin/catatonit", "/usr/local/libexec/podman/catatonit")
+
+# Of the engines' default capability set, those a task has no use for and a hostile sample does:
+# raw sockets (forged packets, sniffing or ARP-spoofing other containers on a shared bridge),
+# device nodes, file capabilities, capability-set changes, audit records. What package managers
+# and builds use stays (chown, setuid/setgid, DAC override, low ports, chroot). Not
+# no-new-privileges: it would break `sudo` in images whose user is not root, and gains nothing
+# where it is (the container's root is that user's to reach).
+DROPPED_CAPS = ("NET_RAW", "MKNOD", "SETFCAP", "SETPCAP", "AUDIT_WRITE")
 
 _live: dict[str, Engine] = {}  # container name -> engine, for the atexit fallback
 
@@ -62,9 +71,9 @@ class ContainerBackend:
     @property
     def security(self) -> list[str]:
         """`run` flags: with Podman, its default seccomp profile guarded against user namespaces
-        (container_seccomp.py), written once, at the first container."""
+        (container_seccomp.py), written once, at the first container; DROPPED_CAPS with both."""
         if self._security is None:
-            self._security = profile_flags(self.engine.kind)
+            self._security = profile_flags(self.engine.kind) + [f"--cap-drop={c}" for c in DROPPED_CAPS]
         return self._security
 
     async def file_zygote(self) -> Zygote | None:
