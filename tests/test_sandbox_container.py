@@ -453,6 +453,33 @@ def test_a_container_sample_has_no_raw_sockets_device_nodes_or_file_capabilities
     asyncio.run(body())
 
 
+def test_run_args_carry_the_workspace_limits_network_and_engine_flags() -> None:
+    from trajforge.sandbox.container_argv import cpu_prefix, run_args
+    from trajforge.sandbox.resources import SampleLimits
+
+    limits = SampleLimits(memory=None, disk=None, tmp_size=1 << 20, shm_size=2 << 20, cpu_seconds=7)
+    args = run_args(name="tf-x", run_name="r", workspace="/host/ws", mount_at="/app", cwd="/app/sub", image="img:1",
+                    engine_flags=["--init", "--cap-drop=NET_RAW"], network="egress", engine_kind="podman",
+                    memory="512m", limits=limits, pids_limit=64, cpus=1.5)
+    joined = " ".join(args)
+    assert args[:4] == ["run", "-d", "--name", "tf-x"] and args[-4:] == ["--entrypoint", "sleep", "img:1", "infinity"]
+    for part in ("-v /host/ws:/app -w /app/sub --init --cap-drop=NET_RAW",
+                 "--network slirp4netns:allow_host_loopback=false", "--memory 512m --memory-swap 512m",
+                 "--tmpfs /tmp:rw,nosuid,nodev,size=1048576,mode=1777", "--shm-size 2097152", "--pids-limit 64",
+                 "--cpus 1.5", "--label trajforge.run=r"):
+        assert part in joined, part
+    assert "--ulimit" not in joined  # would replace the engine's default ulimits
+    docker = run_args(name="n", run_name="r", workspace="/w", mount_at="/workspace", cwd="/workspace", image="i",
+                      engine_flags=[], network="egress", engine_kind="docker", memory=None,
+                      limits=SampleLimits(memory=None, disk=None, tmp_size=None, shm_size=None), pids_limit=None,
+                      cpus=None)
+    assert "--network" not in docker and "--memory" not in docker and "--tmpfs" not in docker
+    assert "--network none" in " ".join(run_args(
+        name="n", run_name="r", workspace="/w", mount_at="/w", cwd="/w", image="i", engine_flags=[], network="none",
+        engine_kind="docker", memory=None, limits=limits, pids_limit=None, cpus=None))
+    assert cpu_prefix("ls", 7) == "ulimit -t 7 2>/dev/null; ls" and cpu_prefix("ls", None) == "ls"
+
+
 def test_the_guarded_profile_changes_only_clone_clone3_and_unshare() -> None:
     from trajforge.sandbox.container_seccomp import without_user_namespaces
 

@@ -13,8 +13,8 @@ runner is root (container_backend.file_helper), else one `exec` of a sh script e
 bind-mounted host directory.
 
 Killing what runs inside. Killing the `podman exec` client does not stop the process in the
-container, so every command runs under a small sh wrapper (the exec'd process leads its own
-process group): foreground commands record their group id under /dev/shm (or /tmp) and, on
+container, so every command runs under a small sh wrapper (container_argv.py, with the `run`
+command line; the exec'd process leads its own process group): foreground commands record their group id under /dev/shm (or /tmp) and, on
 timeout or cancellation, a second exec kills that group; background commands (`spawn`) keep
 the client's stdin open and a watchdog inside kills the group when it closes, i.e. when the
 client is killed by the process tool. close() removes the container (`rm -f`), which ends
@@ -30,13 +30,13 @@ import os
 import posixpath
 import secrets
 import shlex
-import socket
 from dataclasses import replace
 from pathlib import Path
 
 from trajforge.sandbox import workspace
 from trajforge.sandbox.base import ExecResult, Job, PathEscapeError, Provider, Sandbox, SandboxError
 from trajforge.sandbox.channel import HelperChannel
+from trajforge.sandbox.container_argv import EXEC_WRAP, KILL_WRAP, SPAWN_WRAP, WORKSPACE, cpu_prefix, run_args
 from trajforge.sandbox.container_backend import ContainerBackend, _live, backend_for, kill_exec_monitors
 from trajforge.sandbox.container_files import ContainerFiles
 from trajforge.sandbox.engine import container_name, last_line
@@ -44,16 +44,6 @@ from trajforge.sandbox.local import LocalJob
 from trajforge.sandbox.process import DEFAULT_OUTPUT_CAP
 from trajforge.sandbox.resources import Resources, SampleLimits
 
-
-WORKSPACE = "/workspace"
-_SHELL_PICK = 'if command -v bash >/dev/null 2>&1; then bash -c "$2"{r}; else sh -c "$2"{r}; fi; rc=$?; '
-_PIDFILES = '"/dev/shm/.trajforge-$1" "/tmp/.trajforge-$1"'
-EXEC_WRAP = ('for d in /dev/shm /tmp; do [ -d "$d" ] && [ -w "$d" ] && { echo $$ > "$d/.trajforge-$1"; break; }; '
-             'done 2>/dev/null; ' + _SHELL_PICK.format(r="") + f'rm -f {_PIDFILES} 2>/dev/null; exit $rc')
-KILL_WRAP = f'for f in {_PIDFILES}; do [ -f "$f" ] && kill -9 -"$(cat "$f")" 2>/dev/null; rm -f "$f"; done; true'
-# fd 3 keeps the client's stdin: an async list in a non-interactive shell gets /dev/null otherwise.
-SPAWN_WRAP = ('exec 3<&0; (cat <&3 >/dev/null 2>&1; kill -9 -$$ 2>/dev/null) & '
-              + _SHELL_PICK.format(r=" </dev/null 3<&-") + 'kill $! 2>/dev/null; exit $rc')
 
 def _engine_failed(res: ExecResult) -> bool:
     """Podman exits 125 for its own errors; the Docker CLI reports the daemon's with this prefix."""
@@ -106,36 +96,13 @@ class ContainerSandbox(Sandbox):
         self._res = Resources(replace(self.limits, memory=None)) if os.geteuid() == 0 else None
 
     def _create_args(self, name: str) -> list[str]:
-        args = ["run", "-d", "--name", name, "--label", "trajforge=1", "--label", f"trajforge.run={self.run_name}",
-                "--label", f"trajforge.owner={socket.gethostname()}:{os.getpid()}",
-                "-v", f"{self.workspace}:{self.mount_at}", "-w", self.cwd, *self.backend.init_flag, *self.backend.security]
-        args += self._network_args()
-        if self.memory:  # --memory-swap equal to --memory: no swap on top
-            args += ["--memory", self.memory, "--memory-swap", self.memory]
-        lim = self.limits
-        if lim.tmp_size:
-            args += ["--tmpfs", f"/tmp:rw,nosuid,nodev,size={lim.tmp_size},mode=1777"]
-        if lim.shm_size:
-            args += ["--shm-size", str(lim.shm_size)]
-        # CPU time is set per command (_cpu_prefix): any --ulimit flag would replace the engine's
-        # default ulimits, and with them the nofile cap a generated containers.conf sets.
-        if self.pids_limit:
-            args += ["--pids-limit", str(self.pids_limit)]
-        if self.cpus:
-            args += ["--cpus", f"{self.cpus:g}"]
-        return args + ["--entrypoint", "sleep", self.image, "infinity"]
+        return run_args(name=name, run_name=self.run_name, workspace=str(self.workspace), mount_at=self.mount_at,
+                        cwd=self.cwd, image=self.image, engine_flags=[*self.backend.init_flag, *self.backend.security],
+                        network=self.network, engine_kind=self.engine.kind, memory=self.memory, limits=self.limits,
+                        pids_limit=self.pids_limit, cpus=self.cpus)
 
     def _cpu_prefix(self, command: str) -> str:
-        n = self.limits.cpu_seconds
-        return f"ulimit -t {n} 2>/dev/null; {command}" if n else command
-
-    def _network_args(self) -> list[str]:
-        """none/egress/host; "host" is the engine's default network, as before egress existed."""
-        if self.network == "none":
-            return ["--network", "none"]
-        if self.network == "egress" and self.engine.kind == "podman":
-            return ["--network", "slirp4netns:allow_host_loopback=false"]
-        return []
+        return cpu_prefix(command, self.limits.cpu_seconds)
 
     async def _after_create(self) -> None:
         """Egress: the sandbox firewall inside the container's namespace, before any exec; the
