@@ -2,7 +2,9 @@
 
 Per prompt: POST the conversation, run the reply's `terminal` command with `bash -c`, POST again
 with its output, and write one line. One aiohttp session, `--num_workers` prompts at once, and
-nothing else: no sandbox, no record, statistics, checkpoint, retry, limit or progress line.
+nothing else: no sandbox, no record, statistics, checkpoint, retry, limit or progress line. Its
+requests are the size of trajforge's (a system prompt and six tool schemas, ~4.7 KB against
+~4.8), so the server and the JSON encoding cost the same per request.
 `bench/throughput.py --floor` runs it beside trajforge in the same invocation, so the gap between
 the two is trajforge's own cost on this machine and the floor is what the machine allows.
 
@@ -36,10 +38,40 @@ import aiohttp
 import orjson
 
 _FRAME = struct.Struct("!II")  # request id, length
-_TERMINAL = {"type": "function", "function": {
-    "name": "terminal", "description": "Run a shell command in the sample's environment.",
-    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
-_SYSTEM = "You are an agent with a terminal. Use it to complete the task, then answer."
+
+def _tool(name: str, what: str, params: dict[str, str]) -> dict:
+    return {"type": "function", "function": {
+        "name": name, "description": what + " " + _ABOUT,
+        "parameters": {"type": "object", "properties": {k: {"type": "string", "description": v} for k, v in params.items()},
+                       "required": list(params)[:1]}}}
+
+
+# A toolset the size of trajforge's terminal_only distribution (~4.8 KB per request with the
+# conversation), so the server and the JSON encoding do the same work per request.
+_ABOUT = ("It runs inside the sample's own environment, whose working directory holds the task's files; "
+          "paths are relative to it unless absolute. Output longer than the limit is cut, and errors come "
+          "back as the tool's result so that the next step can take them into account.")
+_TOOLS = [
+    _tool("terminal", "Run a shell command and return its output and exit code.",
+          {"command": "The command line, run by bash -c.", "timeout": "Seconds before it is stopped."}),
+    _tool("process", "Start, poll, read or stop a background command.",
+          {"action": "start, poll, read, write or kill", "id": "The process id given by start."}),
+    _tool("read_file", "Read a text file, with line numbers.",
+          {"path": "The file.", "offset": "First line to read.", "limit": "How many lines."}),
+    _tool("write_file", "Write a text file, creating its parent directories.",
+          {"path": "The file.", "content": "Everything the file will hold."}),
+    _tool("patch", "Replace one exact passage of a file with another.",
+          {"path": "The file.", "old_string": "The passage as it is.", "new_string": "What it becomes."}),
+    _tool("search_files", "Search file contents by regular expression, or file names by glob.",
+          {"pattern": "What to look for.", "path": "Where to look.", "target": "content or files"}),
+]
+_SYSTEM = ("You are an agent working in a sandboxed environment with a terminal and file tools. Use the "
+           "tools to inspect the environment and to complete the task; call one tool at a time and read its "
+           "result before the next step. When the task is done, answer with what you found, briefly, and "
+           "without calling a tool. If a command fails, read its error and try another way rather than "
+           "repeating it. Never guess the content of a file or the output of a command: look. Keep answers "
+           "short and factual; say when something could not be done and why. Work only inside the working "
+           "directory unless the task says otherwise, and do not start long-running services.")
 
 # The spawner, run as `python -c`: frames in, posix_spawn, output frames back. Plain blocking
 # selectors: it is the stand-in for a sandbox helper, which is a small synchronous process too.
@@ -146,7 +178,7 @@ async def run(mode: str, prompts: list[str], url: str, workers: int, out: Path) 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
 
         async def complete(messages: list[dict]) -> dict:
-            body = orjson.dumps({"model": "bench", "messages": messages, "tools": [_TERMINAL]})
+            body = orjson.dumps({"model": "bench", "messages": messages, "tools": _TOOLS})
             async with http.post(url + "/chat/completions", data=body, headers=headers) as r:
                 r.raise_for_status()
                 return orjson.loads(await r.read())["choices"][0]["message"]
