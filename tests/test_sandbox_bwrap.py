@@ -328,6 +328,10 @@ def test_doctor_reports_every_backend(clean_env: dict[str, str]) -> None:
     assert report["auto"] == ("bwrap" if STATUS.usable else "local")
     assert set(report["container"]["engines"]) == {"podman", "docker"}
     assert report["container"]["usable"] == any(e["usable"] for e in report["container"]["engines"].values())
+    if report["container"]["usable"]:  # who a container sample is to this host, and what it lost
+        isolation = report["container"]["isolation"]
+        assert "capabilities dropped: NET_RAW, MKNOD" in isolation and isolation in text.stdout
+        assert ("this host's uid 0" in isolation) == (os.geteuid() == 0 or report["container"]["engine"] == "docker")
 
 
 @needs_bwrap

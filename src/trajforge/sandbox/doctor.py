@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from trajforge.sandbox.bwrap_backend import probe
+from trajforge.sandbox.container_backend import DROPPED_CAPS
 from trajforge.sandbox.engine import detect
 from trajforge.sandbox.network import doctor_rows
 from trajforge.sandbox.disk import disk_usable, human
@@ -33,7 +34,7 @@ async def gather_report(engine_choice: str = "auto") -> dict[str, Any]:
         },
         "container": {
             "usable": chosen is not None, "engine": chosen,
-            "engines": engines["engines"],
+            "engines": engines["engines"], "isolation": _container_isolation(chosen),
         },
         "auto": "bwrap" if bwrap.usable else "local",
         "rows_with_image": chosen or "fail as `sandbox` (no container engine)",
@@ -57,6 +58,20 @@ def _limits() -> dict[str, dict[str, Any]]:
         "sandbox_nproc": {"default": "512", "enforced_by": "RLIMIT_NPROC of the per-sample uid (root mode)"},
         "sandbox_cpu_seconds": {"default": f"{d.cpu_seconds}", "enforced_by": "RLIMIT_CPU per process"},
     }
+
+
+def _container_isolation(engine: str | None) -> str:
+    """Who a container sample is to this host, for users deciding how far to trust the boundary."""
+    if engine is None:
+        return ""
+    if engine == "podman":
+        who = ("rootful Podman (the runner is root): the image's root is this host's uid 0, no user namespace"
+               if os.geteuid() == 0 else "rootless Podman: the image's users map into your uid's user namespace")
+        seccomp = "the host's default profile with user namespaces refused"
+    else:
+        who = "as the Docker daemon maps it (a rootful daemon: the image's root is this host's uid 0)"
+        seccomp = "Docker's default profile"
+    return f"runs as the image's user, {who}; seccomp: {seccomp}; capabilities dropped: {', '.join(DROPPED_CAPS)}"
 
 
 def _mode_note(mode: str) -> str:
@@ -94,6 +109,8 @@ def format_report(r: dict[str, Any]) -> str:
     lines.append(f"  container  {_mark(c['usable'])}  engine: {c['engine'] or 'none'}")
     for kind, e in c["engines"].items():
         lines.append(f"    {kind:<8} {_mark(e['usable'])}  {e['detail']}")
+    if c["isolation"]:
+        lines.append(f"    {c['engine']} samples: {c['isolation']}")
     lines += ["", f"--sandbox auto uses: {r['auto']}; rows with an image use: {r['rows_with_image']}"]
     conf = next((e.get("conf") for e in c["engines"].values() if e.get("conf")), None)
     if conf:
