@@ -22,7 +22,9 @@ def stats_of(tmp_path: Path, run: str = "r") -> dict:
 
 
 def test_hundreds_of_sessions_in_flight(tmp_path: Path, server: ScriptedServer, clean_env) -> None:
-    server.handler = echo_policy(turns=1, delay=0.2)
+    # 0.5 s per reply: at 0.2 s a machine whose cores are busy with other work (a parallel test
+    # run) made the runner CPU-bound, and 151 of 256 were in flight at most.
+    server.handler = echo_policy(turns=1, delay=0.5)
     n = 1000
     ds = write_dataset(tmp_path / "ds.jsonl", [f"say w{i}" for i in range(n)])
     proc = run_cli(tmp_path, clean_env, *base_args(server, ds, "r", "--num_workers=256", "--batch_size=100"),

@@ -424,6 +424,40 @@ def test_a_container_sample_cannot_make_a_user_namespace(tmp_path: Path, busybox
     asyncio.run(body())
 
 
+def test_a_root_runners_container_sample_is_no_host_uid_of_note(tmp_path: Path, busybox_image: str,
+                                                                 podman: Engine) -> None:
+    """Rootful Podman: the sample is root in its container but a high, unused uid on the host (a user
+    namespace per run). What it creates in its workspace, in the image's seeded /app and elsewhere
+    is owned by that uid on the host, never by root; the image's files are its own inside."""
+    if os.geteuid() != 0:
+        pytest.skip("the user namespace is for a root runner's (rootful) Podman")
+
+    async def body() -> None:
+        sb = await create_sandbox(config(sandbox_network="none"), cwd="/app", image=busybox_image, root=tmp_path)
+        try:
+            base = sb.backend.idmap
+            assert base is not None and 1_000_000_000 <= base < 1_800_000_000
+            res = await sb.exec("id -u; cat /proc/self/uid_map; echo x > mine; echo y >> readme.txt; "
+                                "mkdir -p d && touch d/f && stat -c %u /app /app/readme.txt /image-marker.txt",
+                                timeout=30)
+            lines = res.stdout.split("\n")
+            assert lines[0] == "0" and lines[1].split() == ["0", str(base), "65536"], res
+            assert lines[2:5] == ["0", "0", "0"], res  # its cwd, the seeded file and the image's: root's, inside
+            assert sb.workspace is not None
+            for rel in ("", "mine", "readme.txt", "d", "d/f"):
+                st = os.lstat(sb.workspace / rel)
+                assert (st.st_uid, st.st_gid) == (base, base), (rel, st.st_uid)  # on the host: never root
+            pid = (await sb.engine.run("inspect", "--format", "{{.State.Pid}}", sb.name or "", timeout=30)).stdout
+            with open(f"/proc/{int(pid)}/status", encoding="ascii") as f:
+                uids = next(line for line in f if line.startswith("Uid:")).split()[1:]
+            assert set(uids) == {str(base)}  # the container's process, seen from the host
+            assert await sb.read_file("/app/mine") == b"x\n" and sb.helper is not None  # the file helper enters it
+        finally:
+            await sb.close()
+
+    asyncio.run(body())
+
+
 def test_a_container_sample_has_no_raw_sockets_device_nodes_or_file_capabilities(
         tmp_path: Path, busybox_image: str, podman: Engine) -> None:
     """The hostile sample, as the container's root: it cannot forge packets (raw ICMP socket), make
@@ -478,6 +512,31 @@ def test_run_args_carry_the_workspace_limits_network_and_engine_flags() -> None:
         name="n", run_name="r", workspace="/w", mount_at="/w", cwd="/w", image="i", engine_flags=[], network="none",
         engine_kind="docker", memory=None, limits=limits, pids_limit=None, cpus=None))
     assert cpu_prefix("ls", 7) == "ulimit -t 7 2>/dev/null; ls" and cpu_prefix("ls", None) == "ls"
+
+
+def test_seeded_files_are_shifted_into_the_containers_ids_without_following_links(tmp_path: Path) -> None:
+    """What `cp -a` copied of an image's cwd keeps its owners, modes and setuid bits, moved into the
+    user namespace's range; a symlink is changed itself, never what it points at."""
+    from trajforge.sandbox.workspace import shift_owners
+
+    if os.geteuid() != 0:
+        pytest.skip("chown to other uids needs root")
+    outside = tmp_path / "outside"
+    outside.write_text("host")
+    ws = tmp_path / "ws"
+    (ws / "d").mkdir(parents=True)
+    (ws / "d" / "tool").write_text("#!/bin/sh\n")
+    os.chown(ws / "d" / "tool", 1000, 50)
+    os.chmod(ws / "d" / "tool", 0o4755)
+    os.symlink(outside, ws / "link")
+    os.chown(ws / "d", 70000, 0)  # beyond the map: stays, its group moves
+    base = 1_000_013_824
+    shift_owners(ws, base, 65536)
+    assert (os.stat(ws / "d" / "tool").st_uid, os.stat(ws / "d" / "tool").st_gid) == (base + 1000, base + 50)
+    assert os.stat(ws / "d" / "tool").st_mode & 0o7777 == 0o4755
+    assert (os.stat(ws / "d").st_uid, os.stat(ws / "d").st_gid) == (70000, base)
+    assert os.lstat(ws / "link").st_uid == base and os.stat(outside).st_uid == 0
+    assert os.stat(ws).st_uid == 0  # the workspace itself is the caller's to give
 
 
 def test_the_guarded_profile_changes_only_clone_clone3_and_unshare() -> None:

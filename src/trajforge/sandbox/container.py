@@ -5,7 +5,8 @@ row's `cwd` (default /workspace; what the image has there is copied in first, se
 images.ImageChecker.seed) as its working directory, the configured memory/pids/cpu
 limits (plus /tmp, /dev/shm, CPU and a size-limited workspace disk, see resources.py), the network
 of `--sandbox_network` (network.py), and only the image's own environment (the
-engine CLI never passes the runner's). Commands run with `exec`. Creation is bounded by
+engine CLI never passes the runner's), in a user namespace with rootful Podman (container_backend.py;
+the workspace's directories and the seeded files are then shifted to its ids). Commands run with `exec`. Creation is bounded by
 `--max_sandboxes`, separately from model concurrency; the image is checked once per run
 (images.py). File operations go through a helper in the container's mount namespace when the
 runner is root (container_backend.file_helper), else one `exec` of a sh script each
@@ -36,7 +37,9 @@ from pathlib import Path
 from trajforge.sandbox import workspace
 from trajforge.sandbox.base import ExecResult, Job, PathEscapeError, Provider, Sandbox, SandboxError
 from trajforge.sandbox.channel import HelperChannel
-from trajforge.sandbox.container_argv import EXEC_WRAP, KILL_WRAP, SPAWN_WRAP, WORKSPACE, cpu_prefix, run_args
+from trajforge.sandbox.container_argv import (
+    EXEC_WRAP, ID_RANGE, KILL_WRAP, SPAWN_WRAP, WORKSPACE, cpu_prefix, run_args,
+)
 from trajforge.sandbox.container_backend import ContainerBackend, _live, backend_for, kill_exec_monitors
 from trajforge.sandbox.container_files import ContainerFiles
 from trajforge.sandbox.engine import container_name, last_line
@@ -99,7 +102,7 @@ class ContainerSandbox(Sandbox):
         return run_args(name=name, run_name=self.run_name, workspace=str(self.workspace), mount_at=self.mount_at,
                         cwd=self.cwd, image=self.image, engine_flags=[*self.backend.init_flag, *self.backend.security],
                         network=self.network, engine_kind=self.engine.kind, memory=self.memory, limits=self.limits,
-                        pids_limit=self.pids_limit, cpus=self.cpus)
+                        pids_limit=self.pids_limit, cpus=self.cpus, idmap=self.backend.idmap)
 
     def _cpu_prefix(self, command: str) -> str:
         return cpu_prefix(command, self.limits.cpu_seconds)
@@ -132,12 +135,21 @@ class ContainerSandbox(Sandbox):
             host_cwd.mkdir(parents=True, exist_ok=True)
         rel = host_cwd.relative_to(self.workspace).as_posix()
         self.cwd = self.mount_at if rel == "." else f"{self.mount_at}/{rel}"
-        os.chmod(self.workspace, 0o777)  # the image's USER may not be root
         await self.backend.images.ensure(self.image)
         if self.seeded:  # keep what the image has at the row's cwd
             seed = await self.backend.images.seed(self.image, self.mount_at)
             if seed is not None:
                 await self._copy_in(seed)
+        # After the copy, whose `cp -a` gave it the seed directory's 0700: the image's USER may not
+        # be root; with a user namespace, the directories the runner made (the workspace, the cwd's)
+        # are the container root's. No process of the sample runs yet: nothing can swap them.
+        os.chmod(self.workspace, 0o777)
+        if self.backend.idmap is not None:
+            path = self.workspace
+            for part in ("", *host_cwd.relative_to(self.workspace).parts):
+                path = path / part
+                if os.lstat(path).st_uid == 0:
+                    os.lchown(path, self.backend.idmap, self.backend.idmap)
         async with self.backend.creating:
             self.name = container_name()
             _live[self.name] = self.engine
@@ -156,6 +168,8 @@ class ContainerSandbox(Sandbox):
         if proc.returncode != 0:
             raise SandboxError(f"cannot copy {self.mount_at} of {self.image!r} into the workspace: "
                                f"{err.decode(errors='replace')[-300:]}")
+        if self.backend.idmap is not None:  # the image's owners as the container's user namespace sees them
+            await asyncio.to_thread(workspace.shift_owners, self.workspace, self.backend.idmap, ID_RANGE)
 
     def _exec_args(self, command: str, cwd: str | None, *flags: str) -> tuple[list[str], str]:
         """(exec arguments, command): the command first enters its working directory, made if the

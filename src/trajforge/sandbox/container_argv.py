@@ -14,6 +14,8 @@ import socket
 
 from trajforge.sandbox.resources import SampleLimits
 
+ID_RANGE = 65536  # ids of a container's user namespace: 0 to 65535 inside
+
 WORKSPACE = "/workspace"
 _SHELL_PICK = 'if command -v bash >/dev/null 2>&1; then bash -c "$2"{r}; else sh -c "$2"{r}; fi; rc=$?; '
 _PIDFILES = '"/dev/shm/.trajforge-$1" "/tmp/.trajforge-$1"'
@@ -27,13 +29,16 @@ SPAWN_WRAP = ('exec 3<&0; (cat <&3 >/dev/null 2>&1; kill -9 -$$ 2>/dev/null) & '
 
 def run_args(*, name: str, run_name: str, workspace: str, mount_at: str, cwd: str, image: str,
              engine_flags: list[str], network: str, engine_kind: str, memory: str | None,
-             limits: SampleLimits, pids_limit: int | None, cpus: float | None) -> list[str]:
+             limits: SampleLimits, pids_limit: int | None, cpus: float | None, idmap: int | None = None) -> list[str]:
     """`run` arguments of a sample's container: labels (the sweep finds a dead runner's by owner),
-    the workspace mount, the network, the limits, and `sleep infinity` as its process."""
+    the workspace mount, the network, the limits, and `sleep infinity` as its process. `idmap`:
+    the host uid and gid that the container's 0 maps to, 65,536 ids from there (a user namespace)."""
     args = ["run", "-d", "--name", name, "--label", "trajforge=1", "--label", f"trajforge.run={run_name}",
             "--label", f"trajforge.owner={socket.gethostname()}:{os.getpid()}",
             "-v", f"{workspace}:{mount_at}", "-w", cwd, *engine_flags]
     args += network_args(network, engine_kind)
+    if idmap is not None:
+        args += ["--uidmap", f"0:{idmap}:{ID_RANGE}", "--gidmap", f"0:{idmap}:{ID_RANGE}"]
     if memory:  # --memory-swap equal to --memory: no swap on top
         args += ["--memory", memory, "--memory-swap", memory]
     if limits.tmp_size:

@@ -8,7 +8,9 @@ namespace with the uid of the container's own process and no capability, so read
 searches resolve exactly as the container sees its files (helper.py, fsops.py), at the cost of
 a message instead of an `exec`. With Podman, containers get its default seccomp profile with user
 namespaces refused (container_seccomp.py), and with either engine the capabilities of DROPPED_CAPS
-are taken out of the engine's default set. Also here: the last-resort removal of live containers at
+are taken out of the engine's default set. Rootful Podman's containers get a user namespace, one
+range of unused host ids per run (`idmap`), so a sample that is root inside is no one on the host;
+the file helper then runs as the container process's host uid (zygote.op_enter). Also here: the last-resort removal of live containers at
 interpreter exit, and the sweep of Podman's exec-session monitors.
 """
 
@@ -18,12 +20,14 @@ import asyncio
 import atexit
 import contextlib
 import os
+import secrets
 import socket
 import subprocess
 
 from trajforge.sandbox.base import Provider, SandboxError
 from trajforge.sandbox.bwrap_start import helper_source
 from trajforge.sandbox.channel import HelperChannel
+from trajforge.sandbox.container_argv import ID_RANGE
 from trajforge.sandbox.container_seccomp import profile_flags
 from trajforge.sandbox.engine import Engine, detect, owner_dead
 from trajforge.sandbox.forkserver import Zygote
@@ -39,6 +43,8 @@ _CATATONIT = ("/usr/libexec/podman/catatonit", "/usr/bin/catatonit", "/usr/local
 # no-new-privileges: it would break `sudo` in images whose user is not root, and gains nothing
 # where it is (the container's root is that user's to reach).
 DROPPED_CAPS = ("NET_RAW", "MKNOD", "SETFCAP", "SETPCAP", "AUDIT_WRITE")
+# Host ids for containers' user namespaces: [1.0e9, 1.7e9), 64K-aligned; bwrap's sample uids start at 1.8e9.
+_ID_LOW, _ID_SLOTS = 1_000_013_824, 10_000  # 1_000_013_824 = 15259 * 65536
 
 _live: dict[str, Engine] = {}  # container name -> engine, for the atexit fallback
 
@@ -65,6 +71,12 @@ class ContainerBackend:
         self.creating = asyncio.Semaphore(max_creating)
         self.init_flag = ["--init"] if engine.kind == "docker" or any(map(os.path.exists, _CATATONIT)) else []
         self._security: list[str] | None = None
+        # Rootful Podman: the run's containers get a user namespace, their ids mapped to a range of
+        # host ids no account uses (below bwrap's sample uids), one range per run: a map per sample
+        # would make Podman chown a copy of the image per container where the kernel cannot idmap
+        # its layers. Docker has only its daemon-wide userns-remap.
+        self.idmap = _ID_LOW + secrets.randbelow(_ID_SLOTS) * ID_RANGE \
+            if engine.kind == "podman" and os.geteuid() == 0 else None
         self.zygote: Zygote | None = None
         self._zygote_lock = asyncio.Lock()
 
@@ -89,7 +101,7 @@ class ContainerBackend:
         """A helper in the mount namespace of the container whose process is `pid`, as that
         process's uid and without capabilities, serving file operations with paths as the
         container sees them; None (exec-based file operations) when the runner is not root or
-        the container cannot be entered (a user namespace of its own, say)."""
+        the container cannot be entered."""
         zygote = await self.file_zygote()
         if zygote is None:
             return None

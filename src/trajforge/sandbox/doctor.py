@@ -65,7 +65,8 @@ def _container_isolation(engine: str | None) -> str:
     if engine is None:
         return ""
     if engine == "podman":
-        who = ("rootful Podman (the runner is root): the image's root is this host's uid 0, no user namespace"
+        who = ("rootful Podman (the runner is root) in a user namespace per run: the image's root is an "
+               "unused host uid (from 1,000,013,824 up), never this host's root"
                if os.geteuid() == 0 else "rootless Podman: the image's users map into your uid's user namespace")
         seccomp = "the host's default profile with user namespaces refused"
     else:

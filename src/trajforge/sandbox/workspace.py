@@ -100,6 +100,19 @@ def _remove_tree(root: Path) -> None:
         shutil.rmtree(root, onerror=force)
 
 
+def shift_owners(root: Path, base: int, span: int) -> None:
+    """Owner and group of everything beneath `root` (not `root` itself) moved up by `base`, as the
+    files of a container whose ids 0..span-1 map to host ids from `base` (others stay)."""
+    for parent, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(parent, name)
+            st = os.lstat(path)
+            os.lchown(path, st.st_uid + base if st.st_uid < span else -1,
+                      st.st_gid + base if st.st_gid < span else -1)
+            if st.st_mode & (stat.S_ISUID | stat.S_ISGID) and stat.S_ISREG(st.st_mode):
+                os.chmod(path, stat.S_IMODE(st.st_mode))  # chown cleared them
+
+
 def keep(ws: Path, root: Path) -> Path | None:
     """`keep_workspaces`: the files outlive the slot in a directory beside the slots (moved when
     on the same filesystem, else copied by `cp -a`, which recreates FIFOs instead of opening them)."""
