@@ -5,8 +5,9 @@ row's `cwd` (default /workspace; what the image has there is copied in first, se
 images.ImageChecker.seed) as its working directory, the configured memory/pids/cpu
 limits (plus /tmp, /dev/shm, CPU and a size-limited workspace disk, see resources.py), the network
 of `--sandbox_network` (network.py), and only the image's own environment (the
-engine CLI never passes the runner's), in a user namespace with rootful Podman (container_backend.py;
-the workspace's directories and the seeded files are then shifted to its ids). Commands run with `exec`. Creation is bounded by
+engine CLI never passes the runner's); with rootful Podman, in a user namespace
+(container_backend.py: the workspace's directories and the seeded files are then shifted to its
+ids). Commands run with `exec`. Creation is bounded by
 `--max_sandboxes`, separately from model concurrency; the image is checked once per run
 (images.py). File operations go through a helper in the container's mount namespace when the
 runner is root (container_backend.file_helper), else one `exec` of a sh script each

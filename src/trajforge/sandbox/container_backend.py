@@ -10,8 +10,9 @@ a message instead of an `exec`. With Podman, containers get its default seccomp 
 namespaces refused (container_seccomp.py), and with either engine the capabilities of DROPPED_CAPS
 are taken out of the engine's default set. Rootful Podman's containers get a user namespace, one
 range of unused host ids per run (`idmap`), so a sample that is root inside is no one on the host;
-the file helper then runs as the container process's host uid (zygote.op_enter). Also here: the last-resort removal of live containers at
-interpreter exit, and the sweep of Podman's exec-session monitors.
+the file helper then runs as the container process's host uid (zygote.op_enter). Also here: the
+last-resort removal of live containers at interpreter exit, and the sweep of Podman's exec-session
+monitors.
 """
 
 from __future__ import annotations
