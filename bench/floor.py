@@ -42,7 +42,8 @@ _FRAME = struct.Struct("!II")  # request id, length
 def _tool(name: str, what: str, params: dict[str, str]) -> dict:
     return {"type": "function", "function": {
         "name": name, "description": what + " " + _ABOUT,
-        "parameters": {"type": "object", "properties": {k: {"type": "string", "description": v} for k, v in params.items()},
+        "parameters": {"type": "object",
+                       "properties": {k: {"type": "string", "description": v} for k, v in params.items()},
                        "required": list(params)[:1]}}}
 
 
