@@ -45,7 +45,7 @@ _CATATONIT = ("/usr/libexec/podman/catatonit", "/usr/bin/catatonit", "/usr/local
 # where it is (the container's root is that user's to reach).
 DROPPED_CAPS = ("NET_RAW", "MKNOD", "SETFCAP", "SETPCAP", "AUDIT_WRITE")
 # Host ids for containers' user namespaces: [1.0e9, 1.7e9), 64K-aligned; bwrap's sample uids start at 1.8e9.
-_ID_LOW, _ID_SLOTS = 1_000_013_824, 10_000  # 1_000_013_824 = 15259 * 65536
+ID_LOW, _ID_SLOTS = 1_000_013_824, 10_000  # 1_000_013_824 = 15259 * 65536
 
 _live: dict[str, Engine] = {}  # container name -> engine, for the atexit fallback
 
@@ -76,7 +76,7 @@ class ContainerBackend:
         # host ids no account uses (below bwrap's sample uids), one range per run: a map per sample
         # would make Podman chown a copy of the image per container where the kernel cannot idmap
         # its layers. Docker has only its daemon-wide userns-remap.
-        self.idmap = _ID_LOW + secrets.randbelow(_ID_SLOTS) * ID_RANGE \
+        self.idmap = ID_LOW + secrets.randbelow(_ID_SLOTS) * ID_RANGE \
             if engine.kind == "podman" and os.geteuid() == 0 else None
         self.zygote: Zygote | None = None
         self._zygote_lock = asyncio.Lock()

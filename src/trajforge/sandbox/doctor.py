@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from trajforge.sandbox.bwrap_backend import probe
-from trajforge.sandbox.container_backend import DROPPED_CAPS
+from trajforge.sandbox.container_backend import DROPPED_CAPS, ID_LOW
 from trajforge.sandbox.engine import detect
 from trajforge.sandbox.network import doctor_rows
 from trajforge.sandbox.disk import disk_usable, human
@@ -66,7 +66,7 @@ def _container_isolation(engine: str | None) -> str:
         return ""
     if engine == "podman":
         who = ("rootful Podman (the runner is root) in a user namespace per run: the image's root is an "
-               "unused host uid (from 1,000,013,824 up), never this host's root"
+               f"unused host uid (from {ID_LOW:,} up), never this host's root"
                if os.geteuid() == 0 else "rootless Podman: the image's users map into your uid's user namespace")
         seccomp = "the host's default profile with user namespaces refused"
     else:
