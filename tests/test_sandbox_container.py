@@ -19,7 +19,8 @@ import pytest
 
 from tests.conftest import REPO, cli
 from tests.support.images import (  # noqa: F401 (fixtures)
-    APP_README, MARKER, MISSING_IMAGE, busybox_image, containers_with_label, debian_tools_image, podman,
+    APP_README, MARKER, MISSING_IMAGE, busybox_image, busybox_user_image, containers_with_label, debian_tools_image,
+    podman,
 )
 from tests.support.policies import prompt_command_policy
 from tests.support.sandboxes import create_sandbox
@@ -452,6 +453,34 @@ def test_a_root_runners_container_sample_is_no_host_uid_of_note(tmp_path: Path, 
                 uids = next(line for line in f if line.startswith("Uid:")).split()[1:]
             assert set(uids) == {str(base)}  # the container's process, seen from the host
             assert await sb.read_file("/app/mine") == b"x\n" and sb.helper is not None  # the file helper enters it
+        finally:
+            await sb.close()
+
+    asyncio.run(body())
+
+
+def test_an_image_whose_user_is_not_root_works_in_its_seeded_cwd(tmp_path: Path, busybox_user_image: str,
+                                                                  podman: Engine) -> None:
+    """USER 1000: it can enter its seeded cwd, read what the image shipped there and add to it, by
+    command and by file operation; on the host (root runner) what it made belongs to the run's id
+    range, never to a host account. (The cwd was 0700 and root's before: `cp -a` of the seed.)"""
+    async def body() -> None:
+        sb = await create_sandbox(config(sandbox_network="none"), cwd="/app", image=busybox_user_image,
+                                  root=tmp_path)
+        try:
+            res = await sb.exec("id -u; pwd; cat readme.txt; echo new > new.txt && stat -c '%u %n' new.txt",
+                                timeout=30)
+            assert res.exit_code == 0 and res.stdout.split("\n")[:4] == [
+                "1000", "/app", APP_README.rstrip("\n"), "1000 new.txt"], res
+            assert await sb.read_file("readme.txt") == APP_README.encode()
+            await sb.write_file("sub/by_tool.txt", b"tool\n")
+            assert (await sb.exec("stat -c %u sub/by_tool.txt && cat sub/by_tool.txt", timeout=30)).stdout == \
+                "1000\ntool\n"
+            if os.geteuid() == 0:
+                base = sb.backend.idmap
+                assert base is not None and sb.workspace is not None
+                for rel in ("new.txt", "sub/by_tool.txt"):
+                    assert os.lstat(sb.workspace / rel).st_uid == base + 1000, rel
         finally:
             await sb.close()
 

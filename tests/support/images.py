@@ -70,8 +70,9 @@ def podman_engine() -> Engine:
     return engine
 
 
-def rootfs_tar(busybox: Path) -> bytes:
-    """The image's root filesystem as an uncompressed tar, built in memory."""
+def rootfs_tar(busybox: Path, app_owner: int = 0) -> bytes:
+    """The image's root filesystem as an uncompressed tar, built in memory; `app_owner` owns /app
+    and what is in it (an image whose USER is not root)."""
     applets = subprocess.run([str(busybox), "--list"], capture_output=True, text=True, check=True).stdout.split()
     buf = io.BytesIO()
     now = time.time()
@@ -79,11 +80,15 @@ def rootfs_tar(busybox: Path) -> bytes:
         def add_dir(name: str, mode: int = 0o755) -> None:
             info = tarfile.TarInfo(name)
             info.type, info.mode, info.mtime = tarfile.DIRTYPE, mode, now
+            if name.startswith("app"):
+                info.uid = info.gid = app_owner
             tar.addfile(info)
 
         def add_file(name: str, data: bytes, mode: int = 0o644) -> None:
             info = tarfile.TarInfo(name)
             info.size, info.mode, info.mtime = len(data), mode, now
+            if name.startswith("app/"):
+                info.uid = info.gid = app_owner
             tar.addfile(info, io.BytesIO(data))
 
         for d in ("bin", "etc", "root", "app", "proc", "sys", "dev"):
@@ -95,17 +100,20 @@ def rootfs_tar(busybox: Path) -> bytes:
                 link = tarfile.TarInfo(f"bin/{applet}")
                 link.type, link.linkname, link.mode, link.mtime = tarfile.SYMTYPE, "busybox", 0o777, now
                 tar.addfile(link)
-        add_file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n")
-        add_file("etc/group", b"root:x:0:\nnogroup:x:65534:\n")
+        add_file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n"
+                 b"app:x:1000:1000:app:/app:/bin/sh\n")
+        add_file("etc/group", b"root:x:0:\nnogroup:x:65534:\napp:x:1000:\n")
         add_file("image-marker.txt", MARKER.encode())
         add_file("app/readme.txt", APP_README.encode())
     return buf.getvalue()
 
 
-def build_test_image(engine: Engine, tag: str = TEST_IMAGE) -> str:
+def build_test_image(engine: Engine, tag: str = TEST_IMAGE, user: int | None = None) -> str:
+    """`user`: the image's USER, who then owns /app."""
     busybox = static_busybox()
     assert busybox is not None
-    proc = subprocess.run([engine.binary, "import", "--change", "ENV PATH=/bin", "-", tag], input=rootfs_tar(busybox),
+    changes = ["--change", "ENV PATH=/bin"] + (["--change", f"USER {user}"] if user is not None else [])
+    proc = subprocess.run([engine.binary, "import", *changes, "-", tag], input=rootfs_tar(busybox, user or 0),
                           env=engine.env, capture_output=True, timeout=120)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
     return tag
@@ -130,6 +138,12 @@ def podman() -> Engine:
 def busybox_image(podman: Engine) -> Iterator[str]:
     """The test image, imported once per session and left in local storage for the next one."""
     yield build_test_image(podman)
+
+
+@pytest.fixture(scope="session")
+def busybox_user_image(podman: Engine) -> str:
+    """The test image with USER 1000 (`app`), who owns /app and its readme."""
+    return build_test_image(podman, "localhost/trajforge-test-busybox-user:latest", user=1000)
 
 
 DEBIAN_TOOLS_IMAGE = "localhost/trajforge-test-debian-tools:latest"
