@@ -157,7 +157,7 @@ class Spawner:
     async def aclose(self) -> None:
         asyncio.get_running_loop().remove_reader(self._sock)
         self._sock.close()
-        await self._proc.wait()
+        await self._proc.wait()  # reaped: its CPU and its shells' count in the harness's os.wait4
 
 
 async def in_loop(command: str) -> bytes:

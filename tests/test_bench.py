@@ -65,7 +65,6 @@ def test_floor_client_runs_the_same_scenario_in_the_same_harness(tmp_path: Path,
                                               sandbox=f"floor:{mode}", batch_size=4, workdir=tmp_path, runner=floor))
     assert row["errors"] == 0, row["notes"]
     assert row["requests"] == 16 and row["runner_cpu_s"] > 0
-    # the spawner is a child the client reaps: its CPU and its shells' count
     assert len((tmp_path / "out" / "bench" / "trajectories.jsonl").read_bytes().splitlines()) == 8
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import Awaitable, Callable
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
