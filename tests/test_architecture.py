@@ -57,6 +57,10 @@ FORBIDDEN = [
     ("config", "trajforge.tools"),  # config is a leaf: it reads toolset declarations from trajforge.catalog
     ("config", "trajforge.sandbox"),
     ("config", "trajforge.runner"),
+    ("config", "trajforge.config_load"),  # the model never imports its reader
+    ("config_load", "trajforge.tools"),  # the reader sits on config: only the model and the error tree below
+    ("config_load", "trajforge.sandbox"),
+    ("config_load", "trajforge.runner"),
     ("catalog", "trajforge.tools"),
     ("catalog", "trajforge.config"),
     ("verify", "trajforge.dataset"),

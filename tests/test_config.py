@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trajforge.config import DEFAULT_MODEL, RunConfig, build_config, read_yaml
+from trajforge.config import DEFAULT_MODEL, RunConfig
+from trajforge.config_load import build_config, read_yaml
 from trajforge.errors import ConfigError, UsageError
 
 

@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trajforge.cmdline import Flag, Parser, add_flags, parse_flags
-from trajforge.config import load_yaml_mapping
+from trajforge.config_load import load_yaml_mapping
 from trajforge.errors import ConfigError, TrajforgeError, UsageError
 from trajforge.executors import ray_auth
 from trajforge.executors.ray import SLOT_RESOURCE, WORKER_ENV, WORKER_LABEL

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from trajforge.cmdline import Parser, add_flags, parse_flags
-from trajforge.config import RunConfig, build_config
+from trajforge.config import RunConfig
+from trajforge.config_load import build_config
 
 FLAGS = [("config", "path", "YAML config file with custom distributions")]
 

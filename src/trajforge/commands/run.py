@@ -12,7 +12,8 @@ from typing import Any
 
 from trajforge import __version__
 from trajforge.cmdline import Flag, Parser, add_flags, parse_flags
-from trajforge.config import RunConfig, build_config
+from trajforge.config import RunConfig
+from trajforge.config_load import build_config
 from trajforge.errors import UsageError
 
 # (flag, kind, help). kind: "str" | "int" | "float" | "bool" | "path" | "csv". Defaults come from RunConfig.
