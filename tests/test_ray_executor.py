@@ -87,7 +87,7 @@ def test_local_run_never_imports_ray(tmp_path: Path, server: ScriptedServer, cle
 
 @needs_ray
 def test_plan_prefers_nodes_offering_slots_and_splits_otherwise() -> None:
-    from trajforge.executors.ray import plan_actors
+    from trajforge.executors.ray_actor import plan_actors
 
     head = {"NodeID": "h" * 8, "Alive": True, "Resources": {"CPU": 2.0}, "Labels": {}}
     w1 = {"NodeID": "a" * 8, "Alive": True, "Resources": {"trajforge_slots": 130.0},

@@ -32,7 +32,7 @@ from trajforge.cmdline import Flag, Parser, add_flags, parse_flags
 from trajforge.config_load import load_yaml_mapping
 from trajforge.errors import ConfigError, TrajforgeError, UsageError
 from trajforge.executors import ray_auth
-from trajforge.executors.ray import SLOT_RESOURCE, WORKER_ENV, WORKER_LABEL
+from trajforge.executors.ray_actor import SLOT_RESOURCE, WORKER_ENV, WORKER_LABEL
 from trajforge.executors.ray_worker import HEAD_GONE_SECONDS, WorkerNode, _die_with_parent, stop_node
 
 RAY_CLI = [sys.executable, "-m", "ray.scripts.scripts"]  # the `ray` command of this interpreter

@@ -1,15 +1,15 @@
 """The Ray executor: the same run spread over a Ray cluster, with the driver alone writing output.
 
 The engine keeps `num_workers` samples in flight; each goes to the least-loaded SampleActor
-with a free slot, so work is pulled and fast nodes take more. Actors are async Ray actors, each
-holding one SampleWorker (its own model client and toolsets, built on its node). A node started by
-`trajforge worker --pool_size N` offers N slots through the `trajforge_slots` resource; when no
-node offers slots, `num_workers` is split evenly over every node. Outcomes come back to the
-driver, which writes the run directory, so the cluster needs no shared filesystem.
+with a free slot, so work is pulled and fast nodes take more. What an actor is and how many each
+node gets (plan_actors) is executors.ray_actor's; this module is the driver's side: connecting,
+starting the planned actors, handing samples out, and losses. Outcomes come back to the driver,
+which writes the run directory, so the cluster needs no shared filesystem.
 
 A lost actor or node is infrastructure failure, not the sample's: its in-flight samples are sent
 to another actor without counting an attempt, and the lost capacity is re-planned on the nodes
-still alive. Ray is imported only here and in commands.cluster, so a local run never loads it.
+still alive. Ray is imported only here, in executors.ray_actor and in commands.cluster, so a local
+run never loads it.
 """
 
 from __future__ import annotations
@@ -26,76 +26,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import SecretStr
-
 from trajforge.config import RunConfig
 from trajforge.dataset import Sample
-from trajforge.errors import TrajforgeError, UsageError
-from trajforge.model import gate as model_gate
-from trajforge.model import spend
+from trajforge.errors import TrajforgeError
+from trajforge.executors.ray_actor import SampleActor, plan_actors
 from trajforge.model.factory import resolve_api_key
-from trajforge.redact import REGISTRY, run_secrets
-from trajforge.sample.gate import gate_for
 from trajforge.sample.outcome import Outcome, batch_number
-from trajforge.sample.worker import SampleWorker
 from trajforge.tools.base import Unavailable
 
-try:
-    import ray
-    from ray.exceptions import ActorDiedError, RayError, RayTaskError
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-except ImportError as e:  # Ray is an optional extra
-    raise UsageError(f"Ray is not installed ({e}); install it with: pip install 'trajforge[ray]'") from None
+# Ray is installed by now: without it, importing ray_actor above raised a UsageError saying how to install it.
+import ray
+from ray.exceptions import ActorDiedError, RayError, RayTaskError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 log = logging.getLogger("trajforge.ray")
 
-SLOT_RESOURCE = "trajforge_slots"  # custom resource: session slots a node offers
-WORKER_LABEL = "trajforge-worker-id"  # node label naming the worker in statistics
-WORKER_ENV = "TRAJFORGE_WORKER_ID"
-MAX_ACTOR_SESSIONS = 64  # one Python process serves at most this many sessions
 MAX_LOSSES = 3  # a sample that took down this many actors is failed: it may be what kills them
 SUSPECT_SECONDS = 60.0  # a node whose actor stopped answering is not planned on for this long
 REPLAN_SECONDS = 10.0  # finished samples look for newly joined nodes at most this often
 START_TIMEOUT = 300.0  # seconds for a new actor to import trajforge and build its toolsets
 LOCAL_OBJECT_STORE = 256 * 1024 * 1024  # outcomes are small; the default takes 30% of RAM
-
-
-@ray.remote(num_cpus=0)
-class SampleActor:
-    """One SampleWorker on one node. API keys in the node's environment win over the driver's.
-
-    It has its own model gate for its `size` sessions, with size/num_workers of the run's
-    per-minute budgets, and reports what each sample spent in Outcome.cost (the driver's budget
-    sees no model call of the actor)."""
-
-    def __init__(self, config: RunConfig, prefill: list[dict[str, Any]] | None, worker_id: str,
-                 driver_key: str | None, size: int = MAX_ACTOR_SESSIONS) -> None:
-        if config.verbose:
-            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-        if config.api_key is None:
-            key = resolve_api_key(None, os.environ) or driver_key
-            if key:
-                config = config.model_copy(update={"api_key": SecretStr(key)})
-        REGISTRY.add(*run_secrets(config))  # this node's keys: the driver cannot scrub what it never knew
-        self._worker = SampleWorker(config, prefill=prefill, worker_id=worker_id or os.environ.get(WORKER_ENV)
-                                    or f"ray-{ray.get_runtime_context().get_node_id()[:8]}")
-        self._gate = gate_for(config, share=size / max(1, config.num_workers))
-
-    async def start(self) -> list[Unavailable]:
-        return await self._worker.start()
-
-    async def process(self, sample: Sample, attempt: int) -> Outcome:
-        meter = spend.SampleSpend()
-        with model_gate.bound(self._gate), spend.bound(meter):
-            outcome = await self._worker.process(sample, attempt=attempt)
-        outcome.cost = meter.cost
-        return outcome.scrubbed(REGISTRY.value)
-
-    async def drain(self) -> None:
-        self._worker.drain()
-
-    async def aclose(self) -> None:
-        await self._worker.aclose()
 
 
 @dataclass(eq=False)
@@ -105,24 +55,6 @@ class _Actor:
     size: int
     busy: int = 0
     lost: bool = False
-
-
-def plan_actors(nodes: list[dict[str, Any]], num_workers: int, exclude: set[str]) -> dict[str, tuple[str, list[int]]]:
-    """Node id -> (worker label, sessions of each actor to run there), from Ray's node table."""
-    alive = [n for n in nodes if n.get("Alive") and n["NodeID"] not in exclude]
-    offering = [n for n in alive if n.get("Resources", {}).get(SLOT_RESOURCE, 0) >= 1]
-    if offering:
-        shares = {n["NodeID"]: int(n["Resources"][SLOT_RESOURCE]) for n in offering}
-    else:  # nobody offers slots (a plain local or cluster instance): split the sessions evenly
-        base, extra = divmod(num_workers, max(1, len(alive)))
-        shares = {n["NodeID"]: base + (i < extra) for i, n in enumerate(alive)}
-    plan = {}
-    for n in alive:
-        share = shares.get(n["NodeID"], 0)
-        if share > 0:
-            sizes = [MAX_ACTOR_SESSIONS] * (share // MAX_ACTOR_SESSIONS) + [share % MAX_ACTOR_SESSIONS]
-            plan[n["NodeID"]] = ((n.get("Labels") or {}).get(WORKER_LABEL, ""), [s for s in sizes if s])
-    return plan
 
 
 class RayExecutor:
