@@ -224,7 +224,7 @@ def main(argv: list[str]) -> int:
     args, _ = ap.parse_known_args(argv)
     prompts = [orjson.loads(line)["prompt"] for line in Path(args.dataset_file).read_bytes().splitlines() if line]
     out = Path(args.output_dir) / args.run_name
-    if args.mode == "loop" and hasattr(os, "pidfd_open"):  # as trajforge does on 3.11 (runner/main.py)
+    if args.mode == "loop" and hasattr(os, "pidfd_open"):  # as trajforge does on 3.11 (runner/eventloop.py)
         asyncio.set_child_watcher(asyncio.PidfdChildWatcher())
     return asyncio.run(run(args.mode, prompts, args.base_url.rstrip("/"), args.num_workers, out))
 

@@ -9,19 +9,17 @@ the checkpoint is saved, then the merge and statistics are rebuilt from what is 
 A file of the run that cannot be written (disk full, read-only, I/O error) stops scheduling:
 outcomes not yet written are dropped (those samples run again on --resume), what is written is
 kept, and the run ends with one line naming the file. stdout/stderr go through
-runner.console.SafeStream: scrubbed of the run's secrets, and never fatal when closed.
+runner.console.SafeStream: scrubbed of the run's secrets, and never fatal when closed. What the
+event loop is given besides the work (child watcher, SIGINT/SIGTERM, periodic flush) is
+runner.eventloop's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import signal
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +33,7 @@ from trajforge.runner.budget import BUDGET_EXIT_CODE
 from trajforge.runner.checkpoint import Checkpoint
 from trajforge.runner.console import safe_std_streams
 from trajforge.runner.engine import ExecutorFactory, run_engine
+from trajforge.runner.eventloop import flush_periodically, install_signals, remove_signals, use_pidfd_child_watcher
 from trajforge.runner.governor import budget_for, check_prices
 from trajforge.runner.monitor import RunMonitor
 from trajforge.sample.outcome import Outcome
@@ -77,7 +76,7 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
     validate_verification(config, dataset)
     rundir = RunDir(config.output_dir / config.run_name)
     rundir.acquire(resume=config.resume, overwrite=config.overwrite)
-    watcher = _use_pidfd_child_watcher()
+    watcher = use_pidfd_child_watcher()
     try:
         leftovers = rundir.remove_leftovers()
         if leftovers:
@@ -89,24 +88,6 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
         if watcher:  # in-process callers (tests, notebooks) get the default back for their own loops
             asyncio.set_child_watcher(None)
         rundir.release()
-
-
-def _use_pidfd_child_watcher() -> bool:
-    """Wait for subprocesses through a pidfd in the event loop instead of a thread per process.
-
-    Python 3.11's default (ThreadedChildWatcher) starts a thread for every `terminal` command and
-    blocks the loop until it runs: ~5% of the loop's time in bench/throughput.py. 3.12+ already
-    uses pidfds when the kernel has them (Linux 5.3+), so this only changes 3.11."""
-    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
-        return False
-    if type(asyncio.get_event_loop_policy()) is not asyncio.DefaultEventLoopPolicy:
-        return False  # e.g. uvloop's, which waits for children its own way
-    try:
-        os.close(os.pidfd_open(os.getpid()))
-    except OSError:  # an older kernel, or a seccomp filter that forbids it
-        return False
-    asyncio.set_child_watcher(asyncio.PidfdChildWatcher())
-    return True
 
 
 def plan(samples: list[Sample], run_dir: Path, checkpoint: Checkpoint, problems: list[str],
@@ -200,8 +181,8 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
     progress.extra = monitor.progress_text
     this_invocation = checkpoint.begin_invocation(started_wall)
     checkpoint.save(force=True)
-    _install_signals(stop, batch_store, checkpoint)
-    flusher = asyncio.create_task(_flush_periodically(batch_store, checkpoint, progress, halt))
+    install_signals(stop, batch_store, checkpoint)
+    flusher = asyncio.create_task(flush_periodically(batch_store, checkpoint, progress, halt))
     sampler = asyncio.create_task(monitor.run())
     try:
         if todo:
@@ -217,7 +198,7 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
         flusher.cancel()
         sampler.cancel()
         monitor.tick()
-        _remove_signals()  # the merge below is safe to interrupt: every file it writes is atomic
+        remove_signals()  # the merge below is safe to interrupt: every file it writes is atomic
         await executor.aclose()
         try:
             batch_store.close()
@@ -264,41 +245,3 @@ async def _resolve_sandbox(config: RunConfig, dataset: LoadedDataset) -> tuple[R
               "isolation, or pass --sandbox local to accept it", file=sys.stderr)
     images = sum(s.image is not None for s in dataset.samples)
     return config, f"{kind} (rows with an image: container)" if images and kind != "container" else kind
-
-
-async def _flush_periodically(batch_store: store.BatchStore, checkpoint: Checkpoint, progress: Progress,
-                              halt: Callable[[OutputError], None], every: float = 2.0) -> None:
-    """Keep the durability promises while no sample finishes: fsync, checkpoint, status line."""
-    while True:
-        await asyncio.sleep(every)
-        try:
-            batch_store.sync()
-            checkpoint.save()
-        except OutputError as e:
-            halt(e)
-            return
-        progress.tick()
-
-
-def _remove_signals() -> None:
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.remove_signal_handler(sig)
-
-
-def _install_signals(stop: asyncio.Event, batch_store: store.BatchStore, checkpoint: Checkpoint) -> None:
-    loop = asyncio.get_running_loop()
-
-    def on_signal(signum: int) -> None:
-        if not stop.is_set():
-            print("\ntrajforge: stopping: no new samples, in-flight ones get a few seconds "
-                  "(press Ctrl-C again to exit now)", file=sys.stderr)
-            stop.set()
-            return
-        with contextlib.suppress(OutputError):  # exiting now was asked for; the files are as good as they get
-            batch_store.sync()
-            checkpoint.save(force=True)
-        os._exit(130)
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal, sig)
