@@ -33,7 +33,9 @@ from trajforge.runner.budget import BUDGET_EXIT_CODE
 from trajforge.runner.checkpoint import Checkpoint
 from trajforge.runner.console import safe_std_streams
 from trajforge.runner.engine import ExecutorFactory, run_engine
-from trajforge.runner.eventloop import flush_periodically, install_signals, remove_signals, use_pidfd_child_watcher
+from trajforge.runner.eventloop import (
+    flush_periodically, install_signals, remove_signals, tuned_collector, use_pidfd_child_watcher,
+)
 from trajforge.runner.governor import budget_for, check_prices
 from trajforge.runner.monitor import RunMonitor
 from trajforge.sample.outcome import Outcome
@@ -83,7 +85,8 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
             print(f"trajforge: removed {leftovers} temporary file(s) left by a killed run", file=sys.stderr)
         for msg in store.repair(rundir.path):
             print(f"trajforge: {msg}", file=sys.stderr)
-        return asyncio.run(_run(config, dataset, prefill, rundir, make_executor))
+        with tuned_collector():
+            return asyncio.run(_run(config, dataset, prefill, rundir, make_executor))
     finally:
         if watcher:  # in-process callers (tests, notebooks) get the default back for their own loops
             asyncio.set_child_watcher(None)

@@ -1,0 +1,28 @@
+"""runner.eventloop: the collector settings a run gets are the run's alone."""
+
+from __future__ import annotations
+
+import gc
+
+from trajforge.runner.eventloop import tuned_collector
+
+
+def test_a_run_freezes_what_exists_and_collects_young_objects_less_often_then_gives_the_defaults_back() -> None:
+    before, frozen = gc.get_threshold(), gc.get_freeze_count()
+    assert before[0] != 10_000
+    with tuned_collector():
+        assert gc.get_threshold() == (10_000, *before[1:])
+        assert gc.get_freeze_count() > frozen  # the start-up heap is out of the collector's scans
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == frozen
+
+
+def test_the_defaults_come_back_when_the_run_raises() -> None:
+    before, frozen = gc.get_threshold(), gc.get_freeze_count()
+    try:
+        with tuned_collector(young=5_000):
+            assert gc.get_threshold()[0] == 5_000
+            raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        pass
+    assert gc.get_threshold() == before and gc.get_freeze_count() == frozen
