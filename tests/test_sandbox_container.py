@@ -461,17 +461,20 @@ def test_a_root_runners_container_sample_is_no_host_uid_of_note(tmp_path: Path, 
 
 def test_an_image_whose_user_is_not_root_works_in_its_seeded_cwd(tmp_path: Path, busybox_user_image: str,
                                                                   podman: Engine) -> None:
-    """USER 1000: it can enter its seeded cwd, read what the image shipped there and add to it, by
-    command and by file operation; on the host (root runner) what it made belongs to the run's id
-    range, never to a host account. (The cwd was 0700 and root's before: `cp -a` of the seed.)"""
+    """USER 1000: it can enter its seeded cwd, read what the image shipped there, change it and add
+    to it, by command and by file operation; the shipped files are still its own inside, and on the
+    host (root runner) they and what it made belong to the run's id range, never to a host account.
+    (The cwd was 0700 and root's before: `cp -a` of the seed; the shipped files were root's, read-only
+    to their user: `podman cp` out of a container gives every file to whoever runs it.)"""
     async def body() -> None:
         sb = await create_sandbox(config(sandbox_network="none"), cwd="/app", image=busybox_user_image,
                                   root=tmp_path)
         try:
-            res = await sb.exec("id -u; pwd; cat readme.txt; echo new > new.txt && stat -c '%u %n' new.txt",
+            res = await sb.exec("id -u; pwd; cat readme.txt; echo new > new.txt && stat -c '%u %n' new.txt; "
+                                "stat -c '%u %g' readme.txt; echo more >> readme.txt && tail -n1 readme.txt",
                                 timeout=30)
-            assert res.exit_code == 0 and res.stdout.split("\n")[:4] == [
-                "1000", "/app", APP_README.rstrip("\n"), "1000 new.txt"], res
+            assert res.exit_code == 0 and res.stdout.split("\n")[:6] == [
+                "1000", "/app", APP_README.rstrip("\n"), "1000 new.txt", "1000 1000", "more"], res
             assert await sb.read_file("readme.txt") == APP_README.encode()
             await sb.write_file("sub/by_tool.txt", b"tool\n")
             assert (await sb.exec("stat -c %u sub/by_tool.txt && cat sub/by_tool.txt", timeout=30)).stdout == \
@@ -479,8 +482,9 @@ def test_an_image_whose_user_is_not_root_works_in_its_seeded_cwd(tmp_path: Path,
             if os.geteuid() == 0:
                 base = sb.backend.idmap
                 assert base is not None and sb.workspace is not None
-                for rel in ("new.txt", "sub/by_tool.txt"):
-                    assert os.lstat(sb.workspace / rel).st_uid == base + 1000, rel
+                for rel in ("readme.txt", "new.txt", "sub/by_tool.txt"):
+                    st = os.lstat(sb.workspace / rel)
+                    assert (st.st_uid, st.st_gid) == (base + 1000, base + 1000), rel
         finally:
             await sb.close()
 
