@@ -475,7 +475,7 @@ def test_an_image_whose_user_is_not_root_works_in_its_seeded_cwd(tmp_path: Path,
                                 timeout=30)
             assert res.exit_code == 0 and res.stdout.split("\n")[:6] == [
                 "1000", "/app", APP_README.rstrip("\n"), "1000 new.txt", "1000 1000", "more"], res
-            assert await sb.read_file("readme.txt") == APP_README.encode()
+            assert await sb.read_file("readme.txt") == APP_README.encode() + b"more\n"
             await sb.write_file("sub/by_tool.txt", b"tool\n")
             assert (await sb.exec("stat -c %u sub/by_tool.txt && cat sub/by_tool.txt", timeout=30)).stdout == \
                 "1000\ntool\n"

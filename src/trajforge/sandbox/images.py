@@ -11,6 +11,8 @@ failure (retried on resume, since a new run checks afresh) and the run goes on.
 `seed(image, path)` serves rows whose `cwd` already holds files in the image (a checked-out
 repository, say): the workspace is mounted over that path, so its content is copied out of the
 image once per (image, path) and then into each sample's workspace before its container starts.
+The copy out is the engine's tar stream, unpacked with the owners in its headers and checked entry
+by entry (seed_tar.py); more than MAX_SEED_BYTES stops it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 
 from trajforge.sandbox.base import SandboxError
 from trajforge.sandbox.engine import Engine, container_name, last_line
+from trajforge.sandbox.seed_tar import copy_out
 
 MAX_SEED_BYTES = 1 << 30  # content of a row's cwd copied into every sample's workspace
 
@@ -103,17 +106,12 @@ class ImageChecker:
                                         image, "infinity", timeout=120)
         if created.exit_code != 0:
             raise SandboxError(f"cannot read {path} from image {image!r}: {last_line(created)}")
-        try:
-            copied = await self.engine.run("cp", f"{name}:{path.rstrip('/')}/.", str(dest), timeout=600)
+        try:  # as a tar stream: its headers carry the owners, a copy into a directory does not
+            copied = await copy_out(self.engine.argv("cp", f"{name}:{path.rstrip('/')}/.", "-"), self.engine.env,
+                                    dest, limit=MAX_SEED_BYTES, what=f"{path} in image {image!r}", timeout=600)
         finally:
             await self.engine.run(*self.engine.rm_args(name), timeout=120)
-        if copied.exit_code != 0 or not any(dest.iterdir()):
-            return None  # the image has no such directory, or an empty one
-        size = sum(p.lstat().st_size for p in dest.rglob("*"))
-        if size > MAX_SEED_BYTES:
-            raise SandboxError(f"{path} in image {image!r} holds {size >> 20} MiB; the workspace mounted there "
-                               f"would need a copy per sample (limit {MAX_SEED_BYTES >> 20} MiB): use another cwd")
-        return dest
+        return dest if copied else None  # None: the image has no such directory, or an empty one
 
     async def aclose(self) -> None:
         tasks = [*self._checks.values(), *self._seeds.values()]
