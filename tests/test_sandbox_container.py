@@ -303,7 +303,8 @@ def docker_host(podman: Engine, tmp_path_factory: pytest.TempPathFactory,
         service.wait()
 
 
-def test_docker_cli_engine(tmp_path: Path, busybox_image: str, docker_host: str) -> None:
+def test_docker_cli_engine(tmp_path: Path, busybox_image: str, busybox_user_image: str, docker_host: str) -> None:
+    """Including the seed of a row's cwd through `docker cp CTR:/app/. -` (the USER's files stay its own)."""
     async def body() -> None:
         status = await detect("docker", refresh=True)
         assert status.engine is not None and status.engine.kind == "docker", status.reasons
@@ -311,10 +312,17 @@ def test_docker_cli_engine(tmp_path: Path, busybox_image: str, docker_host: str)
         cfg = config(container_engine="docker", run_name=f"ctest-docker-{os.getpid()}")
         sb = await create_sandbox(cfg, cwd="/app", image=busybox_image, root=tmp_path)
         try:
-            res = await sb.exec("cat /image-marker.txt && pwd", timeout=30)
-            assert res.stdout == MARKER + "/app\n", res
+            res = await sb.exec("cat /image-marker.txt && pwd && cat readme.txt", timeout=30)
+            assert res.stdout == MARKER + "/app\n" + APP_README, res
             res = await sb.exec("sleep 35", timeout=1)
             assert res.timed_out and "sleep 35" not in await processes(sb)
+        finally:
+            await sb.close()
+        sb = await create_sandbox(cfg, cwd="/app", image=busybox_user_image, root=tmp_path)
+        try:
+            res = await sb.exec("id -u; stat -c '%u %g' readme.txt; echo more >> readme.txt && tail -n1 readme.txt",
+                                timeout=30)
+            assert res.exit_code == 0 and res.stdout == "1000\n1000 1000\nmore\n", res
         finally:
             await sb.close()
         with pytest.raises(SandboxError, match="not available"):
@@ -369,6 +377,7 @@ def test_file_operations_run_inside_the_container(tmp_path: Path, image_fixture:
         await sb.start()
         assert (sb.helper is not None) == helper  # the path this run exercises
         try:
+            assert await sb.read_file("readme.txt") == APP_README.encode()  # both images seed /app
             assert await sb.write_file("notes.txt", b"hi\n") == "notes.txt"
             assert await sb.write_file("sub/dir/x.txt", b"x\n") == "sub/dir/x.txt"
             assert await sb.write_file("images/a.png", b"1", how="new") == "images/a.png"
