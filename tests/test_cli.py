@@ -381,3 +381,35 @@ def test_a_verbose_run_never_shows_the_api_key(tmp_path: Path, clean_env: dict[s
     for p in files:
         assert b"SECRET" not in p.read_bytes(), p
     assert json.loads((tmp_path / "data" / "tasks" / "config.json").read_text())["api_key"] == "***"
+
+
+def _exit_now_child(body: str) -> subprocess.CompletedProcess[str]:
+    """`body` then exit_now(3) in a child Python whose stdout and stderr are pipes (block-buffered)."""
+    code = "import atexit, sys, threading, time\nfrom trajforge.cli import exit_now\n" + body + "\nexit_now(3)\n"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_the_fast_exit_still_flushes_the_streams_and_runs_the_atexit_handlers() -> None:
+    """exit_now skips the interpreter's teardown, not what the teardown is for: text still in the
+    streams' buffers, atexit handlers (registered last, run first), the exit code."""
+    done = _exit_now_child("atexit.register(print, 'handler ran'); print('x' * 5000, end='|');"
+                           "print('to stderr', file=sys.stderr, end='')")
+    assert done.returncode == 3
+    assert done.stdout == "x" * 5000 + "|handler ran\n"
+    assert done.stderr == "to stderr"
+
+
+def test_the_fast_exit_waits_for_a_thread_that_still_works() -> None:
+    """A non-daemon thread alive at the end: the normal exit, which joins it, is taken instead."""
+    done = _exit_now_child("threading.Thread(target=lambda: (time.sleep(0.5), print('thread finished'))).start()")
+    assert done.returncode == 3 and done.stdout == "thread finished\n"
+
+
+def test_python_m_trajforge_and_the_console_script_exit_with_mains_code(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    for argv in ([sys.executable, "-m", "trajforge"], [str(Path(sys.executable).parent / "trajforge")]):
+        done = subprocess.run([*argv, "--version"], capture_output=True, text=True, env=env, timeout=60)
+        assert (done.returncode, done.stdout) == (0, f"trajforge {__version__}\n"), argv
+        done = subprocess.run([*argv, "nosuch"], capture_output=True, text=True, env=env, timeout=60)
+        assert done.returncode == 2 and "unknown command 'nosuch'" in done.stderr, argv

@@ -1,3 +1,3 @@
-from trajforge.cli import main
+from trajforge.cli import entry
 
-raise SystemExit(main())
+entry()
