@@ -6,7 +6,8 @@ while they run. On Python 3.11 the loop waits for subprocesses through pidfds (o
 command need not cost a thread); SIGINT/SIGTERM first stop scheduling and give in-flight samples a
 few seconds, and a second one syncs the batch files and the checkpoint and exits at once (130);
 while no sample finishes, a periodic flush still fsyncs, saves the checkpoint and redraws the
-status line, and hands an output error to the run's halt.
+status line, and hands an output error to the run's halt. The garbage collector is tuned for the
+run's duration (tuned_collector: the start-up heap frozen, young objects collected less often).
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ A file of the run that cannot be written (disk full, read-only, I/O error) stops
 outcomes not yet written are dropped (those samples run again on --resume), what is written is
 kept, and the run ends with one line naming the file. stdout/stderr go through
 runner.console.SafeStream: scrubbed of the run's secrets, and never fatal when closed. What the
-event loop is given besides the work (child watcher, SIGINT/SIGTERM, periodic flush) is
-runner.eventloop's.
+event loop is given besides the work (child watcher, collector settings, SIGINT/SIGTERM,
+periodic flush) is runner.eventloop's.
 """
 
 from __future__ import annotations
