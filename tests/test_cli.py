@@ -413,3 +413,9 @@ def test_python_m_trajforge_and_the_console_script_exit_with_mains_code(tmp_path
         assert (done.returncode, done.stdout) == (0, f"trajforge {__version__}\n"), argv
         done = subprocess.run([*argv, "nosuch"], capture_output=True, text=True, env=env, timeout=60)
         assert done.returncode == 2 and "unknown command 'nosuch'" in done.stderr, argv
+
+
+def test_the_fast_exit_copes_with_a_stdout_that_is_gone() -> None:
+    """Closed and set to None (a detached process): the exit code and stderr still come out."""
+    done = _exit_now_child("sys.stdout.close(); sys.stdout = None; print('still here', file=sys.stderr, end='')")
+    assert (done.returncode, done.stderr) == (3, "still here")

@@ -151,7 +151,8 @@ def exit_now(code: int) -> NoReturn:
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
-                stream.flush()
+                if stream is not None:  # None: started without that stream (a detached process)
+                    stream.flush()
             except (OSError, ValueError):  # closed, or a pipe whose reader left: nothing more to say
                 pass
         os._exit(code)
