@@ -26,3 +26,16 @@ def test_the_defaults_come_back_when_the_run_raises() -> None:
     except KeyboardInterrupt:
         pass
     assert gc.get_threshold() == before and gc.get_freeze_count() == frozen
+
+
+def test_a_caller_that_froze_its_own_heap_keeps_it_frozen() -> None:
+    """An in-process caller's own gc.freeze() survives a run (unfreeze would thaw it too)."""
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with tuned_collector():
+            assert gc.get_threshold()[0] == 10_000
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()

@@ -8,7 +8,7 @@ Every subcommand builds its parser here, so all of them behave the same way:
 - config files are YAML mappings read by trajforge.config_load (load_yaml_mapping, build_config).
 
 No subcommand imports trajforge.cli (the dispatcher): they import this module, which imports only
-the leaves (config, errors).
+the error tree (trajforge.errors).
 """
 
 from __future__ import annotations

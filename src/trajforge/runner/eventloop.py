@@ -53,15 +53,20 @@ def tuned_collector(young: int = 10_000) -> Iterator[None]:
     A run allocates in bursts (a reply parsed per session, 256 in one tick): with the defaults the
     collector ran ~300 times, ~0.5 s of the event loop's ~6 s in bench/throughput.py's main
     scenario, about 0.1 s with this. The cost is at most `young` objects' worth of unreclaimed
-    cycles at a time. In-process callers (tests, notebooks) get the defaults back."""
+    cycles at a time. In-process callers (tests, notebooks) get the defaults back; one that froze its
+    own heap before keeps it frozen (gc.unfreeze cannot tell whose objects are whose, so the run
+    then adds nothing to the frozen set)."""
     before = gc.get_threshold()
-    gc.freeze()
+    ours = gc.get_freeze_count() == 0
+    if ours:
+        gc.freeze()
     gc.set_threshold(young, *before[1:])
     try:
         yield
     finally:
         gc.set_threshold(*before)
-        gc.unfreeze()
+        if ours:
+            gc.unfreeze()
 
 
 async def flush_periodically(batch_store: store.BatchStore, checkpoint: Checkpoint, progress: Progress,

@@ -140,7 +140,8 @@ async def copy_out(argv: list[str], env: dict[str, str], dest: Path, *, limit: i
             raise
         err.seek(0)
         said = err.read(100_000).decode(errors="replace").strip()
-    got = any(os.scandir(dest))
+    with os.scandir(dest) as entries:
+        got = next(entries, None) is not None
     if error is not None or proc.returncode != 0 or not got:
         shutil.rmtree(dest, ignore_errors=True)
     if isinstance(error, SandboxError):
