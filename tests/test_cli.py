@@ -419,3 +419,28 @@ def test_the_fast_exit_copes_with_a_stdout_that_is_gone() -> None:
     """Closed and set to None (a detached process): the exit code and stderr still come out."""
     done = _exit_now_child("sys.stdout.close(); sys.stdout = None; print('still here', file=sys.stderr, end='')")
     assert (done.returncode, done.stderr) == (3, "still here")
+
+
+def test_the_command_keeps_a_256_kib_buffer_in_the_heap() -> None:
+    """tune_allocator: the buffer an asyncio transport reads into (256 KiB) comes from the heap
+    instead of an mmap and munmap per read. Where a block lands is read from /proc/self/maps;
+    the first half shows glibc's default does map it, so the second can fail."""
+    code = """
+import ctypes
+from trajforge.cli import tune_allocator
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+def in_heap():
+    p = libc.malloc(256 << 10)
+    for line in open("/proc/self/maps"):
+        if line.rstrip().endswith("[heap]"):
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            return lo <= p < hi
+    return False
+before = in_heap()
+tune_allocator()
+print(before, in_heap())
+"""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert done.stdout.split() == ["False", "True"], done.stderr

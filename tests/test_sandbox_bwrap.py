@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import contextlib
 import json
 import os
@@ -378,6 +379,29 @@ def test_cancelled_commands_die_whenever_the_cancel_lands(tmp_path: Path) -> Non
                 await asyncio.sleep(0.1)
             assert "sleep 3" not in ps, ps
             assert (await sb.exec("echo still", timeout=10)).stdout == "still\n"
+        finally:
+            await sb.close()
+
+    asyncio.run(body())
+
+
+@needs_bwrap
+def test_large_payloads_and_overlapping_requests_cross_the_helper_whole(tmp_path: Path) -> None:
+    """Both ends read the channel 64 KiB at a time: a payload of several MiB arrives in many reads
+    and is reassembled byte for byte, and requests in flight together each get their own reply."""
+    big = bytes(range(256)) * (5 * 4096) + b"tail"  # 5 MiB and a bit: ~80 reads at either end
+    small = [f"file {i}\n".encode() * (i + 1) for i in range(12)]
+
+    async def body() -> None:
+        sb = await started(tmp_path, network=False)
+        try:
+            await sb.write_file("big.bin", big)
+            assert await sb.read_file("big.bin") == big
+            res = await sb.exec("wc -c < big.bin; sha256sum big.bin", timeout=20)
+            assert res.stdout.split()[:2] == [str(len(big)), hashlib.sha256(big).hexdigest()], res
+            await asyncio.gather(*(sb.write_file(f"s{i}", data) for i, data in enumerate(small)))
+            got = await asyncio.gather(sb.read_file("big.bin"), *(sb.read_file(f"s{i}") for i in range(12)))
+            assert got == [big, *small]
         finally:
             await sb.close()
 

@@ -97,7 +97,7 @@ class HelperChannel:
     # --- transport -------------------------------------------------------------------------
     def _on_readable(self) -> None:
         try:
-            data = self.sock.recv(1 << 20)
+            data = self.sock.recv(1 << 16)  # not more: glibc serves a larger buffer with mmap and munmap
         except (BlockingIOError, InterruptedError):
             return
         except OSError as e:
