@@ -118,6 +118,31 @@ def test_egress_reaches_the_public_server_and_nothing_internal(tmp_path: Path) -
     asyncio.run(main())
 
 
+@needs_egress
+def test_egress_samples_resolve_through_slirp_and_the_run_leaves_no_file_behind(tmp_path: Path) -> None:
+    """The resolv.conf naming slirp's DNS forwarder comes to bwrap through a pipe: before, every
+    run left a /tmp/trajforge-net-* directory holding it."""
+    import tempfile
+
+    def leftovers() -> set[str]:
+        return {p.name for p in Path(tempfile.gettempdir()).glob("trajforge-net-*")}
+
+    async def main() -> None:
+        before = leftovers()
+        sb = BwrapSandbox(tmp_path, network=False, egress=True)
+        await sb.start()
+        try:
+            out = await sb.exec("cat /etc/resolv.conf; echo x >> /etc/resolv.conf && echo wrote", timeout=30)
+            mounts = await sb.exec("grep resolv.conf /proc/self/mountinfo", timeout=30)
+        finally:
+            await sb.close()
+        assert "nameserver 10.0.2.3" in out.stdout and "wrote" not in out.stdout, out
+        assert mounts.stdout and "trajforge-net-" not in mounts.stdout, mounts  # not bound from a host file
+        assert leftovers() <= before
+
+    asyncio.run(main())
+
+
 def hostile_policy(req: Recorded) -> Reply:
     """The prompt is a JSON list of [tool, arguments]; one call per turn, then an answer."""
     plan: list[list[Any]] = json.loads(user_prompt(req.body))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from trajforge.sandbox.base import SandboxError
@@ -28,7 +28,7 @@ from trajforge.sandbox.bwrap_layout import (
     host_layout,
     resolv_conf_target,
 )
-from trajforge.sandbox.bwrap_start import args_pipe, helper_source, holder_ready
+from trajforge.sandbox.bwrap_start import args_pipe, helper_source, holder_ready, pipe_of
 from trajforge.sandbox.forkserver import Zygote
 from trajforge.sandbox.process import SAFE_PATH, kill_group
 from trajforge.sandbox.resources import SampleLimits
@@ -38,9 +38,11 @@ from trajforge.sandbox.slots import SlotPool
 
 class RootRuntime:
     def __init__(self, *, template_argv: Sequence[str], network: str, allow: Sequence[str] = (),
-                 limits: SampleLimits | None = None) -> None:
-        """template_argv: the bwrap command line of the template (bwrap.bwrap_argv), up to the command."""
+                 limits: SampleLimits | None = None, files: Mapping[str, bytes] | None = None) -> None:
+        """template_argv: the bwrap command line of the template (bwrap.bwrap_argv), up to the command;
+        files: read-only files of the system view by their path inside, bound from pipes (no host file)."""
         self.template_argv = list(template_argv)
+        self.files = dict(files or {})
         self.network, self.allow = network, tuple(allow)
         self.limits = limits or SampleLimits(memory=None, disk=None)
         self.zygote = Zygote()
@@ -61,16 +63,19 @@ class RootRuntime:
         return self
 
     async def _start_template(self) -> None:
-        args_r = args_pipe(self.template_argv[1:])
+        data = {inside: pipe_of(content) for inside, content in self.files.items()}
+        args_r = args_pipe([*self.template_argv[1:], *(a for inside, fd in data.items()  # bwrap's default is 0600
+                                                       for a in ("--perms", "0444", "--ro-bind-data", str(fd), inside))])
         try:
             self._holder = await asyncio.create_subprocess_exec(
                 self.template_argv[0], "--args", str(args_r), "cat", stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={"PATH": SAFE_PATH},
-                pass_fds=(args_r,), start_new_session=True)
+                pass_fds=(args_r, *data.values()), start_new_session=True)
         except OSError as e:
             raise SandboxError(f"cannot start bwrap: {e}") from e
         finally:
-            os.close(args_r)
+            for fd in (args_r, *data.values()):
+                os.close(fd)
         init = await holder_ready(self._holder)
         await self.zygote.request("template", pid=init)
 
@@ -117,9 +122,7 @@ async def root_runtime(bwrap: str | None, network: str, allow: Sequence[str] = (
     bwrap = bwrap or find_bwrap()
     if bwrap is None:
         raise SandboxError(NOT_FOUND)
-    extra = ["--dir", WORKSPACE]
-    if network == "egress":
-        extra += ["--ro-bind", resolv_conf(), "/etc/resolv.conf"]  # slirp's DNS forwarder
     argv = bwrap_argv(bwrap, layout=host_layout(), binds=[], chdir="/", network=False, privileged=True,
-                      extra_ro=resolv_conf_target(), extra=extra)
-    return await RootRuntime(template_argv=argv, network=network, allow=allow, limits=limits).start()
+                      extra_ro=resolv_conf_target(), extra=["--dir", WORKSPACE])
+    files = {"/etc/resolv.conf": resolv_conf()} if network == "egress" else {}  # slirp's DNS forwarder
+    return await RootRuntime(template_argv=argv, network=network, allow=allow, limits=limits, files=files).start()

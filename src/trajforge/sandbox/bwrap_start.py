@@ -32,10 +32,10 @@ Started = tuple[asyncio.subprocess.Process, HelperChannel]
 
 def args_pipe(args: list[str]) -> int:
     """A pipe holding bwrap's NUL-separated arguments (a few KB: fits the pipe); its read end."""
-    return _pipe_of(b"".join(a.encode() + b"\0" for a in args))
+    return pipe_of(b"".join(a.encode() + b"\0" for a in args))
 
 
-def _pipe_of(data: bytes) -> int:
+def pipe_of(data: bytes) -> int:
     """A pipe holding `data`, its read end. The write never blocks: `data` must fit the pipe's
     64 KiB buffer (bwrap's arguments, the seccomp filter, the helper's source all do)."""
     assert len(data) < 60_000
@@ -76,9 +76,9 @@ async def start_user(argv: list[str], python: str, *, output_cap: int) -> Starte
     # bwrap installs the filter (seccomp.py) on the helper, whose every command inherits it: no
     # sample makes a user namespace of its own inside the one bwrap made for it.
     program = seccomp_program(os.uname().machine)
-    filters = [_pipe_of(program)] if program is not None else []
+    filters = [pipe_of(program)] if program is not None else []
     args_r = args_pipe([*argv[1:], "--as-pid-1", *(a for fd in filters for a in ("--seccomp", str(fd)))])
-    src_r = _pipe_of(helper_source())  # the source comes on stdin, not argv: `ps` inside shows a one-liner
+    src_r = pipe_of(helper_source())  # the source comes on stdin, not argv: `ps` inside shows a one-liner
     try:
         holder = await asyncio.create_subprocess_exec(
             argv[0], "--args", str(args_r), python, "-S", "-I", "-c", _BOOT, str(theirs.fileno()),

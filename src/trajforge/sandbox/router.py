@@ -69,18 +69,11 @@ def router_ruleset(allow: Sequence[str] = (), host_addrs: Sequence[str] | None =
     return "\n".join(lines) + "\n"
 
 
-_resolv_dir: str | None = None
-
-
-def resolv_conf() -> str:
-    """A resolv.conf naming slirp's DNS forwarder, bound over /etc/resolv.conf in egress mode
-    (the host's resolver is often on a loopback or private address the sample may not reach)."""
-    global _resolv_dir
-    if _resolv_dir is None or not os.path.exists(os.path.join(_resolv_dir, "resolv.conf")):
-        _resolv_dir = tempfile.mkdtemp(prefix="trajforge-net-")
-        with open(os.path.join(_resolv_dir, "resolv.conf"), "w", encoding="ascii") as f:
-            f.write(f"nameserver {SLIRP_DNS}\noptions edns0\n")
-    return os.path.join(_resolv_dir, "resolv.conf")
+def resolv_conf() -> bytes:
+    """The resolv.conf bound over /etc/resolv.conf in egress mode, naming slirp's DNS forwarder
+    (the host's resolver is often on a loopback or private address the sample may not reach).
+    bwrap reads it from a pipe (--ro-bind-data): no file on the host to create or clean up."""
+    return f"nameserver {SLIRP_DNS}\noptions edns0\n".encode("ascii")
 
 
 class Router:
