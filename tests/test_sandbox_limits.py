@@ -139,36 +139,47 @@ def test_cpu_time_per_command_is_limited(tmp_path: Path) -> None:
 
 
 @needs_limits
-def test_a_killed_runner_s_disk_and_cgroup_are_swept(tmp_path: Path, clean_env: dict[str, str]) -> None:
+def test_a_killed_runner_s_disk_cgroup_and_workspace_root_are_swept(tmp_path: Path, clean_env: dict[str, str],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     import signal
     import sys
+    import tempfile
     import textwrap
 
     from trajforge.sandbox import resources
 
-    script = textwrap.dedent(f"""
+    temp = tmp_path / "temp"  # the runner's temporary directory, where its workspace root goes
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # where this process's sweep looks
+
+    script = textwrap.dedent("""
         import asyncio, sys
         from pathlib import Path
         from trajforge.sandbox.bwrap import BwrapSandbox
         from trajforge.sandbox.resources import SampleLimits
+        from trajforge.sandbox.workspace import run_root
         async def main():
-            sb = BwrapSandbox(Path({str(tmp_path)!r}), network=False,
+            root = run_root()  # in TMPDIR, named with this process's pid
+            sb = BwrapSandbox(Path(root.name), network=False,
                               sample_limits=SampleLimits(disk=64 << 20, memory=64 << 20))
             await sb.start()
             print(sb.workspace.parent.parent, sb.memory_group.path, flush=True)  # the disk: .slots.trajforge-<pid>/slot-N, workspaces in slot-N/w
             await asyncio.sleep(60)
         asyncio.run(main())
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], env=clean_env, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", script], env={**clean_env, "TMPDIR": str(temp)},
+                            stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     ws, group = map(Path, proc.stdout.readline().split())
+    [root] = temp.iterdir()
+    assert root.name.startswith(f"trajforge-ws-{proc.pid}-") and ws.is_relative_to(root)
     assert ws.exists() and group.exists() and str(ws) in Path("/proc/self/mounts").read_text()
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     resources._swept = False  # the sweep runs once per process; this process has not swept the new leftovers
     gone = asyncio.run(resources.sweep_leftovers())
     assert str(ws) in gone and str(ws) not in Path("/proc/self/mounts").read_text()
-    assert not list(tmp_path.glob("*.img")) and not list(tmp_path.glob(".slots.*"))  # images, the mount points' tmpfs
+    assert str(root) in gone and not root.exists()  # the workspace root with its images and mount points' tmpfs
     assert str(tmp_path) not in Path("/proc/self/mounts").read_text()
     for _ in range(100):  # the killed holder's processes leave the cgroup as the kernel reaps them
         if not group.exists():
@@ -179,6 +190,51 @@ def test_a_killed_runner_s_disk_and_cgroup_are_swept(tmp_path: Path, clean_env: 
 
         time.sleep(0.05)
     assert not group.exists()
+
+
+def test_the_root_sweep_removes_only_dead_runners_roots_and_never_follows_what_a_sample_left(tmp_path: Path) -> None:
+    """What a killed sample left in its workspace is hostile: a link to a host directory, a FIFO,
+    a directory it made read-only. The sweep removes the tree without following or opening any."""
+    import sys
+
+    from trajforge.sandbox.workspace import sweep_roots
+
+    dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "precious").write_text("keep")
+    temp = tmp_path / "temp"
+    dead = temp / f"trajforge-ws-{dead_pid}-abc"
+    sample = dead / "sample-1"
+    (sample / "ro").mkdir(parents=True)
+    (sample / "ro" / "f").write_text("x")
+    (sample / "link").symlink_to(host)
+    (sample / "file-link").symlink_to(host / "precious")
+    os.mkfifo(sample / "fifo")
+    os.chmod(sample / "ro", 0o500)
+    live = temp / "trajforge-ws-1-abc"  # pid 1 is alive
+    older = temp / "trajforge-ws-abcdefgh"  # a root without a pid (an older version's): not ours to judge
+    someone_else = temp / f"trajforge-ws-{dead_pid}-other"  # another user's directory of that name
+    for keep in (live, older, someone_else):
+        (keep / "sample-1").mkdir(parents=True)
+    if os.geteuid() == 0:
+        os.chown(someone_else, 1000, -1)
+    else:
+        someone_else = live
+    assert sweep_roots(str(temp)) == [str(dead)]
+    assert not dead.exists() and live.exists() and older.exists() and someone_else.exists()
+    assert (host / "precious").read_text() == "keep"
+    if os.geteuid() == 0:  # a dead root with a filesystem mounted beneath it is not emptied through it
+        (sample / "ro").mkdir(parents=True)
+        subprocess.run(["mount", "-t", "tmpfs", "none", str(sample / "ro")], check=True)
+        try:
+            (sample / "ro" / "inside").write_text("mounted")
+            assert sweep_roots(str(temp)) == []
+            assert (sample / "ro" / "inside").exists()
+        finally:
+            subprocess.run(["umount", str(sample / "ro")], check=True)
+        assert sweep_roots(str(temp)) == [str(dead)]
 
 
 @pytest.mark.skipif(not ROOT_BWRAP or cgroup_parent() is None, reason="needs root bwrap and a memory cgroup")

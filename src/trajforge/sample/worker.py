@@ -31,6 +31,7 @@ from trajforge.sample.settings import sandbox_settings, tool_settings
 from trajforge.sample.trace import tracer
 from trajforge.sandbox.base import Sandbox
 from trajforge.sandbox.factory import SandboxProvider
+from trajforge.sandbox.workspace import run_root
 from trajforge.tools.base import ToolContext, Toolset, Unavailable
 from trajforge.tools.registry import build_toolsets, tools_for
 from trajforge.verify.result import Part
@@ -72,7 +73,7 @@ class SampleWorker:
             self.workspace_root = self._root_override
             self.workspace_root.mkdir(parents=True, exist_ok=True)
         else:
-            self._tmp = tempfile.TemporaryDirectory(prefix="trajforge-ws-")
+            self._tmp = run_root()  # sandbox/workspace.py: a killed run's is swept by the next
             self.workspace_root = Path(self._tmp.name)
         return self.unavailable
 

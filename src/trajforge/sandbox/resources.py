@@ -10,7 +10,8 @@
 - workspace disk: a size-limited loop-mounted image (disk.py).
 A runner killed with SIGKILL cannot unmount or remove anything: `sweep_leftovers` (once per
 process, before the first sample's limits are set up) unmounts and deletes the disk images and
-removes the cgroups of runners that no longer exist; both carry the owner's pid in their name.
+removes the cgroups and workspace roots of runners that no longer exist; all carry the owner's pid
+in their name.
 After each command `Resources.check` turns a hit limit into a SandboxError (the sample fails as
 `sandbox` with a message naming the limit), so other samples run on while this one ends.
 """
@@ -27,6 +28,7 @@ from pathlib import Path
 from trajforge.sandbox.base import SandboxError
 from trajforge.sandbox.disk import DiskImage, disk_usable, human, pid_alive, sweep_images
 from trajforge.sandbox.settings import SampleLimits
+from trajforge.sandbox.workspace import sweep_roots
 
 V2_ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
@@ -150,6 +152,7 @@ async def sweep_leftovers(force: bool = False) -> list[str]:
         return []
     _swept = True
     gone = await sweep_images()
+    gone += sweep_roots()  # the workspace roots those disks were mounted in
     where = cgroup_parent()
     if where is not None and where[1].is_dir():
         for group in where[1].iterdir():

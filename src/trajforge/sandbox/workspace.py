@@ -3,6 +3,10 @@
 Shared by the backends that keep the workspace on the runner's machine (local, bwrap and the
 container's bind mount). The row's `cwd` becomes a directory inside it: relative as given, and
 an absolute one (/app) mapped beneath it, since it cannot exist on the host for every sample.
+
+The run's root, unless `keep_workspaces` puts it in the run directory, is a temporary directory
+named with the runner's pid (`run_root`): a runner killed with SIGKILL cannot remove it, so the
+next one removes those whose owner is gone (`sweep_roots`), as it does their disks and cgroups.
 """
 
 from __future__ import annotations
@@ -17,7 +21,49 @@ import tempfile
 from pathlib import Path
 
 from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.disk import pid_alive
 from trajforge.sandbox.process import SAFE_PATH
+
+
+ROOT_PREFIX = "trajforge-ws-"
+
+
+def run_root() -> tempfile.TemporaryDirectory[str]:
+    """This process's workspace root in the temporary directory, after sweeping dead runners' roots."""
+    sweep_roots()
+    return tempfile.TemporaryDirectory(prefix=f"{ROOT_PREFIX}{os.getpid()}-")
+
+
+def sweep_roots(where: str | None = None) -> list[str]:
+    """Remove the workspace roots of runners (of this user) that no longer exist; what went. A root with a
+    filesystem still mounted beneath it (a killed runner's disks: resources.sweep_leftovers
+    unmounts them first, and calls this again) is left alone rather than emptied through it."""
+    where = where or tempfile.gettempdir()
+    try:
+        with os.scandir(where) as it:
+            dead = [e.path for e in it if e.name.startswith(ROOT_PREFIX) and _owner_gone(e.name)
+                    and e.is_dir(follow_symlinks=False) and e.stat(follow_symlinks=False).st_uid == os.geteuid()]
+    except OSError:
+        return []
+    if not dead:
+        return []
+    try:
+        with open("/proc/self/mounts", encoding="utf-8") as f:
+            points = [line.split()[1].replace("\\040", " ") for line in f if len(line.split()) > 1]
+    except OSError:
+        return []
+    gone = []
+    for root in dead:
+        if not any(p == root or p.startswith(root + "/") for p in points):
+            _remove_tree(Path(root))
+            if not os.path.exists(root):
+                gone.append(root)
+    return gone
+
+
+def _owner_gone(name: str) -> bool:
+    pid = name[len(ROOT_PREFIX):].split("-", 1)[0]  # roots of older versions (no pid) stay
+    return pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid))
 
 
 def create(root: Path, cwd: str | None) -> tuple[Path, Path]:
