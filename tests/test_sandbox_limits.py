@@ -157,9 +157,9 @@ def test_a_killed_runner_s_disk_cgroup_and_workspace_root_are_swept(tmp_path: Pa
         from pathlib import Path
         from trajforge.sandbox.bwrap import BwrapSandbox
         from trajforge.sandbox.resources import SampleLimits
-        from trajforge.sandbox.workspace import run_root
+        from trajforge.sandbox.workspace import RunRoot
         async def main():
-            root = run_root()  # in TMPDIR, named with this process's pid
+            root = RunRoot()  # in TMPDIR, named with this process's pid
             sb = BwrapSandbox(Path(root.name), network=False,
                               sample_limits=SampleLimits(disk=64 << 20, memory=64 << 20))
             await sb.start()
@@ -197,6 +197,8 @@ def test_the_root_sweep_removes_only_dead_runners_roots_and_never_follows_what_a
     a directory it made read-only. The sweep removes the tree without following or opening any."""
     import sys
 
+    import fcntl
+
     from trajforge.sandbox.workspace import sweep_roots
 
     dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
@@ -216,14 +218,21 @@ def test_the_root_sweep_removes_only_dead_runners_roots_and_never_follows_what_a
     live = temp / "trajforge-ws-1-abc"  # pid 1 is alive
     older = temp / "trajforge-ws-abcdefgh"  # a root without a pid (an older version's): not ours to judge
     someone_else = temp / f"trajforge-ws-{dead_pid}-other"  # another user's directory of that name
-    for keep in (live, older, someone_else):
+    locked = temp / f"trajforge-ws-{dead_pid}-locked"  # a live runner's whose pid means nothing here
+    for keep in (live, older, someone_else, locked):
         (keep / "sample-1").mkdir(parents=True)
+    lock = os.open(locked, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(lock, fcntl.LOCK_EX)
     if os.geteuid() == 0:
         os.chown(someone_else, 1000, -1)
     else:
         someone_else = live
-    assert sweep_roots(str(temp)) == [str(dead)]
-    assert not dead.exists() and live.exists() and older.exists() and someone_else.exists()
+    try:
+        assert sweep_roots(str(temp)) == [str(dead)]
+        assert not dead.exists() and live.exists() and older.exists() and someone_else.exists() and locked.exists()
+    finally:
+        os.close(lock)  # the runner is gone: the lock goes with it
+    assert sweep_roots(str(temp)) == [str(locked)]
     assert (host / "precious").read_text() == "keep"
     if os.geteuid() == 0:  # a dead root with a filesystem mounted beneath it is not emptied through it
         (sample / "ro").mkdir(parents=True)

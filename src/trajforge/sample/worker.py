@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import tempfile
 import time
 from collections.abc import Collection
 from pathlib import Path
@@ -31,7 +30,7 @@ from trajforge.sample.settings import sandbox_settings, tool_settings
 from trajforge.sample.trace import tracer
 from trajforge.sandbox.base import Sandbox
 from trajforge.sandbox.factory import SandboxProvider
-from trajforge.sandbox.workspace import run_root
+from trajforge.sandbox.workspace import RunRoot
 from trajforge.tools.base import ToolContext, Toolset, Unavailable
 from trajforge.tools.registry import build_toolsets, tools_for
 from trajforge.verify.result import Part
@@ -53,7 +52,7 @@ class SampleWorker:
         self.toolsets: dict[str, Toolset] = {}
         self.unavailable: list[Unavailable] = []
         self._root_override = workspace_root
-        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._tmp: RunRoot | None = None
         self.workspace_root: Path = Path()
         self.sandboxes: SandboxProvider | None = None
 
@@ -73,7 +72,7 @@ class SampleWorker:
             self.workspace_root = self._root_override
             self.workspace_root.mkdir(parents=True, exist_ok=True)
         else:
-            self._tmp = run_root()  # sandbox/workspace.py: a killed run's is swept by the next
+            self._tmp = RunRoot()  # sandbox/workspace.py: a killed run's is swept by the next
             self.workspace_root = Path(self._tmp.name)
         return self.unavailable
 

@@ -5,13 +5,16 @@ container's bind mount). The row's `cwd` becomes a directory inside it: relative
 an absolute one (/app) mapped beneath it, since it cannot exist on the host for every sample.
 
 The run's root, unless `keep_workspaces` puts it in the run directory, is a temporary directory
-named with the runner's pid (`run_root`): a runner killed with SIGKILL cannot remove it, so the
-next one removes those whose owner is gone (`sweep_roots`), as it does their disks and cgroups.
+(`RunRoot`) named with the runner's pid and locked (flock) while the runner lives: a runner killed
+with SIGKILL cannot remove it, so the next one removes those whose owner is gone and whose lock
+it can take (`sweep_roots`), as it does their disks and cgroups. The lock settles what the pid
+cannot: a runner in another pid namespace sharing the directory, or a reused pid.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import shutil
 import stat
@@ -28,16 +31,29 @@ from trajforge.sandbox.process import SAFE_PATH
 ROOT_PREFIX = "trajforge-ws-"
 
 
-def run_root() -> tempfile.TemporaryDirectory[str]:
-    """This process's workspace root in the temporary directory, after sweeping dead runners' roots."""
-    sweep_roots()
-    return tempfile.TemporaryDirectory(prefix=f"{ROOT_PREFIX}{os.getpid()}-")
+class RunRoot:
+    """This process's workspace root in the temporary directory, made after sweeping dead runners'
+    roots and locked until `cleanup` (or the process's death) so that no other runner sweeps it."""
+
+    def __init__(self) -> None:
+        sweep_roots()
+        self.name = tempfile.mkdtemp(prefix=f"{ROOT_PREFIX}{os.getpid()}-")
+        self._fd: int | None = os.open(self.name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)  # just made: never contended
+
+    def cleanup(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                _remove_tree(Path(self.name))
+            finally:
+                os.close(fd)
 
 
 def sweep_roots(where: str | None = None) -> list[str]:
-    """Remove the workspace roots of runners (of this user) that no longer exist; what went. A root with a
-    filesystem still mounted beneath it (a killed runner's disks: resources.sweep_leftovers
-    unmounts them first, and calls this again) is left alone rather than emptied through it."""
+    """Remove the workspace roots of runners (of this user) that no longer exist; what went. A root
+    still locked, or with a filesystem mounted beneath it (a killed runner's disks:
+    resources.sweep_leftovers unmounts them first, and calls this again), is left alone."""
     where = where or tempfile.gettempdir()
     try:
         with os.scandir(where) as it:
@@ -54,10 +70,21 @@ def sweep_roots(where: str | None = None) -> list[str]:
         return []
     gone = []
     for root in dead:
-        if not any(p == root or p.startswith(root + "/") for p in points):
+        if any(p == root or p.startswith(root + "/") for p in points):
+            continue
+        try:
+            fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by a live runner: BlockingIOError
             _remove_tree(Path(root))
-            if not os.path.exists(root):
-                gone.append(root)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        if not os.path.exists(root):
+            gone.append(root)
     return gone
 
 
