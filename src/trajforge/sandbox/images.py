@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import shutil
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from pathlib import Path
 from trajforge.sandbox.base import SandboxError
 from trajforge.sandbox.engine import Engine, container_name, last_line
 from trajforge.sandbox.seed_tar import copy_out
+from trajforge.sandbox.workspace import RunRoot
 
 MAX_SEED_BYTES = 1 << 30  # content of a row's cwd copied into every sample's workspace
 
@@ -97,9 +97,10 @@ class ImageChecker:
         return await asyncio.shield(task)
 
     async def _extract(self, image: str, path: str) -> Path | None:
-        if self._seed_root is None:
-            self._seed_root = Path(tempfile.mkdtemp(prefix="trajforge-seeds-"))
-            atexit.register(shutil.rmtree, self._seed_root, True)
+        if self._seed_root is None:  # a killed runner's is swept at the next start, as its workspaces are
+            root = RunRoot()
+            atexit.register(root.cleanup)
+            self._seed_root = Path(root.name)
         dest = Path(tempfile.mkdtemp(dir=self._seed_root))
         name = container_name()
         created = await self.engine.run("create", "--name", name, "--label", "trajforge=1", "--entrypoint", "sleep",
