@@ -64,8 +64,9 @@ class RootRuntime:
 
     async def _start_template(self) -> None:
         data = {inside: pipe_of(content) for inside, content in self.files.items()}
-        args_r = args_pipe([*self.template_argv[1:], *(a for inside, fd in data.items()  # bwrap's default is 0600
-                                                       for a in ("--perms", "0444", "--ro-bind-data", str(fd), inside))])
+        binds = [a for inside, fd in data.items()  # --perms: bwrap would make the file 0600, root's
+                 for a in ("--perms", "0444", "--ro-bind-data", str(fd), inside)]
+        args_r = args_pipe([*self.template_argv[1:], *binds])
         try:
             self._holder = await asyncio.create_subprocess_exec(
                 self.template_argv[0], "--args", str(args_r), "cat", stdin=asyncio.subprocess.PIPE,
