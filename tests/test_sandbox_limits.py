@@ -195,9 +195,8 @@ def test_a_killed_runner_s_disk_cgroup_and_workspace_root_are_swept(tmp_path: Pa
 def test_the_root_sweep_removes_only_dead_runners_roots_and_never_follows_what_a_sample_left(tmp_path: Path) -> None:
     """What a killed sample left in its workspace is hostile: a link to a host directory, a FIFO,
     a directory it made read-only. The sweep removes the tree without following or opening any."""
-    import sys
-
     import fcntl
+    import sys
 
     from trajforge.sandbox.workspace import sweep_roots
 

@@ -61,27 +61,29 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def mount_table() -> list[tuple[str, str, str]] | None:
+    """(source, mount point, filesystem type) of every mount this process sees; None if unreadable."""
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    return [(f[0], f[1].replace("\\040", " "), f[2]) for f in map(str.split, lines) if len(f) >= 3]
+
+
 async def sweep_images() -> list[str]:
     """Unmount and delete the disk images of runners that no longer exist (a sample's own,
     `<workspace>.trajforge-<pid>.img`, or a slot pool's, `.slots.trajforge-<pid>-<n>.img`, whose
     mount points are on the tmpfs `.slots.trajforge-<pid>`, loopdisk.py); their mount points."""
     gone: list[str] = []
-    try:
-        mounts = [line.split() for line in Path("/proc/self/mounts").read_text().splitlines()]
-    except OSError:
-        mounts = []
     pools: list[str] = []
-    for fields in mounts:
-        if len(fields) < 3:
-            continue
-        point = fields[1].replace("\\040", " ")
-        pool = _IMAGE_PID.fullmatch(Path(point).name) if fields[2] == "tmpfs" else None
+    for source, point, kind in mount_table() or []:
+        pool = _IMAGE_PID.fullmatch(Path(point).name) if kind == "tmpfs" else None
         if pool is not None and pool.group(2) is None and not pid_alive(int(pool.group(1))):
             pools.append(point)  # after the disks mounted in it
-        if not fields[0].startswith("/dev/loop"):
+        if not source.startswith("/dev/loop"):
             continue
         try:
-            backing = Path(f"/sys/block/{Path(fields[0]).name}/loop/backing_file").read_text().strip()
+            backing = Path(f"/sys/block/{Path(source).name}/loop/backing_file").read_text().strip()
         except OSError:
             continue
         match = _IMAGE_PID.fullmatch(Path(backing).name)

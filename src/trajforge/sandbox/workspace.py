@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from trajforge.sandbox.base import SandboxError
-from trajforge.sandbox.disk import pid_alive
+from trajforge.sandbox.disk import mount_table, pid_alive
 from trajforge.sandbox.process import SAFE_PATH
 
 
@@ -63,14 +63,12 @@ def sweep_roots(where: str | None = None) -> list[str]:
         return []
     if not dead:
         return []
-    try:
-        with open("/proc/self/mounts", encoding="utf-8") as f:
-            points = [line.split()[1].replace("\\040", " ") for line in f if len(line.split()) > 1]
-    except OSError:
+    mounts = mount_table()
+    if mounts is None:  # no way to tell what is mounted beneath: remove nothing
         return []
     gone = []
     for root in dead:
-        if any(p == root or p.startswith(root + "/") for p in points):
+        if any(point == root or point.startswith(root + "/") for _, point, _ in mounts):
             continue
         try:
             fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
