@@ -140,7 +140,9 @@ def test_cpu_time_per_command_is_limited(tmp_path: Path) -> None:
 
 @needs_limits
 def test_a_killed_runner_s_disk_cgroup_and_workspace_root_are_swept(tmp_path: Path, clean_env: dict[str, str],
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    import logging
     import signal
     import sys
     import tempfile
@@ -177,7 +179,10 @@ def test_a_killed_runner_s_disk_cgroup_and_workspace_root_are_swept(tmp_path: Pa
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     resources._swept = False  # the sweep runs once per process; this process has not swept the new leftovers
-    gone = asyncio.run(resources.sweep_leftovers())
+    with caplog.at_level(logging.WARNING, logger="trajforge.sandbox"):
+        gone = asyncio.run(resources.sweep_leftovers())
+    [line] = [r.getMessage() for r in caplog.records if r.name == "trajforge.sandbox"]  # one line says what went
+    assert f"removed {len(gone)} leftover(s) of a killed trajforge run" in line and gone[0] in line
     assert str(ws) in gone and str(ws) not in Path("/proc/self/mounts").read_text()
     assert str(root) in gone and not root.exists()  # the workspace root with its images and mount points' tmpfs
     assert str(tmp_path) not in Path("/proc/self/mounts").read_text()

@@ -28,7 +28,7 @@ from pathlib import Path
 from trajforge.sandbox.base import SandboxError
 from trajforge.sandbox.disk import DiskImage, disk_usable, human, pid_alive, sweep_images
 from trajforge.sandbox.settings import SampleLimits
-from trajforge.sandbox.workspace import sweep_roots
+from trajforge.sandbox.workspace import report_swept, sweep_roots
 
 V2_ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
@@ -161,7 +161,9 @@ async def sweep_leftovers(force: bool = False) -> list[str]:
                 with contextlib.suppress(OSError):
                     group.rmdir()  # only succeeds once its processes are gone, which is what we want
                     gone.append(str(group))
+    report_swept(gone)
     return gone
+
 
 
 def tmpfs_full(path: str, size: int | None) -> bool:

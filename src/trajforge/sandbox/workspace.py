@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import logging
 import os
 import shutil
 import stat
@@ -36,7 +37,7 @@ class RunRoot:
     roots and locked until `cleanup` (or the process's death) so that no other runner sweeps it."""
 
     def __init__(self) -> None:
-        sweep_roots()
+        report_swept(sweep_roots())
         self.name = tempfile.mkdtemp(prefix=f"{ROOT_PREFIX}{os.getpid()}-")
         self._fd: int | None = os.open(self.name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         fcntl.flock(self._fd, fcntl.LOCK_EX)  # just made: never contended
@@ -48,6 +49,16 @@ class RunRoot:
                 _remove_tree(Path(self.name))
             finally:
                 os.close(fd)
+
+
+def report_swept(gone: list[str]) -> None:
+    """One warning line for what a sweep removed: the first sample of a run after a crash waits for
+    it, and whoever finds a killed run's files gone should learn where they went."""
+    if gone:
+        more = f" and {len(gone) - 3} more" if len(gone) > 3 else ""
+        logging.getLogger("trajforge.sandbox").warning(
+            "removed %d leftover(s) of a killed trajforge run (disk images, memory cgroups, workspace roots): %s%s",
+            len(gone), ", ".join(gone[:3]), more)
 
 
 def sweep_roots(where: str | None = None) -> list[str]:
