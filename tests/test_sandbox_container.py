@@ -361,7 +361,8 @@ def test_dataset_mixing_images_end_to_end(tmp_path: Path, busybox_image: str, po
 @pytest.mark.parametrize("helper", [True, False], ids=["file-helper", "exec"])
 @pytest.mark.parametrize("image_fixture", ["busybox_image", "debian_tools_image"])
 def test_file_operations_run_inside_the_container(tmp_path: Path, image_fixture: str, helper: bool,
-                                                   request: pytest.FixtureRequest) -> None:
+                                                   request: pytest.FixtureRequest,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """read/write/search resolve in the container's view: through the file helper in the
     container's mount namespace (a root runner), or with the image's own tools (busybox, or
     Debian's GNU coreutils/findutils/tar and dash) one exec each. Either way links out, FIFOs,
@@ -388,6 +389,14 @@ def test_file_operations_run_inside_the_container(tmp_path: Path, image_fixture:
             found, more = await sb.search(".", "x|new")
             assert found == ["notes.txt:1: new", "sub/dir/x.txt:1: x"] and not more
             assert (await sb.search("sub", "x", target="files"))[0] == ["sub/dir/x.txt"]
+            from trajforge.sandbox import fsops
+
+            monkeypatch.setattr(fsops, "SEARCH_SECONDS", 1.0)  # a pattern that backtracks without end stops
+            assert await sb.write_file("a.txt", b"a" * 100 + b"!\n") == "a.txt"
+            with pytest.raises(FileOpError, match="backtrack|stopped"):
+                async with asyncio.timeout(30):
+                    await sb.search("a.txt", "(a+)+$")
+            monkeypatch.undo()
             res = await sb.exec("mkfifo ff && ln -s /etc etc-link && ln -s /image-marker.txt m && ln -s sub/dir in",
                                 timeout=20)
             assert res.exit_code == 0, res

@@ -305,3 +305,48 @@ def test_a_run_under_fifo_swaps_exits_on_its_own(tmp_path: Path, server: Scripte
     assert len(records) == 3
     for record in records:
         assert record["tool_stats"]["vision_analyze"]["count"] == VISION_CALLS
+
+
+@pytest.mark.parametrize("sandbox", ["local", "bwrap"])
+def test_a_pattern_that_backtracks_without_end_is_stopped_and_never_stalls_the_runner(
+        tmp_path: Path, sandbox: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """search_files with `(a+)+$` over a line of a's (2^100 steps for `re`): the search stops at its
+    time limit with a message the model can act on, the sandbox serves the next call, and the
+    runner's event loop keeps running meanwhile (in a thread of the runner, `re` held the GIL and
+    froze every session, Ctrl-C included)."""
+    from trajforge.sandbox import fsops
+    from tests.support.sandboxes import create_sandbox
+
+    if sandbox == "bwrap" and not asyncio.run(probe()).usable:
+        pytest.skip("bwrap is not usable here")
+    monkeypatch.setattr(fsops, "SEARCH_SECONDS", 1.0)
+
+    async def body() -> None:
+        network = "none" if sandbox == "bwrap" else "host"  # local has no network namespace to empty
+        sb = await create_sandbox(RunConfig(sandbox=sandbox, sandbox_network=network), cwd=None, image=None,
+                                  root=tmp_path)
+        try:
+            await sb.write_file("a.txt", b"a" * 100 + b"!\n")
+            ticks = 0
+
+            async def tick() -> None:
+                nonlocal ticks
+                while True:
+                    await asyncio.sleep(0.05)
+                    ticks += 1
+
+            ticker = asyncio.create_task(tick())
+            t0 = time.monotonic()
+            with pytest.raises(FileOpError) as err:
+                async with asyncio.timeout(30):
+                    await sb.search(".", "(a+)+$")
+            took = time.monotonic() - t0
+            ticker.cancel()
+            assert err.value.kind == "timeout" and "backtrack" in str(err.value), err.value
+            assert 0.9 < took < 10, took
+            assert ticks >= took / 0.05 * 0.5, (ticks, took)  # the loop ran all along
+            assert (await sb.search(".", "a!"))[0] == ["a.txt:1: " + "a" * 100 + "!"]  # the sandbox still serves
+        finally:
+            await sb.close()
+
+    asyncio.run(body())

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 __all__ = ["ExecResult", "FileOpError", "Job", "LogChunk", "PathEscapeError", "Sandbox", "SandboxError",
-           "SymlinkError", "check_model_path"]
+           "SymlinkError", "check_model_path", "raise_reply"]
 
 READ_CAP = 256 << 20  # the largest file a tool may ask for
 
@@ -148,3 +148,17 @@ class Provider(Protocol):
     def sample_limits(self) -> Any: ...
 
     async def network_mode(self) -> str: ...
+
+
+def raise_reply(reply: dict[str, Any]) -> None:
+    """Raise what an error reply of the helper protocol (fsops.reply_of) stands for; nothing for a
+    reply without one."""
+    kind = reply.get("error")
+    if kind is None:
+        return
+    msg = str(reply.get("msg", ""))
+    if kind == "symlink":
+        raise SymlinkError(str(reply.get("rel", "")), str(reply.get("link", "")))
+    if kind == "escape":
+        raise PathEscapeError(msg)
+    raise FileOpError(str(kind), msg)

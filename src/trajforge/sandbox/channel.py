@@ -26,9 +26,8 @@ try:  # ~10 us less per frame than json's; the sandbox package itself needs only
 except ImportError:  # (tests/test_sandbox_bwrap_user.py runs it as `nobody` with the system Python)
     from json import loads as _loads
 
-from trajforge.sandbox.base import (
-    ExecResult, FileOpError, Job, LogChunk, PathEscapeError, SandboxError, SymlinkError, check_model_path,
-)
+from trajforge.sandbox import fsops
+from trajforge.sandbox.base import ExecResult, Job, LogChunk, SandboxError, check_model_path, raise_reply
 from trajforge.sandbox.helper import CD_FAILED, CD_FAILED_EXIT
 from trajforge.sandbox.process import DETACH_GRACE, DETACH_NOTE, CappedBuffer
 
@@ -183,14 +182,9 @@ class HelperChannel:
         kind = reply.get("error")
         if kind is not None:
             self._procs.pop(rid, None)
-            msg = str(reply.get("msg", ""))
-            if kind == "symlink":
-                raise SymlinkError(str(reply.get("rel", "")), str(reply.get("link", "")))
-            if kind == "escape":
-                raise PathEscapeError(msg)
             if kind == "idle":
-                raise SlotIdle(msg)
-            raise FileOpError(str(kind), msg)
+                raise SlotIdle(str(reply.get("msg", "")))
+            raise_reply(reply)
         return reply, data
 
     def _kill_late(self, token: int | None, fut: asyncio.Future[tuple[dict[str, Any], bytes]]) -> None:
@@ -216,7 +210,7 @@ class HelperChannel:
                      max_files: int) -> tuple[list[str], bool]:
         reply, _ = await self.call({
             "op": "search", "path": check_model_path(path), "pattern": pattern, "target": target, "glob": glob,
-            "limit": limit, "max_file": max_file, "max_files": max_files})
+            "limit": limit, "max_file": max_file, "max_files": max_files, "seconds": fsops.SEARCH_SECONDS})
         found = reply.get("found")
         if not isinstance(found, list):
             raise SandboxError("the sandbox helper sent a malformed search result")

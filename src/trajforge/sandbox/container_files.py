@@ -22,7 +22,8 @@ import posixpath
 import tarfile
 
 from trajforge.sandbox.base import FileOpError, PathEscapeError, SandboxError, SymlinkError
-from trajforge.sandbox.fsops import SKIP_DIRS, check_model_path, scan
+from trajforge.sandbox.fsops import SKIP_DIRS, check_model_path
+from trajforge.sandbox.search_child import search_in_child
 from trajforge.sandbox.process import kill_group
 
 FILE_OP_TIMEOUT = 30.0
@@ -160,5 +161,6 @@ class ContainerFiles:
                     continue
                 data = (tar.extractfile(m) or io.BytesIO()).read()
                 is_file_itself = "/" not in sub and len(members) == 1 and not m.name.startswith("./")
-                entries.append(("" if is_file_itself else sub, sub.rsplit("/", 1)[-1], lambda d=data: d))
-        return scan(entries, path, pattern, target=target, glob=glob, limit=limit, max_files=max_files)
+                entries.append(("" if is_file_itself else sub, sub.rsplit("/", 1)[-1], data))
+        return await search_in_child({"entries": entries, "shown": path, "pattern": pattern, "target": target,
+                                      "glob": glob, "limit": limit, "max_files": max_files})

@@ -6,7 +6,8 @@ following symlinks only as far as they stay inside; `read`, `write` and `search`
 through safe_fs, which never follows a link and never opens a FIFO blocking. Failures the model
 can act on are FileOpError (with a `kind` the tools turn into their messages) or PathEscapeError.
 
-Who runs this: the local backend calls it in a thread on the host (its view *is* the host);
+Who runs this: the local backend calls it in a thread on the host (its view *is* the host),
+except `search`, which it runs in a child process (search_child.py, with `limited`);
 the bwrap helper runs the same code inside the sample's mount namespace as the sample's uid
 (sandbox/helper.py), so a link can only ever reach what the sample itself could. Stdlib only,
 pathlib-free, `re`/`fnmatch` imported on first search: the helper starts with a bare interpreter.
@@ -24,6 +25,7 @@ from trajforge.sandbox.safe_fs import (
 )
 
 MAX_LINE_CHARS = 4_000
+SEARCH_SECONDS = 20.0  # search_files' time limit: the walk and the matching
 SKIP_DIRS = (".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv", ".mypy_cache", ".pytest_cache", ".tox")
 _KINDS = {errno.ENOENT: "not_found", errno.EISDIR: "is_dir", errno.ENOTDIR: "not_dir", errno.EFBIG: "too_large",
           errno.EEXIST: "exists"}
@@ -130,9 +132,10 @@ def _write_new(root: str, rel: str, data: bytes) -> str:
 
 
 def search(root: str, rel: str, shown: str, pattern: str, *, target: str, glob: str | None, limit: int,
-           max_file: int, max_files: int) -> tuple[list[str], bool]:
+           max_file: int, max_files: int, seconds: float | None = None) -> tuple[list[str], bool]:
     """search_files: matching lines ("path:line: text") or file paths, shown relative to `shown`;
-    (results, more exist). Links, binaries, files over `max_file` and SKIP_DIRS are skipped."""
+    (results, more exist). Links, binaries, files over `max_file` and SKIP_DIRS are skipped.
+    Stopped after `seconds` (a FileOpError "timeout") when run in a process's main thread."""
     walk = walk_files(root, rel, skip_dirs=SKIP_DIRS)
 
     def entries():  # type: ignore[no-untyped-def]
@@ -140,13 +143,67 @@ def search(root: str, rel: str, shown: str, pattern: str, *, target: str, glob: 
             yield sub, name, lambda d=dir_fd, n=name: _small_file(d, n, max_file)
 
     try:
-        return scan(entries(), shown, pattern, target=target, glob=glob, limit=limit, max_files=max_files)
+        return limited(seconds, scan, entries(), shown, pattern, target=target, glob=glob, limit=limit,
+                       max_files=max_files)
     except SymlinkError:
         raise
     except OSError as e:
         raise _classify(e) from None
     finally:
         walk.close()
+
+
+def limited(seconds: float | None, fn, *args, **kw):  # type: ignore[no-untyped-def]
+    """fn(*args, **kw), stopped after `seconds` by SIGALRM: `re` checks for signals while it
+    matches, so a pattern that backtracks without end (`(a+)+$`) stops too. Only a main thread
+    can take the signal: the helper and search_child.py's process, never the runner's threads."""
+    import _signal
+
+    def alarm(*_):  # type: ignore[no-untyped-def]
+        raise FileOpError("timeout", f"the search took over {seconds:g} s, so it was stopped: the pattern may "
+                                     "backtrack without end (nested quantifiers such as (a+)+); narrow the "
+                                     "pattern, the path or file_glob")
+
+    if not seconds:
+        return fn(*args, **kw)
+    old = _signal.signal(_signal.SIGALRM, alarm)  # ValueError outside the main thread: a caller's bug
+    _signal.setitimer(_signal.ITIMER_REAL, seconds)
+    try:
+        return fn(*args, **kw)
+    finally:
+        _signal.setitimer(_signal.ITIMER_REAL, 0)
+        _signal.signal(_signal.SIGALRM, old)
+
+
+def reply_of(e: Exception) -> dict:  # type: ignore[type-arg]
+    """The error reply of the helper protocol for a failed file operation (base.raise_reply undoes it)."""
+    if isinstance(e, SymlinkError):
+        return {"error": "symlink", "msg": str(e), "rel": e.rel, "link": e.link}
+    if isinstance(e, PathEscapeError):
+        return {"error": "escape", "msg": str(e)}
+    if isinstance(e, FileOpError):
+        return {"error": e.kind, "msg": str(e)}
+    return {"error": "other", "msg": f"{type(e).__name__}: {e}"}
+
+
+def child_main() -> None:
+    """search_child.py's process: one search (marshal on stdin), its reply (marshal on stdout)."""
+    import marshal
+    import sys
+
+    job = marshal.loads(sys.stdin.buffer.read())
+    opts = {k: job[k] for k in ("target", "glob", "limit", "max_files")}
+    try:
+        if "entries" in job:  # files another backend read: only the matching runs here
+            entries = ((sub, name, lambda d=data: d) for sub, name, data in job["entries"])
+            found, more = limited(job["seconds"], scan, entries, job["shown"], job["pattern"], **opts)
+        else:
+            found, more = search(job["root"], job["rel"], job["shown"], job["pattern"], max_file=job["max_file"],
+                                 seconds=job["seconds"], **opts)
+        reply = {"found": found, "more": more}
+    except Exception as e:  # noqa: BLE001 (the runner raises it again)
+        reply = reply_of(e)
+    sys.stdout.buffer.write(marshal.dumps(reply))
 
 
 def _small_file(dir_fd: int, name: str, max_file: int) -> bytes | None:

@@ -26,9 +26,8 @@ import os
 import select
 import struct
 
-from trajforge.sandbox.fsops import FileOpError, locate, read, search, write
+from trajforge.sandbox.fsops import locate, read, reply_of, search, write
 from trajforge.sandbox.helper_exec import CD_FAILED, CD_FAILED_EXIT, Commands, drain  # noqa: F401 (channel.py)
-from trajforge.sandbox.safe_fs import PathEscapeError, SymlinkError
 
 _HEAD = struct.Struct("<II")
 _ESC = {i: f"\\u{i:04x}" for i in range(32)}
@@ -107,14 +106,8 @@ class Helper(Commands):
         rid, op = meta["id"], meta["op"]
         try:
             reply, data = getattr(self, "op_" + op)(meta, payload)
-        except SymlinkError as e:
-            reply, data = {"error": "symlink", "msg": str(e), "rel": e.rel, "link": e.link}, b""
-        except PathEscapeError as e:
-            reply, data = {"error": "escape", "msg": str(e)}, b""
-        except FileOpError as e:
-            reply, data = {"error": e.kind, "msg": str(e)}, b""
         except Exception as e:  # noqa: BLE001 (reported, the helper goes on)
-            reply, data = {"error": "other", "msg": f"{type(e).__name__}: {e}"}, b""
+            reply, data = reply_of(e), b""
         reply["id"] = rid
         self.send(reply, data)
 
@@ -130,7 +123,8 @@ class Helper(Commands):
 
     def op_search(self, m: dict, _p: bytes) -> tuple[dict, bytes]:
         found, more = search(*self.where(m["path"]), m["path"], m["pattern"], target=m["target"], glob=m["glob"],
-                             limit=m["limit"], max_file=m["max_file"], max_files=m["max_files"])
+                             limit=m["limit"], max_file=m["max_file"], max_files=m["max_files"],
+                             seconds=m.get("seconds"))
         return {"found": found, "more": more}, b""
 
     def serve(self) -> None:

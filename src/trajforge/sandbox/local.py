@@ -43,6 +43,7 @@ from trajforge.sandbox.process import (
     run_argv,
 )
 from trajforge.sandbox.reaper import Cgroups, SampleCgroup
+from trajforge.sandbox.search_child import search_in_child
 from trajforge.sandbox.tagkill import kill_tagged
 
 TAG_VAR = "TRAJFORGE_SANDBOX"
@@ -131,8 +132,8 @@ class LocalSandbox(Sandbox):
     async def search(self, path: str, pattern: str, *, target: str = "content", glob: str | None = None,
                      limit: int = 50, max_file: int = 2 << 20, max_files: int = 50_000) -> tuple[list[str], bool]:
         root, rel = self._where(path)
-        return await asyncio.to_thread(fsops.search, root, rel, path, pattern, target=target, glob=glob,
-                                       limit=limit, max_file=max_file, max_files=max_files)
+        return await search_in_child({"root": root, "rel": rel, "shown": path, "pattern": pattern, "target": target,
+                                      "glob": glob, "limit": limit, "max_file": max_file, "max_files": max_files})
 
     def _check_open(self) -> None:
         if not self._started:

@@ -77,7 +77,7 @@ class _FileTool(Tool):
         except (_Refused, PathEscapeError) as e:
             return error(str(e))
         except FileOpError as e:
-            return error(f"{args.get('path')}: {e}")
+            return error(f"{args.get('path') or '.'}: {e}")
         except SandboxError as e:  # the sandbox itself is gone: fail the sample, not the call
             raise ToolInfraError(str(e)) from e
         except UnicodeDecodeError:
