@@ -57,6 +57,31 @@ def test_write_then_read_roundtrip(tmp_path: Path) -> None:
     in_sandbox(tmp_path, body, cwd="task")
 
 
+def test_patch_on_a_hostile_file_never_holds_the_event_loop(tmp_path: Path) -> None:
+    """patch's hints and diff run on the loop every session shares: on a file the model wrote to be
+    slow (20,000 lines whose every pair difflib scores at ~1 ms) the closest-line hint is looked for
+    within its time budget (get_close_matches took ~20 s here), and a file over 1 MB gets no diff."""
+    import random
+    import time
+
+    from trajforge.tools.patch_hints import HINT_SECONDS, closest_hint
+
+    rng = random.Random(1)
+    text = "\n".join("".join(rng.choice("ab") for _ in range(100)) for _ in range(20_000))
+    t0 = time.monotonic()
+    hint = closest_hint(text, "".join(rng.choice("ab") for _ in range(100)))
+    assert time.monotonic() - t0 < HINT_SECONDS + 1.0 and "closest line is" in hint
+
+    async def body(ctx: ToolContext) -> None:
+        path = ctx.sandbox.workspace / "big.txt"
+        path.write_text("".join(f"row {i}\n" for i in range(200_000)))  # ~1.5 MB
+        r = await call(PATCH, ctx, path="big.txt", old_string="row ", new_string="ROW ", replace_all=True)
+        assert r["replacements"] == 200_000 and "diff omitted" in r["diff"], r
+        assert path.read_text().startswith("ROW 0\nROW 1\n")
+
+    in_sandbox(tmp_path, body)
+
+
 def test_read_offset_limit_and_errors(tmp_path: Path) -> None:
     async def body(ctx: ToolContext) -> None:
         ws = ctx.sandbox.workspace

@@ -18,11 +18,13 @@ from typing import TYPE_CHECKING, Any
 from trajforge.sandbox.base import FileOpError, PathEscapeError, SandboxError, SymlinkError
 from trajforge.sandbox.fsops import SKIP_DIRS
 from trajforge.tools.base import Tool, ToolContext, ToolInfraError, Toolset, error, ok
+from trajforge.tools.patch_hints import closest_hint, occurrence_lines
 
 if TYPE_CHECKING:
     from trajforge.tools.settings import ToolSettings
 
 MAX_READ_BYTES = 256 << 20  # beyond this, reading (even counting lines) is a job for `sed -n`
+MAX_DIFF_CHARS = 2 << 20  # patch shows a diff of files up to ~1 MB
 MAX_READ_CHARS = 100_000  # content returned by one read_file call
 MAX_LINE_CHARS = 4_000  # also fsops.MAX_LINE_CHARS, for search
 MAX_SEARCH_FILE = 2 << 20  # larger files are skipped by content search
@@ -208,7 +210,10 @@ class PatchTool(_FileTool):
             if e.kind in ("is_dir", "not_regular", "not_found"):
                 raise _Refused(f"{shown} changed while it was patched; read it again") from None
             raise
-        diff = "".join(difflib.unified_diff(text.splitlines(True), updated.splitlines(True), shown, shown, n=2))
+        if len(text) + len(updated) > MAX_DIFF_CHARS:  # difflib's time grows faster than the file: it runs on the loop
+            diff = "[diff omitted: the file is over 1 MB; read_file the lines you changed]"
+        else:
+            diff = "".join(difflib.unified_diff(text.splitlines(True), updated.splitlines(True), shown, shown, n=2))
         if len(diff) > 4000:
             diff = diff[:4000] + "\n[... diff truncated ...]\n"
         return ok(path=shown, replacements=count if replace_all else 1, diff=diff)
@@ -220,30 +225,12 @@ class PatchTool(_FileTool):
             old, new = old.replace("\n", "\r\n"), new.replace("\n", "\r\n")
             count = text.count(old)
         if count == 0:
-            raise _Refused(f"old_string not found in {shown}; {_closest_hint(text, old)}")
+            raise _Refused(f"old_string not found in {shown}; {closest_hint(text, old)}")
         if count > 1 and not replace_all:
-            lines = _occurrence_lines(text, old)
+            lines = occurrence_lines(text, old)
             raise _Refused(f"old_string occurs {count} times in {shown} (lines {lines}); add surrounding "
                            "context to make it unique, or pass replace_all=true")
         return (text.replace(old, new) if replace_all else text.replace(old, new, 1)), count
-
-
-def _occurrence_lines(text: str, needle: str, shown: int = 5) -> str:
-    starts = [m.start() for m in re.finditer(re.escape(needle), text)]
-    nums = [str(text.count("\n", 0, s) + 1) for s in starts[:shown]]
-    return ", ".join(nums) + (", ..." if len(starts) > shown else "")
-
-
-def _closest_hint(text: str, old: str) -> str:
-    if " ".join(old.split()) in " ".join(text.split()):
-        return "it matches only when whitespace is ignored: copy the exact indentation and line breaks from read_file"
-    first = next((ln.strip() for ln in old.splitlines() if ln.strip()), "")
-    lines = text.splitlines()[:20_000]
-    close = difflib.get_close_matches(first, [ln.strip() for ln in lines], n=1, cutoff=0.6) if first else []
-    if close:
-        num = next(i for i, ln in enumerate(lines, 1) if ln.strip() == close[0])
-        return f"the closest line is {num}: {close[0][:200]!r}; read_file the file and copy the text exactly"
-    return "read_file the file and copy the text to replace exactly"
 
 
 class SearchFilesTool(_FileTool):
