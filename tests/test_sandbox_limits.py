@@ -337,3 +337,32 @@ def test_oom_kill_count_reads_either_cgroup_version() -> None:
     assert oom_kill_count(b"oom_kill_disable 0\nunder_oom 0\noom_kill 3\n") == 3  # v1 memory.oom_control
     assert oom_kill_count(b"low 0\nhigh 0\nmax 7\noom 2\noom_kill 2\noom_group_kill 1\n") == 2  # v2 memory.events
     assert oom_kill_count(b"oom_kill_disable 0\nunder_oom 0\n") == 0
+
+
+def test_a_tree_thousands_of_levels_deep_is_removed_without_following_anything(tmp_path: Path) -> None:
+    """A sample's `for i in range(3000): mkdir d; cd d` (with read-only levels, links out and a
+    FIFO on the way down) is removed whole: shutil.rmtree's RecursionError at ~1,000 levels left
+    the slot, its disk and the workspace root behind, and the next run's sweep failed on it."""
+    from trajforge.sandbox.workspace import _remove_tree
+
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "precious").write_text("keep")
+    root = tmp_path / "ws"
+    root.mkdir()
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for i in range(3000):  # deeper than PATH_MAX allows by name: walk down by descriptor
+        os.mkdir("d", dir_fd=fd)
+        if i % 500 == 0:
+            os.symlink(str(host), "out", dir_fd=fd)
+            os.mkfifo("fifo", dir_fd=fd)
+            os.mkdir(".trajforge-deep-1", dir_fd=fd)  # the name the removal moves deep trees to
+        sub = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        if i % 700 == 0:
+            os.fchmod(fd, 0o500)  # a level the sample made read-only
+        os.close(fd)
+        fd = sub
+    os.close(fd)
+    _remove_tree(root)
+    assert not root.exists()
+    assert (host / "precious").read_text() == "keep" and sorted(os.listdir(host)) == ["precious"]

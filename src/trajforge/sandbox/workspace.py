@@ -14,13 +14,12 @@ cannot: a runner in another pid namespace sharing the directory, or a reused pid
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import logging
 import os
-import shutil
 import stat
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -162,24 +161,86 @@ def _remove_if_flat(root: Path, most: int = 16) -> bool:
     return True
 
 
-def _remove_tree(root: Path) -> None:
-    def force(func, path, exc) -> None:  # type: ignore[no-untyped-def]
-        """Files the model made read-only: make the parent writable and retry once."""
-        exc = exc[1] if isinstance(exc, tuple) else exc  # onerror passes exc_info
-        if not isinstance(exc, PermissionError) or Path(path) == root:
-            return
-        try:
-            os.chmod(os.path.dirname(path), stat.S_IRWXU)
-            func(path)
-        except OSError:
-            pass
+_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_DEPTH = 32  # directories open at once; a deeper subtree is moved up beside the top first
 
-    if not root.exists():
+
+def _remove_tree(root: Path) -> None:
+    """`rm -rf root` for a tree a sample made, best effort (what cannot go stays, silently, as
+    with shutil.rmtree before): never following a link, without recursion (a sample's tree may
+    be thousands of levels deep: shutil.rmtree's RecursionError left slots, disks and whole
+    workspace roots behind) and holding at most _DEPTH directories open."""
+    try:
+        top = os.open(root, _OPEN_DIR)
+    except OSError:
         return
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(root, onexc=force)
-    else:
-        shutil.rmtree(root, onerror=force)
+    try:
+        moved = [0]
+        while _clear(top, moved):  # a pass that removed something: subtrees moved up may remain
+            pass
+    finally:
+        os.close(top)
+    with contextlib.suppress(OSError):
+        os.rmdir(root)
+
+
+def _clear(top: int, moved: list[int]) -> int:
+    """One pass emptying the directory `top`; how many entries went or moved up."""
+    done = 0
+    stack = [(top, "", iter(_names(top)))]
+    while stack:
+        fd, here, names = stack[-1]
+        name = next(names, None)
+        if name is None:
+            stack.pop()
+            if stack:
+                os.close(fd)
+                done += _try(os.rmdir, here, stack[-1][0])
+            continue
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            done += _try(os.unlink, name, fd)
+            continue
+        if len(stack) >= _DEPTH:  # too deep to hold open: the next pass takes it from the top
+            moved[0] += 1
+            try:
+                os.rename(name, f".trajforge-deep-{moved[0]}", src_dir_fd=fd, dst_dir_fd=top)
+                done += 1
+                continue
+            except OSError:  # another filesystem beneath: go down anyway
+                pass
+        try:
+            sub = os.open(name, _OPEN_DIR, dir_fd=fd)
+        except OSError:
+            continue
+        stack.append((sub, name, iter(_names(sub))))
+    return done
+
+
+def _names(fd: int) -> list[str]:
+    try:
+        return os.listdir(fd)
+    except OSError:
+        return []
+
+
+def _try(op, name: str, parent: int) -> int:  # type: ignore[no-untyped-def]
+    """1 when op(name, dir_fd=parent) worked; a directory the model made read-only is made
+    writable by its owner first."""
+    for attempt in (1, 2):
+        try:
+            op(name, dir_fd=parent)
+            return 1
+        except PermissionError:
+            if attempt == 1:
+                with contextlib.suppress(OSError):
+                    os.fchmod(parent, stat.S_IRWXU)
+        except OSError:
+            return 0
+    return 0
 
 
 def shift_owners(root: Path, base: int, span: int) -> None:
