@@ -60,7 +60,8 @@ def test_write_then_read_roundtrip(tmp_path: Path) -> None:
 def test_patch_on_a_hostile_file_never_holds_the_event_loop(tmp_path: Path) -> None:
     """patch's hints and diff run on the loop every session shares: on a file the model wrote to be
     slow (20,000 lines whose every pair difflib scores at ~1 ms) the closest-line hint is looked for
-    within its time budget (get_close_matches took ~20 s here), and a file over 1 MB gets no diff."""
+    within its time budget (get_close_matches took ~20 s here), and a file over 64 KB gets the diff of
+    its first change only (difflib over the whole file took minutes)."""
     import random
     import time
 
@@ -76,8 +77,13 @@ def test_patch_on_a_hostile_file_never_holds_the_event_loop(tmp_path: Path) -> N
         path = ctx.sandbox.workspace / "big.txt"
         path.write_text("".join(f"row {i}\n" for i in range(200_000)))  # ~1.5 MB
         r = await call(PATCH, ctx, path="big.txt", old_string="row ", new_string="ROW ", replace_all=True)
-        assert r["replacements"] == 200_000 and "diff omitted" in r["diff"], r
+        assert r["replacements"] == 200_000 and "first change only" in r["diff"] and "+ROW 0" in r["diff"], r
         assert path.read_text().startswith("ROW 0\nROW 1\n")
+        slow = ctx.sandbox.workspace / "slow.txt"  # short repeated lines: a whole-file difflib took ~3 minutes
+        slow.write_text("".join(f"v{i % 100}\n" for i in range(260_000)))
+        t0 = time.monotonic()
+        r = await call(PATCH, ctx, path="slow.txt", old_string="v1\n", new_string="w1\n", replace_all=True)
+        assert r["replacements"] == 2_600 and "+w1" in r["diff"] and time.monotonic() - t0 < 10, r
 
     in_sandbox(tmp_path, body)
 

@@ -10,7 +10,6 @@ swapped in meanwhile) comes back as an error result.
 
 from __future__ import annotations
 
-import difflib
 import io
 import re
 from typing import TYPE_CHECKING, Any
@@ -18,13 +17,12 @@ from typing import TYPE_CHECKING, Any
 from trajforge.sandbox.base import FileOpError, PathEscapeError, SandboxError, SymlinkError
 from trajforge.sandbox.fsops import SKIP_DIRS
 from trajforge.tools.base import Tool, ToolContext, ToolInfraError, Toolset, error, ok
-from trajforge.tools.patch_hints import closest_hint, occurrence_lines
+from trajforge.tools.patch_hints import change_diff, closest_hint, occurrence_lines
 
 if TYPE_CHECKING:
     from trajforge.tools.settings import ToolSettings
 
 MAX_READ_BYTES = 256 << 20  # beyond this, reading (even counting lines) is a job for `sed -n`
-MAX_DIFF_CHARS = 2 << 20  # patch shows a diff of files up to ~1 MB
 MAX_READ_CHARS = 100_000  # content returned by one read_file call
 MAX_LINE_CHARS = 4_000  # also fsops.MAX_LINE_CHARS, for search
 MAX_SEARCH_FILE = 2 << 20  # larger files are skipped by content search
@@ -210,10 +208,7 @@ class PatchTool(_FileTool):
             if e.kind in ("is_dir", "not_regular", "not_found"):
                 raise _Refused(f"{shown} changed while it was patched; read it again") from None
             raise
-        if len(text) + len(updated) > MAX_DIFF_CHARS:  # difflib's time grows faster than the file: it runs on the loop
-            diff = "[diff omitted: the file is over 1 MB; read_file the lines you changed]"
-        else:
-            diff = "".join(difflib.unified_diff(text.splitlines(True), updated.splitlines(True), shown, shown, n=2))
+        diff = change_diff(text, updated, shown, old, new)
         if len(diff) > 4000:
             diff = diff[:4000] + "\n[... diff truncated ...]\n"
         return ok(path=shown, replacements=count if replace_all else 1, diff=diff)

@@ -1,6 +1,6 @@
-"""What patch tells the model when old_string is not found once: where it occurs, or which line
-comes closest. Pure functions; they run on the event loop every session shares, so the closest-line
-search is bounded in time (the file and the text are the model's)."""
+"""What patch tells the model: the diff of its change, or, when old_string is not found once,
+where it occurs or which line comes closest. Pure functions; they run on the event loop every
+session shares, so their work is bounded (the file and the text are the model's)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import re
 import time
 
 HINT_CHARS, HINT_SECONDS = 200, 0.1  # what the closest-line search compares, and how long it looks
+WHOLE_DIFF_CHARS = 64 << 10  # files up to this size get a whole-file diff
 
 
 def occurrence_lines(text: str, needle: str, shown: int = 5) -> str:
@@ -46,3 +47,22 @@ def _closest_line(first: str, lines: list[str], cutoff: float = 0.6) -> tuple[in
             if score >= cutoff:
                 best, cutoff = (num, line), score + 1e-9
     return best
+
+
+def change_diff(text: str, updated: str, shown: str, old: str, new: str) -> str:
+    """The unified diff of patch's change. difflib's time grows faster than the file (minutes on
+    1 MB of short repeated lines), so a larger file shows its first change only, diffed from the
+    few lines around it."""
+    if len(text) + len(updated) <= 2 * WHOLE_DIFF_CHARS:
+        return "".join(difflib.unified_diff(text.splitlines(True), updated.splitlines(True), shown, shown, n=2))
+    at = text.find(old)
+    if at < 0:  # the CRLF form of old_string was replaced
+        at = text.find(old.replace("\n", "\r\n"))
+    if at < 0:
+        return "[diff omitted: the file is over 64 KB; read_file the lines you changed]"
+    first = text.count("\n", 0, at)
+    lo = max(0, first - 2)
+    before = text.splitlines(True)[lo:first + old.count("\n") + 3][:400]
+    after = updated.splitlines(True)[lo:first + new.count("\n") + 3][:400]
+    body = "".join(difflib.unified_diff(before, after, shown, shown, n=2))
+    return body + f"[the file is over 64 KB: its first change only, with line numbers counted from line {lo + 1}]\n"
