@@ -416,6 +416,13 @@ def test_file_operations_run_inside_the_container(tmp_path: Path, image_fixture:
             with pytest.raises(FileOpError) as too_large:
                 await sb.read_file("notes.txt", max_bytes=2)
             assert too_large.value.kind == "too_large"
+            # pieces of a file (read_file's window): aligned ones seek (dd), others do not (tail)
+            big = bytes(range(256)) * 1024
+            assert await sb.write_file("big.bin", big) == "big.bin"
+            for offset, size in ((0, 65536), (65536, 131072), (3, 10), (262000, 65536), (1 << 20, 65536)):
+                assert await sb.read_file("big.bin", max_bytes=size, offset=offset) == big[offset:offset + size]
+            with pytest.raises(PathEscapeError):
+                await sb.read_file("etc-link/passwd", max_bytes=10, offset=65536)
             assert (await sb.exec("cat /image-marker.txt", timeout=20)).stdout == MARKER  # untouched
         finally:
             await sb.close()

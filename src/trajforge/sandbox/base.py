@@ -101,9 +101,11 @@ class Sandbox(ABC):
         """Start a background shell command, stdout and stderr kept by the sandbox."""
 
     @abstractmethod
-    async def read_file(self, path: str, *, max_bytes: int = READ_CAP) -> bytes:
+    async def read_file(self, path: str, *, max_bytes: int = READ_CAP, offset: int | None = None) -> bytes:
         """The bytes of a regular file. FileOpError (kind not_found, is_dir, not_regular,
-        too_large...) or PathEscapeError/SymlinkError for what the model must change."""
+        too_large...) or PathEscapeError/SymlinkError for what the model must change. With
+        `offset`, at most `max_bytes` from that byte on (b"" past the end), never too_large: how a
+        caller reads a large file in pieces without holding it (tools/read_lines.py)."""
 
     @abstractmethod
     async def write_file(self, path: str, data: bytes, *, how: str = "overwrite") -> str:

@@ -150,8 +150,8 @@ class BwrapSandbox(SlottedSample, Sandbox):
         self._parkable = False  # the job's process and its log are the sample's until it ends
         return await self._call(lambda channel: channel.spawn(command, cwd=cwd))
 
-    async def read_file(self, path: str, *, max_bytes: int = 256 << 20) -> bytes:
-        return await self._call(lambda channel: channel.read_file(path, max_bytes))
+    async def read_file(self, path: str, *, max_bytes: int = 256 << 20, offset: int | None = None) -> bytes:
+        return await self._call(lambda channel: channel.read_file(path, max_bytes, offset))
 
     async def write_file(self, path: str, data: bytes, *, how: str = "overwrite") -> str:
         return await self._call(lambda channel: channel.write_file(path, data, how))

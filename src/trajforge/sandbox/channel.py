@@ -196,8 +196,8 @@ class HelperChannel:
             task.add_done_callback(self._tasks.discard)
 
     # --- files -----------------------------------------------------------------------------
-    async def read_file(self, path: str, max_bytes: int) -> bytes:
-        _, data = await self.call({"op": "read", "path": check_model_path(path), "max": max_bytes})
+    async def read_file(self, path: str, max_bytes: int, offset: int | None = None) -> bytes:
+        _, data = await self.call({"op": "read", "path": check_model_path(path), "max": max_bytes, "offset": offset})
         if len(data) > max_bytes:
             raise SandboxError("the sandbox helper sent more than was asked for")
         return data

@@ -237,10 +237,10 @@ class ContainerSandbox(Sandbox):
             raise SandboxError("the container of this sample is gone")
         return self.files
 
-    async def read_file(self, path: str, *, max_bytes: int = 256 << 20) -> bytes:
+    async def read_file(self, path: str, *, max_bytes: int = 256 << 20, offset: int | None = None) -> bytes:
         if self.helper is not None:
-            return await self._live_helper().read_file(path, max_bytes)
-        return await self._files().read(path, max_bytes)
+            return await self._live_helper().read_file(path, max_bytes, offset)
+        return await self._files().read(path, max_bytes, offset)
 
     async def write_file(self, path: str, data: bytes, *, how: str = "overwrite") -> str:
         if self.helper is not None:

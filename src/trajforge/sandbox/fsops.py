@@ -77,8 +77,9 @@ def _classify(e: OSError) -> FileOpError:
     return FileOpError(_KINDS.get(e.errno or 0, "other"), e.strerror or str(e))
 
 
-def read(root: str, rel: str, max_bytes: int) -> bytes:
-    """The content of a regular file; FileOpError too_large past `max_bytes`."""
+def read(root: str, rel: str, max_bytes: int, offset: int | None = None) -> bytes:
+    """The content of a regular file; FileOpError too_large past `max_bytes`. With `offset`, at
+    most `max_bytes` from there instead (b"" past the end), never too_large."""
     try:
         fd, st = open_regular_in(root, rel)
     except SymlinkError:
@@ -86,6 +87,8 @@ def read(root: str, rel: str, max_bytes: int) -> bytes:
     except OSError as e:
         raise _classify(e) from None
     with os.fdopen(fd, "rb") as f:
+        if offset is not None:
+            return os.pread(f.fileno(), max_bytes, offset)
         if st.st_size > max_bytes:
             raise FileOpError("too_large", f"{st.st_size} bytes")
         data = f.read(max_bytes + 1)  # it may have grown since fstat

@@ -116,7 +116,7 @@ class Helper(Commands):
         return locate(path, cwd=c["cwd"], roots=c["roots"], workdir=c["workdir"])
 
     def op_read(self, m: dict, _p: bytes) -> tuple[dict, bytes]:
-        return {}, read(*self.where(m["path"]), m["max"])
+        return {}, read(*self.where(m["path"]), m["max"], m.get("offset"))
 
     def op_write(self, m: dict, p: bytes) -> tuple[dict, bytes]:
         return {"rel": write(*self.where(m["path"]), p, m["how"])}, b""

@@ -78,8 +78,8 @@ class LazySandbox(Sandbox):
     async def spawn(self, command: str, *, cwd: str | None = None) -> Job:
         return await (await self.real()).spawn(command, cwd=cwd)
 
-    async def read_file(self, path: str, *, max_bytes: int = READ_CAP) -> bytes:
-        return await (await self.real()).read_file(path, max_bytes=max_bytes)
+    async def read_file(self, path: str, *, max_bytes: int = READ_CAP, offset: int | None = None) -> bytes:
+        return await (await self.real()).read_file(path, max_bytes=max_bytes, offset=offset)
 
     async def write_file(self, path: str, data: bytes, *, how: str = "overwrite") -> str:
         return await (await self.real()).write_file(path, data, how=how)

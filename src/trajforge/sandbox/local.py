@@ -123,8 +123,8 @@ class LocalSandbox(Sandbox):
         self._check_open()
         return fsops.locate(path, cwd=self.cwd, roots=[self.workdir], workdir=self.workdir)
 
-    async def read_file(self, path: str, *, max_bytes: int = 256 << 20) -> bytes:
-        return await asyncio.to_thread(fsops.read, *self._where(path), max_bytes)
+    async def read_file(self, path: str, *, max_bytes: int = 256 << 20, offset: int | None = None) -> bytes:
+        return await asyncio.to_thread(fsops.read, *self._where(path), max_bytes, offset)
 
     async def write_file(self, path: str, data: bytes, *, how: str = "overwrite") -> str:
         return await asyncio.to_thread(fsops.write, *self._where(path), data, how)

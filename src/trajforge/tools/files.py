@@ -10,23 +10,26 @@ swapped in meanwhile) comes back as an error result.
 
 from __future__ import annotations
 
-import io
 import re
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from trajforge.sandbox.base import FileOpError, PathEscapeError, SandboxError, SymlinkError
 from trajforge.sandbox.fsops import SKIP_DIRS
 from trajforge.tools.base import Tool, ToolContext, ToolInfraError, Toolset, error, ok
 from trajforge.tools.patch_hints import change_diff, closest_hint, occurrence_lines
+from trajforge.tools.read_lines import Binary, TooLarge, Window, read_window
 
 if TYPE_CHECKING:
     from trajforge.tools.settings import ToolSettings
 
 MAX_READ_BYTES = 256 << 20  # beyond this, reading (even counting lines) is a job for `sed -n`
+MAX_PATCH_BYTES = 16 << 20  # patch holds the file in the runner, outside the sample's memory limit
 MAX_READ_CHARS = 100_000  # content returned by one read_file call
 MAX_LINE_CHARS = 4_000  # also fsops.MAX_LINE_CHARS, for search
 MAX_SEARCH_FILE = 2 << 20  # larger files are skipped by content search
 MAX_SEARCH_FILES = 50_000
+T = TypeVar("T")
 
 
 class _Refused(Exception):
@@ -60,11 +63,6 @@ def _int(args: dict[str, Any], name: str, default: int, lo: int, hi: int) -> int
     return value
 
 
-def _is_binary(data: bytes) -> bool:
-    """A NUL in the first 8 KB."""
-    return b"\0" in data[:8192]
-
-
 class _FileTool(Tool):
     toolset = "file"
 
@@ -90,9 +88,14 @@ class _FileTool(Tool):
 
 
 async def _read_existing(ctx: ToolContext, shown: str) -> bytes:
-    """The bytes of the regular file to read or patch; the model's errors as _Refused."""
+    """The bytes of the regular file to patch; the model's errors as _Refused."""
+    return await _refusing(ctx.sandbox.read_file(shown, max_bytes=MAX_PATCH_BYTES), shown)
+
+
+async def _refusing(read: Awaitable[T], shown: str) -> T:
+    """`read` of the model's file, with what the model can change as _Refused."""
     try:
-        return await ctx.sandbox.read_file(shown, max_bytes=MAX_READ_BYTES)
+        return await read
     except FileOpError as e:
         if e.kind == "not_found":
             raise _Refused(f"file not found: {shown}") from None
@@ -101,7 +104,7 @@ async def _read_existing(ctx: ToolContext, shown: str) -> bytes:
         if e.kind == "not_regular":  # a FIFO or device would block or never end
             raise _Refused(f"{shown} is not a regular file") from None
         if e.kind == "too_large":
-            raise _Refused(f"{shown} is too large ({e}); read parts with the terminal (sed -n, head)") from None
+            raise _Refused(f"{shown} is too large to patch ({e}); edit it with the terminal (sed -i)") from None
         raise
 
 
@@ -125,31 +128,21 @@ class ReadFileTool(_FileTool):
         shown = _str(args, "path")
         offset = _int(args, "offset", 1, 1, 10**9)
         limit = _int(args, "limit", 500, 1, 2000)
-        data = await _read_existing(ctx, shown)
-        return self._read(data, shown, offset, limit)
-
-    @staticmethod
-    def _read(data: bytes, shown: str, offset: int, limit: int) -> str:
-        lines: list[str] = []
-        chars, total, cut = 0, 0, False
-        if _is_binary(data):
-            raise _Refused(f"{shown} is a binary file ({len(data)} bytes); inspect it with terminal tools (file, xxd)")
-        for total, line in enumerate(io.StringIO(data.decode("utf-8", "replace"), newline=None), 1):
-            if total < offset or total >= offset + limit or cut:
-                continue
-            if len(line) > MAX_LINE_CHARS:
-                line = line[:MAX_LINE_CHARS] + " [... line truncated ...]\n"
-            if chars + len(line) > MAX_READ_CHARS and lines:
-                cut = True
-                continue
-            lines.append(line)
-            chars += len(line)
+        window = Window(offset, limit, MAX_READ_CHARS, MAX_LINE_CHARS)
+        try:
+            await _refusing(read_window(ctx.sandbox, shown, window, max_bytes=MAX_READ_BYTES), shown)
+        except Binary:
+            raise _Refused(f"{shown} is a binary file; inspect it with terminal tools (file, xxd)") from None
+        except TooLarge:
+            raise _Refused(f"{shown} is too large (more than {MAX_READ_BYTES} bytes); read parts with "
+                           "the terminal (sed -n, head)") from None
+        total, lines = window.total, window.lines
         if offset > max(total, 1):
             raise _Refused(f"offset {offset} is past the end of {shown} ({total} lines)")
         end = offset + len(lines) - 1
         more = {"next_offset": end + 1} if end < total else {}
         return ok(path=shown, content="".join(lines), total_lines=total, start_line=offset,
-                  end_line=end, truncated=cut, **more)
+                  end_line=end, truncated=window.cut, **more)
 
 
 class WriteFileTool(_FileTool):
