@@ -28,7 +28,12 @@ HUNT = ("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; tr '\\0' '\\
         "| grep -a 'Se[C]rEt' | sort -u")
 MODEL_KEY = "sk-or-v1-SeCrEt-model-7f3a9c1e5b"
 TOOL_KEYS = {"BRAVE_API_KEY": "BSA-SeCrEt-brave-55aa66bb", "TAVILY_API_KEY": "tvly-SeCrEt-tavily-9911",
-             "MY_VISION_CRED": "vis-SeCrEt-vision-4242abcd"}  # named by tools.vision.api_key_env only
+             "MY_VISION_CRED": "vis-SeCrEt-vision-4242abcd",  # named by tools.vision.api_key_env only
+             # credentials by shape or by a name that does not say KEY or TOKEN
+             "DATABASE_URL": "postgres://app:db-SeCrEt-pass-77@db.internal:5432/app",
+             "GITHUB_PAT": "ghp_SeCrEt_pat_0123456789abcdef",
+             "DEPLOY_IDENTITY": "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n"
+                                "SeCrEtAAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW\n-----END OPENSSH PRIVATE KEY-----"}
 
 
 def hostile(req: Recorded) -> Reply:
@@ -98,7 +103,8 @@ def test_no_key_in_the_run_directory_or_the_output(tmp_path: Path, server: Scrip
     if sandbox == "local":
         # the runner's environment is readable from the local sandbox: the hunt found the keys
         # (this test is not vacuous), and the model and the saved data got the marker instead
-        for name in ("BRAVE_API_KEY", "MY_VISION_CRED", *(["OPENROUTER_API_KEY"] if via == "env" else [])):
+        for name in ("BRAVE_API_KEY", "MY_VISION_CRED", "DATABASE_URL", "GITHUB_PAT",
+                     *(["OPENROUTER_API_KEY"] if via == "env" else [])):
             assert f"{name}=***" in seen and f"{name}=***" in record["conversations"][-1]["value"], name
 
 
@@ -121,3 +127,8 @@ def test_run_secrets_come_from_the_flag_the_environment_and_the_tools_section() 
                "HOME": "/root/home/dir", "PATH": "/usr/bin:/bin"}
     assert sorted(run_secrets(config, environ)) == sorted(["flag-key-12345678", "oa-key-123456789",
                                                            "hf_token_abcdefgh", "img-cred-1234567"])
+    pem = "-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA\nq83kfj3k2l\n-----END RSA PRIVATE KEY-----"
+    shaped = {"DATABASE_URL": "mysql://root:hunter2-long@db/x", "SIGNING": pem, "GH_PAT": "ghp_0123456789",
+              "HOMEPAGE": "https://example.com/a:b@c", "REPO": "https://github.com/o/r"}
+    assert sorted(run_secrets(build_config({}), shaped)) == sorted([
+        "mysql://root:hunter2-long@db/x", "hunter2-long", pem, "MIIEpAIBAAKCAQEA", "q83kfj3k2l", "ghp_0123456789"])

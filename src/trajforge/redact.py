@@ -26,7 +26,12 @@ MARKER = "***"
 MIN_LENGTH = 8
 # Environment variables whose value is a credential by name (OPENROUTER_API_KEY, BRAVE_API_KEY,
 # TAVILY_API_KEY, HF_TOKEN, AWS_SECRET_ACCESS_KEY...), besides the ones a config names.
-_SECRET_NAME = re.compile(r"(?:^|_)(?:API_?KEY|TOKEN|SECRET|SECRET_KEY|ACCESS_KEY|PASSWORD|PASSWD)$", re.I)
+_SECRET_NAME = re.compile(r"(?:^|_)(?:API_?KEY|TOKEN|SECRET|SECRET_KEY|ACCESS_KEY|PASSWORD|PASSWD|PAT|PRIVATE_KEY"
+                          r"|CREDENTIALS?|AUTH|DSN)$", re.I)
+# ...and by shape, whatever the name: a URL with a password (DATABASE_URL=postgres://u:pw@host)
+# or a private key in PEM.
+_URL_PASSWORD = re.compile(r"://[^/\s:@]*:([^/\s@]+)@")
+_PEM_KEY = "PRIVATE KEY-----"
 
 
 class Scrubber:
@@ -80,14 +85,22 @@ REGISTRY = Scrubber()
 """The process-wide scrubber: the runner and workers add the run's secrets at start."""
 
 
-def secret_env_names(names: Iterable[str]) -> list[str]:
-    """The environment variable names that hold a credential by their name."""
-    return [n for n in names if _SECRET_NAME.search(n)]
+def secret_env_names(environ: Mapping[str, str]) -> list[str]:
+    """The environment variables that hold a credential, by their name or their value's shape."""
+    return [n for n, v in environ.items()
+            if _SECRET_NAME.search(n) or _PEM_KEY in v or _URL_PASSWORD.search(v)]
+
+
+def secret_parts(value: str) -> list[str]:
+    """A secret, each of its lines (a command may print one line of a PEM key) and a URL's password."""
+    lines = value.splitlines()
+    lines = [line for line in lines if not line.startswith("-----")] if len(lines) > 1 else []  # not PEM's BEGIN/END
+    return [value, *lines, *_URL_PASSWORD.findall(value)]
 
 
 def run_secrets(config: RunConfig, environ: Mapping[str, str] = os.environ) -> list[str]:
-    """Every secret a run holds: --api_key, credential-named environment variables, and the
-    variables the `tools:` section names for its own keys (tools.vision.api_key_env...)."""
+    """Every secret a run holds: --api_key, credential environment variables (secret_env_names),
+    and the variables the `tools:` section names for its own keys (tools.vision.api_key_env...)."""
     names = set(secret_env_names(environ))
     t = config.tools
     names |= {t.web.brave_api_key_env, t.web.tavily_api_key_env}
@@ -95,7 +108,7 @@ def run_secrets(config: RunConfig, environ: Mapping[str, str] = os.environ) -> l
     values = [environ.get(n) or "" for n in sorted(names)]
     if config.api_key is not None:
         values.append(config.api_key.get_secret_value())
-    return [v for v in values if v.strip()]
+    return [part for v in values for part in secret_parts(v) if part.strip()]
 
 
 def hide_in_cmdline(secrets: Iterable[str]) -> bool:
