@@ -181,5 +181,5 @@ class BwrapSandbox(SlottedSample, Sandbox):
         holder, self._holder = self._holder, None
         if holder is not None:
             await stop_holder(holder)
-        if self.workspace is not None and not self.keep:
-            await workspace.remove(self.workspace)
+        if self.workspace is not None:
+            await (workspace.defuse if self.keep else workspace.remove)(self.workspace)

@@ -191,3 +191,4 @@ class SlottedSample:
         kept = await self._slot_pool().release(slot, self.workspace, keep=self.keep, clean_exit=clean)
         if kept is not None:
             self.workspace = kept
+            await workspace.defuse(kept)

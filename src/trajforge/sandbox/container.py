@@ -282,7 +282,9 @@ class ContainerSandbox(Sandbox):
         self._jobs.clear()
         if self._res is not None:  # the workspace disk first: it is mounted on the workspace
             await self._res.close(self.keep)
-        if self.workspace is not None and not self.keep and not self._removed:
+        if self.workspace is not None and self.keep:
+            await workspace.defuse(self.workspace)
+        elif self.workspace is not None and not self._removed:
             self._removed = True  # the attribute stays: callers may check the directory is gone
             await workspace.remove(self.workspace)
 

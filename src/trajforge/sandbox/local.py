@@ -160,8 +160,7 @@ class LocalSandbox(Sandbox):
         if self._cgroup is not None:
             self._cgroup.remove()
             self._cgroup = None
-        if not self.keep:
-            await workspace.remove(self.workspace)
+        await (workspace.defuse if self.keep else workspace.remove)(self.workspace)
 
 
 async def make(provider: Provider, *, cwd: str | None, image: str | None, root: Path) -> LocalSandbox:

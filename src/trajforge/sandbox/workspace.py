@@ -256,6 +256,17 @@ def shift_owners(root: Path, base: int, span: int) -> None:
                 os.chmod(path, stat.S_IMODE(st.st_mode))  # chown cleared them
 
 
+async def defuse(kept: Path) -> None:
+    """A kept workspace loses what would act with its owner's rights on the host: setuid and
+    setgid bits (a sample's copy of a shell, owned by root under `local` or by a sample's uid)
+    and device nodes. `find -P` never follows links; no process of the sample runs any more.
+    Links are kept as they are (they are the sample's data) and never followed here."""
+    await asyncio.to_thread(subprocess.run, [
+        "find", "-P", str(kept), "(", "-type", "b", "-o", "-type", "c", ")", "-delete", "-o",
+        "-type", "f", "-perm", "/6000", "-exec", "chmod", "ug-s", "{}", "+"],
+        capture_output=True, env={"PATH": SAFE_PATH}, cwd="/", timeout=600)
+
+
 def keep(ws: Path, root: Path) -> Path | None:
     """`keep_workspaces`: the files outlive the slot in a directory beside the slots (moved when
     on the same filesystem, else copied by `cp -a`, which recreates FIFOs instead of opening them)."""
