@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from trajforge.sandbox.base import FileOpError, PathEscapeError, SandboxError, SymlinkError
 from trajforge.sandbox.fsops import SKIP_DIRS
+from trajforge.sandbox.safe_fs import MAX_DEPTH
 from trajforge.tools.base import Tool, ToolContext, ToolInfraError, Toolset, error, ok
 from trajforge.tools.patch_hints import change_diff, closest_hint, occurrence_lines
 from trajforge.tools.read_lines import Binary, TooLarge, Window, read_window
@@ -227,7 +228,8 @@ class SearchFilesTool(_FileTool):
         "Search with a regular expression (Python syntax). target='content' (default) returns "
         "matching lines as path:line: text; target='files' matches file names (or relative paths) "
         f"and returns paths. Binary files, files over {MAX_SEARCH_FILE >> 20} MB, symlinks and "
-        f"{', '.join(sorted(SKIP_DIRS))} directories are skipped."
+        f"{', '.join(sorted(SKIP_DIRS))} directories are skipped, and so is anything more than "
+        f"{MAX_DEPTH} directory levels below `path`."
     )
     parameters = {
         "type": "object",
