@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 
 from trajforge.sandbox.safe_fs import (
     NotRegularFileError, PathEscapeError, SymlinkError, open_in, open_regular_at, open_regular_in, replace_in,
@@ -250,22 +249,6 @@ def scan(entries, shown: str, pattern: str, *, target: str, glob: str | None, li
                     return found, True
                 found.append(f"{display}:{num}: {line.strip()[:300]}")
     return found, False
-
-
-def kind_of(root: str, rel: str) -> str:
-    """"file", "dir", "link", "other" or "missing" for root/rel, without following a final link."""
-    try:
-        fd = open_in(root, rel.rsplit("/", 1)[0] if "/" in rel else ".", os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return "missing"
-    try:
-        mode = os.stat(rel.rsplit("/", 1)[-1], dir_fd=fd, follow_symlinks=False).st_mode
-    except OSError:
-        return "missing"
-    finally:
-        os.close(fd)
-    return ("file" if stat.S_ISREG(mode) else "dir" if stat.S_ISDIR(mode)
-            else "link" if stat.S_ISLNK(mode) else "other")
 
 
 def tree_state(root: str, most: int = 32) -> list | None:
