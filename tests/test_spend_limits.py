@@ -135,6 +135,20 @@ def test_reported_cost_wins_over_the_table_and_the_table_fills_in_otherwise() ->
     assert call_usage({"prompt_tokens_details": {"cached_tokens": 7}}, None).cached_tokens == 7
 
 
+def test_a_providers_impossible_usage_counts_as_zero_and_the_record_can_be_saved() -> None:
+    # 2**64 tokens once ended the whole run where the record was saved (orjson refuses integers
+    # past 64 bits), and every --resume died the same way
+    from trajforge.jsonio import dumps
+
+    raw = {"prompt_tokens": 2**64, "completion_tokens": -5, "cost": float("nan"),
+           "completion_tokens_details": {"reasoning_tokens": 10**30}, "prompt_tokens_details": {"cached_tokens": "1e400"}}
+    usage = call_usage(raw, Price(1.0, 2.0))
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.reasoning_tokens, usage.cached_tokens, usage.cost) == (0, 0, 0, 0, 0)
+    assert call_usage({"prompt_tokens": 1234, "cost": float("inf")}, None).prompt_tokens == 1234
+    assert call_usage({"cost": -1.0}, None).cost == 0
+    dumps({"usage": usage.as_dict()})
+
+
 def test_which_models_have_a_known_price() -> None:
     assert reports_cost("https://openrouter.ai/api/v1")
     assert not reports_cost("http://127.0.0.1:8000/v1")

@@ -35,13 +35,20 @@ def price_known(model: str, base_url: str, table: Mapping[str, Price] | None) ->
     return model == "local" or model.startswith("local:") or model in (table or {}) or reports_cost(base_url)
 
 
+# A count or cost no call can have: a provider's bogus value (2**64 tokens, a negative or NaN
+# cost) counts as 0 instead of ending the run where the record is saved (orjson refuses
+# integers past 64 bits) or wrecking the run's budget.
+_MOST = 10**12
+
+
 def _number(value: Any, kind: type[int | float]) -> Any:
     if isinstance(value, bool):
         return kind(0)
     try:
-        return kind(value or 0)
-    except (TypeError, ValueError):
+        n = kind(value or 0)
+    except (TypeError, ValueError, OverflowError):
         return kind(0)
+    return n if 0 <= n <= _MOST else kind(0)  # NaN fails both comparisons
 
 
 def usage_from(raw: Any) -> Usage:
