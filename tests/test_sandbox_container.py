@@ -109,7 +109,8 @@ def test_limits_apply_inside_the_container(tmp_path: Path, busybox_image: str, p
     assert list(here.iterdir()) == []  # nothing written into the user's current directory
 
 
-def test_timeout_and_cancellation_kill_the_process_inside(tmp_path: Path, busybox_image: str, podman: Engine) -> None:
+def test_timeout_and_cancellation_kill_the_process_inside(tmp_path: Path, busybox_image: str, podman: Engine,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     async def body() -> None:
         sb = await create_sandbox(config(), cwd=None, image=busybox_image, root=tmp_path)
         try:
@@ -138,6 +139,19 @@ def test_timeout_and_cancellation_kill_the_process_inside(tmp_path: Path, busybo
             # A background job that ends by itself reports its exit code.
             proc = await sb.spawn("exit 5")
             assert await proc.wait(30) == 5
+            # A job's log lives on the host, outside the container's limits: it is capped.
+            from trajforge.sandbox import container as container_mod
+
+            monkeypatch.setattr(container_mod, "JOB_LOG_BYTES", 2 << 20)
+            proc = await sb.spawn("while :; do echo 0123456789abcdef0123456789abcdef; done")
+            assert await proc.wait(60) is not None  # ended by the cap, not left writing
+            assert os.fstat(proc._log).st_size <= 2 << 20  # type: ignore[attr-defined]
+            monkeypatch.undo()
+            for _ in range(50):  # the watchdog inside kills the job's group once the client is gone
+                if "0123456789" not in await processes(sb):
+                    break
+                await asyncio.sleep(0.1)
+            assert "0123456789" not in await processes(sb)
             assert (await sb.exec("exit 125", timeout=20)).exit_code == 125  # the command's own code
             # The container disappearing under the sample is an infrastructure failure.
             subprocess.run([podman.binary, *podman.rm_args(sb.name or "")], env=podman.env, capture_output=True)

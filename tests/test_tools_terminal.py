@@ -159,6 +159,43 @@ def test_process_start_poll_kill_list(tmp_path: Path) -> None:
     asyncio.run(body())
 
 
+def test_a_sample_starting_jobs_without_end_holds_no_more_than_its_cap(tmp_path: Path) -> None:
+    # The hostile model starts short jobs one after another. Each job's log is a descriptor of
+    # the runner: exited jobs used to be dropped without closing it, so a sample could exhaust
+    # the runner's descriptors and fail every other sample. Now a sample starts at most
+    # MAX_JOBS, and every log is closed when it ends.
+    fds = lambda: len(os.listdir("/proc/self/fd"))  # noqa: E731
+    before = fds()
+
+    async def body() -> None:
+        async with session(tmp_path) as ctx:
+            for i in range(terminal.MAX_JOBS):
+                r = await call(PROCESS, ctx, action="start", command=f"echo job {i}; exit 0")
+                assert not r["_failed"], r
+                await ctx.sandbox._jobs[-1].wait(10)  # type: ignore[attr-defined]
+            refused = await call(PROCESS, ctx, action="start", command="echo one more")
+            assert refused["_failed"] and f"started {terminal.MAX_JOBS}" in refused["error"]
+            assert (await call(PROCESS, ctx, action="poll", id="proc_1"))["output"] == "job 0\n"  # still readable
+            listed = await call(PROCESS, ctx, action="list")
+            assert len(listed["processes"]) == terminal.LIST_LAST
+            assert listed["not_shown"] == terminal.MAX_JOBS - terminal.LIST_LAST
+            assert listed["processes"][-1]["id"] == f"proc_{terminal.MAX_JOBS}"
+            assert fds() <= before + terminal.MAX_JOBS + 8
+
+    asyncio.run(body())
+    assert fds() <= before + 2, "the jobs' logs outlived the sample"
+
+
+def test_list_cuts_long_commands(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with session(tmp_path) as ctx:
+            await call(PROCESS, ctx, action="start", command="true # " + "x" * 10_000)
+            listed = await call(PROCESS, ctx, action="list")
+            assert len(listed["processes"][0]["command"]) == terminal.LIST_COMMAND_CHARS
+
+    asyncio.run(body())
+
+
 def test_terminal_background_and_poll_truncation(tmp_path: Path) -> None:
     async def body() -> None:
         async with session(tmp_path) as ctx:

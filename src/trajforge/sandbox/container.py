@@ -39,13 +39,13 @@ from trajforge.sandbox import workspace
 from trajforge.sandbox.base import ExecResult, Job, PathEscapeError, Provider, Sandbox, SandboxError
 from trajforge.sandbox.channel import HelperChannel
 from trajforge.sandbox.container_argv import (
-    EXEC_WRAP, ID_RANGE, KILL_WRAP, SPAWN_WRAP, WORKSPACE, cpu_prefix, run_args,
+    EXEC_WRAP, ID_RANGE, JOB_LOG_BYTES, KILL_WRAP, SPAWN_WRAP, WORKSPACE, cpu_prefix, run_args,
 )
 from trajforge.sandbox.container_backend import ContainerBackend, _live, backend_for, kill_exec_monitors
 from trajforge.sandbox.container_files import ContainerFiles
 from trajforge.sandbox.engine import container_name, last_line
 from trajforge.sandbox.local import LocalJob
-from trajforge.sandbox.process import DEFAULT_OUTPUT_CAP
+from trajforge.sandbox.process import DEFAULT_OUTPUT_CAP, Limits, make_preexec
 from trajforge.sandbox.resources import Resources, SampleLimits
 
 
@@ -221,15 +221,17 @@ class ContainerSandbox(Sandbox):
         argv = self.engine.argv(*args, "sh", "-c", SPAWN_WRAP, "sh", "", command)
         log = anonymous_file()  # the runner's own unlinked file: no path leads to it
         try:
+            # The exec client writes the log on the host, outside the container's limits: its
+            # RLIMIT_FSIZE bounds it (SIGXFSZ ends the client, and the watchdog the job).
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.PIPE, stdout=log, stderr=asyncio.subprocess.STDOUT,
-                env=self.engine.env, start_new_session=True, cwd="/")
+                env=self.engine.env, start_new_session=True, cwd="/",
+                preexec_fn=make_preexec(Limits(file_size_bytes=JOB_LOG_BYTES)))
         except OSError as e:
             os.close(log)
             raise SandboxError(f"cannot run {self.engine.kind} exec: {e}") from e
         job = ContainerJob(proc, log)
-        self._jobs = [j for j in self._jobs if j.returncode is None]
-        self._jobs.append(job)
+        self._jobs.append(job)  # its log stays readable, and is closed, when the sample ends
         return job
 
     def _files(self) -> ContainerFiles:

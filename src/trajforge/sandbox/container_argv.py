@@ -17,6 +17,7 @@ from trajforge.sandbox.resources import SampleLimits
 ID_RANGE = 65536  # ids of a container's user namespace: 0 to 65535 inside
 
 WORKSPACE = "/workspace"
+JOB_LOG_BYTES = 64 << 20  # a background job's log, kept on the host (the model reads 50 KB a poll)
 _SHELL_PICK = 'if command -v bash >/dev/null 2>&1; then bash -c "$2"{r}; else sh -c "$2"{r}; fi; rc=$?; '
 _PIDFILES = '"/dev/shm/.trajforge-$1" "/tmp/.trajforge-$1"'
 EXEC_WRAP = ('for d in /dev/shm /tmp; do [ -d "$d" ] && [ -w "$d" ] && { echo $$ > "$d/.trajforge-$1"; break; }; '

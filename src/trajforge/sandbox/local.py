@@ -115,8 +115,7 @@ class LocalSandbox(Sandbox):
             os.close(log)
             raise SandboxError(f"cannot start a background command: {e}") from e
         job = LocalJob(proc, log)
-        self._jobs = [j for j in self._jobs if j.returncode is None]
-        self._jobs.append(job)
+        self._jobs.append(job)  # its log stays readable, and is closed, when the sample ends
         return job
 
     def _where(self, path: str) -> tuple[str, str]:

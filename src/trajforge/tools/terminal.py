@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 
 OUTPUT_CAP = 50_000  # bytes of output returned per call
 MAX_RUNNING_JOBS = 16
+# Jobs a sample may start in all: under local and container each keeps a log descriptor (and a
+# file in the host's /tmp) in the runner until the sample ends, so the model may still read it.
+MAX_JOBS = 64
+LIST_LAST, LIST_COMMAND_CHARS = 50, 200  # what action=list shows: a bounded result
 # Fold stderr into stdout so the model sees both interleaved as in a terminal. Same line as the
 # command, so bash's error line numbers still match the model's own lines.
 _MERGE_STDERR = "exec 2>&1; "
@@ -88,6 +92,9 @@ class Jobs:
     async def start(self, ctx: ToolContext, command: str) -> Job | str:
         if sum(j.proc.returncode is None for j in self.jobs.values()) >= MAX_RUNNING_JOBS:
             return f"too many background processes running (limit {MAX_RUNNING_JOBS}); kill some first"
+        if len(self.jobs) >= MAX_JOBS:
+            return (f"this task has started {MAX_JOBS} background processes, the most it may; run further "
+                    "commands in the foreground (terminal), or combine them into one background script")
         job_id = f"proc_{next(self._ids)}"
         try:
             proc = await ctx.sandbox.spawn(command)
@@ -181,7 +188,9 @@ class ProcessTool(Tool):
         action = args.get("action")
         jobs = Jobs.of(ctx)
         if action == "list":
-            return ok(processes=[j.status() for j in jobs.jobs.values()])
+            shown = [{**s, "command": s["command"][:LIST_COMMAND_CHARS]}
+                     for s in (j.status() for j in list(jobs.jobs.values())[-LIST_LAST:])]
+            return ok(processes=shown, **({"not_shown": len(jobs.jobs) - LIST_LAST} if len(jobs.jobs) > LIST_LAST else {}))
         if action == "start":
             command = _str_arg(args, "command")
             if command is None:
