@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +35,25 @@ def _umask() -> int:
 
 
 _FILE_MODE = 0o666 & ~_umask()
+
+
+# What a path that is not a regular file is, for messages ("X is a FIFO; give a regular file path").
+_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+
+
+def not_regular(path: Path, *, follow_symlinks: bool = False) -> str | None:
+    """What `path` is ("a symbolic link", "a FIFO", "a character device", ...) when it exists and is
+    not a regular file; None when it is one or does not exist. An output is checked with this before
+    any work: renaming a temp file over a link or a device node (atomic_writer, an export's staging
+    path) replaces the link or node itself, never writing what it points to."""
+    try:
+        mode = os.stat(path, follow_symlinks=follow_symlinks).st_mode
+    except OSError:
+        return None  # missing (or unreachable: the write itself then says why)
+    if stat.S_ISREG(mode):
+        return None
+    return next((kind for test, kind in _KINDS if test(mode)), "a special file")
 
 
 @contextlib.contextmanager

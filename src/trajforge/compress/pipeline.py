@@ -53,7 +53,8 @@ def run(options: Options, config: CompressionConfig, *, environ: Mapping[str, st
     out = out or sys.stdout
     input_file = resolve_input(options.input)
     output = options.output or default_output(input_file, config.output.output_suffix)
-    check_paths(input_file, output)
+    paths = Paths.for_output(output)
+    check_paths(input_file, output, (metrics_path(output), paths.partial, paths.details, paths.state))
     counter = load_counter(config.tokenizer.name)
     selection = sampling.select(input_file, options.sample_percent, options.sample_by, options.seed)
     if options.sample_percent is not None:
@@ -74,10 +75,10 @@ def run(options: Options, config: CompressionConfig, *, environ: Mapping[str, st
     info = _info(options, config, counter.name, input_file, output, selection)
     settings = {**config.fingerprint(), "sample_percent": options.sample_percent,
                 "sample_by": options.sample_by, "seed": options.seed, "tokenizer_id": counter.name}
-    writer = DurableWriter(Paths.for_output(output))
+    writer = DurableWriter(paths)
     resumed = writer.open(fingerprint(input_file, settings), options.fresh)
     if resumed is not None:
-        print(f"resuming {Paths.for_output(output).partial}: {resumed.totals.trajectories} trajectories done, "
+        print(f"resuming {paths.partial}: {resumed.totals.trajectories} trajectories done, "
               f"continuing after input line {resumed.position.line_no}", file=out)
     try:
         asyncio.run(_stream(input_file, selection, compressor, writer, config.processing.save_over_limit))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trajforge.errors import DatasetError, UsageError
+from trajforge.jsonio import not_regular
 
 RUN_DIR_FILE = "trajectories.jsonl"
 _READ_BUFFER = 1 << 20  # trajectory lines run to many KB; small reads would dominate the time
@@ -48,8 +49,8 @@ def resolve_input(path: Path) -> Path:
         return merged
     if not path.exists():
         raise DatasetError(f"{path}: no such file or directory")
-    if not path.is_file():
-        raise DatasetError(f"{path}: not a regular file")
+    if (kind := not_regular(path, follow_symlinks=True)) is not None:
+        raise DatasetError(f"{path}: {kind}, not a regular file")
     return path
 
 
@@ -57,11 +58,16 @@ def default_output(input_file: Path, suffix: str) -> Path:
     return input_file.with_name(f"{input_file.stem}{suffix}.jsonl")
 
 
-def check_paths(input_file: Path, output: Path) -> None:
+def check_paths(input_file: Path, output: Path, companions: tuple[Path, ...] = ()) -> None:
+    """Refuse an output that is the input, or that the final rename would destroy rather than write:
+    a symlink, device node, FIFO, socket or directory at the output (or at a file written beside it,
+    `companions`: the metrics, partial and checkpoint files) would itself be replaced."""
     if output.exists() and output.resolve() == input_file.resolve():
         raise UsageError(f"--output {output} is the input file; choose another path")
-    if output.exists() and output.is_dir():
-        raise UsageError(f"--output {output} is a directory; give a file path")
+    for path in (output, *companions):
+        if (kind := not_regular(path)) is not None:
+            beside = "" if path == output else f" (written beside --output {output})"
+            raise UsageError(f"--output: {path}{beside} is {kind}; give a regular file path")
 
 
 def iter_lines(path: Path, start: Position = Position()) -> Iterator[RawLine]:

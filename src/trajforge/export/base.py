@@ -23,6 +23,7 @@ from typing import Any, BinaryIO, ClassVar
 from trajforge.errors import UsageError
 from trajforge.export.convert import Reasoning
 from trajforge.export.source import Source
+from trajforge.jsonio import not_regular
 
 
 @dataclass(frozen=True)
@@ -116,14 +117,19 @@ def _looks_exported(path: Path, depth: int = 0) -> bool:
 
 
 def check_output(output: Path, is_dir: bool, overwrite: bool) -> None:
-    """Refuse an output that exists without --overwrite, or that is not an earlier export."""
-    if not (output.exists() or output.is_symlink()):
+    """Refuse an output that exists without --overwrite, that is not an earlier export, or that a
+    rename would destroy rather than write (a symlink, device node, FIFO or socket: the rename
+    replaces the node or link itself)."""
+    kind = not_regular(output)
+    if kind == "a directory" and not is_dir:
+        raise UsageError(f"--output: {output} is a directory; this export writes one file")
+    if kind not in (None, "a directory"):
+        raise UsageError(f"--output: {output} is {kind}; give a {'directory' if is_dir else 'regular file'} path")
+    if kind is None and not output.exists():
         return
     if not overwrite:
         raise UsageError(f"--output: {output} already exists; pass --overwrite to replace it")
-    if output.is_dir() and not output.is_symlink():
-        if not is_dir:
-            raise UsageError(f"--output: {output} is a directory; this export writes one file")
+    if kind == "a directory":
         if not _looks_exported(output):
             raise UsageError(f"--output: {output} holds files an export does not write; refusing to replace it")
 

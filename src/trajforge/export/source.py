@@ -19,7 +19,7 @@ import orjson
 from trajforge.errors import TrajforgeError, UsageError
 from trajforge.export.convert import ConversionError, to_record
 from trajforge.export.filters import record_task_type, row_identity
-from trajforge.jsonio import dumps
+from trajforge.jsonio import dumps, not_regular
 
 
 class InputError(TrajforgeError):
@@ -109,6 +109,8 @@ def _json_file(path: Path) -> dict[str, Any] | None:
 def open_source(path: Path) -> Source:
     if path.is_dir():
         run_dir, file = path, path / "trajectories.jsonl"
+        if (kind := not_regular(file, follow_symlinks=True)) is not None:
+            raise InputError(f"{file}: {kind}, not a regular file")
         if not file.is_file():
             raise InputError(f"{path}: no trajectories.jsonl in this directory (is it a run directory? "
                              "a run that never finished its merge can be completed with --resume)")
@@ -116,6 +118,8 @@ def open_source(path: Path) -> Source:
         file = path
         run_dir = path.parent if path.name == "trajectories.jsonl" and (path.parent / "config.json").exists() \
             else None
+    elif (kind := not_regular(path, follow_symlinks=True)) is not None:
+        raise InputError(f"{path}: {kind}, not a regular file or a run directory")
     else:
         raise InputError(f"{path}: no such file or directory")
     src = Source(file, run_dir)
