@@ -88,6 +88,32 @@ def test_patch_on_a_hostile_file_never_holds_the_event_loop(tmp_path: Path) -> N
     in_sandbox(tmp_path, body)
 
 
+def test_patch_never_builds_a_file_past_its_limit_in_the_runner(tmp_path: Path) -> None:
+    """The hostile model: a 15 MB one-line file of 'a', replace_all 'a' by 60 characters. The
+    result (900 MB) was built, encoded and diffed in the runner (2.6 GB of its memory); now it is
+    refused before it is built, and a large file's diff holds a bounded window."""
+    import tracemalloc
+
+    async def body(ctx: ToolContext) -> None:
+        path = ctx.sandbox.workspace / "one.txt"
+        path.write_bytes(b"a" * (15 << 20))
+        tracemalloc.start()
+        try:
+            r = await call(PATCH, ctx, path="one.txt", old_string="a", new_string="b" * 60, replace_all=True)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert "over patch's limit" in r["error"] and "sed -i" in r["error"], r
+        assert peak < 100 << 20, f"{peak >> 20} MB"
+        assert path.stat().st_size == 15 << 20  # untouched
+        path.write_bytes(b"x" * (4 << 20) + b"needle" + b"y" * (4 << 20))  # one line of 8 MB
+        r = await call(PATCH, ctx, path="one.txt", old_string="needle", new_string="pin")
+        assert r["success"] and len(r["diff"]) < 5000 and "first change only" in r["diff"], r["diff"][:300]
+        assert path.read_bytes() == b"x" * (4 << 20) + b"pin" + b"y" * (4 << 20)
+
+    in_sandbox(tmp_path, body)
+
+
 def test_read_offset_limit_and_errors(tmp_path: Path) -> None:
     async def body(ctx: ToolContext) -> None:
         ws = ctx.sandbox.workspace

@@ -202,7 +202,7 @@ class PatchTool(_FileTool):
             if e.kind in ("is_dir", "not_regular", "not_found"):
                 raise _Refused(f"{shown} changed while it was patched; read it again") from None
             raise
-        diff = change_diff(text, updated, shown, old, new)
+        diff = change_diff(text, updated, shown, old, new, every=replace_all)
         if len(diff) > 4000:
             diff = diff[:4000] + "\n[... diff truncated ...]\n"
         return ok(path=shown, replacements=count if replace_all else 1, diff=diff)
@@ -219,6 +219,10 @@ class PatchTool(_FileTool):
             lines = occurrence_lines(text, old)
             raise _Refused(f"old_string occurs {count} times in {shown} (lines {lines}); add surrounding "
                            "context to make it unique, or pass replace_all=true")
+        size = len(text) + (count if replace_all else 1) * (len(new) - len(old))
+        if size > MAX_PATCH_BYTES:  # checked before it is built: the runner would hold it
+            raise _Refused(f"the patched {shown} would be {size} characters, over patch's limit of "
+                           f"{MAX_PATCH_BYTES >> 20} MiB; edit it with the terminal (sed -i)")
         return (text.replace(old, new) if replace_all else text.replace(old, new, 1)), count
 
 

@@ -10,6 +10,7 @@ import time
 
 HINT_CHARS, HINT_SECONDS = 200, 0.1  # what the closest-line search compares, and how long it looks
 WHOLE_DIFF_CHARS = 64 << 10  # files up to this size get a whole-file diff
+WINDOW_CHARS, LINE_CHARS = 2_000, 1_000  # a larger file's diff: around its first change, lines cut
 
 
 def occurrence_lines(text: str, needle: str, shown: int = 5) -> str:
@@ -49,20 +50,44 @@ def _closest_line(first: str, lines: list[str], cutoff: float = 0.6) -> tuple[in
     return best
 
 
-def change_diff(text: str, updated: str, shown: str, old: str, new: str) -> str:
-    """The unified diff of patch's change. difflib's time grows faster than the file (minutes on
-    1 MB of short repeated lines), so a larger file shows its first change only, diffed from the
-    few lines around it."""
+def change_diff(text: str, updated: str, shown: str, old: str, new: str, *, every: bool = True) -> str:
+    """The unified diff of patch's change (`every`: replace_all). difflib's time grows faster than
+    the file (minutes on 1 MB of short repeated lines), so a larger file shows its first change
+    only: two lines around it, at most WINDOW_CHARS either side, each line cut at LINE_CHARS (a
+    one-line file of megabytes is the model's to make)."""
     if len(text) + len(updated) <= 2 * WHOLE_DIFF_CHARS:
         return "".join(difflib.unified_diff(text.splitlines(True), updated.splitlines(True), shown, shown, n=2))
     at = text.find(old)
     if at < 0:  # the CRLF form of old_string was replaced
-        at = text.find(old.replace("\n", "\r\n"))
+        old, new = old.replace("\n", "\r\n"), new.replace("\n", "\r\n")
+        at = text.find(old)
     if at < 0:
         return "[diff omitted: the file is over 64 KB; read_file the lines you changed]"
-    first = text.count("\n", 0, at)
-    lo = max(0, first - 2)
-    before = text.splitlines(True)[lo:first + old.count("\n") + 3][:400]
-    after = updated.splitlines(True)[lo:first + new.count("\n") + 3][:400]
+    lo = _line_start(text, at, 2, max(0, at - WINDOW_CHARS))
+    end = at + len(old)
+    window = text[lo:_line_end(text, end, 2, min(len(text), end + WINDOW_CHARS))]
+    before = [line[:LINE_CHARS] for line in window.splitlines(True)]
+    after = [line[:LINE_CHARS] for line in window.replace(old, new, -1 if every else 1).splitlines(True)]
     body = "".join(difflib.unified_diff(before, after, shown, shown, n=2))
-    return body + f"[the file is over 64 KB: its first change only, with line numbers counted from line {lo + 1}]\n"
+    first = text.count("\n", 0, lo) + 1
+    return body + f"[the file is over 64 KB: its first change only, with line numbers counted from line {first}]\n"
+
+
+def _line_start(text: str, pos: int, lines: int, floor: int) -> int:
+    """Where the line `lines` lines above the one holding `pos` starts, not before `floor`."""
+    for _ in range(lines + 1):
+        j = text.rfind("\n", floor, pos)
+        if j < 0:
+            return floor
+        pos = j
+    return pos + 1
+
+
+def _line_end(text: str, pos: int, lines: int, ceil: int) -> int:
+    """Where the line `lines` lines below the one holding `pos` ends, not after `ceil`."""
+    for _ in range(lines + 1):
+        j = text.find("\n", pos, ceil)
+        if j < 0:
+            return ceil
+        pos = j + 1
+    return pos
