@@ -15,6 +15,8 @@ import pytest
 
 from trajforge.config import RunConfig
 from trajforge.sample.settings import tool_settings
+from trajforge.sandbox.bwrap import BwrapSandbox
+from trajforge.sandbox.bwrap_backend import probe
 from trajforge.sandbox.local import LocalSandbox
 from trajforge.tools import terminal
 from trajforge.tools.base import ToolContext, result_failed
@@ -120,6 +122,36 @@ def test_bad_arguments_are_error_results(tmp_path: Path) -> None:
             for args in ({"action": "explode"}, {}, {"action": "start"}, {"action": "poll", "id": "proc_9"}):
                 r = await call(PROCESS, ctx, **args)
                 assert r["_failed"] and r["error"]
+
+    asyncio.run(body())
+
+
+BWRAP = asyncio.run(probe())
+
+
+@pytest.mark.parametrize("backend", ["local", pytest.param("bwrap", marks=pytest.mark.skipif(
+    not BWRAP.usable, reason=f"bwrap not usable here: {BWRAP.detail}"))])
+def test_commands_no_shell_can_take_are_error_results_on_every_backend(tmp_path: Path, backend: str) -> None:
+    # A NUL byte once raised out of the tool (a traceback in the log); a 200 KB heredoc failed
+    # the whole sample under local (E2BIG from exec), on every --resume again.
+    async def body() -> None:
+        sandbox = LocalSandbox(tmp_path) if backend == "local" else BwrapSandbox(tmp_path, network=False)
+        await sandbox.start()
+        ctx = ToolContext(sandbox=sandbox, settings=tool_settings(RunConfig(tool_timeout=30)))
+        try:
+            heredoc = "cat > big.txt <<'EOF'\n" + ("y" * 99 + "\n") * 2_000 + "EOF\nwc -c big.txt"  # 200 KB
+            for tool, args, expect in ((TERMINAL, {"command": "echo a\0b"}, "NUL byte"),
+                                       (PROCESS, {"action": "start", "command": "echo a\0b"}, "NUL byte"),
+                                       (TERMINAL, {"command": heredoc}, "write_file"),
+                                       (TERMINAL, {"command": heredoc, "background": True}, "write_file")):
+                r = await call(tool, ctx, **args)
+                assert r["_failed"] and expect in r["error"], r
+            fits = "cat > ok.txt <<'EOF'\n" + ("z" * 99 + "\n") * 1_000 + "EOF\nwc -c < ok.txt"
+            r = await call(TERMINAL, ctx, command=fits)  # 100 KB: still one command
+            assert not r["_failed"] and r["output"].strip() == "100000", r
+        finally:
+            await ctx.cleanup.aclose()
+            await sandbox.close()
 
     asyncio.run(body())
 

@@ -44,6 +44,21 @@ def _str_arg(args: dict[str, Any], name: str) -> str | None:
     return value if isinstance(value, str) and value.strip() else None
 
 
+# The kernel refuses a single exec argument past 128 KiB (MAX_ARG_STRLEN), and every backend hands
+# the command to a shell as one; the wrappers around it take a few hundred bytes.
+MAX_COMMAND_BYTES = 120_000
+
+
+def command_problem(command: str) -> str | None:
+    """Why no shell can run `command` as given (the model can change it), or None."""
+    if "\0" in command:
+        return "the command contains a NUL byte, which no shell command can hold"
+    if len(command) > MAX_COMMAND_BYTES // 4 and len(command.encode("utf-8", "replace")) > MAX_COMMAND_BYTES:
+        return (f"the command is longer than {MAX_COMMAND_BYTES} bytes, the most one shell command may be; "
+                "write long scripts or data to a file with write_file and run that")
+    return None
+
+
 @dataclass
 class Job:
     id: str
@@ -90,6 +105,8 @@ class Jobs:
         return jobs
 
     async def start(self, ctx: ToolContext, command: str) -> Job | str:
+        if (problem := command_problem(command)) is not None:
+            return problem
         if sum(j.proc.returncode is None for j in self.jobs.values()) >= MAX_RUNNING_JOBS:
             return f"too many background processes running (limit {MAX_RUNNING_JOBS}); kill some first"
         if len(self.jobs) >= MAX_JOBS:
@@ -146,6 +163,8 @@ class TerminalTool(Tool):
             if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
                 return error("'timeout' must be a positive number of seconds")
             limit = min(float(timeout), limit)
+        if (problem := command_problem(command)) is not None:
+            return _result("", None, problem)
         if args.get("background") is True:
             job = await Jobs.of(ctx).start(ctx, command)
             if isinstance(job, str):
