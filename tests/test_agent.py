@@ -120,6 +120,35 @@ def test_length_and_max_turns_are_partial(server: ScriptedServer, tmp_path: Path
     assert s.partial and s.api_calls == 3 and s.end_reason == "max_turns"
 
 
+def test_a_hostile_model_cannot_make_one_sample_hold_without_bound(server: ScriptedServer, tmp_path: Path) -> None:
+    # 3,000 read_file calls in one reply once ran every one and kept every result: 2 GB in the
+    # runner, a 284 MB request and a 569 MB record for one sample. Now calls past the per-reply
+    # cap are answered without running, and a sample whose results pass MAX_TOOL_OUTPUT ends.
+    from trajforge.agent.loop import MAX_CALLS_PER_TURN, MAX_TOOL_OUTPUT
+
+    calls = [tool_call("terminal", {"command": f"echo {i} >> ran.txt; wc -l < ran.txt"}, call_id=f"c{i}")
+             for i in range(200)]
+    server.script(chat(None, tool_calls=calls), chat("done"))
+    s = run(server, tmp_path)
+    results = s.turns[0].results
+    assert len(results) == 200 and all(r.call.id == f"c{i}" for i, r in enumerate(results))  # every call answered
+    assert sum("not run" in r.result for r in results) == 200 - MAX_CALLS_PER_TURN
+    assert json.loads(results[MAX_CALLS_PER_TURN - 1].result)["output"].strip() == str(MAX_CALLS_PER_TURN)
+    assert s.end_reason == "answer"
+
+    # 50,000 lines of 99 characters, read whole in pieces of 1,000 lines: each result ~100 KB
+    big = "seq -f '%099g' 1 50000 > big.txt"
+    reads = [tool_call("read_file", {"path": "big.txt", "offset": 1 + 1000 * (i % 50), "limit": 1000},
+                       call_id=f"r{i}") for i in range(MAX_CALLS_PER_TURN)]
+    server.script(chat(None, tool_calls=[tool_call("terminal", {"command": big})]),
+                  *[chat(None, tool_calls=reads) for _ in range(10)], chat("never reached"))
+    s = run(server, tmp_path, max_turns=20)
+    assert s.end_reason == "max_tool_output" and s.partial
+    kept = sum(len(r.result) for turn in s.turns for r in turn.results)
+    assert MAX_TOOL_OUTPUT < kept < MAX_TOOL_OUTPUT + MAX_CALLS_PER_TURN * 110_000
+    assert s.api_calls < 11
+
+
 @pytest.mark.parametrize("field", ["reasoning", "reasoning_content", "reasoning_details"])
 def test_reasoning_shapes_reach_think_blocks(server: ScriptedServer, tmp_path: Path, field: str) -> None:
     server.script(chat("answer", reasoning="deep thought", reasoning_field=field))

@@ -21,6 +21,15 @@ from trajforge.tools.base import Tool, ToolContext, ToolInfraError, error, resul
 
 log = logging.getLogger("trajforge.agent")
 
+# What one sample may make the runner hold, whatever its model replies (its memory is outside
+# every sandbox limit, and each request re-sends the whole conversation): calls past
+# MAX_CALLS_PER_TURN in one reply get _NOT_RUN, and a sample whose tool results pass
+# MAX_TOOL_OUTPUT characters in all ends after that turn, saved as partial ("max_tool_output").
+MAX_CALLS_PER_TURN = 64
+MAX_TOOL_OUTPUT = 16 << 20
+_NOT_RUN = error(f"not run: one reply may make at most {MAX_CALLS_PER_TURN} tool calls; make the rest in "
+                 "your next reply")
+
 
 @dataclass(slots=True)
 class ToolResult:
@@ -50,7 +59,7 @@ class SessionResult:
     partial: bool
     api_calls: int
     usage: Usage
-    end_reason: str  # "answer" | "length" | "max_turns" | "max_tokens_per_sample" | "max_cost_per_sample"
+    end_reason: str  # "answer" | "length" | "max_turns" | "max_tokens_per_sample" | "max_cost_per_sample" | "max_tool_output"
 
 
 def _assistant_message(c: Completion) -> dict[str, Any]:
@@ -105,6 +114,7 @@ async def run_session(
     turns: list[Turn] = []
     usage = Usage()
     end_reason = "max_turns"
+    output = 0  # characters of tool results so far
     for _ in range(max_turns):
         completion = await model.complete(messages, schemas)
         usage.add(completion.usage)
@@ -124,16 +134,18 @@ async def run_session(
             end_reason = "answer"
             break
         messages.append(_assistant_message(completion))
-        for call in completion.tool_calls:  # in order: calls of one step may depend on each other
-            res = await call_tool(call, by_name, ctx)
+        for n, call in enumerate(completion.tool_calls):  # in order: calls of one step may depend on each other
+            res = await call_tool(call, by_name, ctx) if n < MAX_CALLS_PER_TURN else ToolResult(call, _NOT_RUN, True)
             turn.results.append(res)
+            output += len(res.result)
             if trace is not None:
                 trace("tool", res)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": res.result})
-        if limits is not None:
-            reached = limits.reached(usage, ctx.state.get("tool_model_usage"))
-            if reached is not None:
-                end_reason = reached
-                break
+        reached = limits.reached(usage, ctx.state.get("tool_model_usage")) if limits is not None else None
+        if reached is None and output > MAX_TOOL_OUTPUT:
+            reached = "max_tool_output"
+        if reached is not None:
+            end_reason = reached
+            break
     completed = end_reason == "answer"
     return SessionResult(prompt, schemas, turns, completed, not completed, len(turns), usage, end_reason)
