@@ -202,3 +202,16 @@ def test_moderation_403_fails_the_sample_not_the_run(kind: str) -> None:
         with pytest.raises(APIFailure, match="HTTP 403: input flagged"):
             complete(srv, kind)
         assert len(srv.chat_requests()) == 1
+
+
+def test_a_reply_past_the_size_cap_is_refused_as_it_arrives(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The endpoint's reply is held whole in the runner: a 300 MB one took it to ~1 GB. The default
+    # transport stops reading past MAX_RESPONSE_BYTES (the cap is lowered here to keep the test small).
+    from trajforge.model import transport
+
+    monkeypatch.setattr(transport, "MAX_RESPONSE_BYTES", 1 << 20)
+    with ScriptedServer() as srv:
+        srv.script(chat("x" * (900 << 10)), *[chat("y" * (3 << 20)) for _ in range(3)])
+        assert complete(srv, "aiohttp")[0].content == "x" * (900 << 10)  # under the cap: as before
+        with pytest.raises(APIFailure, match="more than 1 MiB"):
+            complete(srv, "aiohttp", max_retries=1)

@@ -29,6 +29,9 @@ from typing import Any, Protocol
 from trajforge import __version__
 
 POOL_SHARDS = 256
+# A reply larger than this is refused as it arrives: it would be held whole in the runner, and
+# no completion is this large (a 300 MB reply took the runner to ~1 GB).
+MAX_RESPONSE_BYTES = 64 << 20
 _KEEPALIVE_SECONDS = 30.0
 
 
@@ -101,7 +104,7 @@ class AiohttpTransport:
         try:
             async with session.post(self._url, data=payload, headers=self._headers, allow_redirects=False,
                                     proxy=self._proxy) as r:
-                return RawResponse(r.status, r.headers, await r.read())
+                return RawResponse(r.status, r.headers, await _read_capped(r))
         except aiohttp.ClientError as exc:
             failure = f"{type(exc).__name__}: {exc}"
         # Raised outside the handler so the aiohttp error is neither __cause__ nor __context__: its
@@ -112,6 +115,17 @@ class AiohttpTransport:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+async def _read_capped(r: Any) -> bytes:
+    if (r.content_length or 0) > MAX_RESPONSE_BYTES:
+        raise TransportError(f"the response is {r.content_length} bytes, more than {MAX_RESPONSE_BYTES >> 20} MiB")
+    body = bytearray()
+    async for chunk in r.content.iter_any():
+        body += chunk
+        if len(body) > MAX_RESPONSE_BYTES:
+            raise TransportError(f"the response is more than {MAX_RESPONSE_BYTES >> 20} MiB")
+    return bytes(body)
 
 
 class SdkTransport:
