@@ -192,6 +192,13 @@ REQUIRED = ["--dataset_file=d.jsonl", "--batch_size=2", "--run_name=r"]
     ([*REQUIRED, "--timeout", "soon"], ["--timeout: invalid value 'soon': must be a number"]),
     ([*REQUIRED, "--resume=yes"], ["--resume", "'yes'"]),
     ([*REQUIRED, "--max_turns"], ["--max_turns: expected one argument"]),
+    ([*REQUIRED, "--run_name=.."], ["--run_name: invalid value '..': must be a single directory name"]),
+    ([*REQUIRED, "--run_name", "/tmp/r"], ["--run_name: invalid value '/tmp/r': must be a single directory name"]),
+    ([*REQUIRED, "--max_turns=100000000000000000000000"], ["--max_turns: invalid value 100000000000000000000000: "
+                                                           "must be at most 10000"]),
+    ([*REQUIRED, "--dataset_file="], ["--dataset_file: is empty (or '.'): give the path of a file"]),
+    ([*REQUIRED, "--base-url", "not a url"], ["--base_url: invalid value 'not a url': not a valid URL: needs a "
+                                              "scheme (http or https) and a host"]),
 ])
 def test_invalid_input_exits_2_with_one_clear_line(argv: list[str], expected: list[str],
                                                    capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,11 +4,15 @@ messages that name the flag or the file and key, custom distributions, and API-k
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, get_args
 
 import pytest
+from pydantic import BaseModel
 
-from trajforge.config import DEFAULT_MODEL, RunConfig
+from trajforge.config import DEFAULT_MODEL, RunConfig, TaskTypeConfig
+from trajforge.config_checks import TOOLS_MAX
 from trajforge.config_load import build_config, read_yaml
 from trajforge.errors import ConfigError, UsageError
 
@@ -106,6 +110,24 @@ def test_cli_parallelism_is_num_workers() -> None:
     ({"sandbox": "vm"}, "--sandbox: invalid value 'vm': must be one of 'auto', 'local', 'bwrap' or 'container'"),
     ({"reasoning_effort": "hihg"}, "--reasoning_effort: invalid value 'hihg': must be one of 'none', 'minimal', "
                                    "'low', 'medium', 'high' or 'xhigh'; did you mean 'high'?"),
+    ({"run_name": ".."}, "--run_name: invalid value '..': must be a single directory name (no '/' or NUL character, "
+                         "not '.' or '..')"),
+    ({"run_name": "/srv/runs/a"}, "--run_name: invalid value '/srv/runs/a': must be a single directory name (no "
+                                  "'/' or NUL character, not '.' or '..')"),
+    ({"run_name": "r" * 256}, f"--run_name: invalid value '{'r' * 256}': must be at most 255 bytes long (one "
+                              "directory name)"),
+    ({"batch_size": 10**23}, "--batch_size: invalid value 100000000000000000000000: must be at most 1000000"),
+    ({"max_tokens_per_sample": 10**10}, "--max_tokens_per_sample: invalid value 10000000000: must be at most "
+                                        "1000000000"),
+    ({"dataset_file": Path("")}, "--dataset_file: is empty (or '.'): give the path of a file"),
+    ({"base_url": "not a url"}, "--base_url: invalid value 'not a url': not a valid URL: needs a scheme (http or "
+                                "https) and a host, e.g. http://127.0.0.1:8000/v1"),
+    ({"base_url": "http://127.0.0.1:99999/v1"}, "--base_url: invalid value 'http://127.0.0.1:99999/v1': not a "
+                                                "valid URL: needs a scheme (http or https) and a host, e.g. "
+                                                "http://127.0.0.1:8000/v1"),
+    # the password of a URL that is refused is not repeated in the error
+    ({"base_url": "ftp://me:hunter2@h/v1"}, "--base_url: invalid value 'ftp://me:***@h/v1': not a valid URL: needs "
+                                            "a scheme (http or https) and a host, e.g. http://127.0.0.1:8000/v1"),
 ])
 def test_invalid_cli_values_name_flag_value_and_what_is_allowed(cli: dict, message: str) -> None:
     assert error_of(cli) == message
@@ -148,10 +170,67 @@ def test_several_problems_are_one_line_each() -> None:
     ("api_key: 12345", "cfg.yaml: key 'api_key': invalid value ***: must be a string"),
     ("[1, 2]", "cfg.yaml: the top level must be a mapping of keys, got list"),
     ("a: [unclosed", "cfg.yaml: not valid YAML"),
+    ("x: " + "[" * 5000 + "]" * 5000, "cfg.yaml: not valid YAML: collections nested too deeply to read"),
+    ("run_name: ..", "cfg.yaml: key 'run_name': invalid value '..': must be a single directory name"),
+    ("batch_size: 100000000000000000000000", "cfg.yaml: key 'batch_size': invalid value 100000000000000000000000: "
+                                             "must be at most 1000000"),
+    ("parallelism: {batch_size: 2000000}", "cfg.yaml: key 'parallelism.batch_size': invalid value 2000000: "
+                                           "must be at most 1000000"),
+    ("task_types: {a: {retry_limit: 1001}}", "cfg.yaml: key 'task_types.a.retry_limit': invalid value 1001: "
+                                            "must be at most 1000"),
+    ("tools: {browser: {viewport_width: 100000}}", "cfg.yaml: key 'tools.browser.viewport_width': invalid value "
+                                                   "100000: must be at most 16384"),
+    ("sandbox_memory: 17t", "cfg.yaml: key 'sandbox_memory': invalid value '17t': must be at most 16t (16 TiB)"),
+    ("sandbox_memory: lots", "cfg.yaml: key 'sandbox_memory': invalid value 'lots': must be a size: a number with "
+                             "an optional unit b, k, m, g or t (e.g. 512m, 4g)"),
+    ("dataset_file: ''", "cfg.yaml: key 'dataset_file': is empty (or '.'): give the path of a file"),
+    ("judge_base_url: localhost:8000", "cfg.yaml: key 'judge_base_url': invalid value 'localhost:8000': not a valid "
+                                       "URL"),
 ])
 def test_bad_yaml_names_file_and_key(tmp_path: Path, text: str, message: str) -> None:
     cfg = yaml_file(tmp_path, text + "\n")
     assert error_of({}, cfg).startswith(f"{cfg}: " + message.removeprefix("cfg.yaml: "))
+
+
+def _whole_number_fields(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for name, field in model.model_fields.items():
+        kinds = [field.annotation, *get_args(field.annotation)]
+        nested = [k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)]
+        if nested:
+            yield from _whole_number_fields(nested[0], f"{prefix}{name}.")
+        elif int in kinds:
+            yield f"{prefix}{name}", field
+
+
+def test_every_whole_number_setting_has_an_upper_bound() -> None:
+    """A whole number beyond 64 bits used to pass validation and crash the run once it had begun
+    (config.json is JSON): every one, a new one too, must be bounded from above."""
+    unbounded = []
+    for model, prefix in ((RunConfig, ""), (TaskTypeConfig, "task_types.*.")):
+        for name, field in _whole_number_fields(model, prefix):
+            if name.startswith("tools."):
+                bounded = any(hasattr(m, "le") for m in field.metadata) or name[6:] in TOOLS_MAX
+            else:  # stop_after_passes: at most samples_per_prompt, a whole-model check
+                bounded = any(hasattr(m, "le") for m in field.metadata) or name == "stop_after_passes"
+            if not bounded:
+                unbounded.append(name)
+    assert unbounded == []
+    tools = {name[6:] for name, _ in _whole_number_fields(RunConfig) if name.startswith("tools.")}
+    assert set(TOOLS_MAX) <= tools  # a bound for a field that does not exist is a typo
+    huge = build_config({"samples_per_prompt": 10_000, "stop_after_passes": 10_000})
+    assert huge.stop_after_passes == 10_000
+    assert "must be at most --samples_per_prompt" in error_of({"stop_after_passes": 10**23})
+
+
+@pytest.mark.parametrize("name", ["r", "my run", "nightly-2026.12.04", "..r", "r..", ".hidden", "é" * 127])
+def test_run_names_that_are_one_directory_name_pass(name: str) -> None:
+    assert build_config({"run_name": name}).run_name == name
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8000/v1", "https://openrouter.ai/api/v1", "http://[::1]:8080/v1",
+                                 "https://alice:pw@llm.example/v1?x=1", "http://localhost/v1"])
+def test_http_urls_pass(url: str) -> None:
+    assert build_config({"base_url": url, "judge_base_url": url}).base_url == url
 
 
 def test_cli_value_wins_and_is_named_even_when_the_file_has_the_key(tmp_path: Path) -> None:

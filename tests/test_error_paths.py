@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import tempfile
 from collections import Counter
@@ -356,9 +357,11 @@ def test_torn_last_line_is_cut_once_not_reported_on_every_resume(tmp_path: Path,
     assert second.returncode == 0 and "torn" not in second.stderr, second.stderr
 
 
-# 5. Settings that can only fail are refused before any work ------------------------------------------
+# 5. Settings that can only fail (or harm) are refused before any work ----------------------------------
 
-@pytest.mark.parametrize(("flags", "named"), [
+HUGE = "100000000000000000000000"  # beyond 64 bits: once passed validation, then crashed the started run
+
+CONTRADICTIONS = [
     (["--sandbox=local", "--sandbox_network=none"], "--sandbox local cannot apply --sandbox_network none"),
     (["--resume", "--overwrite"], "--resume and --overwrite"),
     (["--reasoning_disabled", "--reasoning_effort=high"], "--reasoning_disabled contradicts --reasoning_effort"),
@@ -366,15 +369,84 @@ def test_torn_last_line_is_cut_once_not_reported_on_every_resume(tmp_path: Path,
     (["--providers_allowed=a,b", "--providers_ignored=b"], "both name b"),
     (["--ray_address=127.0.0.1:6379"], "--ray_address is only used with --executor ray"),
     (["--executor=ray", "--keep_workspaces"], "--keep_workspaces is not supported with --executor ray"),
+]
+_ONE_NAME = "must be a single directory name (no '/' or NUL character, not '.' or '..')"
+BAD_VALUES = [
+    # a run name that is not one new directory under data/: `..` made the current directory the run's,
+    # and --overwrite then deleted its trajectories.jsonl and workspaces/
+    (["--run_name=..", "--overwrite"], f"--run_name: invalid value '..': {_ONE_NAME}"),
+    (["--run_name=.", "--overwrite"], f"--run_name: invalid value '.': {_ONE_NAME}"),
+    (["--run_name={tmp}/elsewhere"], "--run_name: invalid value '{tmp}/elsewhere': must be a single directory name"),
+    (["--run_name=../escape"], "--run_name: invalid value '../escape': must be a single directory name"),
+    *[([f"--{flag}={HUGE}"], f"--{flag}: invalid value {HUGE}: must be at most {bound}")
+      for flag, bound in [("batch_size", 1_000_000), ("max_samples", 1_000_000_000), ("max_turns", 10_000),
+                          ("max_tokens", 10_000_000), ("max_retries", 10_000), ("seed", 2**63 - 1)]],
+    (["--dataset_file="], "--dataset_file: is empty (or '.'): give the path of a file"),
+    (["--config="], "--config: invalid value '': must be the path of a YAML file"),
+    (["--base_url", "not a url"], "--base_url: invalid value 'not a url': not a valid URL: needs a scheme "
+                                  "(http or https) and a host"),
+    (["--judge_base_url=127.0.0.1:8000/v1"], "--judge_base_url: invalid value '127.0.0.1:8000/v1': not a valid URL"),
+]
+BAD_CONFIG_FILES = [
+    ("run_name: '..'\noverwrite: true\n", f"cfg.yaml: key 'run_name': invalid value '..': {_ONE_NAME}"),
+    ('run_name: "a\\0b"\n', "cfg.yaml: key 'run_name': invalid value 'a\\x00b': must be a single directory name"),
+    (f"batch_size: {HUGE}\n", f"cfg.yaml: key 'batch_size': invalid value {HUGE}: must be at most 1000000"),
+    (f"task_types: {{code: {{retry_limit: {HUGE}}}}}\n", "cfg.yaml: key 'task_types.code.retry_limit': invalid "
+                                                      f"value {HUGE}: must be at most 1000"),
+    (f"tools: {{web: {{max_bytes: {HUGE}}}}}\n", f"cfg.yaml: key 'tools.web.max_bytes': invalid value {HUGE}: "
+                                              "must be at most 1073741824"),
+    (f"tools: {{moa: {{min_successes: {HUGE}}}}}\n", "cfg.yaml: key 'tools.moa.min_successes': invalid value"),
+    (f"sandbox_disk: {HUGE}t\n", f"cfg.yaml: key 'sandbox_disk': invalid value '{HUGE}t': must be at most 16t"),
+    ("x: " + "[" * 5000 + "]" * 5000 + "\n", "cfg.yaml: not valid YAML: collections nested too deeply to read"),
+    ("dataset_file: ''\n", "cfg.yaml: key 'dataset_file': is empty"),
+    ("base_url: localhost:8000\n", "cfg.yaml: key 'base_url': invalid value 'localhost:8000': not a valid URL"),
+]
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize(("flags", "config", "named"), [
+    *[pytest.param(flags, None, named, id=" ".join(flags)) for flags, named in CONTRADICTIONS + BAD_VALUES],
+    *[pytest.param([], text, named, id=f"cfg {text[:40].strip()}") for text, named in BAD_CONFIG_FILES],
 ])
-def test_contradicting_settings_are_refused_at_start(tmp_path: Path, server: ScriptedServer, clean_env,
-                                                     flags: list[str], named: str) -> None:
+def test_bad_or_contradicting_settings_are_refused_at_start(tmp_path: Path, server: ScriptedServer, clean_env,
+                                                            flags: list[str], config: str | None, named: str) -> None:
     server.handler = echo_policy(turns=1)
     ds = write_dataset(tmp_path / "ds.jsonl", ["say a"])
-    proc = run_cli(tmp_path, clean_env, *base_args(server, ds), *flags)
+    args = base_args(server, ds)
+    if config is not None:
+        (tmp_path / "cfg.yaml").write_text(config)
+        in_file = set(re.findall(r"^(\w+):", config, re.M))  # the file's keys: the flags must not override them
+        args = [a for a in args if a.split("=")[0].removeprefix("--") not in in_file] + ["--config=cfg.yaml"]
+    # what a run directory of `.` or `..` would clobber: none of it may be created, changed or deleted
+    (tmp_path / "trajectories.jsonl").write_text('{"mine": 1}\n')
+    (tmp_path / "workspaces").mkdir()
+    (tmp_path / "workspaces" / "important.txt").write_text("user data\n")
+    before = _tree(tmp_path)
+    proc = run_cli(tmp_path, clean_env, *args, *(f.format(tmp=tmp_path) for f in flags))
     assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr and named in proc.stderr
-    assert not server.requests and not (tmp_path / "data").exists()
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.splitlines()  # one line per problem, nothing else (several contradictions: several)
+    assert lines and all(line.startswith("error: ") for line in lines), proc.stderr
+    assert any(named.format(tmp=tmp_path) in line for line in lines), proc.stderr
+    assert not server.requests and _tree(tmp_path) == before
+
+
+def test_a_run_name_taken_from_the_dataset_file_is_checked_too(tmp_path: Path, server: ScriptedServer,
+                                                               clean_env) -> None:
+    # `...jsonl` gives the stem `..`: the run directory would be data/.., i.e. the current one
+    server.handler = echo_policy(turns=1)
+    ds = write_dataset(tmp_path / "...jsonl", ["say a"])
+    args = [a for a in base_args(server, ds) if not a.startswith("--run_name")]
+    (tmp_path / "trajectories.jsonl").write_text('{"mine": 1}\n')
+    before = _tree(tmp_path)
+    proc = run_cli(tmp_path, clean_env, *args, "--overwrite")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == ("error: the run name taken from --dataset_file, '..', must be a single "
+                                   "directory name (no '/' or NUL character, not '.' or '..'); give --run_name")
+    assert not server.requests and _tree(tmp_path) == before
 
 
 # 8. The status line before the first sample finishes --------------------------------------------------

@@ -2,10 +2,12 @@
 
 This module owns what a run's settings are and which values are valid: RunConfig (field names are
 the flag names), its nested sections (`task_types`, `distributions`, `network`, `pricing`), the
-size strings of the sandbox limits, and the wording of an unknown choice (`unknown_choice`, shared
-with the file reader). Reading a YAML file and merging defaults < file < command line, with errors
+size strings of the sandbox limits (size_bytes, kept with the other value checks in
+trajforge.config_checks), and the wording of an unknown choice (`unknown_choice`, shared with the
+file reader). Reading a YAML file and merging defaults < file < command line, with errors
 that name the flag or file key, is trajforge.config_load's. It holds no run logic, and stays
-low: it imports the toolset catalog, the model's settings types and netpolicy, never a layer above.
+low: it imports the toolset catalog, the model's settings types, netpolicy and its single-value checks
+(trajforge.config_checks), never a layer above.
 """
 
 from __future__ import annotations
@@ -14,24 +16,18 @@ import difflib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from trajforge.model.pricing import Price
 from trajforge.model.types import DEFAULT_MODEL, ModelSettings
 from trajforge.catalog import toolset_names
 from trajforge.catalog.distributions import Distribution, all_distributions
 from trajforge.catalog.settings import ToolsSettings
+from trajforge.config_checks import CHECKED_FIELDS, PID_MAX, SIZE_PATTERN, check_value, check_whole_numbers
+from trajforge.config_checks import size_bytes  # noqa: F401 -- sample.settings reads sizes from here
 
 ProviderSort = Literal["price", "throughput", "latency"]
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
-SIZE_PATTERN = r"^[0-9]+(\.[0-9]+)?[bkmgtBKMGT]?$"
-_UNITS = {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def size_bytes(text: str) -> int:
-    """'4g' -> 4 GiB in bytes ('4' alone is bytes), the unit letters of docker/podman --memory."""
-    unit = text[-1].lower() if text[-1].isalpha() else "b"
-    return int(float(text.rstrip("bkmgtBKMGT") or 0) * _UNITS[unit])
 
 
 class _Strict(BaseModel):
@@ -39,7 +35,7 @@ class _Strict(BaseModel):
 
 
 class TaskTypeConfig(_Strict):
-    retry_limit: int = Field(1, ge=0, description="in-run retries of a failed sample of this type")
+    retry_limit: int = Field(1, ge=0, le=1_000, description="in-run retries of a failed sample of this type")
     # Verification defaults for rows of this type (a row's own field wins); see trajforge.verify.
     check: str | None = Field(None, min_length=1)
     check_timeout: float | None = Field(None, gt=0)
@@ -120,20 +116,21 @@ class RunConfig(_Strict):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # Every whole number has an upper bound (le=): one beyond 64 bits crashed the run after it began.
     dataset_file: Path | None = None
-    batch_size: int | None = Field(None, ge=1)
+    batch_size: int | None = Field(None, ge=1, le=1_000_000)
     run_name: str | None = Field(None, min_length=1)
     distribution: str = "default"
     model: str = DEFAULT_MODEL
     base_url: str | None = None
     api_key: SecretStr | None = None
-    max_turns: int = Field(10, ge=1)
+    max_turns: int = Field(10, ge=1, le=10_000)
     num_workers: int = Field(4, ge=1, le=100_000)
     resume: bool = False
     overwrite: bool = False
     verbose: bool = False
-    max_samples: int | None = Field(None, ge=1)
-    max_tokens: int | None = Field(None, ge=1)
+    max_samples: int | None = Field(None, ge=1, le=1_000_000_000)
+    max_tokens: int | None = Field(None, ge=1, le=10_000_000)
     providers_allowed: list[str] | None = None
     providers_ignored: list[str] | None = None
     providers_order: list[str] | None = None
@@ -141,14 +138,14 @@ class RunConfig(_Strict):
     reasoning_effort: ReasoningEffort | None = None
     reasoning_disabled: bool = False
     ephemeral_system_prompt: str | None = None
-    log_prefix_chars: int = Field(100, ge=0)
+    log_prefix_chars: int = Field(100, ge=0, le=1_000_000)
     prefill_messages_file: Path | None = None
     output_dir: Path = Path("data")
     timeout: float | None = Field(1800.0, gt=0, description="wall-clock seconds per sample")
     tool_timeout: float = Field(120.0, gt=0, description="seconds per terminal command")
     request_timeout: float = Field(600.0, gt=0, description="seconds per model request")
-    max_retries: int = Field(5, ge=0, description="attempts per model request after the first")
-    seed: int = 0
+    max_retries: int = Field(5, ge=0, le=10_000, description="attempts per model request after the first")
+    seed: int = Field(0, ge=-(1 << 63), le=(1 << 63) - 1)
     skip_invalid: bool = False
     keep_no_reasoning: bool = False
     keep_workspaces: bool = False
@@ -160,22 +157,23 @@ class RunConfig(_Strict):
     sandbox_tmp_size: str = Field("1g", pattern=SIZE_PATTERN, description="size of a sample's /tmp (tmpfs)")
     sandbox_shm_size: str = Field("256m", pattern=SIZE_PATTERN, description="size of a sample's /dev/shm")
     sandbox_disk: str = Field("10g", pattern=SIZE_PATTERN, description="bytes a sample may write to its workspace")
-    sandbox_cpu_seconds: int | None = Field(600, ge=1, description="CPU seconds per process of a command")
-    max_sandboxes: int = Field(16, ge=1)
-    sandbox_nproc: int = Field(512, ge=16, description="processes of one bwrap sample (enforced when run as root)")
+    sandbox_cpu_seconds: int | None = Field(600, ge=1, le=10**7, description="CPU seconds per process of a command")
+    max_sandboxes: int = Field(16, ge=1, le=100_000)
+    sandbox_nproc: int = Field(512, ge=16, le=PID_MAX, description="processes of one bwrap sample (enforced as root)")
     container_engine: Literal["auto", "podman", "docker"] = "auto"
     container_image: str | None = Field(None, description="image of --sandbox container rows without an image")
     container_memory: str | None = Field(None, pattern=r"^[0-9]+(\.[0-9]+)?[bkmgBKMG]?$",
                                          description="memory limit per container (default: sandbox_memory)")
-    container_pids_limit: int = Field(1024, ge=16, description="processes per container")
+    container_pids_limit: int = Field(1024, ge=16, le=PID_MAX, description="processes per container")
     container_cpus: float | None = Field(None, gt=0, description="CPUs per container (default: no limit)")
     image_pull_timeout: float = Field(300.0, gt=0, description="seconds to pull one missing image")
-    local_instances: int = Field(1, ge=1)
+    local_instances: int = Field(1, ge=1, le=1_024)
     fail_on_error: float = Field(1, gt=0, description="failed samples that make the exit code 3: a count "
                                  "(1, 2, ...) or a fraction of the samples (0 < x < 1)")
     executor: Literal["local", "ray"] = "local"
     ray_address: str | None = None
     samples_per_prompt: int = Field(1, ge=1, le=10_000, description="independent rollouts of every row")
+    # at most samples_per_prompt (_passes_within_rollouts), so bounded like it
     stop_after_passes: int | None = Field(None, ge=1, description="rollouts of a row not started after K passes")
     keep: Literal["all", "passed"] = "all"
     check_timeout: float = Field(300.0, gt=0, description="seconds a row's check may run")
@@ -189,7 +187,7 @@ class RunConfig(_Strict):
     # Spend and load control (runner.budget, model.gate).
     max_cost: float | None = Field(None, gt=0, description="USD for the whole run, over all invocations")
     max_cost_per_sample: float | None = Field(None, gt=0)
-    max_tokens_per_sample: int | None = Field(None, ge=1)
+    max_tokens_per_sample: int | None = Field(None, ge=1, le=1_000_000_000)
     adaptive_concurrency: bool = True
     max_requests_per_minute: float | None = Field(None, gt=0)
     max_tokens_per_minute: float | None = Field(None, gt=0)
@@ -207,6 +205,18 @@ class RunConfig(_Strict):
         # pydantic's lax mode reads True as 1; `max_turns: yes` in a config file is a mistake.
         if isinstance(v, bool):
             raise ValueError(f"must be a number, not {str(v).lower()}")
+        return v
+
+    @field_validator(*CHECKED_FIELDS, mode="before")
+    @classmethod
+    def _checked(cls, v: Any, info: ValidationInfo) -> Any:
+        check_value(info.field_name or "", v)  # a path, URL or size that could only fail (or harm) later
+        return v
+
+    @field_validator("tools")
+    @classmethod
+    def _tools_bounded(cls, v: ToolsSettings) -> ToolsSettings:
+        check_whole_numbers(v, [])  # catalog.settings bounds them from below; config_checks from above
         return v
 
     @field_validator("fail_on_error")

@@ -5,21 +5,22 @@ scheduler's files use too), the run file's format (flat flag-named keys, plus `p
 nested section or the flat alias of `num_workers`), the merge defaults < YAML file (--config) <
 command line, and turning pydantic's validation failures into one line per problem that names the
 flag or file key and says what is allowed. What the settings are and which values are valid is
-trajforge.config's (RunConfig); this module only reads and explains, so of trajforge it imports
-that model and the error tree alone.
+trajforge.config's (RunConfig, with trajforge.config_checks); this module only reads and explains,
+so of trajforge it imports that model, its checks' OutOfRange and the error tree alone.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
 from trajforge.config import RunConfig, UnknownDistribution, suggest, unknown_choice
+from trajforge.config_checks import OutOfRange
 from trajforge.errors import ConfigError, UsageError
 
 _NESTED_PARALLELISM = {"max_workers": "num_workers", "batch_size": "batch_size", "timeout": "timeout",
@@ -29,7 +30,9 @@ _PLAIN = {"int_parsing": "must be a whole number", "int_type": "must be a whole 
           "int_from_float": "must be a whole number", "float_parsing": "must be a number",
           "float_type": "must be a number", "string_type": "must be a string", "bool_parsing": "must be true or false",
           "bool_type": "must be true or false", "dict_type": "must be a mapping", "model_type": "must be a mapping",
-          "list_type": "must be a list", "path_type": "must be a path", "string_too_short": "must not be empty"}
+          "list_type": "must be a list", "path_type": "must be a path", "string_too_short": "must not be empty",
+          # only the sandbox's size strings have a pattern (config_checks.SIZE_PATTERN, container_memory's)
+          "string_pattern_mismatch": "must be a size: a number with an optional unit b, k, m, g or t (e.g. 512m, 4g)"}
 _BOUNDS = {"greater_than_equal": "at least", "greater_than": "greater than", "less_than_equal": "at most",
            "less_than": "less than"}
 
@@ -42,6 +45,8 @@ def load_yaml_mapping(path: Path) -> dict[Any, Any]:
         raise ConfigError(f"{path}: cannot read config file: {e.strerror or e}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid YAML: {e}".splitlines()[0]) from None
+    except RecursionError:  # PyYAML composes nested collections recursively: `[[[[...` thousands deep
+        raise ConfigError(f"{path}: not valid YAML: collections nested too deeply to read") from None
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -84,6 +89,8 @@ def build_config(cli_values: dict[str, Any], config_file: Path | None = None,
 
     `cli_values` may hold `parallelism`, the alias of `num_workers`; errors then name --parallelism.
     """
+    if config_file is not None and str(config_file) == ".":  # `--config=` arrives as Path('.')
+        raise UsageError("--config: invalid value '': must be the path of a YAML file")
     file_values, origin = _read_yaml(config_file, file_keys) if config_file else ({}, {})
     cli = dict(cli_values)
     flags = {k: f"--{k}" for k in cli}
@@ -108,6 +115,8 @@ def _describe(e: ValidationError, flags: dict[str, str], config_file: Path | Non
         exc = err.get("ctx", {}).get("error")
         if not parts and isinstance(exc, UnknownDistribution):
             parts, value, msg = ["distribution"], exc.value, "no such distribution" + suggest(exc.value, exc.allowed)
+        elif isinstance(exc, OutOfRange):  # found by a section's own check: name the key inside it
+            parts, value, msg = [*parts, *exc.path], exc.value, f"must be at most {exc.bound}"
         if not parts:
             lines.append(msg)
             continue
@@ -129,9 +138,20 @@ def _describe(e: ValidationError, flags: dict[str, str], config_file: Path | Non
             where = f"--{top}"
         if err["type"] == "extra_forbidden":
             lines.append(f"{where}: unknown key")
+        elif err["type"] == "empty_path":
+            lines.append(f"{where}: {msg}")  # the value shown would be '.', whatever was typed
         elif err["type"] == "missing":
             lines.append(f"{where}: missing")
         else:
-            shown = "***" if top == "api_key" else repr(value)
+            shown = "***" if top == "api_key" else _shown(value)
             lines.append(f"{where}: invalid value {shown}: {msg}")
     return "\n".join(lines)
+
+
+def _shown(value: Any) -> str:
+    """A refused value as the user wrote it: a path as text, a URL without its password."""
+    if isinstance(value, PurePath):
+        return repr(str(value))
+    if isinstance(value, str):  # a bad --base_url may still hold credentials (https://user:pw@host)
+        return repr(re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", value))
+    return repr(value)

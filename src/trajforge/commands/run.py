@@ -13,6 +13,7 @@ from typing import Any
 from trajforge import __version__
 from trajforge.cmdline import Flag, Parser, add_flags, parse_flags
 from trajforge.config import RunConfig
+from trajforge.config_checks import run_name_problem
 from trajforge.config_load import build_config
 from trajforge.errors import UsageError
 
@@ -142,7 +143,9 @@ def parse_run_args(argv: list[str], prog: str, *, strict_required: bool,
                          f"(give {'them' if len(missing) > 1 else 'it'} on the command line or in --config)")
     derived: dict[str, Any] = {}  # validated config is never mutated: a copy carries the derived values
     if config.run_name is None:
-        derived["run_name"] = config.dataset_file.stem  # type: ignore[union-attr]
+        derived["run_name"] = stem = config.dataset_file.stem  # type: ignore[union-attr]
+        if (problem := run_name_problem(stem)) is not None:  # `...jsonl` would make it `..`
+            raise UsageError(f"the run name taken from --dataset_file, {stem!r}, {problem}; give --run_name")
     if config.batch_size is None:
         derived["batch_size"] = 100
     return config.model_copy(update=derived), values
