@@ -72,6 +72,23 @@ throw new Error('boom from script');
     "/set.html": ("text/html", b"""<!doctype html><html><head><title>Set</title></head><body><p>set</p>
 <script>localStorage.setItem('secret', 'sample-a');</script></body></html>"""),
     "/red.png": ("image/png", _png(8, 4)),
+    # 100 images, each with a 100 KB alt and a 2 KB src: 10 MB if alt is returned whole.
+    "/alts.html": ("text/html", b"""<!doctype html><html><head><title>Alts</title></head><body><script>
+const alt = 'x'.repeat(100000), src = '/red.png?' + 'y'.repeat(2000);
+for (let i = 0; i < 100; i++) {
+  const img = document.createElement('img'); img.alt = alt + i; img.src = src + i; document.body.appendChild(img);
+}
+</script></body></html>"""),
+    # A page that subverts the caps of the tools' own page scripts (they run in the page's world):
+    # String.prototype.slice hands back 100 KB objects whose length reads as 0.
+    "/hostile.html": ("text/html", b"""<!doctype html><html><head><title>Hostile</title></head><body><script>
+for (let i = 0; i < 100; i++) {
+  const img = document.createElement('img'); img.alt = 'a' + i; document.body.appendChild(img);
+}
+document.title = 'T'.repeat(100000);
+const big = 'z'.repeat(100000);
+String.prototype.slice = function () { return {length: 0, big}; };
+</script></body></html>"""),
 }
 
 
@@ -273,6 +290,29 @@ def test_get_images_lists_the_page_images(sample: Sample, site: str) -> None:
     images = sample.call("browser_get_images")
     assert images["count"] == 1
     assert images["images"][0] == {"src": f"{site}/red.png", "alt": "Red box", "width": 8, "height": 4}
+
+
+def test_get_images_result_is_capped(sample: Sample, site: str) -> None:
+    assert sample.call("browser_navigate", url=f"{site}/alts.html")["title"] == "Alts"
+    raw = sample.call_raw("browser_get_images")
+    images = loads(raw)
+    assert images["success"] is True and images["truncated"] is True and images["total"] == 100
+    assert 0 < images["count"] == len(images["images"]) < 100
+    first = images["images"][0]
+    assert first["alt"] == "x" * 300 and first["src"] == f"{site}/red.png?" + "y" * (500 - len(f"{site}/red.png?"))
+    assert len(raw) <= BrowserSettings().snapshot_max_chars + 500  # the same cap as a snapshot
+
+
+def test_get_images_caps_hold_when_the_page_subverts_the_tool_script(sample: Sample, site: str) -> None:
+    nav = sample.call_raw("browser_navigate", url=f"{site}/hostile.html")
+    assert loads(nav)["title"] == "T" * 500 and len(nav) < 1_000  # a page title is cut too
+    raw = sample.call_raw("browser_get_images")
+    images = loads(raw)
+    assert images["success"] is True and images["title"] == "T" * 500
+    assert images["count"] == 100
+    # The slices handed back objects, not strings: Python drops them.
+    assert all(i["src"] == i["alt"] == "" and isinstance(i["width"], int) for i in images["images"])
+    assert len(raw) <= BrowserSettings().snapshot_max_chars + 1_000
 
 
 def test_navigation_failures_are_error_results(sample: Sample, site: str) -> None:

@@ -2,15 +2,22 @@
 
 Covers provider choice and the Unavailable reasons, SearXNG / Brave / Tavily searches with their
 auth, and web_extract on HTML, PDF, JSON, text, binary, redirects, 404s, a huge page, a slow page
-and bad URLs. Every request is real HTTP on 127.0.0.1.
+and bad URLs, and hostile JSON and PDF documents whose conversion must stay bounded (it runs in
+the runner process, in a thread no timeout can stop). Every request is real HTTP on 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
+import re
+import threading
 import time
-from collections.abc import Awaitable, Callable
+import tracemalloc
+import zlib
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +27,9 @@ from tests.support.toolsets import run_with
 from tests.support.web_fixture import BRAVE_KEY, TAVILY_KEY, WebFixture
 from trajforge.config import RunConfig
 from trajforge.sample.settings import tool_settings
-from trajforge.tools import web
+from trajforge.tools import web, web_content
 from trajforge.tools.base import ToolContext, Unavailable, result_failed
+from trajforge.tools.http_fetch import Fetched
 from trajforge.tools.registry import build_toolsets
 from trajforge.catalog.settings import WebSettings
 from trajforge.tools.web_search import choose_provider
@@ -235,3 +243,154 @@ def test_bad_arguments_are_error_results(tmp_path: Path, site: WebFixture) -> No
         assert single["results"][0]["content"] == "plain notes\nline two\n"
 
     with_toolset(tmp_path, config(searxng_url=site.base, max_urls=2), body)
+
+
+# --- hostile documents: conversion work is bounded by max_chars, not by the document ----------------
+
+MiB = 1 << 20
+
+
+@contextmanager
+def serve(routes: dict[str, tuple[str, bytes]]) -> Iterator[str]:
+    """A real HTTP server on 127.0.0.1 answering each path with (content type, body); yields its base."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            kind, body = routes[self.path.split("?")[0]]
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def extract_from(tmp_path: Path, base: str, paths: list[str], **settings: Any) -> dict[str, Any]:
+    async def body(ts: web.WebToolset, ctx: ToolContext) -> dict[str, Any]:
+        return await call(ts, "web_extract", {"urls": [base + p for p in paths]}, ctx)
+
+    return with_toolset(tmp_path, config(searxng_url=base, **settings), body)
+
+
+def traced(fn: Callable[[], Any]) -> tuple[Any, int]:
+    """fn's result and the peak of Python memory allocated while it ran."""
+    tracemalloc.start()
+    try:
+        return fn(), tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def fetched(body: bytes, media_type: str) -> Fetched:
+    return Fetched(url="http://x.test/d", final_url="http://x.test/d", status=200, reason="OK",
+                   media_type=media_type, charset=None, body=body, truncated=False)
+
+
+def make_pdf(contents: list[bytes], pages: int, form: bytes | None = None) -> bytes:
+    """A PDF of `pages` pages, page i drawing the compressed content stream contents[i % len]: many
+    pages can share one stream, so a small file holds a lot of text. With `form`, every page's
+    resources also hold it as the form XObject /X1. Text is in Helvetica, font /F1."""
+    objects: dict[int, bytes] = {1: b"<< /Type /Catalog /Pages 2 0 R >>",
+                                 3: b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"}
+
+    def stream(data: bytes, extra: bytes = b"") -> bytes:
+        packed = zlib.compress(data, 9)
+        return b"<< %s /Length %d /Filter /FlateDecode >>\nstream\n" % (extra, len(packed)) + packed + b"\nendstream"
+
+    objects[4] = stream(form or b"", b"/Type /XObject /Subtype /Form /BBox [0 0 612 792] "
+                                     b"/Resources << /Font << /F1 3 0 R >> >>")
+    first_content, first_page = 5, 5 + len(contents)
+    for i, content in enumerate(contents):
+        objects[first_content + i] = stream(content)
+    for i in range(pages):
+        objects[first_page + i] = (
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents %d 0 R "
+            b"/Resources << /Font << /F1 3 0 R >> /XObject << /X1 4 0 R >> >> >>" % (first_content + i % len(contents)))
+    kids = " ".join(f"{first_page + i} 0 R" for i in range(pages))
+    objects[2] = f"<< /Type /Pages /Kids [{kids}] /Count {pages} >>".encode()
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = {}
+    for n in sorted(objects):
+        offsets[n] = len(out)
+        out += b"%d 0 obj\n" % n + objects[n] + b"\nendobj\n"
+    xref, size = len(out), max(objects) + 1
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % size
+    out += b"".join(b"%010d 00000 n \n" % offsets[n] for n in range(1, size))
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (size, xref)
+    return bytes(out)
+
+
+def test_deeply_nested_json_is_pretty_printed_only_up_to_max_chars() -> None:
+    # 100 KB of numbers 500 arrays deep: indenting the whole document writes ~1000 spaces per number
+    # (50 MB), where only the first 5000 characters are returned.
+    body = ("[" * 500 + ",".join(["1"] * 50_000) + "]" * 500).encode()
+    page, peak = traced(lambda: web_content.extract(fetched(body, "application/json"), 5_000))
+    assert page.error is None and page.truncated is True
+    assert len(page.content) == 5_000 and page.content.startswith("[\n  [\n    [\n")
+    assert peak < 4 * MiB, peak
+
+
+def test_hostile_json_over_http_is_bounded_and_never_crashes(tmp_path: Path) -> None:
+    deep = b"[" * 100_000 + b"]" * 100_000  # deeper than the recursion limit: json.loads raises RecursionError
+    nested = ("[" * 900 + ",".join(["1"] * 200_000) + "]" * 900).encode()
+    with serve({"/deep.json": ("application/json", deep), "/nested.json": ("application/json", nested)}) as base:
+        data = extract_from(tmp_path, base, ["/deep.json", "/nested.json"], max_chars=3_000)
+    deep_page, nested_page = data["results"]
+    assert data["success"] is True
+    assert deep_page["error"] is None and deep_page["content"] == "[" * 3_000 and deep_page["truncated"] is True
+    assert nested_page["error"] is None and len(nested_page["content"]) == 3_000 and nested_page["truncated"] is True
+    assert nested_page["content"].startswith("[\n  [\n")
+
+
+def test_pdf_text_extraction_stops_at_max_chars() -> None:
+    # 100 pages share one content stream of 100 lines of 1000 characters: a 10 KB file, 10 MB of text.
+    line = b"(" + b"A" * 1000 + b") Tj T*\n"
+    body = make_pdf([b"BT /F1 12 Tf 14 TL 72 720 Td\n" + line * 100 + b"ET"], pages=100)
+    page, peak = traced(lambda: web_content.extract(fetched(body, "application/pdf"), 5_000))
+    assert page.error is None and page.truncated is True
+    assert len(page.content) <= 5_000 and page.content.startswith("--- page 1 ---\nAAAA")
+    assert page.content.endswith("\n\n[text cut at 5000 characters, in page 1 of 100]")
+    assert peak < 8 * MiB, peak
+
+
+def test_pdf_text_extraction_stops_at_the_page_cap() -> None:
+    pages = web_content.PDF_MAX_PAGES + 10
+    body = make_pdf([b"BT /F1 12 Tf 72 720 Td (Leaf %d) Tj ET" % n for n in range(1, pages + 1)], pages=pages)
+    page = web_content.extract(fetched(body, "application/pdf"), 100_000)
+    assert page.error is None and page.truncated is True
+    last = web_content.PDF_MAX_PAGES
+    assert f"--- page {last} ---\nLeaf {last}" in page.content and f"Leaf {last + 1}" not in page.content
+    assert page.content.endswith(f"[only the first {last} of {pages} pages are extracted]")
+
+
+@pytest.mark.timeout(120)
+def test_pdf_text_extraction_stops_at_its_cpu_budget(monkeypatch: pytest.MonkeyPatch,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """Pages whose operators yield no text are bounded by CPU time, forms drawn from a page too
+    (pypdf catches and logs exceptions from inside a form XObject: the stop must not be one)."""
+    monkeypatch.setattr(web_content, "PDF_CPU_SECONDS", 0.2)
+    empty_text = b"BT /F1 12 Tf " + b"() Tj\n" * 40_000 + b"ET"  # ~0.3 s of pypdf work, no text
+    many_pages = make_pdf([empty_text], pages=200)
+    many_forms = make_pdf([b"/X1 Do\n" * 5_000], pages=1, form=empty_text)
+    for body, total in ((many_pages, 200), (many_forms, 1)):
+        page = web_content.extract(fetched(body, "application/pdf"), 5_000)
+        stopped = re.fullmatch(r"the PDF has no extractable text \(text extraction stopped after 0\.2 s of CPU time, "
+                               rf"at page (\d+) of {total}\)", page.error or "")
+        assert stopped and int(stopped[1]) <= min(total, 5), page.error  # about 0.3 s per page
+    assert "XFormObject" not in caplog.text
+
+
+def test_titles_are_capped() -> None:
+    html = b"<html><head><title>" + b"T" * 100_000 + b"</title></head><body><p>hi</p></body></html>"
+    page = web_content.extract(fetched(html, "text/html"), 5_000)
+    assert page.title == "T" * web_content.TITLE_CHARS and page.content == "hi"

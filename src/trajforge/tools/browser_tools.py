@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from playwright.async_api import Error as PlaywrightError
 
 from trajforge.tools.base import Tool, ToolContext, error, ok
+from trajforge.tools.browser_images import IMAGES_JS, capped_images
 from trajforge.tools.browser_snapshot import normalize_ref, ref_locator, take_snapshot
 
 if TYPE_CHECKING:
@@ -23,10 +24,8 @@ if TYPE_CHECKING:
     from trajforge.tools.browser_session import BrowserBackend, BrowserSession
 
 _NO_ARGS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+_TITLE_CHARS, _URL_CHARS = 500, 2000  # a page may set either to megabytes
 _REF = {"type": "string", "description": "element ref from the latest browser_snapshot, e.g. e12"}
-_IMAGES_JS = """() => Array.from(document.images).slice(0, 100).map(img => ({
-  src: (img.currentSrc || img.src || '').slice(0, 500), alt: img.alt || '',
-  width: img.naturalWidth || img.width, height: img.naturalHeight || img.height}))"""
 _SCROLL_JS = """(dir) => {
   window.scrollBy(0, (dir === 'up' ? -0.8 : 0.8) * window.innerHeight);
   const h = document.documentElement.scrollHeight;
@@ -89,7 +88,7 @@ class BrowserTool(Tool):
             title = await page.title()
         except PlaywrightError:  # a navigation started by the action replaced the document meanwhile
             title = ""
-        return {"url": page.url, "title": title}
+        return {"url": page.url[:_URL_CHARS], "title": title[:_TITLE_CHARS]}  # a page may set either huge
 
 
 class NavigateTool(BrowserTool):
@@ -229,8 +228,10 @@ class GetImagesTool(BrowserTool):
     parameters = _NO_ARGS
 
     async def act(self, page: Page, args: dict[str, Any], session: BrowserSession, ctx: ToolContext) -> str:
-        images = await page.evaluate(_IMAGES_JS)
-        return ok(**await self._where(page), count=len(images), images=images)
+        max_chars = self.backend.settings.snapshot_max_chars  # the same cap as a browser_snapshot result
+        images, total = capped_images(await page.evaluate(IMAGES_JS, max_chars), max_chars)
+        more = {"truncated": True, "total": total} if total > len(images) else {}
+        return ok(**await self._where(page), count=len(images), images=images, **more)
 
 
 class ConsoleTool(BrowserTool):

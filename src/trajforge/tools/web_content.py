@@ -5,7 +5,12 @@ none or a generic one: HTML -> markdown (charset from the header, else the page'
 html2text, a maintained converter that drops head, script and style and keeps links, lists,
 tables and code), PDF -> text of its pages (pypdf), JSON -> pretty-printed JSON, text/* -> as
 is. Other binary types are refused with a clear message rather than dumped as mojibake.
-Conversion is CPU work, so callers run `extract` in a worker thread.
+
+Conversion is CPU work, so callers run `extract` in a worker thread (`asyncio.to_thread`), which
+neither the tool's nor the sample's timeout can cancel, and it runs in the runner process, outside
+every sandbox limit. So every conversion bounds its own work by what it returns (about max_chars),
+never by the size or shape of the document: JSON stops encoding at max_chars, PDF text extraction
+stops at max_chars, a page cap and a CPU budget. Those bounds are what make the thread safe.
 """
 
 from __future__ import annotations
@@ -13,17 +18,19 @@ from __future__ import annotations
 import io
 import json
 import re
+import time
 from dataclasses import asdict, dataclass
 from html.parser import HTMLParser
 
 import html2text
-from pypdf import PdfReader
+from pypdf import PdfReader, apply_configuration
 
 from trajforge.tools.http_fetch import Fetched, split_content_type
 
 _HTML_TYPES = {"text/html", "application/xhtml+xml"}
 _GENERIC_TYPES = {"", "application/octet-stream", "binary/octet-stream"}
 _BLANK_RUNS = re.compile(r"\n[ \t]*\n(?:[ \t]*\n)+")
+TITLE_CHARS = 500  # a page or PDF title longer than this is cut
 
 
 @dataclass(slots=True)
@@ -90,7 +97,7 @@ class _TitleParser(HTMLParser):
 def html_title(html: str) -> str | None:
     parser = _TitleParser()
     parser.feed(html[:200_000])  # the title lives in <head>; no need to parse a 2 MB body for it
-    title = " ".join("".join(parser.parts).split())
+    title = " ".join("".join(parser.parts).split())[:TITLE_CHARS]
     return title or None
 
 
@@ -103,13 +110,106 @@ def html_to_markdown(html: str, base_url: str) -> str:
     return _BLANK_RUNS.sub("\n\n", converter.handle(html)).strip()
 
 
-def pdf_to_text(data: bytes) -> tuple[str | None, str]:
-    reader = PdfReader(io.BytesIO(data))
-    meta = reader.metadata
-    title = str(meta.title).strip() if meta is not None and meta.title else None
-    pages = [(page.extract_text() or "").strip() for page in reader.pages]
-    text = "\n\n".join(f"--- page {n} ---\n{t}" for n, t in enumerate(pages, 1) if t)
-    return title, text
+# PDF text extraction stops at whichever comes first: max_chars of text, this many pages, or this
+# much CPU time of the worker thread. A tiny PDF can make pypdf work for minutes: 200 pages sharing
+# one compressed content stream, a page of a million empty text operators, a form drawn 5000 times.
+PDF_MAX_PAGES = 50
+PDF_CPU_SECONDS = 3.0
+# pypdf's own limits, lowered (its defaults let one stream inflate to 75 MB and parse into 2M tokens,
+# seconds of CPU and hundreds of MB before our per-operator check below first runs).
+_PDF_LIMITS = {
+    "zlib_maximum_output_length": 16_000_000,
+    "lzw_maximum_output_length": 16_000_000,
+    "run_length_maximum_output_length": 16_000_000,
+    "brotli_maximum_output_length": 16_000_000,
+    "array_based_stream_maximum_output_length": 16_000_000,
+    "stream_decoding_work_maximum_length": 32_000_000,
+    "stream_parsing_work_maximum_count": 300_000,
+    "xform_maximum_invocations_per_extraction": 500,
+    "page_tree_maximum_page_entries": 200_000,  # entries copied while listing the pages (default 2M)
+}
+
+
+class _StopExtraction(BaseException):
+    """Raised from pypdf's visitor callbacks to end a page early. A BaseException, since pypdf
+    catches and logs any Exception raised while it extracts a form XObject, and would go on."""
+
+
+def _page_text(page: object, room: int, deadline: float) -> tuple[str, str | None]:
+    """The page's text and None, or when `room` chars or the CPU deadline ran out first, the text
+    extracted so far and which of the two ("chars" or "cpu") ended it."""
+    pieces: list[str] = []
+    size = 0
+
+    def on_text(text: str, *_: object) -> None:
+        nonlocal size
+        pieces.append(text)
+        size += len(text)
+        if size > room:
+            raise _StopExtraction("chars")
+
+    def on_operator(*_: object) -> None:  # before every content-stream operator, forms included
+        if time.thread_time() > deadline:
+            raise _StopExtraction("cpu")
+
+    try:
+        text = page.extract_text(visitor_text=on_text, visitor_operand_before=on_operator)  # type: ignore[attr-defined]
+    except _StopExtraction as stop:
+        return "".join(pieces).strip(), str(stop)  # the pieces join to what extract_text returns
+    except Exception as e:  # a damaged page, or one over the limits above: keep what it gave, go on
+        done = "".join(pieces).strip()
+        return f"{done}\n[the rest of this page cannot be read: {type(e).__name__}]" if done else \
+            f"[this page cannot be read: {type(e).__name__}]", None
+    return (text or "").strip(), None
+
+
+def pdf_to_text(data: bytes, max_chars: int) -> tuple[str | None, str, str | None]:
+    """(title, text of the first pages, why the text was cut or None); see the caps above."""
+    with apply_configuration(**_PDF_LIMITS):  # a ContextVar: this thread's extraction only
+        deadline = time.thread_time() + PDF_CPU_SECONDS
+        reader = PdfReader(io.BytesIO(data))
+        meta = reader.metadata
+        title = " ".join(str(meta.title).split())[:TITLE_CHARS] if meta is not None and meta.title else ""
+        total = len(reader.pages)
+        parts: list[str] = []
+        size = 0
+        cut = f"only the first {PDF_MAX_PAGES} of {total} pages are extracted" if total > PDF_MAX_PAGES else None
+        for n in range(1, min(total, PDF_MAX_PAGES) + 1):
+            stopped = "cpu" if time.thread_time() > deadline else None
+            if not stopped:
+                text, stopped = _page_text(reader.pages[n - 1], max_chars - size, deadline)
+                if text:
+                    parts.append(f"--- page {n} ---\n{text}")
+                    size += len(parts[-1]) + 2
+            if stopped == "cpu":
+                cut = f"text extraction stopped after {PDF_CPU_SECONDS:g} s of CPU time, at page {n} of {total}"
+                break
+            if stopped or size >= max_chars:
+                cut = f"text cut at {max_chars} characters, in page {n} of {total}"
+                break
+    return title or None, "\n\n".join(parts), cut
+
+
+def pretty_json(raw: str, max_chars: int) -> str | None:
+    """`raw` indented, up to just past max_chars (then the caller cuts it); None if it is no JSON.
+
+    Only as much is encoded as is returned: json.dumps(indent=2) of the whole document first would
+    cost depth x size (each nesting level indents every line below it), gigabytes for a 1 MB body
+    of deeply nested arrays. Parsing is bounded by the body's size (capped by max_bytes);
+    nesting deeper than the recursion limit raises RecursionError, taken as not-JSON."""
+    try:
+        value = json.loads(raw)
+        parts: list[str] = []
+        size = 0
+        # With indent the encoder is the pure-Python generator, so stopping early stops the work.
+        for chunk in json.JSONEncoder(indent=2, ensure_ascii=False).iterencode(value):
+            parts.append(chunk)
+            size += len(chunk)
+            if size > max_chars:
+                break
+    except (ValueError, RecursionError):
+        return None
+    return "".join(parts)
 
 
 def _decode(body: bytes, charset: str | None) -> str:
@@ -162,24 +262,27 @@ def extract(fetched: Fetched, max_chars: int) -> Page:
             page.error = "the PDF is larger than the download cap (tools.web.max_bytes); its text cannot be extracted"
             return page
         try:
-            page.title, text = pdf_to_text(fetched.body)
+            page.title, text, cut = pdf_to_text(fetched.body, max_chars)
         except Exception as e:  # pypdf raises many types on damaged files
-            page.error = f"cannot read the PDF: {type(e).__name__}: {e}"
+            page.error = f"cannot read the PDF: {type(e).__name__}: {str(e)[:300]}"
             return page
         if not text:
-            page.error = "the PDF has no extractable text (scanned images?)"
+            page.error = f"the PDF has no extractable text ({cut or 'scanned images?'})"
             return page
+        if cut:  # say so in the content itself, where the model reads
+            note = f"\n\n[{cut}]"
+            text = text[: max(0, max_chars - len(note))] + note
+            page.truncated = True
     elif kind == "json":
         raw = _decode(fetched.body, fetched.charset)
-        try:
-            text = json.dumps(json.loads(raw), indent=2, ensure_ascii=False)
-        except ValueError:
-            text = raw  # cut by the byte cap, or not really JSON: show it as text
+        text = pretty_json(raw, max_chars)
+        if text is None:
+            text = raw  # cut by the byte cap, or not really JSON, or nested too deep: show it as text
     elif kind == "text":
         text = _decode(fetched.body, fetched.charset)
     else:
         page.error = f"unsupported content type {fetched.media_type or 'unknown'} (binary data is not returned)"
         return page
-    page.truncated = fetched.truncated or len(text) > max_chars
+    page.truncated = page.truncated or fetched.truncated or len(text) > max_chars
     page.content = text[:max_chars]
     return page

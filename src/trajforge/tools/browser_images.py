@@ -1,0 +1,58 @@
+"""What browser_get_images may return: a bounded list, whatever the page holds or redefines.
+
+The listing runs as JS in the page's own context, so a hostile page can make it return anything;
+`capped_images` checks and caps the result again in Python before it reaches the model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# browser_get_images lists at most this many images, each src and alt cut to these lengths, and
+# stops adding images once the result reaches the snapshot's cap (snapshot_max_chars): a page can
+# hold 100 images with megabytes of alt text each. The page's own scripts can redefine what this
+# JS calls, so `capped_images` applies the same caps again in Python to whatever comes back.
+_MAX_IMAGES = 100
+_SRC_CHARS = 500
+_ALT_CHARS = 300
+IMAGES_JS = f"""(maxChars) => {{
+  const images = [];
+  let chars = 0;
+  for (const img of Array.from(document.images).slice(0, {_MAX_IMAGES})) {{
+    const item = {{src: String(img.currentSrc || img.src || '').slice(0, {_SRC_CHARS}),
+                  alt: String(img.alt || '').slice(0, {_ALT_CHARS}),
+                  width: img.naturalWidth || img.width, height: img.naturalHeight || img.height}};
+    chars += item.src.length + item.alt.length + 60;
+    if (chars > maxChars) break;
+    images.push(item);
+  }}
+  return {{images, total: document.images.length}};
+}}"""
+
+
+def capped_images(raw: Any, max_chars: int) -> tuple[list[dict[str, Any]], int]:
+    """The images `IMAGES_JS` returned, checked and capped again (types, lengths, total size),
+    and how many images the page has."""
+    items = raw.get("images") if isinstance(raw, dict) else None
+    items = items if isinstance(items, list) else []
+    total = raw.get("total") if isinstance(raw, dict) else None
+    total = total if isinstance(total, int) and not isinstance(total, bool) else len(items)
+
+    def text(value: Any, limit: int) -> str:
+        return value[:limit] if isinstance(value, str) else ""
+
+    def size(value: Any) -> int:
+        return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e9 else 0
+
+    images: list[dict[str, Any]] = []
+    chars = 0
+    for item in items[:_MAX_IMAGES]:
+        if not isinstance(item, dict):
+            continue
+        image = {"src": text(item.get("src"), _SRC_CHARS), "alt": text(item.get("alt"), _ALT_CHARS),
+                 "width": size(item.get("width")), "height": size(item.get("height"))}
+        chars += len(image["src"]) + len(image["alt"]) + 60
+        if chars > max_chars:
+            break
+        images.append(image)
+    return images, max(total, len(images))
