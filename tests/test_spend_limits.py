@@ -206,6 +206,31 @@ def test_budget_without_limit_only_counts() -> None:
     assert budget.projected_total() == pytest.approx(6.0 + 2 * 6.0)
 
 
+def test_budget_tells_what_each_sample_in_flight_spent_on_its_current_attempt() -> None:
+    # Saved with the checkpoint: a record written after that save holds this part again, so a
+    # resume after a kill adds only the rest of the record's cost (runner.recovery).
+    budget = Budget(to_run=3)
+    a, b = budget.start("a"), budget.start("b")
+    pay(a, 0.3)
+    budget.retry(a)  # its first attempt failed: the record will hold only the next one's cost
+    pay(a, 0.2)
+    entry = InvocationEntry(started=1.0)
+    budget.fill(entry)
+    assert (entry.spent, entry.in_flight) == (pytest.approx(0.5), {"a": pytest.approx(0.2)})  # b spent nothing
+    budget.end(a)
+    budget.end(b)
+    budget.fill(entry)
+    assert entry.in_flight == {} and entry.spent == pytest.approx(0.5)
+
+
+def test_budget_continues_spend_recovered_from_the_batch_files() -> None:
+    invocations = [InvocationEntry(started=1.0, spent=2.0, spent_samples=2),
+                   InvocationEntry(started=2.0, spent=1.0, spent_samples=1, recovered_spent=0.5, recovered_samples=1)]
+    budget = Budget.from_invocations(5.0, invocations, to_run=1, recovered=(1.5, 2))
+    assert (budget.spent, budget.prior_samples) == (pytest.approx(5.0), 6)
+    assert not budget.may_start()
+
+
 # --- per-sample limits ---------------------------------------------------------------------------
 
 

@@ -1,14 +1,15 @@
 """The run's spend: what it cost so far, what it will cost, and whether a sample may start.
 
 `--max_cost` holds over every invocation of a run: earlier invocations' spend comes from the
-checkpoint. A sample may start while the spend so far plus the projected spend of the samples in
-flight stays under the budget; once it does not, no sample starts again in this invocation
-(those in flight finish) and the run ends with BUDGET_EXIT_CODE. An in-flight sample is projected
-to cost the average finished sample, or what it has already spent if that is more; so the
+checkpoint, plus what runner.recovery found in the batch files that a killed invocation never
+saved there (`recovered`). A sample may start while the spend so far plus the projected spend of
+the samples in flight stays under the budget; once it does not, no sample starts again in this
+invocation (those in flight finish) and the run ends with BUDGET_EXIT_CODE. An in-flight sample is
+projected to cost the average finished sample, or what it has already spent if that is more; so the
 overshoot is bounded by what in-flight samples spend beyond the average. Spend is counted per
 model call as calls return (model.spend), failed attempts and tools' model calls included.
 
-Pure: the engine calls `may_start`, `start` and `end`; nothing here waits or reads a clock.
+Pure: the engine calls `may_start`, `start`, `retry` and `end`; nothing here waits or reads a clock.
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ from trajforge.runner.checkpoint import InvocationEntry
 BUDGET_EXIT_CODE = 4  # 0 ok, 1 fatal, 2 usage, 130 interrupted
 
 
+@dataclass(slots=True)
+class _Flight:
+    identity: str
+    base: float = 0.0  # USD the sample spent before its current attempt began
+
+
 @dataclass
 class Budget:
     limit: float | None = None
@@ -32,14 +39,17 @@ class Budget:
     ended: int = 0
     started: int = 0
     reached: bool = False
-    active: set[SampleSpend] = field(default_factory=set)
+    active: dict[SampleSpend, _Flight] = field(default_factory=dict)
     live: SampleSpend = field(default_factory=SampleSpend)  # every call charged in this process
     elsewhere: float = 0.0  # USD that ended samples spent in other processes (Ray actors)
 
     @classmethod
-    def from_invocations(cls, limit: float | None, invocations: Iterable[InvocationEntry], to_run: int) -> Budget:
-        """A budget continuing the spend recorded by earlier invocations (checkpoint.json)."""
-        prior = [(i.spent, i.spent_samples) for i in invocations]
+    def from_invocations(cls, limit: float | None, invocations: Iterable[InvocationEntry], to_run: int,
+                         recovered: tuple[float, int] = (0.0, 0)) -> Budget:
+        """A budget continuing the spend recorded by earlier invocations (checkpoint.json), and
+        `recovered`: (USD, samples) that a killed one spent but never saved there (runner.recovery)."""
+        prior = [(i.spent + i.recovered_spent, i.spent_samples + i.recovered_samples) for i in invocations]
+        prior.append(recovered)
         return cls(limit, sum(p for p, _ in prior), sum(n for _, n in prior), to_run)
 
     @property
@@ -75,16 +85,26 @@ class Budget:
             self.reached = self.spent + self.in_flight_projection() >= self.limit
         return not self.reached
 
-    def start(self) -> SampleSpend:
+    def start(self, identity: str = "") -> SampleSpend:
         spend = SampleSpend(parent=self.live)
-        self.active.add(spend)
+        self.active[spend] = _Flight(identity)
         self.started += 1
         return spend
+
+    def retry(self, spend: SampleSpend) -> None:
+        """Another attempt at the sample of `spend` begins: its record will hold only this one's cost."""
+        flight = self.active.get(spend)
+        if flight is not None:
+            flight.base = spend.cost
+
+    def in_flight(self) -> dict[str, float]:
+        """USD each sample in flight spent on its current attempt so far (see `fill`)."""
+        return {f.identity: round(s.cost - f.base, 8) for s, f in self.active.items() if f.identity and s.cost > f.base}
 
     def end(self, spend: SampleSpend, elsewhere: float = 0.0) -> float:
         """The sample of `spend` ended; `elsewhere`: USD its attempts spent in other processes.
         Returns the sample's cost."""
-        self.active.discard(spend)
+        self.active.pop(spend, None)
         cost = spend.cost + elsewhere
         self.elsewhere += elsewhere
         self.closed += cost
@@ -92,8 +112,14 @@ class Budget:
         return cost
 
     def fill(self, entry: InvocationEntry) -> None:
-        """Write this invocation's spend into its checkpoint entry: the next invocation's prior."""
+        """Write this invocation's spend into its checkpoint entry: the next invocation's prior.
+        `spent` includes what samples in flight spent so far; `in_flight` says how much of that a
+        record written before the next save would hold again, so a resume after a kill does not
+        count it twice (runner.recovery). Written only once there was something in flight."""
         entry.spent, entry.spent_samples = round(self.spent_now, 8), self.ended
+        flights = self.in_flight()
+        if flights or entry.in_flight:
+            entry.in_flight = flights
 
     def stop_message(self) -> list[str]:
         """The lines printed when the budget stopped the run, ending with how to continue."""

@@ -2,8 +2,10 @@
 
 Batch files are the source of truth for kept trajectories; the checkpoint adds what they cannot
 say: discarded samples (final, never re-run) and failed ones (retried on resume), plus each
-invocation's duration for cumulative statistics. It is replaced atomically, at most about once a
-second while samples finish (the interval grows with the file's size) and always at the end.
+invocation's duration and spend for cumulative statistics and the budget. It is replaced
+atomically, at most about once a second while samples finish or spend grows (the interval grows
+with the file's size) and always at the end. A run killed between two saves leaves records the
+file lacks; the next start puts them back (runner.recovery).
 A file read back is validated as a whole (`CheckpointFile`): one of the wrong shape is refused
 like an unparsable one, with the file named, never half-used. The validated models are the
 in-memory state too (SampleEntry, InvocationEntry), turned back into JSON only when saved.
@@ -59,6 +61,13 @@ class InvocationEntry(_Entry):
     interrupted: bool = False
     spent: float = 0.0  # USD (runner.budget), the next invocation's prior spend
     spent_samples: int = 0  # samples whose spend that is
+    # USD each sample in flight at the last save had spent on its current attempt, included in
+    # `spent`: if the run is killed before the next save, its record also holds it (runner.recovery)
+    in_flight: dict[str, float] = {}
+    # Spend of samples an earlier, killed invocation finished after its last save, found in the
+    # batch files when this one started (runner.recovery); part of the run's spend like `spent`
+    recovered_spent: float = 0.0
+    recovered_samples: int = 0
 
 
 class CheckpointFile(_Entry):
@@ -122,6 +131,16 @@ class Checkpoint:
         if entry is not None and (entry.status, entry.reason) != ("discarded", reason):
             entry.status, entry.reason = "discarded", reason
             self._dirty = True
+
+    def changed(self) -> None:
+        """Something held outside the sample entries (an invocation's spend) changed: save it next."""
+        self._dirty = True
+
+    def restore(self, identity: str, entry: SampleEntry) -> None:
+        """Put back the entry of a sample whose record an invocation wrote but ended (killed, disk
+        full) before saving here (runner.recovery)."""
+        self.samples[identity] = entry
+        self._dirty = True
 
     def record(self, o: Outcome) -> None:
         prev = self.samples.get(o.identity)

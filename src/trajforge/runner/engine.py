@@ -94,7 +94,7 @@ async def run_engine(
                 return
             limit = retry_limit(sample)
             attempt = 1
-            meter = budget.start()
+            meter = budget.start(sample.identity)
             elsewhere = 0.0  # spent by attempts that ran in another process (Ray actors)
             with spend.bound(meter):
                 while True:
@@ -103,6 +103,7 @@ async def run_engine(
                     if outcome.status != "failed" or attempt > limit or stop.is_set() or not budget.may_start():
                         break
                     attempt += 1
+                    budget.retry(meter)
             outcome.cost = budget.end(meter, elsewhere)
             sink(outcome)
             if source is not None:

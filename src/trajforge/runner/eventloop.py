@@ -70,12 +70,17 @@ def tuned_collector(young: int = 10_000) -> Iterator[None]:
 
 
 async def flush_periodically(batch_store: store.BatchStore, checkpoint: Checkpoint, progress: Progress,
-                             halt: Callable[[OutputError], None], every: float = 2.0) -> None:
-    """Keep the durability promises while no sample finishes: fsync, checkpoint, status line."""
+                             halt: Callable[[OutputError], None], every: float = 2.0,
+                             before_save: Callable[[], None] | None = None) -> None:
+    """Keep the durability promises while no sample finishes: fsync, checkpoint, status line.
+    `before_save` brings what changed without an outcome (the spend of samples in flight) into
+    the checkpoint, so a kill during long samples loses seconds of spend, not all of it."""
     while True:
         await asyncio.sleep(every)
         try:
             batch_store.sync()
+            if before_save is not None:
+                before_save()
             checkpoint.save()
         except OutputError as e:
             halt(e)

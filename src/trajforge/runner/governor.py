@@ -32,6 +32,8 @@ def check_prices(config: RunConfig) -> None:
             "completion: USD_PER_MTOK}}")
 
 
-def budget_for(config: RunConfig, invocations: Iterable[InvocationEntry], to_run: int) -> Budget:
-    """This invocation's budget, continuing the spend that checkpoint.json recorded."""
-    return Budget.from_invocations(config.max_cost, invocations, to_run)
+def budget_for(config: RunConfig, invocations: Iterable[InvocationEntry], to_run: int,
+               recovered: tuple[float, int] = (0.0, 0)) -> Budget:
+    """This invocation's budget, continuing the spend that checkpoint.json recorded plus what the
+    batch files showed it lacked (`recovered`: USD, samples; runner.recovery)."""
+    return Budget.from_invocations(config.max_cost, invocations, to_run, recovered)

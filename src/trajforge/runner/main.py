@@ -28,7 +28,7 @@ from trajforge.dataset import LoadedDataset, Sample, load_dataset
 from trajforge.errors import FatalModelError, OutputError
 from trajforge.jsonio import dumps
 from trajforge.redact import REGISTRY, hide_in_cmdline, run_secrets
-from trajforge.runner import store
+from trajforge.runner import recovery, store
 from trajforge.runner.budget import BUDGET_EXIT_CODE
 from trajforge.runner.checkpoint import Checkpoint
 from trajforge.runner.console import safe_std_streams
@@ -94,13 +94,20 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
 
 
 def plan(samples: list[Sample], run_dir: Path, checkpoint: Checkpoint, problems: list[str],
-         recovered: list[Sample] | None = None) -> list[Sample]:
+         recovered: list[Sample] | None = None, unsaved: list[store.LineRef] | None = None) -> list[Sample]:
     """The samples still to run: those with no readable record in a batch file and not discarded
     before (failed ones are retried). The checkpoint never vouches for a record: a sample it
-    calls done whose record is gone or unreadable runs again, and is added to `recovered`.
+    calls done whose record is gone or unreadable runs again, and is added to `recovered`. The
+    records of finished samples that it does not call finished (a run that ended before saving
+    it) go to `unsaved`.
     bench/resume_plan.py times this on 100,000 finished samples."""
     unreadable: set[str] = set()
-    finished = {ref.identity for ref in store.scan(run_dir, problems, unreadable)} | checkpoint.discarded()
+    finished: set[str] = set()
+    for ref in store.scan(run_dir, problems, unreadable):
+        if unsaved is not None and ref.identity not in finished and recovery.unsaved(checkpoint, ref.identity):
+            unsaved.append(ref)  # the first record of a sample is the one the merge keeps
+        finished.add(ref.identity)
+    finished |= checkpoint.discarded()
     todo = [s for s in samples if s.identity not in finished]
     if recovered is not None:
         recovered += [s for s in todo if s.identity in unreadable or checkpoint.status(s.identity) == "done"]
@@ -114,10 +121,16 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
     checkpoint = Checkpoint.load(run_dir / "checkpoint.json", config.run_name or "")
     scan_problems: list[str] = []
     recovered: list[Sample] = []
+    unsaved: list[store.LineRef] = []
     samples = expand(dataset.samples, config.samples_per_prompt)  # every rollout of every row
-    todo = plan(samples, run_dir, checkpoint, scan_problems, recovered)
+    todo = plan(samples, run_dir, checkpoint, scan_problems, recovered, unsaved)
     for p in scan_problems:
         print(f"trajforge: {p}", file=sys.stderr)
+    restored = recovery.restore(checkpoint, unsaved)  # saved with this invocation's entry, before any sample runs
+    if restored.samples:
+        spend = f", with ${restored.spent:.4f} of spend" if restored.spent else ""
+        print(f"trajforge: checkpoint.json lacked {restored.samples} finished sample(s) found in the batch files "
+              f"(the run ended before it could save them): added back{spend}", file=sys.stderr)
     if recovered:
         checkpoint.forget([s.identity for s in recovered])
         print(f"trajforge: recovered {len(recovered)} sample(s) that checkpoint.json calls finished but whose "
@@ -179,13 +192,22 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
         except BaseException:
             await executor.aclose()
             raise
-    budget = budget_for(config, checkpoint.invocations, len(todo))
+    budget = budget_for(config, checkpoint.invocations, len(todo), (restored.spent, restored.samples))
     monitor = RunMonitor(getattr(executor, "gate", None), budget)
     progress.extra = monitor.progress_text
     this_invocation = checkpoint.begin_invocation(started_wall)
+    if restored.samples:  # the next invocation's prior, like `spent`
+        this_invocation.recovered_spent, this_invocation.recovered_samples = restored.spent, restored.samples
     checkpoint.save(force=True)
     install_signals(stop, batch_store, checkpoint)
-    flusher = asyncio.create_task(flush_periodically(batch_store, checkpoint, progress, halt))
+
+    def note_spend() -> None:  # calls of samples in flight are paid already: keep them through a kill
+        if round(budget.spent_now, 8) != this_invocation.spent:
+            budget.fill(this_invocation)
+            checkpoint.changed()
+
+    flusher = asyncio.create_task(flush_periodically(batch_store, checkpoint, progress, halt,
+                                                     before_save=note_spend))
     sampler = asyncio.create_task(monitor.run())
     try:
         if todo:

@@ -31,7 +31,14 @@ _HEAD_RE = re.compile(rb'^\{"prompt_index":(-?\d+),"sample_id":"([^"\\]+)"')
 
 def batch_files(run_dir: Path) -> list[Path]:
     files = [p for p in run_dir.glob(BATCH_GLOB) if _BATCH_RE.search(p.name)]
-    return sorted(files, key=lambda p: int(_BATCH_RE.search(p.name).group(1)))  # type: ignore[union-attr]
+    return sorted(files, key=batch_of)
+
+
+def batch_of(path: Path) -> int:
+    """N of a batch_N.jsonl path (batch_files lists only such paths)."""
+    m = _BATCH_RE.search(path.name)
+    assert m is not None, path
+    return int(m.group(1))
 
 
 @dataclass(slots=True)
