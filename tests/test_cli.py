@@ -372,6 +372,8 @@ def test_validate_counts_skipped_lines(tmp_path: Path, capsys: pytest.CaptureFix
     assert f"{ds}:3: field 'prompt' is empty" in capsys.readouterr().err
     assert main(["validate", "--dataset-file", str(ds), "--skip-invalid"]) == 0
     assert capsys.readouterr().out == f"{ds}: 1 valid samples, 0 duplicate prompts, 2 invalid lines skipped\n"
+    assert main(["validate", "--dataset_file="]) == 2  # not ".: is a directory"
+    assert "--dataset_file: is empty (or '.'): give the path of a file" in capsys.readouterr().err
 
 
 def test_a_verbose_run_never_shows_the_api_key(tmp_path: Path, clean_env: dict[str, str]) -> None:

@@ -15,6 +15,8 @@ def main(argv: list[str]) -> int:
     ns = parse_flags(parser, argv, FLAGS)
     if ns.dataset_file is None:
         raise UsageError("missing required flag --dataset_file")
+    if str(ns.dataset_file) in ("", "."):  # `--dataset_file=` arrives as Path('.'), as for `run`
+        raise UsageError("--dataset_file: is empty (or '.'): give the path of a file")
     from trajforge.dataset import load_dataset
 
     ds = load_dataset(ns.dataset_file, skip_invalid=ns.skip_invalid)
