@@ -89,6 +89,10 @@ document.title = 'T'.repeat(100000);
 const big = 'z'.repeat(100000);
 String.prototype.slice = function () { return {length: 0, big}; };
 </script></body></html>"""),
+    # ... and one that makes the snapshot's own join hand back 3 MB, past every check in the page.
+    "/hostile_snapshot.html": ("text/html", b"""<!doctype html><html><head><title>H</title></head><body>
+<p>hello</p><script>const huge = 'z'.repeat(3000000); Array.prototype.join = function () { return huge; };
+</script></body></html>"""),
 }
 
 
@@ -313,6 +317,15 @@ def test_get_images_caps_hold_when_the_page_subverts_the_tool_script(sample: Sam
     # The slices handed back objects, not strings: Python drops them.
     assert all(i["src"] == i["alt"] == "" and isinstance(i["width"], int) for i in images["images"])
     assert len(raw) <= BrowserSettings().snapshot_max_chars + 1_000
+
+
+def test_snapshot_cap_holds_when_the_page_subverts_the_tool_script(sample: Sample, site: str) -> None:
+    sample.call_raw("browser_navigate", url=f"{site}/hostile_snapshot.html")
+    raw = sample.call_raw("browser_snapshot")
+    snap = loads(raw)
+    assert snap["success"] is True and snap["snapshot"].endswith("[snapshot truncated: scroll or follow links "
+                                                                 "to see the rest]"), snap.get("error")
+    assert len(raw) <= BrowserSettings().snapshot_max_chars + 1_000  # was 3 MB
 
 
 def test_navigation_failures_are_error_results(sample: Sample, site: str) -> None:

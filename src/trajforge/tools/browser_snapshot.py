@@ -163,7 +163,13 @@ async def take_snapshot(page: Page, *, start_ref: int, max_chars: int) -> Snapsh
     raw: dict[str, Any] = await page.evaluate(
         _SNAPSHOT_JS, {"attr": REF_ATTR, "start": start_ref, "maxChars": max_chars}
     )
-    return Snapshot(text=raw["text"], next_ref=int(raw["next"]), truncated=bool(raw["truncated"]))
+    # The script runs in the page's own context, which may redefine what it calls: its caps and
+    # types are checked again here (as browser_images does), so a page cannot hand back megabytes.
+    raw = raw if isinstance(raw, dict) else {}
+    text = raw.get("text") if isinstance(raw.get("text"), str) else ""
+    nxt = raw.get("next")
+    nxt = nxt if isinstance(nxt, int) and not isinstance(nxt, bool) and start_ref <= nxt < start_ref + 10**6 else start_ref
+    return Snapshot(text=text[:max_chars], next_ref=nxt, truncated=bool(raw.get("truncated")) or len(text) > max_chars)
 
 
 def ref_locator(page: Page, ref: str) -> Locator:
