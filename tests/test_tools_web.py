@@ -27,7 +27,7 @@ from tests.support.toolsets import run_with
 from tests.support.web_fixture import BRAVE_KEY, TAVILY_KEY, WebFixture
 from trajforge.config import RunConfig
 from trajforge.sample.settings import tool_settings
-from trajforge.tools import web, web_content
+from trajforge.tools import pdf_text, web, web_content
 from trajforge.tools.base import ToolContext, Unavailable, result_failed
 from trajforge.tools.http_fetch import Fetched
 from trajforge.tools.registry import build_toolsets
@@ -352,6 +352,24 @@ def test_hostile_json_over_http_is_bounded_and_never_crashes(tmp_path: Path) -> 
     assert nested_page["content"].startswith("[\n  [\n")
 
 
+def test_hostile_html_is_converted_only_up_to_max_chars_or_a_cpu_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 2 MB of nested lists: html2text indents every item by its depth, minutes of CPU for the whole
+    # body. It is fed in pieces and stops once its output passes a few times max_chars...
+    lists = ("<ul>" * 5_000 + "<li>x</li>" * 50_000 + "</ul>" * 5_000).encode()
+    page, peak = traced(lambda: web_content.extract(fetched(lists, "text/html"), 5_000))
+    assert page.error is None and page.truncated is True and len(page.content) == 5_000
+    assert peak < 8 * MiB, peak
+    # ...or after its CPU budget, saying so where the model reads
+    monkeypatch.setattr(web_content, "HTML_CPU_SECONDS", 0.0)
+    nested = ("<div>" * 100_000 + "x" + "</div>" * 100_000).encode()
+    page = web_content.extract(fetched(nested, "text/html"), 5_000)
+    assert page.truncated is True and page.content.endswith(" s of CPU time, at 4096 of 1100001 characters]"), page.content
+    normal = b"<html><body><h1>Title</h1><p>Some <b>bold</b> text.</p></body></html>"
+    monkeypatch.undo()
+    page = web_content.extract(fetched(normal, "text/html"), 5_000)
+    assert page.content == "# Title\n\nSome **bold** text." and page.truncated is False
+
+
 def test_pdf_text_extraction_stops_at_max_chars() -> None:
     # 100 pages share one content stream of 100 lines of 1000 characters: a 10 KB file, 10 MB of text.
     line = b"(" + b"A" * 1000 + b") Tj T*\n"
@@ -364,11 +382,11 @@ def test_pdf_text_extraction_stops_at_max_chars() -> None:
 
 
 def test_pdf_text_extraction_stops_at_the_page_cap() -> None:
-    pages = web_content.PDF_MAX_PAGES + 10
+    pages = pdf_text.PDF_MAX_PAGES + 10
     body = make_pdf([b"BT /F1 12 Tf 72 720 Td (Leaf %d) Tj ET" % n for n in range(1, pages + 1)], pages=pages)
     page = web_content.extract(fetched(body, "application/pdf"), 100_000)
     assert page.error is None and page.truncated is True
-    last = web_content.PDF_MAX_PAGES
+    last = pdf_text.PDF_MAX_PAGES
     assert f"--- page {last} ---\nLeaf {last}" in page.content and f"Leaf {last + 1}" not in page.content
     assert page.content.endswith(f"[only the first {last} of {pages} pages are extracted]")
 
@@ -378,7 +396,7 @@ def test_pdf_text_extraction_stops_at_its_cpu_budget(monkeypatch: pytest.MonkeyP
                                                      caplog: pytest.LogCaptureFixture) -> None:
     """Pages whose operators yield no text are bounded by CPU time, forms drawn from a page too
     (pypdf catches and logs exceptions from inside a form XObject: the stop must not be one)."""
-    monkeypatch.setattr(web_content, "PDF_CPU_SECONDS", 0.2)
+    monkeypatch.setattr(pdf_text, "PDF_CPU_SECONDS", 0.2)
     empty_text = b"BT /F1 12 Tf " + b"() Tj\n" * 40_000 + b"ET"  # ~0.3 s of pypdf work, no text
     many_pages = make_pdf([empty_text], pages=200)
     many_forms = make_pdf([b"/X1 Do\n" * 5_000], pages=1, form=empty_text)

@@ -15,7 +15,6 @@ stops at max_chars, a page cap and a CPU budget. Those bounds are what make the 
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import time
@@ -23,14 +22,13 @@ from dataclasses import asdict, dataclass
 from html.parser import HTMLParser
 
 import html2text
-from pypdf import PdfReader, apply_configuration
 
 from trajforge.tools.http_fetch import Fetched, split_content_type
+from trajforge.tools.pdf_text import TITLE_CHARS, pdf_to_text  # the same cap on page and PDF titles
 
 _HTML_TYPES = {"text/html", "application/xhtml+xml"}
 _GENERIC_TYPES = {"", "application/octet-stream", "binary/octet-stream"}
 _BLANK_RUNS = re.compile(r"\n[ \t]*\n(?:[ \t]*\n)+")
-TITLE_CHARS = 500  # a page or PDF title longer than this is cut
 
 
 @dataclass(slots=True)
@@ -101,93 +99,33 @@ def html_title(html: str) -> str | None:
     return title or None
 
 
-def html_to_markdown(html: str, base_url: str) -> str:
+# html2text's work grows with nesting as well as size: 2 MB of nested lists took minutes of CPU.
+# It is fed in pieces and stops once its output passes a few times max_chars or after this much
+# CPU time of the worker thread.
+HTML_PIECE, HTML_CPU_SECONDS = 4_096, 3.0
+
+
+def html_to_markdown(html: str, base_url: str, max_chars: int = 1 << 62) -> tuple[str, str | None]:
+    """The page as markdown, and why the conversion stopped early (None when it did not)."""
     converter = html2text.HTML2Text(baseurl=base_url)
     converter.body_width = 0  # no hard wrapping: the model reads lines, not a terminal
     converter.ignore_images = True  # image markup is noise in text; browser_get_images exists for that
     converter.unicode_snob = True
     converter.skip_internal_links = True
-    return _BLANK_RUNS.sub("\n\n", converter.handle(html)).strip()
-
-
-# PDF text extraction stops at whichever comes first: max_chars of text, this many pages, or this
-# much CPU time of the worker thread. A tiny PDF can make pypdf work for minutes: 200 pages sharing
-# one compressed content stream, a page of a million empty text operators, a form drawn 5000 times.
-PDF_MAX_PAGES = 50
-PDF_CPU_SECONDS = 3.0
-# pypdf's own limits, lowered (its defaults let one stream inflate to 75 MB and parse into 2M tokens,
-# seconds of CPU and hundreds of MB before our per-operator check below first runs).
-_PDF_LIMITS = {
-    "zlib_maximum_output_length": 16_000_000,
-    "lzw_maximum_output_length": 16_000_000,
-    "run_length_maximum_output_length": 16_000_000,
-    "brotli_maximum_output_length": 16_000_000,
-    "array_based_stream_maximum_output_length": 16_000_000,
-    "stream_decoding_work_maximum_length": 32_000_000,
-    "stream_parsing_work_maximum_count": 300_000,
-    "xform_maximum_invocations_per_extraction": 500,
-    "page_tree_maximum_page_entries": 200_000,  # entries copied while listing the pages (default 2M)
-}
-
-
-class _StopExtraction(BaseException):
-    """Raised from pypdf's visitor callbacks to end a page early. A BaseException, since pypdf
-    catches and logs any Exception raised while it extracts a form XObject, and would go on."""
-
-
-def _page_text(page: object, room: int, deadline: float) -> tuple[str, str | None]:
-    """The page's text and None, or when `room` chars or the CPU deadline ran out first, the text
-    extracted so far and which of the two ("chars" or "cpu") ended it."""
-    pieces: list[str] = []
-    size = 0
-
-    def on_text(text: str, *_: object) -> None:
-        nonlocal size
-        pieces.append(text)
-        size += len(text)
-        if size > room:
-            raise _StopExtraction("chars")
-
-    def on_operator(*_: object) -> None:  # before every content-stream operator, forms included
-        if time.thread_time() > deadline:
-            raise _StopExtraction("cpu")
-
-    try:
-        text = page.extract_text(visitor_text=on_text, visitor_operand_before=on_operator)  # type: ignore[attr-defined]
-    except _StopExtraction as stop:
-        return "".join(pieces).strip(), str(stop)  # the pieces join to what extract_text returns
-    except Exception as e:  # a damaged page, or one over the limits above: keep what it gave, go on
-        done = "".join(pieces).strip()
-        return f"{done}\n[the rest of this page cannot be read: {type(e).__name__}]" if done else \
-            f"[this page cannot be read: {type(e).__name__}]", None
-    return (text or "").strip(), None
-
-
-def pdf_to_text(data: bytes, max_chars: int) -> tuple[str | None, str, str | None]:
-    """(title, text of the first pages, why the text was cut or None); see the caps above."""
-    with apply_configuration(**_PDF_LIMITS):  # a ContextVar: this thread's extraction only
-        deadline = time.thread_time() + PDF_CPU_SECONDS
-        reader = PdfReader(io.BytesIO(data))
-        meta = reader.metadata
-        title = " ".join(str(meta.title).split())[:TITLE_CHARS] if meta is not None and meta.title else ""
-        total = len(reader.pages)
-        parts: list[str] = []
-        size = 0
-        cut = f"only the first {PDF_MAX_PAGES} of {total} pages are extracted" if total > PDF_MAX_PAGES else None
-        for n in range(1, min(total, PDF_MAX_PAGES) + 1):
-            stopped = "cpu" if time.thread_time() > deadline else None
-            if not stopped:
-                text, stopped = _page_text(reader.pages[n - 1], max_chars - size, deadline)
-                if text:
-                    parts.append(f"--- page {n} ---\n{text}")
-                    size += len(parts[-1]) + 2
-            if stopped == "cpu":
-                cut = f"text extraction stopped after {PDF_CPU_SECONDS:g} s of CPU time, at page {n} of {total}"
-                break
-            if stopped or size >= max_chars:
-                cut = f"text cut at {max_chars} characters, in page {n} of {total}"
-                break
-    return title or None, "\n\n".join(parts), cut
+    converter.start = True  # what handle() sets before it feeds
+    deadline, chars, seen, cut = time.thread_time() + HTML_CPU_SECONDS, 0, 0, None
+    for at in range(0, len(html), HTML_PIECE):
+        converter.feed(html[at:at + HTML_PIECE])
+        chars += sum(len(s) for s in converter.outtextlist[seen:])
+        seen = len(converter.outtextlist)
+        if chars > 4 * max_chars:  # blank runs are squeezed below: keep some margin
+            cut = f"conversion stopped at {max_chars} characters"
+            break
+        if time.thread_time() > deadline and at + HTML_PIECE < len(html):
+            cut = f"conversion stopped after {HTML_CPU_SECONDS:g} s of CPU time, at {at + HTML_PIECE} of {len(html)} characters"
+            break
+    converter.feed("")
+    return _BLANK_RUNS.sub("\n\n", converter.optwrap(converter.finish())).strip(), cut
 
 
 def pretty_json(raw: str, max_chars: int) -> str | None:
@@ -256,7 +194,11 @@ def extract(fetched: Fetched, max_chars: int) -> Page:
     if kind == "html":
         html = _decode(fetched.body, fetched.charset or html_charset(fetched.body))
         page.title = html_title(html)
-        text = html_to_markdown(html, fetched.final_url)
+        text, cut = html_to_markdown(html, fetched.final_url, max_chars)
+        if cut and not cut.startswith("conversion stopped at"):  # a stop for time: say so where the model reads
+            note = f"\n\n[{cut}]"
+            text = text[: max(0, max_chars - len(note))] + note
+            page.truncated = True
     elif kind == "pdf":
         if fetched.truncated:
             page.error = "the PDF is larger than the download cap (tools.web.max_bytes); its text cannot be extracted"
