@@ -89,6 +89,11 @@ document.title = 'T'.repeat(100000);
 const big = 'z'.repeat(100000);
 String.prototype.slice = function () { return {length: 0, big}; };
 </script></body></html>"""),
+    # A page whose URL is 1 MB long and that logs 300 messages: every console entry carries the URL.
+    "/noisy.html": ("text/html", b"""<!doctype html><html><head><title>N</title></head><body><script>
+history.replaceState(null, '', '?' + 'q'.repeat(1000000));
+for (let i = 0; i < 300; i++) console.log('message ' + i);
+</script></body></html>"""),
     # ... and one that makes the snapshot's own join hand back 3 MB, past every check in the page.
     "/hostile_snapshot.html": ("text/html", b"""<!doctype html><html><head><title>H</title></head><body>
 <p>hello</p><script>const huge = 'z'.repeat(3000000); Array.prototype.join = function () { return huge; };
@@ -326,6 +331,14 @@ def test_snapshot_cap_holds_when_the_page_subverts_the_tool_script(sample: Sampl
     assert snap["success"] is True and snap["snapshot"].endswith("[snapshot truncated: scroll or follow links "
                                                                  "to see the rest]"), snap.get("error")
     assert len(raw) <= BrowserSettings().snapshot_max_chars + 1_000  # was 3 MB
+
+
+def test_console_entries_are_capped_whatever_the_pages_url(sample: Sample, site: str) -> None:
+    sample.call_raw("browser_navigate", url=f"{site}/noisy.html")
+    raw = sample.call_raw("browser_console")
+    messages = loads(raw)["messages"]
+    assert len(messages) == 200 and messages[-1]["text"] == "message 299"  # the newest kept
+    assert all(len(m["url"]) <= 1000 for m in messages) and len(raw) < 500_000  # was 200 MB
 
 
 def test_navigation_failures_are_error_results(sample: Sample, site: str) -> None:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 STATE_KEY = "browser"
 _CONSOLE_CAP = 200  # per sample; older messages are dropped first
-_TEXT_CAP = 1000
+_TEXT_CAP = 1000  # a message's text and its page's URL (a page can make its URL megabytes long)
 
 
 class BrowserBackend:
@@ -120,11 +120,11 @@ class BrowserSession:
         page.on("pageerror", lambda err: self._on_error(page, err))
 
     def _on_console(self, page: Page, msg: ConsoleMessage) -> None:
-        self.console.append({"type": msg.type, "text": msg.text[:_TEXT_CAP], "url": page.url})
+        self.console.append({"type": msg.type, "text": msg.text[:_TEXT_CAP], "url": page.url[:_TEXT_CAP]})
 
     def _on_error(self, page: Page, err: Exception) -> None:
         message = getattr(err, "message", None) or str(err)
-        self.errors.append({"type": "exception", "text": message[:_TEXT_CAP], "url": page.url})
+        self.errors.append({"type": "exception", "text": message[:_TEXT_CAP], "url": page.url[:_TEXT_CAP]})
 
     def _release_slot(self) -> None:
         if self._holds_slot:
