@@ -302,6 +302,20 @@ def test_other_os_error_on_a_file_of_the_run(tmp_path: Path, server: ScriptedSer
     assert_every_sample_once(run, prompts)
 
 
+def test_a_batch_file_that_is_a_fifo_stops_the_start_with_one_line(tmp_path: Path, server: ScriptedServer,
+                                                                    clean_env) -> None:
+    # opening it to scan for finished samples used to block the resume forever
+    server.handler = echo_policy(turns=1)
+    ds = write_dataset(tmp_path / "ds.jsonl", ["say a", "say b"])
+    args = base_args(server, ds, "r", "--batch_size=10")
+    assert run_cli(tmp_path, clean_env, *args).returncode == 0
+    run = tmp_path / "data" / "r"
+    (run / "batch_0.jsonl").rename(tmp_path / "batch_0.jsonl")
+    os.mkfifo(run / "batch_0.jsonl")
+    proc = run_cli(tmp_path, clean_env, *args, "--resume")  # run_cli's timeout catches a hang
+    assert_one_clear_error(proc, "data/r/batch_0.jsonl", "not a regular file", "--resume")
+
+
 # 3. Nobody reads stdout or stderr any more ---------------------------------------------------------
 
 @pytest.mark.parametrize("closed", ["stdout", "both"])

@@ -11,8 +11,10 @@ a failed write raises OutputError naming the file.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -77,7 +79,11 @@ def scan(run_dir: Path, problems: list[str] | None = None, unreadable: set[str] 
 
 def _scan_file(path: Path, problems: list[str] | None, unreadable: set[str] | None) -> Iterator[LineRef]:
     offset = 0
-    with path.open("rb") as f:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not hang the start
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file (a batch file must be one)")
+    with os.fdopen(fd, "rb") as f:
         for lineno, line in enumerate(f, start=1):
             start, offset = offset, offset + len(line)
             if not line.endswith(b"\n"):
