@@ -121,3 +121,23 @@ def test_a_hostile_models_large_files_never_enter_the_runner_whole(tmp_path: Pat
         assert r["total_lines"] == 1 and r["content"] == "z" * files.MAX_LINE_CHARS + TRUNCATED
     # each call holds about one piece, its text and a slice of it at a time
     assert peak < 8 * 4 * PIECE, f"the runner held {peak >> 20} MB for 8 reads of 64 MB files"
+
+
+def test_a_sample_streams_at_most_its_read_budget_through_the_runner(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # Counting total_lines streams the whole file through the runner (~0.8 s of its CPU for 256 MB):
+    # one line of a large file, read over and over, is bounded per sample.
+    monkeypatch.setattr(files, "READ_BUDGET", 5 << 20)
+    made = {"big.txt": b"line\n" * ((2 << 20) // 5)}  # 2 MiB
+    replies, _ = read_calls(LocalSandbox, tmp_path, made, [{"path": "big.txt", "limit": 1}])
+    assert replies[0]["content"] == "line\n"
+
+    async def main() -> list[dict[str, object]]:
+        async with LocalSandbox(tmp_path) as sandbox:
+            (sandbox.workspace / "big.txt").write_bytes(made["big.txt"])
+            ctx = ToolContext(sandbox=sandbox, settings=tool_settings(RunConfig()))
+            return [json.loads(await READ.run({"path": "big.txt", "limit": 1}, ctx)) for _ in range(4)]
+
+    out = asyncio.run(main())
+    assert [("error" in r) for r in out] == [False, False, False, True]  # 2 + 2 + 2 MiB, then refused
+    assert "read further with the terminal" in out[3]["error"]

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from trajforge.tools.settings import ToolSettings
 
 MAX_READ_BYTES = 256 << 20  # beyond this, reading (even counting lines) is a job for `sed -n`
+# Bytes all of a sample's read_file calls may stream through the runner (~3 ms of its CPU per MiB,
+# to count lines): reading a 256 MB file for one line, over and over, was the model's to repeat.
+READ_BUDGET = 4 << 30
 MAX_PATCH_BYTES = 16 << 20  # patch holds the file in the runner, outside the sample's memory limit
 MAX_READ_CHARS = 100_000  # content returned by one read_file call
 MAX_LINE_CHARS = 4_000  # also fsops.MAX_LINE_CHARS, for search
@@ -129,6 +132,10 @@ class ReadFileTool(_FileTool):
         shown = _str(args, "path")
         offset = _int(args, "offset", 1, 1, 10**9)
         limit = _int(args, "limit", 500, 1, 2000)
+        read_so_far = ctx.state.get("read_file_bytes", 0)
+        if read_so_far >= READ_BUDGET:
+            raise _Refused(f"this task has read {READ_BUDGET >> 30} GiB with read_file, the most it may; "
+                           "read further with the terminal (sed -n, head, tail, grep)")
         window = Window(offset, limit, MAX_READ_CHARS, MAX_LINE_CHARS)
         try:
             await _refusing(read_window(ctx.sandbox, shown, window, max_bytes=MAX_READ_BYTES), shown)
@@ -137,6 +144,8 @@ class ReadFileTool(_FileTool):
         except TooLarge:
             raise _Refused(f"{shown} is too large (more than {MAX_READ_BYTES} bytes); read parts with "
                            "the terminal (sed -n, head)") from None
+        finally:
+            ctx.state["read_file_bytes"] = read_so_far + window.size
         total, lines = window.total, window.lines
         if offset > max(total, 1):
             raise _Refused(f"offset {offset} is past the end of {shown} ({total} lines)")

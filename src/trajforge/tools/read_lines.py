@@ -42,6 +42,7 @@ class Window:
     total: int = 0  # lines ended so far
     chars: int = 0
     cut: bool = False  # a wanted line did not fit in max_chars
+    size: int = 0  # bytes read (read_window): the file's size once it has read it all
     _line: str = ""  # the line being read, at most max_line + 1 characters of it
     _open: bool = False  # text has been seen since the last line end
 
@@ -102,6 +103,7 @@ async def read_window(sandbox: Sandbox, path: str, window: Window, *, max_bytes:
         if offset == 0 and b"\0" in data[:8192]:
             raise Binary(len(data))
         offset += len(data)
+        window.size = offset
         if offset > max_bytes:
             raise TooLarge(offset)
         last = len(data) < PIECE  # a short piece is the end
