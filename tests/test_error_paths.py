@@ -279,8 +279,10 @@ def test_disk_full_during_the_final_merge(tmp_path: Path, server: ScriptedServer
         assert_every_sample_once(run, [*prompts, "say new"])
 
 
-@pytest.mark.parametrize("name", ["statistics.json", "batch_0.jsonl"])
-def test_other_os_error_on_a_file_of_the_run(tmp_path: Path, server: ScriptedServer, clean_env, name: str) -> None:
+@pytest.mark.parametrize(("name", "plant"), [("statistics.json", "dir"), ("batch_0.jsonl", "dir"),
+                                             ("batch_0.jsonl", "fifo")])
+def test_other_os_error_on_a_file_of_the_run(tmp_path: Path, server: ScriptedServer, clean_env, name: str,
+                                             plant: str) -> None:
     server.handler = echo_policy(turns=1)
     prompts = ["say a", "say b"]
     ds = write_dataset(tmp_path / "ds.jsonl", prompts)
@@ -288,32 +290,25 @@ def test_other_os_error_on_a_file_of_the_run(tmp_path: Path, server: ScriptedSer
     assert run_cli(tmp_path, clean_env, *args).returncode == 0
     run = tmp_path / "data" / "r"
     (run / name).rename(tmp_path / name)
-    (run / name).mkdir()  # a path of the run that cannot be read or replaced: EISDIR
-    (run / name / "x").write_text("x")
-    proc = run_cli(tmp_path, clean_env, *args, "--resume")
-    assert_one_clear_error(proc, f"data/r/{name}", "Is a directory", "--resume")
-    (run / name / "x").unlink()
-    (run / name).rmdir()
+    if plant == "dir":  # a path of the run that cannot be read or replaced: EISDIR
+        (run / name).mkdir()
+        (run / name / "x").write_text("x")
+    else:  # scanning a FIFO batch file for finished samples used to block the resume forever
+        os.mkfifo(run / name)
+    proc = run_cli(tmp_path, clean_env, *args, "--resume")  # run_cli's timeout catches a hang
+    assert_one_clear_error(proc, f"data/r/{name}", "Is a directory" if plant == "dir" else "not a regular file",
+                           "--resume")
+    if plant == "dir":
+        (run / name / "x").unlink()
+        (run / name).rmdir()
+    else:
+        (run / name).unlink()
     (tmp_path / name).rename(run / name)
     calls = len(server.requests)
     proc = run_cli(tmp_path, clean_env, *args, "--resume")
     assert proc.returncode == 0, proc.stderr
     assert len(server.requests) == calls
     assert_every_sample_once(run, prompts)
-
-
-def test_a_batch_file_that_is_a_fifo_stops_the_start_with_one_line(tmp_path: Path, server: ScriptedServer,
-                                                                    clean_env) -> None:
-    # opening it to scan for finished samples used to block the resume forever
-    server.handler = echo_policy(turns=1)
-    ds = write_dataset(tmp_path / "ds.jsonl", ["say a", "say b"])
-    args = base_args(server, ds, "r", "--batch_size=10")
-    assert run_cli(tmp_path, clean_env, *args).returncode == 0
-    run = tmp_path / "data" / "r"
-    (run / "batch_0.jsonl").rename(tmp_path / "batch_0.jsonl")
-    os.mkfifo(run / "batch_0.jsonl")
-    proc = run_cli(tmp_path, clean_env, *args, "--resume")  # run_cli's timeout catches a hang
-    assert_one_clear_error(proc, "data/r/batch_0.jsonl", "not a regular file", "--resume")
 
 
 # 3. Nobody reads stdout or stderr any more ---------------------------------------------------------
