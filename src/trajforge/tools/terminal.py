@@ -163,14 +163,14 @@ class TerminalTool(Tool):
             if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
                 return error("'timeout' must be a positive number of seconds")
             limit = min(float(timeout), limit)
-        if (problem := command_problem(command)) is not None:
-            return _result("", None, problem)
-        if args.get("background") is True:
+        if args.get("background") is True:  # Jobs.start checks the command as for the process tool
             job = await Jobs.of(ctx).start(ctx, command)
             if isinstance(job, str):
                 return _result("", None, job)
             return _result(f"started background process {job.id} (pid {job.proc.pid}); use the process "
                            f"tool with id={job.id} to poll its output or kill it", None, None, id=job.id)
+        if (problem := command_problem(command)) is not None:
+            return _result("", None, problem)
         try:
             res = await ctx.sandbox.exec(_MERGE_STDERR + command, timeout=limit)
         except SandboxError as e:

@@ -9,8 +9,9 @@ is. Other binary types are refused with a clear message rather than dumped as mo
 Conversion is CPU work, so callers run `extract` in a worker thread (`asyncio.to_thread`), which
 neither the tool's nor the sample's timeout can cancel, and it runs in the runner process, outside
 every sandbox limit. So every conversion bounds its own work by what it returns (about max_chars),
-never by the size or shape of the document: JSON stops encoding at max_chars, PDF text extraction
-stops at max_chars, a page cap and a CPU budget. Those bounds are what make the thread safe.
+never by the size or shape of the document: JSON stops encoding at max_chars, HTML conversion
+past a few times max_chars or a CPU budget, PDF text extraction at max_chars, a page cap or a CPU
+budget (pdf_text.py). Those bounds are what make the thread safe.
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ HTML_PIECE, HTML_CPU_SECONDS = 4_096, 3.0
 
 
 def html_to_markdown(html: str, base_url: str, max_chars: int = 1 << 62) -> tuple[str, str | None]:
-    """The page as markdown, and why the conversion stopped early (None when it did not)."""
+    """The page as markdown, and why the conversion stopped for time (None when it did not: a stop
+    for size shows in the text's length)."""
     converter = html2text.HTML2Text(baseurl=base_url)
     converter.body_width = 0  # no hard wrapping: the model reads lines, not a terminal
     converter.ignore_images = True  # image markup is noise in text; browser_get_images exists for that
@@ -119,7 +121,6 @@ def html_to_markdown(html: str, base_url: str, max_chars: int = 1 << 62) -> tupl
         chars += sum(len(s) for s in converter.outtextlist[seen:])
         seen = len(converter.outtextlist)
         if chars > 4 * max_chars:  # blank runs are squeezed below: keep some margin
-            cut = f"conversion stopped at {max_chars} characters"
             break
         if time.thread_time() > deadline and at + HTML_PIECE < len(html):
             cut = f"conversion stopped after {HTML_CPU_SECONDS:g} s of CPU time, at {at + HTML_PIECE} of {len(html)} characters"
@@ -184,6 +185,15 @@ def _kind(media: str, body: bytes) -> str:
     return "binary"
 
 
+def _noted(page: Page, text: str, cut: str | None, max_chars: int) -> str:
+    """`text` with why it was cut (if it was) at its end, within max_chars, where the model reads."""
+    if cut is None:
+        return text
+    page.truncated = True
+    note = f"\n\n[{cut}]"
+    return text[: max(0, max_chars - len(note))] + note
+
+
 def extract(fetched: Fetched, max_chars: int) -> Page:
     """The Page for one fetched response (never raises for bad content: it sets `error`)."""
     page = Page(url=fetched.url, final_url=fetched.final_url, content_type=fetched.media_type or None)
@@ -195,10 +205,7 @@ def extract(fetched: Fetched, max_chars: int) -> Page:
         html = _decode(fetched.body, fetched.charset or html_charset(fetched.body))
         page.title = html_title(html)
         text, cut = html_to_markdown(html, fetched.final_url, max_chars)
-        if cut and not cut.startswith("conversion stopped at"):  # a stop for time: say so where the model reads
-            note = f"\n\n[{cut}]"
-            text = text[: max(0, max_chars - len(note))] + note
-            page.truncated = True
+        text = _noted(page, text, cut, max_chars)
     elif kind == "pdf":
         if fetched.truncated:
             page.error = "the PDF is larger than the download cap (tools.web.max_bytes); its text cannot be extracted"
@@ -211,10 +218,7 @@ def extract(fetched: Fetched, max_chars: int) -> Page:
         if not text:
             page.error = f"the PDF has no extractable text ({cut or 'scanned images?'})"
             return page
-        if cut:  # say so in the content itself, where the model reads
-            note = f"\n\n[{cut}]"
-            text = text[: max(0, max_chars - len(note))] + note
-            page.truncated = True
+        text = _noted(page, text, cut, max_chars)
     elif kind == "json":
         raw = _decode(fetched.body, fetched.charset)
         text = pretty_json(raw, max_chars)
