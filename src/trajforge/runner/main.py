@@ -69,7 +69,8 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
     assert config.dataset_file is not None and config.run_name is not None
     refuse_contradictions(config)
     prefill = load_prefill(config.prefill_messages_file)
-    dataset = load_dataset(config.dataset_file, skip_invalid=config.skip_invalid, max_samples=config.max_samples)
+    dataset = load_dataset(config.dataset_file, skip_invalid=config.skip_invalid, max_samples=config.max_samples,
+                           host_cwd=config.sandbox != "container")
     config = choose_model(config)
     check_prices(config)
     config = check_network(config)

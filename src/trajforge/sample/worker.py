@@ -148,10 +148,10 @@ class SampleWorker:
             return await provider.create(cwd=sample.cwd, image=sample.image, root=self.workspace_root)
 
         # Made before the wall-clock limit begins (a container's image pull or a wait for a
-        # container slot is the run's cost, not this sample's), or, where the backend pools what
-        # it is made of (bwrap slots), at the first tool call (sandbox/lazy.py).
+        # container slot is the run's cost, not this sample's), or, where the backend makes
+        # sandboxes ahead of time (bwrap as root), at the first tool call (sandbox/lazy.py).
         lazy = await provider.made_on_first_use(sample.image)
-        sandbox = provider.lazy(create) if lazy else await create()
+        sandbox = provider.lazy(create, image=sample.image, root=self.workspace_root) if lazy else await create()
         try:
             ctx = ToolContext(sandbox, self.tool_settings, sample.identity)
             async with asyncio.timeout(self.config.timeout) as limit, ctx.cleanup:

@@ -7,38 +7,27 @@ and new pid/ipc/uts (and, unless `--sandbox_network host`, network) namespaces. 
 directory of the workspace that is also mounted at that path.
 
 Each sample has one helper process inside (helper.py), spoken to over a socketpair (channel.py):
-commands are spawned by it and file operations run in it, inside the sample's mount view, so
-there is no per-command entry chain and no file access from the host. Two modes, because the
-kernel never enforces RLIMIT_NPROC for host uid 0:
-- runner is root ("root" mode): a sample takes a slot (slots.py, bwrap_root.py): a warm helper,
-  the init of the slot's pid namespace, with the slot's network namespace, memory cgroup,
-  workspace disk and mount namespace. The sample gets its workspace mounted in, /tmp, /dev/shm
-  and IPC renewed if the previous sample left anything there, and a uid of its own, the
-  helper's real and effective uid while it runs (slot_helper.py). Fork bombs stop at the process
-  limit, the sample cannot signal, ptrace or read the helper, and nothing of it outlives it.
-  Egress goes through the run's router (router.py); the limits of resources.py hold.
-  Parking (the run's sandboxes unless workspaces are kept): a sample's first command, run while
-  nothing else of it is in progress, goes with `park`; if the sample then holds nothing in its
-  sandbox (no process or job, its workspace as made, /tmp, /dev/shm and IPC empty:
-  after_command in slot_helper.py) the helper ends it and the slot goes back to the pool; the
-  sample takes one again, with the same uid and cwd, at its next operation, and cannot tell the
-  two apart. So a burst of samples waiting for their model after one command shares far
-  fewer slots than there are samples. Only the first command parks: a sample back for more keeps the slot it takes (moving
-  costs a sample's set-up, ~1 ms of CPU, per move).
+commands are spawned by it and file operations run in it, inside the sample's mount view, with
+the sample's uid and no privilege, so there is no per-command entry chain and no file access
+from the host. Two modes, because the kernel never enforces RLIMIT_NPROC for host uid 0:
+- runner is root ("root" mode): the run's pool (pool.py) makes sandboxes ahead of time, in the
+  background: namespaces, cgroup (memory, CPU, processes), a workspace disk, and a first process
+  that drops to a uid of the sandbox's own before the sample's first request (sandbox_init.py).
+  A sample takes one at its first tool call and the sandbox is destroyed when the sample ends:
+  nothing of it is ever another sample's. Fork bombs stop at the process limit, the sample
+  cannot signal, ptrace or read its helper, and nothing of it outlives it. Egress goes through
+  the run's router (router.py).
 - runner is unprivileged ("user" mode): --unshare-all creates a user namespace and the helper is
   bwrap's command (--as-pid-1), started with a host interpreter visible inside (helper_python);
   the helper and the files are the user's own.
 Both modes: background jobs share the sample's pid namespace and live until the sample closes.
-`bwrap_argv` builds the whole command line (the one place to add options). Root mode's slot and
-parking, the sample's side, are bwrap_slotted.SlottedSample, which this class mixes in.
+`bwrap_argv` builds the whole command line (the one place to add options).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
-import secrets
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -50,36 +39,33 @@ from trajforge.sandbox.bwrap_layout import (
     shell_config,
 )
 from trajforge.sandbox.bwrap_root import RootRuntime, root_runtime
-from trajforge.sandbox.bwrap_slotted import SlottedSample
-from trajforge.sandbox.bwrap_start import configure, helper_python, start_user, stop_holder
+from trajforge.sandbox.bwrap_start import START_TIMEOUT, chown_beneath, configure, helper_python, start_user, stop_holder
 from trajforge.sandbox.channel import HelperChannel
+from trajforge.sandbox.cgroups import SampleGroup
+from trajforge.sandbox.pool import Prepared
 from trajforge.sandbox.process import DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, Limits
 from trajforge.sandbox.resources import SampleLimits
-from trajforge.sandbox.slot import Slot
-from trajforge.sandbox.slots import SlotPool
-
-# Sandbox uids (root mode) come from a range no real account uses.
-_UID_BASE, _UID_SPAN = 1_800_000_000, 200_000_000
 
 
-class BwrapSandbox(SlottedSample, Sandbox):
+class BwrapSandbox(Sandbox):
     """One sample: its workspace, its namespaces and the helper inside them (module doc)."""
 
     def __init__(
         self, root: Path, *, keep: bool = False, cwd: str | None = None, limits: Limits = DEFAULT_LIMITS,
         network: bool = True, nproc: int | None = 512, bwrap: str | None = None,
         output_cap: int = DEFAULT_OUTPUT_CAP, runtime: RootRuntime | None = None, egress: bool = False,
-        allow: Sequence[str] = (), sample_limits: SampleLimits | None = None, park: bool = False,
+        allow: Sequence[str] = (), sample_limits: SampleLimits | None = None,
     ) -> None:
         """Without a `runtime` (tests, the probe), a root-mode sandbox starts one of its own."""
         self.root, self.keep, self._cwd_arg = Path(root), keep, cwd
         self.privileged = os.geteuid() == 0
         # RLIMIT_NPROC is per real uid: only meaningful with a uid of the sample's own (root mode).
         self.limits = replace(limits, nproc=nproc if self.privileged else limits.nproc)
+        self.nproc = nproc
         self.network = network
         self.bwrap = bwrap or find_bwrap()
         self.output_cap = output_cap
-        self.uid = _UID_BASE + secrets.randbelow(_UID_SPAN) if self.privileged else os.getuid()
+        self.uid = os.getuid()  # root mode: the sandbox's own, once taken
         self.workspace: Path | None = None
         self.workdir = WORKSPACE
         self._holder: asyncio.subprocess.Process | None = None  # user mode: the sample's bwrap
@@ -87,18 +73,16 @@ class BwrapSandbox(SlottedSample, Sandbox):
         self.egress, self.allow = egress and self.privileged, tuple(allow)
         self.sample_limits = sample_limits or SampleLimits(memory=None, disk=None)
         self._runtime, self._own_runtime = runtime, False
-        self._slot: Slot | None = None
-        self.helper_pid = 0  # root mode: host pid of the slot's helper (the sample's pid 1)
-        self._exited: asyncio.Future[int] | None = None
-        self._begun = False
-        # Parking (module doc): its first command only, unless it starts a job before.
-        self._parkable = park and self.privileged and not keep
-        self._parked = False
-        self._busy = 0  # operations in progress: a sample parks only between them
-        self._gate = asyncio.Lock()  # held while a parked sample takes a slot again
-        self._parking: asyncio.Future[None] | None = None  # a command run with `park` in progress
-        self._releasing: set[asyncio.Task[Path | None]] = set()  # slots given back as the sample parked
-        self._pool: SlotPool | None = None
+        self._sandbox: Prepared | None = None  # root mode: the pool's sandbox this sample took
+
+    @property
+    def helper_pid(self) -> int:
+        """Root mode: host pid of the sandbox's helper (the sample's pid 1)."""
+        return self._sandbox.pid if self._sandbox is not None else 0
+
+    @property
+    def cgroup(self) -> SampleGroup | None:
+        return self._sandbox.group if self._sandbox is not None else None
 
     def mounts(self, host_cwd: Path) -> tuple[dict[str, Path], str]:
         assert self.workspace is not None
@@ -115,9 +99,30 @@ class BwrapSandbox(SlottedSample, Sandbox):
     async def _start_root(self) -> None:
         if self._runtime is None:  # no run provider (tests, the probe): a runtime of our own
             mode = "egress" if self.egress else "host" if self.network else "none"
-            self._runtime = await root_runtime(self.bwrap, mode, self.allow, self.sample_limits)
+            self._runtime = await root_runtime(self.bwrap, mode, self.allow, self.sample_limits, self.nproc)
             self._own_runtime = True
-        await self._take_slot()
+        self._sandbox = sandbox = await self._runtime.pool(self.root).take()
+        self.uid, self.workspace, self._channel = sandbox.uid, sandbox.workspace, sandbox.channel
+        assert self._channel is not None
+        self._channel.output_cap = self.output_cap
+        # The workspace is fresh: nothing of any sample has been in it, so making the row's cwd
+        # in it as root (and handing it to the sample's uid) follows nothing a sample made.
+        host_cwd = workspace.cwd_in(sandbox.workspace, self._cwd_arg)
+        chown_beneath(sandbox.workspace, host_cwd.relative_to(sandbox.workspace).parts, self.uid)
+        points, self.cwd = self.mounts(host_cwd)
+        aliases = [(inside, _inside(host.relative_to(sandbox.workspace).as_posix()))
+                   for inside, host in sorted(points.items(), key=lambda p: len(p[0])) if inside != WORKSPACE]
+        begin = {"op": "begin", "uid": self.uid, "gid": self.uid, "aliases": aliases,
+                 **self._helper_config(sorted(points))}
+        try:
+            async with asyncio.timeout(START_TIMEOUT):
+                reply, _ = await self._channel.call(begin)
+        except TimeoutError:
+            raise SandboxError(f"the sandbox helper did not set up the sample within {START_TIMEOUT:g}s") from None
+        except (SandboxError, OSError, ValueError) as e:
+            raise SandboxError(f"the sandbox helper could not set up the sample: {e}") from None
+        if reply.get("uid") != self.uid:
+            raise SandboxError(f"the sandbox helper runs as uid {reply.get('uid')}, not {self.uid}")
 
     async def _start_user(self) -> None:
         self.workspace, host_cwd = workspace.create(self.root, self._cwd_arg)
@@ -129,7 +134,8 @@ class BwrapSandbox(SlottedSample, Sandbox):
             chdir="/", network=self.network, privileged=False, extra_ro=[*resolv_conf_target(), *python_ro],
             tmp_size=self.sample_limits.tmp_size, shm_size=self.sample_limits.shm_size)
         self._holder, self._channel = await start_user(argv, python, output_cap=self.output_cap)
-        await configure(self._channel, self._holder, self._helper_config(sorted(points)))
+        # No cgroup for an unprivileged runner: commands yield the CPU to the host (doctor says so).
+        await configure(self._channel, self._holder, {**self._helper_config(sorted(points)), "nice": 10})
 
     def _helper_config(self, roots: list[str]) -> dict[str, object]:
         return {"cwd": self.cwd, "roots": roots, **shell_config(self.limits)}
@@ -138,44 +144,55 @@ class BwrapSandbox(SlottedSample, Sandbox):
         if self._channel is None:
             raise SandboxError("sandbox used before start() or after close()")
         gone = self._holder.returncode is not None if self._holder is not None else \
-            self._exited is not None and self._exited.done()
+            self._sandbox is not None and not self._sandbox.alive
         if self._channel.broken or gone:
             raise SandboxError("the bwrap sandbox of this sample is gone")
         return self._channel
 
     async def exec(self, command: str, *, timeout: float, cwd: str | None = None) -> ExecResult:
-        return await self._call(functools.partial(self._exec, command, timeout, cwd))
+        res = await self._live().exec(command, timeout=timeout, cwd=cwd)
+        if self._sandbox is not None:  # a hit limit ends the sample (SandboxError)
+            self._sandbox.check(self.sample_limits)
+        return res
 
     async def spawn(self, command: str, *, cwd: str | None = None) -> Job:
-        self._parkable = False  # the job's process and its log are the sample's until it ends
-        return await self._call(lambda channel: channel.spawn(command, cwd=cwd))
+        return await self._live().spawn(command, cwd=cwd)
 
     async def read_file(self, path: str, *, max_bytes: int = 256 << 20, offset: int | None = None) -> bytes:
-        return await self._call(lambda channel: channel.read_file(path, max_bytes, offset))
+        return await self._live().read_file(path, max_bytes, offset)
 
     async def write_file(self, path: str, data: bytes, *, how: str = "overwrite") -> str:
-        return await self._call(lambda channel: channel.write_file(path, data, how))
+        return await self._live().write_file(path, data, how)
 
     async def search(self, path: str, pattern: str, *, target: str = "content", glob: str | None = None,
                      limit: int = 50, max_file: int = 2 << 20, max_files: int = 50_000) -> tuple[list[str], bool]:
-        return await self._call(lambda channel: channel.search(
-            path, pattern, target=target, glob=glob, limit=limit, max_file=max_file, max_files=max_files))
+        return await self._live().search(path, pattern, target=target, glob=glob, limit=limit, max_file=max_file,
+                                         max_files=max_files)
 
     async def close(self) -> None:
         try:
+            # The helper exits when its channel closes, and as the pid namespace's init it takes
+            # every process of the sample with it.
+            channel, self._channel = self._channel, None
+            if channel is not None:
+                channel.close()
             if self.privileged:
-                await self._close_slotted()
+                await self._close_root()
             else:
-                # The helper exits when its channel closes, and as the pid namespace's init it
-                # takes every process of the sample with it.
-                channel, self._channel = self._channel, None
-                if channel is not None:
-                    channel.close()
                 await self._close_user()
         finally:
             if self._own_runtime and self._runtime is not None:
                 runtime, self._runtime = self._runtime, None
                 await runtime.aclose()
+
+    async def _close_root(self) -> None:
+        sandbox, self._sandbox = self._sandbox, None
+        if sandbox is None or self._runtime is None:
+            return
+        kept = await self._runtime.pool(self.root).end(sandbox, keep=self.keep)
+        if kept is not None:
+            self.workspace = kept
+            await workspace.defuse(kept)
 
     async def _close_user(self) -> None:
         holder, self._holder = self._holder, None
@@ -183,3 +200,8 @@ class BwrapSandbox(SlottedSample, Sandbox):
             await stop_holder(holder)
         if self.workspace is not None:
             await (workspace.defuse if self.keep else workspace.remove)(self.workspace)
+
+
+def _inside(rel: str) -> str:
+    """A directory of the workspace as the sandbox sees it."""
+    return WORKSPACE if rel == "." else f"{WORKSPACE}/{rel}"

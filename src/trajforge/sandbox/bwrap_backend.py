@@ -19,11 +19,12 @@ from trajforge.sandbox.bwrap_root import RootRuntime, root_runtime
 from trajforge.sandbox.bwrap_start import helper_python
 from trajforge.sandbox.network import bwrap_proven
 from trajforge.sandbox.process import SAFE_PATH, Limits, run_argv
-from trajforge.sandbox.resources import SampleLimits, cgroup_parent
+from trajforge.sandbox.cgroups import hierarchies
+from trajforge.sandbox.resources import SampleLimits
 
-# As root, a sample takes a slot (a process, namespaces, a disk) of a pool that grows to the
-# number of sandboxes in use at once: made at the first tool call, a two-call sample holds one
-# about half as long, so the pool stays smaller (sandbox/lazy.py, factory.made_on_first_use).
+# As root, a sample takes a sandbox made ahead of time (pool.py) at its first tool call: a
+# two-call sample holds one about half as long, and one that calls no tool takes none
+# (sandbox/lazy.py, factory.made_on_first_use).
 MAKE_ON_FIRST_USE = True
 
 
@@ -97,9 +98,11 @@ async def _run_of(provider: Provider) -> _Run | SandboxError:
     runtime = None
     if privileged:
         async def start() -> RootRuntime:
-            started = await root_runtime(status.path, network, settings.allow, sample_limits)
-            # Once no new sample will start, idle slots beyond the sandboxes still to be made go.
-            provider.on_drain(lambda: started.drain(lambda: provider.waiting))
+            # Sized to demand: the samples whose sandbox is yet to be made (provider.waiting).
+            started = await root_runtime(status.path, network, settings.allow, sample_limits, settings.nproc,
+                                         demand=lambda: provider.waiting)
+            provider.on_demand(started.refill)
+            provider.on_drain(started.drain)
             return started
 
         try:
@@ -107,9 +110,18 @@ async def _run_of(provider: Provider) -> _Run | SandboxError:
         except SandboxError as e:
             return SandboxError(f"--sandbox bwrap is not usable here: {e} (see `trajforge doctor`)")
     # A memory cgroup holds the whole sample in root mode; otherwise RLIMIT_AS per process stands in.
-    limits = provider.command_limits(memory_cgroup=privileged and cgroup_parent() is not None)
+    limits = provider.command_limits(memory_cgroup=privileged and hierarchies() is not None)
     return _Run(status, network, limits, sample_limits, settings.keep_workspaces, settings.allow, settings.nproc,
                 runtime)
+
+
+async def prepare(provider: Provider, root: Path) -> None:
+    """A run's first sample is on its way: as root, start the runtime and the pool of `root` now,
+    so sandboxes are being made while the sample waits for its model (pool.py)."""
+    run = await provider.state("bwrap.run", lambda: _run_of(provider))
+    if not isinstance(run, SandboxError) and run.runtime is not None:
+        run.runtime.pool(root)
+        run.runtime.refill()
 
 
 async def make(provider: Provider, *, cwd: str | None, image: str | None, root: Path) -> BwrapSandbox:
@@ -121,4 +133,4 @@ async def make(provider: Provider, *, cwd: str | None, image: str | None, root: 
         raise run
     return BwrapSandbox(root, keep=run.keep, cwd=cwd, limits=run.limits, network=run.network == "host",
                         egress=run.network == "egress", allow=run.allow, sample_limits=run.sample_limits,
-                        nproc=run.nproc, bwrap=run.status.path, runtime=run.runtime, park=True)
+                        nproc=run.nproc, bwrap=run.status.path, runtime=run.runtime)

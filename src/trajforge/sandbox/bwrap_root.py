@@ -1,14 +1,14 @@
 """Run-level state of the bwrap backend when the runner is root: one per run, in the provider.
 
-- the zygote (zygote.py, forkserver.py), which makes every sample's namespaces and helper;
-- the template: one bwrap per run builds the read-only system view that every sample's private
+- the zygote (zygote.py, forkserver.py), which makes every sandbox's namespaces and first process;
+- the template: one bwrap per run builds the read-only system view that every sandbox's own
   mount namespace is copied from (bwrap.bwrap_argv; the holder is `cat`, which ends, and the
   template with it, when the runner's end of its stdin closes or the runner dies);
 - the router (router.py) in egress mode: one firewall and one slirp4netns for the whole run;
-- the slot pools (slots.py), one per workspace root.
+- the sandbox pools (pool.py), one per workspace root, which make sandboxes ahead of time.
 
-So a sample costs one fork of the zygote and a few mounts; no process starts per sample but its
-own commands (bench/RESULTS.md has the figures).
+So a sandbox costs one fork of the zygote and its privileged setup, done in the background; no
+process starts per sample but its own commands.
 """
 
 from __future__ import annotations
@@ -32,24 +32,26 @@ from trajforge.sandbox.bwrap_start import args_pipe, helper_source, holder_ready
 from trajforge.sandbox.forkserver import Zygote
 from trajforge.sandbox.process import SAFE_PATH, kill_group
 from trajforge.sandbox.resources import SampleLimits
+from trajforge.sandbox.pool import SandboxPool
 from trajforge.sandbox.router import Router, resolv_conf
-from trajforge.sandbox.slots import SlotPool
 
 
 class RootRuntime:
     def __init__(self, *, template_argv: Sequence[str], network: str, allow: Sequence[str] = (),
-                 limits: SampleLimits | None = None, files: Mapping[str, bytes] | None = None) -> None:
+                 limits: SampleLimits | None = None, files: Mapping[str, bytes] | None = None,
+                 nproc: int | None = None, demand: Callable[[], int] = lambda: 0) -> None:
         """template_argv: the bwrap command line of the template (bwrap.bwrap_argv), up to the command;
         files: read-only files of the system view by their path inside, bound from pipes (no host file)."""
         self.template_argv = list(template_argv)
         self.files = dict(files or {})
         self.network, self.allow = network, tuple(allow)
         self.limits = limits or SampleLimits(memory=None, disk=None)
+        self.nproc, self.demand = nproc, demand
         self.zygote = Zygote()
         self.router: Router | None = None
         self._holder: asyncio.subprocess.Process | None = None
-        self._pools: dict[Path, SlotPool] = {}
-        self._demand: Callable[[], int] | None = None  # set by drain
+        self._pools: dict[Path, SandboxPool] = {}
+        self._draining = False
 
     async def start(self) -> RootRuntime:
         try:
@@ -80,21 +82,27 @@ class RootRuntime:
         init = await holder_ready(self._holder)
         await self.zygote.request("template", pid=init)
 
-    def pool(self, root: Path) -> SlotPool:
+    def pool(self, root: Path) -> SandboxPool:
         root = Path(root)
         pool = self._pools.get(root)
         if pool is None:
-            pool = self._pools[root] = SlotPool(root, self.zygote, network=self.network,
-                                                router=self.router.ns if self.router else None, limits=self.limits)
-            if self._demand is not None:
-                pool.drain(self._demand)
+            pool = self._pools[root] = SandboxPool(
+                root, self.zygote, network=self.network, router=self.router.ns if self.router else None,
+                limits=self.limits, nproc=self.nproc, demand=self.demand)
+            if self._draining:
+                pool.drain()
         return pool
 
-    def drain(self, demand: Callable[[], int]) -> None:
-        """No new sample will start: every pool keeps at most `demand()` idle slots from now on."""
-        self._demand = demand
+    def refill(self) -> None:
+        """The demand changed (a sample will want a sandbox, or no longer): every pool makes or trims."""
         for pool in self._pools.values():
-            pool.drain(demand)
+            pool.refill()
+
+    def drain(self) -> None:
+        """No new sample will start: every pool keeps only what the demand still wants."""
+        self._draining = True
+        for pool in self._pools.values():
+            pool.drain()
 
     async def aclose(self) -> None:
         pools, self._pools = list(self._pools.values()), {}
@@ -118,12 +126,14 @@ class RootRuntime:
 
 
 async def root_runtime(bwrap: str | None, network: str, allow: Sequence[str] = (),
-                       limits: SampleLimits | None = None) -> RootRuntime:
+                       limits: SampleLimits | None = None, nproc: int | None = None,
+                       demand: Callable[[], int] = lambda: 0) -> RootRuntime:
     """The run-level state of root mode (bwrap_root.py): its template is the sandbox's system view."""
     bwrap = bwrap or find_bwrap()
     if bwrap is None:
         raise SandboxError(NOT_FOUND)
     argv = bwrap_argv(bwrap, layout=host_layout(), binds=[], chdir="/", network=False, privileged=True,
-                      extra_ro=resolv_conf_target(), extra=["--dir", WORKSPACE])
+                      extra_ro=resolv_conf_target(), extra=["--dir", WORKSPACE, "--dir", "/dev/mqueue"])
     files = {"/etc/resolv.conf": resolv_conf()} if network == "egress" else {}  # slirp's DNS forwarder
-    return await RootRuntime(template_argv=argv, network=network, allow=allow, limits=limits, files=files).start()
+    return await RootRuntime(template_argv=argv, network=network, allow=allow, limits=limits, files=files,
+                             nproc=nproc, demand=demand).start()

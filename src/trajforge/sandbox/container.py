@@ -118,7 +118,7 @@ class ContainerSandbox(Sandbox):
         if self._want_helper and pid:
             self.helper = await self.backend.file_helper(pid, cwd=self.cwd, mount=self.mount_at, cap=self.output_cap)
         if self._res is not None and pid:
-            self._res.after_holder(pid, pid)
+            self._res.after_holder(pid)
         if self.network == "egress":
             if not pid or not os.path.exists(f"/proc/{pid}/ns/net"):
                 raise SandboxError(f"egress networking needs the container's process on this host "

@@ -33,6 +33,7 @@ from trajforge.sandbox.container_seccomp import profile_flags
 from trajforge.sandbox.engine import Engine, detect, owner_dead
 from trajforge.sandbox.forkserver import Zygote
 from trajforge.sandbox.images import ImageChecker
+from trajforge.sandbox.cgroups import ROOT
 from trajforge.sandbox.resources import sweep_leftovers
 
 _CATATONIT = ("/usr/libexec/podman/catatonit", "/usr/bin/catatonit", "/usr/local/libexec/podman/catatonit")
@@ -99,10 +100,10 @@ class ContainerBackend:
         return self.zygote
 
     async def file_helper(self, pid: int, *, cwd: str, mount: str, cap: int) -> HelperChannel | None:
-        """A helper in the mount namespace of the container whose process is `pid`, as that
-        process's uid and without capabilities, serving file operations with paths as the
-        container sees them; None (exec-based file operations) when the runner is not root or
-        the container cannot be entered."""
+        """A helper in every namespace of the container whose process is `pid` (zygote.op_enter),
+        as that process's uid and without capabilities, serving file operations with paths as
+        the container sees them; None (exec-based file operations) when the runner is not root
+        or the container cannot be entered."""
         zygote = await self.file_zygote()
         if zygote is None:
             return None
@@ -113,7 +114,7 @@ class ContainerBackend:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         channel = HelperChannel(ours, cap)
         try:
-            await zygote.slot(theirs, op="enter", pid=pid, uid=uid, gid=gid)
+            await zygote.fork(theirs, "enter", pid=pid, uid=uid, gid=gid, cgroups=_cgroups_of(pid))
             cfg = {"id": 0, "cwd": cwd, "roots": [mount], "workdir": mount, "env": {}, "shell": "/bin/sh",
                    "prefix": "", "limits": []}
             async with asyncio.timeout(30):
@@ -180,6 +181,25 @@ def kill_exec_monitors(name: str) -> int:
                 os.kill(int(entry.name), 9)
                 killed += 1
     return killed
+
+
+def _cgroups_of(pid: int) -> list[str]:
+    """The cgroup.procs files of a process's cgroups (its /proc cgroup file, as the host sees it)."""
+    out = []
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                name = controllers.removeprefix("name=") if controllers else ""
+                base = ROOT if not controllers else ROOT / name
+                if not controllers and not (ROOT / "cgroup.controllers").exists():
+                    base = ROOT / "unified"
+                procs = base / path.lstrip("/") / "cgroup.procs"
+                if procs.exists():
+                    out.append(str(procs))
+    except (OSError, ValueError):
+        return []
+    return out
 
 
 def _ids_of(pid: int) -> tuple[int, int]:

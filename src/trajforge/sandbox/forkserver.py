@@ -1,9 +1,10 @@
 """The runner's end of the root-mode zygote (zygote.py): one per run, held by the bwrap runtime.
 
 Started with the runner's interpreter (`-S -I`, clean environment, the helper script on stdin).
-`request` sends one request and awaits its reply; `slot` also hands over a slot's channel socket
-and returns its helper's host pid and a future that resolves, with its exit code, once the helper
-is reaped (every process of its pid namespace is dead by then). Closing the socket ends the
+`request` sends one request and awaits its reply; `fork` also hands over a channel socket (a
+sandbox's, or a container's file helper's) and returns the forked process's host pid and a future
+that resolves, with its exit code, once it is reaped (for a sandbox, every process of its pid
+namespace is dead by then). Closing the socket ends the
 zygote; so does the runner's death (its parent-death signal).
 """
 
@@ -125,7 +126,7 @@ class Zygote:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._replies[rid] = fut
-        if op in ("slot", "enter"):
+        if op in ("sandbox", "enter"):
             self._exits[rid] = loop.create_future()
         try:
             async with self._lock:  # a frame and its descriptor go together
@@ -152,16 +153,15 @@ class Zygote:
         reply["rid"] = rid
         return reply
 
-    async def slot(self, channel: socket.socket, op: str = "slot", **fields: Any) -> tuple[int, asyncio.Future[int], Any]:
-        """Fork a helper serving `channel` (closed here): a slot's (`slot`, with `new_net` its new
-        network namespace) or a container's file helper (`enter`); (host pid, its exit, once
-        reaped, the handle of the namespace made)."""
+    async def fork(self, channel: socket.socket, op: str, **fields: Any) -> tuple[int, asyncio.Future[int]]:
+        """Fork a process serving `channel` (closed here): a sandbox (`sandbox`) or a container's
+        file helper (`enter`); (host pid, its exit once reaped)."""
         reply = await self.request(op, channel=channel, **fields)
         exited = self._exits.get(reply["rid"])
         if exited is None:  # cannot happen: the reply comes before any exit event
             exited = asyncio.get_running_loop().create_future()
             exited.set_result(-9)
-        return int(reply["pid"]), exited, reply.get("ns")
+        return int(reply["pid"]), exited
 
     async def aclose(self) -> None:
         if self.sock is not None:

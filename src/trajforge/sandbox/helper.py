@@ -1,9 +1,10 @@
 """The in-sandbox helper: one small process serving a sample, inside its namespaces, with its rights.
 
 It serves the sample's channel (a unix socket): as bwrap's command in user mode (`python3 -S
--I -c <boot>`, the source on stdin, see `source()`), or, in root mode, as the warm helper of a
-slot, forked by the run's zygote and serving sample after sample with each sample's uid
-(slot_helper.py, zygote.py). Either way everything it does the sample could have done itself:
+-I -c <boot>`, the source on stdin, see `source()`), in root mode as the first process of a
+sandbox made for this one sample (sandbox_init.py), and as a container's file helper
+(zygote.op_enter). Either way it runs with the sample's uid and no privilege, and everything it
+does the sample could have done itself (the sandbox package's invariant):
 
 - commands are spawned by it (helper_exec.py): no per-command entry chain into the namespaces,
   and it collects their output itself;
@@ -14,7 +15,7 @@ helper: meta is `marshal` (trusted side). Helper to runner: meta is JSON written
 json import: it would cost the start-up as much as the interpreter), which the runner parses as
 untrusted input. One reply per request ({"id": n, ...} or {"id": n, "error": kind, "msg": ...})
 and an {"ev": "exit", "id": n, "code": c, ...} event per command (with a foreground command's
-output as the payload). Stdlib only.
+output as the payload). Stdlib only; it loads no module after its start (guard.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import select
 import struct
 
 from trajforge.sandbox.fsops import locate, read, reply_of, search, write
+from trajforge.sandbox.guard import preload, seal, sealed
 from trajforge.sandbox.helper_exec import CD_FAILED, CD_FAILED_EXIT, Commands, drain  # noqa: F401 (channel.py)
 
 _HEAD = struct.Struct("<II")
@@ -74,6 +76,8 @@ class Helper(Commands):
 
             for res, soft, hard in cfg["limits"]:
                 resource.setrlimit(res, (soft, hard))
+        if cfg.get("nice"):  # no CPU cgroup (an unprivileged runner): the closest share it can have
+            os.nice(cfg["nice"])
 
     def frames(self) -> list[tuple[dict, bytes]]:
         try:
@@ -121,6 +125,28 @@ class Helper(Commands):
     def op_write(self, m: dict, p: bytes) -> tuple[dict, bytes]:
         return {"rel": write(*self.where(m["path"]), p, m["how"])}, b""
 
+    def op_self(self, _m: dict, _p: bytes) -> tuple[dict, bytes]:
+        """What the helper itself holds: its /proc status and what each descriptor is (the
+        invariant of the sandbox package, checked from inside by the tests and `trajforge doctor`)."""
+        with open("/proc/self/status", "rb") as f:
+            status = f.read().decode("ascii", "replace")
+        fds = {}
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                fds[name] = os.readlink(f"/proc/self/fd/{name}")
+            except OSError:
+                pass  # the listing's own descriptor, closed already
+        ns = {}
+        for kind in ("mnt", "net", "pid", "ipc", "uts", "cgroup", "user"):
+            try:
+                ns[kind] = os.readlink(f"/proc/self/ns/{kind}")
+            except OSError:
+                pass
+        import sys
+
+        flags = {"isolated": sys.flags.isolated, "no_site": sys.flags.no_site, "path": list(sys.path)}
+        return {"status": status, "fds": fds, "ns": ns, "flags": flags, "sealed": sealed()}, b""
+
     def op_search(self, m: dict, _p: bytes) -> tuple[dict, bytes]:
         found, more = search(*self.where(m["path"]), m["path"], m["pattern"], target=m["target"], glob=m["glob"],
                              limit=m["limit"], max_file=m["max_file"], max_files=m["max_files"],
@@ -162,40 +188,49 @@ def main() -> None:
     if sys.argv[2:] == ["zygote"]:
         zygote_main(fd)  # noqa: F821 (zygote.py, which follows in the assembled source)
     else:
+        preload()  # before the sample's first request: nothing loads after it (guard.py)
         run_helper(fd)
 
 
 def run_helper(fd: int) -> None:
-    """Serve one sample on socket `fd` until the runner closes it."""
+    """Serve one sample on socket `fd` until the runner closes it: its first frame is the
+    configuration; imports are sealed (guard.py) before the first request is read."""
     os.set_inheritable(fd, False)
     sock = _socket.socket(fileno=fd)
     helper = Helper(sock)
     sock.setblocking(True)
-    cfg = None
-    while cfg is None:
+    frames: list = []
+    while not frames:
         frames = helper.frames()
-        cfg = frames[0][0] if frames else None
+    cfg = frames.pop(0)[0]
     helper.setup(cfg)
+    seal()
     helper.send({"id": 0, "ready": os.getpid(), "uid": os.getuid()})
+    for meta, payload in frames:
+        helper.handle(meta, payload)
     try:
         helper.serve()
     except (EOFError, ConnectionError):  # the runner closed the channel: the sample is over
         os._exit(0)
 
 
+# The modules of the helper's assembled source, in order (each defines what the next imports);
+# the zygote's adds the privileged setup it does before a sandbox is any sample's.
+INSIDE = ("guard", "safe_fs", "fsops", "helper_exec", "helper")
+ZYGOTE = ("root_view", "sandbox_init", "netlink", "zygote_net", "seccomp", "zygote")
+
+
 def source(zygote: bool = False) -> str:
-    """The helper as one stdlib-only script: safe_fs, fsops and this module (and, for the root
-    mode's zygote, slot_mounts, slot_helper, netlink, zygote_net, seccomp and zygote), their
-    package imports dropped (each defines what the next imports)."""
+    """The helper as one stdlib-only script: INSIDE's modules (and, for the root mode's zygote,
+    ZYGOTE's), their package imports dropped, and a call of `main`."""
     import importlib
 
     parts = ["from __future__ import annotations"]  # annotations stay strings: nothing to import for them
-    for name in ("safe_fs", "fsops", "helper_exec", "helper",
-                 *(("slot_mounts", "slot_helper", "netlink", "zygote_net", "seccomp", "zygote") if zygote else ())):
+    for name in (*INSIDE, *(ZYGOTE if zygote else ())):
         mod = importlib.import_module(f"trajforge.sandbox.{name}")
         with open(mod.__file__ or "", encoding="utf-8") as f:
             text = f.read()
-        text = text.split("\ndef source()")[0]  # not this function
+        text = text.split("\n# The modules of the helper's assembled source")[0]  # not source() itself
         lines, skip = [], False
         for line in text.splitlines():
             if skip:

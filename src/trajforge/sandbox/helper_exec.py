@@ -24,8 +24,8 @@ import time
 CD_FAILED = "trajforge-sandbox: cannot enter the working directory"
 CD_FAILED_EXIT = 125
 DETACH_GRACE = 0.5  # also the local backend's (process.DETACH_GRACE)
-# Reset in every command: Python ignores SIGPIPE and SIGXFSZ, a slot helper (slot_helper.py)
-# ignores the rest, and an ignored signal stays ignored across exec.
+# Reset in every command: Python ignores SIGPIPE and SIGXFSZ, a root-mode sandbox's helper
+# (sandbox_init.py) ignores the rest, and an ignored signal stays ignored across exec.
 _DEFAULT_SIGNALS = (_signal.SIGCHLD, _signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP,
                     _signal.SIGQUIT, _signal.SIGUSR1, _signal.SIGUSR2, _signal.SIGALRM)
 
@@ -60,7 +60,7 @@ def quote(text: str) -> str:
 class Capture:
     """A foreground command's output: head and tail of each stream, like process.CappedBuffer."""
 
-    __slots__ = ("rid", "pid", "half", "heads", "tails", "totals", "open", "code", "deadline", "killed", "park")
+    __slots__ = ("rid", "pid", "half", "heads", "tails", "totals", "open", "code", "deadline", "killed")
 
     def __init__(self, rid: int, pid: int, cap: int) -> None:
         self.rid, self.pid, self.half = rid, pid, max(cap // 2, 1)
@@ -69,7 +69,6 @@ class Capture:
         self.code: int | None = None
         self.deadline = 0.0
         self.killed = False  # its group was killed for holding the pipes: now they close, or time is up
-        self.park = False  # the runner asks to end the sample after it if it left nothing (after_command)
 
     def feed(self, stream: int, data: bytes) -> None:
         self.totals[stream] += len(data)
@@ -115,7 +114,6 @@ class Commands:
                 for _, w in pipes:
                     os.close(w)
             capture = self.captures[m["id"]] = Capture(m["id"], pid, m.get("cap", 50_000))
-            capture.park = m.get("park") is True
             for stream, (r, _) in enumerate(pipes):
                 self.readers[r] = (capture, stream)
                 self.poll.register(r, 1)  # type: ignore[attr-defined]  # POLLIN
@@ -161,13 +159,7 @@ class Commands:
         event = {"ev": "exit", "id": capture.rid, "code": capture.code, "detached": detached,
                  "sizes": [len(heads[0]), len(tails[0]), capture.totals[0], len(heads[1]), len(tails[1]),
                            capture.totals[1]]}
-        if capture.park:
-            event.update(self.after_command())
         self.send(event, heads[0] + tails[0] + heads[1] + tails[1])  # type: ignore[attr-defined]
-
-    def after_command(self) -> dict:
-        """Fields for the exit event of a command run with `park` (slot_helper.py: parking)."""
-        return {}
 
     def next_deadline(self) -> float | None:
         """Seconds until the earliest detach grace ends, None when none is running."""
@@ -228,15 +220,3 @@ class Commands:
             else:
                 capture.code, capture.deadline = code, time.monotonic() + DETACH_GRACE
                 self._maybe_done(capture)
-
-    def drop_commands(self) -> None:
-        """Forget every command of the sample (slot_helper.op_end, after killing them all): a
-        foreground one still waited for gets its exit event, as killed."""
-        for capture in list(self.captures.values()):
-            capture.park = False  # the sample is ending already
-            if capture.code is None:
-                capture.code = -9
-            self._maybe_done(capture, detached=True)
-        for fd in self.logs.values():
-            os.close(fd)
-        self.procs, self.logs = {}, {}

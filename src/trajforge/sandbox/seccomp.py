@@ -4,8 +4,8 @@ In a user namespace of its own a process is root there and can mount, make netwo
 reach kernel code that is otherwise root-only: a large attack surface, and the usual first step
 of a kernel escape. Nothing a tool-using agent runs needs one (Chromium runs with --no-sandbox,
 tools/browser.py). The root mode's zygote (zygote.py) installs this filter on itself when it
-starts, so every slot helper it forks and every command of every sample inherits it; the
-zygote's and the helpers' own unshare and setns calls carry no CLONE_NEWUSER and pass. As in
+starts, so every sandbox it forks and every command of every sample inherits it; the
+zygote's and the sandboxes' own unshare and setns calls carry no CLONE_NEWUSER and pass. As in
 Docker's default profile:
 - clone and unshare with CLONE_NEWUSER fail with EPERM;
 - clone3 fails with ENOSYS, since its flags sit in memory a filter cannot read: the C library
@@ -27,7 +27,7 @@ import functools
 import os
 import struct
 
-from trajforge.sandbox.slot_mounts import checked
+from trajforge.sandbox.root_view import checked
 
 _SC_NEWUSER = 0x10000000
 _SC_EPERM, _SC_ENOSYS = 1, 38

@@ -19,6 +19,7 @@ class SampleLimits:
     shm_size: int | None = 256 << 20
     disk: int | None = 10 << 30
     cpu_seconds: int | None = 600
+    cpus: float | None = 1.0  # CPUs' worth of time per period (cgroups.py); None: no share
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""Root mode: one warm process per run that makes the namespaces and helpers of every slot.
+"""Root mode: one process per run that makes every sandbox's namespaces, ahead of time.
 
 Starting a Python interpreter, or even a bwrap, per sample costs more CPU than everything else a
 one-command sample does, so when the runner is root one *zygote* (this code, in the helper
@@ -7,24 +7,25 @@ script, started once per run by the runtime, bwrap_root.py) does the privileged 
 - `op_template`: it keeps a descriptor of the run's *template* mount namespace, built by one bwrap
   per run (the read-only system view, /dev and the mount points).
 - `op_router`, `op_netns`: network namespaces made with unshare/setns and wired with netlink
-  (netlink.py), no `ip` process: the run's router (router.py) and each slot's namespace, with
+  (netlink.py), no `ip` process: the run's router (router.py) and each sandbox's namespace, with
   its loopback and, in egress mode, a veth link to the router.
-- `op_enter`: a file helper in a container's mount namespace (container.py), as the container's
-  uid and without any capability.
-- `op_slot`: a slot's helper (slot_helper.py), forked once per slot: the zygote unshares a new
-  pid namespace for its next child and forks, so the helper is pid 1 there; it joins the slot's
-  memory cgroup and network namespace, unshares uts and cgroup namespaces and stops being
-  dumpable, then serves its channel sample after sample. An empty capability bounding set,
-  no_new_privs and a seccomp filter (seccomp.py) that keeps it and its samples from making user
-  namespaces are the zygote's own, set once at its start and inherited by every fork. The
-  zygote reaps it once the kernel has killed everything in its pid namespace, and reports that
-  exit.
+- `op_sandbox`: a sandbox, made before any sample wants it (pool.py): the zygote unshares a new
+  pid namespace for its next child and forks it, so the child is pid 1 there; the child builds
+  the sandbox as root and later serves one sample, unprivileged (sandbox_init.py).
+- `op_enter`: a file helper in every namespace of a container (container.py), as the
+  container's uid and without any capability.
+
+The zygote itself runs nothing of a sample and reads no path a sample can write: its requests
+come from the runner alone, and what it forks drops every privilege before a sample's first
+request reaches it (the invariant of the sandbox package). An empty capability bounding set,
+no_new_privs and a seccomp filter (seccomp.py) that keeps samples from making user namespaces
+are the zygote's own, set once at its start and inherited by every fork.
 
 Protocol with the runner (forkserver.py), both ways: `<I` length + marshal dict; requests carry
 "id" and get one reply {"id": n, ...} or {"id": n, "error": text}; {"ev": "exit", "id": n,
-"code": c} follows when the helper of slot request n is reaped. A slot request carries one
-descriptor (SCM_RIGHTS): the slot's channel. The zygote holds no sample data and never runs
-sample code; it exits when the runner's end of its socket closes or the runner dies.
+"code": c} follows when the child of request n is reaped (a sandbox: once every process of its
+pid namespace is dead). A sandbox or enter request carries one descriptor (SCM_RIGHTS): the
+channel. The zygote exits when the runner's end of its socket closes or the runner dies.
 """
 
 from __future__ import annotations
@@ -37,17 +38,19 @@ import os
 import select
 import struct
 
+from trajforge.sandbox.guard import preload
 from trajforge.sandbox.helper_exec import drain, reaped
+from trajforge.sandbox.root_view import checked
+from trajforge.sandbox.sandbox_init import close_all_but, drop_privileges, sandbox_main
 from trajforge.sandbox.seccomp import forbid_user_namespaces
-from trajforge.sandbox.slot_helper import run_slot_helper
-from trajforge.sandbox.slot_mounts import SlotMounts, checked
 from trajforge.sandbox.zygote_net import Namespaces
 
-_NEWCGROUP, _NEWUTS, _NEWPID, _NEWNET = 0x2000000, 0x4000000, 0x20000000, 0x40000000
-_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_NAME, _PR_SET_NO_NEW_PRIVS, _PR_CAPBSET_DROP = 1, 4, 15, 38, 24
+_NEWPID = 0x20000000
+_PR_SET_PDEATHSIG, _PR_SET_NAME, _PR_SET_NO_NEW_PRIVS, _PR_CAPBSET_DROP = 1, 15, 38, 24
 _CAP_LAST = 63
-_CAPABILITY_VERSION_3 = 0x20080522
-_NEWNS = 0x20000
+# A container's namespaces, in the order a file helper joins them: the user namespace last.
+_ENTER = (("mnt", 0x20000), ("net", 0x40000000), ("ipc", 0x8000000), ("uts", 0x4000000),
+          ("cgroup", 0x2000000), ("pid", 0x20000000), ("user", 0x10000000))
 _FRAME = struct.Struct("<I")
 
 
@@ -67,15 +70,15 @@ class Zygote(Namespaces):
         self.host_pid = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
         self.template = -1
         self.nets: dict[int, int] = {}  # handle -> descriptor of a network namespace
-        self.helpers: dict[int, int] = {}  # host pid -> slot request id
+        self.helpers: dict[int, int] = {}  # host pid -> the sandbox or enter request that forked it
         self.buf = b""
 
     def confine(self) -> None:
-        """What every slot helper and its samples must have, set once on the zygote itself, which
-        every fork inherits: no_new_privs, an empty capability bounding set (the zygote keeps its
-        own capabilities: it never executes a program) and the seccomp filter against user
+        """What every sandbox and its sample must have, set once on the zygote itself, which every
+        fork inherits: no_new_privs, an empty capability bounding set (the zygote keeps its own
+        capabilities: it never executes a program) and the seccomp filter against user
         namespaces and keyrings (seccomp.py; the zygote's own unshare calls carry no
-        CLONE_NEWUSER). Installed per helper, these cost each new slot ~1 ms of CPU."""
+        CLONE_NEWUSER)."""
         libc, check = self.libc, self.check
         check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
         for cap in range(_CAP_LAST + 1):
@@ -126,7 +129,7 @@ class Zygote(Namespaces):
                 break
             req = marshal.loads(self.buf[4:4 + size])
             self.buf = self.buf[4 + size:]
-            channel = fds.pop(0) if req.get("op") in ("slot", "enter") and fds else -1
+            channel = fds.pop(0) if req.get("op") in ("sandbox", "enter") and fds else -1
             try:
                 reply = getattr(self, "op_" + req["op"])(req, channel)
             except Exception as e:  # noqa: BLE001 (reported to the runner, the zygote goes on)
@@ -170,103 +173,89 @@ class Zygote(Namespaces):
         return pid
 
     def op_enter(self, req: dict, channel: int) -> dict:
-        """Fork a file helper into the mount namespace of a container's process `pid`, with that
-        process's uid and gid and no capability (container.py): the container's own view of its
-        files, symlinks resolved by its kernel view, no host path."""
+        """Fork a file helper into every namespace of the container whose process is `pid`, with
+        that process's uid and gid and no capability (container.py): the container's own view
+        of its files, network and processes, nothing of the host. The fork joins them and forks
+        the helper (pid namespaces take effect for children), then exits: the helper lives on in
+        the container, as one of its processes, until the runner closes its channel."""
         if channel < 0:
             raise ValueError("a file helper needs a channel")
         target = req["pid"]
-        # A container with a user namespace of its own (rootful Podman, container_backend.py): the
-        # helper stays in this one, as the host uid and gid that the container's process has, so
-        # files are checked as that process's are (its capabilities inside aside, as for uid 0).
-        mnt = os.open(f"/proc/{target}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        spaces = []
+        for kind, flag in _ENTER:
+            path = f"/proc/{target}/ns/{kind}"
+            if os.path.exists(path) and os.stat(path).st_ino != os.stat(f"/proc/self/ns/{kind}").st_ino:
+                spaces.append((os.open(path, os.O_RDONLY | os.O_CLOEXEC), flag))
         try:
-            pid = self._fork("a container's file helper", lambda: self._enter_container(req, channel, mnt))
+            pid = self._fork("a container's file helper", lambda: self._enter_container(req, channel, spaces))
         finally:
-            os.close(mnt)
+            for fd, _ in spaces:
+                os.close(fd)
         self.helpers[pid] = req["id"]
         return {"pid": pid}
 
-    def _enter_container(self, req: dict, channel: int, mnt: int) -> None:
-        libc, check = self.libc, self.check
+    def _enter_container(self, req: dict, channel: int, spaces: list) -> None:
+        libc = self.libc
         libc.prctl(_PR_SET_NAME, b"tf-files", 0, 0, 0)
         for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGPIPE):
             _signal.signal(sig, _signal.SIG_IGN)
-        check(libc.setns(mnt, _NEWNS), "setns(mnt)")  # root and cwd become the container's
-        os.chdir("/")  # no_new_privs, no bounding set, the seccomp filter: the zygote's (`confine`)
+        _signal.set_wakeup_fd(-1)
+        for procs in req.get("cgroups", ()):  # the container's cgroups: its limits hold the helper too
+            try:
+                with open(procs, "w") as f:
+                    f.write("0")
+            except OSError:
+                pass
         uid, gid = req["uid"], req["gid"]
-        os.setgroups([])
-        os.setresgid(gid, gid, gid)
-        os.setresuid(uid, uid, uid)
-        # As uid 0 (the image's USER is root) the capabilities stay: drop every one (capset).
-        header = (self.ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
-        data = (self.ctypes.c_uint32 * 6)()
-        check(libc.capset(header, data), "capset")
-        libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-        libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)
-        _close_all_but({channel})
+        if spaces and spaces[-1][1] == _ENTER[-1][1]:  # its ids as the container's user namespace has them
+            uid, gid = (_inside_id(f"/proc/{req['pid']}/{kind}_map", host) for kind, host in (("uid", uid), ("gid", gid)))
+        for fd, flag in spaces:  # the user namespace last: it takes this process's host capabilities
+            checked(libc.setns(fd, flag), f"setns({flag:#x})")
+        os.chdir("/")  # root and cwd became the container's with its mount namespace
+        close_all_but({channel})
+        if os.fork():  # the helper is the child: in the container's pid namespace
+            os._exit(0)
+        libc.prctl(_PR_SET_PDEATHSIG, 0, 0, 0, 0)
+        drop_privileges(libc, self.ctypes, uid, gid)
         run_helper(channel)  # noqa: F821 (helper.py)
 
-    def op_slot(self, req: dict, channel: int) -> dict:
-        """Fork a slot's helper: pid 1 of a new pid namespace, serving `channel` (slot_helper.py)."""
+    def op_sandbox(self, req: dict, channel: int) -> dict:
+        """Fork a sandbox's first process: pid 1 of a new pid namespace, in the network namespace
+        made for it in the same request (`net`: op_netns's request), serving `channel`
+        (sandbox_init.py). The zygote keeps nothing of it but its pid."""
         if channel < 0 or self.template < 0:
-            raise ValueError("a slot needs a channel and the template")
-        made = None
-        if req.get("new_net") is not None:  # the slot's namespace, in the same request (op_netns)
-            made = self.op_netns(req["new_net"], -1)["ns"]
-            req["net"] = made
-        net = self.nets[req["net"]] if req.get("net") is not None else -1
+            raise ValueError("a sandbox needs a channel and the template")
+        net = -1
+        if req.get("net") is not None:
+            net = self.op_netns(req["net"], -1)["ns"]
+            self.nets.pop(net, None)  # the sandbox's alone: closed here once it has joined
         try:
             # The next child is pid 1 of a new pid namespace; the zygote's own children after it are not.
             self.check(self.libc.unshare(_NEWPID), "unshare(pid)")
             try:
-                pid = self._fork("a slot's helper", lambda: self._slot(req, channel, net))
+                pid = self._fork("a sandbox", lambda: sandbox_main(self.libc, self.ctypes, req, channel, net,
+                                                                   self.template))
             finally:
                 self.check(self.libc.setns(self.host_pid, _NEWPID), "setns(host pid)")
-        except BaseException:
-            if made is not None:  # the runner never hears of it: not kept
-                self.op_drop({"ns": made}, -1)
-            raise
+        finally:
+            if net >= 0:
+                os.close(net)
         self.helpers[pid] = req["id"]
-        return {"pid": pid, "ns": made}
+        return {"pid": pid}
 
-    def _slot(self, req: dict, channel: int, net: int) -> None:
-        libc, check = self.libc, self.check
-        libc.prctl(_PR_SET_NAME, b"tf-helper", 0, 0, 0)
-        for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT, _signal.SIGUSR1,
-                    _signal.SIGUSR2, _signal.SIGALRM, _signal.SIGPIPE, _signal.SIGXFSZ):
-            _signal.signal(sig, _signal.SIG_IGN)  # the samples share its uid: no signal may end it
-        if req.get("cgroup"):  # "0": this process; every command it starts inherits the cgroup
-            with open(req["cgroup"], "w") as f:
-                f.write("0")
-        host_mnt = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-        if net >= 0:
-            check(libc.setns(net, _NEWNET), "setns(net)")
-        check(libc.unshare(_NEWUTS | _NEWCGROUP), "unshare")
-        name = b"sandbox"
-        check(libc.sethostname(name, len(name)), "sethostname")
-        # No new privileges, an empty bounding set and the seccomp filter are the zygote's own
-        # (`confine`), inherited by this fork: nothing it starts can ever gain a capability (the
-        # helper keeps its own, dormant) or make a user namespace.
-        os.setgroups([])
-        libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-        keep = {channel, host_mnt, self.template}
-        for fd in sorted(keep):
-            os.set_inheritable(fd, False)
-        _close_all_but(keep)
-        run_slot_helper(channel, SlotMounts(libc, host_mnt, self.template))
 
-def _close_all_but(keep: set[int]) -> None:
-    low = 3
-    for fd in sorted(keep):
-        if fd >= low:
-            os.closerange(low, fd)
-            low = fd + 1
-    os.closerange(low, 1 << 16)
+def _inside_id(map_path: str, host: int) -> int:
+    """The id of a user namespace that host id `host` is (its uid_map or gid_map, read from the host)."""
+    with open(map_path, encoding="ascii") as f:
+        for line in f:
+            inside, outside, count = (int(x) for x in line.split())
+            if outside <= host < outside + count:
+                return host - outside + inside
+    raise ValueError(f"id {host} is not mapped in {map_path}")
 
 
 def reply_encoder():  # type: ignore[no-untyped-def]
-    """The slot helpers' reply encoder in place of helper._enc, which spares a helper started alone
+    """The sandbox helpers' reply encoder in place of helper._enc, which spares a helper started alone
     the import of json: here json's C encoder is imported once, before any fork, and costs ~15 us
     less per reply. The same JSON for the runner (tests/test_sandbox_slots.py)."""
     import json
@@ -276,17 +265,14 @@ def reply_encoder():  # type: ignore[no-untyped-def]
 
 def zygote_main(fd: int) -> None:
     global _enc
-    import fnmatch  # noqa: F401  everything a helper may import later, imported while the host's
     import gc
-    import posixpath  # noqa: F401  library is still visible: inside, the runner's interpreter is not
-    import re  # noqa: F401
-    import resource  # noqa: F401
 
+    preload()  # everything a helper may need, loaded here: it loads nothing after its start (guard.py)
     _enc = reply_encoder()
     zygote = Zygote(fd)
     zygote.confine()
-    # Every object so far is shared with the forked helpers: no collection may touch (and so copy)
-    # their pages. Helpers make little garbage and live as long as one sample.
+    # Every object so far is shared with the forked sandboxes: no collection may touch (and so
+    # copy) their pages. A helper makes little garbage and lives as long as one sample.
     gc.freeze()
     gc.disable()
     zygote.serve()
