@@ -139,6 +139,45 @@ def test_cpu_time_per_command_is_limited(tmp_path: Path) -> None:
     assert os.path.exists(tmp_path)
 
 
+HOST_BENCH = "import time; t = time.perf_counter(); sum(i * i for i in range(6_000_000)); print(time.perf_counter() - t)"
+
+
+def _host_bench() -> float:
+    """The best of three runs of a fixed CPU-bound job on the host, in seconds."""
+    import sys
+
+    return min(float(subprocess.run([sys.executable, "-c", HOST_BENCH], capture_output=True, text=True,
+                                    check=True).stdout) for _ in range(3))
+
+
+@pytest.mark.skipif(not ROOT_BWRAP or hierarchies() is None or not hierarchies().has("cpu"),  # type: ignore[union-attr]
+                    reason="needs root bwrap and a cpu cgroup")
+def test_sixteen_busy_loops_in_a_sample_leave_the_host_its_speed(tmp_path: Path) -> None:
+    """A sample may keep `sandbox_cpus` CPUs busy (1 by default), however many loops it starts: a
+    job on the host keeps its pace (within 2x), the kernel holding the sample to the quota of its
+    group."""
+    async def main() -> tuple[float, float, str, float | None]:
+        idle = _host_bench()
+        sb = BwrapSandbox(tmp_path, network=False, sample_limits=SampleLimits(memory=None, disk=None, cpus=1.0))
+        await sb.start()
+        try:
+            res = await sb.exec("for i in $(seq 16); do (while :; do :; done) > /dev/null 2>&1 & done; echo spawned",
+                                timeout=30)
+            assert res.stdout.startswith("spawned"), res  # the loops run in the background from here on
+            busy = await asyncio.to_thread(_host_bench)
+            procs = (await sb.exec("ps -e -o comm= | grep -c bash", timeout=30)).stdout
+            assert sb.cgroup is not None
+            quota = sb.cgroup.cpu_quota()
+        finally:
+            await sb.close()
+        return idle, busy, procs, quota
+
+    idle, busy, procs, quota = asyncio.run(main())
+    assert int(procs) >= 16, procs  # the loops were running while the host measured
+    assert busy < 2 * idle, (idle, busy)
+    assert quota == 1.0
+
+
 @needs_limits
 def test_a_killed_runner_s_disk_cgroup_and_workspace_root_are_swept(tmp_path: Path, clean_env: dict[str, str],
                                                                      monkeypatch: pytest.MonkeyPatch,

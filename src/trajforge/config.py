@@ -158,6 +158,7 @@ class RunConfig(_Strict):
     sandbox_shm_size: str = Field("256m", pattern=SIZE_PATTERN, description="size of a sample's /dev/shm")
     sandbox_disk: str = Field("10g", pattern=SIZE_PATTERN, description="bytes a sample may write to its workspace")
     sandbox_cpu_seconds: int | None = Field(600, ge=1, le=10**7, description="CPU seconds per process of a command")
+    sandbox_cpus: float | None = Field(1.0, gt=0, le=4096, description="CPUs one sample may keep busy (cgroup CPU quota)")
     max_sandboxes: int = Field(16, ge=1, le=100_000)
     sandbox_nproc: int = Field(512, ge=16, le=PID_MAX, description="processes of one bwrap sample (enforced as root)")
     container_engine: Literal["auto", "podman", "docker"] = "auto"
@@ -165,7 +166,7 @@ class RunConfig(_Strict):
     container_memory: str | None = Field(None, pattern=r"^[0-9]+(\.[0-9]+)?[bkmgBKMG]?$",
                                          description="memory limit per container (default: sandbox_memory)")
     container_pids_limit: int = Field(1024, ge=16, le=PID_MAX, description="processes per container")
-    container_cpus: float | None = Field(None, gt=0, description="CPUs per container (default: no limit)")
+    container_cpus: float | None = Field(None, gt=0, description="CPUs per container (default: sandbox_cpus)")
     image_pull_timeout: float = Field(300.0, gt=0, description="seconds to pull one missing image")
     local_instances: int = Field(1, ge=1, le=1_024)
     fail_on_error: float = Field(1, gt=0, description="failed samples that make the exit code 3: a count "
@@ -199,7 +200,7 @@ class RunConfig(_Strict):
                      "local_instances", "samples_per_prompt", "stop_after_passes", "check_timeout",
                      "judge_threshold", "max_cost", "max_cost_per_sample", "max_tokens_per_sample",
                      "max_requests_per_minute", "max_tokens_per_minute", "fail_on_error", "sandbox_cpu_seconds",
-                     mode="before")
+                     "sandbox_cpus", mode="before")
     @classmethod
     def _no_bool_numbers(cls, v: Any) -> Any:
         # pydantic's lax mode reads True as 1; `max_turns: yes` in a config file is a mistake.

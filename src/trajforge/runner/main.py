@@ -27,7 +27,7 @@ from trajforge.config import RunConfig
 from trajforge.dataset import LoadedDataset, Sample, load_dataset
 from trajforge.errors import FatalModelError, OutputError
 from trajforge.jsonio import dumps
-from trajforge.redact import REGISTRY, hide_in_cmdline, run_secrets
+from trajforge.redact import REGISTRY, hide_in_proc, run_secrets
 from trajforge.runner import recovery, store
 from trajforge.runner.budget import BUDGET_EXIT_CODE
 from trajforge.runner.checkpoint import Checkpoint
@@ -56,7 +56,7 @@ def run(config: RunConfig, make_executor: ExecutorFactory) -> int:
     """Run the job `config` describes on the executor `make_executor` builds (the command layer's choice)."""
     secrets = run_secrets(config)
     REGISTRY.add(*secrets)
-    hide_in_cmdline(secrets)
+    hide_in_proc(secrets)
     with safe_std_streams():
         return _run_checked(config, make_executor)
 

@@ -25,11 +25,11 @@ def sandbox_settings(config: RunConfig) -> SandboxSettings:
 
     limits = SampleLimits(memory=size(config.sandbox_memory), tmp_size=size(config.sandbox_tmp_size),
                           shm_size=size(config.sandbox_shm_size), disk=size(config.sandbox_disk),
-                          cpu_seconds=config.sandbox_cpu_seconds)
+                          cpu_seconds=config.sandbox_cpu_seconds, cpus=config.sandbox_cpus)
     container = ContainerSettings(
         engine=config.container_engine, max_sandboxes=config.max_sandboxes, image_pull_timeout=config.image_pull_timeout,
         image=config.container_image, memory=config.container_memory or config.sandbox_memory,
-        pids_limit=config.container_pids_limit, cpus=config.container_cpus, run_name=config.run_name or "")
+        pids_limit=config.container_pids_limit, cpus=config.container_cpus or config.sandbox_cpus, run_name=config.run_name or "")
     return SandboxSettings(backend=config.sandbox, network=config.sandbox_network, allow=tuple(config.network.allow),
                            keep_workspaces=config.keep_workspaces, limits=limits, nproc=config.sandbox_nproc,
                            container=container)

@@ -80,6 +80,25 @@ class SampleGroup:
         self._events = str(self.path / ("memory.events" if v2 else "memory.oom_control"))
         self._fds: dict[str, int] = {}  # files read after every command, kept open (_read)
 
+    def dir_of(self, controller: str) -> Path | None:
+        """Its group of one controller's hierarchy, if it has one."""
+        parent = self.where.parents.get(controller)
+        return None if parent is None else parent / self.name
+
+    def cpu_quota(self) -> float | None:
+        """The CPUs' worth of time the kernel gives the group per period, as set; None: no quota."""
+        cpu = self.dir_of("cpu")
+        if cpu is None:
+            return None
+        try:
+            if self.where.version == "v2":
+                quota, period = (cpu / "cpu.max").read_text().split()
+            else:
+                quota, period = (cpu / "cpu.cfs_quota_us").read_text(), (cpu / "cpu.cfs_period_us").read_text()
+        except (OSError, ValueError):
+            return None
+        return None if quota.strip() in ("max", "-1") else int(quota) / int(period)
+
     @property
     def procs(self) -> list[str]:
         """The cgroup.procs file of each of its groups: a process joins by writing "0" to each."""
