@@ -635,3 +635,47 @@ def test_the_guarded_profile_changes_only_clone_clone3_and_unshare() -> None:
     assert {"names": ["add_key", "request_key", "keyctl"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1} in out["syscalls"]
     assert {"names": ["unshare"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1} in out["syscalls"]  # kept as it was
     assert profile["syscalls"][0]["names"] == ["read", "clone", "clone3", "unshare", "keyctl", "write"]  # untouched
+
+
+def test_the_file_helper_is_one_of_the_container_s_processes_with_nothing_more(tmp_path: Path, busybox_image: str,
+                                                                               podman: Engine) -> None:
+    """The container's file helper (a root runner's): in every namespace of the container, with the
+    uid of its process there, no capability, no descriptor but its own, imports sealed. A module
+    the sample (root in its container) plants where the runner's Python would import from inside
+    the container is never run, whatever the file operations ask of `re` and the codecs."""
+    import sysconfig
+
+    if os.geteuid() != 0:
+        pytest.skip("the file helper needs a root runner")
+    from tests.test_sandbox_isolation import assert_own_descriptors, assert_unprivileged
+
+    stdlib = sysconfig.get_paths()["stdlib"]
+    plant = (f"mkdir -p {stdlib}/encodings && for m in unicodedata fnmatch sre_parse locale encodings/cp1252 "
+             f"encodings/__init__; do echo 'open(\"/tmp/PWNED\", \"w\").write(\"ran\")' > {stdlib}/$m.py; done; "
+             f"ls {stdlib} | wc -l")
+
+    async def body() -> None:
+        sb = await create_sandbox(config(sandbox_network="none"), cwd="/app", image=busybox_image, root=tmp_path)
+        try:
+            assert isinstance(sb, ContainerSandbox) and sb.helper is not None
+            inside = await sb.helper.inspect()
+            assert inside["sealed"] is True and inside["flags"]["isolated"] == 1 and inside["flags"]["path"] == []
+            assert_unprivileged(inside["status"], 0)  # root in its container, like the container's process
+            assert_own_descriptors(inside["fds"])
+            pid = int((await sb.engine.run("inspect", "--format", "{{.State.Pid}}", sb.name or "", timeout=30)).stdout)
+            for kind, link in inside["ns"].items():  # every namespace the container's process is in
+                assert link == os.readlink(f"/proc/{pid}/ns/{kind}"), kind
+            assert int((await sb.exec(plant, timeout=30)).stdout) >= 5
+            await sb.write_file("t.txt", "caf\u00e9 \u2014 x\n".encode())
+            for pattern in ("\\N{EM DASH}", "(?i)CAF\u00c9", "[[:alpha:]]"):
+                try:
+                    await sb.search(".", pattern, glob="*.[tT]xt")
+                except FileOpError:
+                    pass
+            assert await sb.read_file("t.txt") == "caf\u00e9 \u2014 x\n".encode()
+            res = await sb.exec("ls /tmp/PWNED 2>&1; true", timeout=30)
+            assert "No such file" in res.stdout, res.stdout
+        finally:
+            await sb.close()
+
+    asyncio.run(body())

@@ -32,7 +32,7 @@ from trajforge.sandbox.root_view import RootView, checked
 
 _NEWCGROUP, _NEWUTS, _NEWIPC, _NEWNET = 0x2000000, 0x4000000, 0x8000000, 0x40000000
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_NAME, _PR_CAP_AMBIENT = 1, 4, 15, 47
-_PR_CAP_AMBIENT_CLEAR_ALL = 4
+_PR_CAP_AMBIENT_CLEAR_ALL, _PR_CAPBSET_READ, _PR_CAPBSET_DROP, _CAP_LAST = 4, 23, 24, 63
 _CAPABILITY_VERSION_3 = 0x20080522
 _SYS_OPEN_TREE = 428
 _OPEN_TREE_CLONE, _OPEN_TREE_CLOEXEC, _AT_SYMLINK_NOFOLLOW, _AT_FDCWD = 1, 0o2000000, 0x100, -100
@@ -43,7 +43,10 @@ _IGNORED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIG
 
 def drop_privileges(libc, ctypes, uid: int, gid: int) -> None:  # type: ignore[no-untyped-def]
     """For good: uid and gid (real, effective, saved) become the sample's, no supplementary
-    group, every capability set empty, not dumpable. Raises if any of it did not hold."""
+    group, every capability set empty (the bounding set again: joining a user namespace fills
+    it), not dumpable. Raises if any of it did not hold."""
+    for cap in range(_CAP_LAST + 1):
+        libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the kernel's last cap: fine
     os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)  # no uid 0 left: the kernel clears the permitted and effective sets
@@ -51,7 +54,8 @@ def drop_privileges(libc, ctypes, uid: int, gid: int) -> None:  # type: ignore[n
     checked(libc.capset(header, (ctypes.c_uint32 * 6)()), "capset")  # inheritable too
     checked(libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "ambient")
     libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)  # after the uid change, which would reset it
-    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid) or os.getgroups():
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid) or os.getgroups() \
+            or libc.prctl(_PR_CAPBSET_READ, 0, 0, 0, 0) != 0:
         raise OSError("the sandbox helper could not drop its privileges")
 
 

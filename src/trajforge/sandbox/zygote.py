@@ -212,6 +212,10 @@ class Zygote(Namespaces):
         for fd, flag in spaces:  # the user namespace last: it takes this process's host capabilities
             checked(libc.setns(fd, flag), f"setns({flag:#x})")
         os.chdir("/")  # root and cwd became the container's with its mount namespace
+        for fd, ends in ((0, os.pipe()), (1, os.pipe()), (2, os.pipe())):  # never the runner's streams
+            os.dup2(ends[0] if fd == 0 else ends[1], fd)  # reads see EOF, writes EPIPE (SIGPIPE is ignored)
+            os.close(ends[0])
+            os.close(ends[1])
         close_all_but({channel})
         if os.fork():  # the helper is the child: in the container's pid namespace
             os._exit(0)
