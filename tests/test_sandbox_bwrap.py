@@ -27,8 +27,8 @@ from tests.support.scripted_server import ScriptedServer
 from trajforge.config import RunConfig
 from trajforge.sample.settings import sandbox_settings
 from trajforge.sandbox.base import PathEscapeError
-from trajforge.sandbox.bwrap import BwrapSandbox, bwrap_argv
-from trajforge.sandbox.bwrap_backend import probe
+from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox, bwrap_argv
+from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 
 STATUS = asyncio.run(probe())
 needs_bwrap = pytest.mark.skipif(not STATUS.usable, reason=f"bwrap not usable here: {STATUS.detail}")
@@ -234,7 +234,7 @@ def test_timeouts_background_jobs_and_shared_namespace(tmp_path: Path) -> None:
 CHILD = textwrap.dedent("""
     import asyncio, sys
     from pathlib import Path
-    from trajforge.sandbox.bwrap import BwrapSandbox
+    from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
 
     async def main():
         sb = BwrapSandbox(Path(sys.argv[1]), network=False)

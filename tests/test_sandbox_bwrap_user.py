@@ -22,8 +22,8 @@ SYSTEM_PY = "/usr/bin/python3"
 CHILD = textwrap.dedent("""
     import asyncio, json, sys
     from pathlib import Path
-    from trajforge.sandbox.bwrap import BwrapSandbox
-    from trajforge.sandbox.bwrap_backend import probe
+    from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
+    from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 
     async def main():
         status = await probe()

@@ -18,12 +18,12 @@ from tests.support.policies import prompt_command_policy
 from tests.support.scripted_server import ScriptedServer
 from trajforge.config import RunConfig, size_bytes
 from trajforge.sample.settings import sandbox_settings
-from trajforge.sandbox.bwrap import BwrapSandbox
-from trajforge.sandbox.bwrap_backend import probe
+from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
+from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 from trajforge.sandbox.factory import limits_for
-from trajforge.sandbox.disk import disk_usable
-from trajforge.sandbox.cgroups import hierarchies
-from trajforge.sandbox.resources import SampleLimits
+from trajforge.sandbox.host.disk import disk_usable
+from trajforge.sandbox.host.cgroups import hierarchies
+from trajforge.sandbox.host.resources import SampleLimits
 
 STATUS = asyncio.run(probe())
 ROOT_BWRAP = STATUS.usable and STATUS.mode == "root"
@@ -188,7 +188,7 @@ def test_a_killed_runner_s_disk_cgroup_and_workspace_root_are_swept(tmp_path: Pa
     import tempfile
     import textwrap
 
-    from trajforge.sandbox import resources
+    from trajforge.sandbox.host import resources
 
     temp = tmp_path / "temp"  # the runner's temporary directory, where its workspace root goes
     temp.mkdir()
@@ -197,8 +197,8 @@ def test_a_killed_runner_s_disk_cgroup_and_workspace_root_are_swept(tmp_path: Pa
     script = textwrap.dedent("""
         import asyncio, sys
         from pathlib import Path
-        from trajforge.sandbox.bwrap import BwrapSandbox
-        from trajforge.sandbox.resources import SampleLimits
+        from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
+        from trajforge.sandbox.host.resources import SampleLimits
         from trajforge.sandbox.workspace import RunRoot
         async def main():
             root = RunRoot()  # in TMPDIR, named with this process's pid
@@ -335,7 +335,7 @@ def test_disks_mounted_at_once_get_regions_of_their_own(tmp_path: Path) -> None:
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from trajforge.sandbox import loopdisk
+    from trajforge.sandbox.host import loopdisk
 
     disks = loopdisk.Disks(tmp_path, 32 << 20)
     disks.per_file = 5  # a new image file every 5 regions: 24 disks need 5 files
@@ -372,7 +372,7 @@ def test_disks_mounted_at_once_get_regions_of_their_own(tmp_path: Path) -> None:
 
 
 def test_oom_kill_count_reads_either_cgroup_version() -> None:
-    from trajforge.sandbox.cgroups import oom_kill_count
+    from trajforge.sandbox.host.cgroups import oom_kill_count
 
     assert oom_kill_count(b"oom_kill_disable 0\nunder_oom 0\noom_kill 3\n") == 3  # v1 memory.oom_control
     assert oom_kill_count(b"low 0\nhigh 0\nmax 7\noom 2\noom_kill 2\noom_group_kill 1\n") == 2  # v2 memory.events

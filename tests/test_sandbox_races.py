@@ -39,8 +39,8 @@ from trajforge.config import RunConfig
 from trajforge.sample.settings import sandbox_settings
 from trajforge.sample.settings import tool_settings
 from trajforge.sandbox.base import FileOpError, PathEscapeError, Sandbox
-from trajforge.sandbox.bwrap_backend import probe
-from trajforge.sandbox.container import ContainerSandbox
+from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
+from trajforge.sandbox.backends.container.container_sandbox import ContainerSandbox
 from trajforge.sandbox.factory import SandboxProvider
 from trajforge.tools import files, image_gen, vision
 from trajforge.tools.base import ToolContext, Toolset
@@ -314,7 +314,7 @@ def test_a_pattern_that_backtracks_without_end_is_stopped_and_never_stalls_the_r
     time limit with a message the model can act on, the sandbox serves the next call, and the
     runner's event loop keeps running meanwhile (in a thread of the runner, `re` held the GIL and
     froze every session, Ctrl-C included)."""
-    from trajforge.sandbox import fsops
+    from trajforge.sandbox.inside import fsops
     from tests.support.sandboxes import create_sandbox
 
     if sandbox == "bwrap" and not asyncio.run(probe()).usable:

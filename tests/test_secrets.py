@@ -21,7 +21,7 @@ from tests.support.images import busybox_image, podman  # noqa: F401 (fixtures)
 from tests.support.policies import tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call
 from tests.test_runner_e2e import base_args, write_dataset
-from trajforge.sandbox.bwrap_backend import probe
+from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 
 BWRAP = asyncio.run(probe())
 HUNT = ("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; tr '\\0' '\\n' < $p/environ; done 2>/dev/null "

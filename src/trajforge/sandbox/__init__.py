@@ -15,7 +15,7 @@ The invariant every backend keeps, and the tests check from inside the helper
    and seals the import system (guard.py), and a row's cwd never covers the runtime or the
    system (cwd_policy.py).
 3. No state is shared between samples: every pid, network, IPC, UTS, cgroup and mount namespace,
-   /tmp, /dev/shm and workspace is made for one sample and destroyed after it (pool.py makes
+   /tmp, /dev/shm and workspace is made for one sample and destroyed after it (sandbox_pool.py makes
    them ahead of time, in the background).
 
 `local` is the exception by name: no isolation at all (the README says what it hides).

@@ -114,7 +114,7 @@ async def egress_support(backend: str) -> EgressSupport:
 
 
 async def _probe_bwrap() -> EgressSupport:
-    from trajforge.sandbox.bwrap import BwrapSandbox, find_bwrap
+    from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox, find_bwrap
 
     path = find_bwrap()
     if path is None:

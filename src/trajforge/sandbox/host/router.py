@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from trajforge.netpolicy import BLOCKED_V4, host_addresses
 from trajforge.sandbox.base import SandboxError
-from trajforge.sandbox.forkserver import Zygote
+from trajforge.sandbox.host.zygote_client import Zygote
 from trajforge.sandbox.process import SAFE_PATH, tool_path
 
 SLIRP_DNS = "10.0.2.3"

@@ -10,7 +10,7 @@ Each sample has one helper process inside (helper.py), spoken to over a socketpa
 commands are spawned by it and file operations run in it, inside the sample's mount view, with
 the sample's uid and no privilege, so there is no per-command entry chain and no file access
 from the host. Two modes, because the kernel never enforces RLIMIT_NPROC for host uid 0:
-- runner is root ("root" mode): the run's pool (pool.py) makes sandboxes ahead of time, in the
+- runner is root ("root" mode): the run's pool (sandbox_pool.py) makes sandboxes ahead of time, in the
   background: namespaces, cgroup (memory, CPU, processes), a workspace disk, and a first process
   that drops to a uid of the sandbox's own before the sample's first request (sandbox_init.py).
   A sample takes one at its first tool call and the sandbox is destroyed when the sample ends:
@@ -34,17 +34,17 @@ from pathlib import Path
 
 from trajforge.sandbox import workspace
 from trajforge.sandbox.base import ExecResult, Job, Sandbox, SandboxError
-from trajforge.sandbox.bwrap_layout import (
+from trajforge.sandbox.backends.bwrap.bwrap_layout import (
     NOT_FOUND, SYSTEM_DIRS, WORKSPACE, bwrap_argv, find_bwrap, host_layout, resolv_conf_target, sample_mounts,
     shell_config,
 )
-from trajforge.sandbox.bwrap_root import RootRuntime, root_runtime
-from trajforge.sandbox.bwrap_start import START_TIMEOUT, chown_beneath, configure, helper_python, start_user, stop_holder
+from trajforge.sandbox.backends.bwrap.bwrap_runtime import RootRuntime, root_runtime
+from trajforge.sandbox.backends.bwrap.bwrap_start import START_TIMEOUT, chown_beneath, configure, helper_python, start_user, stop_holder
 from trajforge.sandbox.channel import HelperChannel
-from trajforge.sandbox.cgroups import SampleGroup
-from trajforge.sandbox.pool import Prepared
+from trajforge.sandbox.host.cgroups import SampleGroup
+from trajforge.sandbox.backends.bwrap.sandbox_pool import Prepared
 from trajforge.sandbox.process import DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, Limits
-from trajforge.sandbox.resources import SampleLimits
+from trajforge.sandbox.host.resources import SampleLimits
 
 
 class BwrapSandbox(Sandbox):

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trajforge.sandbox.base import SandboxError
-from trajforge.sandbox.disk import _IMAGE_TAG, human
+from trajforge.sandbox.host.disk import _IMAGE_TAG, human
 from trajforge.sandbox.process import SAFE_PATH
 
 _LOOP_CTL_GET_FREE, _LOOP_CONFIGURE, _LO_FLAGS_AUTOCLEAR = 0x4C82, 0x4C0A, 4

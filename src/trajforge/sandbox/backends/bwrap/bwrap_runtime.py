@@ -1,11 +1,11 @@
 """Run-level state of the bwrap backend when the runner is root: one per run, in the provider.
 
-- the zygote (zygote.py, forkserver.py), which makes every sandbox's namespaces and first process;
+- the zygote (zygote.py, zygote_client.py), which makes every sandbox's namespaces and first process;
 - the template: one bwrap per run builds the read-only system view that every sandbox's own
   mount namespace is copied from (bwrap.bwrap_argv; the holder is `cat`, which ends, and the
   template with it, when the runner's end of its stdin closes or the runner dies);
 - the router (router.py) in egress mode: one firewall and one slirp4netns for the whole run;
-- the sandbox pools (pool.py), one per workspace root, which make sandboxes ahead of time.
+- the sandbox pools (sandbox_pool.py), one per workspace root, which make sandboxes ahead of time.
 
 So a sandbox costs one fork of the zygote and its privileged setup, done in the background; no
 process starts per sample but its own commands.
@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from trajforge.sandbox.base import SandboxError
-from trajforge.sandbox.bwrap_layout import (
+from trajforge.sandbox.backends.bwrap.bwrap_layout import (
     NOT_FOUND,
     WORKSPACE,
     bwrap_argv,
@@ -28,12 +28,12 @@ from trajforge.sandbox.bwrap_layout import (
     host_layout,
     resolv_conf_target,
 )
-from trajforge.sandbox.bwrap_start import args_pipe, helper_source, holder_ready, pipe_of
-from trajforge.sandbox.forkserver import Zygote
+from trajforge.sandbox.backends.bwrap.bwrap_start import args_pipe, helper_source, holder_ready, pipe_of
+from trajforge.sandbox.host.zygote_client import Zygote
 from trajforge.sandbox.process import SAFE_PATH, kill_group
-from trajforge.sandbox.resources import SampleLimits
-from trajforge.sandbox.pool import SandboxPool
-from trajforge.sandbox.router import Router, resolv_conf
+from trajforge.sandbox.host.resources import SampleLimits
+from trajforge.sandbox.backends.bwrap.sandbox_pool import SandboxPool
+from trajforge.sandbox.host.router import Router, resolv_conf
 
 
 class RootRuntime:
@@ -128,7 +128,7 @@ class RootRuntime:
 async def root_runtime(bwrap: str | None, network: str, allow: Sequence[str] = (),
                        limits: SampleLimits | None = None, nproc: int | None = None,
                        demand: Callable[[], int] = lambda: 0) -> RootRuntime:
-    """The run-level state of root mode (bwrap_root.py): its template is the sandbox's system view."""
+    """The run-level state of root mode (bwrap_runtime.py): its template is the sandbox's system view."""
     bwrap = bwrap or find_bwrap()
     if bwrap is None:
         raise SandboxError(NOT_FOUND)

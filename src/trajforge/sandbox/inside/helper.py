@@ -6,7 +6,7 @@ sandbox made for this one sample (sandbox_init.py), and as a container's file he
 (zygote.op_enter). Either way it runs with the sample's uid and no privilege, and everything it
 does the sample could have done itself (the sandbox package's invariant):
 
-- commands are spawned by it (helper_exec.py): no per-command entry chain into the namespaces,
+- commands are spawned by it (commands.py): no per-command entry chain into the namespaces,
   and it collects their output itself;
 - file operations run fsops in the sandbox's own mount view.
 
@@ -27,9 +27,9 @@ import os
 import select
 import struct
 
-from trajforge.sandbox.fsops import locate, read, reply_of, search, write
-from trajforge.sandbox.guard import preload, seal, sealed
-from trajforge.sandbox.helper_exec import CD_FAILED, CD_FAILED_EXIT, Commands, drain  # noqa: F401 (channel.py)
+from trajforge.sandbox.inside.fsops import locate, read, reply_of, search, write
+from trajforge.sandbox.inside.guard import preload, seal, sealed
+from trajforge.sandbox.inside.commands import CD_FAILED, CD_FAILED_EXIT, Commands, drain  # noqa: F401 (channel.py)
 
 _HEAD = struct.Struct("<II")
 _ESC = {i: f"\\u{i:04x}" for i in range(32)}
@@ -216,8 +216,8 @@ def run_helper(fd: int) -> None:
 
 # The modules of the helper's assembled source, in order (each defines what the next imports);
 # the zygote's adds the privileged setup it does before a sandbox is any sample's.
-INSIDE = ("guard", "safe_fs", "fsops", "helper_exec", "helper")
-ZYGOTE = ("root_view", "sandbox_init", "netlink", "zygote_net", "seccomp", "zygote")
+INSIDE = ("inside.guard", "inside.safe_fs", "inside.fsops", "inside.commands", "inside.helper")
+ZYGOTE = ("host.root_view", "host.sandbox_init", "host.netlink", "host.netns", "host.seccomp", "host.zygote")
 
 
 def source(zygote: bool = False) -> str:

@@ -26,9 +26,9 @@ from __future__ import annotations
 import _signal
 import os
 
-from trajforge.sandbox.guard import seal
-from trajforge.sandbox.helper import Helper
-from trajforge.sandbox.root_view import RootView, checked
+from trajforge.sandbox.inside.guard import seal
+from trajforge.sandbox.inside.helper import Helper
+from trajforge.sandbox.host.root_view import RootView, checked
 
 _NEWCGROUP, _NEWUTS, _NEWIPC, _NEWNET = 0x2000000, 0x4000000, 0x8000000, 0x40000000
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_NAME, _PR_CAP_AMBIENT = 1, 4, 15, 47

@@ -9,7 +9,7 @@ engine CLI never passes the runner's); with rootful Podman, in a user namespace
 (container_backend.py: the workspace's directories and the seeded files are then shifted to its
 ids). Commands run with `exec`. Creation is bounded by
 `--max_sandboxes`, separately from model concurrency; the image is checked once per run
-(images.py). File operations go through a helper in the container's mount namespace when the
+(container_images.py). File operations go through a helper in the container's mount namespace when the
 runner is root (container_backend.file_helper), else one `exec` of a sh script each
 (container_files.py): either way paths resolve in the container's own view, never through the
 bind-mounted host directory.
@@ -38,15 +38,15 @@ from pathlib import Path
 from trajforge.sandbox import workspace
 from trajforge.sandbox.base import ExecResult, Job, PathEscapeError, Provider, Sandbox, SandboxError
 from trajforge.sandbox.channel import HelperChannel
-from trajforge.sandbox.container_argv import (
+from trajforge.sandbox.backends.container.container_argv import (
     EXEC_WRAP, ID_RANGE, JOB_LOG_BYTES, KILL_WRAP, SPAWN_WRAP, WORKSPACE, cpu_prefix, run_args,
 )
-from trajforge.sandbox.container_backend import ContainerBackend, _live, backend_for, kill_exec_monitors
-from trajforge.sandbox.container_files import ContainerFiles
-from trajforge.sandbox.engine import container_name, last_line
-from trajforge.sandbox.local import LocalJob
+from trajforge.sandbox.backends.container.container_backend import ContainerBackend, _live, backend_for, kill_exec_monitors
+from trajforge.sandbox.backends.container.container_files import ContainerFiles
+from trajforge.sandbox.backends.container.container_engine import container_name, last_line
+from trajforge.sandbox.backends.local.local_sandbox import LocalJob
 from trajforge.sandbox.process import DEFAULT_OUTPUT_CAP, Limits, make_preexec
-from trajforge.sandbox.resources import Resources, SampleLimits
+from trajforge.sandbox.host.resources import Resources, SampleLimits
 
 
 def _engine_failed(res: ExecResult) -> bool:
@@ -215,7 +215,7 @@ class ContainerSandbox(Sandbox):
             await self.engine.run("exec", self.name, "sh", "-c", KILL_WRAP, "sh", exec_id, timeout=30)
 
     async def spawn(self, command: str, *, cwd: str | None = None) -> Job:
-        from trajforge.sandbox.local import anonymous_file
+        from trajforge.sandbox.backends.local.local_sandbox import anonymous_file
 
         args, command = self._exec_args(self._cpu_prefix(command), cwd, "-i")
         argv = self.engine.argv(*args, "sh", "-c", SPAWN_WRAP, "sh", "", command)

@@ -29,14 +29,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trajforge.sandbox import loopdisk, workspace
+from trajforge.sandbox import workspace
+from trajforge.sandbox.host import loopdisk
 from trajforge.sandbox.base import SandboxError
-from trajforge.sandbox.cgroups import SampleGroup, hierarchies
+from trajforge.sandbox.host.cgroups import SampleGroup, hierarchies
 from trajforge.sandbox.channel import HelperChannel
-from trajforge.sandbox.disk import human
-from trajforge.sandbox.forkserver import Zygote
+from trajforge.sandbox.host.disk import human
+from trajforge.sandbox.host.zygote_client import Zygote
 from trajforge.sandbox.process import DEFAULT_OUTPUT_CAP
-from trajforge.sandbox.resources import sweep_leftovers, tmpfs_full
+from trajforge.sandbox.host.resources import sweep_leftovers, tmpfs_full
 from trajforge.sandbox.settings import SampleLimits
 
 MAKING = 4  # sandboxes made at once: enough to keep the zygote, the disks' threads and the kernel busy

@@ -1,7 +1,7 @@
 """The bwrap backend's registration: the probe, and the per-run settings every sample shares.
 
-`make` (factory.BACKENDS) builds a sample's BwrapSandbox (bwrap.py) from what the run's provider
-holds, worked out once (`_Run`): in root mode the run's runtime (bwrap_root.py), whose start is
+`make` (factory.BACKENDS) builds a sample's BwrapSandbox (bwrap_sandbox.py) from what the run's provider
+holds, worked out once (`_Run`): in root mode the run's runtime (bwrap_runtime.py), whose start is
 itself the proof that bwrap works here; in user mode the result of `probe`, a real sandbox.
 """
 
@@ -13,16 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trajforge.sandbox.base import Provider, SandboxError
-from trajforge.sandbox.bwrap import BwrapSandbox
-from trajforge.sandbox.bwrap_layout import NOT_FOUND, SYSTEM_DIRS, find_bwrap
-from trajforge.sandbox.bwrap_root import RootRuntime, root_runtime
-from trajforge.sandbox.bwrap_start import helper_python
+from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
+from trajforge.sandbox.backends.bwrap.bwrap_layout import NOT_FOUND, SYSTEM_DIRS, find_bwrap
+from trajforge.sandbox.backends.bwrap.bwrap_runtime import RootRuntime, root_runtime
+from trajforge.sandbox.backends.bwrap.bwrap_start import helper_python
 from trajforge.sandbox.network import bwrap_proven
 from trajforge.sandbox.process import SAFE_PATH, Limits, run_argv
-from trajforge.sandbox.cgroups import hierarchies
-from trajforge.sandbox.resources import SampleLimits
+from trajforge.sandbox.host.cgroups import hierarchies
+from trajforge.sandbox.host.resources import SampleLimits
 
-# As root, a sample takes a sandbox made ahead of time (pool.py) at its first tool call: a
+# As root, a sample takes a sandbox made ahead of time (sandbox_pool.py) at its first tool call: a
 # two-call sample holds one about half as long, and one that calls no tool takes none
 # (sandbox/lazy.py, factory.made_on_first_use).
 MAKE_ON_FIRST_USE = True
@@ -117,7 +117,7 @@ async def _run_of(provider: Provider) -> _Run | SandboxError:
 
 async def prepare(provider: Provider, root: Path) -> None:
     """A run's first sample is on its way: as root, start the runtime and the pool of `root` now,
-    so sandboxes are being made while the sample waits for its model (pool.py)."""
+    so sandboxes are being made while the sample waits for its model (sandbox_pool.py)."""
     run = await provider.state("bwrap.run", lambda: _run_of(provider))
     if not isinstance(run, SandboxError) and run.runtime is not None:
         run.runtime.pool(root)

@@ -4,7 +4,7 @@ Commands see a read-only host system (/usr, /etc, /opt and the /bin, /lib... lin
 sample's workspace read-write at /workspace, private sized /tmp and /dev/shm, a private /proc
 and /dev. /root, /home, /var, /run and the runner's files are simply not there. `bwrap_argv`
 builds the whole command line (the one place to add options): per sample in user mode, once per
-run for the template namespace in root mode (bwrap_root.py).
+run for the template namespace in root mode (bwrap_runtime.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ can act on are FileOpError (with a `kind` the tools turn into their messages) or
 Who runs this: the local backend calls it in a thread on the host (its view *is* the host),
 except `search`, which it runs in a child process (search_child.py, with `limited`);
 the bwrap helper runs the same code inside the sample's mount namespace as the sample's uid
-(sandbox/helper.py), so a link can only ever reach what the sample itself could. Stdlib only,
+(sandbox/inside/helper.py), so a link can only ever reach what the sample itself could. Stdlib only,
 pathlib-free, `re`/`fnmatch` imported on first search: the helper starts with a bare interpreter.
 """
 
@@ -18,7 +18,8 @@ from __future__ import annotations
 import errno
 import os
 
-from trajforge.sandbox.safe_fs import (
+from trajforge.sandbox.inside.guard import preload, seal
+from trajforge.sandbox.inside.safe_fs import (
     NotRegularFileError, PathEscapeError, SymlinkError, open_in, open_regular_at, open_regular_in, replace_in,
     walk_files, write_bytes_in,
 )
@@ -189,10 +190,18 @@ def reply_of(e: Exception) -> dict:  # type: ignore[type-arg]
 
 
 def child_main() -> None:
-    """search_child.py's process: one search (marshal on stdin), its reply (marshal on stdout)."""
+    """search_child.py's process: one search (marshal on stdin), its reply (marshal on stdout).
+    With `--drop` (a root runner matching files a container sent), it loads what it needs and
+    becomes nobody, without a privilege or a way to load code, before it reads the job."""
     import marshal
     import sys
 
+    if sys.argv[2:] == ["--drop"]:
+        preload()
+        os.setgroups([])
+        os.setresgid(65534, 65534, 65534)
+        os.setresuid(65534, 65534, 65534)
+        seal()
     job = marshal.loads(sys.stdin.buffer.read())
     opts = {k: job[k] for k in ("target", "glob", "limit", "max_files")}
     try:

@@ -8,7 +8,7 @@ nothing is ever read or written through it, and files are opened O_NONBLOCK and 
 so a FIFO swapped in never blocks.
 
 Stdlib only and pathlib-free on purpose: this module is also part of the in-sandbox helper
-(sandbox/helper.py), which runs with a bare interpreter and must start fast. `rel` is a relative
+(sandbox/inside/helper.py), which runs with a bare interpreter and must start fast. `rel` is a relative
 POSIX path string ("" or "." for the root itself); roots are anything os.open takes.
 Everything here is synchronous; callers run it in a thread (or in the helper).
 """

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trajforge.sandbox.base import SandboxError
-from trajforge.sandbox.disk import pid_alive
+from trajforge.sandbox.host.disk import pid_alive
 
 ROOT = Path("/sys/fs/cgroup")
 _GROUP = "trajforge"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from trajforge.sandbox.netlink import Netlink
+from trajforge.sandbox.host.netlink import Netlink
 
 _NEWNET = 0x40000000
 VETH_MTU = 65520

@@ -17,9 +17,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trajforge.sandbox import cgroups
+from trajforge.sandbox.host import cgroups
 from trajforge.sandbox.base import SandboxError
-from trajforge.sandbox.disk import DiskImage, disk_usable, human, sweep_images
+from trajforge.sandbox.host.disk import DiskImage, disk_usable, human, sweep_images
 from trajforge.sandbox.settings import SampleLimits
 from trajforge.sandbox.workspace import report_swept, sweep_roots
 
@@ -53,7 +53,7 @@ def tmpfs_full(path: str, size: int | None) -> bool:
 
 
 class Resources:
-    """The limits of one root-mode container sample beside the engine's (container.py): its
+    """The limits of one root-mode container sample beside the engine's (container_sandbox.py): its
     workspace disk, and the checks of /tmp and /dev/shm."""
 
     def __init__(self, limits: SampleLimits) -> None:

@@ -27,7 +27,7 @@ import functools
 import os
 import struct
 
-from trajforge.sandbox.root_view import checked
+from trajforge.sandbox.host.root_view import checked
 
 _SC_NEWUSER = 0x10000000
 _SC_EPERM, _SC_ENOSYS = 1, 38

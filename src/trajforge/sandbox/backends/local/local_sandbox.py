@@ -22,7 +22,8 @@ import secrets
 import tempfile
 from pathlib import Path
 
-from trajforge.sandbox import fsops, workspace
+from trajforge.sandbox import workspace
+from trajforge.sandbox.inside import fsops
 from trajforge.sandbox.base import (
     ExecResult,
     Job,
@@ -42,9 +43,9 @@ from trajforge.sandbox.process import (
     make_preexec,
     run_argv,
 )
-from trajforge.sandbox.reaper import Cgroups, SampleCgroup
+from trajforge.sandbox.backends.local.reaper import Cgroups, SampleCgroup
 from trajforge.sandbox.search_child import search_in_child
-from trajforge.sandbox.tagkill import kill_tagged
+from trajforge.sandbox.backends.local.tagkill import kill_tagged
 
 TAG_VAR = "TRAJFORGE_SANDBOX"
 

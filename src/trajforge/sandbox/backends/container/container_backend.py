@@ -1,7 +1,7 @@
 """What the container samples of one run share: the engine, image checks, creation limit, file helpers.
 
 One ContainerBackend per run, held by the provider (`backend_for`): the engine detected and a
-crashed runner's leftovers swept once, each distinct image checked once (images.py),
+crashed runner's leftovers swept once, each distinct image checked once (container_images.py),
 `--max_sandboxes` bounding container creation, and, when the runner is root, a zygote
 (zygote.py) that starts each container's file helper: a process in the container's mount
 namespace with the uid of the container's own process and no capability, so reads, writes and
@@ -26,15 +26,15 @@ import socket
 import subprocess
 
 from trajforge.sandbox.base import Provider, SandboxError
-from trajforge.sandbox.bwrap_start import helper_source
+from trajforge.sandbox.backends.bwrap.bwrap_start import helper_source
 from trajforge.sandbox.channel import HelperChannel
-from trajforge.sandbox.container_argv import ID_RANGE
-from trajforge.sandbox.container_seccomp import profile_flags
-from trajforge.sandbox.engine import Engine, detect, owner_dead
-from trajforge.sandbox.forkserver import Zygote
-from trajforge.sandbox.images import ImageChecker
-from trajforge.sandbox.cgroups import ROOT
-from trajforge.sandbox.resources import sweep_leftovers
+from trajforge.sandbox.backends.container.container_argv import ID_RANGE
+from trajforge.sandbox.backends.container.container_seccomp import profile_flags
+from trajforge.sandbox.backends.container.container_engine import Engine, detect, owner_dead
+from trajforge.sandbox.host.zygote_client import Zygote
+from trajforge.sandbox.backends.container.container_images import ImageChecker
+from trajforge.sandbox.host.cgroups import ROOT
+from trajforge.sandbox.host.resources import sweep_leftovers
 
 _CATATONIT = ("/usr/libexec/podman/catatonit", "/usr/bin/catatonit", "/usr/local/libexec/podman/catatonit")
 

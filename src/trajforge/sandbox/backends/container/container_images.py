@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trajforge.sandbox.base import SandboxError
-from trajforge.sandbox.engine import Engine, container_name, last_line
-from trajforge.sandbox.seed_tar import copy_out
+from trajforge.sandbox.backends.container.container_engine import Engine, container_name, last_line
+from trajforge.sandbox.backends.container.seed_tar import copy_out
 from trajforge.sandbox.workspace import RunRoot
 
 MAX_SEED_BYTES = 1 << 30  # content of a row's cwd copied into every sample's workspace

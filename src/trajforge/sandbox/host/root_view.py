@@ -2,7 +2,7 @@
 
 `build` runs in the sandbox's first process (sandbox_init.py) while it is still root and nothing
 of a sample is there. It copies the run's template namespace (the read-only system view bwrap
-made once per run, bwrap_root.py), moves the copy onto a root of its own (a new tmpfs with the
+made once per run, bwrap_runtime.py), moves the copy onto a root of its own (a new tmpfs with the
 template's entries bound in, then pivot_root), so a mount point made for a row's cwd (/app/sub)
 exists in this sandbox alone; then a /proc of the sandbox's pid namespace (with bwrap's
 read-only parts), /dev/pts, /dev/mqueue, sized /tmp and /dev/shm, and the workspace at
@@ -103,7 +103,7 @@ class RootView:
         """The IPC namespace's POSIX queues, where the sample can list them. A kernel without
         them (no mqueue file system: mq_open fails there too) has nothing to list."""
         if not os.path.isdir(_MQUEUE):
-            return  # the template has the mount point (bwrap_root.py)
+            return  # the template has the mount point (bwrap_runtime.py)
         try:
             self.mount("mqueue", _MQUEUE, "mqueue", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
         except OSError as e:

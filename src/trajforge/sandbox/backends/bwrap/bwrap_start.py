@@ -2,7 +2,7 @@
 
 User mode (`start_user`): the helper is bwrap's command, started with a host interpreter visible
 inside (helper_python), its source on stdin. Root mode runs one bwrap per run, the holder of the
-template namespace (bwrap_root.py): `cat`, which echoes one line once bwrap has set everything
+template namespace (bwrap_runtime.py): `cat`, which echoes one line once bwrap has set everything
 up (`holder_ready`). Both hand the mount setup to bwrap through `--args` (a pipe), so
 /proc/1/cmdline inside shows no host path. A user-mode helper also gets the seccomp filter that
 keeps samples from making user namespaces (seccomp.py), through bwrap's `--seccomp` (a pipe).
@@ -17,11 +17,11 @@ import socket
 import sys
 from pathlib import Path
 
-from trajforge.sandbox import helper
+from trajforge.sandbox.inside import helper
 from trajforge.sandbox.base import SandboxError
 from trajforge.sandbox.channel import HelperChannel
 from trajforge.sandbox.process import SAFE_PATH, kill_group
-from trajforge.sandbox.seccomp import seccomp_program
+from trajforge.sandbox.host.seccomp import seccomp_program
 
 START_TIMEOUT = 10.0
 _BOOT = "import os;exec(compile(os.read(0,1<<17),'helper','exec'))"

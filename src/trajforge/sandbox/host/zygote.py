@@ -2,17 +2,17 @@
 
 Starting a Python interpreter, or even a bwrap, per sample costs more CPU than everything else a
 one-command sample does, so when the runner is root one *zygote* (this code, in the helper
-script, started once per run by the runtime, bwrap_root.py) does the privileged setup in-process:
+script, started once per run by the runtime, bwrap_runtime.py) does the privileged setup in-process:
 
 - `op_template`: it keeps a descriptor of the run's *template* mount namespace, built by one bwrap
   per run (the read-only system view, /dev and the mount points).
 - `op_router`, `op_netns`: network namespaces made with unshare/setns and wired with netlink
   (netlink.py), no `ip` process: the run's router (router.py) and each sandbox's namespace, with
   its loopback and, in egress mode, a veth link to the router.
-- `op_sandbox`: a sandbox, made before any sample wants it (pool.py): the zygote unshares a new
+- `op_sandbox`: a sandbox, made before any sample wants it (sandbox_pool.py): the zygote unshares a new
   pid namespace for its next child and forks it, so the child is pid 1 there; the child builds
   the sandbox as root and later serves one sample, unprivileged (sandbox_init.py).
-- `op_enter`: a file helper in every namespace of a container (container.py), as the
+- `op_enter`: a file helper in every namespace of a container (container_sandbox.py), as the
   container's uid and without any capability.
 
 The zygote itself runs nothing of a sample and reads no path a sample can write: its requests
@@ -21,7 +21,7 @@ request reaches it (the invariant of the sandbox package). An empty capability b
 no_new_privs and a seccomp filter (seccomp.py) that keeps samples from making user namespaces
 are the zygote's own, set once at its start and inherited by every fork.
 
-Protocol with the runner (forkserver.py), both ways: `<I` length + marshal dict; requests carry
+Protocol with the runner (zygote_client.py), both ways: `<I` length + marshal dict; requests carry
 "id" and get one reply {"id": n, ...} or {"id": n, "error": text}; {"ev": "exit", "id": n,
 "code": c} follows when the child of request n is reaped (a sandbox: once every process of its
 pid namespace is dead). A sandbox or enter request carries one descriptor (SCM_RIGHTS): the
@@ -38,12 +38,12 @@ import os
 import select
 import struct
 
-from trajforge.sandbox.guard import preload
-from trajforge.sandbox.helper_exec import drain, reaped
-from trajforge.sandbox.root_view import checked
-from trajforge.sandbox.sandbox_init import close_all_but, drop_privileges, sandbox_main
-from trajforge.sandbox.seccomp import forbid_user_namespaces
-from trajforge.sandbox.zygote_net import Namespaces
+from trajforge.sandbox.inside.guard import preload
+from trajforge.sandbox.inside.commands import drain, reaped
+from trajforge.sandbox.host.root_view import checked
+from trajforge.sandbox.host.sandbox_init import close_all_but, drop_privileges, sandbox_main
+from trajforge.sandbox.host.seccomp import forbid_user_namespaces
+from trajforge.sandbox.host.netns import Namespaces
 
 _NEWPID = 0x20000000
 _PR_SET_PDEATHSIG, _PR_SET_NAME, _PR_SET_NO_NEW_PRIVS, _PR_CAPBSET_DROP = 1, 15, 38, 24
@@ -174,7 +174,7 @@ class Zygote(Namespaces):
 
     def op_enter(self, req: dict, channel: int) -> dict:
         """Fork a file helper into every namespace of the container whose process is `pid`, with
-        that process's uid and gid and no capability (container.py): the container's own view
+        that process's uid and gid and no capability (container_sandbox.py): the container's own view
         of its files, network and processes, nothing of the host. The fork joins them and forks
         the helper (pid namespaces take effect for children), then exits: the helper lives on in
         the container, as one of its processes, until the runner closes its channel."""
@@ -261,7 +261,7 @@ def _inside_id(map_path: str, host: int) -> int:
 def reply_encoder():  # type: ignore[no-untyped-def]
     """The sandbox helpers' reply encoder in place of helper._enc, which spares a helper started alone
     the import of json: here json's C encoder is imported once, before any fork, and costs ~15 us
-    less per reply. The same JSON for the runner (tests/test_sandbox_slots.py)."""
+    less per reply. The same JSON for the runner (tests/test_sandbox_isolation.py)."""
     import json
 
     return functools.partial(json.dumps, ensure_ascii=False, separators=(",", ":"), default=str)
