@@ -46,7 +46,7 @@ def finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint: 
             totals.add_usage(entry.usage.model_dump() if entry.usage else {}, entry.api_calls)
     stats = Statistics(
         run_name=config.run_name, model=config.model, distribution=config.distribution, sandbox=config.sandbox,
-        dataset_file=str(config.dataset_file), invocations=len(checkpoint.invocations),
+        dataset_file=str(config.dataset_file or config.tasks), invocations=len(checkpoint.invocations),
         run=totals.figures(total=len(samples), seconds=sum(i.seconds for i in checkpoint.invocations)),
         last_invocation=invocation.figures(total=None, seconds=seconds),
         merge=MergeFigures(written=result.written, hallucinated_filtered=result.hallucinated,
