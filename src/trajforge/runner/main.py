@@ -71,9 +71,11 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
     refuse_contradictions(config)
     prefill = load_prefill(config.prefill_messages_file)
     dataset = load_input(config)
-    if config.agent != "oracle":  # the oracle calls no model: no endpoint, key or price to check
+    if config.agent != "oracle":
         config = choose_model(config)
         check_prices(config)
+    else:  # the oracle calls no model: no endpoint, key or price to check, and its records say "oracle"
+        config = config.model_copy(update={"model": "oracle"})
     config = check_network(config)
     check_executor(config)
     check_container_images(config, dataset)
