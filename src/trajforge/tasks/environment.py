@@ -74,8 +74,10 @@ class TaskImages:
             outcome = await asyncio.shield(task)
             if outcome is not None and not outcome.ok:
                 log = self.log_path(h)
-                raise BuildError(f"environment of task {spec.name!r} did not build ({outcome.message}); "
-                                 f"log: {log}; last lines:\n{log_tail(log)}")
+                tail = "\n".join(line for line in log_tail(log).splitlines() if not line.startswith("$ "))
+                # The tail first: a checkpoint keeps a message's first 500 characters.
+                raise BuildError(f"environment of task {spec.name!r} did not build ({outcome.message}): "
+                                 f"...{tail[-300:]}\n(whole log: {log})")
             image = tag_for(h)
         return TaskImage(image, spec.workdir or await self._workdir(image))
 
