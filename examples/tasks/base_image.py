@@ -25,7 +25,8 @@ from pathlib import Path
 TAG = "localhost/trajforge-example-base:latest"
 TOOLS = ("bash", "dash", "cat", "ls", "mkdir", "rm", "cp", "mv", "head", "tail", "wc", "sort", "uniq", "tr",
          "cut", "tee", "env", "id", "touch", "chmod", "stat", "dirname", "basename", "pwd", "printf", "echo",
-         "sleep", "grep", "sed", "find", "test", "seq", "true", "false", "date", "ln", "readlink", "xargs")
+         "sleep", "grep", "sed", "find", "test", "seq", "true", "false", "date", "ln", "readlink", "xargs",
+         "tar")  # tar: Harbor's Podman runtime copies files in with it
 USERS = (b"root:x:0:0:root:/root:/bin/bash\ntester:x:1000:1000:tester:/home/tester:/bin/bash\n"
          b"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n")
 GROUPS = b"root:x:0:\ntester:x:1000:\nnogroup:x:65534:\n"
