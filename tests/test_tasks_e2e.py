@@ -191,19 +191,20 @@ def test_the_example_tasks_with_their_oracle(tmp_path: Path, clean_env: dict[str
     proc = run(tmp_path, clean_env, "--tasks", str(EXAMPLES), "--agent", "oracle", "--run_name", "oracle",
                "--container_engine", "podman")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    recs = records(tmp_path / "data" / "oracle")
+    recs = {name.removeprefix("trajforge/"): r for name, r in records(tmp_path / "data" / "oracle").items()}
     got = {name: (r["verification"]["reward"], r["verification"]["passed"]) for name, r in recs.items()}
     assert got == {"hello-world": (1.0, True), "count-lines": (0.666, False), "wrong-solution": (0.0, False)}
     assert recs["count-lines"]["verification"]["rewards"] == {"reward": 0.666, "checks_passed": 2.0,
                                                               "checks_total": 3.0}
     for r in recs.values():
         assert r["metadata"]["model"] == "oracle" and r["api_calls"] == 0 and r["usage"]["cost"] == 0
-    assert recs["hello-world"]["task"] == {"name": "hello-world", "path": str(EXAMPLES / "hello-world"),
+    assert recs["hello-world"]["task"] == {"name": "trajforge/hello-world", "path": str(EXAMPLES / "hello-world"),
                                            "metadata": {"category": "files", "difficulty": "easy", "tags": ["example"]}}
     assert "oracle: 2 of 3 task(s) do not reach full reward" in proc.stdout
-    assert "  count-lines: mean reward 0.666" in proc.stdout and "  wrong-solution: mean reward 0.000" in proc.stdout
+    assert "  trajforge/count-lines: mean reward 0.666" in proc.stdout
+    assert "  trajforge/wrong-solution: mean reward 0.000" in proc.stdout
     tasks = json.loads((tmp_path / "data" / "oracle" / "statistics.json").read_text())["run"]["tasks"]
-    assert tasks["below_full_reward"] == ["count-lines", "wrong-solution"]
+    assert tasks["below_full_reward"] == ["trajforge/count-lines", "trajforge/wrong-solution"]
     assert tasks["by_category"]["text"]["mean_reward"] == 0.333 and tasks["by_difficulty"]["easy"]["passed"] == 1
     out = tmp_path / "o.atif.jsonl"
     proc = subprocess.run(cli("export", str(tmp_path / "data" / "oracle"), "--format", "atif", "--output", str(out)),
@@ -212,7 +213,8 @@ def test_the_example_tasks_with_their_oracle(tmp_path: Path, clean_env: dict[str
     docs = [atif.Trajectory.model_validate(json.loads(line)) for line in out.read_text().splitlines()]
     assert len(docs) == 3 and all(d.steps[2].llm_call_count == 0 for d in docs)
     assert {d.extra["task"]["name"]: d.extra["verification"]["reward"] for d in docs} == \
-        {"hello-world": 1.0, "count-lines": 0.666, "wrong-solution": 0.0}  # type: ignore[index]
+        {"trajforge/hello-world": 1.0, "trajforge/count-lines": 0.666,  # type: ignore[index]
+         "trajforge/wrong-solution": 0.0}
 
 
 def workspace_marker(tmp: Path) -> bool:

@@ -27,8 +27,8 @@ OK_TEST = "echo 1 > /logs/verifier/reward.txt\n"
 
 def test_the_examples_load_with_their_settings() -> None:
     ds = load_tasks(EXAMPLES)
-    tasks = {s.task.name: s for s in ds.samples if s.task is not None}
-    assert sorted(tasks) == ["count-lines", "hello-world", "wrong-solution"]
+    tasks = {s.task.name.removeprefix("trajforge/"): s for s in ds.samples if s.task is not None}
+    assert sorted(tasks) == ["count-lines", "hello-world", "wrong-solution"]  # named org/name, as Harbor wants
     hello = tasks["hello-world"].task
     assert hello is not None
     assert (hello.agent_timeout, hello.verifier_timeout, hello.build_timeout) == (120, 60, 300)
