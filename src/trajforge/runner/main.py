@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from trajforge.config import RunConfig
-from trajforge.dataset import LoadedDataset, Sample, load_dataset
+from trajforge.dataset import LoadedDataset, Sample
 from trajforge.errors import FatalModelError, OutputError
 from trajforge.jsonio import dumps
 from trajforge.redact import REGISTRY, hide_in_proc, run_secrets
@@ -40,7 +40,8 @@ from trajforge.runner.governor import budget_for, check_prices
 from trajforge.runner.monitor import RunMonitor
 from trajforge.sample.outcome import Outcome
 from trajforge.runner.preflight import (
-    check_container_images, check_executor, check_network, choose_model, load_prefill, refuse_contradictions,
+    check_container_images, check_executor, check_network, check_task_engine, choose_model, load_input, load_prefill,
+    refuse_contradictions,
 )
 from trajforge.runner.progress import Progress
 from trajforge.runner.report import failed_exit_code, finish, print_summary
@@ -66,16 +67,19 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
                         format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     if config.verbose:
         print(dumps(config.masked()).decode(), file=sys.stderr)
-    assert config.dataset_file is not None and config.run_name is not None
+    assert (config.dataset_file or config.tasks) is not None and config.run_name is not None
     refuse_contradictions(config)
     prefill = load_prefill(config.prefill_messages_file)
-    dataset = load_dataset(config.dataset_file, skip_invalid=config.skip_invalid, max_samples=config.max_samples,
-                           host_cwd=config.sandbox != "container")
-    config = choose_model(config)
-    check_prices(config)
+    dataset = load_input(config)
+    if config.agent != "oracle":
+        config = choose_model(config)
+        check_prices(config)
+    else:  # the oracle calls no model: no endpoint, key or price to check, and its records say "oracle"
+        config = config.model_copy(update={"model": "oracle"})
     config = check_network(config)
     check_executor(config)
     check_container_images(config, dataset)
+    check_task_engine(config)
     validate_verification(config, dataset)
     rundir = RunDir(config.output_dir / config.run_name)
     rundir.acquire(resume=config.resume, overwrite=config.overwrite)
@@ -258,6 +262,8 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
 async def _resolve_sandbox(config: RunConfig, dataset: LoadedDataset) -> tuple[RunConfig, str]:
     """Decide `--sandbox auto` once, here, so the start line, config.json and statistics.json name
     the backend the samples really use; a fallback to `local` says why and how to get isolation."""
+    if config.tasks is not None:
+        return config, "container (tasks)"
     if config.executor != "local":
         return config, f"{config.sandbox} (chosen on each Ray node)" if config.sandbox == "auto" else config.sandbox
     from trajforge.sample.settings import sandbox_settings

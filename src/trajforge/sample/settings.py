@@ -6,8 +6,11 @@ object, built here once per process from the run's configuration.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from trajforge.config import RunConfig, size_bytes
 from trajforge.sandbox.settings import ContainerSettings, SampleLimits, SandboxSettings
+from trajforge.tasks.settings import TaskSettings
 from trajforge.tools.settings import ToolSettings
 
 
@@ -33,3 +36,14 @@ def sandbox_settings(config: RunConfig) -> SandboxSettings:
     return SandboxSettings(backend=config.sandbox, network=config.sandbox_network, allow=tuple(config.network.allow),
                            keep_workspaces=config.keep_workspaces, limits=limits, nproc=config.sandbox_nproc,
                            container=container)
+
+
+def task_settings(config: RunConfig, build_log_dir: Path | None = None) -> TaskSettings:
+    """What the task layer reads of the run (tasks/settings.py); `build_log_dir`: where build logs go."""
+    def size(text: str | None) -> int | None:
+        return size_bytes(text) or None if text else None
+
+    return TaskSettings(agent=config.agent, pass_threshold=config.pass_threshold,
+                        timeout_multiplier=config.timeout_multiplier, max_cpus=config.task_max_cpus,
+                        max_memory=size(config.task_max_memory), max_storage=size(config.task_max_storage),
+                        build_log_dir=build_log_dir)
