@@ -26,8 +26,10 @@ import os
 import random
 import socket
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 from trajforge.sandbox import workspace
 from trajforge.sandbox.host import loopdisk
@@ -41,10 +43,12 @@ from trajforge.sandbox.host.resources import sweep_leftovers, tmpfs_full
 from trajforge.sandbox.settings import SampleLimits
 
 MAKING = 4  # sandboxes made at once: enough to keep the zygote, the disks' threads and the kernel busy
+THREADS = 16  # the pool's threads for calls that wait on the kernel (mounts, unmounts, cgroups)
 READY_TIMEOUT = 30.0
 # Sandbox uids come from a range no real account uses; a network link's index from 10.128.0.0/9's /30s.
 _UID_BASE, _UID_SPAN = 1_800_000_000, 200_000_000
 _LINKS = 1 << 21
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -102,6 +106,7 @@ class SandboxPool:
         self._disks_lock = asyncio.Lock()
         self.cgroups = hierarchies() if (limits.memory or limits.cpus or nproc) else None
         self.closing = self.draining = False
+        self._threads = ThreadPoolExecutor(THREADS, thread_name_prefix="trajforge-sandboxes")
 
     # --- handing out -------------------------------------------------------------------------
     async def take(self) -> Prepared:
@@ -188,7 +193,7 @@ class SandboxPool:
             await self._workspace(sandbox)
             lim = self.limits
             if self.cgroups is not None:
-                sandbox.group = await asyncio.to_thread(
+                sandbox.group = await self._blocking(
                     SampleGroup(self.cgroups, memory=lim.memory, cpus=lim.cpus, pids=self.nproc).create)
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             sandbox.channel = HelperChannel(ours, DEFAULT_OUTPUT_CAP)
@@ -212,15 +217,25 @@ class SandboxPool:
 
     async def _workspace(self, sandbox: Prepared) -> None:
         """Its workspace: on a disk of its own when the workspace is size-limited; the sample's uid's."""
-        if self.limits.disk:
-            disks = await self._workspace_disks()
-            sandbox.root, sandbox.disk = await asyncio.to_thread(disks.mount, sandbox.name)
-            base = sandbox.root / loopdisk.WORKSPACES
-        else:
-            await asyncio.to_thread(sandbox.root.mkdir, 0o700)
-            base = sandbox.root
-        sandbox.workspace, _ = workspace.create_fresh(base, None)
-        os.chown(sandbox.workspace, sandbox.uid, sandbox.uid)
+        disks = await self._workspace_disks() if self.limits.disk else None
+
+        def make() -> None:  # a mount and a first write to a new filesystem: never on the event loop
+            if disks is not None:
+                sandbox.root, sandbox.disk = disks.mount(sandbox.name)
+                base = sandbox.root / loopdisk.WORKSPACES
+            else:
+                sandbox.root.mkdir(0o700)
+                base = sandbox.root
+            sandbox.workspace, _ = workspace.create_fresh(base, None)
+            os.chown(sandbox.workspace, sandbox.uid, sandbox.uid)
+
+        await self._blocking(make)
+
+    async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """A blocking call in the pool's own threads: unmounts and cgroup removals wait on the kernel
+        for milliseconds, and a run makes hundreds of sandboxes a second (the loop's default
+        executor has a handful of threads, shared with every other to_thread of the run)."""
+        return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
 
     def _new_link(self) -> int:
         while True:  # a random free index: the next sample cannot tell how many came before
@@ -252,15 +267,15 @@ class SandboxPool:
                         await asyncio.shield(sandbox.exited)
         kept = None
         if keep and sandbox.workspace != Path() and os.path.isdir(sandbox.workspace):
-            kept = await asyncio.to_thread(workspace.keep, sandbox.workspace, self.root)
+            kept = await self._blocking(workspace.keep, sandbox.workspace, self.root)
         if sandbox.group is not None:
             group, sandbox.group = sandbox.group, None
-            await asyncio.to_thread(group.remove)
+            await self._blocking(group.remove)
         if sandbox.link is not None:
             self._links.discard(sandbox.link)
         disk, sandbox.disk = sandbox.disk, None
         if disk is not None and self._disks is not None:
-            await asyncio.to_thread(self._disks.unmount, sandbox.root, disk)
+            await self._blocking(self._disks.unmount, sandbox.root, disk)
         elif sandbox.root.exists():
             await workspace.remove(sandbox.root)
         return kept
@@ -283,3 +298,4 @@ class SandboxPool:
         if self._disks is not None:
             self._disks.close()
             self._disks = None
+        self._threads.shutdown(wait=False)
