@@ -2,9 +2,10 @@
 
 Before it, TCP and UDP to slirp's DNS address 10.0.2.3:53 reached the host's resolver as sent (an
 HTTP request got an HTTP answer). The forwarder runs against a fake resolver (tests/support/
-fake_resolver.py) that logs every byte it receives, in a test network namespace (made here,
-with a veth pair, gone after). Non-DNS payloads over UDP and TCP never reach it; real queries
-do, and their answers come back. The forwarder process holds no privilege and nothing of the host.
+fake_resolver.py) that logs every byte it receives: in a test network namespace (made here,
+with a veth pair, gone after), and behind a root-mode bwrap sample's router. Non-DNS payloads
+over UDP and TCP never reach it; real queries do, and their answers come back. The forwarder
+process holds no privilege and nothing of the host.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from trajforge.sandbox.dns import forward as dns_forward
 from trajforge.sandbox.dns import parse as wire
 from trajforge.sandbox.dns import service as dns_service
 from trajforge.sandbox.dns.service import DnsForwarder
+from trajforge.sandbox.network import egress_support
 
 needs_net_admin = pytest.mark.skipif(net_admin_reason() is not None, reason=net_admin_reason() or "")
 SRC = Path(dns_service.SOURCE_ROOT)
@@ -320,3 +322,113 @@ def test_the_forwarder_loads_no_code_after_its_start() -> None:
     assert names == ("['trajforge', 'trajforge.sandbox', 'trajforge.sandbox.dns', 'trajforge.sandbox.dns.forward', "
                      "'trajforge.sandbox.dns.parse', 'trajforge.sandbox.inside', 'trajforge.sandbox.inside.guard']")
     assert "loads no module after its start ('json' refused)" in refused, out
+
+
+def test_a_slot_s_dns_goes_to_the_forwarder_and_never_on_to_tap0() -> None:
+    from trajforge.sandbox.host.router import router_ruleset
+
+    port = dns_service.PORT
+    router = router_ruleset(host_addrs=["192.0.2.2"])
+    assert f'iifname "s*" ip daddr 10.0.2.3 udp dport 53 redirect to :{port}' in router
+    assert f'iifname "s*" ip daddr 10.0.2.3 tcp dport 53 redirect to :{port}' in router
+    assert "dport 53 accept" not in router  # before: slots' UDP and TCP to 10.0.2.3:53 went on to tap0
+    assert f'iifname "s*" ct status dnat udp dport {port} accept' in router
+
+
+EGRESS = asyncio.run(egress_support("bwrap"))
+
+SAMPLE_PROBE = r"""
+import socket, struct, subprocess
+def q(label, qid):
+    head = struct.pack(">HHHHHH", qid, 0x100, 1, 0, 0, 0)
+    return head + bytes((len(label),)) + label + b"\x04test\x00\x00\x01\x00\x01"
+t = socket.create_connection(("10.0.2.3", 53), timeout=10)
+t.sendall(b"GET / HTTP/1.0\r\n\r\n")
+try:
+    print("tcp-http", repr(t.recv(4096)))
+except (ConnectionResetError, TimeoutError) as e:
+    print("tcp-http", type(e).__name__)
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.settimeout(3)
+u.sendto(b"raw udp payload for the host's resolver", ("10.0.2.3", 53))
+try:
+    print("udp-raw", repr(u.recv(4096)))
+except TimeoutError:
+    print("udp-raw timeout")
+try:
+    u.sendto(q(b"direct", 7), (UPSTREAM, 53))  # the resolver's own address: not for samples
+    print("direct", repr(u.recv(4096)))
+except OSError as e:
+    print("direct", type(e).__name__)
+found = subprocess.run(["getent", "ahostsv4", "probe.trajforge.test"], capture_output=True, text=True).stdout
+print("getent", found.split()[:1])
+t = socket.create_connection(("10.0.2.3", 53), timeout=10)
+t.sendall(len(q(b"tcp-probe", 9)).to_bytes(2, "big") + q(b"tcp-probe", 9))
+f = t.makefile("rb")
+n = int.from_bytes(f.read(2), "big")
+print("tcp-dns", f.read(n).hex())
+"""
+
+
+@contextlib.contextmanager
+def resolver_on_host() -> Iterator[tuple[str, FakeResolver]]:
+    """The fake resolver at a private address on the host's `lo`: reached through slirp, like the
+    host's own resolver, and an address no sample may reach itself."""
+    ip = f"10.231.53.{1 + secrets.randbelow(250)}"
+    subprocess.run(["ip", "addr", "add", f"{ip}/32", "dev", "lo"], check=True, timeout=30)
+    try:
+        with FakeResolver(ip, 53, ANSWER) as resolver:
+            yield ip, resolver
+    finally:
+        subprocess.run(["ip", "addr", "del", f"{ip}/32", "dev", "lo"], check=False, timeout=30)
+
+
+def forwarders() -> list[int]:
+    """This process's children that are DNS forwarders (they name themselves tf-dns)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            stat = (entry / "stat").read_text()
+            name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+            if name == "tf-dns" and int(rest[1]) == os.getpid() and rest[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def assert_sample_got_only_dns(out: str, lines: list[str]) -> None:
+    assert "tcp-http b''" in out or "tcp-http ConnectionResetError" in out, out
+    assert "udp-raw timeout" in out and "direct b" not in out, out
+    assert f"getent ['{ANSWER}']" in out, out  # glibc's resolver, through the forwarder
+    assert "tcp-dns 0009" in out and socket.inet_aton(ANSWER).hex() in out, out
+    assert lines and not any(line.startswith(("tcp", "tcp-open")) for line in lines), lines
+    for data in logged_queries(lines):
+        assert wire.encode_query(wire.parse_query(data)) == data and b"probe" in data, data
+
+
+@pytest.mark.skipif(not EGRESS.usable, reason=f"egress not available here: {EGRESS.detail}")
+@needs_net_admin
+def test_a_bwrap_sample_resolves_through_the_forwarder_and_sends_the_resolver_nothing_else(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
+    from trajforge.sandbox.host import router
+
+    async def main(ip: str, resolver: FakeResolver) -> None:
+        sb = BwrapSandbox(tmp_path, network=False, egress=True)
+        await sb.start()
+        try:
+            res = await sb.exec(f"python3 - <<'EOF'\nUPSTREAM = {ip!r}\n{SAMPLE_PROBE}\nEOF", timeout=120)
+            [pid] = forwarders()
+            # the interfaces of its network namespace: the router's (slirp's tap0, the slots' links)
+            links = [line.split(":")[0].strip() for line in Path(f"/proc/{pid}/net/dev").read_text().splitlines()[2:]]
+            assert "tap0" in links and "eth0" not in links, links
+            assert any(name[0] == "s" and name[1:].isdigit() for name in links), links
+            st = status_of(pid)
+            assert st["CapEff"] == st["CapBnd"] == "0" * 16 and st["NoNewPrivs"] == "1" and st["Uid"] != "0 0 0 0"
+        finally:
+            await sb.close()
+        assert_sample_got_only_dns(res.stdout + res.stderr, resolver.until(asked(b"tcp-probe")))
+        assert forwarders() == []  # gone with the run's router
+
+    with resolver_on_host() as (ip, resolver):
+        monkeypatch.setattr(router, "DNS_UPSTREAM", (ip, 53))  # the forwarder asks it, through slirp
+        asyncio.run(main(ip, resolver))

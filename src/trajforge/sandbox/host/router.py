@@ -7,10 +7,14 @@ forwards to `tap0`, served by one slirp4netns per run (--disable-host-loopback: 
 egress policy, in a namespace no sample can reach into (commands run without capabilities, and
 the router is not in any sample's namespaces): forward only from a slot to tap0, never to the
 blocked ranges of netpolicy.py (loopback, link-local and cloud metadata, RFC 1918, CGNAT,
-unique-local, multicast, reserved) nor to the host's own addresses, except the slirp DNS
-forwarder 10.0.2.3:53 and what `network.allow` lists; never from one slot to another; nothing
-addressed to the router itself. One user-mode stack per run instead of one per sample: a sample
-start costs a namespace and a veth pair (microseconds in-kernel), not a process (bench/RESULTS.md).
+unique-local, multicast, reserved) nor to the host's own addresses, except what `network.allow`
+lists; never from one slot to another; nothing addressed to the router itself but DNS. A
+sample's DNS (UDP and TCP to 10.0.2.3:53, the address its resolv.conf names) is redirected to the
+run's DNS forwarder in the router namespace (dns/forward.py, started unprivileged by
+dns/service.py), which passes on only well-formed queries, rebuilt, to slirp's DNS address:
+nothing of a sample's goes to slirp's DNS relay, and so to the host's resolver, as sent. One
+user-mode stack per run instead of one per sample: a sample start costs a namespace and a veth
+pair (microseconds in-kernel), not a process (bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -24,10 +28,13 @@ from collections.abc import Sequence
 
 from trajforge.netpolicy import BLOCKED_V4, host_addresses
 from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.dns.service import PORT as DNS_PORT
+from trajforge.sandbox.dns.service import DnsForwarder
 from trajforge.sandbox.host.zygote_client import Zygote
 from trajforge.sandbox.process import SAFE_PATH, tool_path
 
 SLIRP_DNS = "10.0.2.3"
+DNS_UPSTREAM = (SLIRP_DNS, 53)  # where the forwarder asks: slirp's DNS relay, seen from the router
 START_TIMEOUT = 10.0
 
 
@@ -47,11 +54,13 @@ def router_ruleset(allow: Sequence[str] = (), host_addrs: Sequence[str] | None =
     ok4 = [str(n) for n in nets if n.version == 4]
     slot = 'iifname "s*"'
     lines = ["table inet trajforge {",
+             # A slot's DNS goes to the forwarder, never on to tap0 (10.0.2.3 is a blocked address).
+             "  chain dns_redirect {", "    type nat hook prerouting priority -100; policy accept;",
+             f"    {slot} ip daddr {SLIRP_DNS} udp dport 53 redirect to :{DNS_PORT}",
+             f"    {slot} ip daddr {SLIRP_DNS} tcp dport 53 redirect to :{DNS_PORT}", "  }",
              "  chain forward_filter {", "    type filter hook forward priority 0; policy drop;",
              "    ct state established,related accept",
-             "    meta nfproto ipv6 reject",  # no IPv6 beyond a slot: nothing to filter, nothing to allow
-             f'    {slot} oifname "tap0" ip daddr {SLIRP_DNS} udp dport 53 accept',
-             f'    {slot} oifname "tap0" ip daddr {SLIRP_DNS} tcp dport 53 accept']
+             "    meta nfproto ipv6 reject"]  # no IPv6 beyond a slot: nothing to filter, nothing to allow
     if ok4:
         lines.append(f'    {slot} oifname "tap0" ip daddr {{ {", ".join(ok4)} }} accept')
     # TCP gets a reset (an immediate "connection refused"), everything else an ICMP error.
@@ -62,7 +71,10 @@ def router_ruleset(allow: Sequence[str] = (), host_addrs: Sequence[str] | None =
               f"    {slot} reject with icmpx type admin-prohibited",
               "  }",
               "  chain input_filter {", "    type filter hook input priority 0; policy accept;",
+              f"    {slot} ct status dnat udp dport {DNS_PORT} accept",
+              f"    {slot} ct status dnat tcp dport {DNS_PORT} accept",
               f"    {slot} meta l4proto tcp reject with tcp reset", f"    {slot} reject with icmpx type admin-prohibited",
+              '    iifname "tap0" ct state established,related accept', '    iifname "tap0" drop',
               "  }",
               "  chain nat_out {", "    type nat hook postrouting priority 100; policy accept;",
               '    oifname "tap0" masquerade', "  }", "}"]
@@ -70,20 +82,22 @@ def router_ruleset(allow: Sequence[str] = (), host_addrs: Sequence[str] | None =
 
 
 def resolv_conf() -> bytes:
-    """The resolv.conf bound over /etc/resolv.conf in egress mode, naming slirp's DNS forwarder
-    (the host's resolver is often on a loopback or private address the sample may not reach).
+    """The resolv.conf bound over /etc/resolv.conf in egress mode, naming slirp's DNS address, which
+    the router redirects to the run's forwarder (the host's resolver is often on a loopback or
+    private address the sample may not reach).
     bwrap reads it from a pipe (--ro-bind-data): no file on the host to create or clean up."""
     return f"nameserver {SLIRP_DNS}\noptions edns0\n".encode("ascii")
 
 
 class Router:
-    """The run's router namespace (held by the zygote), its firewall and its slirp4netns."""
+    """The run's router namespace (held by the zygote), its firewall, its slirp4netns and its DNS forwarder."""
 
     def __init__(self, zygote: Zygote, allow: Sequence[str] = ()) -> None:
         self.zygote, self.allow = zygote, tuple(allow)
         self.ns: int | None = None
         self.path = ""
         self.proc: asyncio.subprocess.Process | None = None
+        self.dns: DnsForwarder | None = None
         self._exit_w: int | None = None
 
     async def start(self) -> Router:
@@ -95,6 +109,9 @@ class Router:
         self.ns, self.path = reply["ns"], reply["path"]
         try:
             await asyncio.gather(self._firewall(nft), self._slirp(slirp))
+            # After slirp: its upstream sockets are connected through tap0.
+            self.dns = await DnsForwarder.start([f"--net={self.path}"], listen=("0.0.0.0", DNS_PORT),
+                                                upstream=DNS_UPSTREAM)
         except BaseException:
             await self.close()
             raise
@@ -141,9 +158,12 @@ class Router:
 
     @property
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None
+        return self.proc is not None and self.proc.returncode is None and self.dns is not None and self.dns.alive
 
     async def close(self) -> None:
+        dns, self.dns = self.dns, None
+        if dns is not None:
+            await dns.close()
         if self._exit_w is not None:
             os.close(self._exit_w)  # slirp4netns exits when this pipe closes (or the runner dies)
             self._exit_w = None
