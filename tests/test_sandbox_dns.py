@@ -3,9 +3,9 @@
 Before it, TCP and UDP to slirp's DNS address 10.0.2.3:53 reached the host's resolver as sent (an
 HTTP request got an HTTP answer). The forwarder runs against a fake resolver (tests/support/
 fake_resolver.py) that logs every byte it receives: in a test network namespace (made here,
-with a veth pair, gone after), and behind a root-mode bwrap sample's router. Non-DNS payloads
-over UDP and TCP never reach it; real queries do, and their answers come back. The forwarder
-process holds no privilege and nothing of the host.
+with a veth pair, gone after), behind a root-mode bwrap sample's router, and behind a Podman
+container. Non-DNS payloads over UDP and TCP never reach it; real queries do, and their answers
+come back. The forwarder process holds no privilege and nothing of the host.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from tests.support.fake_resolver import FakeResolver
+from tests.support.images import busybox_image, podman  # noqa: F401 (fixtures)
 from tests.support.nettargets import net_admin_reason
 from trajforge.sandbox.dns import forward as dns_forward
 from trajforge.sandbox.dns import parse as wire
@@ -335,6 +336,18 @@ def test_a_slot_s_dns_goes_to_the_forwarder_and_never_on_to_tap0() -> None:
     assert f'iifname "s*" ct status dnat udp dport {port} accept' in router
 
 
+def test_a_container_s_dns_goes_to_its_forwarder_and_only_the_forwarder_s_to_slirp() -> None:
+    from trajforge.sandbox.network import ruleset
+
+    port = dns_service.PORT
+    container = ruleset()
+    assert f"ip daddr 10.0.2.3 tcp dport 53 redirect to :{port}" in container
+    mark = f"meta mark {dns_service.MARK:#x}"
+    assert [line.strip() for line in container.splitlines() if "dport 53 accept" in line] == \
+        [f"{mark} ip daddr 10.0.2.3 udp dport 53 accept"]  # the forwarder's own queries only
+    assert container.index(f"{mark} return") < container.index("redirect to")
+
+
 EGRESS = asyncio.run(egress_support("bwrap"))
 
 SAMPLE_PROBE = r"""
@@ -431,4 +444,41 @@ def test_a_bwrap_sample_resolves_through_the_forwarder_and_sends_the_resolver_no
 
     with resolver_on_host() as (ip, resolver):
         monkeypatch.setattr(router, "DNS_UPSTREAM", (ip, 53))  # the forwarder asks it, through slirp
+        asyncio.run(main(ip, resolver))
+
+
+@needs_net_admin
+def test_a_container_sample_resolves_through_its_forwarder_and_sends_the_resolver_nothing_else(
+        tmp_path: Path, busybox_image: str, podman: Any, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """The busybox image has no Python: nc and nslookup play the sample. The resolver's private
+    address is refused to the sample and open to the forwarder's marked sockets only."""
+    from tests.support.sandboxes import create_sandbox
+    from trajforge.config import RunConfig
+    from trajforge.sandbox import network
+
+    cfg = RunConfig(container_engine="podman", run_name=f"dnstest-{os.getpid()}", sandbox_network="egress")
+    script = ("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 10.0.2.3 53; echo nc=$?; "
+              "nslookup direct.test {ip}; echo direct=$?; nslookup probe.trajforge.test 10.0.2.3")
+
+    async def main(ip: str, resolver: FakeResolver) -> None:
+        sb = await create_sandbox(cfg, cwd=None, image=busybox_image, root=tmp_path)
+        try:
+            pid = sb.dns.pid  # type: ignore[attr-defined]
+            assert status_of(pid)["CapEff"] == "0" * 16 and status_of(pid)["NoNewPrivs"] == "1"
+            res = await sb.exec(script.format(ip=ip), timeout=120)
+        finally:
+            await sb.close()
+        out = res.stdout + res.stderr
+        assert "HTTP" not in out and "nc=" in out, out
+        assert "direct=1" in out and "Operation not permitted" in out, out  # the private address: refused
+        assert f"Address: {ANSWER}" in out, out
+        lines = resolver.until(lambda line: line.startswith("udp ") and b"\x05probe" in bytes.fromhex(line[4:]))
+        assert not any(line.startswith(("tcp", "tcp-open")) for line in lines), lines
+        for data in logged_queries(lines):
+            assert wire.encode_query(wire.parse_query(data)) == data, data
+        with pytest.raises(ProcessLookupError):  # closed with its container
+            os.kill(pid, 0)
+
+    with resolver_on_host() as (ip, resolver):
+        monkeypatch.setattr(network, "DNS_UPSTREAM", (ip, 53))
         asyncio.run(main(ip, resolver))

@@ -45,6 +45,7 @@ from trajforge.sandbox.backends.container.container_backend import ContainerBack
 from trajforge.sandbox.backends.container.container_files import ContainerFiles
 from trajforge.sandbox.backends.container.container_engine import container_name, last_line
 from trajforge.sandbox.backends.local.local_sandbox import LocalJob
+from trajforge.sandbox.dns.service import DnsForwarder
 from trajforge.sandbox.process import DEFAULT_OUTPUT_CAP, Limits, make_preexec
 from trajforge.sandbox.host.resources import Resources, SampleLimits
 
@@ -89,6 +90,7 @@ class ContainerSandbox(Sandbox):
         self._jobs: list[ContainerJob] = []
         self.files: ContainerFiles | None = None
         self.helper: HelperChannel | None = None
+        self.dns: DnsForwarder | None = None  # egress with Podman (network.start_dns)
         self._want_helper = file_helper
         self.backend, self.engine, self.image = backend, backend.engine, image
         self.network, self.memory, self.pids_limit, self.cpus = network, memory, pids_limit, cpus
@@ -123,9 +125,11 @@ class ContainerSandbox(Sandbox):
             if not pid or not os.path.exists(f"/proc/{pid}/ns/net"):
                 raise SandboxError(f"egress networking needs the container's process on this host "
                                    f"({self.engine.kind} inspect gave {res.stdout.strip()!r})")
-            from trajforge.sandbox.network import install_rules
+            from trajforge.sandbox.network import install_rules, start_dns
 
             await install_rules(pid, self.allow)
+            if self.engine.kind == "podman":  # its slirp4netns's DNS at 10.0.2.3: only through a forwarder
+                self.dns = await start_dns(pid)
 
     async def start(self) -> None:
         if self.mount_at == "/":
@@ -267,6 +271,9 @@ class ContainerSandbox(Sandbox):
         helper, self.helper = self.helper, None
         if helper is not None:
             helper.close()  # the file helper exits, releasing the container's mount namespace
+        dns, self.dns = self.dns, None
+        if dns is not None:
+            await dns.close()  # its sockets hold the container's network namespace
         name, self.name = self.name, None
         for job in self._jobs:
             job.kill_now()  # the exec clients; what runs inside goes with the container
