@@ -10,7 +10,8 @@ The invariant every backend keeps, and the tests check from inside the helper
    bounding capability sets, no_new_privs, and no descriptor of a host namespace, a host
    directory or another sample. What needs root (namespaces, mounts, cgroups, loop devices,
    veth links) is done by the zygote and by a sandbox's first process before any sample exists
-   in it; neither ever runs code or reads a path that a sample can write.
+   in it; neither ever runs code or reads a path that a sample can write. The egress DNS
+   forwarder (dns/), which reads samples' packets, runs as an id of its own on the same terms.
 2. An interpreter in a sample's view loads no code after its start: it imports everything first
    and seals the import system (guard.py), and a row's cwd never covers the runtime or the
    system (cwd_policy.py).
