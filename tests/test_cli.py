@@ -45,6 +45,7 @@ VALUES: dict[str, tuple[str, object]] = {
     "prefill_messages_file": ("prefill.json", Path("prefill.json")),
     "output_dir": ("out", Path("out")),
     "timeout": ("90.5", 90.5),
+    "sample_wall_timeout": ("3600", 3600.0),
     "tool_timeout": ("30", 30.0),
     "request_timeout": ("45", 45.0),
     "max_retries": ("2", 2),

@@ -122,6 +122,7 @@ def test_parquet_reads_back_with_the_documented_schema(run_dir: Path, tmp_path: 
     assert first["tool_stats"] == [{"name": "terminal", "count": 3, "success": 2, "failure": 1}]
     assert first["usage"]["prompt_tokens"] == saved[0]["usage"]["prompt_tokens"]
     assert first["verification"] is None and first["split"] is None
+    assert first["timing"] == saved[0]["timing"] and 0 <= first["timing"]["working_s"] <= first["timing"]["wall_s"]
     assert json.loads(first["tools"])[0]["function"]["name"] == "terminal"
     assert sum(r["completed"] for r in rows) == 5
 

@@ -141,7 +141,9 @@ class RunConfig(_Strict):
     log_prefix_chars: int = Field(100, ge=0, le=1_000_000)
     prefill_messages_file: Path | None = None
     output_dir: Path = Path("data")
-    timeout: float | None = Field(1800.0, gt=0, description="wall-clock seconds per sample")
+    timeout: float | None = Field(1800.0, gt=0, description="working seconds per sample (model.working: waits "
+                                  "for the model gate, Retry-After, rate budgets and backoff do not count)")
+    sample_wall_timeout: float | None = Field(None, gt=0, description="wall-clock seconds per sample (off: None)")
     tool_timeout: float = Field(120.0, gt=0, description="seconds per terminal command")
     request_timeout: float = Field(600.0, gt=0, description="seconds per model request")
     max_retries: int = Field(5, ge=0, le=10_000, description="attempts per model request after the first")
@@ -194,7 +196,7 @@ class RunConfig(_Strict):
     pricing: dict[str, PriceConfig] = Field(default_factory=dict)
 
     @field_validator("batch_size", "max_turns", "num_workers", "max_samples", "max_tokens", "log_prefix_chars",
-                     "timeout", "tool_timeout", "request_timeout", "max_retries", "seed", "max_sandboxes",
+                     "timeout", "sample_wall_timeout", "tool_timeout", "request_timeout", "max_retries", "seed", "max_sandboxes",
                      "sandbox_nproc", "container_pids_limit", "container_cpus", "image_pull_timeout",
                      "local_instances", "samples_per_prompt", "stop_after_passes", "check_timeout",
                      "judge_threshold", "max_cost", "max_cost_per_sample", "max_tokens_per_sample",

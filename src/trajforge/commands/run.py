@@ -46,7 +46,9 @@ FLAGS: list[Flag] = [
     ("list_distributions", "bool", "print every distribution and exit"),
     ("config", "path", "YAML config file; command-line flags override it"),
     ("output_dir", "path", "parent directory of run directories"),
-    ("timeout", "float", "wall-clock seconds per sample (after its sandbox is up) before it is killed"),
+    ("timeout", "float", "working seconds per sample before it is killed (waits for the model gate, a "
+                         "Retry-After, rate budgets, retry backoff and its sandbox do not count)"),
+    ("sample_wall_timeout", "float", "wall-clock seconds per sample before it is killed, waits included"),
     ("tool_timeout", "float", "seconds per terminal command"),
     ("request_timeout", "float", "seconds per model request"),
     ("max_retries", "int", "retries per model request on 429/5xx/timeouts"),
@@ -90,7 +92,7 @@ _DEFAULT_WORDS = {
     "stop_after_passes": "run every rollout", "judge_model": "the run's --model",
     "judge_base_url": "the run's --base_url", "judge_api_key_env": "the run's key lookup",
     "adaptive_concurrency": "true", "max_cost": "no limit", "max_cost_per_sample": "no limit",
-    "max_tokens_per_sample": "no limit", "max_requests_per_minute": "no limit", "max_tokens_per_minute": "no limit",
+    "max_tokens_per_sample": "no limit", "sample_wall_timeout": "no limit", "max_requests_per_minute": "no limit", "max_tokens_per_minute": "no limit",
 }
 
 

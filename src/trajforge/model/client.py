@@ -27,7 +27,7 @@ import orjson
 
 from trajforge.errors import FatalModelError
 from trajforge.model import gate as model_gate
-from trajforge.model import spend
+from trajforge.model import spend, working
 from trajforge.model.errors import APIFailure, ModelCallError, ModelOutputError, RateLimitedError
 from trajforge.model.errors import ModelTimeoutError
 from trajforge.model.parse import (
@@ -141,7 +141,8 @@ class OpenAIClient:
                 level = logging.INFO if gate is not None and gate.adaptive and failed.overload else logging.WARNING
                 log.log(level, "model call to %s failed (%s); retry %d/%d in %.1fs", self.base_url,
                         failed.final, attempt + 1, attempts - 1, delay)
-                await asyncio.sleep(delay)
+                with working.waiting():  # a backoff is the provider's pressure, not the sample's work
+                    await asyncio.sleep(delay)
         raise AssertionError("unreachable: the loop returns or raises")
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:

@@ -10,6 +10,7 @@ Retry-After from the provider stops every new request to that endpoint until it 
 the one request that heard it. Run-wide, optional token buckets bound requests and tokens per
 minute. Waiters are served first come, first served; a waiter blocked by time (a pause, an empty
 bucket) is woken by a timer at the exact moment, one blocked by concurrency by the next release.
+A wait here does not count as the waiting sample's working time (model.working).
 The decisions live in model.limiter; this module only waits.
 """
 
@@ -24,6 +25,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Literal
 
+from trajforge.model import working
 from trajforge.model.limiter import AimdLimiter, TokenBucket
 
 Result = Literal["ok", "overload", "other"]
@@ -88,7 +90,8 @@ class ModelGate:
         ep.waiters.append((fut, estimate))
         self._pump(endpoint)
         try:
-            return await fut
+            with working.waiting():  # the run holds it back: not the sample's working time
+                return await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():  # admitted in the same instant it was cancelled
                 self.release(fut.result(), "other")

@@ -33,6 +33,7 @@ from typing import Any
 
 from trajforge.errors import FatalModelError, UsageError
 from trajforge.model import local_format as fmt
+from trajforge.model import working
 from trajforge.model.errors import APIFailure, ModelOutputError
 from trajforge.model.types import Completion, ModelSettings, ToolCall, Usage
 
@@ -216,7 +217,8 @@ class LocalModelClient:
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
         if self._closed:
             raise APIFailure("the local model client is closed")
-        inst = await self._acquire()
+        with working.waiting():  # a free instance (or the first load) is the run's wait, not this sample's work
+            inst = await self._acquire()
         stop = threading.Event()
         job = asyncio.ensure_future(asyncio.to_thread(self._generate, inst, messages, tools, stop))
         try:

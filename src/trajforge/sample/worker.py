@@ -1,7 +1,8 @@
 """SampleWorker: everything needed to turn one sample into an Outcome, built once per process.
 
 It owns the run-level resources (model client, toolsets) and, per sample, samples the toolsets,
-starts a fresh sandbox, runs the agent loop under the per-sample wall-clock limit, verifies the
+starts a fresh sandbox, runs the agent loop under the per-sample limits (`--timeout` on its working
+time, model.working; `--sample_wall_timeout` on the wall clock), verifies the
 result (the row's check in the still-open sandbox, then its expected answer and rubric), applies
 the no-reasoning filter and classifies failures. The local executor and every Ray actor each hold one.
 """
@@ -24,6 +25,7 @@ from trajforge.catalog.distributions import sample_toolsets
 from trajforge.config import RunConfig
 from trajforge.dataset import Sample
 from trajforge.errors import FatalModelError, SampleFailure, UsageError
+from trajforge.model import working
 from trajforge.model.types import ModelClient
 from trajforge.sample.outcome import Outcome, batch_number
 from trajforge.sample.settings import sandbox_settings, tool_settings
@@ -37,6 +39,10 @@ from trajforge.verify.result import Part
 from trajforge.verify.verifier import Verifier, final_answer
 
 log = logging.getLogger("trajforge.worker")
+
+
+class _WallTimeout(Exception):
+    """The sample's wall-clock limit (--sample_wall_timeout) ended it, not its working-time limit."""
 
 
 class SampleWorker:
@@ -114,11 +120,15 @@ class SampleWorker:
                            seconds=time.monotonic() - started, worker=self.worker_id, **kw)
 
         try:
-            toolsets, session, verification = await self._run(sample, trace)
+            toolsets, session, verification, timing = await self._run(sample, trace)
         except FatalModelError:
             raise
+        except _WallTimeout:
+            return outcome("failed", reason="timeout", message=f"exceeded the {self.config.sample_wall_timeout:g}s "
+                           "wall-clock sample limit (--sample_wall_timeout)")
         except TimeoutError:
-            return outcome("failed", reason="timeout", message=f"exceeded the {self.config.timeout:g}s sample limit")
+            return outcome("failed", reason="timeout", message=f"exceeded the {self.config.timeout:g}s sample limit "
+                           "(--timeout, working time)")
         except SampleFailure as e:  # model call, sandbox or tool backend: its class says which
             return outcome("failed", reason=e.failure_class, message=str(e))
         except Exception as e:  # a bug in one sample must not stop the run; it is recorded and retried
@@ -129,13 +139,15 @@ class SampleWorker:
                               model=self.model.model_name, toolsets_used=toolsets, known_tools=known_tools(),
                               dataset_line=sample.line, row=sample.extra)
         record["rollout"] = sample.rollout
+        record["timing"] = timing
         if verification is not None:
             record["verification"] = verification
         if not self.config.keep_no_reasoning and not record["reasoning"]["has_any_reasoning"]:
             return outcome("discarded", reason="no_reasoning", usage=record["usage"], api_calls=session.api_calls)
         return outcome("done", record=record)
 
-    async def _run(self, sample: Sample, trace: Any) -> tuple[list[str], SessionResult, dict[str, Any] | None]:
+    async def _run(self, sample: Sample, trace: Any) -> tuple[list[str], SessionResult, dict[str, Any] | None,
+                                                              dict[str, float]]:
         assert self.model is not None and self.verifier is not None and self.sandboxes is not None
         spec = self.verifier.spec(sample)
         check: Part | None = None
@@ -147,26 +159,36 @@ class SampleWorker:
         async def create() -> Sandbox:
             return await provider.create(cwd=sample.cwd, image=sample.image, root=self.workspace_root)
 
-        # Made before the wall-clock limit begins (a container's image pull or a wait for a
-        # container slot is the run's cost, not this sample's), or, where the backend pools what
-        # it is made of (bwrap slots), at the first tool call (sandbox/lazy.py).
+        async def create_waiting() -> Sandbox:
+            with working.waiting():  # a slot being free (or made) is the run's wait, not the sample's work
+                return await create()
+
+        # Made before the limits begin (a container's image pull or a wait for a container slot
+        # is the run's cost, not this sample's), or, where the backend pools what it is made of
+        # (bwrap slots), at the first tool call (sandbox/lazy.py) with the working clock stopped.
         lazy = await provider.made_on_first_use(sample.image)
-        sandbox = provider.lazy(create) if lazy else await create()
+        sandbox = provider.lazy(create_waiting) if lazy else await create()
         try:
             ctx = ToolContext(sandbox, self.tool_settings, sample.identity)
-            async with asyncio.timeout(self.config.timeout) as limit, ctx.cleanup:
-                session = await run_session(
-                    sample.prompt, self.model, tools, ctx, max_turns=self.config.max_turns,
-                    ephemeral_system_prompt=self.config.ephemeral_system_prompt, prefill=self.prefill, trace=trace,
-                    limits=SampleLimits(self.config.max_tokens_per_sample, self.config.max_cost_per_sample),
-                )
-                if self._verifies(session):
-                    # The check has its own timeout; the sample's limit resumes for the cleanup after it.
-                    deadline, loop = limit.when(), asyncio.get_running_loop()
-                    left = None if deadline is None else deadline - loop.time()
-                    limit.reschedule(None)
-                    check = await self.verifier.in_sandbox(spec, sandbox)
-                    limit.reschedule(None if left is None else loop.time() + max(left, 0.0))
+            clock = working.WorkingClock()
+            try:
+                async with asyncio.timeout(self.config.sample_wall_timeout) as wall:
+                    async with asyncio.timeout(self.config.timeout) as limit, ctx.cleanup:
+                        with working.bound(clock), clock.limiting(limit):
+                            session = await run_session(
+                                sample.prompt, self.model, tools, ctx, max_turns=self.config.max_turns,
+                                ephemeral_system_prompt=self.config.ephemeral_system_prompt, prefill=self.prefill,
+                                trace=trace, limits=SampleLimits(self.config.max_tokens_per_sample,
+                                                                 self.config.max_cost_per_sample),
+                            )
+                            if self._verifies(session):
+                                with working.waiting():  # the check has its own timeout (check_timeout)
+                                    check = await self.verifier.in_sandbox(spec, sandbox)
+            except TimeoutError:
+                if wall.expired():
+                    raise _WallTimeout() from None
+                raise
+            timing = {"working_s": round(clock.working, 3), "wall_s": round(clock.wall, 3)}
             tool_usage = ctx.state.get("tool_model_usage")
             if tool_usage is not None:  # tokens spent by vision/moa calls belong to the sample's cost
                 session.usage.add(tool_usage)
@@ -182,7 +204,7 @@ class SampleWorker:
             verification, judge_usage = await self.verifier.finish(
                 spec, check, task=sample.prompt, answer=final_answer(session.turns, session.end_reason))
             session.usage.add(judge_usage)  # the judge's tokens are part of what this sample cost
-        return offered, session, verification
+        return offered, session, verification, timing
 
     def _verifies(self, session: SessionResult) -> bool:
         """Verification is skipped for a session the no-reasoning filter will discard anyway."""
