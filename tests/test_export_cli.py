@@ -216,7 +216,7 @@ def test_bad_input_names_file_and_line_and_leaves_output_untouched(run_dir: Path
         else:
             target.write_text("old")
         proc = export(tmp_path, bad, "--format", fmt, "--output", name, "--overwrite")
-        assert proc.returncode == 1 and "Traceback" not in proc.stderr
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
         assert proc.stderr.startswith(f"error: {bad}:3: conversations[0]: a tool turn without any <tool_response>")
         assert (target / "README.md").read_text() == "old card" if fmt == "hf" else target.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "o.jsonl", "o.parquet", "o_hf"]
@@ -225,12 +225,12 @@ def test_bad_input_names_file_and_line_and_leaves_output_untouched(run_dir: Path
     bad.write_text("\n".join([good[0], json.dumps(wrong)]) + "\n")
     for fmt in ("parquet", "hf"):
         proc = export(tmp_path, bad, "--format", fmt, "--output", f"w_{fmt}")
-        assert proc.returncode == 1 and "Traceback" not in proc.stderr
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
         assert proc.stderr.startswith(f"error: {bad}:2: a field has the wrong type"), proc.stderr
         assert not (tmp_path / f"w_{fmt}").exists()
     bad.write_text(good[0] + "\n{not json\n")
     proc = export(tmp_path, bad, "--format", "sharegpt", "--output", "x.jsonl")
-    assert proc.returncode == 1 and f"{bad}:2: invalid JSON" in proc.stderr and not (tmp_path / "x.jsonl").exists()
+    assert proc.returncode == 2 and f"{bad}:2: invalid JSON" in proc.stderr and not (tmp_path / "x.jsonl").exists()
 
 
 def test_output_safety_and_flag_errors(run_dir: Path, tmp_path: Path) -> None:
@@ -253,7 +253,7 @@ def test_output_safety_and_flag_errors(run_dir: Path, tmp_path: Path) -> None:
         proc = export(tmp_path, run_dir, *args, "--output", "z.jsonl")
         assert proc.returncode == 2 and msg in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     proc = export(tmp_path, tmp_path / "missing", "--format", "openai", "--output", "z.jsonl")
-    assert proc.returncode == 1 and "no such file or directory" in proc.stderr
+    assert proc.returncode == 2 and "no such file or directory" in proc.stderr
     assert not (tmp_path / "z.jsonl").exists()
     # an earlier export directory is replaced with --overwrite, in one piece
     ok(export(tmp_path, run_dir, "--format", "hf", "--output", "h"))

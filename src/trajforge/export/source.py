@@ -16,14 +16,10 @@ from typing import Any
 
 import orjson
 
-from trajforge.errors import TrajforgeError, UsageError
+from trajforge.errors import InputError, UsageError
 from trajforge.export.convert import ConversionError, to_record
 from trajforge.export.filters import record_task_type, row_identity
 from trajforge.jsonio import dumps, not_regular
-
-
-class InputError(TrajforgeError):
-    """The input cannot be exported (exit code 1); the message names file, line and field."""
 
 
 @dataclass
