@@ -410,6 +410,20 @@ def test_the_fast_exit_still_flushes_the_streams_and_runs_the_atexit_handlers() 
     assert done.stderr == "to stderr"
 
 
+def test_the_fast_exit_skips_the_teardown_through_public_atexit_alone() -> None:
+    """The module-level object's __del__ would print during the interpreter's teardown: the fast
+    exit ends the process before it. And it gets there without atexit's private _run_exitfuncs."""
+    import ast
+
+    done = _exit_now_child("class A:\n    def __del__(self): print('teardown ran')\na = A()\n"
+                           "atexit.register(print, 'handler ran')")
+    assert (done.returncode, done.stdout) == (3, "handler ran\n"), done.stderr
+    source = ast.parse((REPO / "src" / "trajforge" / "cli.py").read_text())
+    private = [n.attr for n in ast.walk(source) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+               and n.value.id == "atexit" and n.attr.startswith("_")]
+    assert private == []
+
+
 def test_the_fast_exit_waits_for_a_thread_that_still_works() -> None:
     """A non-daemon thread alive at the end: the normal exit, which joins it, is taken instead."""
     done = _exit_now_child("threading.Thread(target=lambda: (time.sleep(0.5), print('thread finished'))).start()")

@@ -12,7 +12,6 @@ import difflib
 import os
 import signal
 import sys
-import threading
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -156,26 +155,39 @@ def tune_allocator() -> None:
     mallopt(-1, 32 << 20)  # M_TRIM_THRESHOLD
 
 
+_fast_exit_code: int | None = None
+
+
+@atexit.register  # registered when this module is imported, which the entry points do first: runs last
+def _fast_exit() -> None:
+    """The last atexit handler: once exit_now asked for it, flush the streams and end the process
+    before the interpreter's teardown (a no-op for every other exit, e.g. in-process callers)."""
+    if _fast_exit_code is None:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:  # None: started without that stream (a detached process)
+                stream.flush()
+        except (OSError, ValueError):  # closed, or a pipe whose reader left: nothing more to say
+            pass
+    os._exit(_fast_exit_code)
+
+
 def exit_now(code: int) -> NoReturn:
     """End the process with `code` once every result is out, without the interpreter's teardown.
 
     A run ends with ~70 MB of objects whose one-by-one deallocation took ~0.1 s after the last file
     was written and the summary printed (bench/throughput.py's finish phase). What the teardown
-    does that matters still happens: the atexit handlers (logging, temporary directories, the
-    containers a run left, weakref finalizers) and the streams' flush. While a thread other than a
-    daemon one still works, the normal exit waits for it instead. In-process callers use main()."""
-    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
-        raise SystemExit(code)
-    try:
-        atexit._run_exitfuncs()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                if stream is not None:  # None: started without that stream (a detached process)
-                    stream.flush()
-            except (OSError, ValueError):  # closed, or a pipe whose reader left: nothing more to say
-                pass
-        os._exit(code)
+    does that matters still happens, through the ordinary exit: threads other than daemon ones are
+    joined, the atexit handlers run (logging, temporary directories, the containers a run left,
+    weakref finalizers), and the last of them, `_fast_exit`, flushes the streams and ends the
+    process before the deallocation starts. It runs last because atexit runs handlers in the
+    reverse order of registration and this module registers it on import, before anything else
+    of trajforge or the standard library's logging registers one (a handler registered before that
+    import would be skipped). In-process callers use main()."""
+    global _fast_exit_code
+    _fast_exit_code = code
+    raise SystemExit(code)
 
 
 def _usage(argv: list[str], cmds: dict[str, Callable[[list[str]], int]]) -> int:
