@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, cli
+from tests.support.heap import IN_HEAP
 from trajforge import __version__
 from trajforge.cli import batch_runner_main, main
 from trajforge.commands.run import FLAGS, make_parser, parse_run_args
@@ -449,22 +450,29 @@ def test_the_command_keeps_a_256_kib_buffer_in_the_heap() -> None:
     """tune_allocator: the buffer an asyncio transport reads into (256 KiB) comes from the heap
     instead of an mmap and munmap per read. Where a block lands is read from /proc/self/maps;
     the first half shows glibc's default does map it, so the second can fail."""
-    code = """
-import ctypes
+    code = IN_HEAP + """
 from trajforge.cli import tune_allocator
-libc = ctypes.CDLL(None)
-libc.malloc.restype = ctypes.c_void_p
-def in_heap():
-    p = libc.malloc(256 << 10)
-    for line in open("/proc/self/maps"):
-        if line.rstrip().endswith("[heap]"):
-            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
-            return lo <= p < hi
-    return False
-before = in_heap()
+before = tuned()
 tune_allocator()
-print(before, in_heap())
+print(before, tuned())
 """
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert done.stdout.split() == ["False", "True"], done.stderr
+
+
+@pytest.mark.parametrize("script", ["batch_runner.py", "trajectory_compressor.py"])
+def test_the_reference_entry_scripts_tune_the_allocator_too(script: str) -> None:
+    """They are processes of their own that read model replies, like the `trajforge` command."""
+    code = IN_HEAP + f"""
+import runpy, sys
+sys.argv = [{script!r}, "--help"]
+try:
+    runpy.run_path({str(REPO / script)!r}, run_name="__main__")
+except SystemExit:
+    pass
+print("tuned:", tuned())
+"""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == "tuned: True", done.stderr

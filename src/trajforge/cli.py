@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from trajforge import __version__, redact
+from trajforge.allocator import tune_allocator
 from trajforge.errors import TrajforgeError, UsageError
 
 # A subcommand: name -> "module:function", the function taking argv and returning the exit code.
@@ -136,23 +137,10 @@ def entry() -> NoReturn:
     exit_now(main())
 
 
-def tune_allocator() -> None:
-    """glibc's malloc: blocks up to 4 MiB from the heap, freed heap given back above 32 MiB.
-
-    Every read of an asyncio transport (each model reply) takes a 256 KiB buffer that then shrinks
-    to what was read. glibc maps a block above its mmap threshold (128 KiB; it rises only when such
-    a block is freed whole, never when one shrinks) and unmaps it at the free: ~20 us of system
-    calls and page faults per read, against ~3 us from the heap (bench/RESULTS.md). The process is
-    the command's own, so the setting is too; in-process callers of main() keep their allocator.
-    Elsewhere than glibc (no mallopt, or musl's that ignores it) nothing changes."""
-    try:
-        import ctypes
-
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt(-3, 4 << 20)  # M_MMAP_THRESHOLD
-    mallopt(-1, 32 << 20)  # M_TRIM_THRESHOLD
+def batch_runner_entry() -> NoReturn:
+    """`python batch_runner.py`: batch_runner_main(), then exit_now."""
+    tune_allocator()
+    exit_now(batch_runner_main())
 
 
 _fast_exit_code: int | None = None
