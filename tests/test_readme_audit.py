@@ -4,8 +4,16 @@ there is behaviour to check, and against the README's own text where the fix was
 from __future__ import annotations
 
 import re
+import subprocess
+from pathlib import Path
 
-from tests.conftest import REPO
+import pytest
+
+from tests.conftest import REPO, cli
+from tests.support.policies import echo_policy
+from tests.support.scripted_server import ScriptedServer
+from tests.test_runner_e2e import base_args, read_jsonl, write_dataset
+from trajforge.runner.console import SafeStream
 
 README = (REPO / "README.md").read_text()
 
@@ -18,3 +26,29 @@ def _paragraph(starting: str) -> str:
 def test_the_readme_does_not_claim_docker_support_it_cannot_have_tested() -> None:
     container = re.sub(r"\s+", " ", _paragraph("- `container`: a container per sample"))
     assert "Docker is untested" in container and "no Docker daemon" in container
+
+
+def _closed(redirect: str, argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`argv` started with one of its standard streams closed, the way a shell's `2>&-` does."""
+    return subprocess.run(["sh", "-c", f'exec "$@" {redirect}', "sh", *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("redirect", ["2>&-", ">&-", "<&-"])
+def test_a_closed_standard_stream_never_stops_a_run(redirect: str, tmp_path: Path, server: ScriptedServer,
+                                                    clean_env: dict[str, str]) -> None:
+    server.handler = echo_policy(turns=1)
+    ds = write_dataset(tmp_path / "ds.jsonl", ["say a", "say b"])
+    proc = _closed(redirect, cli("run", *base_args(server, ds, "r")), clean_env, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr and "error" not in proc.stdout + proc.stderr
+    run = tmp_path / "data" / "r"
+    assert len(read_jsonl(run / "trajectories.jsonl")) == 2 and (run / "statistics.json").is_file()
+    # Nothing meant for the closed stream went into a file that took its descriptor.
+    assert all(b"progress" not in p.read_bytes() for p in run.iterdir() if p.is_file())
+
+
+def test_a_safe_stream_over_no_stream_drops_what_is_written() -> None:
+    stream = SafeStream(None)
+    assert stream.write("lost") == 4 and stream.broken and not stream.isatty()
+    stream.flush()

@@ -133,14 +133,32 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> NoReturn:
     """The `trajforge` command (and `python -m trajforge`): main(), then exit_now."""
+    open_closed_std_streams()
     tune_allocator()
     exit_now(main())
 
 
 def batch_runner_entry() -> NoReturn:
     """`python batch_runner.py`: batch_runner_main(), then exit_now."""
+    open_closed_std_streams()
     tune_allocator()
     exit_now(batch_runner_main())
+
+
+def open_closed_std_streams() -> None:
+    """A process started with stdin, stdout or stderr closed (`2>&-` from cron or a service) gets
+    /dev/null there: the next file it opens would otherwise take that descriptor, and a library or
+    a child writing to "stderr" would write into a run's file. Status output is then dropped."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, mode, closefd=False, encoding="utf-8", errors="backslashreplace"))
 
 
 _fast_exit_code: int | None = None
