@@ -11,8 +11,8 @@ import pytest
 
 from tests.conftest import REPO, cli
 from tests.support.policies import echo_policy
-from tests.support.scripted_server import ScriptedServer
-from tests.test_runner_e2e import base_args, read_jsonl, write_dataset
+from tests.support.scripted_server import Recorded, Reply, ScriptedServer, http_error
+from tests.test_runner_e2e import base_args, read_jsonl, run_cli, write_dataset
 from trajforge.runner.console import SafeStream
 
 README = (REPO / "README.md").read_text()
@@ -52,3 +52,23 @@ def test_a_safe_stream_over_no_stream_drops_what_is_written() -> None:
     stream = SafeStream(None)
     assert stream.write("lost") == 4 and stream.broken and not stream.isatty()
     stream.flush()
+
+
+def test_429_retries_are_quiet_without_verbose_while_the_limit_adapts(tmp_path: Path, server: ScriptedServer,
+                                                                       clean_env: dict[str, str]) -> None:
+    policy = echo_policy(turns=0)
+    refusals = iter(range(4))
+
+    def handler(req: Recorded) -> Reply:  # the first four requests of the run are refused
+        if next(refusals, None) is not None:
+            return http_error(429, "slow down", headers={"Retry-After": "0.1"})
+        return policy(req)
+
+    server.handler = handler
+    ds = write_dataset(tmp_path / "ds.jsonl", ["say a", "say b"])
+    quiet = run_cli(tmp_path, clean_env, *base_args(server, ds, "r"))
+    assert quiet.returncode == 0, quiet.stderr
+    assert "slow down" not in quiet.stderr and "retry" not in quiet.stderr, quiet.stderr
+    refusals = iter(range(4))
+    loud = run_cli(tmp_path, clean_env, *base_args(server, ds, "v", "--verbose"))
+    assert loud.returncode == 0 and "retry 1/5 after the endpoint's Retry-After" in loud.stderr, loud.stderr

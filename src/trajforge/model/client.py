@@ -130,15 +130,15 @@ class OpenAIClient:
             except _Retryable as failed:
                 if attempt + 1 >= attempts:
                     raise failed.final from failed.__cause__
+                # While the gate adapts, 429s are expected and progress counts them: not a warning each.
+                level = logging.INFO if gate is not None and gate.adaptive and failed.overload else logging.WARNING
                 if gate is not None and failed.retry_after is not None:
                     # The gate now holds every request to this endpoint until Retry-After ends;
                     # the retry queues there rather than sleeping on its own.
-                    log.warning("model call to %s failed (%s); retry %d/%d after the endpoint's Retry-After",
-                                self.base_url, failed.final, attempt + 1, attempts - 1)
+                    log.log(level, "model call to %s failed (%s); retry %d/%d after the endpoint's Retry-After",
+                            self.base_url, failed.final, attempt + 1, attempts - 1)
                     continue
                 delay = self._delay(attempt, failed.retry_after)
-                # While the gate adapts, 429s are expected and progress counts them: not a warning each.
-                level = logging.INFO if gate is not None and gate.adaptive and failed.overload else logging.WARNING
                 log.log(level, "model call to %s failed (%s); retry %d/%d in %.1fs", self.base_url,
                         failed.final, attempt + 1, attempts - 1, delay)
                 with working.waiting():  # a backoff is the provider's pressure, not the sample's work
