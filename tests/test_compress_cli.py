@@ -226,6 +226,9 @@ def test_a_named_summariser_without_a_key_is_refused_before_any_file_is_written(
     assert main([f"--input={src}", "--target_max_tokens=100", "--model=openai/gpt-4o"]) == 2
     assert "summariser: no API key for https://openrouter.ai/api/v1" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]  # no .partial, no checkpoint
+    # The default summariser's own name, given by the user, is a named model: refused, not replaced.
+    assert main([f"--input={src}", "--target_max_tokens=100", "--model=google/gemini-3-flash-preview"]) == 2
+    assert "summariser: no API key" in capsys.readouterr().err
     assert main([f"--input={src}", "--target_max_tokens=100", "--model=local:/no/such.gguf"]) == 2
     assert "no such model file" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]

@@ -72,3 +72,28 @@ def test_429_retries_are_quiet_without_verbose_while_the_limit_adapts(tmp_path: 
     refusals = iter(range(4))
     loud = run_cli(tmp_path, clean_env, *base_args(server, ds, "v", "--verbose"))
     assert loud.returncode == 0 and "retry 1/5 after the endpoint's Retry-After" in loud.stderr, loud.stderr
+
+
+@pytest.mark.parametrize("how", ["flag", "config"])
+def test_a_named_hosted_model_without_a_key_is_refused_not_replaced(how: str, tmp_path: Path,
+                                                                     clean_env: dict[str, str]) -> None:
+    """--model=anthropic/claude-sonnet-4.6, the README's own first example, is also the default:
+    named, it must not silently become the 135M local model."""
+    ds = write_dataset(tmp_path / "ds.jsonl", ["say a"])
+    if how == "flag":
+        named = ["--model=anthropic/claude-sonnet-4.6"]
+    else:
+        (tmp_path / "c.yaml").write_text("model: anthropic/claude-sonnet-4.6\n")
+        named = [f"--config={tmp_path / 'c.yaml'}"]
+    proc = run_cli(tmp_path, clean_env, f"--dataset_file={ds}", "--sandbox=local", *named)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: no API key for https://openrouter.ai/api/v1") and "--model local" in proc.stderr
+    assert "using the bundled local model" not in proc.stderr and not (tmp_path / "data").exists()
+
+
+def test_the_local_model_stands_in_only_when_no_model_was_named(clean_env: dict[str, str]) -> None:
+    from trajforge.commands.run import parse_run_args
+    from trajforge.runner.preflight import choose_model
+
+    config, _ = parse_run_args(["--dataset_file=x.jsonl"], "trajforge run", strict_required=False)
+    assert config is not None and choose_model(config).model == "local"

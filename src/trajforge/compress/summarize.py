@@ -87,12 +87,13 @@ def normalise(text: str) -> str:
 
 
 def falls_back_to_local(cfg: SummarizationSection, api_key: str | None, environ: Mapping[str, str]) -> bool:
-    """Like `trajforge run`: the default summariser model with no --base_url and no API key
-    anywhere means the bundled local model. A model or URL the user chose is never replaced."""
+    """Like `trajforge run`: no summariser model named (by --model or `summarization.model`), no
+    --base_url and no API key anywhere means the bundled local model. A model or URL the user
+    chose, even the default's name, is never replaced."""
     from trajforge.model.factory import resolve_api_key
 
     env_key = environ.get(cfg.api_key_env) if cfg.api_key_env else None
-    return (cfg.model == DEFAULT_SUMMARY_MODEL and cfg.base_url is None
+    return ("model" not in cfg.model_fields_set and cfg.model == DEFAULT_SUMMARY_MODEL and cfg.base_url is None
             and resolve_api_key(api_key or env_key, environ) is None)
 
 

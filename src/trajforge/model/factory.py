@@ -51,17 +51,19 @@ def is_loopback(url: str) -> bool:
         return False
 
 
-def should_use_local(settings: ModelSettings, environ: Mapping[str, str] = os.environ) -> bool:
+def should_use_local(settings: ModelSettings, environ: Mapping[str, str] = os.environ, *,
+                     named: bool = False) -> bool:
     """Whether the run will use the in-process local model.
 
     Always for `--model local[:path]`. Otherwise only as a fallback: no --base_url, no API key
-    anywhere, and the model is the default one (a user who named a remote model explicitly gets
-    the "no API key" error instead of a silently different model).
+    anywhere, and no model named (`named`: given as a flag or in a config file): a user who named
+    a hosted model, even the default one, gets the "no API key" error instead of a silently
+    different model.
     """
     if is_local_model(settings.model):
         return True
-    return (settings.base_url is None and resolve_api_key(settings.api_key, environ) is None
-            and settings.model == DEFAULT_MODEL)
+    return (not named and settings.model == DEFAULT_MODEL and settings.base_url is None
+            and resolve_api_key(settings.api_key, environ) is None)
 
 
 def check_client(settings: ModelSettings, environ: Mapping[str, str] = os.environ) -> None:
