@@ -97,3 +97,11 @@ def test_the_local_model_stands_in_only_when_no_model_was_named(clean_env: dict[
 
     config, _ = parse_run_args(["--dataset_file=x.jsonl"], "trajforge run", strict_required=False)
     assert config is not None and choose_model(config).model == "local"
+
+
+def test_the_exit_code_table_lists_every_code_a_run_exits_with() -> None:
+    table = README[README.index("### Exit codes"):README.index("`--fail_on_error N`")]
+    from trajforge.runner.budget import BUDGET_EXIT_CODE
+
+    codes = {int(m) for m in re.findall(r"^\| (\d+) \|", table, re.MULTILINE)}
+    assert codes == {0, 1, 2, 3, BUDGET_EXIT_CODE, 130}
