@@ -105,3 +105,27 @@ def test_the_exit_code_table_lists_every_code_a_run_exits_with() -> None:
 
     codes = {int(m) for m in re.findall(r"^\| (\d+) \|", table, re.MULTILINE)}
     assert codes == {0, 1, 2, 3, BUDGET_EXIT_CODE, 130}
+
+
+def test_the_layer_diagram_names_every_top_level_module() -> None:
+    start = README.index("## Architecture")
+    diagram = README[README.index("```\ncommands", start):README.index("```\n\n", README.index("```\ncommands", start) + 4)]
+    modules = {p.name for p in (REPO / "src" / "trajforge").glob("*.py")} - {"__init__.py", "__main__.py"}
+    packages = {f"{p.name}/" for p in (REPO / "src" / "trajforge").iterdir() if (p / "__init__.py").is_file()}
+    assert [m for m in sorted(modules | packages) if m not in diagram] == []
+
+
+def test_the_registration_table_says_which_extensions_also_need_the_config_literal() -> None:
+    from typing import get_args
+
+    from trajforge.config import RunConfig
+    from trajforge.executors import EXECUTORS
+    from trajforge.sandbox.factory import BACKENDS
+
+    # Until issue 40 derives them, the flag's choices and the registry are kept in step by hand.
+    assert set(get_args(RunConfig.model_fields["sandbox"].annotation)) == {"auto", *BACKENDS}
+    assert set(get_args(RunConfig.model_fields["executor"].annotation)) == set(EXECUTORS)
+    table = README[README.index("| to add | write | register in |"):]
+    for row in ("| a sandbox backend |", "| an executor |"):
+        line = table[table.index(row):table.index("\n", table.index(row))]
+        assert "Literal[...]` in `config.py`" in line, line
