@@ -129,3 +129,21 @@ def test_the_registration_table_says_which_extensions_also_need_the_config_liter
     for row in ("| a sandbox backend |", "| an executor |"):
         line = table[table.index(row):table.index("\n", table.index(row))]
         assert "Literal[...]` in `config.py`" in line, line
+
+
+def test_a_refused_distribution_leaves_no_run_directory(tmp_path: Path, server: ScriptedServer,
+                                                        clean_env: dict[str, str]) -> None:
+    from tests.test_new_user import no_search_env
+
+    server.handler = echo_policy(turns=1)
+    env = no_search_env(clean_env)
+    ds = write_dataset(tmp_path / "ds.jsonl", ["say a"])
+    proc = run_cli(tmp_path, env, *base_args(server, ds, "r"), "--distribution=minimal")
+    assert proc.returncode == 2 and "none of its toolsets can be offered here" in proc.stderr, proc.stderr
+    assert not (tmp_path / "data").exists()
+    # A run that exists keeps its own configuration when a resume of it is refused.
+    assert run_cli(tmp_path, env, *base_args(server, ds, "r")).returncode == 0
+    config = (tmp_path / "data" / "r" / "config.json").read_text()
+    write_dataset(ds, ["say a", "say b"])  # one more sample to run, so the resume starts its executor
+    proc = run_cli(tmp_path, env, *base_args(server, ds, "r"), "--distribution=minimal", "--resume")
+    assert proc.returncode == 2 and (tmp_path / "data" / "r" / "config.json").read_text() == config

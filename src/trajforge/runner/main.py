@@ -25,7 +25,7 @@ from typing import Any
 
 from trajforge.config import RunConfig
 from trajforge.dataset import LoadedDataset, Sample, load_dataset
-from trajforge.errors import FatalModelError, OutputError
+from trajforge.errors import FatalModelError, OutputError, UsageError
 from trajforge.jsonio import dumps
 from trajforge.redact import REGISTRY, hide_in_cmdline, run_secrets
 from trajforge.runner import recovery, store
@@ -79,6 +79,7 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
     rundir = RunDir(config.output_dir / config.run_name)
     rundir.acquire(resume=config.resume, overwrite=config.overwrite)
     watcher = use_pidfd_child_watcher()
+    refused = False
     try:
         leftovers = rundir.remove_leftovers()
         if leftovers:
@@ -87,10 +88,13 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
             print(f"trajforge: {msg}", file=sys.stderr)
         with tuned_collector():
             return asyncio.run(_run(config, dataset, prefill, rundir, make_executor))
+    except UsageError:  # refused at the executor's start (_run): before any result was written
+        refused = True
+        raise
     finally:
         if watcher:  # in-process callers (tests, notebooks) get the default back for their own loops
             asyncio.set_child_watcher(None)
-        rundir.release()
+        rundir.release(discard=refused)
 
 
 def plan(samples: list[Sample], run_dir: Path, checkpoint: Checkpoint, problems: list[str],
@@ -141,7 +145,6 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
     print(f"trajforge: run '{config.run_name}': {len(samples)} samples, "
           f"{len(samples) - len(todo)} already finished, {len(todo)} to run, sandbox {sandbox} -> {run_dir}",
           file=sys.stderr)
-    rundir.save_config(config.masked())
 
     batch_store = store.BatchStore(run_dir)
     invocation = Totals()
@@ -192,6 +195,7 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
         except BaseException:
             await executor.aclose()
             raise
+    rundir.save_config(config.masked())  # once the start was not refused, which keeps a resumed run's own
     budget = budget_for(config, checkpoint.invocations, len(todo), (restored.spent, restored.samples))
     monitor = RunMonitor(getattr(executor, "gate", None), budget)
     progress.extra = monitor.progress_text
