@@ -36,6 +36,8 @@ VALUES: dict[str, tuple[str, object]] = {
     "num_workers": ("8", 8),
     "max_samples": ("50", 50),
     "max_tokens": ("2048", 2048),
+    "temperature": ("0.9", 0.9),
+    "top_p": ("0.95", 0.95),
     "providers_allowed": ("anthropic,openai", ["anthropic", "openai"]),
     "providers_ignored": ("together,deepinfra", ["together", "deepinfra"]),
     "providers_order": ("openai, anthropic", ["openai", "anthropic"]),

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import REPO, cli
 from tests.support.policies import echo_policy
-from tests.support.scripted_server import Recorded, Reply, ScriptedServer, http_error
+from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error
 from tests.test_runner_e2e import base_args, read_jsonl, run_cli, write_dataset
 from trajforge.runner.console import SafeStream
 
@@ -147,3 +147,41 @@ def test_a_refused_distribution_leaves_no_run_directory(tmp_path: Path, server: 
     write_dataset(ds, ["say a", "say b"])  # one more sample to run, so the resume starts its executor
     proc = run_cli(tmp_path, env, *base_args(server, ds, "r"), "--distribution=minimal", "--resume")
     assert proc.returncode == 2 and (tmp_path / "data" / "r" / "config.json").read_text() == config
+
+
+def test_temperature_and_top_p_are_sent_only_when_set(tmp_path: Path, server: ScriptedServer,
+                                                      clean_env: dict[str, str]) -> None:
+    server.handler = echo_policy(turns=0)
+    ds = write_dataset(tmp_path / "ds.jsonl", ["say a"])
+    assert run_cli(tmp_path, clean_env, *base_args(server, ds, "plain")).returncode == 0
+    (plain,) = server.chat_requests()
+    assert "temperature" not in plain and "top_p" not in plain
+    (tmp_path / "c.yaml").write_text("top_p: 0.5\n")
+    proc = run_cli(tmp_path, clean_env, *base_args(server, ds, "set"), "--temperature=1.2",
+                   f"--config={tmp_path / 'c.yaml'}")
+    assert proc.returncode == 0, proc.stderr
+    assert (server.chat_requests()[-1]["temperature"], server.chat_requests()[-1]["top_p"]) == (1.2, 0.5)
+    for bad in ("--temperature=2.5", "--top_p=0", "--top_p=1.5"):
+        proc = run_cli(tmp_path, clean_env, *base_args(server, ds, "bad"), bad)
+        assert proc.returncode == 2 and bad.split("=")[0] in proc.stderr, proc.stderr
+
+
+def test_the_agents_sampling_is_not_the_judges(server: ScriptedServer) -> None:
+    import asyncio
+
+    from trajforge.config import RunConfig
+    from trajforge.verify.judge import make_judge_client
+
+    server.handler = lambda req: chat("score")
+    config = RunConfig(model="m", base_url=server.url, temperature=1.3, top_p=0.7)
+
+    async def ask() -> None:
+        judge = make_judge_client(config, {})
+        try:
+            await judge.complete([{"role": "user", "content": "grade"}], [])
+        finally:
+            await judge.aclose()
+
+    asyncio.run(ask())
+    (body,) = server.chat_requests()
+    assert "temperature" not in body and "top_p" not in body

@@ -131,6 +131,8 @@ class RunConfig(_Strict):
     verbose: bool = False
     max_samples: int | None = Field(None, ge=1, le=1_000_000_000)
     max_tokens: int | None = Field(None, ge=1, le=10_000_000)
+    temperature: float | None = Field(None, ge=0, le=2, description="sampling temperature of the agent's calls")
+    top_p: float | None = Field(None, gt=0, le=1, description="nucleus sampling of the agent's calls")
     providers_allowed: list[str] | None = None
     providers_ignored: list[str] | None = None
     providers_order: list[str] | None = None
@@ -196,12 +198,12 @@ class RunConfig(_Strict):
     pricing: dict[str, PriceConfig] = Field(default_factory=dict)
 
     @field_validator("batch_size", "max_turns", "num_workers", "max_samples", "max_tokens", "log_prefix_chars",
-                     "timeout", "sample_wall_timeout", "tool_timeout", "request_timeout", "max_retries", "seed", "max_sandboxes",
-                     "sandbox_nproc", "container_pids_limit", "container_cpus", "image_pull_timeout",
+                     "timeout", "sample_wall_timeout", "tool_timeout", "request_timeout", "max_retries", "seed",
+                     "max_sandboxes", "sandbox_nproc", "container_pids_limit", "container_cpus", "image_pull_timeout",
                      "local_instances", "samples_per_prompt", "stop_after_passes", "check_timeout",
-                     "judge_threshold", "max_cost", "max_cost_per_sample", "max_tokens_per_sample",
-                     "max_requests_per_minute", "max_tokens_per_minute", "fail_on_error", "sandbox_cpu_seconds",
-                     mode="before")
+                     "judge_threshold", "temperature", "top_p", "max_cost", "max_cost_per_sample",
+                     "max_tokens_per_sample", "max_requests_per_minute", "max_tokens_per_minute", "fail_on_error",
+                     "sandbox_cpu_seconds", mode="before")
     @classmethod
     def _no_bool_numbers(cls, v: Any) -> Any:
         # pydantic's lax mode reads True as 1; `max_turns: yes` in a config file is a mistake.
@@ -270,6 +272,7 @@ class RunConfig(_Strict):
             model=self.model, base_url=self.base_url,
             api_key=self.api_key.get_secret_value() if self.api_key else None,
             max_tokens=self.max_tokens, request_timeout=self.request_timeout, max_retries=self.max_retries,
+            temperature=self.temperature, top_p=self.top_p,
             providers_allowed=self.providers_allowed, providers_ignored=self.providers_ignored,
             providers_order=self.providers_order, provider_sort=self.provider_sort,
             reasoning_effort=self.reasoning_effort, reasoning_disabled=self.reasoning_disabled,

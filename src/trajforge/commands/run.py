@@ -34,6 +34,8 @@ FLAGS: list[Flag] = [
     ("verbose", "bool", "log every step of every sample, and print the resolved configuration"),
     ("max_samples", "int", "only the first N valid samples of the dataset"),
     ("max_tokens", "int", "max tokens per model response"),
+    ("temperature", "float", "sampling temperature of the agent's model calls, 0-2 (sent only when set)"),
+    ("top_p", "float", "nucleus sampling of the agent's model calls, above 0 and at most 1 (sent only when set)"),
     ("providers_allowed", "csv", "comma-separated providers allowed (OpenRouter routing)"),
     ("providers_ignored", "csv", "comma-separated providers to ignore (OpenRouter routing)"),
     ("providers_order", "csv", "comma-separated preferred provider order (OpenRouter routing)"),
@@ -86,7 +88,7 @@ _FLAG_NAMES = [f for f, _, _ in FLAGS]
 _DEFAULT_WORDS = {
     "dataset_file": "required", "base_url": "https://openrouter.ai/api/v1, or the local model when no API key is set",
     "api_key": "$OPENROUTER_API_KEY, then $OPENAI_API_KEY", "max_samples": "all", "max_tokens": "the model's",
-    "providers_allowed": "all", "providers_ignored": "none", "providers_order": "the router's",
+    "temperature": "the model's", "top_p": "the model's", "providers_allowed": "all", "providers_ignored": "none", "providers_order": "the router's",
     "provider_sort": "the router's", "reasoning_effort": "the model's", "ephemeral_system_prompt": "none",
     "prefill_messages_file": "none", "config": "none", "ray_address": "start a local Ray instance",
     "stop_after_passes": "run every rollout", "judge_model": "the run's --model",

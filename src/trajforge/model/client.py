@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP model client (OpenRouter, vLLM, llama.cpp server, OpenAI, ...).
 
 This module owns one chat-completion call end to end: the request body (tools, max_tokens,
-OpenRouter provider routing and reasoning control, each sent only when set), the retry policy,
+temperature and top_p, OpenRouter provider routing and reasoning control, each sent only when set), the retry policy,
 the mapping of HTTP failures to model.errors / FatalModelError, and normalising the response
 into a Completion. Connections belong to model.transport, which does no retries of its own, so
 the policy here is the only one: 429, 5xx, 408/409, timeouts and dropped connections are retried
@@ -53,6 +53,8 @@ def request_options(settings: ModelSettings) -> dict[str, Any]:
         opts["max_tokens"] = settings.max_tokens
     if settings.temperature is not None:
         opts["temperature"] = settings.temperature
+    if settings.top_p is not None:
+        opts["top_p"] = settings.top_p
     extra: dict[str, Any] = {}
     provider = {key: value for key, value in (
         ("only", settings.providers_allowed), ("ignore", settings.providers_ignored),

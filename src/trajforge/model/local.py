@@ -173,6 +173,7 @@ class LocalModelClient:
         # Half the token budget in characters keeps a rambling argument string closable in time.
         self._arg_chars = _env_int("TRAJFORGE_LOCAL_MAX_ARG_CHARS", max(32, (self._max_tokens - 48) // 2))
         self._temperature = DEFAULT_TEMPERATURE if settings.temperature is None else settings.temperature
+        self._sampling = {} if settings.top_p is None else {"top_p": settings.top_p}  # else llama.cpp's default
         self._idle: asyncio.Queue[_Instance | None] = asyncio.Queue()
         for _ in range(self._instances):
             self._idle.put_nowait(None)
@@ -253,6 +254,7 @@ class LocalModelClient:
             prompt=prompt,
             max_tokens=min(self._max_tokens, inst.n_ctx - len(prompt)),
             temperature=self._temperature,
+            **self._sampling,
             grammar=grammar,
             stop=[inst.eos] if inst.eos else None,
             seed=(zlib.crc32(repr(chat).encode()) ^ self._seed) & 0x7FFFFFFF,
