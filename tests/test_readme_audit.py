@@ -3,6 +3,7 @@ there is behaviour to check, and against the README's own text where the fix was
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -10,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, cli
-from tests.support.policies import echo_policy
-from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error
+from tests.support.policies import echo_policy, tool_messages, user_prompt
+from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call, with_usage
 from tests.test_runner_e2e import base_args, read_jsonl, run_cli, write_dataset
 from trajforge.runner.console import SafeStream
 
@@ -185,3 +186,78 @@ def test_the_agents_sampling_is_not_the_judges(server: ScriptedServer) -> None:
     asyncio.run(ask())
     (body,) = server.chat_requests()
     assert "temperature" not in body and "top_p" not in body
+
+
+def test_progress_and_the_table_count_the_same_discards(tmp_path: Path, server: ScriptedServer,
+                                                        clean_env: dict[str, str]) -> None:
+    """A record calling a tool it was not offered is dropped by the merge: the progress line counts
+    it as discarded too, not as done (it said done 6 discarded 1 where the table said 5 and 2)."""
+    policy = echo_policy(turns=1)
+
+    def handler(req: Recorded) -> Reply:
+        if "say bad" in user_prompt(req.body) and not tool_messages(req.body):
+            return chat(None, tool_calls=[tool_call("browser_click", {"ref": "e1"})], reasoning="Click it.")
+        return policy(req)
+
+    server.handler = handler
+    ds = write_dataset(tmp_path / "ds.jsonl", ["say a", "say bad", "say c"])
+    proc = run_cli(tmp_path, clean_env, *base_args(server, ds, "r"))
+    assert proc.returncode == 0, proc.stderr
+    last = [line for line in proc.stderr.splitlines() if line.startswith("progress ")][-1]
+    assert "progress 3/3 done 2 failed 0 discarded 1 " in last, last
+    stats = json.loads((tmp_path / "data" / "r" / "statistics.json").read_text())
+    for part in ("run", "last_invocation"):
+        samples = stats[part]["samples"]
+        assert (samples["finished"], samples["discarded_by_reason"]) == (2, {"hallucinated_tool": 1}), part
+    assert re.search(r"│ discarded +│ +1 │", proc.stdout), proc.stdout
+
+
+def test_cost_and_spent_are_labelled_and_small_budgets_keep_their_digits(
+        tmp_path: Path, server: ScriptedServer, clean_env: dict[str, str]) -> None:
+    server.handler = with_usage(echo_policy(turns=0), 100, 10, cost=0.0001)
+    ds = write_dataset(tmp_path / "ds.jsonl", ["say a", "say b"])
+    (tmp_path / "c.yaml").write_text("pricing: {scripted-model: {prompt: 1, completion: 1}}\n")
+    proc = run_cli(tmp_path, clean_env, *base_args(server, ds, "r"), "--max_cost=0.004", f"--config={tmp_path / 'c.yaml'}")
+    assert proc.returncode == 0, proc.stderr
+    assert "of $0.0040 budget" in proc.stderr and "spent $0.00020 (every call)" in proc.stderr, proc.stderr
+    assert "samples' cost $0.00020" in proc.stderr
+    assert re.search(r"cost \(finished and discarded samples\) +│ +\$0\.00020", proc.stdout), proc.stdout
+    assert re.search(r"spent \(every model call, failed attempts too\) +│ +\$0\.00020", proc.stdout), proc.stdout
+
+
+def test_usd_keeps_two_significant_digits() -> None:
+    from trajforge.runner.figures import usd
+
+    assert [usd(x) for x in (0, 0.004, 0.00004, 1.5, 12.3456, 1234.5)] == \
+        ["$0.00", "$0.0040", "$0.000040", "$1.5000", "$12.3456", "$1,234.50"]
+
+
+def test_pass_at_k_says_how_many_rows_it_averages() -> None:
+    from trajforge.runner.verify_stats import VerifyTotals, table_rows
+
+    totals = VerifyTotals(k=2)
+    for sample_id, verification in (("a", {"method": "exact", "passed": True}), ("a#1", {"method": "exact", "passed": False}),
+                                    ("b", {"method": "none"}), ("c", {"method": "exact", "error": "judge_failed"})):
+        totals.add({"sample_id": sample_id, "prompt_index": 0, "verification": verification})
+    figures = totals.figures(cost=0.0)
+    assert (figures.rows, figures.rows_with_verdict, figures.pass_at_1) == (3, 1, 0.5)
+    assert ("pass@1 / pass@2 (1 of 3 rows have a verdict)", "0.500 / 1.000") in table_rows(figures)
+
+
+def test_a_resume_with_nothing_to_do_keeps_the_runs_throughput(tmp_path: Path, server: ScriptedServer,
+                                                               clean_env: dict[str, str]) -> None:
+    """It added an invocation of a few milliseconds that ran nothing: the throughput was then
+    taken over it (84705.9 samples/min)."""
+    server.handler = echo_policy(turns=0)
+    ds = write_dataset(tmp_path / "ds.jsonl", ["say a", "say b"])
+    assert run_cli(tmp_path, clean_env, *base_args(server, ds, "r")).returncode == 0
+    run = tmp_path / "data" / "r"
+    first = json.loads((run / "statistics.json").read_text())["run"]["throughput_samples_per_minute"]
+    proc = run_cli(tmp_path, clean_env, *base_args(server, ds, "r"), "--resume")
+    assert proc.returncode == 0, proc.stderr
+    stats = json.loads((run / "statistics.json").read_text())
+    ran = json.loads((run / "checkpoint.json").read_text())["invocations"]
+    assert [i["ran"] for i in ran] == [2, 0]
+    assert stats["run"]["throughput_samples_per_minute"] == first == round(120 / ran[0]["seconds"], 2)
+    assert stats["last_invocation"]["throughput_samples_per_minute"] is None
+    assert re.search(r"throughput +│ +-", proc.stdout) is None and "samples/min" in proc.stdout

@@ -37,6 +37,7 @@ from trajforge.runner.eventloop import (
     flush_periodically, install_signals, remove_signals, tuned_collector, use_pidfd_child_watcher,
 )
 from trajforge.runner.governor import budget_for, check_prices
+from trajforge.runner.merge import calls_unknown_tools
 from trajforge.runner.monitor import RunMonitor
 from trajforge.sample.outcome import Outcome
 from trajforge.runner.preflight import (
@@ -174,7 +175,10 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
         except OutputError as e:
             halt(e)
             return
-        if o.status == "done" and o.record is not None:
+        dropped = o.status == "done" and o.record is not None and calls_unknown_tools(o.record)
+        if dropped:  # the merge will drop it: discarded, as the end-of-run table and statistics say
+            invocation.discarded["hallucinated_tool"] += 1
+        elif o.status == "done" and o.record is not None:
             invocation.add_record(o.record)
         elif o.status == "failed":
             invocation.failed[o.reason or "internal"] += 1
@@ -185,7 +189,7 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
             if o.usage:
                 invocation.add_usage(o.usage, o.api_calls)
         invocation.per_worker[o.worker] += 1
-        progress.update(o)
+        progress.update(o, dropped=dropped)
 
     executor = make_executor(config, prefill, run_dir)
     if todo:  # before the checkpoint records this invocation: a refused start leaves no results behind

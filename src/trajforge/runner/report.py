@@ -47,8 +47,11 @@ def finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint: 
     stats = Statistics(
         run_name=config.run_name, model=config.model, distribution=config.distribution, sandbox=config.sandbox,
         dataset_file=str(config.dataset_file), invocations=len(checkpoint.invocations),
-        run=totals.figures(total=len(samples), seconds=sum(i.seconds for i in checkpoint.invocations)),
-        last_invocation=invocation.figures(total=None, seconds=seconds),
+        run=totals.figures(total=len(samples), seconds=sum(i.seconds for i in checkpoint.invocations),
+                           pace=(sum(i.ran for i in checkpoint.invocations if i.ran),
+                                 sum(i.seconds for i in checkpoint.invocations if i.ran))),
+        last_invocation=invocation.figures(total=None, seconds=seconds,
+                                           pace=(sum(invocation.per_worker.values()), seconds)),
         merge=MergeFigures(written=result.written, hallucinated_filtered=result.hallucinated,
                            duplicates_ignored=result.duplicates, not_in_dataset=result.stale,
                            not_kept=result.not_kept, problems=result.problems),

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trajforge.runner.figures import (
-    ReasoningFigures, RunFigures, SampleCounts, Statistics, TokenFigures, ToolFigures,
+    ReasoningFigures, RunFigures, SampleCounts, Statistics, TokenFigures, ToolFigures, usd,
 )
 from trajforge.runner.verify_stats import VerifyTotals, table_rows
 from trajforge.sample.outcome import FAILURE_CLASSES
@@ -76,10 +76,15 @@ class Totals:
         self.turns_with_reasoning += int(r.get("turns_with_reasoning", 0))
         self.verify.add(rec)
 
-    def figures(self, *, total: int | None = None, seconds: float | None = None) -> RunFigures:
-        """`total`: the samples there are (None: not known); `seconds`: their duration, if any."""
+    def figures(self, *, total: int | None = None, seconds: float | None = None,
+                pace: tuple[int, float] | None = None) -> RunFigures:
+        """`total`: the samples there are (None: not known); `seconds`: their duration, if any;
+        `pace`: (samples ended, seconds) to take the throughput from instead of finished / seconds
+        (the run's: only invocations that ran samples, so a resume that found nothing to do in
+        4 ms does not make it thousands a minute)."""
         turns = self.assistant_turns
-        rate = round(60 * self.finished / seconds, 2) if seconds is not None and seconds > 0 else None
+        done, secs = pace if pace is not None else (self.finished, seconds)
+        rate = round(60 * done / secs, 2) if secs is not None and secs > 0 and done else None
         return RunFigures(
             samples=SampleCounts(
                 total=total, finished=self.finished, completed=self.completed, partial=self.partial,
@@ -122,8 +127,11 @@ def render_table(stats: Statistics) -> Any:
     cov = "-" if run.reasoning.coverage is None else f"{100 * run.reasoning.coverage:.1f}%"
     rows += [("reasoning coverage", cov), ("api calls", run.api_calls),
              ("tokens (prompt/completion)", f"{run.tokens.prompt} / {run.tokens.completion}"),
-             ("cost", f"${run.cost:.4f}"), ("duration (all invocations)", f"{run.duration_seconds or 0:.1f}s"),
-             ("throughput", f"{run.throughput_samples_per_minute or 0:.1f} samples/min")]
+             ("cost (finished and discarded samples)", usd(run.cost)),
+             ("spent (every model call, failed attempts too)", usd(stats.spend.spent)),
+             ("duration (all invocations)", f"{run.duration_seconds or 0:.1f}s"),
+             ("throughput", "-" if run.throughput_samples_per_minute is None
+              else f"{run.throughput_samples_per_minute:.1f} samples/min")]
     rows += table_rows(run.verification)
     last = stats.last_invocation
     if stats.invocations > 1:
