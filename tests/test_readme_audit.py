@@ -261,3 +261,23 @@ def test_a_resume_with_nothing_to_do_keeps_the_runs_throughput(tmp_path: Path, s
     assert stats["run"]["throughput_samples_per_minute"] == first == round(120 / ran[0]["seconds"], 2)
     assert stats["last_invocation"]["throughput_samples_per_minute"] is None
     assert re.search(r"throughput +│ +-", proc.stdout) is None and "samples/min" in proc.stdout
+
+
+def test_the_readme_says_the_local_sandbox_leaks_host_paths(tmp_path: Path) -> None:
+    """Under `local` a sample sees its workspace at the host path; the README must say so, as it is
+    what lands in the trajectories."""
+    import asyncio
+
+    from trajforge.sandbox.local import LocalSandbox
+
+    async def pwd() -> str:
+        sb = LocalSandbox(tmp_path)
+        await sb.start()
+        try:
+            return (await sb.exec("pwd", timeout=30)).stdout.strip()
+        finally:
+            await sb.close()
+
+    assert asyncio.run(pwd()).startswith(str(tmp_path))  # the host path, not a stable one
+    local = re.sub(r"\s+", " ", _paragraph("- `local`: a private workspace directory"))
+    assert "real host path" in local and "into the trajectories" in local
