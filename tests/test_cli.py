@@ -77,7 +77,7 @@ VALUES: dict[str, tuple[str, object]] = {
     "fail_on_error": ("0.25", 0.25),
 }
 BOOLS = ["resume", "overwrite", "verbose", "reasoning_disabled", "skip_invalid", "keep_no_reasoning",
-         "keep_workspaces"]
+         "keep_workspaces", "retry_sandbox_limits"]
 SPECIAL = ["parallelism", "list_distributions", "config"]  # tested on their own below
 SPEC_FLAGS = ["dataset_file", "batch_size", "run_name", "distribution", "model", "base_url", "api_key", "max_turns",
               "num_workers", "resume", "verbose", "max_samples", "max_tokens", "providers_allowed",

@@ -281,3 +281,44 @@ def test_the_readme_says_the_local_sandbox_leaks_host_paths(tmp_path: Path) -> N
     assert asyncio.run(pwd()).startswith(str(tmp_path))  # the host path, not a stable one
     local = re.sub(r"\s+", " ", _paragraph("- `local`: a private workspace directory"))
     assert "real host path" in local and "into the trajectories" in local
+
+
+@pytest.mark.parametrize("retry", [False, True])
+def test_a_sample_that_hits_a_sandbox_limit_is_not_retried_by_default(retry: bool, tmp_path: Path,
+                                                                       server: ScriptedServer,
+                                                                       clean_env: dict[str, str]) -> None:
+    from tests.support.policies import prompt_command_policy
+    from tests.test_sandbox_limits import ROOT_BWRAP
+
+    if not ROOT_BWRAP:
+        pytest.skip("needs bwrap as root: the /tmp limit is a tmpfs size")
+    server.handler = prompt_command_policy
+    ds = write_dataset(tmp_path / "ds.jsonl", ["head -c 8M /dev/zero > /tmp/fill; echo wrote=$?"])
+    (tmp_path / "c.yaml").write_text("sandbox_tmp_size: 1m\ntask_types: {default: {retry_limit: 3}}\n")
+    args = [f"--dataset_file={ds}", "--run_name=r", f"--base_url={server.url}", "--model=scripted",
+            "--distribution=terminal_only", "--sandbox=bwrap", f"--config={tmp_path / 'c.yaml'}"]
+    proc = run_cli(tmp_path, clean_env, *args, *(["--retry_sandbox_limits"] if retry else []))
+    assert proc.returncode == 3, proc.stderr
+    (entry,) = json.loads((tmp_path / "data" / "r" / "checkpoint.json").read_text())["samples"].values()
+    assert entry["reason"] == "sandbox" and "filled /tmp (1 MiB, sandbox_tmp_size)" in entry["message"], entry
+    assert entry["attempts"] == (4 if retry else 1)
+    assert len(server.chat_requests()) == (4 if retry else 1)
+
+
+def test_task_types_default_applies_to_rows_without_a_section_of_their_own(
+        tmp_path: Path, server: ScriptedServer, clean_env: dict[str, str]) -> None:
+    from trajforge.config import RunConfig
+
+    config = RunConfig(task_types={"default": {"retry_limit": 0, "expected": "42"}, "code": {"retry_limit": 5}})
+    assert (config.retry_limit(None), config.retry_limit("other"), config.retry_limit("code")) == (0, 0, 5)
+    assert RunConfig().retry_limit(None) == 1
+    from trajforge.verify.verifier import resolve_for
+
+    assert resolve_for(config, None, None).expected == "42" and resolve_for(config, None, "code").expected is None
+    server.handler = lambda req: http_error(400, "bad request")  # fails every attempt, without retries
+    ds = write_dataset(tmp_path / "ds.jsonl", ["say a"])
+    (tmp_path / "c.yaml").write_text("task_types: {default: {retry_limit: 0}}\n")
+    proc = run_cli(tmp_path, clean_env, *base_args(server, ds, "r"), f"--config={tmp_path / 'c.yaml'}")
+    assert proc.returncode == 3, proc.stderr
+    (entry,) = json.loads((tmp_path / "data" / "r" / "checkpoint.json").read_text())["samples"].values()
+    assert entry["attempts"] == 1 and len(server.chat_requests()) == 1

@@ -27,6 +27,7 @@ from trajforge.config_checks import CHECKED_FIELDS, PID_MAX, SIZE_PATTERN, check
 from trajforge.config_checks import size_bytes  # noqa: F401 -- sample.settings reads sizes from here
 
 ProviderSort = Literal["price", "throughput", "latency"]
+DEFAULT_TASK_TYPE = "default"  # task_types.default: for rows whose task type has no section of its own
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 
 
@@ -153,6 +154,7 @@ class RunConfig(_Strict):
     skip_invalid: bool = False
     keep_no_reasoning: bool = False
     keep_workspaces: bool = False
+    retry_sandbox_limits: bool = False  # retry in-run a sample that hit its memory, /tmp or disk limit
     sandbox: Literal["auto", "local", "bwrap", "container"] = "auto"
     # egress: own network namespace, internet only (sandbox/network.py); "on" is the old name of host.
     sandbox_network: Literal["auto", "egress", "host", "none"] = "auto"
@@ -263,8 +265,13 @@ class RunConfig(_Strict):
         }
         return all_distributions(custom)
 
+    def task_type(self, name: str | None) -> TaskTypeConfig | None:
+        """The `task_types` section of a row's task type; `default` is the section of every row
+        whose type has none of its own (rows without a task_type included)."""
+        return self.task_types.get(name or "") or self.task_types.get(DEFAULT_TASK_TYPE)
+
     def retry_limit(self, task_type: str | None) -> int:
-        tt = self.task_types.get(task_type or "")
+        tt = self.task_type(task_type)
         return tt.retry_limit if tt else 1
 
     def model_settings(self) -> ModelSettings:

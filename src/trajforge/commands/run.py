@@ -58,6 +58,8 @@ FLAGS: list[Flag] = [
     ("skip_invalid", "bool", "skip (and count) invalid dataset lines instead of refusing to start"),
     ("keep_no_reasoning", "bool", "keep samples with no reasoning (dropped by default)"),
     ("keep_workspaces", "bool", "keep each sample's workspace directory after it ends"),
+    ("retry_sandbox_limits", "bool", "retry in-run a sample that hit its memory, /tmp, /dev/shm or disk limit "
+                                     "(it would most likely hit it again)"),
     ("sandbox", "str", "auto, local, bwrap or container"),
     ("sandbox_network", "str", "auto, egress (internet only), host or none: network of bwrap/container sandboxes"),
     ("max_sandboxes", "int", "containers being created at once"),

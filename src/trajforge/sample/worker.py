@@ -30,7 +30,7 @@ from trajforge.model.types import ModelClient
 from trajforge.sample.outcome import Outcome, batch_number
 from trajforge.sample.settings import sandbox_settings, tool_settings
 from trajforge.sample.trace import tracer
-from trajforge.sandbox.base import Sandbox
+from trajforge.sandbox.base import Sandbox, SandboxLimitError
 from trajforge.sandbox.factory import SandboxProvider
 from trajforge.sandbox.workspace import RunRoot
 from trajforge.tools.base import ToolContext, Toolset, Unavailable
@@ -39,6 +39,16 @@ from trajforge.verify.result import Part
 from trajforge.verify.verifier import Verifier, final_answer
 
 log = logging.getLogger("trajforge.worker")
+
+
+def _hit_a_limit(e: BaseException | None) -> bool:
+    """Whether the sample hit one of its sandbox limits (a tool passes it on as the cause of a
+    ToolInfraError): another attempt would most likely hit it again."""
+    while e is not None:
+        if isinstance(e, SandboxLimitError):
+            return True
+        e = e.__cause__
+    return False
 
 
 class _WallTimeout(Exception):
@@ -130,7 +140,8 @@ class SampleWorker:
             return outcome("failed", reason="timeout", message=f"exceeded the {self.config.timeout:g}s sample limit "
                            "(--timeout, working time)")
         except SampleFailure as e:  # model call, sandbox or tool backend: its class says which
-            return outcome("failed", reason=e.failure_class, message=str(e))
+            again = self.config.retry_sandbox_limits or not _hit_a_limit(e)
+            return outcome("failed", reason=e.failure_class, message=str(e), retryable=again)
         except Exception as e:  # a bug in one sample must not stop the run; it is recorded and retried
             log.exception("sample %s failed", sample.identity)
             return outcome("failed", reason="internal", message=f"{type(e).__name__}: {e}")

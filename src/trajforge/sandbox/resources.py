@@ -25,7 +25,7 @@ import secrets
 import time
 from pathlib import Path
 
-from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.base import SandboxError, SandboxLimitError
 from trajforge.sandbox.disk import DiskImage, disk_usable, human, pid_alive, sweep_images
 from trajforge.sandbox.settings import SampleLimits
 from trajforge.sandbox.workspace import report_swept, sweep_roots
@@ -203,19 +203,19 @@ class Resources:
                 self.memory.add(pid)
 
     def check(self) -> None:
-        """After a command: SandboxError naming the limit the sample hit, if any."""
+        """After a command: SandboxLimitError naming the limit the sample hit, if any."""
         lim = self.limits
         if self.memory is not None and self.memory.new_oom_kill():
-            raise SandboxError(f"the sample exceeded its memory limit of {human(lim.memory or 0)} "
+            raise SandboxLimitError(f"the sample exceeded its memory limit of {human(lim.memory or 0)} "
                                "(sandbox_memory): a process was killed by the kernel")
         if self.ns_pid:
             for path, size, key in ((f"/proc/{self.ns_pid}/root/tmp", lim.tmp_size, "sandbox_tmp_size"),
                                     (f"/proc/{self.ns_pid}/root/dev/shm", lim.shm_size, "sandbox_shm_size")):
                 if tmpfs_full(path, size):
                     inside = path.split("/root", 1)[1]
-                    raise SandboxError(f"the sample filled {inside} ({human(size or 0)}, {key})")
+                    raise SandboxLimitError(f"the sample filled {inside} ({human(size or 0)}, {key})")
         if self.disk is not None and self.disk.full():
-            raise SandboxError(f"the sample filled its workspace disk limit of {human(self.disk.size)} "
+            raise SandboxLimitError(f"the sample filled its workspace disk limit of {human(self.disk.size)} "
                                "(sandbox_disk)")
 
     async def close(self, keep: bool) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trajforge.sandbox import loopdisk
-from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.base import SandboxLimitError
 from trajforge.sandbox.channel import HelperChannel
 from trajforge.sandbox.disk import human
 from trajforge.sandbox.resources import MemoryGroup, SampleLimits, tmpfs_full
@@ -41,19 +41,19 @@ class Slot:
             self._oom_seen = self.memory.oom_kills()
 
     def check(self, limits: SampleLimits, helper_pid: int, *, parked: bool = False) -> None:
-        """After a command: SandboxError naming the limit the sample hit, if any. A sample that
+        """After a command: SandboxLimitError naming the limit the sample hit, if any. A sample that
         parked after it has nothing in /tmp, /dev/shm or its workspace: only memory can be hit."""
         if self.memory is not None:
             kills = self.memory.oom_kills()
             if kills > self._oom_seen:
                 self._oom_seen = kills
-                raise SandboxError(f"the sample exceeded its memory limit of {human(limits.memory or 0)} "
+                raise SandboxLimitError(f"the sample exceeded its memory limit of {human(limits.memory or 0)} "
                                    "(sandbox_memory): a process was killed by the kernel")
         if parked:
             return
         for inside, size, key in (("tmp", limits.tmp_size, "sandbox_tmp_size"),
                                   ("dev/shm", limits.shm_size, "sandbox_shm_size")):
             if tmpfs_full(f"/proc/{helper_pid}/root/{inside}", size):
-                raise SandboxError(f"the sample filled /{inside} ({human(size or 0)}, {key})")
+                raise SandboxLimitError(f"the sample filled /{inside} ({human(size or 0)}, {key})")
         if self.disk is not None and limits.disk and loopdisk.full(self.root, limits.disk):
-            raise SandboxError(f"the sample filled its workspace disk limit of {human(limits.disk)} (sandbox_disk)")
+            raise SandboxLimitError(f"the sample filled its workspace disk limit of {human(limits.disk)} (sandbox_disk)")
