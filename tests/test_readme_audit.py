@@ -322,3 +322,24 @@ def test_task_types_default_applies_to_rows_without_a_section_of_their_own(
     assert proc.returncode == 3, proc.stderr
     (entry,) = json.loads((tmp_path / "data" / "r" / "checkpoint.json").read_text())["samples"].values()
     assert entry["attempts"] == 1 and len(server.chat_requests()) == 1
+
+
+def test_view_reads_an_openai_export_as_the_records_it_came_from(tmp_path: Path, server: ScriptedServer) -> None:
+    """It showed every sample of an openai export with 0 turns and said nothing."""
+    from tests.support.export_run import make_run, run_export
+    from trajforge.view.index import RunIndex
+
+    run = make_run(tmp_path, server)
+    assert run_export(tmp_path, run, "--format", "openai", "--output", "o.jsonl").returncode == 0
+    with (tmp_path / "o.jsonl").open("a") as f:
+        f.write(json.dumps({"prompt": "a dataset row, not a trajectory"}) + "\n")
+    saved, exported = RunIndex(run / "trajectories.jsonl"), RunIndex(tmp_path / "o.jsonl")
+    saved.refresh()
+    exported.refresh()
+    assert [(e.key, e.turns, e.tool_calls) for e in exported.entries()] == \
+        [(e.key, e.turns, e.tool_calls) for e in saved.entries()]
+    assert all(e.turns > 0 for e in exported.entries())
+    first = exported.entries()[0]
+    assert exported.read_record(first)["conversations"] == saved.read_record(saved.entries()[0])["conversations"]
+    (problem,) = exported.problems
+    assert problem.startswith("o.jsonl:") and "not a trajectory record" in problem

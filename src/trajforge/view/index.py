@@ -9,7 +9,9 @@ nothing happened. A file that shrank or was replaced (`--overwrite`) makes it st
 Kept records follow the run's own merge rules (runner/merge.py), so the figures match
 statistics.json: the first record of an identity wins, and a record that called a tool that does
 not exist or was not offered counts as discarded (`hallucinated_tool`). Samples with no record
-(failed, discarded) come from checkpoint.json.
+(failed, discarded) come from checkpoint.json. A JSONL file may also be an `openai` export: its
+lines are read back into the records they came from (export.convert.to_record); a line that is
+neither is named as a problem, never shown as an empty conversation.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import Any
 
 import orjson
 
+from trajforge.export.convert import to_record
+from trajforge.export.turns import ConversionError
 from trajforge.runner import store
 from trajforge.runner.stats import Totals
 from trajforge.tools.registry import KNOWN_TOOLS
@@ -33,6 +37,18 @@ MAX_PROBLEMS = 50
 
 class _StartOver(Exception):
     """A file was replaced or cut: the index is rebuilt from scratch."""
+
+
+def as_record(obj: dict[str, Any]) -> dict[str, Any]:
+    """A saved record as it is, or the record an `openai` export line came from. Raises ValueError."""
+    if "conversations" in obj:
+        return obj
+    if "messages" not in obj:
+        raise ValueError("not a trajectory record (no 'conversations') nor an openai export line (no 'messages')")
+    try:
+        return to_record(obj)
+    except (ConversionError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"not a readable openai export line: {e}") from None
 
 
 def _whole(line: bytes) -> bool:
@@ -149,6 +165,11 @@ class RunIndex:
         if not isinstance(rec, dict):
             self._problem(f"{path.name}:{lineno}: not a JSON object, ignored")
             return
+        try:
+            rec = as_record(rec)
+        except ValueError as e:
+            self._problem(f"{path.name}:{lineno}: {e}, ignored")
+            return
         sid = rec.get("sample_id")
         key = sid if isinstance(sid, str) and sid else f"line-{lineno}"
         if key in self.by_key:
@@ -241,7 +262,10 @@ class RunIndex:
             f.seek(e.offset)
             data = f.read(e.length)
         rec = orjson.loads(data)
-        return rec if isinstance(rec, dict) else None
+        try:
+            return as_record(rec) if isinstance(rec, dict) else None
+        except ValueError:
+            return None
 
     def seconds(self) -> float | None:
         inv = self.checkpoint.get("invocations")
