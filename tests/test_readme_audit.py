@@ -343,3 +343,20 @@ def test_view_reads_an_openai_export_as_the_records_it_came_from(tmp_path: Path,
     assert exported.read_record(first)["conversations"] == saved.read_record(saved.entries()[0])["conversations"]
     (problem,) = exported.problems
     assert problem.startswith("o.jsonl:") and "not a trajectory record" in problem
+
+
+def test_the_first_build_says_it_needs_a_compiler_and_cmake(tmp_path: Path) -> None:
+    import shutil
+
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("no make here")
+    quick_start = re.sub(r"\s+", " ", README[README.index("## Quick start"):README.index("## Running a real job")])
+    assert "a C/C++ compiler and cmake" in quick_start
+    for tool in ("cat", "cksum", "cut"):  # what the Makefile itself runs, and nothing else
+        (tmp_path / tool).symlink_to(shutil.which(tool) or f"/usr/bin/{tool}")
+    bare = subprocess.run([make, "-s", "check-build-tools"], cwd=REPO, env={"PATH": str(tmp_path)},
+                          capture_output=True, text=True, timeout=60)
+    assert bare.returncode == 0, bare.stderr
+    assert "no C compiler (cc, gcc or clang) found" in bare.stderr and "no C++ compiler" in bare.stderr
+    assert "cmake not found" in bare.stderr
