@@ -315,22 +315,41 @@ def test_verified_records_with_row_fields(run_dir: Path, tmp_path: Path) -> None
 
 
 def test_interrupted_export_leaves_the_old_output_and_no_staging(tmp_path: Path) -> None:
+    """The SIGINT must land while the export is under way, whatever the machine's speed: its
+    stderr is a pipe the test filled, so the export blocks on its "exporting ..." line (written
+    once its staging file exists) until the test has sent the signal and starts reading."""
+    import fcntl
+    import os
     import signal
     import sys
     import time
 
     from tests.test_bench_export import bench
 
-    bench.synthesise(tmp_path / "big.jsonl", 20000)
+    bench.synthesise(tmp_path / "big.jsonl", 50)  # small: the pipe, not the size, holds the export back
     (tmp_path / "out.jsonl").write_text("old export\n")
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETFL, os.O_NONBLOCK)
+    filler = 0
+    try:
+        while True:
+            filler += os.write(write_end, b"x" * 4096)
+    except BlockingIOError:
+        pass
+    fcntl.fcntl(write_end, fcntl.F_SETFL, 0)
     proc = subprocess.Popen([sys.executable, "-m", "trajforge", "export", "big.jsonl", "--format", "openai",
                              "--output", "out.jsonl", "--overwrite"], cwd=tmp_path, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=write_end)
+    os.close(write_end)
     deadline = time.monotonic() + 60
-    while not [p for p in tmp_path.iterdir() if p.name.endswith(".export")] and time.monotonic() < deadline:
-        time.sleep(0.02)  # until the export has started writing its staging file
+    # Waits for the staging directory: from then on the export cannot pass its first stderr line.
+    while not [p for p in tmp_path.iterdir() if p.name.endswith(".export")]:
+        assert proc.poll() is None and time.monotonic() < deadline, "the export never began"
+        time.sleep(0.02)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "left as it was" in err and "Traceback" not in err
+    with os.fdopen(read_end, "rb") as r:
+        err = r.read()[filler:].decode()
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "left as it was" in err and "Traceback" not in err, err
     assert (tmp_path / "out.jsonl").read_text() == "old export\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.jsonl", "out.jsonl"]
