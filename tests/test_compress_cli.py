@@ -116,32 +116,45 @@ def _compressor(args: list[str]) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
 
 
-def test_resume_after_kill_writes_every_line_once_in_order(tmp_path: Path) -> None:
-    rows = [trajectory(i, steps=8, response_words=120) for i in range(30)]
-    src = write_jsonl(tmp_path / "in.jsonl", rows)
-    out = tmp_path / "out.jsonl"
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump({"processing": {"max_concurrent_requests": 2},
-                                   "summarization": {"max_retries": 0}}), encoding="utf-8")
-    busy = threading.Event()
-    state_path = Paths.for_output(out).state
+class _SlowRun:
+    """30 trajectories to compress against a summariser that answers in 0.25 s; `saved` is set
+    once a periodic checkpoint holds some lines (read from the state file itself, not from a
+    count of requests, which a loaded machine can reach before the first save)."""
 
-    def slow(rec: Any) -> Any:
-        # Killed once a periodic checkpoint has saved some lines: by the state file itself, not
-        # by a count of requests, which a loaded machine can reach before the first save.
-        if len(srv.requests) >= 8 and not busy.is_set():
+    def __init__(self, tmp_path: Path) -> None:
+        src = write_jsonl(tmp_path / "in.jsonl", [trajectory(i, steps=8, response_words=120) for i in range(30)])
+        self.out = tmp_path / "out.jsonl"
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(yaml.safe_dump({"processing": {"max_concurrent_requests": 2},
+                                       "summarization": {"max_retries": 0}}), encoding="utf-8")
+        self.args = [f"--input={src}", f"--output={self.out}", "--target_max_tokens=1500", f"--config={cfg}"]
+        self.saved = threading.Event()
+
+    def slow(self, rec: Any) -> Any:
+        if not self.saved.is_set():
             try:
-                if json.loads(state_path.read_text())["output_lines"] > 0:
-                    busy.set()
+                if json.loads(Paths.for_output(self.out).state.read_text())["output_lines"] > 0:
+                    self.saved.set()
             except (OSError, ValueError, KeyError):
                 pass
         return chat("slow summary", delay=0.25)
 
-    args = [f"--input={src}", f"--output={out}", "--target_max_tokens=1500", f"--config={cfg}"]
-    with ScriptedServer(slow) as srv:
+    def resume(self) -> tuple[str, int]:
+        """The same command against a fast summariser: its stdout and how many summaries it asked for."""
+        with ScriptedServer(lambda rec: chat("fast summary")) as srv:
+            proc = _compressor([*self.args, f"--base_url={srv.url}"])
+            stdout, stderr = proc.communicate(timeout=60)
+            assert proc.returncode == 0, stderr
+            return stdout, len(srv.requests)
+
+
+def test_resume_after_kill_writes_every_line_once_in_order(tmp_path: Path) -> None:
+    run = _SlowRun(tmp_path)
+    out, args = run.out, run.args
+    with ScriptedServer(run.slow) as srv:
         proc = _compressor([*args, f"--base_url={srv.url}"])
         try:
-            assert busy.wait(30), proc.stderr.read() if proc.poll() is not None else "no progress"
+            assert run.saved.wait(30), proc.stderr.read() if proc.poll() is not None else "no progress"
         finally:
             proc.kill()
             proc.communicate()
@@ -151,11 +164,7 @@ def test_resume_after_kill_writes_every_line_once_in_order(tmp_path: Path) -> No
     state = json.loads(Paths.for_output(out).state.read_text())
     assert 0 < state["output_lines"] < 30
 
-    with ScriptedServer(lambda rec: chat("fast summary")) as srv:
-        proc = _compressor([*args, f"--base_url={srv.url}"])
-        stdout, stderr = proc.communicate(timeout=60)
-        assert proc.returncode == 0, stderr
-        second_requests = len(srv.requests)
+    stdout, second_requests = run.resume()
     assert "resuming" in stdout
     assert second_requests == 30 - state["output_lines"]  # finished lines are not summarised again
     assert first_requests + second_requests >= 30
@@ -235,28 +244,11 @@ def test_a_named_summariser_without_a_key_is_refused_before_any_file_is_written(
 
 
 def test_sigterm_keeps_the_progress_like_ctrl_c(tmp_path: Path) -> None:
-    src = write_jsonl(tmp_path / "in.jsonl", [trajectory(i, steps=8, response_words=120) for i in range(30)])
-    out = tmp_path / "out.jsonl"
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump({"processing": {"max_concurrent_requests": 2},
-                                   "summarization": {"max_retries": 0}}), encoding="utf-8")
-    state_path = Paths.for_output(out).state
-    saved = threading.Event()
-
-    def slow(rec: Any) -> Any:
-        # Signalled once a checkpoint holds some lines, read from the state file itself.
+    run = _SlowRun(tmp_path)
+    with ScriptedServer(run.slow) as srv:
+        proc = _compressor([*run.args, f"--base_url={srv.url}"])
         try:
-            if json.loads(state_path.read_text())["output_lines"] > 0:
-                saved.set()
-        except (OSError, ValueError, KeyError):
-            pass
-        return chat("slow summary", delay=0.25)
-
-    args = [f"--input={src}", f"--output={out}", "--target_max_tokens=1500", f"--config={cfg}"]
-    with ScriptedServer(slow) as srv:
-        proc = _compressor([*args, f"--base_url={srv.url}"])
-        try:
-            assert saved.wait(60), "no progress"
+            assert run.saved.wait(60), "no progress"
             proc.send_signal(signal.SIGTERM)
             _, err = proc.communicate(timeout=60)
         finally:
@@ -266,9 +258,6 @@ def test_sigterm_keeps_the_progress_like_ctrl_c(tmp_path: Path) -> None:
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "interrupted; re-run the same command to resume" in err, err
     assert "trajectories done) is kept in" in err
-    assert not out.exists() and Paths.for_output(out).partial.exists()
-    with ScriptedServer(lambda rec: chat("fast summary")) as srv:
-        proc = _compressor([*args, f"--base_url={srv.url}"])
-        stdout, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 0 and "resuming" in stdout, stderr
-    assert [r["prompt_index"] for r in read_jsonl(out)] == list(range(30))
+    assert not run.out.exists() and Paths.for_output(run.out).partial.exists()
+    stdout, _ = run.resume()
+    assert "resuming" in stdout and [r["prompt_index"] for r in read_jsonl(run.out)] == list(range(30))

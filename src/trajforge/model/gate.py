@@ -19,13 +19,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Literal
 
-from trajforge.model import working
+from trajforge.model import ctxvar, working
 from trajforge.model.limiter import AimdLimiter, TokenBucket
 
 Result = Literal["ok", "overload", "other"]
@@ -178,11 +178,6 @@ def current() -> ModelGate | None:
     return _GATE.get()
 
 
-@contextmanager
-def bound(gate: ModelGate | None) -> Iterator[ModelGate | None]:
+def bound(gate: ModelGate | None) -> AbstractContextManager[ModelGate | None]:
     """Send this task's model requests (and those of tasks it starts) through `gate`."""
-    token = _GATE.set(gate)
-    try:
-        yield gate
-    finally:
-        _GATE.reset(token)
+    return ctxvar.bound(_GATE, gate)

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
+
+from trajforge.model import ctxvar
 
 
 class WorkingClock:
@@ -85,14 +87,9 @@ class WorkingClock:
 _CURRENT: ContextVar[WorkingClock | None] = ContextVar("trajforge_working_clock", default=None)
 
 
-@contextmanager
-def bound(clock: WorkingClock) -> Iterator[WorkingClock]:
+def bound(clock: WorkingClock) -> AbstractContextManager[WorkingClock]:
     """Stop `clock` for the waits of this task (and of tasks it starts)."""
-    token = _CURRENT.set(clock)
-    try:
-        yield clock
-    finally:
-        _CURRENT.reset(token)
+    return ctxvar.bound(_CURRENT, clock)
 
 
 @contextmanager
