@@ -27,7 +27,6 @@ from trajforge.config_checks import CHECKED_FIELDS, PID_MAX, SIZE_PATTERN, check
 from trajforge.config_checks import size_bytes  # noqa: F401 -- sample.settings reads sizes from here
 
 ProviderSort = Literal["price", "throughput", "latency"]
-DEFAULT_TASK_TYPE = "default"  # task_types.default: for rows whose task type has no section of its own
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 
 
@@ -144,8 +143,7 @@ class RunConfig(_Strict):
     log_prefix_chars: int = Field(100, ge=0, le=1_000_000)
     prefill_messages_file: Path | None = None
     output_dir: Path = Path("data")
-    timeout: float | None = Field(1800.0, gt=0, description="working seconds per sample (model.working: waits "
-                                  "for the model gate, Retry-After, rate budgets and backoff do not count)")
+    timeout: float | None = Field(1800.0, gt=0, description="working seconds per sample (model.working)")
     sample_wall_timeout: float | None = Field(None, gt=0, description="wall-clock seconds per sample (off: None)")
     tool_timeout: float = Field(120.0, gt=0, description="seconds per terminal command")
     request_timeout: float = Field(600.0, gt=0, description="seconds per model request")
@@ -266,9 +264,8 @@ class RunConfig(_Strict):
         return all_distributions(custom)
 
     def task_type(self, name: str | None) -> TaskTypeConfig | None:
-        """The `task_types` section of a row's task type; `default` is the section of every row
-        whose type has none of its own (rows without a task_type included)."""
-        return self.task_types.get(name or "") or self.task_types.get(DEFAULT_TASK_TYPE)
+        """A row's `task_types` section: its type's own, else `default` (rows without a type too)."""
+        return self.task_types.get(name or "") or self.task_types.get("default")
 
     def retry_limit(self, task_type: str | None) -> int:
         tt = self.task_type(task_type)
