@@ -51,6 +51,7 @@ def normalised_records(run: Path) -> dict[str, dict]:
     for line in (run / "trajectories.jsonl").read_text().splitlines():
         rec = json.loads(re.sub(r"call_\d+", "call_X", line))
         rec["metadata"].pop("timestamp")
+        rec.pop("timing")  # seconds: no two runs take the same
         out[rec["sample_id"]] = rec
     return out
 

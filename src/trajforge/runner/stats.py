@@ -10,6 +10,7 @@ produced.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,13 @@ from trajforge.sample.outcome import FAILURE_CLASSES
 
 
 EXIT_SAMPLES_FAILED = 3  # the run finished, but too many samples ended failed (--fail_on_error)
+
+
+def run_pace(invocations: Iterable[tuple[int, float]]) -> tuple[int, float]:
+    """(samples ended, seconds) of the invocations (ran, seconds) that ran samples: the run's
+    throughput, which an invocation that found nothing to do must not skew."""
+    ran = [(n, s) for n, s in invocations if n]
+    return sum(n for n, _ in ran), sum(s for _, s in ran)
 
 
 def too_many_failed(failed: int, total: int, threshold: float) -> bool:
@@ -105,9 +113,10 @@ class Totals:
             per_worker=dict(sorted(self.per_worker.items())) if self.per_worker else None,
         )
 
-    def as_dict(self, *, total: int | None = None, seconds: float | None = None) -> dict[str, Any]:
+    def as_dict(self, *, total: int | None = None, seconds: float | None = None,
+                pace: tuple[int, float] | None = None) -> dict[str, Any]:
         """The figures as statistics.json writes them (the viewer and the exporter show this)."""
-        return self.figures(total=total, seconds=seconds).to_json()
+        return self.figures(total=total, seconds=seconds, pace=pace).to_json()
 
 
 def render_table(stats: Statistics) -> Any:

@@ -10,7 +10,7 @@ Kept records follow the run's own merge rules (runner/merge.py), so the figures 
 statistics.json: the first record of an identity wins, and a record that called a tool that does
 not exist or was not offered counts as discarded (`hallucinated_tool`). Samples with no record
 (failed, discarded) come from checkpoint.json. A JSONL file may also be an `openai` export: its
-lines are read back into the records they came from (export.convert.to_record); a line that is
+lines are read back into the records they came from (export.source.as_record); a line that is
 neither is named as a problem, never shown as an empty conversation.
 """
 
@@ -23,10 +23,9 @@ from typing import Any
 
 import orjson
 
-from trajforge.export.convert import to_record
-from trajforge.export.turns import ConversionError
+from trajforge.export.source import as_record
 from trajforge.runner import store
-from trajforge.runner.stats import Totals
+from trajforge.runner.stats import Totals, run_pace
 from trajforge.tools.registry import KNOWN_TOOLS
 from trajforge.view.dataset import Row, load_rows
 from trajforge.view.summary import Entry, outcome_entry, summarise, used_tools
@@ -37,18 +36,6 @@ MAX_PROBLEMS = 50
 
 class _StartOver(Exception):
     """A file was replaced or cut: the index is rebuilt from scratch."""
-
-
-def as_record(obj: dict[str, Any]) -> dict[str, Any]:
-    """A saved record as it is, or the record an `openai` export line came from. Raises ValueError."""
-    if "conversations" in obj:
-        return obj
-    if "messages" not in obj:
-        raise ValueError("not a trajectory record (no 'conversations') nor an openai export line (no 'messages')")
-    try:
-        return to_record(obj)
-    except (ConversionError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"not a readable openai export line: {e}") from None
 
 
 def _whole(line: bytes) -> bool:
@@ -272,6 +259,13 @@ class RunIndex:
         if not isinstance(inv, list) or not inv:
             return None
         return sum(float(i.get("seconds", 0.0)) for i in inv if isinstance(i, dict))
+
+    def pace(self) -> tuple[int, float] | None:
+        """The run's throughput basis, as statistics.json takes it (runner.stats.run_pace)."""
+        inv = self.checkpoint.get("invocations")
+        if not isinstance(inv, list) or not inv:
+            return None
+        return run_pace((int(i.get("ran", 0)), float(i.get("seconds", 0.0))) for i in inv if isinstance(i, dict))
 
     def live(self) -> bool:
         """Whether a trajforge process holds the run's lock (read from /proc/locks, so the viewer
