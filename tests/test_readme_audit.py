@@ -268,7 +268,7 @@ def test_the_readme_says_the_local_sandbox_leaks_host_paths(tmp_path: Path) -> N
     what lands in the trajectories."""
     import asyncio
 
-    from trajforge.sandbox.local import LocalSandbox
+    from trajforge.sandbox.backends.local.local_sandbox import LocalSandbox
 
     async def pwd() -> str:
         sb = LocalSandbox(tmp_path)
@@ -280,7 +280,7 @@ def test_the_readme_says_the_local_sandbox_leaks_host_paths(tmp_path: Path) -> N
 
     assert asyncio.run(pwd()).startswith(str(tmp_path))  # the host path, not a stable one
     local = re.sub(r"\s+", " ", _paragraph("- `local`: a private workspace directory"))
-    assert "real host path" in local and "into the trajectories" in local
+    assert "host paths of the workspace" in local and "and so in the trajectories" in local
 
 
 @pytest.mark.parametrize("retry", [False, True])

@@ -18,15 +18,16 @@ from tests.support.policies import prompt_command_policy
 from tests.support.scripted_server import ScriptedServer
 from trajforge.config import RunConfig, size_bytes
 from trajforge.sample.settings import sandbox_settings
-from trajforge.sandbox.bwrap import BwrapSandbox
-from trajforge.sandbox.bwrap_backend import probe
+from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
+from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 from trajforge.sandbox.factory import limits_for
-from trajforge.sandbox.disk import disk_usable
-from trajforge.sandbox.resources import SampleLimits, cgroup_parent
+from trajforge.sandbox.host.disk import disk_usable
+from trajforge.sandbox.host.cgroups import hierarchies
+from trajforge.sandbox.host.resources import SampleLimits
 
 STATUS = asyncio.run(probe())
 ROOT_BWRAP = STATUS.usable and STATUS.mode == "root"
-needs_limits = pytest.mark.skipif(not ROOT_BWRAP or cgroup_parent() is None or disk_usable() is not None,
+needs_limits = pytest.mark.skipif(not ROOT_BWRAP or hierarchies() is None or disk_usable() is not None,
                                   reason=f"needs root bwrap, a memory cgroup and loop devices ({STATUS.detail}, "
                                          f"disk: {disk_usable()})")
 
@@ -120,7 +121,7 @@ def test_kept_workspace_survives_the_unmount(tmp_path: Path) -> None:
     shutil.rmtree(ws)
 
 
-@pytest.mark.skipif(not ROOT_BWRAP or cgroup_parent() is None, reason="needs root bwrap and a memory cgroup")
+@pytest.mark.skipif(not ROOT_BWRAP or hierarchies() is None, reason="needs root bwrap and a memory cgroup")
 def test_cpu_time_per_command_is_limited(tmp_path: Path) -> None:
     async def main() -> None:
         from trajforge.sandbox.process import Limits
@@ -138,6 +139,45 @@ def test_cpu_time_per_command_is_limited(tmp_path: Path) -> None:
     assert os.path.exists(tmp_path)
 
 
+HOST_BENCH = "import time; t = time.perf_counter(); sum(i * i for i in range(6_000_000)); print(time.perf_counter() - t)"
+
+
+def _host_bench() -> float:
+    """The best of three runs of a fixed CPU-bound job on the host, in seconds."""
+    import sys
+
+    return min(float(subprocess.run([sys.executable, "-c", HOST_BENCH], capture_output=True, text=True,
+                                    check=True).stdout) for _ in range(3))
+
+
+@pytest.mark.skipif(not ROOT_BWRAP or hierarchies() is None or not hierarchies().has("cpu"),  # type: ignore[union-attr]
+                    reason="needs root bwrap and a cpu cgroup")
+def test_sixteen_busy_loops_in_a_sample_leave_the_host_its_speed(tmp_path: Path) -> None:
+    """A sample may keep `sandbox_cpus` CPUs busy (1 by default), however many loops it starts: a
+    job on the host keeps its pace (within 2x), the kernel holding the sample to the quota of its
+    group."""
+    async def main() -> tuple[float, float, str, float | None]:
+        idle = _host_bench()
+        sb = BwrapSandbox(tmp_path, network=False, sample_limits=SampleLimits(memory=None, disk=None, cpus=1.0))
+        await sb.start()
+        try:
+            res = await sb.exec("for i in $(seq 16); do (while :; do :; done) > /dev/null 2>&1 & done; echo spawned",
+                                timeout=30)
+            assert res.stdout.startswith("spawned"), res  # the loops run in the background from here on
+            busy = await asyncio.to_thread(_host_bench)
+            procs = (await sb.exec("ps -e -o comm= | grep -c bash", timeout=30)).stdout
+            assert sb.cgroup is not None
+            quota = sb.cgroup.cpu_quota()
+        finally:
+            await sb.close()
+        return idle, busy, procs, quota
+
+    idle, busy, procs, quota = asyncio.run(main())
+    assert int(procs) >= 16, procs  # the loops were running while the host measured
+    assert busy < 2 * idle, (idle, busy)
+    assert quota == 1.0
+
+
 @needs_limits
 def test_a_killed_runner_s_disk_cgroup_and_workspace_root_are_swept(tmp_path: Path, clean_env: dict[str, str],
                                                                      monkeypatch: pytest.MonkeyPatch,
@@ -148,7 +188,7 @@ def test_a_killed_runner_s_disk_cgroup_and_workspace_root_are_swept(tmp_path: Pa
     import tempfile
     import textwrap
 
-    from trajforge.sandbox import resources
+    from trajforge.sandbox.host import resources
 
     temp = tmp_path / "temp"  # the runner's temporary directory, where its workspace root goes
     temp.mkdir()
@@ -157,15 +197,15 @@ def test_a_killed_runner_s_disk_cgroup_and_workspace_root_are_swept(tmp_path: Pa
     script = textwrap.dedent("""
         import asyncio, sys
         from pathlib import Path
-        from trajforge.sandbox.bwrap import BwrapSandbox
-        from trajforge.sandbox.resources import SampleLimits
+        from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
+        from trajforge.sandbox.host.resources import SampleLimits
         from trajforge.sandbox.workspace import RunRoot
         async def main():
             root = RunRoot()  # in TMPDIR, named with this process's pid
             sb = BwrapSandbox(Path(root.name), network=False,
                               sample_limits=SampleLimits(disk=64 << 20, memory=64 << 20))
             await sb.start()
-            print(sb.workspace.parent.parent, sb.memory_group.path, flush=True)  # the disk: .slots.trajforge-<pid>/slot-N, workspaces in slot-N/w
+            print(sb.workspace.parent.parent, sb.cgroup.path, flush=True)  # the disk: .slots.trajforge-<pid>/sb-N, workspaces in sb-N/w
             await asyncio.sleep(60)
         asyncio.run(main())
     """)
@@ -250,19 +290,19 @@ def test_the_root_sweep_removes_only_dead_runners_roots_and_never_follows_what_a
         assert sweep_roots(str(temp)) == [str(dead)]
 
 
-@pytest.mark.skipif(not ROOT_BWRAP or cgroup_parent() is None, reason="needs root bwrap and a memory cgroup")
+@pytest.mark.skipif(not ROOT_BWRAP or hierarchies() is None, reason="needs root bwrap and a memory cgroup")
 def test_helper_commands_and_background_jobs_are_all_in_the_sample_memory_cgroup(tmp_path: Path) -> None:
-    """The slot's helper is forked by the run's zygote, not by bwrap: it must join the slot's group
-    itself, or nothing a sample runs would be held by its memory limit."""
+    """The sandbox's first process is forked by the run's zygote, not by bwrap: it must join the
+    sandbox's group itself, or nothing a sample runs would be held by its memory limit."""
     async def main() -> None:
         sb = BwrapSandbox(tmp_path, network=False, sample_limits=SampleLimits(memory=256 << 20, disk=None))
         await sb.start()
         try:
-            assert sb.memory_group is not None
-            group = sb.memory_group.path
+            assert sb.cgroup is not None
+            group = sb.cgroup.path
             job = await sb.spawn("exec sleep 300")
             res = await sb.exec("cat /proc/self/cgroup", timeout=30)
-            # a foreground command: at the root of its cgroup namespace, which is the slot's group
+            # a foreground command: at the root of its cgroup namespace, which is the sandbox's group
             assert ":memory:/\n" in res.stdout and group.name not in res.stdout, res
             for _ in range(100):  # the job's shell execs `sleep` on its own time
                 members = (group / "cgroup.procs").read_text().split()
@@ -295,7 +335,7 @@ def test_disks_mounted_at_once_get_regions_of_their_own(tmp_path: Path) -> None:
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from trajforge.sandbox import loopdisk
+    from trajforge.sandbox.host import loopdisk
 
     disks = loopdisk.Disks(tmp_path, 32 << 20)
     disks.per_file = 5  # a new image file every 5 regions: 24 disks need 5 files
@@ -332,7 +372,7 @@ def test_disks_mounted_at_once_get_regions_of_their_own(tmp_path: Path) -> None:
 
 
 def test_oom_kill_count_reads_either_cgroup_version() -> None:
-    from trajforge.sandbox.resources import oom_kill_count
+    from trajforge.sandbox.host.cgroups import oom_kill_count
 
     assert oom_kill_count(b"oom_kill_disable 0\nunder_oom 0\noom_kill 3\n") == 3  # v1 memory.oom_control
     assert oom_kill_count(b"low 0\nhigh 0\nmax 7\noom 2\noom_kill 2\noom_group_kill 1\n") == 2  # v2 memory.events

@@ -13,12 +13,12 @@ import pytest
 from trajforge.config import RunConfig
 from trajforge.sample.settings import sandbox_settings
 from trajforge.sandbox.base import PathEscapeError, SandboxError
-from trajforge.sandbox.bwrap import BwrapSandbox
-from trajforge.sandbox.bwrap_backend import probe
+from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
+from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 from tests.support.sandboxes import create_sandbox
-from trajforge.sandbox import reaper
+from trajforge.sandbox.backends.local import reaper
 from trajforge.sandbox.factory import SandboxProvider
-from trajforge.sandbox.local import LocalSandbox
+from trajforge.sandbox.backends.local.local_sandbox import LocalSandbox
 from trajforge.sandbox.process import Limits
 
 
@@ -318,7 +318,7 @@ def test_a_background_jobs_log_in_the_hosts_tmp_is_capped(tmp_path: Path, monkey
     """The log is in the host's /tmp, outside the sample's disk: at most JOB_LOG_BYTES of it (64 MiB,
     1 MiB here), and a job writing more ends, as a container job does; a job that writes less finds
     every byte in its log the moment it has ended."""
-    from trajforge.sandbox import joblog
+    from trajforge.sandbox.backends.local import joblog
 
     monkeypatch.setattr(joblog, "JOB_LOG_BYTES", 1 << 20)
 

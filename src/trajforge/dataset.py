@@ -17,6 +17,8 @@ from typing import Any
 import orjson
 
 from trajforge.errors import DatasetError
+from trajforge.sandbox.cwd_policy import problem as cwd_problem
+from trajforge.tasks.spec import TaskSpec
 from trajforge.verify.spec import ROW_FIELDS as VERIFY_FIELDS
 from trajforge.verify.spec import VerifySpec, parse_row
 
@@ -36,6 +38,7 @@ class Sample:
     extra: dict[str, Any] = field(default_factory=dict)
     verify: VerifySpec | None = None  # the row's check/expected/rubric fields (never shown to the model)
     rollout: int = 0  # which of --samples_per_prompt rollouts of the row this sample is
+    task: TaskSpec | None = None  # a Harbor-format task (--tasks, trajforge.tasks): prompt is its instruction
 
 
 ROLLOUT_SEP = "#"
@@ -66,8 +69,9 @@ def content_hash(prompt: str, image: str | None, cwd: str | None, task_type: str
     return hashlib.blake2b(canon, digest_size=12).hexdigest()
 
 
-def _check_row(obj: Any) -> tuple[str | None, dict[str, Any]]:
-    """Return (problem, run fields) for one decoded row."""
+def _check_row(obj: Any, host_cwd: bool = True) -> tuple[str | None, dict[str, Any]]:
+    """Return (problem, run fields) for one decoded row. `host_cwd`: rows without an image run on
+    this host's system view, where a cwd may not cover the runtime (sandbox/cwd_policy.py)."""
     if not isinstance(obj, dict):
         return f"expected a JSON object, got {type(obj).__name__}", {}
     if "prompt" not in obj:
@@ -87,6 +91,10 @@ def _check_row(obj: Any) -> tuple[str | None, dict[str, Any]]:
             return f"field '{shown}' must be a non-empty string", {}
     if fields["cwd"] is not None and not fields["cwd"].startswith("/") and fields["image"] is not None:
         return "field 'cwd' must be an absolute path inside the image", {}
+    if fields["cwd"] is not None:
+        why = cwd_problem(fields["cwd"], host=host_cwd and fields["image"] is None)
+        if why is not None:
+            return f"field 'cwd' {why}", {}
     return None, fields
 
 
@@ -116,8 +124,10 @@ def iter_rows(path: Path) -> Iterator[tuple[int, Any, str | None]]:
                 yield lineno, None, f"invalid JSON at column {e.colno}: {e.msg}"
 
 
-def load_dataset(path: Path, *, skip_invalid: bool = False, max_samples: int | None = None) -> LoadedDataset:
-    """Read and validate the whole dataset, assigning identities; raise DatasetError on bad input."""
+def load_dataset(path: Path, *, skip_invalid: bool = False, max_samples: int | None = None,
+                 host_cwd: bool = True) -> LoadedDataset:
+    """Read and validate the whole dataset, assigning identities; raise DatasetError on bad input.
+    `host_cwd`: False when every row runs in a container (`--sandbox container`)."""
     if path.is_dir():
         raise DatasetError(f"{path}: is a directory, expected a JSONL file")
     samples: list[Sample] = []
@@ -127,7 +137,7 @@ def load_dataset(path: Path, *, skip_invalid: bool = False, max_samples: int | N
     for lineno, obj, problem in iter_rows(path):
         rows += 1
         if problem is None:
-            problem, fields = _check_row(obj)
+            problem, fields = _check_row(obj, host_cwd)
         if problem is None:
             problem, verify = parse_row(obj)
         if problem is not None:
@@ -146,17 +156,17 @@ def load_dataset(path: Path, *, skip_invalid: bool = False, max_samples: int | N
             samples[-1] = replace(samples[-1], verify=verify)
     if problems and not skip_invalid:
         raise DatasetError(f"{path}: {len(problems)} invalid line(s); fix them or pass --skip_invalid to skip them",
-                           _listed(problems))
+                           listed(problems))
     if not rows:
         raise DatasetError(f"{path}: no samples: the file is empty (blank lines are ignored)")
     if not samples:
-        raise DatasetError(f"{path}: no samples: all {rows} line(s) are invalid", _listed(problems))
+        raise DatasetError(f"{path}: no samples: all {rows} line(s) are invalid", listed(problems))
     return LoadedDataset(path, samples, problems)
 
 
-def _listed(problems: list[str]) -> list[str]:
+def listed(problems: list[str]) -> list[str]:
     """The first MAX_LISTED_PROBLEMS problems, and a count of the rest."""
-    listed = problems[:MAX_LISTED_PROBLEMS]
-    if len(problems) > len(listed):
-        listed.append(f"... and {len(problems) - len(listed)} more")
-    return listed
+    shown = problems[:MAX_LISTED_PROBLEMS]
+    if len(problems) > len(shown):
+        shown.append(f"... and {len(problems) - len(shown)} more")
+    return shown

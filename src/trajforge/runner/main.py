@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from trajforge.config import RunConfig
-from trajforge.dataset import LoadedDataset, Sample, load_dataset
+from trajforge.dataset import LoadedDataset, Sample
 from trajforge.errors import FatalModelError, OutputError, UsageError
 from trajforge.jsonio import dumps
-from trajforge.redact import REGISTRY, hide_in_cmdline, run_secrets
+from trajforge.redact import REGISTRY, hide_in_proc, run_secrets
 from trajforge.runner import recovery, store
 from trajforge.runner.budget import BUDGET_EXIT_CODE
 from trajforge.runner.checkpoint import Checkpoint
@@ -41,7 +41,8 @@ from trajforge.runner.merge import calls_unknown_tools
 from trajforge.runner.monitor import RunMonitor
 from trajforge.sample.outcome import Outcome
 from trajforge.runner.preflight import (
-    check_container_images, check_executor, check_network, choose_model, load_prefill, refuse_contradictions,
+    check_container_images, check_executor, check_network, check_task_engine, choose_model, load_input, load_prefill,
+    refuse_contradictions,
 )
 from trajforge.runner.progress import Progress
 from trajforge.runner.report import failed_exit_code, finish, print_summary
@@ -57,7 +58,7 @@ def run(config: RunConfig, make_executor: ExecutorFactory) -> int:
     """Run the job `config` describes on the executor `make_executor` builds (the command layer's choice)."""
     secrets = run_secrets(config)
     REGISTRY.add(*secrets)
-    hide_in_cmdline(secrets)
+    hide_in_proc(secrets)
     with safe_std_streams():
         return _run_checked(config, make_executor)
 
@@ -67,15 +68,19 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
                         format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     if config.verbose:
         print(dumps(config.masked()).decode(), file=sys.stderr)
-    assert config.dataset_file is not None and config.run_name is not None
+    assert (config.dataset_file or config.tasks) is not None and config.run_name is not None
     refuse_contradictions(config)
     prefill = load_prefill(config.prefill_messages_file)
-    dataset = load_dataset(config.dataset_file, skip_invalid=config.skip_invalid, max_samples=config.max_samples)
-    config = choose_model(config)
-    check_prices(config)
+    dataset = load_input(config)
+    if config.agent != "oracle":
+        config = choose_model(config)
+        check_prices(config)
+    else:  # the oracle calls no model: no endpoint, key or price to check, and its records say "oracle"
+        config = config.model_copy(update={"model": "oracle"})
     config = check_network(config)
     check_executor(config)
     check_container_images(config, dataset)
+    check_task_engine(config)
     validate_verification(config, dataset)
     rundir = RunDir(config.output_dir / config.run_name)
     rundir.acquire(resume=config.resume, overwrite=config.overwrite)
@@ -265,6 +270,8 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
 async def _resolve_sandbox(config: RunConfig, dataset: LoadedDataset) -> tuple[RunConfig, str]:
     """Decide `--sandbox auto` once, here, so the start line, config.json and statistics.json name
     the backend the samples really use; a fallback to `local` says why and how to get isolation."""
+    if config.tasks is not None:
+        return config, "container (tasks)"
     if config.executor != "local":
         return config, f"{config.sandbox} (chosen on each Ray node)" if config.sandbox == "auto" else config.sandbox
     from trajforge.sample.settings import sandbox_settings

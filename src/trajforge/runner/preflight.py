@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trajforge.config import RunConfig
-from trajforge.dataset import LoadedDataset
+from trajforge.dataset import LoadedDataset, load_dataset
 from trajforge.errors import UsageError
 from trajforge.jsonio import loads
 
@@ -114,10 +114,35 @@ def check_executor(config: RunConfig) -> None:
             raise UsageError("--executor ray: Ray is not installed; install it with: pip install 'trajforge[ray]'")
 
 
+def load_input(config: RunConfig) -> LoadedDataset:
+    """The run's samples: the dataset's rows, or the tasks of --tasks (trajforge.tasks.load)."""
+    if config.tasks is not None:
+        from trajforge.tasks.load import load_tasks
+
+        return load_tasks(config.tasks, skip_invalid=config.skip_invalid, max_samples=config.max_samples,
+                          with_solution=config.agent == "oracle")
+    assert config.dataset_file is not None
+    return load_dataset(config.dataset_file, skip_invalid=config.skip_invalid, max_samples=config.max_samples,
+                        host_cwd=config.sandbox != "container")
+
+
+def check_task_engine(config: RunConfig) -> None:
+    """--tasks runs every task in a container: with no working engine here, stop before any work."""
+    if config.tasks is None or config.executor != "local":
+        return
+    from trajforge.sandbox.backends.container.container_engine import detect
+
+    status = asyncio.run(detect(config.container_engine))
+    if status.engine is None:
+        why = "; ".join(f"{k}: {v}" for k, v in status.reasons.items())
+        raise UsageError(f"--tasks runs each task in a container, and no container engine works here ({why}); "
+                         "install Podman (or give Docker's daemon), see `trajforge doctor`")
+
+
 def check_container_images(config: RunConfig, dataset: LoadedDataset) -> None:
     """`--sandbox container` with rows that name no image and no `container_image`: every such
     sample could only fail, so refuse before any work."""
-    if config.sandbox != "container" or config.container_image:
+    if config.sandbox != "container" or config.container_image or config.tasks is not None:
         return
     bare = [s for s in dataset.samples if s.image is None]
     if bare:

@@ -1,11 +1,10 @@
 """The runner's end of the in-sandbox helper (sandbox/helper.py): requests, replies, processes.
 
-One HelperChannel per helper (a user-mode sample's, or a root-mode slot's, reused by sample after
-sample), over a non-blocking unix stream socket read by the event loop. Requests carry an id;
+One HelperChannel per helper (a sample's, or a container's file helper), over a non-blocking unix stream socket read by the event loop. Requests carry an id;
 replies and process-exit events come back as frames whose meta the runner parses (JSON) as
 untrusted input (the helper runs as the sample), with sizes capped: a helper that breaks the
 protocol breaks only its own sample (SandboxError). A foreground command's output comes with
-its exit event (head and tail of each stream, helper_exec.py): one request and one event per
+its exit event (head and tail of each stream, commands.py): one request and one event per
 command; background jobs keep their output in the helper (HelperJob.read). No host path
 crosses the channel.
 """
@@ -14,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import itertools
 import marshal
 import socket
@@ -26,18 +24,14 @@ try:  # ~10 us less per frame than json's; the sandbox package itself needs only
 except ImportError:  # (tests/test_sandbox_bwrap_user.py runs it as `nobody` with the system Python)
     from json import loads as _loads
 
-from trajforge.sandbox import fsops
+from trajforge.sandbox.inside import fsops
 from trajforge.sandbox.base import ExecResult, Job, LogChunk, SandboxError, check_model_path, raise_reply
-from trajforge.sandbox.helper import CD_FAILED, CD_FAILED_EXIT
+from trajforge.sandbox.inside.helper import CD_FAILED, CD_FAILED_EXIT
 from trajforge.sandbox.process import DETACH_GRACE, DETACH_NOTE, CappedBuffer
 
 _HEAD = struct.Struct("<II")
 MAX_META = 4 << 20
 MAX_PAYLOAD = 300 << 20  # above every cap a request asks for (sandbox.base.READ_CAP)
-
-
-class SlotIdle(SandboxError):
-    """A slot helper refused a request of a sample it no longer serves (it parked: bwrap.py)."""
 
 
 class _Proc:
@@ -47,7 +41,6 @@ class _Proc:
         self.exited: asyncio.Future[int] = loop.create_future()
         self.out, self.err = CappedBuffer(cap), CappedBuffer(cap)
         self.detached = False
-        self.parked = self.clean = False  # the helper ended the sample after it (slot_helper: parking)
 
     def start(self, reply: dict[str, Any]) -> None:
         """The helper's answer to an exec: a pid, or `failed` (it never started: no exit event)."""
@@ -63,7 +56,7 @@ class _Proc:
             self.exited.set_result(code)
 
     def output(self, meta: dict[str, Any], payload: bytes) -> None:
-        """A foreground command's exit event: head and tail of each stream (helper_exec.Capture)."""
+        """A foreground command's exit event: head and tail of each stream (commands.Capture)."""
         sizes = meta.get("sizes")
         if not (isinstance(sizes, list) and len(sizes) == 6 and all(isinstance(n, int) and n >= 0 for n in sizes)
                 and sizes[0] + sizes[1] + sizes[3] + sizes[4] == len(payload)):
@@ -88,9 +81,6 @@ class HelperChannel:
         self._send_lock = asyncio.Lock()
         self.broken: str | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        # The sample served now (root-mode slots): every request carries it, and a slot helper
-        # refuses one not of its current sample (SlotIdle).
-        self.token: int | None = None
         self.loop.add_reader(sock.fileno(), self._on_readable)
 
     # --- transport -------------------------------------------------------------------------
@@ -128,7 +118,6 @@ class HelperChannel:
                 code = meta.get("code")
                 if "sizes" in meta:
                     proc.output(meta, payload)
-                proc.parked, proc.clean = meta.get("parked") is True, meta.get("clean") is True
                 proc.end(code if isinstance(code, int) else -9)
             return
         fut = self._replies.pop(rid, None) if isinstance(rid, int) else None
@@ -157,14 +146,17 @@ class HelperChannel:
         async with self._send_lock:
             await self.loop.sock_sendall(self.sock, _HEAD.pack(len(data), len(payload)) + data + payload)
 
+    def expect(self, rid: int) -> asyncio.Future[tuple[dict[str, Any], bytes]]:
+        """The reply frame `rid` that the helper sends unasked (a sandbox's first frame: ready)."""
+        fut = self._replies[rid] = self.loop.create_future()
+        return fut
+
     async def call(self, meta: dict[str, Any], payload: bytes = b"",
                    proc: _Proc | None = None) -> tuple[dict[str, Any], bytes]:
         """One request and its reply; file errors raised as the model's, breakage as SandboxError."""
         if self.broken:
             raise SandboxError(self.broken)
         rid = meta.setdefault("id", next(self._ids))
-        if self.token is not None:
-            meta.setdefault("tok", self.token)
         fut = self._replies[rid] = self.loop.create_future()
         if proc is not None:
             self._procs[rid] = proc
@@ -177,22 +169,20 @@ class HelperChannel:
         except asyncio.CancelledError:
             if proc is not None:  # the command may start after all: kill it as soon as its pid is known
                 self._replies[rid] = late = self.loop.create_future()
-                late.add_done_callback(functools.partial(self._kill_late, meta.get("tok")))
+                late.add_done_callback(self._kill_late)
             raise
         kind = reply.get("error")
         if kind is not None:
             self._procs.pop(rid, None)
-            if kind == "idle":
-                raise SlotIdle(str(reply.get("msg", "")))
             raise_reply(reply)
         return reply, data
 
-    def _kill_late(self, token: int | None, fut: asyncio.Future[tuple[dict[str, Any], bytes]]) -> None:
+    def _kill_late(self, fut: asyncio.Future[tuple[dict[str, Any], bytes]]) -> None:
         if fut.cancelled() or fut.exception() is not None:
             return
         pid = fut.result()[0].get("pid")
-        if isinstance(pid, int) and not self.broken:  # as the sample that ran it (a later one's group is not its)
-            self._tasks.add(task := self.loop.create_task(self.kill_group(pid, token)))
+        if isinstance(pid, int) and not self.broken:
+            self._tasks.add(task := self.loop.create_task(self.kill_group(pid)))
             task.add_done_callback(self._tasks.discard)
 
     # --- files -----------------------------------------------------------------------------
@@ -216,18 +206,15 @@ class HelperChannel:
             raise SandboxError("the sandbox helper sent a malformed search result")
         return [str(x) for x in found[:limit]], bool(reply.get("more"))
 
+    async def inspect(self) -> dict[str, Any]:
+        """The helper's own /proc status, descriptors and whether its imports are sealed (helper.op_self)."""
+        reply, _ = await self.call({"op": "self"})
+        return reply
+
     # --- processes -------------------------------------------------------------------------
     async def exec(self, command: str, *, timeout: float, cwd: str | None) -> ExecResult:
-        return (await self.run(command, timeout=timeout, cwd=cwd))[0]
-
-    async def run(self, command: str, *, timeout: float, cwd: str | None, park: bool = False) -> tuple[ExecResult, bool, bool]:
-        """`exec`, and whether the helper ended the sample after it (`park`, slot_helper.py) and
-        cleanly: (result, parked, clean)."""
         proc = _Proc(self.loop, self.output_cap)
-        request = {"op": "exec", "cmd": command, "cwd": cwd, "cap": self.output_cap}
-        if park:
-            request["park"] = True
-        reply, _ = await self.call(request, proc=proc)
+        reply, _ = await self.call({"op": "exec", "cmd": command, "cwd": cwd, "cap": self.output_cap}, proc=proc)
         proc.start(reply)
         # asyncio.wait never cancels what it watches: after a timeout the exit is still awaitable.
         try:
@@ -246,13 +233,13 @@ class HelperChannel:
         if proc.code == CD_FAILED_EXIT and stderr.startswith(CD_FAILED):
             res.start_error = "the command could not start in its working directory: " + \
                 stderr[len(CD_FAILED):].strip(": \n")
-        return res, proc.parked, proc.clean
+        return res
 
-    async def kill_group(self, pgid: int, token: int | None = None) -> None:
+    async def kill_group(self, pgid: int) -> None:
         if pgid <= 1:  # a command that never started has no group
             return
         with contextlib.suppress(SandboxError):
-            await self.call({"op": "kill", "pgid": pgid, **({"tok": token} if token is not None else {})})
+            await self.call({"op": "kill", "pgid": pgid})
 
     async def spawn(self, command: str, *, cwd: str | None) -> HelperJob:
         proc = _Proc(self.loop)

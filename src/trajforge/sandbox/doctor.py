@@ -15,12 +15,13 @@ import os
 import sys
 from typing import Any
 
-from trajforge.sandbox.bwrap_backend import probe
-from trajforge.sandbox.container_backend import DROPPED_CAPS, ID_LOW
-from trajforge.sandbox.engine import detect
+from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
+from trajforge.sandbox.backends.container.container_backend import DROPPED_CAPS, ID_LOW
+from trajforge.sandbox.backends.container.container_engine import detect
 from trajforge.sandbox.network import doctor_rows
-from trajforge.sandbox.disk import disk_usable, human
-from trajforge.sandbox.resources import SampleLimits, cgroup_parent
+from trajforge.sandbox.host.disk import disk_usable, human
+from trajforge.sandbox.host.cgroups import hierarchies
+from trajforge.sandbox.host.resources import SampleLimits
 
 
 async def gather_report(engine_choice: str = "auto") -> dict[str, Any]:
@@ -46,16 +47,25 @@ async def gather_report(engine_choice: str = "auto") -> dict[str, Any]:
 def _limits() -> dict[str, dict[str, Any]]:
     """The default per-sample limits and how each is enforced here (bwrap, runner as is)."""
     d = SampleLimits()
-    cg = cgroup_parent()
+    cg = hierarchies()
     disk = disk_usable()
+
+    def group(controller: str, fallback: str) -> str:
+        if cg is None or not cg.has(controller):
+            return fallback
+        return f"{controller} cgroup {cg.version} ({cg.parents[controller]})"
+
     return {
-        "sandbox_memory": {"default": human(d.memory or 0), "enforced_by": f"memory cgroup {cg[0]} ({cg[1]})"
-                           if cg else "RLIMIT_AS per process (no writable memory cgroup)"},
+        "sandbox_memory": {"default": human(d.memory or 0),
+                           "enforced_by": group("memory", "RLIMIT_AS per process (no writable memory cgroup)")},
+        "sandbox_cpus": {"default": f"{d.cpus:g}",
+                         "enforced_by": group("cpu", "not enforced (no writable cpu cgroup): commands run at nice 10")},
         "sandbox_tmp_size": {"default": human(d.tmp_size or 0), "enforced_by": "tmpfs size (bwrap --size)"},
         "sandbox_shm_size": {"default": human(d.shm_size or 0), "enforced_by": "tmpfs size (bwrap --size)"},
         "sandbox_disk": {"default": human(d.disk or 0), "enforced_by": "loop-mounted ext4 image per sample" if disk
                          is None else f"NOT enforced ({disk}); only RLIMIT_FSIZE 1 GiB per file"},
-        "sandbox_nproc": {"default": "512", "enforced_by": "RLIMIT_NPROC of the per-sample uid (root mode)"},
+        "sandbox_nproc": {"default": "512", "enforced_by": "RLIMIT_NPROC of the per-sample uid (root mode)"
+                          + (f" and {group('pids', '')}" if cg is not None and cg.has("pids") else "")},
         "sandbox_cpu_seconds": {"default": f"{d.cpu_seconds}", "enforced_by": "RLIMIT_CPU per process"},
     }
 
@@ -77,8 +87,8 @@ def _container_isolation(engine: str | None) -> str:
 
 def _mode_note(mode: str) -> str:
     if mode == "root":
-        return ("; runner is root: persistent namespaces per sample, commands as a per-sample uid "
-                "(process limit enforced)")
+        return ("; runner is root: fresh namespaces and cgroup per sample, made ahead of time and used once, "
+                "commands and helper as a per-sample uid without privileges (process limit enforced)")
     return "; unprivileged: a user namespace per sample (process limit not enforced per sample)"
 
 

@@ -27,14 +27,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from trajforge.sandbox.base import Sandbox, SandboxError
+from trajforge.sandbox.cwd_policy import problem as cwd_problem
 from trajforge.sandbox.lazy import LazySandbox
 from trajforge.sandbox.process import DEFAULT_LIMITS, Limits
 from trajforge.sandbox.settings import SampleLimits, SandboxSettings
 
 BACKENDS = {
-    "local": "trajforge.sandbox.local:make",
-    "bwrap": "trajforge.sandbox.bwrap_backend:make",
-    "container": "trajforge.sandbox.container:make",
+    "local": "trajforge.sandbox.backends.local.local_sandbox:make",
+    "bwrap": "trajforge.sandbox.backends.bwrap.bwrap_backend:make",
+    "container": "trajforge.sandbox.backends.container.container_sandbox:make",
 }
 T = TypeVar("T")
 # Open providers by event loop, so the runner's image prefetch reaches the executor's provider.
@@ -57,11 +58,13 @@ class SandboxProvider:
         self._state: dict[str, Any] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._closing = contextlib.AsyncExitStack()
-        # Sandboxes handed out to be made on first use and not made yet: once the run is
-        # draining, a backend keeps this many idle slots at most (drain).
+        # Sandboxes handed out to be made on first use and not made yet: the demand a backend
+        # that makes sandboxes ahead of time sizes its pool to (bwrap as root: sandbox_pool.py).
         self.waiting = 0
         self.draining = False
         self._on_drain: list[Callable[[], None]] = []
+        self._on_demand: list[Callable[[], None]] = []
+        self._prepared: dict[tuple[str, Path], asyncio.Task[None]] = {}
 
     async def start(self) -> SandboxProvider:
         _open[asyncio.get_running_loop()] = self
@@ -92,7 +95,7 @@ class SandboxProvider:
         if image is not None or kind == "container":
             return "container"
         if kind == "auto":
-            from trajforge.sandbox.bwrap_backend import probe_status
+            from trajforge.sandbox.backends.bwrap.bwrap_backend import probe_status
 
             return "bwrap" if (await probe_status(self)).usable else "local"
         return kind
@@ -111,18 +114,45 @@ class SandboxProvider:
         module, _ = await self._backend(image)
         return bool(getattr(module, "MAKE_ON_FIRST_USE", False))
 
-    def lazy(self, create: Callable[[], Awaitable[Sandbox]]) -> LazySandbox:
-        """A sample's sandbox made by `create` at its first use (lazy.py), counted in `waiting` until then."""
+    def lazy(self, create: Callable[[], Awaitable[Sandbox]], *, image: str | None = None,
+             root: Path | None = None) -> LazySandbox:
+        """A sample's sandbox made by `create` at its first use (lazy.py), counted in `waiting`
+        until then; a backend with a `prepare(provider, root)` starts its run-level work now, in
+        the background (bwrap as root makes sandboxes ahead of time)."""
         self.waiting += 1
+        if root is not None:
+            self._prepare(image, root)
+        self._demand_changed()
         return LazySandbox(create, on_settled=self._settled)
+
+    def _prepare(self, image: str | None, root: Path) -> None:
+        key = (image or "", root)
+        if key not in self._prepared:
+            self._prepared[key] = asyncio.ensure_future(self._prepare_backend(image, root))
+
+    async def _prepare_backend(self, image: str | None, root: Path) -> None:
+        with contextlib.suppress(SandboxError):  # the sample's own creation says what is wrong
+            module, _ = await self._backend(image)
+            prepare = getattr(module, "prepare", None)
+            if prepare is not None:
+                await prepare(self, root)
+
+    def on_demand(self, hook: Callable[[], None]) -> None:
+        """Run `hook` whenever `waiting` changes."""
+        self._on_demand.append(hook)
+
+    def _demand_changed(self) -> None:
+        for hook in self._on_demand:
+            hook()
 
     def _settled(self) -> None:
         self.waiting -= 1
+        self._demand_changed()
 
     def drain(self) -> None:
         """No new sample will start (in-flight ones may still retry): backends may let go of what
-        only new samples would use, such as bwrap's idle slots beyond the `waiting` sandboxes,
-        while the last samples run instead of all at once at aclose."""
+        only new samples would use, such as bwrap's sandboxes made ahead beyond the `waiting`
+        ones, while the last samples run instead of all at once at aclose."""
         if not self.draining:
             self.draining = True
             for hook in self._on_drain:
@@ -136,6 +166,10 @@ class SandboxProvider:
 
     async def create(self, *, cwd: str | None, image: str | None, root: Path) -> Sandbox:
         """A started sandbox for one sample, its workspace created under `root`. Raises SandboxError."""
+        name = await self.backend_name(image)
+        why = None if cwd is None else cwd_problem(cwd, host=name != "container")
+        if why is not None:  # the dataset refuses these rows already; a row from elsewhere is refused here
+            raise SandboxError(f"the row's cwd {cwd[:200]!r} {why}")
         module, func = await self._backend(image)
         make: Callable[..., Awaitable[Sandbox]] = getattr(module, func)
         sandbox = await make(self, cwd=cwd, image=image, root=root)
@@ -156,6 +190,9 @@ class SandboxProvider:
         loop = asyncio.get_running_loop()
         if _open.get(loop) is self:
             del _open[loop]
+        for task in self._prepared.values():
+            task.cancel()
+        await asyncio.gather(*self._prepared.values(), return_exceptions=True)
         await self._closing.aclose()
         self._state.clear()
 
@@ -180,7 +217,7 @@ async def resolve_backend(settings: SandboxSettings) -> tuple[str, str | None]:
     fell back to `local` (no isolation), why bwrap could not be used."""
     if settings.backend != "auto":
         return settings.backend, None
-    from trajforge.sandbox.bwrap_backend import probe
+    from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 
     status = await probe()
     return ("bwrap", None) if status.usable else ("local", status.detail)
@@ -201,7 +238,7 @@ async def prefetch_images(images: set[str]) -> None:
     provider = _open.get(asyncio.get_running_loop())
     if not images or provider is None:
         return
-    from trajforge.sandbox.container_backend import backend_for
+    from trajforge.sandbox.backends.container.container_backend import backend_for
 
     try:
         backend = await backend_for(provider)

@@ -19,11 +19,12 @@ class SampleLimits:
     shm_size: int | None = 256 << 20
     disk: int | None = 10 << 30
     cpu_seconds: int | None = 600
+    cpus: float | None = 1.0  # CPUs' worth of time per period (cgroups.py); None: no share
 
 
 @dataclass(frozen=True, slots=True)
 class ContainerSettings:
-    """The container backend's settings (container.py, container_backend.py)."""
+    """The container backend's settings (container_sandbox.py, container_backend.py)."""
 
     engine: str = "auto"  # auto | podman | docker
     max_sandboxes: int = 16  # containers being created at once

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from trajforge.sandbox.base import SandboxError
-from trajforge.sandbox.disk import mount_table, pid_alive
+from trajforge.sandbox.host.disk import mount_table, pid_alive
 from trajforge.sandbox.process import SAFE_PATH
 
 
@@ -120,21 +120,33 @@ def create(root: Path, cwd: str | None) -> tuple[Path, Path]:
 
 def create_fresh(root: Path, cwd: str | None) -> tuple[Path, Path]:
     """Like create, in a directory of the runner's own that no sample can see or has seen (a
-    slot's, sandbox/slots.py): a plain name, and no real-path lookup (`root` is one already)."""
+    root-mode sandbox's, sandbox/pool.py): a plain name, and no real-path lookup (`root` is one
+    already)."""
     try:
         workspace = root / f"sample-{os.urandom(6).hex()}"
         os.mkdir(workspace, 0o700)
     except OSError as e:
         raise SandboxError(f"cannot create a workspace under {root}: {e}") from e
+    try:
+        return workspace, cwd_in(workspace, cwd)
+    except SandboxError:
+        os.rmdir(workspace)
+        raise
+
+
+def cwd_in(workspace: Path, cwd: str | None) -> Path:
+    """The host directory of a row's cwd in a fresh workspace, made (absolute cwds beneath it)."""
     rel = os.path.normpath((cwd or "").lstrip("/")) if cwd and cwd.strip("/") else ""
     if rel in ("", "."):
-        return workspace, workspace
+        return workspace
     if rel == ".." or rel.startswith("../"):
-        os.rmdir(workspace)
         raise SandboxError(f"task cwd {cwd!r} points outside the workspace")
     host_cwd = workspace / rel
-    os.makedirs(host_cwd, exist_ok=True)
-    return workspace, host_cwd
+    try:
+        os.makedirs(host_cwd, exist_ok=True)
+    except OSError as e:
+        raise SandboxError(f"cannot make the working directory {cwd!r} in the workspace: {e.strerror}") from None
+    return host_cwd
 
 
 async def remove(workspace: Path) -> None:
@@ -268,7 +280,7 @@ async def defuse(kept: Path) -> None:
 
 
 def keep(ws: Path, root: Path) -> Path | None:
-    """`keep_workspaces`: the files outlive the slot in a directory beside the slots (moved when
+    """`keep_workspaces`: the files outlive the sandbox in a directory beside the sandboxes' (moved when
     on the same filesystem, else copied by `cp -a`, which recreates FIFOs instead of opening them)."""
     target = root / ws.name
     try:

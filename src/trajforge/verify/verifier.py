@@ -109,6 +109,9 @@ def validate_verification(config: RunConfig, dataset: Rows) -> None:
     problems: list[str] = []
     rubric = verified = False
     for s in dataset.samples:
+        if getattr(s, "task", None) is not None:  # a task's hidden tests verify it (trajforge.tasks)
+            verified = True
+            continue
         resolved = resolve_for(config, s.verify, s.task_type)
         problem = problem_of(resolved)
         if problem is not None:
