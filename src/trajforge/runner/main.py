@@ -25,7 +25,7 @@ from typing import Any
 
 from trajforge.config import RunConfig
 from trajforge.dataset import LoadedDataset, Sample
-from trajforge.errors import FatalModelError, OutputError
+from trajforge.errors import FatalModelError, OutputError, UsageError
 from trajforge.jsonio import dumps
 from trajforge.redact import REGISTRY, hide_in_proc, run_secrets
 from trajforge.runner import recovery, store
@@ -37,6 +37,7 @@ from trajforge.runner.eventloop import (
     flush_periodically, install_signals, remove_signals, tuned_collector, use_pidfd_child_watcher,
 )
 from trajforge.runner.governor import budget_for, check_prices
+from trajforge.runner.merge import calls_unknown_tools
 from trajforge.runner.monitor import RunMonitor
 from trajforge.sample.outcome import Outcome
 from trajforge.runner.preflight import (
@@ -84,6 +85,7 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
     rundir = RunDir(config.output_dir / config.run_name)
     rundir.acquire(resume=config.resume, overwrite=config.overwrite)
     watcher = use_pidfd_child_watcher()
+    refused = False
     try:
         leftovers = rundir.remove_leftovers()
         if leftovers:
@@ -92,10 +94,13 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
             print(f"trajforge: {msg}", file=sys.stderr)
         with tuned_collector():
             return asyncio.run(_run(config, dataset, prefill, rundir, make_executor))
+    except UsageError:  # refused at the executor's start (_run): before any result was written
+        refused = True
+        raise
     finally:
         if watcher:  # in-process callers (tests, notebooks) get the default back for their own loops
             asyncio.set_child_watcher(None)
-        rundir.release()
+        rundir.release(discard=refused)
 
 
 def plan(samples: list[Sample], run_dir: Path, checkpoint: Checkpoint, problems: list[str],
@@ -146,7 +151,6 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
     print(f"trajforge: run '{config.run_name}': {len(samples)} samples, "
           f"{len(samples) - len(todo)} already finished, {len(todo)} to run, sandbox {sandbox} -> {run_dir}",
           file=sys.stderr)
-    rundir.save_config(config.masked())
 
     batch_store = store.BatchStore(run_dir)
     invocation = Totals()
@@ -176,7 +180,10 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
         except OutputError as e:
             halt(e)
             return
-        if o.status == "done" and o.record is not None:
+        dropped = o.status == "done" and o.record is not None and calls_unknown_tools(o.record)
+        if dropped:  # the merge will drop it: discarded, as the end-of-run table and statistics say
+            invocation.discarded["hallucinated_tool"] += 1
+        elif o.status == "done" and o.record is not None:
             invocation.add_record(o.record)
         elif o.status == "failed":
             invocation.failed[o.reason or "internal"] += 1
@@ -187,7 +194,7 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
             if o.usage:
                 invocation.add_usage(o.usage, o.api_calls)
         invocation.per_worker[o.worker] += 1
-        progress.update(o)
+        progress.update(o, dropped=dropped)
 
     executor = make_executor(config, prefill, run_dir)
     if todo:  # before the checkpoint records this invocation: a refused start leaves no results behind
@@ -197,6 +204,7 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
         except BaseException:
             await executor.aclose()
             raise
+    rundir.save_config(config.masked())  # once the start was not refused, which keeps a resumed run's own
     budget = budget_for(config, checkpoint.invocations, len(todo), (restored.spent, restored.samples))
     monitor = RunMonitor(getattr(executor, "gate", None), budget)
     progress.extra = monitor.progress_text

@@ -9,7 +9,9 @@ nothing happened. A file that shrank or was replaced (`--overwrite`) makes it st
 Kept records follow the run's own merge rules (runner/merge.py), so the figures match
 statistics.json: the first record of an identity wins, and a record that called a tool that does
 not exist or was not offered counts as discarded (`hallucinated_tool`). Samples with no record
-(failed, discarded) come from checkpoint.json.
+(failed, discarded) come from checkpoint.json. A JSONL file may also be an `openai` export: its
+lines are read back into the records they came from (export.source.as_record); a line that is
+neither is named as a problem, never shown as an empty conversation.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from typing import Any
 
 import orjson
 
+from trajforge.export.source import as_record
 from trajforge.runner import store
-from trajforge.runner.stats import Totals
+from trajforge.runner.stats import Totals, run_pace
 from trajforge.tools.registry import KNOWN_TOOLS
 from trajforge.view.dataset import Row, load_rows
 from trajforge.view.summary import Entry, outcome_entry, summarise, used_tools
@@ -149,6 +152,11 @@ class RunIndex:
         if not isinstance(rec, dict):
             self._problem(f"{path.name}:{lineno}: not a JSON object, ignored")
             return
+        try:
+            rec = as_record(rec)
+        except ValueError as e:
+            self._problem(f"{path.name}:{lineno}: {e}, ignored")
+            return
         sid = rec.get("sample_id")
         key = sid if isinstance(sid, str) and sid else f"line-{lineno}"
         if key in self.by_key:
@@ -241,13 +249,23 @@ class RunIndex:
             f.seek(e.offset)
             data = f.read(e.length)
         rec = orjson.loads(data)
-        return rec if isinstance(rec, dict) else None
+        try:
+            return as_record(rec) if isinstance(rec, dict) else None
+        except ValueError:
+            return None
 
     def seconds(self) -> float | None:
         inv = self.checkpoint.get("invocations")
         if not isinstance(inv, list) or not inv:
             return None
         return sum(float(i.get("seconds", 0.0)) for i in inv if isinstance(i, dict))
+
+    def pace(self) -> tuple[int, float] | None:
+        """The run's throughput basis, as statistics.json takes it (runner.stats.run_pace)."""
+        inv = self.checkpoint.get("invocations")
+        if not isinstance(inv, list) or not inv:
+            return None
+        return run_pace((int(i.get("ran", 0)), float(i.get("seconds", 0.0))) for i in inv if isinstance(i, dict))
 
     def live(self) -> bool:
         """Whether a trajforge process holds the run's lock (read from /proc/locks, so the viewer
