@@ -12,13 +12,14 @@ import pytest
 
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
 from trajforge import catalog, cli
-from trajforge.catalog import ToolsetSpec
+from trajforge.catalog import toolset
+from trajforge.registry import Spec
 from trajforge.runner import outputs
 
 
 @pytest.fixture
 def loud_toolset(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(catalog.TOOLSETS, "loud", ToolsetSpec("loud", ("shout",), "tests.support.shout_toolset:build"))
+    monkeypatch.setitem(catalog.TOOLSETS, "loud", toolset("loud", ("shout",), "tests.support.shout_toolset:build"))
 
 
 def shout_policy(req: Recorded) -> Reply:
@@ -30,7 +31,8 @@ def shout_policy(req: Recorded) -> Reply:
 
 @pytest.fixture
 def lengths_output(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(outputs.RUN_OUTPUTS, "lengths.tsv", "tests.support.lengths_output:LengthsOutput")
+    monkeypatch.setitem(outputs.RUN_OUTPUTS, "lengths.tsv",
+                        Spec("lengths.tsv", "tests.support.lengths_output:LengthsOutput"))
 
 
 def test_a_registered_toolset_and_output_run_end_to_end(tmp_path: Path, server: ScriptedServer,
@@ -66,7 +68,7 @@ def test_declared_toolsets_match_their_settings_and_tools() -> None:
     from trajforge.catalog.settings import ToolsSettings
     from trajforge.tools.registry import KNOWN_TOOLS, TOOLSET_TOOLS
 
-    assert {s.settings for s in catalog.TOOLSETS.values() if s.settings} == set(ToolsSettings.model_fields)
+    assert {s.settings for s in catalog.TOOLSETS.specs() if s.settings} == set(ToolsSettings.model_fields)
     assert set(TOOLSET_TOOLS) == set(catalog.TOOLSETS) and len(set(KNOWN_TOOLS)) == len(KNOWN_TOOLS)
 
 
@@ -77,7 +79,9 @@ def test_the_command_layer_chooses_the_executor_from_the_registry(tmp_path: Path
     from tests.support import counting_executor
     from trajforge import executors
 
-    monkeypatch.setitem(executors.EXECUTORS, "local", "tests.support.counting_executor:make")
+    local = executors.EXECUTORS["local"]
+    monkeypatch.setitem(executors.EXECUTORS, "local", Spec("local", "tests.support.counting_executor:make",
+                                                           capabilities=local.capabilities))
     counting_executor.PROCESSED.clear()
     server.handler = shout_policy
     ds = tmp_path / "ds.jsonl"

@@ -24,6 +24,7 @@ from tests.support.sandboxes import create_sandbox
 from tests.conftest import REPO, cli
 from tests.support.policies import prompt_command_policy
 from tests.support.scripted_server import ScriptedServer
+from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.config import RunConfig
 from trajforge.sample.settings import sandbox_settings
 from trajforge.sandbox.base import PathEscapeError
@@ -70,7 +71,7 @@ def test_escape_attempts_fail_and_the_host_is_untouched(tmp_path: Path) -> None:
     marker_tmp = Path("/tmp") / f"trajforge-escape-{token}"
 
     async def body() -> None:
-        sb = await started(tmp_path, network=False)
+        sb = await started(tmp_path, network=NetworkMode.NONE)
         try:
             assert sb.workdir == "/workspace" and sb.cwd == "/workspace"
             res = await sb.exec(f"cat {secret}; ls {Path.home()}; cat /root/.bashrc", timeout=10)
@@ -133,7 +134,7 @@ class Listener:
 @needs_bwrap
 def test_network_none_cannot_reach_a_host_loopback_port(tmp_path: Path) -> None:
     async def attempt(network: bool, port: int) -> str:
-        sb = await started(tmp_path, network=network)
+        sb = await started(tmp_path, network=NetworkMode.HOST if network else NetworkMode.NONE)
         try:
             res = await sb.exec(f"echo hello > /dev/tcp/127.0.0.1/{port} && echo CONNECTED; "
                                 f"curl -s -m 2 http://127.0.0.1:{port}/ >/dev/null; echo curl=$?", timeout=15)
@@ -179,7 +180,7 @@ def processes_of(uid: int) -> list[int]:
 @needs_root
 def test_fork_bomb_is_contained_and_the_sandbox_survives(tmp_path: Path) -> None:
     async def body() -> None:
-        sb = await started(tmp_path, network=False, nproc=64)
+        sb = await started(tmp_path, network=NetworkMode.NONE, nproc=64)
         try:
             t0 = time.monotonic()
             await sb.exec(":(){ :|:& };:", timeout=10)
@@ -202,7 +203,7 @@ def test_fork_bomb_is_contained_and_the_sandbox_survives(tmp_path: Path) -> None
 @needs_bwrap
 def test_timeouts_background_jobs_and_shared_namespace(tmp_path: Path) -> None:
     async def body() -> None:
-        sb = await started(tmp_path, network=False, cwd="proj")
+        sb = await started(tmp_path, network=NetworkMode.NONE, cwd="proj")
         try:
             assert sb.cwd == "/workspace/proj"
             res = await sb.exec("sleep 41 & sleep 42; echo never", timeout=1)
@@ -234,10 +235,11 @@ def test_timeouts_background_jobs_and_shared_namespace(tmp_path: Path) -> None:
 CHILD = textwrap.dedent("""
     import asyncio, sys
     from pathlib import Path
+    from trajforge.catalog.sandboxes import NetworkMode
     from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
 
     async def main():
-        sb = BwrapSandbox(Path(sys.argv[1]), network=False)
+        sb = BwrapSandbox(Path(sys.argv[1]), network=NetworkMode.NONE)
         await sb.start()
         await sb.spawn("exec sleep 4321")
         res = await sb.exec("sleep 1234 & echo ready", timeout=30)
@@ -276,7 +278,7 @@ def test_factory_picks_bwrap_by_default(tmp_path: Path) -> None:
                 from trajforge.sandbox.network import resolve_mode
 
                 mode = (await resolve_mode(sandbox_settings(cfg)))[0]  # auto: egress where it works here, else host
-                assert isinstance(sb, BwrapSandbox) and sb.network == (mode == "host") and sb.egress == (mode == "egress")
+                assert isinstance(sb, BwrapSandbox) and sb.network == mode
                 res = await sb.exec("pwd; ls -d /workspace/app", timeout=10)
                 assert res.stdout == "/app\n/workspace/app\n"  # an absolute cwd is also mounted at its path
                 await sb.write_file("/app/f", b"f")
@@ -342,7 +344,7 @@ def test_nested_absolute_and_relative_cwd(tmp_path: Path) -> None:
     beneath /workspace. Commands, relative paths and file operations agree on both."""
     async def body() -> None:
         for cwd, inside in (("/app/sub", "/app/sub"), ("/srv/a/b/", "/srv/a/b"), ("proj/src", "/workspace/proj/src")):
-            sb = await started(tmp_path, network=False, cwd=cwd)
+            sb = await started(tmp_path, network=NetworkMode.NONE, cwd=cwd)
             try:
                 assert sb.cwd == inside
                 res = await sb.exec("pwd; echo hi > f.txt; cd .. && pwd && ls", timeout=10)
@@ -366,7 +368,7 @@ def test_cancelled_commands_die_whenever_the_cancel_lands(tmp_path: Path) -> Non
     the check below runs; the check waits for the kill itself (however late it lands), bounded
     by its own timeout, never by the machine's speed."""
     async def body() -> None:
-        sb = await started(tmp_path, network=False)
+        sb = await started(tmp_path, network=NetworkMode.NONE)
         try:
             for delay in (0.0, 0.0005, 0.5):  # where the cancel lands: varied, not synchronised on
                 task = asyncio.create_task(sb.exec(f"exec sleep {300 + int(delay * 1000)}", timeout=60))
@@ -393,7 +395,7 @@ def test_large_payloads_and_overlapping_requests_cross_the_helper_whole(tmp_path
     small = [f"file {i}\n".encode() * (i + 1) for i in range(12)]
 
     async def body() -> None:
-        sb = await started(tmp_path, network=False)
+        sb = await started(tmp_path, network=NetworkMode.NONE)
         try:
             await sb.write_file("big.bin", big)
             assert await sb.read_file("big.bin") == big

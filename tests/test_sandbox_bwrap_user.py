@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 import textwrap
 
+from trajforge.catalog.sandboxes import NetworkMode
 import pytest
 
 from tests.conftest import REPO
@@ -28,7 +29,7 @@ CHILD = textwrap.dedent("""
     async def main():
         status = await probe()
         root = Path(sys.argv[1])
-        sb = BwrapSandbox(root, network=False, cwd="/app")
+        sb = BwrapSandbox(root, network=NetworkMode.NONE, cwd="/app")
         await sb.start()
         out = {"mode": status.mode, "usable": status.usable}
         try:

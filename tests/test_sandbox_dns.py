@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trajforge.catalog.sandboxes import NetworkMode
 import pytest
 
 from tests.support.fake_resolver import FakeResolver
@@ -426,7 +427,7 @@ def test_a_bwrap_sample_resolves_through_the_forwarder_and_sends_the_resolver_no
     from trajforge.sandbox.host import router
 
     async def main(ip: str, resolver: FakeResolver) -> None:
-        sb = BwrapSandbox(tmp_path, network=False, egress=True)
+        sb = BwrapSandbox(tmp_path, network=NetworkMode.EGRESS)
         await sb.start()
         try:
             res = await sb.exec(f"python3 - <<'EOF'\nUPSTREAM = {ip!r}\n{SAMPLE_PROBE}\nEOF", timeout=120)

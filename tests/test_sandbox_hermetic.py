@@ -17,6 +17,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from trajforge.catalog.sandboxes import NetworkMode
 import pytest
 
 from tests.conftest import cli
@@ -101,7 +102,7 @@ def test_a_module_planted_where_the_helper_imports_from_never_runs(tmp_path: Pat
     assert cwd_policy.problem(STDLIB) is not None  # (the policy would have refused this row)
 
     async def main() -> None:
-        sb = BwrapSandbox(tmp_path, network=False, cwd=STDLIB, sample_limits=SampleLimits(disk=64 << 20))
+        sb = BwrapSandbox(tmp_path, network=NetworkMode.NONE, cwd=STDLIB, sample_limits=SampleLimits(disk=64 << 20))
         await sb.start()
         try:
             assert sb.cwd == STDLIB

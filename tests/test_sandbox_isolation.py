@@ -13,6 +13,7 @@ import re
 import shutil
 from pathlib import Path
 
+from trajforge.catalog.sandboxes import NetworkMode
 import pytest
 
 from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox, root_runtime
@@ -37,7 +38,8 @@ async def _mode(mode: str) -> str:
 
 
 def _sandbox(root: Path, runtime: object, mode: str, cwd: str | None = None) -> BwrapSandbox:
-    return BwrapSandbox(root, network=False, egress=mode == "egress", sample_limits=LIMITS, cwd=cwd,
+    network = NetworkMode.EGRESS if mode == "egress" else NetworkMode.NONE
+    return BwrapSandbox(root, network=network, sample_limits=LIMITS, cwd=cwd,
                         runtime=runtime)  # type: ignore[arg-type]
 
 
@@ -380,7 +382,7 @@ def test_the_sandbox_s_own_proc_keeps_bwrap_s_read_only_parts(tmp_path: Path) ->
     /proc/irq and /proc/bus bwrap had made read-only: they are read-only again (a layer beside
     the sample's lack of privilege, which alone refuses the writes)."""
     async def main() -> str:
-        sb = BwrapSandbox(tmp_path, network=False, sample_limits=LIMITS)
+        sb = BwrapSandbox(tmp_path, network=NetworkMode.NONE, sample_limits=LIMITS)
         await sb.start()
         try:
             return (await sb.exec("cat /proc/self/mounts; echo 1 > /proc/sys/kernel/ns_last_pid; echo rc=$?",
@@ -504,7 +506,7 @@ PY
 @pytest.mark.skipif(seccomp_program(os.uname().machine) is None, reason="no seccomp table for this machine")
 def test_a_sample_cannot_make_a_user_namespace_or_use_keyrings(tmp_path: Path) -> None:
     async def main() -> None:
-        sb = BwrapSandbox(tmp_path, network=False, sample_limits=LIMITS)
+        sb = BwrapSandbox(tmp_path, network=NetworkMode.NONE, sample_limits=LIMITS)
         await sb.start()
         try:
             out = (await sb.exec(USERNS, timeout=30)).stdout

@@ -251,7 +251,7 @@ def test_factory_dispatch(tmp_path: Path) -> None:
         assert not auto.workspace.exists()
         with pytest.raises(SandboxError, match="needs an image"):
             await create_sandbox(RunConfig(sandbox="container"), cwd=None, image=None, root=tmp_path)
-        with pytest.raises(SandboxError, match="networking"):
+        with pytest.raises(SandboxError, match="cannot apply --sandbox_network none: the local sandbox has no network"):
             await create_sandbox(RunConfig(sandbox="local", sandbox_network="none"), cwd=None, image=None,
                                  root=tmp_path)
         blocker = tmp_path / "a-file"

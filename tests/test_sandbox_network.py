@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trajforge.catalog.sandboxes import NetworkMode
 import pytest
 
 from tests.conftest import cli
@@ -83,9 +84,9 @@ def test_egress_reaches_the_public_server_and_nothing_internal(tmp_path: Path) -
     async def main() -> None:
         with host_server("127.0.0.1") as runner_lo, host_server("169.254.169.254") as metadata, \
                 host_server("10.231.7.1") as private, public_server() as public:
-            a = BwrapSandbox(tmp_path, network=False, egress=True)
-            b = BwrapSandbox(tmp_path, network=False, egress=True)
-            host = BwrapSandbox(tmp_path, network=True)
+            a = BwrapSandbox(tmp_path, network=NetworkMode.EGRESS)
+            b = BwrapSandbox(tmp_path, network=NetworkMode.EGRESS)
+            host = BwrapSandbox(tmp_path, network=NetworkMode.HOST)
             for sb in (a, b, host):
                 await sb.start()
             try:
@@ -129,7 +130,7 @@ def test_egress_samples_resolve_through_slirp_and_the_run_leaves_no_file_behind(
 
     async def main() -> None:
         before = leftovers()
-        sb = BwrapSandbox(tmp_path, network=False, egress=True)
+        sb = BwrapSandbox(tmp_path, network=NetworkMode.EGRESS)
         await sb.start()
         try:
             out = await sb.exec("cat /etc/resolv.conf; echo x >> /etc/resolv.conf && echo wrote", timeout=30)
@@ -248,8 +249,8 @@ def test_auto_falls_back_to_host_with_a_note_and_explicit_egress_is_refused(monk
         asyncio.run(network.resolve_mode(sandbox_settings(RunConfig(sandbox_network="egress"))))
     assert asyncio.run(network.resolve_mode(sandbox_settings(RunConfig(sandbox_network="none")))) == ("none", None)
     cfg = RunConfig(sandbox_network="auto")
-    fixed = check_network(cfg)
-    assert fixed.sandbox_network == "host"  # fixed for the whole run
+    fixed, settings = check_network(cfg, sandbox_settings(cfg))
+    assert fixed.sandbox_network == "host" and settings.network == NetworkMode.HOST  # fixed for the whole run
 
 
 def test_explicit_egress_that_cannot_be_had_is_refused_before_any_work(
@@ -389,7 +390,7 @@ def test_web_extract_and_vision_refuse_redirects_and_names_to_internal_addresses
 def test_network_allow_opens_a_private_range_for_samples(tmp_path: Path) -> None:
     async def main() -> None:
         with host_server("10.231.7.1") as private, host_server("10.231.8.1") as other:
-            sb = BwrapSandbox(tmp_path, network=False, egress=True, allow=["10.231.7.0/24"])
+            sb = BwrapSandbox(tmp_path, network=NetworkMode.EGRESS, allow=["10.231.7.0/24"])
             await sb.start()
             try:
                 assert private.token in await _curl(sb, private.url)
@@ -528,7 +529,6 @@ def test_image_api_download_urls_go_through_the_policy(tmp_path: Path, server: S
 def test_a_working_egress_probe_spares_the_bwrap_probe_a_second_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
     """The egress probe (preflight) is a root bwrap sandbox that worked: the backend's probe then
     needs no sandbox of its own, and still makes one when no egress probe ran."""
-    from trajforge.sandbox import network
     from trajforge.sandbox.backends.bwrap import bwrap_backend
 
     started: list[bool] = []
@@ -541,6 +541,6 @@ def test_a_working_egress_probe_spares_the_bwrap_probe_a_second_sandbox(monkeypa
     monkeypatch.setattr(BwrapSandbox, "start", counting_start)
     status = asyncio.run(bwrap_backend.probe())
     assert status.usable and status.mode == "root" and "bubblewrap" in status.detail and started == []
-    monkeypatch.setattr(network, "_support", {})
+    monkeypatch.setattr(bwrap_backend, "_proven", [])
     status = asyncio.run(bwrap_backend.probe())
     assert status.usable and started == [True]

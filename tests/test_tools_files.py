@@ -11,6 +11,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from trajforge.catalog.sandboxes import NetworkMode
 import pytest
 
 from trajforge.config import RunConfig
@@ -419,7 +420,7 @@ BWRAP = asyncio.run(probe())
 @pytest.mark.skipif(not BWRAP.usable or BWRAP.mode != "root", reason=f"needs bwrap as root: {BWRAP.detail}")
 def test_bwrap_root_mode_files_written_by_tools_belong_to_the_sandbox(tmp_path: Path) -> None:
     async def main() -> None:
-        async with BwrapSandbox(tmp_path, network=False) as sb:
+        async with BwrapSandbox(tmp_path, network=NetworkMode.NONE) as sb:
             ctx = ToolContext(sandbox=sb, settings=tool_settings(RunConfig()))
             assert (await call(WRITE, ctx, path="new/dir/f.txt", content="one\n"))["success"]
             res = await sb.exec("echo two >> new/dir/f.txt && stat -c %u new new/dir new/dir/f.txt", timeout=10)

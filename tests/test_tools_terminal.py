@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from trajforge.catalog.sandboxes import NetworkMode
 import pytest
 
 from trajforge.config import RunConfig
@@ -135,7 +136,7 @@ def test_commands_no_shell_can_take_are_error_results_on_every_backend(tmp_path:
     # A NUL byte once raised out of the tool (a traceback in the log); a 200 KB heredoc failed
     # the whole sample under local (E2BIG from exec), on every --resume again.
     async def body() -> None:
-        sandbox = LocalSandbox(tmp_path) if backend == "local" else BwrapSandbox(tmp_path, network=False)
+        sandbox = LocalSandbox(tmp_path) if backend == "local" else BwrapSandbox(tmp_path, network=NetworkMode.NONE)
         await sandbox.start()
         ctx = ToolContext(sandbox=sandbox, settings=tool_settings(RunConfig(tool_timeout=30)))
         try:

@@ -47,6 +47,6 @@ class LocalExecutor:
 
 
 def make(config: RunConfig, prefill: list[dict[str, Any]] | None, run_dir: Path) -> LocalExecutor:
-    """The registry's factory (trajforge.executors.EXECUTORS)."""
+    """The spec's target (trajforge.catalog.executors.EXECUTORS)."""
     ws = run_dir / "workspaces" if config.keep_workspaces else None
     return LocalExecutor(config, prefill=prefill, workspace_root=ws, build_log_dir=run_dir / "builds")

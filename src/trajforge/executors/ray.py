@@ -258,5 +258,5 @@ class RayExecutor:
 
 
 def make(config: RunConfig, prefill: list[dict[str, Any]] | None, run_dir: Path) -> RayExecutor:
-    """The registry's factory (trajforge.executors.EXECUTORS)."""
+    """The spec's target (trajforge.catalog.executors.EXECUTORS)."""
     return RayExecutor(config, prefill=prefill)

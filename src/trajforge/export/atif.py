@@ -29,8 +29,6 @@ def to_atif(record: dict[str, Any]) -> dict[str, Any]:
 
 
 class ATIFExporter(JsonlExporter):
-    name = "atif"
-
     def line(self, item: Item) -> bytes:
         return dumps(to_atif(item.record)) + b"\n"
 

@@ -50,9 +50,10 @@ class Summary:
 
 
 class Exporter(ABC):
-    name: ClassVar[str]
+    """One format's writer. Its name and whether its output is a directory are its spec's
+    (export.FORMATS)."""
+
     suffix: ClassVar[str]  # of each output file ("" for a directory format)
-    directory: ClassVar[bool] = False  # the output is a directory even without splits
 
     def __init__(self, options: Options) -> None:
         self.options = options

@@ -24,12 +24,13 @@ from trajforge.export.base import Item, Options, Summary, check_output, staged
 from trajforge.export.convert import ConversionError
 from trajforge.export.filters import Filters, parse_split, verification_of
 from trajforge.export.source import InputError, Source, open_source
+from trajforge.registry import words
 
 PROG = "trajforge export"
 # (flag, kind, help)
 FLAGS: list[Flag] = [
-    ("format", "str", f"output format: {', '.join(FORMATS)} (required)"),
-    ("output", "path", "output file, or directory for hf and with --split (required)"),
+    ("format", "str", "output format: {formats} (required)"),
+    ("output", "path", "output file, or directory for {directories} and with --split (required)"),
     ("only", "str", "keep only completed samples, only verified samples that passed, or all [default: all]"),
     ("min_tool_calls", "int", "keep samples with at least N tool calls [default: 0]"),
     ("task_type", "str", "keep samples of this task type"),
@@ -44,12 +45,19 @@ FLAGS: list[Flag] = [
 ]
 
 
+def flags() -> list[Flag]:
+    """FLAGS with the formats of the registry as it is now (a plugin's format included)."""
+    names = {"formats": ", ".join(FORMATS),
+             "directories": words([s.name for s in FORMATS.specs() if s.capabilities.directory], "and")}
+    return [(flag, kind, text.format(**names)) for flag, kind, text in FLAGS]
+
+
 def make_parser() -> Parser:
-    parser = Parser(prog=PROG, description="Export trajectories for training: OpenAI messages JSONL, "
-                     "ShareGPT JSONL, Parquet, or a Hugging Face dataset with its card.")
+    parser = Parser(prog=PROG, description="Export trajectories for training: "
+                    f"{words([s.help for s in FORMATS.specs()])}.")
     parser.add_argument("input", type=Path, metavar="RUN_DIR_OR_JSONL",
                         help="a run directory (its trajectories.jsonl) or a trajectories / openai export JSONL file")
-    add_flags(parser, FLAGS)
+    add_flags(parser, flags())
     return parser
 
 
@@ -60,7 +68,7 @@ def _choice(flag: str, value: str, allowed: tuple[str, ...]) -> str:
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, Filters, Options]:
-    ns = parse_flags(make_parser(), argv, FLAGS)
+    ns = parse_flags(make_parser(), argv, flags())
     for flag in ("format", "output"):
         if getattr(ns, flag) is None:
             raise UsageError(f"missing required flag --{flag}")
@@ -93,7 +101,7 @@ def run(argv: list[str]) -> int:
     cls = exporter_class(ns.format)
     src = open_source(ns.input)
     options = dataclasses.replace(options, source=src)
-    is_dir = cls.directory or bool(options.splits)
+    is_dir = FORMATS[ns.format].capabilities.directory or bool(options.splits)
     if _same_place(src, ns.output, is_dir):
         raise UsageError(f"--output: {ns.output} would replace the input; choose another path")
     check_output(ns.output, is_dir, ns.overwrite)
@@ -139,7 +147,7 @@ def _report(ns: argparse.Namespace, src: Source, summary: Summary, total: int, l
         print("  note: no record carries a verification result, so --only passed keeps none")
     if len(summary.counts) > 1 or "" not in summary.counts:
         print("  splits: " + ", ".join(f"{s} {n}" for s, n in summary.counts.items()))
-    if ns.format == "hf" or len(summary.files) > 1:
+    if FORMATS[ns.format].capabilities.directory or len(summary.files) > 1:
         print("  files: " + ", ".join(summary.files))
     if summary.drops:
         print("  not in this format: " + "; ".join(summary.drops))

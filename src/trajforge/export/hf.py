@@ -19,9 +19,7 @@ from trajforge.runner.stats import Totals
 
 
 class HFExporter(Exporter):
-    name = "hf"
     suffix = ""
-    directory = True
 
     def open(self, output: Path) -> None:
         import pyarrow as pa

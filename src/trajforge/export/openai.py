@@ -14,7 +14,5 @@ from trajforge.jsonio import dumps
 
 
 class OpenAIExporter(JsonlExporter):
-    name = "openai"
-
     def line(self, item: Item) -> bytes:
         return dumps(to_openai(item.record, self.options.reasoning)) + b"\n"

@@ -73,7 +73,6 @@ def add_row(groups: RowGroups, exporter: Exporter, item: Item) -> None:
 
 
 class ParquetExporter(Exporter):
-    name = "parquet"
     suffix = ".parquet"
 
     def open(self, output: Path) -> None:

@@ -13,8 +13,6 @@ from trajforge.jsonio import dumps
 
 
 class ShareGPTExporter(JsonlExporter):
-    name = "sharegpt"
-
     def line(self, item: Item) -> bytes:
         if self.options.reasoning == "drop":
             return dumps(to_record(to_openai(item.record, "drop"))) + b"\n"

@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trajforge.catalog.executors import EXECUTORS
+from trajforge.catalog.sandboxes import AUTO, image_backend
 from trajforge.config import RunConfig
 from trajforge.dataset import LoadedDataset, Sample
 from trajforge.errors import FatalModelError, OutputError, UsageError
@@ -49,6 +51,8 @@ from trajforge.runner.report import failed_exit_code, finish, print_summary
 from trajforge.runner.rollouts import RolloutScheduler, expand, passes_on_disk, prepare_totals
 from trajforge.runner.rundir import RunDir
 from trajforge.runner.stats import Totals
+from trajforge.sample.settings import sandbox_settings
+from trajforge.sandbox.settings import SandboxSettings
 from trajforge.verify.verifier import validate_verification
 
 log = logging.getLogger("trajforge")
@@ -77,7 +81,7 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
         check_prices(config)
     else:  # the oracle calls no model: no endpoint, key or price to check, and its records say "oracle"
         config = config.model_copy(update={"model": "oracle"})
-    config = check_network(config)
+    config, sandbox = check_network(config, sandbox_settings(config))  # the sandbox's settings, built once
     check_executor(config)
     check_container_images(config, dataset)
     check_task_engine(config)
@@ -93,7 +97,7 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
         for msg in store.repair(rundir.path):
             print(f"trajforge: {msg}", file=sys.stderr)
         with tuned_collector():
-            return asyncio.run(_run(config, dataset, prefill, rundir, make_executor))
+            return asyncio.run(_run(config, sandbox, dataset, prefill, rundir, make_executor))
     except UsageError:  # refused at the executor's start (_run): before any result was written
         refused = True
         raise
@@ -124,8 +128,8 @@ def plan(samples: list[Sample], run_dir: Path, checkpoint: Checkpoint, problems:
     return todo
 
 
-async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str, Any]] | None,
-               rundir: RunDir, make_executor: ExecutorFactory) -> int:
+async def _run(config: RunConfig, sandbox_settings: SandboxSettings, dataset: LoadedDataset,
+               prefill: list[dict[str, Any]] | None, rundir: RunDir, make_executor: ExecutorFactory) -> int:
     run_dir = rundir.path
     started_wall, t0 = time.time(), time.monotonic()
     checkpoint = Checkpoint.load(run_dir / "checkpoint.json", config.run_name or "")
@@ -147,7 +151,7 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
               "record is missing or unreadable in the batch files: they run again", file=sys.stderr)
     if dataset.skipped:
         print(f"trajforge: skipped {len(dataset.skipped)} invalid dataset line(s)", file=sys.stderr)
-    config, sandbox = await _resolve_sandbox(config, dataset)
+    config, sandbox = await _resolve_sandbox(config, sandbox_settings, dataset)
     print(f"trajforge: run '{config.run_name}': {len(samples)} samples, "
           f"{len(samples) - len(todo)} already finished, {len(todo)} to run, sandbox {sandbox} -> {run_dir}",
           file=sys.stderr)
@@ -267,21 +271,23 @@ async def _run(config: RunConfig, dataset: LoadedDataset, prefill: list[dict[str
     return failed_exit_code(config, stats)
 
 
-async def _resolve_sandbox(config: RunConfig, dataset: LoadedDataset) -> tuple[RunConfig, str]:
+async def _resolve_sandbox(config: RunConfig, settings: SandboxSettings,
+                           dataset: LoadedDataset) -> tuple[RunConfig, str]:
     """Decide `--sandbox auto` once, here, so the start line, config.json and statistics.json name
-    the backend the samples really use; a fallback to `local` says why and how to get isolation."""
+    the backend the samples really use; a fallback to one that isolates less says why and how to
+    get isolation."""
     if config.tasks is not None:
-        return config, "container (tasks)"
-    if config.executor != "local":
-        return config, f"{config.sandbox} (chosen on each Ray node)" if config.sandbox == "auto" else config.sandbox
-    from trajforge.sample.settings import sandbox_settings
+        return config, f"{image_backend().name} (tasks)"
+    if not EXECUTORS[config.executor].capabilities.in_process:
+        return config, f"{config.sandbox} (chosen on each node)" if config.sandbox == AUTO else config.sandbox
     from trajforge.sandbox.factory import resolve_backend
 
-    kind, fallback_reason = await resolve_backend(sandbox_settings(config))
+    kind, passed = await resolve_backend(settings)
     config = config.model_copy(update={"sandbox": kind})
-    if fallback_reason is not None:
-        print(f"trajforge: --sandbox auto: bwrap is not usable here ({fallback_reason}), so commands run in the "
-              "`local` sandbox WITHOUT isolation from this host; run `trajforge doctor` to see how to get "
-              "isolation, or pass --sandbox local to accept it", file=sys.stderr)
+    for name, reason in passed:
+        print(f"trajforge: --sandbox auto: {name} is not usable here ({reason}), so commands run in the "
+              f"`{kind}` sandbox WITHOUT isolation from this host; run `trajforge doctor` to see how to get "
+              f"isolation, or pass --sandbox {kind} to accept it", file=sys.stderr)
     images = sum(s.image is not None for s in dataset.samples)
-    return config, f"{kind} (rows with an image: container)" if images and kind != "container" else kind
+    runs_images = image_backend().name
+    return config, f"{kind} (rows with an image: {runs_images})" if images and kind != runs_images else kind

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.config import RunConfig, size_bytes
 from trajforge.sandbox.settings import ContainerSettings, SampleLimits, SandboxSettings
 from trajforge.tasks.settings import TaskSettings
@@ -18,7 +19,7 @@ def tool_settings(config: RunConfig) -> ToolSettings:
     """What the toolsets and their tools read of the run (tools/settings.py)."""
     return ToolSettings(sections=config.tools, model=config.model_settings(),
                         network_allow=tuple(config.network.allow),
-                        fetch_model_urls=config.sandbox_network != "none", tool_timeout=config.tool_timeout)
+                        fetch_model_urls=config.sandbox_network != NetworkMode.NONE, tool_timeout=config.tool_timeout)
 
 
 def sandbox_settings(config: RunConfig) -> SandboxSettings:

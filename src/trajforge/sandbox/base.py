@@ -6,7 +6,8 @@ write and search files, always with paths as the sample sees them (relative to `
 or absolute under `workdir`). Each backend decides where that happens: the local one on the
 host through an O_NOFOLLOW walk, bwrap through a helper inside the sample's namespaces,
 containers inside the container. `close()` kills every process the sample started and removes
-its workspace. Backends: local, bwrap, container (registered in sandbox/provider.py).
+its workspace. Backends are declared in trajforge.catalog.sandboxes (SANDBOXES) and made by the
+run's provider (sandbox/factory.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from trajforge.sandbox.inside.fsops import FileOpError, check_model_path
 from trajforge.sandbox.inside.safe_fs import PathEscapeError, SymlinkError
 
 if TYPE_CHECKING:
+    from trajforge.catalog.sandboxes import NetworkMode
     from trajforge.sandbox.settings import SandboxSettings
 
 T = TypeVar("T")
@@ -156,7 +158,25 @@ class Provider(Protocol):
 
     def sample_limits(self) -> Any: ...
 
-    async def network_mode(self) -> str: ...
+    async def network_mode(self) -> NetworkMode: ...
+
+
+class BackendStatus(Protocol):
+    """Whether a backend works here and why not (a spec's `status` target returns one): read by
+    `--sandbox auto` (usable, detail) and by `doctor` (the rest)."""
+
+    usable: bool
+    detail: str  # what it is, or why it is not usable
+
+    @property
+    def uses(self) -> str:
+        """What it runs samples with here (a path, an engine), for `doctor`."""
+
+    def doctor_row(self) -> dict[str, Any]:
+        """`doctor --json`'s fields of this backend."""
+
+    def doctor_lines(self) -> list[str]:
+        """`doctor`'s text of this backend: the rest of its own line, then lines beneath it."""
 
 
 def raise_reply(reply: dict[str, Any]) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from trajforge.catalog.sandboxes import NetworkMode
+
 
 @dataclass(frozen=True, slots=True)
 class SampleLimits:
@@ -38,13 +40,13 @@ class ContainerSettings:
 
 @dataclass(frozen=True, slots=True)
 class SandboxSettings:
-    backend: str = "auto"  # auto | local | bwrap | container, or a backend registered in factory.BACKENDS
-    network: str = "auto"  # auto | egress | host | none (network.py); the provider resolves auto once
+    backend: str = "auto"  # auto, or a backend of trajforge.catalog.sandboxes.SANDBOXES
+    network: str = "auto"  # auto, or a NetworkMode (catalog.sandboxes); the provider resolves auto once
     allow: tuple[str, ...] = ()  # `network.allow`: destinations the firewall opens (CIDRs)
     keep_workspaces: bool = False
     limits: SampleLimits = field(default_factory=SampleLimits)
     nproc: int = 512  # processes of one bwrap sample (its uid's RLIMIT_NPROC, root mode)
     container: ContainerSettings = field(default_factory=ContainerSettings)
 
-    def with_network(self, mode: str) -> SandboxSettings:
+    def with_network(self, mode: NetworkMode) -> SandboxSettings:
         return replace(self, network=mode)

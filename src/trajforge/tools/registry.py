@@ -25,7 +25,7 @@ async def build_toolsets(names: list[str], settings: ToolSettings) -> tuple[dict
     ready: dict[str, Toolset] = {}
     missing: list[Unavailable] = []
     for name in names:
-        module_name, _, function = TOOLSETS[name].builder.partition(":")
+        module_name, _, function = TOOLSETS[name].target.partition(":")
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as e:  # an optional extra of this toolset is not installed

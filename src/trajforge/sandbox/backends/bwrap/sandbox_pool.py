@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.sandbox import workspace
 from trajforge.sandbox.host import loopdisk
 from trajforge.sandbox.base import SandboxError, SandboxLimitError
@@ -91,7 +92,7 @@ class Prepared:
 class SandboxPool:
     """The sandboxes of one workspace root (one per run in practice)."""
 
-    def __init__(self, root: Path, zygote: Zygote, *, network: str, router: int | None, limits: SampleLimits,
+    def __init__(self, root: Path, zygote: Zygote, *, network: NetworkMode, router: int | None, limits: SampleLimits,
                  nproc: int | None = None, demand: Callable[[], int] = lambda: 0) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.root = root.resolve()
@@ -199,8 +200,8 @@ class SandboxPool:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             sandbox.channel = HelperChannel(ours, DEFAULT_OUTPUT_CAP)
             ready = sandbox.channel.expect(0)  # the first process's first frame says it is ready
-            sandbox.link = self._new_link() if self.network == "egress" else None
-            net = {"router": self.router, "index": sandbox.link} if self.network in ("egress", "none") else None
+            sandbox.link = self._new_link() if self.network == NetworkMode.EGRESS else None
+            net = {"router": self.router, "index": sandbox.link} if self.network != NetworkMode.HOST else None
             sandbox.pid, sandbox.exited = await self.zygote.fork(
                 theirs, "sandbox", net=net, workspace=str(sandbox.workspace), tmp=lim.tmp_size, shm=lim.shm_size,
                 cgroups=sandbox.group.procs if sandbox.group is not None else [])

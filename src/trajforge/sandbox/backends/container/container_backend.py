@@ -156,6 +156,16 @@ async def backend_for(provider: Provider) -> ContainerBackend:
     return await provider.state("container.backend", detect_and_sweep, ContainerBackend.aclose)
 
 
+async def prefetch(provider: Provider, images: list[str]) -> None:
+    """Start checking (and pulling) `images` in the background (the spec's `prefetch`); without an
+    engine, nothing: every sample with an image will say so."""
+    try:
+        backend = await backend_for(provider)
+    except SandboxError:
+        return
+    backend.images.prefetch(images)
+
+
 def kill_exec_monitors(name: str) -> int:
     """Kill the `conmon` exec-session monitors of the removed Podman container `name`.
 
