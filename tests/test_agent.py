@@ -17,11 +17,11 @@ from trajforge.agent.sharegpt import conversations
 from trajforge.config import RunConfig
 from trajforge.model.client import OpenAIClient
 from trajforge.model.types import ModelSettings
-from trajforge.sample.settings import tool_settings
+from trajforge.sample.lower_settings import tool_settings
 from trajforge.sandbox.backends.local.local_sandbox import LocalSandbox
 from trajforge.tools import files, terminal
-from trajforge.tools.base import ToolContext
-from trajforge.tools.registry import KNOWN_TOOLS
+from trajforge.tools.tool import ToolContext
+from trajforge.tools.toolsets import KNOWN_TOOLS
 
 
 def run(server: ScriptedServer, tmp_path: Path, prompt: str = "do it", **kw) -> SessionResult:

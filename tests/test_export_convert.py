@@ -21,7 +21,7 @@ from trajforge.export.convert import ConversionError, to_openai, to_record
 from trajforge.export.filters import Filters, parse_split, unit_hash
 from trajforge.jsonio import dumps
 from trajforge.model.types import ToolCall, Usage
-from trajforge.tools.registry import KNOWN_TOOLS
+from trajforge.tools.toolsets import KNOWN_TOOLS
 
 TOOLS = [{"type": "function", "function": {"name": n, "description": f"the {n} tool",
                                            "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}}

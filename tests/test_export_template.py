@@ -79,7 +79,7 @@ def test_tool_calling_template_renders_tools_and_every_call(exported: dict[str, 
 def test_bundled_model_template_renders_every_message(exported: dict[str, list[dict]]) -> None:
     from llama_cpp import Llama
 
-    from trajforge.model.local import bundled_model_path
+    from trajforge.model.local_model import bundled_model_path
 
     try:
         path = bundled_model_path()

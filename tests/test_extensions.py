@@ -65,10 +65,10 @@ def test_an_unregistered_toolset_is_refused_by_config(tmp_path: Path, capsys: py
 
 
 def test_declared_toolsets_match_their_settings_and_tools() -> None:
-    from trajforge.catalog.settings import ToolsSettings
-    from trajforge.tools.registry import KNOWN_TOOLS, TOOLSET_TOOLS
+    from trajforge.catalog.tools_config import ToolsConfig
+    from trajforge.tools.toolsets import KNOWN_TOOLS, TOOLSET_TOOLS
 
-    assert {s.settings for s in catalog.TOOLSETS.specs() if s.settings} == set(ToolsSettings.model_fields)
+    assert {s.settings for s in catalog.TOOLSETS.specs() if s.settings} == set(ToolsConfig.model_fields)
     assert set(TOOLSET_TOOLS) == set(catalog.TOOLSETS) and len(set(KNOWN_TOOLS)) == len(KNOWN_TOOLS)
 
 

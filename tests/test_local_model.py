@@ -19,7 +19,7 @@ from tests.conftest import cli
 from trajforge.errors import FatalModelError, UsageError
 from trajforge.model import local_format as fmt
 from trajforge.model.errors import ModelOutputError
-from trajforge.model.local import (LocalModelClient, bundled_model_path, fit_to_context, local_backend_status,
+from trajforge.model.local_model import (LocalModelClient, bundled_model_path, fit_to_context, local_backend_status,
                                    resolve_model_path)
 from trajforge.model.types import Completion, ModelSettings
 

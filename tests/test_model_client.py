@@ -438,8 +438,8 @@ def test_should_use_local() -> None:
 
 
 def test_missing_local_backend_is_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    # None in sys.modules makes the import fail exactly as if model/local.py were absent.
-    monkeypatch.setitem(sys.modules, "trajforge.model.local", None)
+    # None in sys.modules makes the import fail exactly as if model/local_model.py were absent.
+    monkeypatch.setitem(sys.modules, "trajforge.model.local_model", None)
     with pytest.raises(UsageError, match="local model backend is not installed"):
         make_client(ModelSettings(model="local"), {})
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from trajforge.config import RunConfig
-from trajforge.sample.settings import tool_settings
+from trajforge.sample.lower_settings import tool_settings
 from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 from trajforge.sandbox.backends.local.local_sandbox import LocalSandbox
 from trajforge.tools import files
-from trajforge.tools.base import ToolContext
+from trajforge.tools.tool import ToolContext
 from trajforge.tools.read_lines import PIECE, TRUNCATED, Window
 
 READ = files.ReadFileTool()

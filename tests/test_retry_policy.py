@@ -17,7 +17,7 @@ from tests.support.web_fixture import make_png
 from trajforge.config import RunConfig
 from trajforge.model.retry import RetryPolicy
 from trajforge.tools import image_gen
-from trajforge.tools.base import ToolContext, Toolset
+from trajforge.tools.tool import ToolContext, Toolset
 
 
 class Flaky(Exception):

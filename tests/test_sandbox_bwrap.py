@@ -26,8 +26,8 @@ from tests.support.policies import prompt_command_policy
 from tests.support.scripted_server import ScriptedServer
 from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.config import RunConfig
-from trajforge.sample.settings import sandbox_settings
-from trajforge.sandbox.base import PathEscapeError
+from trajforge.sample.lower_settings import sandbox_settings
+from trajforge.sandbox.interface import PathEscapeError
 from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox, bwrap_argv
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 

@@ -11,7 +11,7 @@ import struct
 
 import pytest
 
-from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.interface import SandboxError
 from trajforge.sandbox.channel import MAX_META, HelperChannel
 
 HEAD = struct.Struct("<II")

@@ -26,8 +26,8 @@ from tests.support.policies import prompt_command_policy
 from tests.support.sandboxes import create_sandbox
 from tests.support.scripted_server import ScriptedServer
 from trajforge.config import RunConfig
-from trajforge.sample.settings import sandbox_settings
-from trajforge.sandbox.base import FileOpError, PathEscapeError, SandboxError
+from trajforge.sample.lower_settings import sandbox_settings
+from trajforge.sandbox.interface import FileOpError, PathEscapeError, SandboxError
 from trajforge.sandbox.backends.container.container_sandbox import ContainerSandbox
 from trajforge.sandbox.backends.container.container_backend import ContainerBackend, backend_for
 from trajforge.sandbox.backends.container.container_engine import Engine, container_name, detect
@@ -257,7 +257,7 @@ CHILD = textwrap.dedent("""
     import asyncio, sys
     from pathlib import Path
     from trajforge.config import RunConfig
-    from trajforge.sample.settings import sandbox_settings
+    from trajforge.sample.lower_settings import sandbox_settings
     from trajforge.sandbox.factory import SandboxProvider
 
     async def main():
@@ -561,9 +561,9 @@ def test_a_container_sample_has_no_raw_sockets_device_nodes_or_file_capabilities
 
 def test_run_args_carry_the_workspace_limits_network_and_engine_flags() -> None:
     from trajforge.sandbox.backends.container.container_argv import cpu_prefix, run_args
-    from trajforge.sandbox.host.resources import SampleLimits
+    from trajforge.sandbox.host.resources import ResourceLimits
 
-    limits = SampleLimits(memory=None, disk=None, tmp_size=1 << 20, shm_size=2 << 20, cpu_seconds=7)
+    limits = ResourceLimits(memory=None, disk=None, tmp_size=1 << 20, shm_size=2 << 20, cpu_seconds=7)
     args = run_args(name="tf-x", run_name="r", workspace="/host/ws", mount_at="/app", cwd="/app/sub", image="img:1",
                     engine_flags=["--init", "--cap-drop=NET_RAW"], network="egress", engine_kind="podman",
                     memory="512m", limits=limits, pids_limit=64, cpus=1.5)
@@ -577,7 +577,7 @@ def test_run_args_carry_the_workspace_limits_network_and_engine_flags() -> None:
     assert "--ulimit" not in joined  # would replace the engine's default ulimits
     docker = run_args(name="n", run_name="r", workspace="/w", mount_at="/workspace", cwd="/workspace", image="i",
                       engine_flags=[], network="egress", engine_kind="docker", memory=None,
-                      limits=SampleLimits(memory=None, disk=None, tmp_size=None, shm_size=None), pids_limit=None,
+                      limits=ResourceLimits(memory=None, disk=None, tmp_size=None, shm_size=None), pids_limit=None,
                       cpus=None)
     assert "--network" not in docker and "--memory" not in docker and "--tmpfs" not in docker
     assert "--network none" in " ".join(run_args(

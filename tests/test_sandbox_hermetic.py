@@ -25,10 +25,10 @@ from trajforge.dataset import load_dataset
 from trajforge.errors import DatasetError
 from trajforge.sandbox import cwd_policy
 from trajforge.sandbox.inside import guard
-from trajforge.sandbox.base import FileOpError, SandboxError
+from trajforge.sandbox.interface import FileOpError, SandboxError
 from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
-from trajforge.sandbox.host.resources import SampleLimits
+from trajforge.sandbox.host.resources import ResourceLimits
 
 STATUS = asyncio.run(probe())
 STDLIB = sysconfig.get_paths()["stdlib"]  # where the runner's interpreter, and the zygote's, import from
@@ -76,7 +76,7 @@ def test_a_long_cwd_is_a_clear_refusal_never_a_traceback(tmp_path: Path, clean_e
 def test_the_sandbox_layer_refuses_such_a_cwd_too(tmp_path: Path) -> None:
     """A row that reaches the sandbox some other way (a task format, a library caller) is refused there."""
     from trajforge.config import RunConfig
-    from trajforge.sample.settings import sandbox_settings
+    from trajforge.sample.lower_settings import sandbox_settings
     from trajforge.sandbox.factory import SandboxProvider
 
     async def main() -> None:
@@ -102,7 +102,7 @@ def test_a_module_planted_where_the_helper_imports_from_never_runs(tmp_path: Pat
     assert cwd_policy.problem(STDLIB) is not None  # (the policy would have refused this row)
 
     async def main() -> None:
-        sb = BwrapSandbox(tmp_path, network=NetworkMode.NONE, cwd=STDLIB, sample_limits=SampleLimits(disk=64 << 20))
+        sb = BwrapSandbox(tmp_path, network=NetworkMode.NONE, cwd=STDLIB, sample_limits=ResourceLimits(disk=64 << 20))
         await sb.start()
         try:
             assert sb.cwd == STDLIB

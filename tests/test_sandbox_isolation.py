@@ -20,13 +20,13 @@ from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox, root_ru
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 from trajforge.sandbox.host.cgroups import hierarchies
 from trajforge.sandbox.network import egress_support
-from trajforge.sandbox.host.resources import SampleLimits
+from trajforge.sandbox.host.resources import ResourceLimits
 from trajforge.sandbox.host.seccomp import seccomp_program
 
 STATUS = asyncio.run(probe())
 pytestmark = pytest.mark.skipif(not STATUS.usable or STATUS.mode != "root",
                                 reason=f"needs root-mode bwrap ({STATUS.detail})")
-LIMITS = SampleLimits(memory=512 << 20 if hierarchies() else None, disk=256 << 20, tmp_size=64 << 20,
+LIMITS = ResourceLimits(memory=512 << 20 if hierarchies() else None, disk=256 << 20, tmp_size=64 << 20,
                       shm_size=32 << 20)
 MODES = ["none", "egress"]
 
@@ -329,8 +329,8 @@ def test_the_pool_makes_sandboxes_ahead_for_the_demand_and_trims_when_the_run_dr
     before they ask; once no new sample will start, ready ones beyond the demand go, and the
     run's close has nothing left to do."""
     from trajforge.config import RunConfig
-    from trajforge.sample.settings import sandbox_settings
-    from trajforge.sandbox.base import Sandbox
+    from trajforge.sample.lower_settings import sandbox_settings
+    from trajforge.sandbox.interface import Sandbox
     from trajforge.sandbox.factory import SandboxProvider
 
     def made() -> set[str]:  # with a disk limit, the mount points are on the pool's tmpfs (loopdisk.Disks)
@@ -423,7 +423,7 @@ def test_neighbouring_disks_in_one_image_cannot_reach_each_other(tmp_path: Path)
     its disk to the last block neither spills into its neighbour's region nor sees its files."""
     import hashlib
 
-    from trajforge.sandbox.base import SandboxError
+    from trajforge.sandbox.interface import SandboxError
 
     plant = "head -c 1048576 /dev/urandom > mine; df -B1 --output=size . | tail -1; ls -A"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from trajforge.config import RunConfig
-from trajforge.sample.settings import sandbox_settings
-from trajforge.sandbox.base import Sandbox, SandboxError
+from trajforge.sample.lower_settings import sandbox_settings
+from trajforge.sandbox.interface import Sandbox, SandboxError
 from trajforge.sandbox.factory import SandboxProvider
 from trajforge.sandbox.lazy import LazySandbox
 

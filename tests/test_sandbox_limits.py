@@ -18,13 +18,13 @@ from tests.conftest import cli
 from tests.support.policies import prompt_command_policy
 from tests.support.scripted_server import ScriptedServer
 from trajforge.config import RunConfig, size_bytes
-from trajforge.sample.settings import sandbox_settings
+from trajforge.sample.lower_settings import sandbox_settings
 from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 from trajforge.sandbox.factory import limits_for
 from trajforge.sandbox.host.disk import disk_usable
 from trajforge.sandbox.host.cgroups import hierarchies
-from trajforge.sandbox.host.resources import SampleLimits
+from trajforge.sandbox.host.resources import ResourceLimits
 
 STATUS = asyncio.run(probe())
 ROOT_BWRAP = STATUS.usable and STATUS.mode == "root"
@@ -84,7 +84,7 @@ def test_each_limit_ends_only_its_own_sample(tmp_path: Path, clean_env: dict[str
 @needs_limits
 def test_disk_image_is_sparse_and_removed(tmp_path: Path) -> None:
     async def main() -> None:
-        sb = BwrapSandbox(tmp_path, network=NetworkMode.NONE, sample_limits=SampleLimits(disk=256 << 20, memory=None))
+        sb = BwrapSandbox(tmp_path, network=NetworkMode.NONE, sample_limits=ResourceLimits(disk=256 << 20, memory=None))
         await sb.start()
         try:
             # the slot's disk, mounted on a directory of the pool's tmpfs (loopdisk.Disks), in the
@@ -110,7 +110,7 @@ def test_disk_image_is_sparse_and_removed(tmp_path: Path) -> None:
 @needs_limits
 def test_kept_workspace_survives_the_unmount(tmp_path: Path) -> None:
     async def main() -> Path:
-        sb = BwrapSandbox(tmp_path, network=NetworkMode.NONE, keep=True, sample_limits=SampleLimits(disk=64 << 20, memory=None))
+        sb = BwrapSandbox(tmp_path, network=NetworkMode.NONE, keep=True, sample_limits=ResourceLimits(disk=64 << 20, memory=None))
         await sb.start()
         await sb.exec("mkdir -p d && echo kept > d/file", timeout=30)
         await sb.close()
@@ -128,7 +128,7 @@ def test_cpu_time_per_command_is_limited(tmp_path: Path) -> None:
         from trajforge.sandbox.process import Limits
 
         sb = BwrapSandbox(tmp_path, network=NetworkMode.NONE, limits=Limits(cpu_seconds=1),
-                          sample_limits=SampleLimits(memory=None, disk=None))
+                          sample_limits=ResourceLimits(memory=None, disk=None))
         await sb.start()
         try:
             res = await sb.exec("python3 -c 'while True: pass'; echo rc=$?", timeout=60)
@@ -159,7 +159,7 @@ def test_sixteen_busy_loops_in_a_sample_leave_the_host_its_speed(tmp_path: Path)
     group."""
     async def main() -> tuple[float, float, str, float | None]:
         idle = _host_bench()
-        sb = BwrapSandbox(tmp_path, network=NetworkMode.NONE, sample_limits=SampleLimits(memory=None, disk=None, cpus=1.0))
+        sb = BwrapSandbox(tmp_path, network=NetworkMode.NONE, sample_limits=ResourceLimits(memory=None, disk=None, cpus=1.0))
         await sb.start()
         try:
             res = await sb.exec("for i in $(seq 16); do (while :; do :; done) > /dev/null 2>&1 & done; echo spawned",
@@ -199,12 +199,12 @@ def test_a_killed_runner_s_disk_cgroup_and_workspace_root_are_swept(tmp_path: Pa
         import asyncio, sys
         from pathlib import Path
         from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
-        from trajforge.sandbox.host.resources import SampleLimits
+        from trajforge.sandbox.host.resources import ResourceLimits
         from trajforge.sandbox.workspace import RunRoot
         async def main():
             root = RunRoot()  # in TMPDIR, named with this process's pid
             sb = BwrapSandbox(Path(root.name), network=NetworkMode.NONE,
-                              sample_limits=SampleLimits(disk=64 << 20, memory=64 << 20))
+                              sample_limits=ResourceLimits(disk=64 << 20, memory=64 << 20))
             await sb.start()
             print(sb.workspace.parent.parent, sb.cgroup.path, flush=True)  # the disk: .slots.trajforge-<pid>/sb-N, workspaces in sb-N/w
             await asyncio.sleep(60)
@@ -296,7 +296,7 @@ def test_helper_commands_and_background_jobs_are_all_in_the_sample_memory_cgroup
     """The sandbox's first process is forked by the run's zygote, not by bwrap: it must join the
     sandbox's group itself, or nothing a sample runs would be held by its memory limit."""
     async def main() -> None:
-        sb = BwrapSandbox(tmp_path, network=NetworkMode.NONE, sample_limits=SampleLimits(memory=256 << 20, disk=None))
+        sb = BwrapSandbox(tmp_path, network=NetworkMode.NONE, sample_limits=ResourceLimits(memory=256 << 20, disk=None))
         await sb.start()
         try:
             assert sb.cgroup is not None

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from trajforge.config import RunConfig
-from trajforge.sample.settings import sandbox_settings
-from trajforge.sandbox.base import PathEscapeError, SandboxError
+from trajforge.sample.lower_settings import sandbox_settings
+from trajforge.sandbox.interface import PathEscapeError, SandboxError
 from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 from tests.support.sandboxes import create_sandbox
@@ -292,7 +292,7 @@ def test_leftovers_of_a_killed_runner_are_killed_at_the_next_start(tmp_path: Pat
     script = (f"import asyncio, sys\nsys.path.insert(0, {str(Path(__file__).parent.parent / 'src')!r})\n"
               "from pathlib import Path\nfrom trajforge.config import RunConfig\n"
               "from trajforge.sandbox.factory import SandboxProvider\n"
-              "from trajforge.sample.settings import sandbox_settings\n"
+              "from trajforge.sample.lower_settings import sandbox_settings\n"
               "async def main():\n"
               "    p = await SandboxProvider(sandbox_settings(RunConfig(sandbox='local'))).start()\n"
               f"    sb = await p.create(cwd=None, image=None, root=Path({str(tmp_path)!r}))\n"

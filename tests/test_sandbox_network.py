@@ -27,7 +27,7 @@ from tests.support.policies import tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
 from tests.support.web_fixture import WebFixture
 from trajforge.config import RunConfig
-from trajforge.sample.settings import sandbox_settings
+from trajforge.sample.lower_settings import sandbox_settings
 from trajforge.netpolicy import make_policy
 from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox, bwrap_argv
 from trajforge.sandbox.network import egress_support, ruleset
@@ -283,7 +283,7 @@ def test_doctor_reports_network_modes_and_limits(clean_env: dict[str, str]) -> N
 
 @needs_net_admin
 def test_container_egress_and_limits(tmp_path: Path, busybox_image: str, podman: Any) -> None:  # noqa: F811
-    from trajforge.sandbox.base import SandboxError
+    from trajforge.sandbox.interface import SandboxError
     from tests.support.sandboxes import create_sandbox
 
     cfg = RunConfig(container_engine="podman", run_name=f"nettest-{os.getpid()}", sandbox_network="egress",

@@ -37,14 +37,14 @@ from tests.support.policies import tool_messages
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
 from tests.support.web_fixture import make_png
 from trajforge.config import RunConfig
-from trajforge.sample.settings import sandbox_settings
-from trajforge.sample.settings import tool_settings
-from trajforge.sandbox.base import FileOpError, PathEscapeError, Sandbox
+from trajforge.sample.lower_settings import sandbox_settings
+from trajforge.sample.lower_settings import tool_settings
+from trajforge.sandbox.interface import FileOpError, PathEscapeError, Sandbox
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 from trajforge.sandbox.backends.container.container_sandbox import ContainerSandbox
 from trajforge.sandbox.factory import SandboxProvider
 from trajforge.tools import files, image_gen, vision
-from trajforge.tools.base import ToolContext, Toolset
+from trajforge.tools.tool import ToolContext, Toolset
 
 SECRET = b"OUTSIDE-SECRET-7d1e"
 PNG = make_png(2, 2, (0, 200, 0))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.interface import SandboxError
 from trajforge.sandbox.backends.container.seed_tar import copy_out, unpack
 
 MIB = 1 << 20

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from trajforge.agent.limits import SampleLimits
+from trajforge.agent.limits import SpendLimits
 from trajforge.model.limiter import AimdLimiter, TokenBucket
 from trajforge.model.pricing import Price, call_usage, price_known, reports_cost
 from trajforge.model import spend
@@ -235,12 +235,12 @@ def test_budget_continues_spend_recovered_from_the_batch_files() -> None:
 
 
 def test_sample_limits_name_the_limit_reached() -> None:
-    limits = SampleLimits(max_tokens=1000, max_cost=0.1)
+    limits = SpendLimits(max_tokens=1000, max_cost=0.1)
     assert limits.reached(Usage(prompt_tokens=500, completion_tokens=400)) is None
     assert limits.reached(Usage(prompt_tokens=500, completion_tokens=400), Usage(completion_tokens=100)) \
         == "max_tokens_per_sample"
     assert limits.reached(Usage(cost=0.08), Usage(cost=0.03), None) == "max_cost_per_sample"
-    assert SampleLimits().reached(Usage(prompt_tokens=10**9, cost=1e9)) is None
+    assert SpendLimits().reached(Usage(prompt_tokens=10**9, cost=1e9)) is None
 
 
 # --- what progress and statistics.json show ----------------------------------------------------
@@ -284,7 +284,7 @@ def test_monitor_series_rates_progress_and_thinning() -> None:
 
 def test_a_ray_actor_gets_its_share_of_the_runs_rate_budgets() -> None:
     from trajforge.config import RunConfig
-    from trajforge.sample.gate import gate_for
+    from trajforge.sample.gate_builder import gate_for
 
     config = RunConfig(num_workers=512, max_requests_per_minute=800, max_tokens_per_minute=1_600_000,
                        adaptive_concurrency=False)

@@ -23,13 +23,13 @@ import pytest
 
 from tests.support.scripted_server import ScriptedServer, chat
 from trajforge.config import RunConfig
-from trajforge.sample.settings import tool_settings
+from trajforge.sample.lower_settings import tool_settings
 from trajforge.jsonio import loads
 from trajforge.sandbox.backends.local.local_sandbox import LocalSandbox
-from trajforge.tools.base import ToolContext, ToolInfraError, Unavailable, result_failed
+from trajforge.tools.tool import ToolContext, ToolInfraError, Unavailable, result_failed
 from trajforge.tools.browser import BrowserToolset, build, find_chromium
-from trajforge.tools.registry import TOOLSET_TOOLS
-from trajforge.catalog.settings import BrowserSettings
+from trajforge.tools.toolsets import TOOLSET_TOOLS
+from trajforge.catalog.tools_config import BrowserSettings
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,13 +15,13 @@ from trajforge.catalog.sandboxes import NetworkMode
 import pytest
 
 from trajforge.config import RunConfig
-from trajforge.sample.settings import tool_settings
+from trajforge.sample.lower_settings import tool_settings
 from trajforge.sandbox.inside import safe_fs
 from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 from trajforge.sandbox.backends.local.local_sandbox import LocalSandbox
 from trajforge.tools import files
-from trajforge.tools.base import ToolContext, result_failed
+from trajforge.tools.tool import ToolContext, result_failed
 
 READ, WRITE, PATCH, SEARCH = files.ReadFileTool(), files.WriteFileTool(), files.PatchTool(), files.SearchFilesTool()
 

@@ -15,13 +15,13 @@ from trajforge.catalog.sandboxes import NetworkMode
 import pytest
 
 from trajforge.config import RunConfig
-from trajforge.sample.settings import tool_settings
+from trajforge.sample.lower_settings import tool_settings
 from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 from trajforge.sandbox.backends.local.local_sandbox import LocalSandbox
 from trajforge.tools import terminal
-from trajforge.tools.base import ToolContext, result_failed
-from trajforge.tools.registry import build_toolsets
+from trajforge.tools.tool import ToolContext, result_failed
+from trajforge.tools.toolsets import build_toolsets
 
 from tests.test_sandbox_local import alive, gone
 
@@ -280,7 +280,7 @@ def test_build_and_registry(tmp_path: Path) -> None:
 
 
 def test_a_closed_sandbox_is_an_infrastructure_failure(tmp_path: Path) -> None:
-    from trajforge.tools.base import ToolInfraError
+    from trajforge.tools.tool import ToolInfraError
     from trajforge.tools.files import ReadFileTool
 
     async def body() -> None:

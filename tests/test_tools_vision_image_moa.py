@@ -22,9 +22,9 @@ from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat,
 from tests.support.toolsets import run_with
 from tests.support.web_fixture import PNG, WebFixture, make_png
 from trajforge.config import RunConfig
-from trajforge.sample.settings import tool_settings
+from trajforge.sample.lower_settings import tool_settings
 from trajforge.tools import image_gen, moa, vision
-from trajforge.tools.base import ToolContext, Toolset, Unavailable
+from trajforge.tools.tool import ToolContext, Toolset, Unavailable
 from trajforge.tools.moa import DEFAULT_REFERENCE_MODELS
 
 BLUE = make_png(2, 2, (0, 0, 255))

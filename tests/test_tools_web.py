@@ -26,12 +26,12 @@ import pytest
 from tests.support.toolsets import run_with
 from tests.support.web_fixture import BRAVE_KEY, TAVILY_KEY, WebFixture
 from trajforge.config import RunConfig
-from trajforge.sample.settings import tool_settings
+from trajforge.sample.lower_settings import tool_settings
 from trajforge.tools import pdf_text, web, web_content
-from trajforge.tools.base import ToolContext, Unavailable, result_failed
+from trajforge.tools.tool import ToolContext, Unavailable, result_failed
 from trajforge.tools.http_fetch import Fetched
-from trajforge.tools.registry import build_toolsets
-from trajforge.catalog.settings import WebSettings
+from trajforge.tools.toolsets import build_toolsets
+from trajforge.catalog.tools_config import WebSettings
 from trajforge.tools.web_search import choose_provider
 
 

@@ -15,7 +15,7 @@ from trajforge.dataset import load_dataset, rollout_identity, split_rollout
 from trajforge.errors import DatasetError
 from trajforge.sample.outcome import Outcome
 from trajforge.runner.rollouts import RolloutScheduler, expand
-from trajforge.sandbox.base import ExecResult
+from trajforge.sandbox.interface import ExecResult
 from trajforge.verify.answer import last_number, matches, normalise, parse_number
 from trajforge.verify.check import check_part
 from trajforge.verify.judge import InvalidReply, judge_messages, parse_reply

@@ -29,7 +29,7 @@ from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat,
 from trajforge.config import RunConfig
 from trajforge.dataset import load_dataset, split_rollout
 from trajforge.runner.rollouts import expand
-from trajforge.catalog.distributions import sample_toolsets
+from trajforge.catalog.distributions import draw_toolsets
 
 N = 4
 KINDS = ["pass"] * 10 + ["fail"] * 8 + ["mixed"] * 10 + ["hang"] * 4 + ["answer"] * 4 + ["answer_mixed"] * 4
@@ -79,7 +79,7 @@ def truth_outcomes(ds: Path) -> dict[int, list[str]]:
     out: dict[int, list[str]] = {}
     for s in expand(load_dataset(ds).samples, N):
         kind = KINDS[s.index]
-        drawn = "file" in sample_toolsets(dist, 0, s.identity)
+        drawn = "file" in draw_toolsets(dist, 0, s.identity)
         if kind in ("pass", "answer"):
             o = "pass"
         elif kind == "fail":

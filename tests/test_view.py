@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from trajforge.runner.stats import Totals
-from trajforge.tools.registry import KNOWN_TOOLS
+from trajforge.tools.toolsets import KNOWN_TOOLS
 from trajforge.view.conversation import display_turns, pair, parse_call, result_view
 from trajforge.view.index import RunIndex
 from trajforge.view.overview import Query, apply, distributions, facets, histogram, run_totals

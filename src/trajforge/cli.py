@@ -28,12 +28,12 @@ for _spec in (
     Spec("run", "trajforge.commands.run:main", "run the agent over a dataset or tasks"),
     Spec("distributions", "trajforge.commands.distributions:main", "list the toolset distributions"),
     Spec("validate", "trajforge.commands.validate:main", "check a dataset file and report its problems"),
-    Spec("export", "trajforge.export.cli:main", "export trajectories for training"),
+    Spec("export", "trajforge.export.export_command:main", "export trajectories for training"),
     Spec("doctor", "trajforge.sandbox.doctor:main", "show which sandbox backends work here"),
-    Spec("compress", "trajforge.compress.cli:main", "compress trajectories to a token budget"),
+    Spec("compress", "trajforge.compress.compress_command:main", "compress trajectories to a token budget"),
     Spec("scheduler", "trajforge.commands.cluster:scheduler_main", "start a Ray head and run a job on it"),
     Spec("worker", "trajforge.commands.cluster:worker_main", "join a Ray head as a worker node"),
-    Spec("view", "trajforge.view.cli:main", "browse a run's trajectories in a web page"),
+    Spec("view", "trajforge.view.view_command:main", "browse a run's trajectories in a web page"),
 ):
     SUBCOMMANDS.register(_spec)
 

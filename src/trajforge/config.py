@@ -24,9 +24,9 @@ from trajforge.catalog import toolset_names
 from trajforge.catalog.distributions import Distribution, all_distributions
 from trajforge.catalog.executors import EXECUTORS
 from trajforge.catalog.sandboxes import AUTO, OLD_NAMES, backend_choices, network_choices, network_help
-from trajforge.catalog.settings import ToolsSettings
+from trajforge.catalog.tools_config import ToolsConfig
 from trajforge.config_checks import CHECKED_FIELDS, PID_MAX, SIZE_PATTERN, OneOf, check_value, check_whole_numbers
-from trajforge.config_checks import size_bytes  # noqa: F401 -- sample.settings reads sizes from here
+from trajforge.config_checks import size_bytes  # noqa: F401 -- sample.lower_settings reads sizes from here
 
 ProviderSort = Literal["price", "throughput", "latency"]
 # A RunConfig field's `json_schema_extra`: FILE_ONLY, a key of the --config file with no flag; shown(words),
@@ -265,7 +265,7 @@ class RunConfig(_Strict):
                                    description="a rubric passes when the judge's score (0..1) is at least this")
     task_types: dict[str, TaskTypeConfig] = Field(default_factory=dict, json_schema_extra=FILE_ONLY)
     distributions: dict[str, DistributionConfig] = Field(default_factory=dict, json_schema_extra=FILE_ONLY)
-    tools: ToolsSettings = Field(default_factory=ToolsSettings, json_schema_extra=FILE_ONLY)
+    tools: ToolsConfig = Field(default_factory=ToolsConfig, json_schema_extra=FILE_ONLY)
     # Spend and load control (runner.budget, model.gate).
     max_cost: float | None = Field(None, gt=0, description="USD budget of the whole run (all invocations): no new "
                                    "samples once reached, exit code 4", json_schema_extra=shown("no limit"))
@@ -305,8 +305,8 @@ class RunConfig(_Strict):
 
     @field_validator("tools")
     @classmethod
-    def _tools_bounded(cls, v: ToolsSettings) -> ToolsSettings:
-        check_whole_numbers(v, [])  # catalog.settings bounds them from below; config_checks from above
+    def _tools_bounded(cls, v: ToolsConfig) -> ToolsConfig:
+        check_whole_numbers(v, [])  # catalog.tools_config bounds them from below; config_checks from above
         return v
 
     @field_validator("fail_on_error")

@@ -54,7 +54,7 @@ SIZE_MAX, SIZE_MAX_TEXT = 16 << 40, "16t"
 _UNITS = {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 PID_MAX = 4_194_304  # Linux's ceiling on process ids (PID_MAX_LIMIT): the bound of process limits
 
-# Upper bounds of the whole numbers of the `tools:` section (trajforge.catalog.settings declares the
+# Upper bounds of the whole numbers of the `tools:` section (trajforge.catalog.tools_config declares the
 # lower ones). Each is far above any real use; what they stop is a value so large it crashes the run
 # after its directory exists (config.json is JSON, whose writer refuses integers beyond 64 bits).
 TOOLS_MAX = {

@@ -5,7 +5,7 @@ One line per exported trajectory: its sample id.
 
 from __future__ import annotations
 
-from trajforge.export.base import Item, JsonlExporter
+from trajforge.export.exporter import Item, JsonlExporter
 
 
 class IdsExporter(JsonlExporter):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trajforge.sandbox.backends.local.local_sandbox import LocalSandbox
-from trajforge.sandbox.base import Provider
+from trajforge.sandbox.interface import Provider
 
 
 class PlainSandbox(LocalSandbox):

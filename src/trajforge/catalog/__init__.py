@@ -6,12 +6,12 @@ A leaf, like trajforge.config that reads it: of trajforge it imports only the re
   capabilities its tools and the settings that name its API keys' variables); the lists of
   toolset names and tools are derived from it (toolset_names, TOOLSET_TOOLS, KNOWN_TOOLS).
 - catalog.sandboxes: the sandbox backends and the network modes; catalog.executors: where
-  samples run; catalog.settings: the typed `tools:` sections; catalog.distributions: the named
+  samples run; catalog.tools_config: the typed `tools:` sections; catalog.distributions: the named
   distributions and the seeded draw of a sample's toolsets.
 
 Adding a toolset is one module in trajforge/tools exposing `build(settings) -> Toolset | Unavailable`
 plus one `register(toolset(...))` line below (and, if it has settings, its section class in
-catalog.settings).
+catalog.tools_config).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ class ExecutorCaps:
 ExecutorSpec = Spec[ExecutorCaps]
 EXECUTORS: Registry[ExecutorCaps] = Registry("executor")
 
-EXECUTORS.register(Spec("local", "trajforge.executors.local:make", "in this process",
+EXECUTORS.register(Spec("local", "trajforge.executors.local_executor:make", "in this process",
                         ExecutorCaps(in_process=True)))
 EXECUTORS.register(Spec("ray", "trajforge.executors.ray:make", "on a Ray cluster",
                         ExecutorCaps(in_process=False, needs=("ray",), extra="ray"), settings="ray_address"))

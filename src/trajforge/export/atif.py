@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from trajforge.agent.atif import document
-from trajforge.export.base import Item, JsonlExporter
+from trajforge.export.exporter import Item, JsonlExporter
 from trajforge.export.convert import to_openai
 from trajforge.jsonio import dumps
 

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from trajforge.export import card
-from trajforge.export.base import Exporter, Item, Summary
+from trajforge.export.exporter import Exporter, Item, Summary
 from trajforge.export.filters import passed
 from trajforge.export.parquet import RowGroups, add_row
 from trajforge.runner.stats import Totals

@@ -8,7 +8,7 @@ saved records back, byte for byte, unless reasoning was dropped.
 from __future__ import annotations
 
 
-from trajforge.export.base import Item, JsonlExporter
+from trajforge.export.exporter import Item, JsonlExporter
 from trajforge.export.convert import to_openai
 from trajforge.jsonio import dumps
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from trajforge.export.base import Exporter, Item, Summary
+from trajforge.export.exporter import Exporter, Item, Summary
 from trajforge.export.convert import ConversionError, to_openai
 
 ROWS = 1000

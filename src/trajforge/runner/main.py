@@ -51,8 +51,8 @@ from trajforge.runner.report import failed_exit_code, finish, print_summary
 from trajforge.runner.rollouts import RolloutScheduler, expand, passes_on_disk, prepare_totals
 from trajforge.runner.rundir import RunDir
 from trajforge.runner.stats import Totals
-from trajforge.sample.settings import sandbox_settings
-from trajforge.sandbox.settings import SandboxSettings
+from trajforge.sample.lower_settings import sandbox_settings
+from trajforge.sandbox.sandbox_settings import SandboxSettings
 from trajforge.verify.verifier import validate_verification
 
 log = logging.getLogger("trajforge")

@@ -18,7 +18,7 @@ from trajforge.dataset import LoadedDataset, load_dataset
 from trajforge.errors import UsageError
 from trajforge.jsonio import loads
 from trajforge.registry import words
-from trajforge.sandbox.settings import SandboxSettings
+from trajforge.sandbox.sandbox_settings import SandboxSettings
 
 
 def contradictions(config: RunConfig) -> list[str]:

@@ -16,12 +16,12 @@ import sys
 from typing import Any
 
 from trajforge.catalog.sandboxes import AUTO, SANDBOXES, NetworkMode, auto_order, image_backend
-from trajforge.sandbox.base import BackendStatus
+from trajforge.sandbox.interface import BackendStatus
 from trajforge.sandbox.factory import backend_status
 from trajforge.sandbox.host.cgroups import hierarchies
 from trajforge.sandbox.host.disk import disk_usable, human
 from trajforge.sandbox.network import doctor_rows
-from trajforge.sandbox.settings import ContainerSettings, SampleLimits, SandboxSettings
+from trajforge.sandbox.sandbox_settings import ContainerSettings, ResourceLimits, SandboxSettings
 
 
 async def gather_report(engine_choice: str = "auto") -> tuple[dict[str, Any], dict[str, BackendStatus]]:
@@ -45,7 +45,7 @@ async def gather_report(engine_choice: str = "auto") -> tuple[dict[str, Any], di
 
 def _limits() -> dict[str, dict[str, Any]]:
     """The default per-sample limits and how each is enforced here (bwrap, runner as is)."""
-    d = SampleLimits()
+    d = ResourceLimits()
     cg = hierarchies()
     disk = disk_usable()
 

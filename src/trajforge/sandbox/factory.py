@@ -4,7 +4,7 @@ One SandboxProvider per executor process (SampleWorker.start creates it, aclose 
 holds what samples of a run share: the backends' probes, the container engine and image cache,
 the local backend's cgroup directory, the limits from the config (limits_for, sample_limits) and
 the run's concrete network mode (network_mode: a NetworkMode, resolved once; sandbox/network.py),
-all from the run's SandboxSettings (settings.py), never from RunConfig. The provider's own state
+all from the run's SandboxSettings (sandbox_settings.py), never from RunConfig. The provider's own state
 is never in module globals, so two runs in one process (tests, Ray actors) never share or leak
 it; what modules do keep globally is per host, not per run (the egress probe's answer,
 network.py; the sweep of dead runners' leftovers, host/resources.py) or the open provider of an
@@ -34,11 +34,11 @@ from trajforge.catalog.sandboxes import (
     AUTO, SANDBOXES, BackendSpec, NetworkMode, auto_order, image_backend, network_refusal,
 )
 from trajforge.registry import load
-from trajforge.sandbox.base import BackendStatus, Sandbox, SandboxError
+from trajforge.sandbox.interface import BackendStatus, Sandbox, SandboxError
 from trajforge.sandbox.cwd_policy import problem as cwd_problem
 from trajforge.sandbox.lazy import LazySandbox
 from trajforge.sandbox.process import DEFAULT_LIMITS, Limits
-from trajforge.sandbox.settings import SampleLimits, SandboxSettings
+from trajforge.sandbox.sandbox_settings import ResourceLimits, SandboxSettings
 
 T = TypeVar("T")
 # Open providers by event loop, so the runner's image prefetch reaches the executor's provider.
@@ -87,7 +87,7 @@ class SandboxProvider:
     def command_limits(self, *, memory_cgroup: bool = False) -> Limits:
         return limits_for(self.settings, memory_cgroup=memory_cgroup)
 
-    def sample_limits(self) -> SampleLimits:
+    def sample_limits(self) -> ResourceLimits:
         return self.settings.limits
 
     async def network_mode(self) -> NetworkMode:

@@ -39,12 +39,12 @@ from trajforge.catalog.sandboxes import AUTO, OLD_NAMES, SANDBOXES, NetworkMode,
 from trajforge.errors import UsageError
 from trajforge.netpolicy import BLOCKED_V4, BLOCKED_V6, host_addresses
 from trajforge.registry import load
-from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.interface import SandboxError
 from trajforge.sandbox.dns.service import MARK, PORT, DnsForwarder
 from trajforge.sandbox.process import SAFE_PATH, tool_path
 
 if TYPE_CHECKING:
-    from trajforge.sandbox.settings import SandboxSettings
+    from trajforge.sandbox.sandbox_settings import SandboxSettings
 
 SLIRP_DNS = "10.0.2.3"
 DNS_UPSTREAM = (SLIRP_DNS, 53)  # where a container's forwarder asks: its slirp4netns's DNS relay

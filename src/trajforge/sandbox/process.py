@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trajforge.sandbox.inside import commands
-from trajforge.sandbox.base import ExecResult
+from trajforge.sandbox.interface import ExecResult
 
 DEFAULT_OUTPUT_CAP = 50_000  # bytes kept per stream of a foreground command
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from trajforge.sandbox.inside import fsops
-from trajforge.sandbox.base import SandboxError, raise_reply
+from trajforge.sandbox.interface import SandboxError, raise_reply
 from trajforge.sandbox.process import SAFE_PATH
 
 _CODE = "import sys;sys.path.insert(0,sys.argv[1]);from trajforge.sandbox.inside.fsops import child_main;child_main()"

@@ -26,7 +26,7 @@ import orjson
 from trajforge.export.source import as_record
 from trajforge.runner import store
 from trajforge.runner.stats import Totals, run_pace
-from trajforge.tools.registry import KNOWN_TOOLS
+from trajforge.tools.toolsets import KNOWN_TOOLS
 from trajforge.view.dataset import Row, load_rows
 from trajforge.view.summary import Entry, outcome_entry, summarise, used_tools
 

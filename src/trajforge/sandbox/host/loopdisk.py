@@ -36,7 +36,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.interface import SandboxError
 from trajforge.sandbox.host.disk import _IMAGE_TAG, human
 from trajforge.sandbox.process import SAFE_PATH
 

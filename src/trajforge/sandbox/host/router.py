@@ -27,7 +27,7 @@ import tempfile
 from collections.abc import Sequence
 
 from trajforge.netpolicy import BLOCKED_V4, host_addresses
-from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.interface import SandboxError
 from trajforge.sandbox.dns.service import PORT as DNS_PORT
 from trajforge.sandbox.dns.service import DnsForwarder
 from trajforge.sandbox.host.zygote_client import Zygote

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trajforge.sandbox.base import Provider, SandboxError
+from trajforge.sandbox.interface import Provider, SandboxError
 from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
 from trajforge.sandbox.backends.bwrap.bwrap_layout import NOT_FOUND, SYSTEM_DIRS, find_bwrap
 from trajforge.sandbox.backends.bwrap.bwrap_runtime import RootRuntime, root_runtime
@@ -25,8 +25,8 @@ from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.sandbox.network import EgressSupport
 from trajforge.sandbox.process import SAFE_PATH, Limits, run_argv
 from trajforge.sandbox.host.cgroups import hierarchies
-from trajforge.sandbox.host.resources import SampleLimits
-from trajforge.sandbox.settings import SandboxSettings
+from trajforge.sandbox.host.resources import ResourceLimits
+from trajforge.sandbox.sandbox_settings import SandboxSettings
 
 _proven: list[bool] = []  # a root egress probe sandbox worked in this process (egress_probe)
 
@@ -124,7 +124,7 @@ class _Run:
     status: BwrapStatus
     network: NetworkMode
     limits: Limits
-    sample_limits: SampleLimits
+    sample_limits: ResourceLimits
     keep: bool
     allow: tuple[str, ...]
     nproc: int

@@ -33,7 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from trajforge.sandbox import workspace
-from trajforge.sandbox.base import ExecResult, Job, Sandbox, SandboxError
+from trajforge.sandbox.interface import ExecResult, Job, Sandbox, SandboxError
 from trajforge.sandbox.backends.bwrap.bwrap_layout import (
     NOT_FOUND, SYSTEM_DIRS, WORKSPACE, bwrap_argv, find_bwrap, host_layout, resolv_conf_target, sample_mounts,
     shell_config,
@@ -45,7 +45,7 @@ from trajforge.sandbox.channel import HelperChannel
 from trajforge.sandbox.host.cgroups import SampleGroup
 from trajforge.sandbox.backends.bwrap.sandbox_pool import Prepared
 from trajforge.sandbox.process import DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, Limits
-from trajforge.sandbox.host.resources import SampleLimits
+from trajforge.sandbox.host.resources import ResourceLimits
 
 
 class BwrapSandbox(Sandbox):
@@ -55,7 +55,7 @@ class BwrapSandbox(Sandbox):
         self, root: Path, *, keep: bool = False, cwd: str | None = None, limits: Limits = DEFAULT_LIMITS,
         network: NetworkMode = NetworkMode.HOST, nproc: int | None = 512, bwrap: str | None = None,
         output_cap: int = DEFAULT_OUTPUT_CAP, runtime: RootRuntime | None = None,
-        allow: Sequence[str] = (), sample_limits: SampleLimits | None = None,
+        allow: Sequence[str] = (), sample_limits: ResourceLimits | None = None,
     ) -> None:
         """Without a `runtime` (tests, the probe), a root-mode sandbox starts one of its own."""
         self.root, self.keep, self._cwd_arg = Path(root), keep, cwd
@@ -73,7 +73,7 @@ class BwrapSandbox(Sandbox):
         self._holder: asyncio.subprocess.Process | None = None  # user mode: the sample's bwrap
         self._channel: HelperChannel | None = None
         self.allow = tuple(allow)
-        self.sample_limits = sample_limits or SampleLimits(memory=None, disk=None)
+        self.sample_limits = sample_limits or ResourceLimits(memory=None, disk=None)
         self._runtime, self._own_runtime = runtime, False
         self._sandbox: Prepared | None = None  # root mode: the pool's sandbox this sample took
 

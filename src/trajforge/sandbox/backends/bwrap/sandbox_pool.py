@@ -34,14 +34,14 @@ from typing import Any, TypeVar
 from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.sandbox import workspace
 from trajforge.sandbox.host import loopdisk
-from trajforge.sandbox.base import SandboxError, SandboxLimitError
+from trajforge.sandbox.interface import SandboxError, SandboxLimitError
 from trajforge.sandbox.host.cgroups import SampleGroup, hierarchies
 from trajforge.sandbox.channel import HelperChannel
 from trajforge.sandbox.host.disk import human
 from trajforge.sandbox.host.zygote_client import Zygote
 from trajforge.sandbox.process import DEFAULT_OUTPUT_CAP
 from trajforge.sandbox.host.resources import sweep_leftovers, tmpfs_full
-from trajforge.sandbox.settings import SampleLimits
+from trajforge.sandbox.sandbox_settings import ResourceLimits
 
 MAKING = 4  # sandboxes made at once: enough to keep the zygote, the disks' threads and the kernel busy
 THREADS = 16  # the pool's threads for calls that wait on the kernel (mounts, unmounts, cgroups)
@@ -72,7 +72,7 @@ class Prepared:
     def alive(self) -> bool:
         return self.channel is not None and not self.channel.broken and not (self.exited and self.exited.done())
 
-    def check(self, limits: SampleLimits) -> None:
+    def check(self, limits: ResourceLimits) -> None:
         """After a command: SandboxLimitError naming the limit the sample hit, if any."""
         if self.group is not None:
             kills = self.group.oom_kills()
@@ -92,7 +92,7 @@ class Prepared:
 class SandboxPool:
     """The sandboxes of one workspace root (one per run in practice)."""
 
-    def __init__(self, root: Path, zygote: Zygote, *, network: NetworkMode, router: int | None, limits: SampleLimits,
+    def __init__(self, root: Path, zygote: Zygote, *, network: NetworkMode, router: int | None, limits: ResourceLimits,
                  nproc: int | None = None, demand: Callable[[], int] = lambda: 0) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.root = root.resolve()

@@ -25,7 +25,7 @@ import secrets
 import socket
 import subprocess
 
-from trajforge.sandbox.base import Provider, SandboxError
+from trajforge.sandbox.interface import Provider, SandboxError
 from trajforge.sandbox.backends.bwrap.bwrap_start import helper_source
 from trajforge.sandbox.channel import HelperChannel
 from trajforge.sandbox.backends.container.container_argv import ID_RANGE

@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from trajforge.catalog.sandboxes import NetworkMode
-from trajforge.sandbox.base import ExecResult, Provider, SandboxError
+from trajforge.sandbox.interface import ExecResult, Provider, SandboxError
 from trajforge.sandbox.backends.container.container_sandbox import ContainerSandbox, _engine_failed
 from trajforge.sandbox.backends.container.container_argv import EXEC_WRAP, KILL_WRAP
 from trajforge.sandbox.backends.container.container_backend import backend_for

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.sandbox import workspace
-from trajforge.sandbox.base import ExecResult, Job, PathEscapeError, Provider, Sandbox, SandboxError
+from trajforge.sandbox.interface import ExecResult, Job, PathEscapeError, Provider, Sandbox, SandboxError
 from trajforge.sandbox.channel import HelperChannel
 from trajforge.sandbox.backends.container.container_argv import (
     EXEC_WRAP, ID_RANGE, JOB_LOG_BYTES, KILL_WRAP, SPAWN_WRAP, WORKSPACE, cpu_prefix, run_args,
@@ -48,7 +48,7 @@ from trajforge.sandbox.backends.container.container_engine import container_name
 from trajforge.sandbox.backends.local.local_sandbox import LocalJob
 from trajforge.sandbox.dns.service import DnsForwarder
 from trajforge.sandbox.process import DEFAULT_OUTPUT_CAP, Limits, make_preexec
-from trajforge.sandbox.host.resources import Resources, SampleLimits
+from trajforge.sandbox.host.resources import Resources, ResourceLimits
 
 
 def _engine_failed(res: ExecResult) -> bool:
@@ -77,7 +77,7 @@ class ContainerSandbox(Sandbox):
                  network: NetworkMode = NetworkMode.HOST, memory: str | None = None, pids_limit: int | None = None,
                  cpus: float | None = None, run_name: str | None = None, keep: bool = False,
                  output_cap: int = DEFAULT_OUTPUT_CAP, allow: tuple[str, ...] | list[str] = (),
-                 limits: SampleLimits | None = None, file_helper: bool = True) -> None:
+                 limits: ResourceLimits | None = None, file_helper: bool = True) -> None:
         """file_helper: file operations through a helper in the container's mount namespace (root
         runner); otherwise, or when it cannot start, one `exec` of a sh script each (container_files.py)."""
         # An absolute cwd is where the workspace is mounted; a relative one is a directory in it.
@@ -99,7 +99,7 @@ class ContainerSandbox(Sandbox):
         self.name: str | None = None
         self.allow = tuple(allow)
         # /tmp, /dev/shm and CPU from the engine; the disk image and the full-checks as for bwrap.
-        self.limits = limits or SampleLimits(memory=None, disk=None, tmp_size=None, shm_size=None, cpu_seconds=None)
+        self.limits = limits or ResourceLimits(memory=None, disk=None, tmp_size=None, shm_size=None, cpu_seconds=None)
         self._res = Resources(replace(self.limits, memory=None)) if os.geteuid() == 0 else None
 
     def _create_args(self, name: str) -> list[str]:

@@ -16,7 +16,7 @@ from typing import Any
 from trajforge.sandbox.backends.container.container_backend import DROPPED_CAPS, ID_LOW
 from trajforge.sandbox.backends.container.container_engine import detect
 from trajforge.sandbox.network import EgressSupport
-from trajforge.sandbox.settings import SandboxSettings
+from trajforge.sandbox.sandbox_settings import SandboxSettings
 
 ENGINES = ("podman", "docker")  # what `container_engine: auto` tries, in this order
 

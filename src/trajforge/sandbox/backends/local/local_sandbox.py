@@ -24,7 +24,7 @@ from pathlib import Path
 
 from trajforge.sandbox import workspace
 from trajforge.sandbox.inside import fsops
-from trajforge.sandbox.base import (
+from trajforge.sandbox.interface import (
     ExecResult,
     Job,
     LogChunk,

@@ -1,7 +1,7 @@
 """`trajforge export INPUT --format F --output PATH [filters]`: flags -> filters + exporter -> one pass.
 
 The input is read once, line by line; each kept record goes to the format's exporter, which
-writes into a staging path renamed over PATH at the end (export.base), so an export that fails
+writes into a staging path renamed over PATH at the end (export.exporter), so an export that fails
 (a bad line names its file and line, exit 1) or is interrupted leaves PATH as it was. Flags accept
 `--a_b=v`, `--a_b v` and `--a-b v`; bad flags exit 2.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 from trajforge.cmdline import Flag, Parser, add_flags, parse_flags
 from trajforge.errors import UsageError
 from trajforge.export import FORMATS, exporter_class
-from trajforge.export.base import Item, Options, Summary, check_output, staged
+from trajforge.export.exporter import Item, Options, Summary, check_output, staged
 from trajforge.export.convert import ConversionError
 from trajforge.export.filters import Filters, parse_split, verification_of
 from trajforge.export.source import InputError, Source, open_source

@@ -1,4 +1,4 @@
-"""TaskSettings: what the task layer reads of the run (built by trajforge.sample.settings, never RunConfig)."""
+"""TaskSettings: what the task layer reads of the run (built by trajforge.sample.lower_settings, never RunConfig)."""
 
 from __future__ import annotations
 

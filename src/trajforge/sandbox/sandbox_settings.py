@@ -1,7 +1,7 @@
 """SandboxSettings: all the sandbox layer knows of the run, handed down by the sample layer.
 
 The sandbox never sees RunConfig (tests/test_architecture.py forbids trajforge.sandbox importing
-trajforge.config): trajforge.sample.settings.sandbox_settings builds one SandboxSettings from it,
+trajforge.config): trajforge.sample.lower_settings.sandbox_settings builds one SandboxSettings from it,
 which the run's SandboxProvider (factory.py) holds and every backend reads. Sizes are bytes.
 """
 
@@ -13,7 +13,7 @@ from trajforge.catalog.sandboxes import NetworkMode
 
 
 @dataclass(frozen=True, slots=True)
-class SampleLimits:
+class ResourceLimits:
     """Per-sample limits (resources.py); None: not limited."""
 
     memory: int | None = 4 << 30
@@ -44,7 +44,7 @@ class SandboxSettings:
     network: str = "auto"  # auto, or a NetworkMode (catalog.sandboxes); the provider resolves auto once
     allow: tuple[str, ...] = ()  # `network.allow`: destinations the firewall opens (CIDRs)
     keep_workspaces: bool = False
-    limits: SampleLimits = field(default_factory=SampleLimits)
+    limits: ResourceLimits = field(default_factory=ResourceLimits)
     nproc: int = 512  # processes of one bwrap sample (its uid's RLIMIT_NPROC, root mode)
     container: ContainerSettings = field(default_factory=ContainerSettings)
 

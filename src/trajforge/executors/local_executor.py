@@ -1,6 +1,6 @@
 """The in-process executor: one SampleWorker serving `num_workers` concurrent sessions.
 
-Its model gate (trajforge.sample.gate.gate_for) is bound to every session, so each model request of
+Its model gate (trajforge.sample.gate_builder.gate_for) is bound to every session, so each model request of
 the run, tools' included, waits there for its turn.
 """
 
@@ -14,10 +14,10 @@ from trajforge.config import RunConfig
 from trajforge.dataset import Sample
 from trajforge.model import gate as model_gate
 from trajforge.model.types import ModelClient
-from trajforge.sample.gate import gate_for
+from trajforge.sample.gate_builder import gate_for
 from trajforge.sample.outcome import Outcome
 from trajforge.sample.worker import SampleWorker
-from trajforge.tools.base import Unavailable
+from trajforge.tools.tool import Unavailable
 
 
 class LocalExecutor:

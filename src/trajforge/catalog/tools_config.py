@@ -1,6 +1,6 @@
 """Typed settings of the toolset backends (the `tools:` section of the YAML config).
 
-Each toolset owns its own class here; RunConfig embeds ToolsSettings as `tools`.
+Each toolset owns its own class here; RunConfig embeds ToolsConfig as `tools`.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ class MoaSettings(_Section):
     timeout: float = Field(300.0, gt=0, description="seconds per model request")
 
 
-class ToolsSettings(_Section):
+class ToolsConfig(_Section):
     web: WebSettings = WebSettings()
     browser: BrowserSettings = BrowserSettings()
     vision: VisionSettings = VisionSettings()

@@ -10,24 +10,24 @@ from pathlib import Path
 
 from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.config import RunConfig, size_bytes
-from trajforge.sandbox.settings import ContainerSettings, SampleLimits, SandboxSettings
-from trajforge.tasks.settings import TaskSettings
-from trajforge.tools.settings import ToolSettings
+from trajforge.sandbox.sandbox_settings import ContainerSettings, ResourceLimits, SandboxSettings
+from trajforge.tasks.task_settings import TaskSettings
+from trajforge.tools.tool_settings import ToolSettings
 
 
 def tool_settings(config: RunConfig) -> ToolSettings:
-    """What the toolsets and their tools read of the run (tools/settings.py)."""
+    """What the toolsets and their tools read of the run (tools/tool_settings.py)."""
     return ToolSettings(sections=config.tools, model=config.model_settings(),
                         network_allow=tuple(config.network.allow),
                         fetch_model_urls=config.sandbox_network != NetworkMode.NONE, tool_timeout=config.tool_timeout)
 
 
 def sandbox_settings(config: RunConfig) -> SandboxSettings:
-    """What the sandbox provider and its backends read of the run (sandbox/settings.py)."""
+    """What the sandbox provider and its backends read of the run (sandbox/sandbox_settings.py)."""
     def size(text: str) -> int | None:
         return size_bytes(text) or None  # "0": no limit (an address-space limit of 0 would stop every command)
 
-    limits = SampleLimits(memory=size(config.sandbox_memory), tmp_size=size(config.sandbox_tmp_size),
+    limits = ResourceLimits(memory=size(config.sandbox_memory), tmp_size=size(config.sandbox_tmp_size),
                           shm_size=size(config.sandbox_shm_size), disk=size(config.sandbox_disk),
                           cpu_seconds=config.sandbox_cpu_seconds, cpus=config.sandbox_cpus)
     container = ContainerSettings(
@@ -40,7 +40,7 @@ def sandbox_settings(config: RunConfig) -> SandboxSettings:
 
 
 def task_settings(config: RunConfig, build_log_dir: Path | None = None) -> TaskSettings:
-    """What the task layer reads of the run (tasks/settings.py); `build_log_dir`: where build logs go."""
+    """What the task layer reads of the run (tasks/task_settings.py); `build_log_dir`: where build logs go."""
     def size(text: str | None) -> int | None:
         return size_bytes(text) or None if text else None
 

@@ -24,7 +24,7 @@ from trajforge.sandbox.inside.safe_fs import PathEscapeError, SymlinkError
 
 if TYPE_CHECKING:
     from trajforge.catalog.sandboxes import NetworkMode
-    from trajforge.sandbox.settings import SandboxSettings
+    from trajforge.sandbox.sandbox_settings import SandboxSettings
 
 T = TypeVar("T")
 
@@ -153,7 +153,7 @@ class Provider(Protocol):
     async def state(self, key: str, factory: Callable[[], Awaitable[T]],
                     close: Callable[[T], Any] | None = None) -> T: ...
 
-    # process.Limits and resources.SampleLimits; named, not imported: both modules import this one.
+    # process.Limits and resources.ResourceLimits; named, not imported: both modules import this one.
     def command_limits(self, *, memory_cgroup: bool = False) -> Any: ...
 
     def sample_limits(self) -> Any: ...

@@ -17,8 +17,8 @@ from trajforge.errors import SampleFailure
 from trajforge.jsonio import dumps_str
 
 if TYPE_CHECKING:
-    from trajforge.sandbox.base import Sandbox
-    from trajforge.tools.settings import ToolSettings
+    from trajforge.sandbox.interface import Sandbox
+    from trajforge.tools.tool_settings import ToolSettings
 
 
 class ToolInfraError(SampleFailure):

@@ -1,7 +1,7 @@
 """Building the toolsets of a run from their declarations (trajforge.catalog.TOOLSETS).
 
 Each toolset lives in its own module exposing `build(settings) -> Toolset | Unavailable`, where
-settings is the run's ToolSettings (tools/settings.py); modules are imported only when a run
+settings is the run's ToolSettings (tools/tool_settings.py); modules are imported only when a run
 samples their toolset, so heavy backends (Playwright) cost nothing otherwise. KNOWN_TOOLS is
 fixed (SPEC section 4) so every trajectory has the same stats schema.
 """
@@ -12,10 +12,10 @@ import importlib
 from typing import TYPE_CHECKING
 
 from trajforge.catalog import KNOWN_TOOLS, TOOLSET_TOOLS, TOOLSETS
-from trajforge.tools.base import Tool, Toolset, Unavailable
+from trajforge.tools.tool import Tool, Toolset, Unavailable
 
 if TYPE_CHECKING:
-    from trajforge.tools.settings import ToolSettings
+    from trajforge.tools.tool_settings import ToolSettings
 
 __all__ = ["KNOWN_TOOLS", "TOOLSET_TOOLS", "build_toolsets", "tools_for"]
 
