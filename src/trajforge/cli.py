@@ -181,8 +181,9 @@ def _fast_exit() -> None:
 def exit_now(code: int) -> NoReturn:
     """End the process with `code` once every result is out, without the interpreter's teardown.
 
-    A run ends with ~70 MB of objects whose one-by-one deallocation took ~0.1 s after the last file
-    was written and the summary printed (bench/throughput.py's finish phase). What the teardown
+    A run ends with tens of MB of objects whose one-by-one deallocation took a noticeable part of
+    the finish phase after the last file was written and the summary printed (bench/RESULTS.md,
+    "The collector and the exit"). What the teardown
     does that matters still happens, through the ordinary exit: threads other than daemon ones are
     joined, the atexit handlers run (logging, temporary directories, the containers a run left,
     weakref finalizers), and the last of them, `_fast_exit`, flushes the streams and ends the

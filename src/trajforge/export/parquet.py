@@ -40,8 +40,8 @@ class RowGroups:
 
     def flush(self) -> None:
         """Convert the buffered rows to one Arrow table and hand it to the sink. The rows go through
-        pyarrow's JSON reader with the schema made explicit: ~6x less CPU than from_pylist on these
-        nested rows, with the same result."""
+        pyarrow's JSON reader with the schema made explicit: far less CPU than from_pylist on these
+        nested rows, with the same result (bench/RESULTS.md)."""
         import pyarrow as pa
         import pyarrow.json as pa_json
 
