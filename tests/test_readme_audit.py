@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import REPO, cli
 from tests.support.policies import echo_policy, tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call, with_usage
-from tests.test_runner_e2e import base_args, read_jsonl, run_cli, write_dataset
+from tests.runner.test_e2e import base_args, read_jsonl, run_cli, write_dataset
 from trajforge.runner.console import SafeStream
 
 README = (REPO / "README.md").read_text()
@@ -287,7 +287,7 @@ def test_a_sample_that_hits_a_sandbox_limit_is_not_retried_by_default(retry: boo
                                                                        server: ScriptedServer,
                                                                        clean_env: dict[str, str]) -> None:
     from tests.support.policies import prompt_command_policy
-    from tests.test_sandbox_limits import ROOT_BWRAP
+    from tests.sandbox.test_limits import ROOT_BWRAP
 
     if not ROOT_BWRAP:
         pytest.skip("needs bwrap as root: the /tmp limit is a tmpfs size")

@@ -21,7 +21,7 @@ from typing import Any
 
 try:  # ~10 us less per frame than json's; the sandbox package itself needs only the stdlib
     from orjson import loads as _loads
-except ImportError:  # (tests/test_sandbox_bwrap_user.py runs it as `nobody` with the system Python)
+except ImportError:  # (tests/sandbox/test_bwrap_user.py runs it as `nobody` with the system Python)
     from json import loads as _loads
 
 from trajforge.sandbox.inside import fsops

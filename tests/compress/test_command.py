@@ -20,7 +20,7 @@ from trajforge.compress.compress_command import main
 from trajforge.compress.resume import DurableWriter, Paths
 from trajforge.errors import RunStateError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Both model transports (aiohttp and the openai SDK) give OpenAIClient the same behaviour,
-against the real scripted HTTP server on 127.0.0.1. tests/test_model_client.py covers the client's
+against the real scripted HTTP server on 127.0.0.1. tests/model/test_client.py covers the client's
 policy in depth through the default transport; this runs the cases that touch the wire on both."""
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from trajforge.tools import terminal
 from trajforge.tools.tool import ToolContext, result_failed
 from trajforge.tools.toolsets import build_toolsets
 
-from tests.test_sandbox_local import alive, gone
+from tests.sandbox.test_local import alive, gone
 
 TERMINAL = terminal.TerminalTool()
 PROCESS = terminal.ProcessTool()

@@ -13,7 +13,7 @@ import pytest
 from trajforge.compress.tokenize import load_counter
 from trajforge.errors import UsageError
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def test_default_counter_counts_cl100k_tokens() -> None:

@@ -647,7 +647,7 @@ def test_the_file_helper_is_one_of_the_container_s_processes_with_nothing_more(t
 
     if os.geteuid() != 0:
         pytest.skip("the file helper needs a root runner")
-    from tests.test_sandbox_isolation import assert_own_descriptors, assert_unprivileged
+    from tests.sandbox.test_isolation import assert_own_descriptors, assert_unprivileged
 
     stdlib = sysconfig.get_paths()["stdlib"]
     plant = (f"mkdir -p {stdlib}/encodings && for m in unicodedata fnmatch sre_parse locale encodings/cp1252 "

@@ -30,7 +30,7 @@ import pytest
 from tests.conftest import cli
 from tests.support.policies import echo_policy
 from tests.support.scripted_server import ScriptedServer
-from tests.test_ray_executor import STORE, _free_port, _stop_group, write_dataset
+from tests.executors.test_ray_executor import STORE, _free_port, _stop_group, write_dataset
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                 reason="ray is not installed (pip install trajforge[ray])")

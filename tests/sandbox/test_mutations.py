@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import test_sandbox_hermetic as hermetic
-from tests import test_sandbox_isolation as isolation
+from tests.sandbox import test_hermetic as hermetic
+from tests.sandbox import test_isolation as isolation
 from trajforge.sandbox.backends.bwrap import bwrap_start
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 from trajforge.sandbox.inside import helper

@@ -14,7 +14,7 @@ from pathlib import Path
 from tests.conftest import cli
 from tests.support.policies import echo_policy, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call
-from tests.test_runner_e2e import base_args, read_jsonl, run_cli, write_dataset
+from tests.runner.test_e2e import base_args, read_jsonl, run_cli, write_dataset
 
 
 def stats_of(tmp_path: Path, run: str = "r") -> dict:

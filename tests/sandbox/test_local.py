@@ -289,7 +289,7 @@ def test_escaped_processes_die_with_the_sample(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(CGROUPS_OK is None, reason="no writable cgroup v2 here (needs root or delegation)")
 def test_leftovers_of_a_killed_runner_are_killed_at_the_next_start(tmp_path: Path) -> None:
-    script = (f"import asyncio, sys\nsys.path.insert(0, {str(Path(__file__).parent.parent / 'src')!r})\n"
+    script = (f"import asyncio, sys\nsys.path.insert(0, {str(Path(__file__).parents[2] / 'src')!r})\n"
               "from pathlib import Path\nfrom trajforge.config import RunConfig\n"
               "from trajforge.sandbox.factory import SandboxProvider\n"
               "from trajforge.sample.lower_settings import sandbox_settings\n"

@@ -118,7 +118,7 @@ def test_scheduler_config_errors_name_the_users_file(tmp_path: Path) -> None:
     settings, config = load_scheduler_config(cfg, ["--num_workers=9"])
     assert (settings.port, settings.head_slots, settings.address) == (7000, 2, "127.0.0.1:7000")
     assert config.num_workers == 9 and config.dataset_file == Path("ds.jsonl")
-    example = Path(__file__).resolve().parent.parent / "examples" / "distributed.yaml"
+    example = Path(__file__).resolve().parents[2] / "examples" / "distributed.yaml"
     settings, config = load_scheduler_config(example, [])
     assert settings.port == 6379 and settings.min_workers == 1 and config.num_workers == 16
     with pytest.raises(UsageError, match="--worker_id"):

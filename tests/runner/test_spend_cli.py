@@ -9,7 +9,7 @@ import pytest
 
 from tests.support.policies import echo_policy
 from tests.support.scripted_server import ScriptedServer, with_usage
-from tests.test_runner_e2e import base_args, read_jsonl, run_cli, write_dataset
+from tests.runner.test_e2e import base_args, read_jsonl, run_cli, write_dataset
 
 PRICED = "pricing:\n  scripted-model: {prompt: 10, completion: 100}\n"  # USD per Mtok
 

@@ -249,7 +249,7 @@ def test_plain_scheduler_without_stop_after_passes_is_the_list(tmp_path: Path) -
 def test_the_example_dataset_and_config_are_valid() -> None:
     from trajforge.config_load import build_config
 
-    root = Path(__file__).resolve().parent.parent / "examples"
+    root = Path(__file__).resolve().parents[2] / "examples"
     config = build_config({}, root / "verified.yaml")
     assert config.samples_per_prompt == 4 and config.stop_after_passes == 1 and config.keep == "passed"
     loaded = load_dataset(root / "verified_tasks.jsonl")

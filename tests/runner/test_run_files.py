@@ -15,7 +15,7 @@ from typing import Any
 
 from tests.support.policies import tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call
-from tests.test_runner_e2e import base_args, run_cli
+from tests.runner.test_e2e import base_args, run_cli
 
 
 def shape(doc: Any, maps: set[str]) -> list[str]:

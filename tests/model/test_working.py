@@ -18,7 +18,7 @@ import pytest
 
 from tests.support.policies import echo_policy, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error
-from tests.test_runner_e2e import base_args, read_jsonl, run_cli, write_dataset
+from tests.runner.test_e2e import base_args, read_jsonl, run_cli, write_dataset
 from trajforge.model import working
 
 REFUSALS = 3  # 429s with Retry-After: 1 each sample hears first: at least 3 s of waiting, for certain

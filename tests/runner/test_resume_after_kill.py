@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import cli
 from tests.support.policies import echo_policy
 from tests.support.scripted_server import ScriptedServer, with_usage
-from tests.test_runner_e2e import base_args, read_jsonl, run_cli, write_dataset
+from tests.runner.test_e2e import base_args, read_jsonl, run_cli, write_dataset
 from trajforge.runner.checkpoint import Checkpoint
 from trajforge.runner.recovery import missed_spend, record_cost, restore
 from trajforge.runner.store import scan
