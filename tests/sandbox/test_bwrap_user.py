@@ -94,6 +94,6 @@ def test_unprivileged_runner_uses_a_user_namespace() -> None:
     assert "userns=1" in out["userns"] and "-1 1" in out["userns"], out["userns"]  # EPERM
     status = dict(line.split(":", 1) for line in out["self"]["status"].splitlines() if ":" in line)
     assert out["self"]["sealed"] is True and out["self"]["flags"]["isolated"] == 1
-    assert all(int(status[cap].strip(), 16) == 0 for cap in ("CapInh", "CapPrm", "CapEff", "CapAmb")), status
+    assert all(int(status[cap].strip(), 16) == 0 for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")), status
     assert status["NoNewPrivs"].strip() == "1"
     assert "No such file" in out["pwned"] and out["pwned"].splitlines()[-1] == "10", out["pwned"]  # and nice 10

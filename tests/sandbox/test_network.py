@@ -9,6 +9,7 @@ reached over a veth pair on TEST-NET-3. Nothing leaves this machine.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import contextlib
 import json
 import os
@@ -117,6 +118,31 @@ def test_egress_reaches_the_public_server_and_nothing_internal(tmp_path: Path) -
                     await sb.close()
 
     asyncio.run(main())
+
+
+@needs_egress
+@pytest.mark.skipif(shutil.which("ip") is None, reason="needs iproute2's ip")
+def test_the_run_s_router_leaves_the_host_s_shared_mounts_alone(tmp_path: Path) -> None:
+    """slirp4netns 1.2.0's --enable-sandbox detached the host's shared mounts: every `ip netns`
+    namespace lost its mount under /run/netns, and with them every Podman container's, after
+    which `podman ps` failed on the host. The router starts it in a private mount namespace."""
+    name = f"tf-probe-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        assert f"/run/netns/{name} " in Path("/proc/self/mountinfo").read_text()
+
+        async def main() -> None:
+            sb = BwrapSandbox(tmp_path, network=False, egress=True)
+            await sb.start()
+            try:
+                assert (await sb.exec("echo up", timeout=30)).stdout == "up\n"
+            finally:
+                await sb.close()
+
+        asyncio.run(main())
+        assert f"/run/netns/{name} " in Path("/proc/self/mountinfo").read_text()
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
 @needs_egress

@@ -275,3 +275,40 @@ def test_tasks_without_a_container_engine_stop_at_start(tmp_path: Path, clean_en
     assert "--tasks runs each task in a container, and no container engine works here" in proc.stderr
     assert not (tmp_path / "data").exists()
     assert os.environ.get("DOCKER_HOST") != env["DOCKER_HOST"]
+
+
+def test_task_rollouts_stop_after_passes_and_keep_passed(tmp_path: Path, clean_env: dict[str, str], podman: Engine,
+                                                         task_base: str) -> None:
+    """Rollouts of tasks work as a dataset's do: a task whose oracle passes stops after its pass,
+    the others run every rollout, and --keep passed keeps only the passing record."""
+    proc = run(tmp_path, clean_env, "--tasks", str(EXAMPLES), "--agent", "oracle", "--run_name", "roll",
+               "--container_engine", "podman", "--samples_per_prompt", "3", "--stop_after_passes", "1",
+               "--keep", "passed")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = tmp_path / "data" / "roll"
+    kept = [json.loads(line) for line in (run_dir / "trajectories.jsonl").read_text().splitlines()]
+    assert [(r["task"]["name"], r["rollout"]) for r in kept] == [("trajforge/hello-world", 0)]
+    batches = [json.loads(line) for f in sorted(run_dir.glob("batch_*.jsonl")) for line in f.read_text().splitlines()]
+    ran = sorted((r["task"]["name"].removeprefix("trajforge/"), r["rollout"]) for r in batches)
+    assert ran == [("count-lines", 0), ("count-lines", 1), ("count-lines", 2), ("hello-world", 0),
+                   ("wrong-solution", 0), ("wrong-solution", 1), ("wrong-solution", 2)]
+    verification = json.loads((run_dir / "statistics.json").read_text())["run"]["verification"]
+    assert verification["skipped_solved"] == 2 and verification["not_kept"] == 6, verification
+
+
+def test_tasks_run_on_ray(tmp_path: Path, clean_env: dict[str, str], podman: Engine, task_base: str) -> None:
+    """--executor ray with task directories: the actors build and verify as the local executor does."""
+    import shutil
+    import tempfile
+
+    ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")
+    env = {**clean_env, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": ray_tmp}
+    try:
+        proc = run(tmp_path, env, "--tasks", str(EXAMPLES), "--agent", "oracle", "--run_name", "ray",
+                   "--container_engine", "podman", "--executor", "ray", "--num_workers", "2")
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = {name.removeprefix("trajforge/"): r["verification"]["reward"]
+           for name, r in records(tmp_path / "data" / "ray").items()}
+    assert got == {"hello-world": 1.0, "count-lines": 0.666, "wrong-solution": 0.0}
