@@ -132,7 +132,7 @@ def test_the_run_s_router_leaves_the_host_s_shared_mounts_alone(tmp_path: Path) 
         assert f"/run/netns/{name} " in Path("/proc/self/mountinfo").read_text()
 
         async def main() -> None:
-            sb = BwrapSandbox(tmp_path, network=False, egress=True)
+            sb = BwrapSandbox(tmp_path, network=NetworkMode.EGRESS)
             await sb.start()
             try:
                 assert (await sb.exec("echo up", timeout=30)).stdout == "up\n"
