@@ -70,6 +70,8 @@ FORBIDDEN = [
     ("tasks", "trajforge.executors"),
     ("tasks", "trajforge.sample"),
     ("tasks", "trajforge.config"),  # tasks get TaskSettings (tasks/task_settings.py) from the sample layer
+    ("dataset", "trajforge.tasks"),  # tasks/load builds the dataset's Samples; both read trajforge.task_spec
+    ("task_spec", "trajforge.tasks"),
     ("cmdline", "trajforge.cli"),
 ]
 
@@ -316,7 +318,6 @@ SHARED_MODULE_NAMES = {
     "progress.py": "the runner's and the compressor's progress lines",
     "run.py": "commands/run (the flag set) and tasks/run (one task)",
     "sharegpt.py": "agent/ builds records, export/ writes the format",
-    "spec.py": "tasks/ and verify/ each parse their spec",
     "stats.py": "agent/ per record, runner/ per run",
 }
 

@@ -20,7 +20,7 @@ from trajforge.errors import DatasetError, UsageError
 from trajforge.model.types import ToolCall, Usage
 from trajforge.tasks.load import load_tasks
 from trajforge.tasks.reward import parse_json, parse_txt, verification
-from trajforge.tasks.spec import parse_size
+from trajforge.task_spec import parse_size
 
 OK_TEST = "echo 1 > /logs/verifier/reward.txt\n"
 

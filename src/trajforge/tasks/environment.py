@@ -28,7 +28,7 @@ from trajforge.sandbox.backends.container.container_backend import ContainerBack
 from trajforge.sandbox.backends.container.container_engine import cache_dir
 from trajforge.sandbox.backends.container.image_build import BuildOutcome, build_image, image_config, image_present, log_tail
 from trajforge.tasks.task_settings import TaskSettings
-from trajforge.tasks.spec import TaskSpec
+from trajforge.task_spec import TaskSpec
 
 TAG_PREFIX = "localhost/trajforge-task-env"
 DEFAULT_WORKDIR = "/app"

@@ -20,7 +20,7 @@ from trajforge.sandbox.backends.container.container_ops import make_container, p
 from trajforge.tasks.environment import task_images
 from trajforge.tasks.oracle import ORACLE_MODEL, run_oracle
 from trajforge.tasks.task_settings import TaskSettings
-from trajforge.tasks.spec import TaskSpec
+from trajforge.task_spec import TaskSpec
 from trajforge.tasks.verify import run_tests
 
 

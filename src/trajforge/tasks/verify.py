@@ -33,7 +33,7 @@ from trajforge.sandbox.backends.container.container_sandbox import ContainerSand
 from trajforge.sandbox.backends.container.container_ops import copy_in, exec_as, read_file_out, root_sh, stop_all
 from trajforge.tasks.reward import Reward, parse_json, parse_txt, verification
 from trajforge.tasks.task_settings import TaskSettings
-from trajforge.tasks.spec import TaskSpec
+from trajforge.task_spec import TaskSpec
 
 REWARD_LIMIT = 1 << 20
 _RESET = ("rm -rf /tests /logs && mkdir -p /tests /logs/agent /logs/verifier && chmod 755 /tests /logs /logs/agent "
