@@ -14,7 +14,6 @@ import subprocess
 import tempfile
 import textwrap
 
-from trajforge.catalog.sandboxes import NetworkMode
 import pytest
 
 from tests.conftest import REPO
@@ -23,6 +22,7 @@ SYSTEM_PY = "/usr/bin/python3"
 CHILD = textwrap.dedent("""
     import asyncio, json, sys
     from pathlib import Path
+    from trajforge.catalog.sandboxes import NetworkMode
     from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
     from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 

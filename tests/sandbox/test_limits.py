@@ -198,6 +198,7 @@ def test_a_killed_runner_s_disk_cgroup_and_workspace_root_are_swept(tmp_path: Pa
     script = textwrap.dedent("""
         import asyncio, sys
         from pathlib import Path
+        from trajforge.catalog.sandboxes import NetworkMode
         from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
         from trajforge.sandbox.host.resources import ResourceLimits
         from trajforge.sandbox.workspace import RunRoot
