@@ -1,5 +1,5 @@
-"""Extension points used the way a contributor would (issue 16): a test-only toolset and a
-test-only run output (exporter), each one file in tests/support plus one registration line,
+"""Extension points used the way a contributor would (issue 16): a test-only toolset, a test-only
+run output and a test-only export format, each one file in tests/support plus one registration line,
 exercised through a real run (in-process, against the scripted model server, in a real local
 sandbox)."""
 
@@ -35,9 +35,17 @@ def lengths_output(monkeypatch: pytest.MonkeyPatch) -> None:
                         Spec("lengths.tsv", "tests.support.lengths_output:LengthsOutput"))
 
 
+@pytest.fixture
+def ids_format(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trajforge import export
+
+    monkeypatch.setitem(export.FORMATS, "ids", Spec("ids", "tests.support.ids_exporter:IdsExporter", "sample ids",
+                                                    export.FormatCaps()))
+
+
 def test_a_registered_toolset_and_output_run_end_to_end(tmp_path: Path, server: ScriptedServer,
                                                         clean_env: dict[str, str], loud_toolset: None,
-                                                        lengths_output: None,
+                                                        lengths_output: None, ids_format: None,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     server.handler = shout_policy
     ds = tmp_path / "ds.jsonl"
@@ -55,6 +63,11 @@ def test_a_registered_toolset_and_output_run_end_to_end(tmp_path: Path, server: 
     # The registered output got the same kept record from the merge, beside trajectories.jsonl.
     lengths = (tmp_path / "data" / "r" / "lengths.tsv").read_text()
     assert lengths == f"{record['sample_id']}\t{len(record['conversations'])}\n"
+    # A registered export format exports the run.
+    capsys.readouterr()
+    code = cli.main(["export", str(tmp_path / "data" / "r"), "--format=ids", f"--output={tmp_path / 'ids.txt'}"])
+    assert code == 0, capsys.readouterr().err
+    assert (tmp_path / "ids.txt").read_text() == f"{record['sample_id']}\n"
 
 
 def test_an_unregistered_toolset_is_refused_by_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

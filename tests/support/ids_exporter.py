@@ -1,4 +1,5 @@
-"""A test-only export format: one module; tests/test_architecture.py registers it with one line.
+"""A test-only export format: one module; tests/test_architecture.py and tests/test_extensions.py
+register it with one line.
 
 One line per exported trajectory: its sample id.
 """
