@@ -27,7 +27,8 @@ from tests.support.sandboxes import create_sandbox
 from tests.support.scripted_server import ScriptedServer
 from trajforge.config import RunConfig
 from trajforge.sample.lower_settings import sandbox_settings
-from trajforge.sandbox.interface import FileOpError, PathEscapeError, SandboxError
+from trajforge.sandbox.host.disk import disk_usable
+from trajforge.sandbox.interface import FileOpError, PathEscapeError, SandboxError, SandboxLimitError
 from trajforge.sandbox.backends.container.container_sandbox import ContainerSandbox
 from trajforge.sandbox.backends.container.container_backend import ContainerBackend, backend_for
 from trajforge.sandbox.backends.container.container_engine import Engine, container_name, detect
@@ -205,7 +206,8 @@ def test_container_creation_is_bounded_by_max_sandboxes(tmp_path: Path, busybox_
 
     async def counting(self: Engine, *args: str, timeout: float = 60.0):  # type: ignore[no-untyped-def]
         nonlocal in_flight, peak
-        creating = args[:2] == ("run", "-d")
+        # `run -d`, or as root with a disk `create` then `start` (container_layer.py), all in the bound
+        creating = args[:2] == ("run", "-d") or args[:1] in (("create",), ("start",))
         in_flight += creating
         peak = max(peak, in_flight)
         try:
@@ -679,3 +681,58 @@ def test_the_file_helper_is_one_of_the_container_s_processes_with_nothing_more(t
             await sb.close()
 
     asyncio.run(body())
+
+
+needs_disk = pytest.mark.skipif(os.geteuid() != 0 or disk_usable() is not None,
+                                reason=f"needs a root runner with loop devices ({disk_usable()})")
+
+
+@needs_disk
+def test_a_container_s_own_filesystem_shares_the_sample_s_disk_limit(tmp_path: Path, busybox_image: str,
+                                                                      podman: Engine) -> None:
+    """A hostile sample fills the container's filesystem outside its workspace: the kernel stops it at
+    the sample's disk limit, which the workspace shares; the engine's storage gains nothing; the
+    sample fails naming the limit; nothing stays mounted."""
+    run_name = f"ctest-layer-{os.getpid()}"
+
+    async def body() -> None:
+        sb = await create_sandbox(config(sandbox_disk="64m", sandbox_network="none", run_name=run_name),
+                                  cwd=None, image=busybox_image, root=tmp_path)
+        layer = None
+        try:
+            assert sb.name is not None
+            upper = (await podman.run("inspect", "--format", "{{.GraphDriver.Data.UpperDir}}", sb.name)).stdout
+            layer = Path(upper.strip()).parent
+            assert os.stat(layer).st_dev != os.stat(layer.parent).st_dev  # the layer is on the sample's disk
+            size_k = int((await sb.exec("df -k / | tail -n 1", timeout=20)).stdout.split()[1])
+            assert 32 << 10 < size_k <= 64 << 10  # the container's / is that disk's size, not the host's
+            res = await sb.exec("dd if=/dev/zero of=/workspace/w bs=1M count=30 2>/dev/null && echo ok", timeout=30)
+            assert res.stdout == "ok\n", res
+            with pytest.raises(SandboxLimitError, match=r"64 MiB \(sandbox_disk; the container's own filesystem"):
+                await sb.exec("dd if=/dev/zero of=/root/big bs=1M count=60; mkdir -p /usr/x && "
+                              "dd if=/dev/zero of=/usr/x/big bs=1M count=60", timeout=60)
+            written = [layer / "diff" / p for p in ("root/big", "usr/x/big")]
+            # 64 MiB less the workspace's 30: the kernel refused the rest
+            assert sum(p.stat().st_size for p in written if p.exists()) < 34 << 20
+        finally:
+            await sb.close()
+        mounts = Path("/proc/self/mounts").read_text()
+        assert layer is not None and str(layer) not in mounts and str(tmp_path) not in mounts
+        assert not layer.exists()  # the engine removed the container's layer
+
+    asyncio.run(body())
+    assert containers_with_label(podman, f"trajforge.run={run_name}") == []
+
+
+@needs_disk
+def test_without_the_layer_on_the_disk_the_container_s_filesystem_is_unbounded(
+        tmp_path: Path, busybox_image: str, podman: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutation check: the test above fails when the layer is left in the engine's storage."""
+    from trajforge.sandbox.host.disk import DiskImage
+
+    async def stays(self: DiskImage, upper: str, work: str) -> None:
+        return None
+
+    monkeypatch.setattr(DiskImage, "attach_layer", stays)
+    with pytest.raises(AssertionError):
+        test_a_container_s_own_filesystem_shares_the_sample_s_disk_limit(tmp_path, busybox_image, podman)

@@ -61,7 +61,8 @@ def _limits() -> dict[str, dict[str, Any]]:
                          "enforced_by": group("cpu", "not enforced (no writable cpu cgroup): commands run at nice 10")},
         "sandbox_tmp_size": {"default": human(d.tmp_size or 0), "enforced_by": "tmpfs size (bwrap --size)"},
         "sandbox_shm_size": {"default": human(d.shm_size or 0), "enforced_by": "tmpfs size (bwrap --size)"},
-        "sandbox_disk": {"default": human(d.disk or 0), "enforced_by": "loop-mounted ext4 image per sample" if disk
+        "sandbox_disk": {"default": human(d.disk or 0), "enforced_by": "loop-mounted ext4 image per sample (with rootful Podman "
+                         "also holding the container's own filesystem)" if disk
                          is None else f"NOT enforced ({disk}); only RLIMIT_FSIZE 1 GiB per file"},
         "sandbox_nproc": {"default": "512", "enforced_by": "RLIMIT_NPROC of the per-sample uid (root mode)"
                           + (f" and {group('pids', '')}" if cg is not None and cg.has("pids") else "")},

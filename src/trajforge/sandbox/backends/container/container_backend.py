@@ -34,6 +34,7 @@ from trajforge.sandbox.backends.container.container_engine import Engine, detect
 from trajforge.sandbox.host.zygote_client import Zygote
 from trajforge.sandbox.backends.container.container_images import ImageChecker
 from trajforge.sandbox.host.cgroups import ROOT
+from trajforge.sandbox.host.disk import detach_all_now
 from trajforge.sandbox.host.resources import sweep_leftovers
 
 _CATATONIT = ("/usr/libexec/podman/catatonit", "/usr/bin/catatonit", "/usr/local/libexec/podman/catatonit")
@@ -54,6 +55,7 @@ _live: dict[str, Engine] = {}  # container name -> engine, for the atexit fallba
 @atexit.register
 def _remove_live() -> None:
     """Last resort at interpreter exit: remove containers whose sample never closed them."""
+    detach_all_now()  # their layers, if on a sample's disk (container_layer.py)
     groups: dict[int, tuple[Engine, list[str]]] = {}
     for name, engine in list(_live.items()):
         groups.setdefault(id(engine), (engine, []))[1].append(name)
@@ -135,8 +137,11 @@ class ContainerBackend:
         res = await self.engine.run("ps", "-a", "--filter", "label=trajforge", "--format", "{{.Names}}", timeout=60)
         dead = [n for n in res.stdout.split() if owner_dead(n)] if res.exit_code == 0 else []
         if dead:
+            # Their disks first: a container's layer bound to one is a mount point the engine
+            # cannot delete (container_layer.py); a lazy unmount leaves it to the container.
+            await sweep_leftovers(force=True)
             await self.engine.run(*self.engine.rm_args(*dead), timeout=120)
-            await sweep_leftovers(force=True)  # their workspace disks, now that nothing uses them
+            await sweep_leftovers(force=True)  # the workspace roots, now that nothing uses them
         return dead
 
 

@@ -3,7 +3,8 @@
 A sample's container runs `sleep infinity` under an init, with the workspace mounted at the
 row's `cwd` (default /workspace; what the image has there is copied in first, see
 images.ImageChecker.seed) as its working directory, the configured memory/pids/cpu
-limits (plus /tmp, /dev/shm, CPU and a size-limited workspace disk, see resources.py), the network
+limits (plus /tmp, /dev/shm, CPU and a size-limited disk for the workspace and, with Podman, the
+container's own layer: resources.py, container_layer.py), the network
 of `--sandbox_network` (network.py), and only the image's own environment (the
 engine CLI never passes the runner's); with rootful Podman, in a user namespace
 (container_backend.py: the workspace's directories and the seeded files are then shifted to its
@@ -44,6 +45,7 @@ from trajforge.sandbox.backends.container.container_argv import (
 )
 from trajforge.sandbox.backends.container.container_backend import ContainerBackend, _live, backend_for, kill_exec_monitors
 from trajforge.sandbox.backends.container.container_files import ContainerFiles
+from trajforge.sandbox.backends.container.container_layer import layered, run_container
 from trajforge.sandbox.backends.container.container_engine import container_name, last_line
 from trajforge.sandbox.backends.local.local_sandbox import LocalJob
 from trajforge.sandbox.dns.service import DnsForwarder
@@ -159,7 +161,8 @@ class ContainerSandbox(Sandbox):
         async with self.backend.creating:
             self.name = container_name()
             _live[self.name] = self.engine
-            res = await self.engine.run(*self._create_args(self.name), timeout=120)
+            disk = layered(self.engine, self._res.disk if self._res is not None else None)
+            res = await run_container(self.engine, self._create_args(self.name), self.name, disk)
         if res.exit_code != 0:
             raise SandboxError(f"cannot start a container from {self.image!r} ({self.engine.kind}): {last_line(res)}")
         await self._after_create()
@@ -279,6 +282,8 @@ class ContainerSandbox(Sandbox):
         for job in self._jobs:
             job.kill_now()  # the exec clients; what runs inside goes with the container
         if name is not None:
+            if self._res is not None:  # the engine deletes the layer's directory: no mount point then
+                await asyncio.shield(self._res.before_remove())
             res = await asyncio.shield(self.engine.run(*self.engine.rm_args(name), timeout=120))
             if res.exit_code == 0 or "no such container" in (res.stderr + res.stdout).lower():
                 _live.pop(name, None)
