@@ -312,3 +312,46 @@ def test_tasks_run_on_ray(tmp_path: Path, clean_env: dict[str, str], podman: Eng
     got = {name.removeprefix("trajforge/"): r["verification"]["reward"]
            for name, r in records(tmp_path / "data" / "ray").items()}
     assert got == {"hello-world": 1.0, "count-lines": 0.666, "wrong-solution": 0.0}
+
+
+def test_a_budget_stops_a_task_run_and_a_resume_with_more_finishes_it_once(
+        tmp_path: Path, server: ScriptedServer, clean_env: dict[str, str], podman: Engine, task_base: str) -> None:
+    """--max_cost on tasks works as on a dataset: the run stops starting tasks once the spend reaches
+    the budget (exit 4), the tasks it finished are verified, and a resume with more runs each other
+    task once."""
+    from tests.support.scripted_server import with_usage
+
+    def one_step(req: Recorded) -> Reply:
+        if not tool_messages(req.body):
+            return chat(None, tool_calls=[tool_call("terminal", {"command": "echo done > /app/out.txt"})],
+                        reasoning="Write it.")
+        return chat("Finished.", reasoning="Done.")
+
+    server.handler = with_usage(one_step, 100, 20, cost=0.01)  # $0.02 a task
+    tasks = tmp_path / "tasks"
+    nonce = uuid.uuid4().hex
+    for i in range(5):
+        write_task(tasks, f"budget-{i}", nonce=f"{nonce}-budget", test_sh=REWARD_IF.format(cond="[ -f /app/out.txt ]"))
+    conf = tmp_path / "config.yaml"
+    conf.write_text("pricing:\n  scripted: {prompt: 10, completion: 100}\n")
+    args = ["--tasks", str(tasks), "--base_url", server.url, "--model", "scripted", "--distribution",
+            "terminal_only", "--num_workers", "1", "--container_engine", "podman", "--run_name", "b",
+            f"--config={conf}"]
+    first = run(tmp_path, clean_env, *args, "--max_cost=0.03")
+    assert first.returncode == 4, first.stderr[-3000:]
+    assert "budget reached" in first.stderr and "Traceback" not in first.stderr
+    run_dir = tmp_path / "data" / "b"
+    done = records(run_dir)
+    assert len(done) == 2, (first.stderr[-3000:], sorted(p.name for p in run_dir.iterdir()))
+    assert all(r["verification"]["reward"] == 1.0 for r in done.values())  # $0.02, then $0.04
+    stats = json.loads((run_dir / "statistics.json").read_text())
+    assert stats["spend"]["budget_reached"] is True and stats["spend"]["spent"] == pytest.approx(0.04)
+    calls = len(server.chat_requests())
+
+    more = run(tmp_path, clean_env, *args, "--resume", "--max_cost=1")
+    assert more.returncode == 0, more.stderr[-3000:]
+    recs = records(run_dir)
+    assert sorted(recs) == [f"budget-{i}" for i in range(5)]
+    assert all(r["verification"]["reward"] == 1.0 for r in recs.values())
+    assert len(server.chat_requests()) == calls + 3 * 2  # the three others, once each
+    assert json.loads((run_dir / "statistics.json").read_text())["spend"]["spent"] == pytest.approx(0.10)
