@@ -20,6 +20,7 @@ from tests.conftest import cli
 from tests.support.policies import echo_policy, tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call
 from tests.test_runner_e2e import base_args, read_jsonl, run_cli, write_dataset
+from tests.support.run_state import statuses
 from trajforge.runner.progress import Progress
 
 
@@ -135,8 +136,7 @@ def test_recovered_sample_that_fails_again_counts_as_failed(tmp_path: Path, serv
     assert proc.returncode == 3, proc.stderr  # the recovered sample failed: a failed sample's exit code
     stats = json.loads((run / "statistics.json").read_text())["run"]["samples"]
     assert (stats["finished"], stats["failed"]) == (3, 1)
-    statuses = Counter(e["status"] for e in json.loads((run / "checkpoint.json").read_text())["samples"].values())
-    assert statuses == {"done": 3, "failed": 1}
+    assert Counter(statuses(run).values()) == {"done": 3, "failed": 1}
 
 
 # 2. Checkpoints of the wrong shape, read-only and full disks, other OS errors -----------------------
@@ -490,6 +490,6 @@ def test_hallucinated_tool_record_is_discarded_in_the_checkpoint(tmp_path: Path,
     ds = write_dataset(tmp_path / "ds.jsonl", ["say a", "say stray"])
     proc = run_cli(tmp_path, clean_env, *base_args(server, ds))
     assert proc.returncode == 0, proc.stderr
-    statuses = {e["status"]: e.get("reason") for e in
-                json.loads((tmp_path / "data" / "r" / "checkpoint.json").read_text())["samples"].values()}
-    assert statuses == {"done": None, "discarded": "hallucinated_tool"}
+    from tests.support.run_state import outcomes
+    found = {e.status: e.reason for e in outcomes(tmp_path / "data" / "r").values()}
+    assert found == {"done": None, "discarded": "hallucinated_tool"}

@@ -3,16 +3,19 @@
 A sample's identity is a hash of the content that decides how it runs (prompt, container image,
 cwd, task_type) plus its occurrence number among identical rows. Resume matches finished work by
 identity, so a reordered dataset resumes correctly and duplicate prompts stay distinct samples.
+
+`iter_samples` reads the file in one streaming pass and keeps nothing per row but the occurrence
+count of content hashes that repeat (a set of 8-byte digests): the runner keeps only what it needs
+of a million rows (runner.rows); `load_dataset` is the list of them for smaller readers.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -37,6 +40,7 @@ class Sample:
     extra: dict[str, Any] = field(default_factory=dict)
     verify: VerifySpec | None = None  # the row's check/expected/rubric fields (never shown to the model)
     rollout: int = 0  # which of --samples_per_prompt rollouts of the row this sample is
+    offset: int = -1  # byte offset of its line in the dataset file (read back by runner.rows)
 
 
 ROLLOUT_SEP = "#"
@@ -62,9 +66,12 @@ class LoadedDataset:
 
 
 def content_hash(prompt: str, image: str | None, cwd: str | None, task_type: str | None) -> str:
-    canon = orjson.dumps({"prompt": prompt, "image": image, "cwd": cwd, "task_type": task_type},
-                         option=orjson.OPT_SORT_KEYS)
-    return hashlib.blake2b(canon, digest_size=12).hexdigest()
+    return content_digest(prompt, image, cwd, task_type).hex()
+
+
+def content_digest(prompt: str, image: str | None, cwd: str | None, task_type: str | None) -> bytes:
+    canon = orjson.dumps({"cwd": cwd, "image": image, "prompt": prompt, "task_type": task_type})  # keys sorted
+    return hashlib.blake2b(canon, digest_size=12).digest()
 
 
 def _check_row(obj: Any, host_cwd: bool = True) -> tuple[str | None, dict[str, Any]]:
@@ -98,14 +105,24 @@ def _check_row(obj: Any, host_cwd: bool = True) -> tuple[str | None, dict[str, A
 
 def iter_rows(path: Path) -> Iterator[tuple[int, Any, str | None]]:
     """Yield (line number, decoded object or None, problem) for every non-blank line."""
+    for lineno, obj, problem, _ in _rows(path):
+        yield lineno, obj, problem
+
+
+def _rows(path: Path, digest: Any = None) -> Iterator[tuple[int, Any, str | None, int]]:
+    """iter_rows with each line's byte offset, feeding every line to `digest` when given."""
     try:
         f = path.open("rb")
     except FileNotFoundError:
         raise DatasetError(f"{path}: dataset file not found") from None
     except OSError as e:
         raise DatasetError(f"{path}: cannot read dataset file: {e.strerror or e}") from None
+    offset = 0
     with f:
         for lineno, raw in enumerate(f, start=1):
+            start, offset = offset, offset + len(raw)
+            if digest is not None:
+                digest.update(raw)
             if lineno == 1:
                 raw = raw.removeprefix(b"\xef\xbb\xbf")  # editors on Windows write a UTF-8 BOM
             if not raw.strip():
@@ -113,26 +130,38 @@ def iter_rows(path: Path) -> Iterator[tuple[int, Any, str | None]]:
             try:
                 raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                yield lineno, None, f"invalid UTF-8 at byte {e.start}"
+                yield lineno, None, f"invalid UTF-8 at byte {e.start}", start
                 continue
             try:
-                yield lineno, orjson.loads(raw), None
+                yield lineno, orjson.loads(raw), None, start
             except orjson.JSONDecodeError as e:
                 # orjson counts lines within this one line: report the column only.
-                yield lineno, None, f"invalid JSON at column {e.colno}: {e.msg}"
+                yield lineno, None, f"invalid JSON at column {e.colno}: {e.msg}", start
 
 
 def load_dataset(path: Path, *, skip_invalid: bool = False, max_samples: int | None = None,
                  host_cwd: bool = True) -> LoadedDataset:
     """Read and validate the whole dataset, assigning identities; raise DatasetError on bad input.
     `host_cwd`: False when every row runs in a container (`--sandbox container`)."""
+    problems: list[str] = []
+    samples = list(iter_samples(path, problems, skip_invalid=skip_invalid, max_samples=max_samples,
+                                host_cwd=host_cwd))
+    return LoadedDataset(path, samples, problems)
+
+
+def iter_samples(path: Path, problems: list[str], *, skip_invalid: bool = False,
+                 max_samples: int | None = None, digest: Any = None, host_cwd: bool = True) -> Iterator[Sample]:
+    """Yield the valid samples of the dataset one at a time, in file order, validating every row
+    (also past `max_samples`, so a bad file is reported whole). Problems of invalid rows go to
+    `problems`; once the file is read, DatasetError is raised when there are any (and not
+    `skip_invalid`) or when no sample was valid. `digest` (a hashlib object) is fed every line.
+    `host_cwd`: as for load_dataset."""
     if path.is_dir():
         raise DatasetError(f"{path}: is a directory, expected a JSONL file")
-    samples: list[Sample] = []
-    problems: list[str] = []
-    seen: Counter[str] = Counter()
-    rows = 0
-    for lineno, obj, problem in iter_rows(path):
+    seen: set[bytes] = set()  # content digests seen once; repeats counted in `again`
+    again: dict[bytes, int] = {}
+    rows = count = 0
+    for lineno, obj, problem, offset in _rows(path, digest):
         rows += 1
         if problem is None:
             problem, fields = _check_row(obj, host_cwd)
@@ -141,25 +170,59 @@ def load_dataset(path: Path, *, skip_invalid: bool = False, max_samples: int | N
         if problem is not None:
             problems.append(f"{path}:{lineno}: {problem}")
             continue
-        if max_samples is not None and len(samples) >= max_samples:
+        if max_samples is not None and count >= max_samples:
             continue  # still validate the rest, so a bad file is reported whole
-        h = content_hash(obj["prompt"], fields["image"], fields["cwd"], fields["task_type"])
-        occurrence = seen[h]
-        seen[h] += 1
-        extra = {k: v for k, v in obj.items() if k not in ("prompt", "image", "docker_image", *_RUN_FIELDS)}
-        samples.append(Sample(len(samples), lineno, obj["prompt"], f"{h}:{occurrence}", extra=extra, **fields))
-        if verify is not None:  # verification fields are not "extra" row data: they never reach a record
-            for k in VERIFY_FIELDS:
-                extra.pop(k, None)
-            samples[-1] = replace(samples[-1], verify=verify)
+        d = content_digest(obj["prompt"], fields["image"], fields["cwd"], fields["task_type"])
+        if d in seen:
+            occurrence = again[d] = again.get(d, 0) + 1
+        else:
+            seen.add(d)
+            occurrence = 0
+        yield _sample(obj, fields, verify, count, lineno, f"{d.hex()}:{occurrence}", offset)
+        count += 1
     if problems and not skip_invalid:
         raise DatasetError(f"{path}: {len(problems)} invalid line(s); fix them or pass --skip_invalid to skip them",
                            _listed(problems))
     if not rows:
         raise DatasetError(f"{path}: no samples: the file is empty (blank lines are ignored)")
-    if not samples:
+    if not count:
         raise DatasetError(f"{path}: no samples: all {rows} line(s) are invalid", _listed(problems))
-    return LoadedDataset(path, samples, problems)
+
+
+def sample_at(source: Path | BinaryIO, offset: int, index: int, line: int, occurrence: int, *,
+              host_cwd: bool = True) -> Sample:
+    """The sample whose row starts at byte `offset` (as iter_samples gave it, with its index, line
+    and occurrence): read back by the runner for the rows it runs, so a million-row dataset is
+    never held in memory. `source`: the file's path, or the file open for reading. A row that no
+    longer passes the checks it passed (the file was changed under the run) raises DatasetError."""
+    if isinstance(source, Path):
+        with source.open("rb") as f:
+            f.seek(offset)
+            raw = f.readline()
+    else:
+        source.seek(offset)
+        raw = source.readline()
+    name = source if isinstance(source, Path) else getattr(source, "name", "dataset")
+    try:
+        obj = orjson.loads(raw.removeprefix(b"\xef\xbb\xbf") if offset == 0 else raw)
+    except orjson.JSONDecodeError as e:
+        raise DatasetError(f"{name}:{line}: the row changed while the run read it: invalid JSON ({e.msg})") from None
+    problem, fields = _check_row(obj, host_cwd)
+    if problem is None:
+        problem, verify = parse_row(obj)
+    if problem is not None:
+        raise DatasetError(f"{name}:{line}: the row changed while the run read it: {problem}")
+    d = content_digest(obj["prompt"], fields["image"], fields["cwd"], fields["task_type"])
+    return _sample(obj, fields, verify, index, line, f"{d.hex()}:{occurrence}", offset)
+
+
+def _sample(obj: dict[str, Any], fields: dict[str, Any], verify: VerifySpec | None, index: int, line: int,
+            identity: str, offset: int) -> Sample:
+    extra = {k: v for k, v in obj.items() if k not in ("prompt", "image", "docker_image", *_RUN_FIELDS)}
+    if verify is not None:  # verification fields are not "extra" row data: they never reach a record
+        for k in VERIFY_FIELDS:
+            extra.pop(k, None)
+    return Sample(index, line, obj["prompt"], identity, extra=extra, verify=verify, offset=offset, **fields)
 
 
 def _listed(problems: list[str]) -> list[str]:

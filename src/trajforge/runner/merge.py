@@ -1,4 +1,14 @@
-"""The final merge: trajectories.jsonl rebuilt atomically from every batch file.
+"""The final merge: trajectories.jsonl from the batch files, appended to or rebuilt.
+
+An invocation that adds a thousand samples to a run of a million must not rewrite gigabytes:
+`append_new` adds the records of the samples finished since the last merge (the checkpoint's
+index says where they are) to the end of trajectories.jsonl, and the run's figures continue from
+those the last merge kept (its state, in the checkpoint). The file stays in dataset order while
+the new samples come after those already in it; when some come before (failed samples that a
+resume finished), a file under REWRITE_LIMIT is rebuilt in order, and a larger one gets them
+appended at its end (statistics.json's merge.out_of_order counts them; the README says how to
+get the order back). Everything else (another dataset, another --keep, no state, a file that is
+not the one the state describes) takes the whole merge, `merge`:
 
 Exactly one line per finished sample of the current dataset (first occurrence wins), ordered by
 the sample's index in it (so a reordered dataset merges in its new order), with the corrupt-entry
@@ -11,6 +21,8 @@ be read or written raises OutputError naming it; the previous trajectories.jsonl
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -20,7 +32,7 @@ import orjson
 from trajforge.errors import OutputError
 from trajforge.dataset import split_rollout
 from trajforge.runner import store
-from trajforge.runner.outputs import open_outputs
+from trajforge.runner.outputs import RUN_OUTPUTS, open_outputs
 from trajforge.runner.stats import Totals
 from trajforge.catalog import known_tool_set
 from trajforge.verify.result import passed
@@ -37,6 +49,7 @@ class MergeResult:
     hallucinated_ids: list[str]  # identities whose record the corrupt-entry filter dropped
     stale: int = 0  # records of samples no longer in the dataset (left out of trajectories.jsonl)
     not_kept: int = 0  # records left out by --keep passed (counted in the statistics all the same)
+    last: tuple[int, int] = (-1, 0)  # (row, rollout) of the last record written
 
 
 def merge(run_dir: Path, current_index: dict[str, int], totals: Totals,
@@ -76,6 +89,7 @@ def _merge(run_dir: Path, current_index: dict[str, int], totals: Totals, target:
     finished = set(refs)
     del refs
     written = stale = not_kept = 0
+    last = (-1, 0)
     hallucinated: list[str] = []
     handles: dict[Path, BinaryIO] = {}
     try:
@@ -114,7 +128,117 @@ def _merge(run_dir: Path, current_index: dict[str, int], totals: Totals, target:
                 for out in outputs:
                     out.write(line, rec)
                 written += 1
+                last = (current_index[ref.identity], split_rollout(ref.identity)[1])
     finally:
         for f in handles.values():
             f.close()
-    return MergeResult(written, len(hallucinated), duplicates, problems, finished, hallucinated, stale, not_kept)
+    return MergeResult(written, len(hallucinated), duplicates, problems, finished, hallucinated, stale, not_kept,
+                       last)
+
+
+# --- the incremental merge --------------------------------------------------------------------
+
+REWRITE_LIMIT = 256 << 20  # below this size a merge that would append out of order rewrites instead
+
+
+@dataclass
+class Appended:
+    result: MergeResult
+    state: dict[str, Any]  # the new merge state (runner.checkpoint keeps it)
+
+
+def append_new(run_dir: Path, state: dict[str, Any] | None, entries: Any, positions: Any, totals: Totals,
+               task_type: Any, *, fingerprint: str, keep_passed: bool, rewrite_limit: int = REWRITE_LIMIT
+               ) -> Appended | None:
+    """Add to trajectories.jsonl the records of the finished samples it lacks, without rewriting it:
+    the index entries past the ones the last merge took (`entries`: the checkpoint's Finished).
+    `positions(keys)` gives each key's place in the dataset ((row, rollout)), `task_type(row)` a
+    row's task type; `totals` starts from the figures of the records merged before.
+
+    None when only a whole merge can do: no state of a previous one, another dataset, another
+    --keep, a trajectories.jsonl that is not the one the state describes, another run output, or
+    records that sort before ones already written while the file is under `rewrite_limit` (above
+    it they are appended all the same, and counted as out of order). Raises OutputError."""
+    target = run_dir / "trajectories.jsonl"
+    if state is None or state.get("dataset") != fingerprint or state.get("keep_passed") != keep_passed \
+            or set(RUN_OUTPUTS) != {"trajectories.jsonl"}:
+        return None
+    try:
+        st = target.stat()
+    except OSError:
+        return None
+    if st.st_ino != state["inode"] or st.st_size < state["size"] or state["entries"] > len(entries):
+        return None
+    totals.load_state(state["totals"])
+    new = range(state["entries"], len(entries))
+    where = positions({entries.keys[j] for j in new})
+    problems: list[str] = []
+    hallucinated: list[str] = []
+    kept: list[tuple[tuple[int, int], bytes]] = []
+    stale = not_kept = 0
+    try:
+        for j, line in _read_entries(run_dir, entries, new):
+            pos = where.get(entries.keys[j])
+            if pos is None:
+                stale += 1
+                continue
+            try:
+                rec = orjson.loads(line)
+            except orjson.JSONDecodeError as e:
+                problems.append(f"corrupt record ignored: {e}")
+                continue
+            if calls_unknown_tools(rec):
+                hallucinated.append(str(rec.get("sample_id")))
+                totals.discarded["hallucinated_tool"] += 1
+                continue
+            totals.verify.task_types[split_rollout(str(rec.get("sample_id")))[0]] = task_type(pos[0])
+            totals.add_record(rec)
+            if keep_passed and not passed(rec):
+                not_kept += 1
+                continue
+            kept.append((pos, line))
+        kept.sort(key=lambda x: x[0])
+        last = tuple(state["last"])
+        late = sum(1 for pos, _ in kept if pos < last)
+        if late and state["size"] < rewrite_limit:
+            return None
+        with target.open("r+b") as f:
+            f.truncate(state["size"])  # what a merge killed before saving its state appended goes
+            f.seek(state["size"])
+            f.write(b"".join(line for _, line in kept))
+            f.flush()
+            os.fsync(f.fileno())
+            size = f.tell()
+    except OSError as e:
+        raise OutputError(e.filename or target, e) from None
+    totals.verify.not_kept = state["not_kept"] + not_kept
+    result = MergeResult(state["written"] + len(kept), state["hallucinated"] + len(hallucinated),
+                         state["duplicates"], problems, set(), hallucinated, state["stale"] + stale,
+                         totals.verify.not_kept)
+    new_state = merge_state(result, totals, fingerprint=fingerprint, keep_passed=keep_passed, entries=len(entries),
+                            inode=st.st_ino, size=size, last=max([last, *(pos for pos, _ in kept)]),
+                            out_of_order=state.get("out_of_order", 0) + late)
+    return Appended(result, new_state)
+
+
+def merge_state(result: MergeResult, totals: Totals, *, fingerprint: str, keep_passed: bool, entries: int,
+                inode: int, size: int, last: tuple[int, int], out_of_order: int = 0) -> dict[str, Any]:
+    return {"dataset": fingerprint, "keep_passed": keep_passed, "entries": entries, "inode": inode, "size": size,
+            "last": list(last), "written": result.written, "hallucinated": result.hallucinated,
+            "duplicates": result.duplicates, "stale": result.stale, "not_kept": result.not_kept,
+            "out_of_order": out_of_order, "totals": totals.state()}
+
+
+def _read_entries(run_dir: Path, entries: Any, which: range) -> Iterator[tuple[int, bytes]]:
+    handles: dict[int, BinaryIO] = {}
+    try:
+        for j in which:
+            batch, offset, length = entries.location(j)
+            f = handles.get(batch)
+            if f is None:
+                f = handles[batch] = (run_dir / f"batch_{batch}.jsonl").open("rb")
+            f.seek(offset)
+            yield j, f.read(length)
+    finally:
+        for f in handles.values():
+            f.close()

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from trajforge.config import RunConfig
-from trajforge.dataset import LoadedDataset
 from trajforge.errors import UsageError
 from trajforge.jsonio import loads
+from trajforge.runner.rows import RunRows
 
 
 def contradictions(config: RunConfig) -> list[str]:
@@ -111,13 +111,13 @@ def check_executor(config: RunConfig) -> None:
             raise UsageError("--executor ray: Ray is not installed; install it with: pip install 'trajforge[ray]'")
 
 
-def check_container_images(config: RunConfig, dataset: LoadedDataset) -> None:
+def check_container_images(config: RunConfig, rows: RunRows) -> None:
     """`--sandbox container` with rows that name no image and no `container_image`: every such
     sample could only fail, so refuse before any work."""
     if config.sandbox != "container" or config.container_image:
         return
-    bare = [s for s in dataset.samples if s.image is None]
+    bare = len(rows.keys) - rows.with_image
     if bare:
-        raise UsageError(f"--sandbox container: {len(bare)} row(s) have no `image` (first: {dataset.path}:"
-                         f"{bare[0].line}) and the config sets no `container_image`; give each row an image "
+        raise UsageError(f"--sandbox container: {bare} row(s) have no `image` (first: {rows.path}:"
+                         f"{rows.first_bare}) and the config sets no `container_image`; give each row an image "
                          "or set `container_image: IMAGE` in the --config file")

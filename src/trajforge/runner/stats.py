@@ -76,6 +76,20 @@ class Totals:
         self.turns_with_reasoning += int(r.get("turns_with_reasoning", 0))
         self.verify.add(rec)
 
+    _STATE = ("finished", "completed", "partial", "tools", "assistant_turns", "turns_with_reasoning", "api_calls",
+              "prompt_tokens", "completion_tokens", "reasoning_tokens", "cost")
+
+    def state(self) -> dict[str, Any]:
+        """The figures of the records merged so far, as the incremental merge keeps them (runner.merge)."""
+        return {**{name: getattr(self, name) for name in self._STATE}, "discarded": dict(self.discarded),
+                "verify": self.verify.state()}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        for name in self._STATE:
+            setattr(self, name, state[name])
+        self.discarded = Counter(state["discarded"])
+        self.verify.load_state(state["verify"])
+
     def figures(self, *, total: int | None = None, seconds: float | None = None) -> RunFigures:
         """`total`: the samples there are (None: not known); `seconds`: their duration, if any."""
         turns = self.assistant_turns

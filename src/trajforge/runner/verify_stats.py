@@ -9,6 +9,8 @@ means over rows with at least one verdict of the unbiased estimator from those v
 
 from __future__ import annotations
 
+import base64
+from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,18 +33,27 @@ class VerifyTotals:
     errors: Counter[str] = field(default_factory=Counter)
     by_type: dict[str, list[int]] = field(default_factory=dict)  # type -> [passed, failed, errors]
     rows: dict[str, list[int]] = field(default_factory=dict)  # row identity -> [index, rollouts, passes, verdicts]
+    # With one rollout a row, a row whose record has no verdict is only its index: 8 bytes, not a
+    # ~150-byte dict entry (a million-row run keeps these figures from one invocation to the next)
+    plain: array = field(default_factory=lambda: array("q"))
     skipped_solved: int = 0
     not_kept: int = 0
     per_row: bool = True  # list every row (the run's figures; not repeated for the last invocation)
 
     def add(self, rec: dict[str, Any]) -> None:
         row_id = split_rollout(str(rec.get("sample_id", "")))[0]
-        row = self.rows.setdefault(row_id, [int(rec.get("prompt_index", -1)), 0, 0, 0])
-        row[1] += 1
         v = rec.get("verification")
-        if not isinstance(v, dict) or v.get("method", "none") == "none":
+        unverified = not isinstance(v, dict) or v.get("method", "none") == "none"
+        if unverified and self.k == 1 and row_id not in self.rows:
+            self.plain.append(int(rec.get("prompt_index", -1)))
             self.unverified += 1
             return
+        row = self.rows.setdefault(row_id, [int(rec.get("prompt_index", -1)), 0, 0, 0])
+        row[1] += 1
+        if unverified:
+            self.unverified += 1
+            return
+        assert isinstance(v, dict)
         tt = self.by_type.setdefault(self.task_types.get(row_id) or NO_TASK_TYPE, [0, 0, 0])
         if v.get("error"):
             self.errors[str(v["error"])] += 1
@@ -71,15 +82,28 @@ class VerifyTotals:
             unverified=self.unverified,
             by_task_type={name: TaskTypeFigures(p, f, e, _rate(p, p + f))
                           for name, (p, f, e) in sorted(self.by_type.items())},
-            rows=len(self.rows),
+            rows=len(self.rows) + len(self.plain),
             rows_solved=sum(1 for r in self.rows.values() if r[2]),
             pass_at_1=_round(mean_pass_at_k(verdict_rows, 1)),
             pass_at_k=PassAtK(self.k, _round(mean_pass_at_k(verdict_rows, self.k))),
             skipped_solved=self.skipped_solved,
             not_kept=self.not_kept,
             cost_per_pass=round(cost / self.passed, 8) if self.passed else None,
-            per_row=[RowFigures(i, n, c, v) for i, n, c, v in sorted(self.rows.values())] if listed else None,
+            per_row=[RowFigures(i, n, c, v) for i, n, c, v in
+                     sorted([*self.rows.values(), *([i, 1, 0, 0] for i in self.plain)])] if listed else None,
         )
+
+    def state(self) -> dict[str, Any]:
+        """What the incremental merge keeps of these figures (runner.merge): `from_state` reads it."""
+        return {"passed": self.passed, "failed": self.failed, "unverified": self.unverified,
+                "errors": dict(self.errors), "by_type": self.by_type, "rows": self.rows,
+                "plain": base64.b64encode(self.plain.tobytes()).decode(), "not_kept": self.not_kept}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.passed, self.failed, self.unverified = state["passed"], state["failed"], state["unverified"]
+        self.errors, self.by_type, self.rows = Counter(state["errors"]), state["by_type"], state["rows"]
+        self.plain = array("q", base64.b64decode(state["plain"]))
+        self.not_kept = state["not_kept"]
 
 
 def _rate(num: int, den: int) -> float | None:
