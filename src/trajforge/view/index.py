@@ -9,7 +9,8 @@ nothing happened. A file that shrank or was replaced (`--overwrite`) makes it st
 Kept records follow the run's own merge rules (runner/merge.py), so the figures match
 statistics.json: the first record of an identity wins, and a record that called a tool that does
 not exist or was not offered counts as discarded (`hallucinated_tool`). Samples with no record
-(failed, discarded) come from checkpoint.json.
+(failed, discarded) come from the checkpoint: checkpoint.json and its journal, read as the runner
+reads them (runner.checkpoint).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from typing import Any
 
 import orjson
 
-from trajforge.runner import store
+from trajforge.errors import OutputError
+from trajforge.runner import journal, store
+from trajforge.runner.checkpoint import JOURNAL_FILE
 from trajforge.runner.stats import Totals
 from trajforge.tools.registry import KNOWN_TOOLS
 from trajforge.view.dataset import Row, load_rows
@@ -63,7 +66,7 @@ class RunIndex:
         self.problems: list[str] = []
         self.generation = 0
         self.checkpoint: dict[str, Any] = {}
-        self._ckpt_sig: tuple[int, int] | None = None
+        self._ckpt_sig: tuple[object, ...] | None = None
         self._sorted: tuple[int, list[Entry]] = (-1, [])
         self.dataset: dict[str, Row] = {}  # identity -> the dataset row, when the dataset is found
         self.dataset_note: str | None = None
@@ -178,22 +181,19 @@ class RunIndex:
         self.by_key[key] = entry
 
     def _load_checkpoint(self) -> None:
+        """checkpoint.json with its journal (runner.checkpoint), read again when either changed."""
         assert self.run_dir is not None
-        path = self.run_dir / "checkpoint.json"
-        try:
-            st = path.stat()
-        except FileNotFoundError:
+        sig = []
+        for name in ("checkpoint.json", JOURNAL_FILE):
+            try:
+                st = (self.run_dir / name).stat()
+                sig.append((st.st_mtime_ns, st.st_size))
+            except FileNotFoundError:
+                sig.append(None)
+        if sig == [None, None] or tuple(sig) == self._ckpt_sig:
             return
-        sig = (st.st_mtime_ns, st.st_size)
-        if sig == self._ckpt_sig:
-            return
-        try:
-            data = orjson.loads(path.read_bytes())
-        except (OSError, orjson.JSONDecodeError) as e:
-            self._problem(f"checkpoint.json: unreadable ({e}); failed and discarded samples not shown")
-            return
-        self._ckpt_sig = sig
-        self.checkpoint = data if isinstance(data, dict) else {}
+        self._ckpt_sig = tuple(sig)
+        self.checkpoint = read_checkpoint(self.run_dir, self._problem)
         self.generation += 1
 
     def _rebuild_outcomes(self) -> None:
@@ -269,3 +269,34 @@ def lock_held(path: Path) -> bool:
     if needle in locks:
         return True
     return any(f":{st.st_ino} " in line and "FLOCK" in line for line in locks.splitlines())
+
+
+def read_checkpoint(run_dir: Path, problem: Any) -> dict[str, Any]:
+    """{"samples": failed and discarded ones, "invocations": [...]} from checkpoint.json and its
+    journal, read leniently (the viewer shows what it can of a file another version wrote)."""
+    data: dict[str, Any] = {}
+    try:
+        loaded = orjson.loads((run_dir / "checkpoint.json").read_bytes())
+        data = loaded if isinstance(loaded, dict) else {}
+    except FileNotFoundError:
+        pass
+    except (OSError, orjson.JSONDecodeError) as e:
+        problem(f"checkpoint.json: unreadable ({e}); failed and discarded samples not shown")
+    raw = data.get("samples")
+    samples = {k: v for k, v in raw.items() if isinstance(v, dict) and v.get("status") != "done"} \
+        if isinstance(raw, dict) else {}
+    invocations = [i for i in data.get("invocations") or [] if isinstance(i, dict)]
+    try:
+        replay = journal.read(run_dir / JOURNAL_FILE, data.get("journal", 0))
+    except OutputError:
+        replay = None
+    for line in (ln for group in (replay.groups if replay else []) for ln in group):
+        if "sample" in line:
+            samples[str(line["sample"])] = {k: v for k, v in line.items() if k != "sample"}
+        elif "done" in line or "forget" in line:
+            samples.pop(str(line.get("done", line.get("forget"))), None)
+        elif isinstance(line.get(journal.COMMIT), int):
+            entry = {k: v for k, v in line.items() if k != journal.COMMIT}
+            i = line[journal.COMMIT]
+            invocations[i:i + 1] = [entry]
+    return {"samples": samples, "invocations": invocations}

@@ -33,6 +33,18 @@ MAX_PAGE = 500
 REFRESH_EVERY = 1.0  # seconds: at most one look at the files per second, however many requests
 
 
+def invocation_settings(invocations: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's models and each change of settings between invocations (runner.settings), as
+    statistics.json lists them: shown by the overview when a resume changed any."""
+    from types import SimpleNamespace
+
+    from trajforge.runner.settings import history
+
+    models, changed = history([SimpleNamespace(model=i.get("model"), settings=i.get("settings"))
+                               for i in invocations])
+    return {"models": models, "settings_changes": [c.to_json() for c in changed]}
+
+
 def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS), status=status,
                         content_type="application/json")
@@ -105,6 +117,7 @@ class Viewer:
                     "failure_classes": list(FAILURE_CLASSES),
                     "run_name": config.get("run_name") or stats.get("run_name"),
                     "model": config.get("model") or stats.get("model"), "duplicates": ix.duplicates,
+                    **invocation_settings(ix.checkpoint.get("invocations") or []),
                     "problems": ix.problems + ([ix.dataset_note] if ix.dataset_note else [])}
 
         return {**self._cached(("overview", self._stats_signature(), live), build), **self.status()}

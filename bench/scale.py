@@ -1,0 +1,139 @@
+"""A run's bookkeeping at scale (issue 39): resume, view and export of a run of N finished samples.
+
+It synthesises a finished run of N samples the way trajforge writes one (bench/resume_plan.py's
+records, 5.3 KB each, 1% discarded and 1% failed), then lets the code under test take it over
+with one `--resume` on the same N rows (a run made by earlier code is converted once; not timed).
+Then, against bench/server.py on 127.0.0.1 (one tool turn, 0.05 s latency):
+
+- resume: the dataset gains `--extra` rows; `trajforge run --resume` with 256 workers. Timed:
+  the first model request after the command started (the first new sample), the whole command,
+  the runner's peak RSS (os.wait4).
+- fresh: a new run of the same `--extra` rows, for the resume's overhead (resume - fresh).
+- view: `trajforge view RUN --port 0`, the time until its first list page is served.
+- export: `trajforge export RUN --format sharegpt`, trajectories per second and peak RSS.
+
+`--baseline SRC` runs the same on another checkout's `src` (for example `git worktree add
+/tmp/base main`, then `--baseline /tmp/base/src`), side by side. Run:
+`python bench/scale.py [--samples 100000] [--extra 1000] [--baseline DIR/src]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from resume_plan import synthesise  # noqa: E402
+from server import BenchServer  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def env_for(src: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENROUTER_API_KEY", "OPENAI_API_KEY")}
+    env["PYTHONPATH"] = str(src)
+    return env
+
+
+async def run_cli(src: Path, args: list[str], cwd: Path, server: BenchServer) -> dict[str, Any]:
+    server.stats.requests, server.stats.first_request = 0, 0.0  # the server notes its first request again
+    t0 = time.monotonic()
+    with (cwd / "stderr.txt").open("ab") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "trajforge", *args], cwd=cwd, env=env_for(src),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+    _, status, usage = await asyncio.get_running_loop().run_in_executor(None, os.wait4, proc.pid, 0)
+    wall = time.monotonic() - t0
+    first = server.stats.first_request - t0 if server.stats.requests else None
+    return {"exit": os.waitstatus_to_exitcode(status), "wall_s": wall, "first_sample_s": first,
+            "peak_rss_mb": usage.ru_maxrss / 1024, "cpu_s": usage.ru_utime + usage.ru_stime}
+
+
+def run_args(dataset: Path, out: Path, name: str, url: str, *extra: str) -> list[str]:
+    return ["run", f"--dataset_file={dataset}", "--batch_size=1000", f"--run_name={name}", f"--output_dir={out}",
+            f"--base_url={url}", "--model=bench", "--distribution=terminal_only", "--sandbox=local",
+            "--num_workers=256", "--keep_no_reasoning", "--fail_on_error=1000000", *extra]
+
+
+def view_first_page(src: Path, run_dir: Path) -> float:
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "trajforge", "view", str(run_dir), "--port", "0"],
+                            env=env_for(src), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # the one line with the URL, printed once it listens
+            m = re.search(r"http://[^ ]+/", line)
+            if m:
+                urllib.request.urlopen(m.group(0) + "api/samples?page=0&size=50").read()
+                return time.monotonic() - t0
+        raise SystemExit("trajforge view printed no URL")
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def export(src: Path, run_dir: Path, out: Path) -> dict[str, Any]:
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "trajforge", "export", str(run_dir), "--format", "sharegpt",
+                             "--output", str(out)], env=env_for(src), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.monotonic() - t0
+    lines = sum(1 for _ in out.open("rb")) if out.exists() else 0
+    return {"exit": os.waitstatus_to_exitcode(status), "export_per_s": lines / wall, "export_rss_mb": usage.ru_maxrss / 1024}
+
+
+async def scenario(src: Path, root: Path, samples: int, extra: int) -> dict[str, Any]:
+    run_root = root / "data"
+    run_dir, dataset, _ = synthesise(root, samples, extra)  # dataset: samples + extra rows
+    rows = dataset.read_bytes().splitlines(keepends=True)
+    base, new = root / "base.jsonl", root / "new.jsonl"
+    base.write_bytes(b"".join(rows[:samples]))
+    new.write_bytes(b"".join(rows[samples:]))
+    server = BenchServer(turns=1, latency=0.05)
+    await server.start()
+    try:
+        take_over = await run_cli(src, run_args(base, run_root, run_dir.name, server.url, "--resume"), root, server)
+        resume = await run_cli(src, run_args(dataset, run_root, run_dir.name, server.url, "--resume"), root, server)
+        fresh = await run_cli(src, run_args(new, run_root, "fresh", server.url), root, server)
+    finally:
+        await server.aclose()
+    written = sum(1 for _ in (run_dir / "trajectories.jsonl").open("rb"))
+    r = {"take_over_s": take_over["wall_s"], "resume": resume, "fresh": fresh, "written": written,
+         "view_first_page_s": view_first_page(src, run_dir), **export(src, run_dir, root / "export.jsonl")}
+    return r
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--samples", type=int, default=1_000_000)
+    ap.add_argument("--extra", type=int, default=1_000)
+    ap.add_argument("--baseline", type=Path, help="the src directory of another checkout, measured the same way")
+    ap.add_argument("--tmp", type=Path, default=None, help="where to build the runs (needs ~6 KB a sample)")
+    args = ap.parse_args(argv)
+    codes = [("this tree", REPO / "src")] + ([("baseline", args.baseline)] if args.baseline else [])
+    print(f"scale: {args.samples:,} finished samples + {args.extra:,} new rows, 256 workers, "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    for name, src in codes:
+        with tempfile.TemporaryDirectory(prefix="trajforge-scale-", dir=args.tmp) as tmp:
+            r = asyncio.run(scenario(src, Path(tmp), args.samples, args.extra))
+        res, fresh = r["resume"], r["fresh"]
+        first = "-" if res["first_sample_s"] is None else f"{res['first_sample_s']:.2f}s"
+        print(f"  {name}: resume first sample {first}, wall {res['wall_s']:.2f}s (fresh run of the new rows "
+              f"{fresh['wall_s']:.2f}s: +{res['wall_s'] - fresh['wall_s']:.2f}s), peak RSS {res['peak_rss_mb']:.0f} MB, "
+              f"exit {res['exit']}; trajectories {r['written']:,}; view first page {r['view_first_page_s']:.2f}s; "
+              f"export sharegpt {r['export_per_s']:,.0f}/s, peak RSS {r['export_rss_mb']:.0f} MB "
+              f"(take-over resume {r['take_over_s']:.1f}s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
