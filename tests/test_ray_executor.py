@@ -300,4 +300,4 @@ def test_two_node_cluster_survives_losing_the_worker_node(tmp_path: Path, server
     assert "Ray worker on node" in stderr and "retried elsewhere" in stderr
     assert len(server.chat_requests()) > 2 * n  # samples in flight on w2 when it died ran again on the head
     assert {r.headers.get("Authorization") for r in server.requests} == {f"Bearer {key}"}
-    assert key not in stderr and not any(key in p.read_text() for p in run.iterdir() if p.is_file())
+    assert key not in stderr and not any(key.encode() in p.read_bytes() for p in run.iterdir() if p.is_file())
