@@ -304,6 +304,11 @@ class Checkpoint:
         self._dirty = True
         return entry
 
+    def end_invocation(self) -> None:
+        """The invocation's duration is final (statistics.json is made from it): the saves and the
+        compaction that follow keep it as it is."""
+        self._current = None
+
     def save(self, *, force: bool = False) -> None:
         """Commit what changed to the journal (at most every SAVE_EVERY seconds unless `force`);
         compact it once it is large. Raises OutputError."""

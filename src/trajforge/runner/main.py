@@ -223,6 +223,7 @@ async def _run(config: RunConfig, rows: RunRows, prefill: list[dict[str, Any]] |
             checkpoint.save(force=True)
         except OutputError as e:
             halt(e)
+        checkpoint.end_invocation()
     if failures:
         checkpoint.close()
         raise failures[0]  # trajectories.jsonl and statistics.json of the last good end stay as they are
