@@ -256,7 +256,10 @@ def test_disk_full_while_writing_the_checkpoint(tmp_path: Path, server: Scripted
 
 
 @needs_mount
-def test_disk_full_during_the_final_merge(tmp_path: Path, server: ScriptedServer, clean_env) -> None:
+@pytest.mark.parametrize("merge", ["whole", "append"])
+def test_disk_full_during_the_final_merge(tmp_path: Path, server: ScriptedServer, clean_env, merge: str) -> None:
+    """A new first row moves every other one: trajectories.jsonl is written anew, and there is no
+    room for it. A new last row is appended to it, and there is no room for that either."""
     server.handler = big_answer_policy(40_000)
     prompts = [f"say g{i}" for i in range(20)]
     ds = write_dataset(tmp_path / "ds.jsonl", prompts)
@@ -266,8 +269,11 @@ def test_disk_full_during_the_final_merge(tmp_path: Path, server: ScriptedServer
         run = out / "r"
         old = (run / "trajectories.jsonl").read_bytes()
         assert len(old) > 600_000
-        write_dataset(ds, [*prompts, "say new"])
-        filler = fill(out, 300_000)  # room for the new sample's record, not for a new trajectories.jsonl
+        prompts = ["say new", *prompts] if merge == "whole" else [*prompts, "say new"]
+        write_dataset(ds, prompts)
+        # room for the new sample's record (40 KB), not for a new trajectories.jsonl, nor, when it
+        # is appended to, for the record once more
+        filler = fill(out, 300_000 if merge == "whole" else 64_000)
         proc = run_cli(tmp_path, clean_env, *args, "--resume")
         assert_one_clear_error(proc, str(run / "trajectories.jsonl"), "No space left on device", "--resume")
         assert (run / "trajectories.jsonl").read_bytes() == old and not list(run.glob(".*.tmp"))
@@ -276,7 +282,7 @@ def test_disk_full_during_the_final_merge(tmp_path: Path, server: ScriptedServer
         proc = run_cli(tmp_path, clean_env, *args, "--resume")
         assert proc.returncode == 0, proc.stderr
         assert len(server.requests) == calls  # the new sample was kept from the failed invocation
-        assert_every_sample_once(run, [*prompts, "say new"])
+        assert_every_sample_once(run, prompts)
 
 
 @pytest.mark.parametrize(("name", "plant"), [("statistics.json", "dir"), ("batch_0.jsonl", "dir"),

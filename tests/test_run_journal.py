@@ -136,18 +136,18 @@ def test_an_append_whose_state_was_never_saved_is_made_again_not_twice(tmp_path:
     first = (tmp_path / "batch_0.jsonl").read_bytes()[:where[0][1]]
     (tmp_path / "trajectories.jsonl").write_bytes(first)
     st = (tmp_path / "trajectories.jsonl").stat()
-    state = merge_state(MergeResult(1, 0, 0, [], set(), []), Totals(), fingerprint="f", keep_passed=False,
+    state = merge_state(MergeResult(1, 0, 0, [], set(), []), Totals(), dataset={"d": 1}, keep_passed=False,
                         entries=1, inode=st.st_ino, size=st.st_size, last=(0, 0))
     done(ckpt, ids[1:], where[1:])
     positions = lambda keys: {key_of(s): (i, 0) for i, s in enumerate(ids) if key_of(s) in keys}  # noqa: E731
     for _ in range(2):  # the second time: as after a kill before the first one's state was saved
-        out = append_new(tmp_path, state, ckpt.done, positions, Totals(), lambda i: None, fingerprint="f",
-                         keep_passed=False)
+        out = append_new(tmp_path, state, ckpt.done, positions, Totals(), lambda i: None, dataset={"d": 1},
+                         same_rows=True, keep_passed=False)
         assert out is not None and out.result.written == 3 and out.state["entries"] == 3
         got = [json.loads(line)["sample_id"] for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
         assert got == ids
-    assert append_new(tmp_path, state, ckpt.done, positions, Totals(), lambda i: None, fingerprint="other",
-                      keep_passed=False) is None  # another dataset: a whole merge
+    assert append_new(tmp_path, state, ckpt.done, positions, Totals(), lambda i: None, dataset={"d": 2},
+                      same_rows=False, keep_passed=False) is None  # another dataset: a whole merge
 
 
 def test_records_before_the_last_written_one_rewrite_a_small_file_and_are_appended_to_a_large_one(
@@ -159,13 +159,13 @@ def test_records_before_the_last_written_one_rewrite_a_small_file_and_are_append
     data = (tmp_path / "batch_0.jsonl").read_bytes()
     (tmp_path / "trajectories.jsonl").write_bytes(data[:where[0][1]] + data[where[2][0]:])
     st = (tmp_path / "trajectories.jsonl").stat()
-    state = merge_state(MergeResult(2, 0, 0, [], set(), []), Totals(), fingerprint="f", keep_passed=False,
+    state = merge_state(MergeResult(2, 0, 0, [], set(), []), Totals(), dataset={"d": 1}, keep_passed=False,
                         entries=2, inode=st.st_ino, size=st.st_size, last=(2, 0))
     done(ckpt, ["b"], [where[1]])
     positions = lambda keys: {key_of(s): (i, 0) for i, s in enumerate(ids) if key_of(s) in keys}  # noqa: E731
     args = (tmp_path, state, ckpt.done, positions, Totals(), lambda i: None)
-    assert append_new(*args, fingerprint="f", keep_passed=False) is None  # small: rewritten in order
-    out = append_new(*args, fingerprint="f", keep_passed=False, rewrite_limit=0)
+    assert append_new(*args, dataset={"d": 1}, same_rows=True, keep_passed=False) is None  # small: rewritten in order
+    out = append_new(*args, dataset={"d": 1}, same_rows=True, keep_passed=False, rewrite_limit=0)
     assert out is not None and out.state["out_of_order"] == 1
     got = [json.loads(line)["sample_id"] for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
     assert got == ["a", "c", "b"]

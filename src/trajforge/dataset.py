@@ -12,7 +12,7 @@ of a million rows (runner.rows); `load_dataset` is the list of them for smaller 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -105,38 +105,60 @@ def _check_row(obj: Any, host_cwd: bool = True) -> tuple[str | None, dict[str, A
 
 def iter_rows(path: Path) -> Iterator[tuple[int, Any, str | None]]:
     """Yield (line number, decoded object or None, problem) for every non-blank line."""
-    for lineno, obj, problem, _ in _rows(path):
+    for lineno, obj, problem, _, _ in _rows(path, PassState()):
         yield lineno, obj, problem
 
 
-def _rows(path: Path, digest: Any = None) -> Iterator[tuple[int, Any, str | None, int]]:
-    """iter_rows with each line's byte offset, feeding every line to `digest` when given."""
+@dataclass
+class PassState:
+    """Where a streaming pass over the dataset stands after its last whole line (one that ends with
+    a newline): a later pass over a file that begins with the same bytes can go on from there
+    instead of reading them again (runner.rowcache). `iter_samples` starts from it and moves it on."""
+
+    offset: int = 0  # bytes of whole lines read
+    lines: int = 0  # lines among them
+    rows: int = 0  # non-blank ones
+    count: int = 0  # valid samples among them (not those max_samples left out)
+    skipped: int = 0  # problems of invalid rows among them
+    # occurrences of a content digest among the samples before `offset` (None: there are none)
+    prior: Callable[[bytes], int] | None = None
+
+
+def _rows(path: Path, state: PassState, digest: Any = None) -> Iterator[tuple[int, Any, str | None, int, bool]]:
+    """(line number, decoded object or None, problem, byte offset, whole) of every non-blank line
+    from `state.offset` on; `digest` is fed every whole line, and `state` moves past it once the
+    caller is done with it."""
     try:
         f = path.open("rb")
     except FileNotFoundError:
         raise DatasetError(f"{path}: dataset file not found") from None
     except OSError as e:
         raise DatasetError(f"{path}: cannot read dataset file: {e.strerror or e}") from None
-    offset = 0
+    offset = state.offset
     with f:
-        for lineno, raw in enumerate(f, start=1):
+        f.seek(offset)
+        for lineno, raw in enumerate(f, start=state.lines + 1):
             start, offset = offset, offset + len(raw)
-            if digest is not None:
+            whole = raw.endswith(b"\n")
+            if whole and digest is not None:
                 digest.update(raw)
             if lineno == 1:
                 raw = raw.removeprefix(b"\xef\xbb\xbf")  # editors on Windows write a UTF-8 BOM
-            if not raw.strip():
-                continue
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                yield lineno, None, f"invalid UTF-8 at byte {e.start}", start
-                continue
-            try:
-                yield lineno, orjson.loads(raw), None, start
-            except orjson.JSONDecodeError as e:
-                # orjson counts lines within this one line: report the column only.
-                yield lineno, None, f"invalid JSON at column {e.colno}: {e.msg}", start
+            if raw.strip():
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    yield lineno, None, f"invalid UTF-8 at byte {e.start}", start, whole
+                else:
+                    try:
+                        obj = orjson.loads(raw)
+                    except orjson.JSONDecodeError as e:
+                        # orjson counts lines within this one line: report the column only.
+                        yield lineno, None, f"invalid JSON at column {e.colno}: {e.msg}", start, whole
+                    else:
+                        yield lineno, obj, None, start, whole
+            if whole:
+                state.offset, state.lines = offset, lineno
 
 
 def load_dataset(path: Path, *, skip_invalid: bool = False, max_samples: int | None = None,
@@ -150,18 +172,21 @@ def load_dataset(path: Path, *, skip_invalid: bool = False, max_samples: int | N
 
 
 def iter_samples(path: Path, problems: list[str], *, skip_invalid: bool = False,
-                 max_samples: int | None = None, digest: Any = None, host_cwd: bool = True) -> Iterator[Sample]:
+                 max_samples: int | None = None, digest: Any = None, host_cwd: bool = True,
+                 state: PassState | None = None) -> Iterator[Sample]:
     """Yield the valid samples of the dataset one at a time, in file order, validating every row
     (also past `max_samples`, so a bad file is reported whole). Problems of invalid rows go to
     `problems`; once the file is read, DatasetError is raised when there are any (and not
-    `skip_invalid`) or when no sample was valid. `digest` (a hashlib object) is fed every line.
-    `host_cwd`: as for load_dataset."""
+    `skip_invalid`) or when no sample was valid. `digest` (a hashlib object) is fed every whole
+    line. `host_cwd`: as for load_dataset. `state`: where to start (the file's beginning when
+    None); it is moved on past every whole line as the samples are taken."""
     if path.is_dir():
         raise DatasetError(f"{path}: is a directory, expected a JSONL file")
-    seen: set[bytes] = set()  # content digests seen once; repeats counted in `again`
-    again: dict[bytes, int] = {}
-    rows = count = 0
-    for lineno, obj, problem, offset in _rows(path, digest):
+    state = state if state is not None else PassState()
+    seen: set[bytes] = set()  # content digests seen in this pass; repeats counted in `again`
+    again: dict[bytes, int] = {}  # digest -> the last occurrence number given
+    rows, count = state.rows, state.count
+    for lineno, obj, problem, offset, whole in _rows(path, state, digest):
         rows += 1
         if problem is None:
             problem, fields = _check_row(obj, host_cwd)
@@ -169,17 +194,19 @@ def iter_samples(path: Path, problems: list[str], *, skip_invalid: bool = False,
             problem, verify = parse_row(obj)
         if problem is not None:
             problems.append(f"{path}:{lineno}: {problem}")
-            continue
-        if max_samples is not None and count >= max_samples:
-            continue  # still validate the rest, so a bad file is reported whole
-        d = content_digest(obj["prompt"], fields["image"], fields["cwd"], fields["task_type"])
-        if d in seen:
-            occurrence = again[d] = again.get(d, 0) + 1
-        else:
-            seen.add(d)
-            occurrence = 0
-        yield _sample(obj, fields, verify, count, lineno, f"{d.hex()}:{occurrence}", offset)
-        count += 1
+        elif max_samples is None or count < max_samples:  # past it: still validated, so a bad file is reported whole
+            d = content_digest(obj["prompt"], fields["image"], fields["cwd"], fields["task_type"])
+            if d in seen:
+                occurrence = again[d] = again.get(d, 0) + 1
+            else:
+                seen.add(d)
+                occurrence = state.prior(d) if state.prior is not None else 0
+                if occurrence:
+                    again[d] = occurrence
+            yield _sample(obj, fields, verify, count, lineno, f"{d.hex()}:{occurrence}", offset)
+            count += 1
+        if whole:
+            state.rows, state.count, state.skipped = rows, count, len(problems)
     if problems and not skip_invalid:
         raise DatasetError(f"{path}: {len(problems)} invalid line(s); fix them or pass --skip_invalid to skip them",
                            _listed(problems))
@@ -193,8 +220,9 @@ def sample_at(source: Path | BinaryIO, offset: int, index: int, line: int, occur
               host_cwd: bool = True) -> Sample:
     """The sample whose row starts at byte `offset` (as iter_samples gave it, with its index, line
     and occurrence): read back by the runner for the rows it runs, so a million-row dataset is
-    never held in memory. `source`: the file's path, or the file open for reading. A row that no
-    longer passes the checks it passed (the file was changed under the run) raises DatasetError."""
+    never held in memory. `source`: the file's path, or the file open for reading. A row that does
+    not pass the checks (again: the file changed, or the checks did) raises DatasetError
+    "<path>:<line>: <problem>"."""
     if isinstance(source, Path):
         with source.open("rb") as f:
             f.seek(offset)
@@ -206,12 +234,12 @@ def sample_at(source: Path | BinaryIO, offset: int, index: int, line: int, occur
     try:
         obj = orjson.loads(raw.removeprefix(b"\xef\xbb\xbf") if offset == 0 else raw)
     except orjson.JSONDecodeError as e:
-        raise DatasetError(f"{name}:{line}: the row changed while the run read it: invalid JSON ({e.msg})") from None
+        raise DatasetError(f"{name}:{line}: invalid JSON at column {e.colno}: {e.msg}") from None
     problem, fields = _check_row(obj, host_cwd)
     if problem is None:
         problem, verify = parse_row(obj)
     if problem is not None:
-        raise DatasetError(f"{name}:{line}: the row changed while the run read it: {problem}")
+        raise DatasetError(f"{name}:{line}: {problem}")
     d = content_digest(obj["prompt"], fields["image"], fields["cwd"], fields["task_type"])
     return _sample(obj, fields, verify, index, line, f"{d.hex()}:{occurrence}", offset)
 

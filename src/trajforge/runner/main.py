@@ -27,7 +27,7 @@ from trajforge.config import RunConfig
 from trajforge.errors import FatalModelError, OutputError
 from trajforge.jsonio import dumps
 from trajforge.redact import REGISTRY, hide_in_cmdline, run_secrets
-from trajforge.runner import settings, store
+from trajforge.runner import rowcache, settings, store
 from trajforge.runner.budget import BUDGET_EXIT_CODE
 from trajforge.runner.checkpoint import Checkpoint
 from trajforge.runner.console import safe_std_streams
@@ -70,14 +70,17 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
     assert config.dataset_file is not None and config.run_name is not None
     refuse_contradictions(config)
     prefill = load_prefill(config.prefill_messages_file)
-    rows = RunRows.read(config)  # one pass: every row validated, a few bytes of each kept
+    run_path = config.output_dir / config.run_name
+    # one pass: every row validated, a few bytes of each kept; a resume reads only what the last
+    # invocation did not (rows.idx)
+    rows = RunRows.read(config, run_path / rowcache.FILE if config.resume else None)
     config = choose_model(config)
     check_prices(config)
     config = check_network(config)
     check_executor(config)
     check_container_images(config, rows)
     check_verification_settings(config, rows.path, rows.rubric, rows.verified)
-    rundir = RunDir(config.output_dir / config.run_name)
+    rundir = RunDir(run_path)
     rundir.acquire(resume=config.resume, overwrite=config.overwrite)
     watcher = use_pidfd_child_watcher()
     try:
@@ -101,6 +104,7 @@ async def _run(config: RunConfig, rows: RunRows, prefill: list[dict[str, Any]] |
     checkpoint = Checkpoint.load(run_dir / "checkpoint.json", config.run_name or "")
     planned = plan(rows, run_dir, checkpoint)
     todo, restored = planned.todo, planned.restored
+    rows.check_cached(todo, config.skip_invalid)  # the rows to run that this invocation did not validate
     for p in planned.problems:
         print(f"trajforge: {p}", file=sys.stderr)
     if restored.samples:
@@ -230,6 +234,7 @@ async def _run(config: RunConfig, rows: RunRows, prefill: list[dict[str, Any]] |
     stats = finish(config, rows, run_dir, checkpoint, invocation, seconds, monitor.spend(), monitor.concurrency())
     checkpoint.compact()  # the merge's state with the rest: the next start reads a snapshot, no journal
     checkpoint.close()
+    rows.save_cache(run_dir / rowcache.FILE)  # after the merge: a kill before it only costs a longer start
     print_summary(stats, run_dir)
     if fatal is not None:
         print(f"error: {fatal}", file=sys.stderr)

@@ -22,7 +22,7 @@ be read or written raises OutputError naming it; the previous trajectories.jsonl
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -148,19 +148,21 @@ class Appended:
 
 
 def append_new(run_dir: Path, state: dict[str, Any] | None, entries: Any, positions: Any, totals: Totals,
-               task_type: Any, *, fingerprint: str, keep_passed: bool, rewrite_limit: int = REWRITE_LIMIT
-               ) -> Appended | None:
+               task_type: Any, *, dataset: dict[str, Any], same_rows: bool, keep_passed: bool,
+               rewrite_limit: int = REWRITE_LIMIT) -> Appended | None:
     """Add to trajectories.jsonl the records of the finished samples it lacks, without rewriting it:
     the index entries past the ones the last merge took (`entries`: the checkpoint's Finished).
     `positions(keys)` gives each key's place in the dataset ((row, rollout)), `task_type(row)` a
-    row's task type; `totals` starts from the figures of the records merged before.
+    row's task type; `totals` starts from the figures of the records merged before. `dataset`:
+    the current dataset's identity (runner.rows); `same_rows`: whether every row of the one the
+    state was merged against is at the same index in it (the same file, or rows appended).
 
     None when only a whole merge can do: no state of a previous one, another dataset, another
     --keep, a trajectories.jsonl that is not the one the state describes, another run output, or
     records that sort before ones already written while the file is under `rewrite_limit` (above
     it they are appended all the same, and counted as out of order). Raises OutputError."""
     target = run_dir / "trajectories.jsonl"
-    if state is None or state.get("dataset") != fingerprint or state.get("keep_passed") != keep_passed \
+    if state is None or not same_rows or state.get("keep_passed") != keep_passed \
             or set(RUN_OUTPUTS) != {"trajectories.jsonl"}:
         return None
     try:
@@ -174,7 +176,7 @@ def append_new(run_dir: Path, state: dict[str, Any] | None, entries: Any, positi
     where = positions({entries.keys[j] for j in new})
     problems: list[str] = []
     hallucinated: list[str] = []
-    kept: list[tuple[tuple[int, int], bytes]] = []
+    kept: list[tuple[tuple[int, int], int]] = []  # (place in the dataset, entry): lines are read again to write
     stale = not_kept = 0
     try:
         for j, line in _read_entries(run_dir, entries, new):
@@ -196,40 +198,67 @@ def append_new(run_dir: Path, state: dict[str, Any] | None, entries: Any, positi
             if keep_passed and not passed(rec):
                 not_kept += 1
                 continue
-            kept.append((pos, line))
-        kept.sort(key=lambda x: x[0])
-        last = tuple(state["last"])
-        late = sum(1 for pos, _ in kept if pos < last)
-        if late and state["size"] < rewrite_limit:
-            return None
-        with target.open("r+b") as f:
-            f.truncate(state["size"])  # what a merge killed before saving its state appended goes
-            f.seek(state["size"])
-            f.write(b"".join(line for _, line in kept))
-            f.flush()
-            os.fsync(f.fileno())
-            size = f.tell()
+            kept.append((pos, j))
     except OSError as e:
-        raise OutputError(e.filename or target, e) from None
+        raise OutputError(e.filename or target, e, "read") from None
+    kept.sort()
+    last = tuple(state["last"])
+    late = sum(1 for pos, _ in kept if pos < last)
+    if late and state["size"] < rewrite_limit:
+        return None
+    size = _append(target, state["size"], (line for _, line in _read_entries(run_dir, entries, [j for _, j in kept])))
     totals.verify.not_kept = state["not_kept"] + not_kept
     result = MergeResult(state["written"] + len(kept), state["hallucinated"] + len(hallucinated),
                          state["duplicates"], problems, set(), hallucinated, state["stale"] + stale,
                          totals.verify.not_kept)
-    new_state = merge_state(result, totals, fingerprint=fingerprint, keep_passed=keep_passed, entries=len(entries),
+    new_state = merge_state(result, totals, dataset=dataset, keep_passed=keep_passed, entries=len(entries),
                             inode=st.st_ino, size=size, last=max([last, *(pos for pos, _ in kept)]),
                             out_of_order=state.get("out_of_order", 0) + late)
     return Appended(result, new_state)
 
 
-def merge_state(result: MergeResult, totals: Totals, *, fingerprint: str, keep_passed: bool, entries: int,
+def merge_state(result: MergeResult, totals: Totals, *, dataset: dict[str, Any], keep_passed: bool, entries: int,
                 inode: int, size: int, last: tuple[int, int], out_of_order: int = 0) -> dict[str, Any]:
-    return {"dataset": fingerprint, "keep_passed": keep_passed, "entries": entries, "inode": inode, "size": size,
+    return {"dataset": dataset, "keep_passed": keep_passed, "entries": entries, "inode": inode, "size": size,
             "last": list(last), "written": result.written, "hallucinated": result.hallucinated,
             "duplicates": result.duplicates, "stale": result.stale, "not_kept": result.not_kept,
             "out_of_order": out_of_order, "totals": totals.state()}
 
 
-def _read_entries(run_dir: Path, entries: Any, which: range) -> Iterator[tuple[int, bytes]]:
+def _append(target: Path, size: int, lines: Iterable[bytes]) -> int:
+    """Append `lines` to `target` from byte `size` on (what a merge killed before its state was
+    saved appended goes first), fsynced; the new size. On an error the file is cut back to `size`,
+    as it was, and OutputError raised."""
+    try:
+        with target.open("r+b", buffering=0) as f:
+            f.truncate(size)
+            f.seek(size)
+            try:
+                chunk: list[bytes] = []
+                held = 0
+                for line in lines:
+                    chunk.append(line)
+                    held += len(line)
+                    if held >= 1 << 20:
+                        _write_all(f, b"".join(chunk))
+                        chunk, held = [], 0
+                _write_all(f, b"".join(chunk))
+                os.fsync(f.fileno())
+            except BaseException:
+                f.truncate(size)
+                raise
+            return f.tell()
+    except OSError as e:
+        raise OutputError(e.filename or target, e, "read" if e.filename else "write") from None
+
+
+def _write_all(f: BinaryIO, data: bytes) -> None:
+    view = memoryview(data)
+    while view:  # unbuffered: repeated only if the kernel took part of it
+        view = view[f.write(view):]
+
+
+def _read_entries(run_dir: Path, entries: Any, which: Iterable[int]) -> Iterator[tuple[int, bytes]]:
     handles: dict[int, BinaryIO] = {}
     try:
         for j in which:

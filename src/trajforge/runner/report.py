@@ -83,8 +83,8 @@ def _merge(config: RunConfig, rows: RunRows, run_dir: Path, checkpoint: Checkpoi
     totals.verify.k = config.samples_per_prompt
     if config.stop_after_passes is None:  # skipped rollouts are counted over every row: whole merges only
         appended = append_new(run_dir, checkpoint.merge, checkpoint.done, rows.positions, totals,
-                              lambda i: rows.sample(i).task_type, fingerprint=rows.fingerprint,
-                              keep_passed=keep_passed)
+                              lambda i: rows.sample(i).task_type, dataset=rows.identity(),
+                              same_rows=rows.extends((checkpoint.merge or {}).get("dataset")), keep_passed=keep_passed)
         if appended is not None:
             return appended.result, totals, appended.state
     totals = Totals()
@@ -99,7 +99,7 @@ def _merge(config: RunConfig, rows: RunRows, run_dir: Path, checkpoint: Checkpoi
         st = target.stat()
     except OSError as e:
         raise OutputError(target, e, "read") from None
-    state = merge_state(result, totals, fingerprint=rows.fingerprint, keep_passed=keep_passed,
+    state = merge_state(result, totals, dataset=rows.identity(), keep_passed=keep_passed,
                         entries=len(checkpoint.done), inode=st.st_ino, size=st.st_size, last=result.last)
     return result, totals, state
 

@@ -3,9 +3,13 @@
 A run of a million rows must not keep a million Sample objects (~600 MB, 6 s to build) to run the
 thousand that are left. `RunRows.read` reads the file once: every row is validated (dataset,
 verification and container checks, as before, all while the rows stream by) and only its key
-(runner.keys), occurrence number and byte offset are kept, with a digest of the whole file. The
+(runner.keys), occurrence number, line and byte offset are kept, with a digest of the file. The
 samples to run are then read back by offset (`Todo`), lazily and in order, so a fresh run of a
 million rows does not hold them all either.
+
+A resume reads even less: the rows of the last invocation's pass are in the run directory
+(runner.rowcache), and when the dataset file still begins with the bytes they came from, only
+what follows is read. Rows taken from there are checked again when read back to run.
 """
 
 from __future__ import annotations
@@ -15,10 +19,12 @@ from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from trajforge.config import RunConfig
-from trajforge.dataset import Sample, iter_samples, rollout_identity, sample_at, split_rollout
+from trajforge.dataset import MAX_LISTED_PROBLEMS, PassState, Sample, iter_samples, rollout_identity, sample_at, split_rollout
 from trajforge.errors import DatasetError
+from trajforge.runner import rowcache
 from trajforge.runner.keys import key_of, rollout_key, row_key
 from trajforge.verify.verifier import check_row_verification
 
@@ -29,28 +35,60 @@ class RunRows:
     k: int  # --samples_per_prompt
     keys: array = field(default_factory=lambda: array("Q"))  # each valid row's key (its rollout 0)
     offsets: array = field(default_factory=lambda: array("q"))
-    lines: array = field(default_factory=lambda: array("L"))
-    occurrences: array = field(default_factory=lambda: array("L"))  # among identical rows before it
+    lines: array = field(default_factory=lambda: array("I"))
+    occurrences: array = field(default_factory=lambda: array("I"))  # among identical rows before it
     skipped: list[str] = field(default_factory=list)  # problems of rows --skip_invalid left out
-    fingerprint: str = ""  # the file's content and the settings that choose its samples
     with_image: int = 0  # rows naming a container image
     first_bare: int | None = None  # line of the first row without one
     rubric: bool = False  # some row asks a judge
     verified: bool = False  # some row asks for verification
     host_cwd: bool = True  # rows without an image run on this host's system view (dataset._check_row)
+    settings: str = ""  # rowcache.settings: what besides the bytes decides the rows
+    state: PassState = field(default_factory=PassState)  # where the pass stood after its last whole line
+    digest: str = ""  # blake2b of the dataset's bytes up to state.offset
+    size: int = 0  # bytes the pass read (a last line without a newline too)
+    whole: str = ""  # blake2b of all of them
+    cached: int = 0  # rows taken from rows.idx (not validated by this pass: `check_cached`)
+    saved: tuple[int, str] | None = None  # (bytes, digest) of the prefix rows.idx vouched for
+    _last_image: bool = False
 
     @classmethod
-    def read(cls, config: RunConfig) -> RunRows:
-        """Validate the dataset in one pass (DatasetError on bad rows) and keep its keys."""
+    def read(cls, config: RunConfig, cache: Path | None = None) -> RunRows:
+        """Validate the dataset in one pass (DatasetError on bad rows) and keep its keys; with
+        `cache` (the run's rows.idx), only what follows the bytes it covers when they match."""
         assert config.dataset_file is not None
-        rows = cls(config.dataset_file, config.samples_per_prompt, host_cwd=config.sandbox != "container")
-        digest = hashlib.blake2b(digest_size=16)
-        stream = iter_samples(config.dataset_file, rows.skipped, skip_invalid=config.skip_invalid,
-                              max_samples=config.max_samples, digest=digest, host_cwd=rows.host_cwd)
-        rows.rubric, rows.verified = check_row_verification(config, config.dataset_file, rows._keep(stream))
-        digest.update(f"|{config.max_samples}|{config.skip_invalid}".encode())
-        rows.fingerprint = digest.hexdigest()
+        path = config.dataset_file
+        rows = cls(path, config.samples_per_prompt, host_cwd=config.sandbox != "container",
+                   settings=rowcache.settings(config))
+        saved = rowcache.load(cache, rows.settings) if cache is not None else None
+        digest = saved.matches(path) if saved is not None else None
+        if saved is not None and digest is not None:
+            rows._adopt(saved)
+        else:
+            digest = hashlib.blake2b(digest_size=16)
+        stream = iter_samples(path, rows.skipped, skip_invalid=config.skip_invalid, max_samples=config.max_samples,
+                              digest=digest, host_cwd=rows.host_cwd, state=rows.state)
+        rubric, verified = check_row_verification(config, path, rows._keep(stream))
+        rows.rubric, rows.verified = rows.rubric or rubric, rows.verified or verified
+        rows.state.prior = None
+        rows.digest = digest.hexdigest()
+        rows.size, whole = rows.state.offset, digest.copy()
+        with path.open("rb") as f:  # a last line without a newline: not in `digest`, in `whole`
+            f.seek(rows.state.offset)
+            tail = f.read()
+        rows.size += len(tail)
+        whole.update(tail)
+        rows.whole = whole.hexdigest()
         return rows
+
+    def _adopt(self, saved: rowcache.Saved) -> None:
+        self.keys, self.offsets, self.lines, self.occurrences = saved.keys, saved.offsets, saved.line_of, \
+            saved.occurrences
+        self.skipped = list(saved.skipped)
+        self.with_image, self.first_bare = saved.with_image, saved.first_bare
+        self.rubric, self.verified = saved.rubric, saved.verified
+        self.state = PassState(saved.offset, saved.lines, saved.rows, saved.count, len(saved.skipped), saved.prior)
+        self.cached, self.saved = len(saved.keys), (saved.offset, saved.digest)
 
     def _keep(self, stream: Iterator[Sample]) -> Iterator[Sample]:
         for s in stream:
@@ -59,11 +97,57 @@ class RunRows:
             self.offsets.append(s.offset)
             self.lines.append(s.line)
             self.occurrences.append(int(occ))
+            self._last_image = s.image is not None
             if s.image is not None:
                 self.with_image += 1
             elif self.first_bare is None:
                 self.first_bare = s.line
             yield s
+
+    def save_cache(self, path: Path) -> None:
+        """Write rows.idx for the next invocation (nothing when it has nothing new to say).
+        Raises OutputError."""
+        st = self.state
+        if self.saved == (st.offset, self.digest):
+            return
+        n = st.count  # a last line without a newline is not saved: it is read again next time
+        tail = len(self.keys) > n
+        with_image = self.with_image - (1 if tail and self._last_image else 0)
+        first_bare = self.first_bare if self.first_bare is not None and self.first_bare <= st.lines else None
+        rowcache.save(path, rowcache.Saved(
+            self.settings, st.offset, self.digest, st.lines, st.rows, n, self.skipped[:st.skipped], with_image,
+            first_bare, self.rubric, self.verified, self.keys[:n], self.offsets[:n], self.lines[:n],
+            self.occurrences[:n]))
+
+    def identity(self) -> dict[str, Any]:
+        """What the incremental merge keeps of the dataset it merged against (runner.merge)."""
+        return {"settings": self.settings, "k": self.k, "bytes": self.size, "digest": self.whole}
+
+    def extends(self, before: dict[str, Any] | None) -> bool:
+        """Whether this dataset is the one `before` (an `identity`) describes, or that one with
+        rows appended: every row of it is here, at the same index."""
+        if not isinstance(before, dict) or before.get("settings") != self.settings or before.get("k") != self.k:
+            return False
+        known = {self.size: self.whole, self.state.offset: self.digest, **dict([self.saved] if self.saved else [])}
+        return known.get(before.get("bytes")) == before.get("digest")  # type: ignore[arg-type]
+
+    def check_cached(self, todo: Todo, skip_invalid: bool) -> None:
+        """Check again the rows to run that rows.idx gave: a bad one raises DatasetError (listing
+        every one), or with --skip_invalid is left out of `todo` and counted as skipped."""
+        if not self.cached:
+            return
+        problems: dict[int, str] = {}
+        with self.path.open("rb") as f:
+            for i in sorted({i for i, _ in todo.at if i < self.cached}):
+                try:
+                    self.sample(i, 0, f)
+                except DatasetError as e:
+                    problems[i] = str(e)
+        if problems and not skip_invalid:
+            raise DatasetError(f"{self.path}: {len(problems)} invalid line(s); fix them or pass --skip_invalid to "
+                               "skip them", list(problems.values())[:MAX_LISTED_PROBLEMS])
+        todo.at = [(i, r) for i, r in todo.at if i not in problems]
+        self.skipped += problems.values()
 
     def __len__(self) -> int:
         """Samples: rows times rollouts."""
@@ -82,9 +166,6 @@ class RunRows:
             return {}
         return {key: (i, r) for i, r, key in self.sample_keys() if key in wanted}
 
-    def key_set(self) -> set[int]:
-        return {key for _, _, key in self.sample_keys()}
-
     def todo(self, finished: Callable[[int], bool]) -> Todo:
         """The samples whose key `finished` does not know, in dataset order."""
         return Todo(self, [(i, r) for i, r, key in self.sample_keys() if not finished(key)])
@@ -94,7 +175,7 @@ class RunRows:
         s = sample_at(f or self.path, self.offsets[i], i, self.lines[i], self.occurrences[i],
                       host_cwd=self.host_cwd)
         if key_of(s.identity) != self.keys[i]:  # another valid row now stands at that offset
-            raise DatasetError(f"{self.path}:{s.line}: the row changed while the run read it")
+            raise DatasetError(f"{self.path}:{s.line}: not the row this run read there (the file changed under it)")
         return s if r == 0 else replace(s, identity=rollout_identity(s.identity, r), rollout=r)
 
 
