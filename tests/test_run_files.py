@@ -62,7 +62,7 @@ def dataset(path: Path) -> Path:
     return path
 
 
-CHECKPOINT_MAPS = {"samples", "extents", "tools", "rows", "by_type"}
+CHECKPOINT_MAPS = {"samples", "extents", "tools", "irregular", "by_type"}
 CHECKPOINT = [  # version 2: done samples are in finished.idx; the merge's state keeps the records' figures
     "version:int", "run_name:str", "updated:float", "journal:int", "finished.token:str", "finished.entries:int",
     "extents{}:int", "samples{}.status:str", "samples{}.batch:int", "samples{}.attempts:int", "samples{}.reason:str",
@@ -77,7 +77,8 @@ CHECKPOINT = [  # version 2: done samples are in finished.idx; the merge's state
     "invocations[].settings.prefill_messages_file:null", "invocations[].settings.sandbox:str",
     "invocations[].settings.sandbox_network:str", "invocations[].settings.keep_no_reasoning:bool",
     "invocations[].settings.samples_per_prompt:int", "invocations[].settings.judge_model:null",
-    "invocations[].skipped_invalid:int", "merge.dataset:str", "merge.keep_passed:bool", "merge.entries:int",
+    "invocations[].skipped_invalid:int", "merge.dataset.settings:str", "merge.dataset.k:int",
+    "merge.dataset.bytes:int", "merge.dataset.digest:str", "merge.keep_passed:bool", "merge.entries:int",
     "merge.inode:int", "merge.size:int", "merge.last[]:int", "merge.written:int", "merge.hallucinated:int",
     "merge.duplicates:int", "merge.stale:int", "merge.not_kept:int", "merge.out_of_order:int",
     "merge.totals.finished:int", "merge.totals.completed:int", "merge.totals.partial:int",
@@ -85,7 +86,8 @@ CHECKPOINT = [  # version 2: done samples are in finished.idx; the merge's state
     "merge.totals.api_calls:int", "merge.totals.prompt_tokens:int", "merge.totals.completion_tokens:int",
     "merge.totals.reasoning_tokens:int", "merge.totals.cost:float", "merge.totals.verify.passed:int",
     "merge.totals.verify.failed:int", "merge.totals.verify.unverified:int", "merge.totals.verify.by_type{}[]:int",
-    "merge.totals.verify.rows{}[]:int", "merge.totals.verify.plain:str", "merge.totals.verify.not_kept:int",
+    "merge.totals.verify.rollouts:str", "merge.totals.verify.passes:str", "merge.totals.verify.verdicts:str",
+    "merge.totals.verify.not_kept:int",
 ]
 STATS_MAPS = {"tools", "failed_by_class", "discarded_by_reason", "errors_by_kind", "by_task_type", "per_worker"}
 

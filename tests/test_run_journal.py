@@ -17,7 +17,10 @@ from trajforge.runner import journal
 from trajforge.runner.checkpoint import INDEX_FILE, JOURNAL_FILE, Checkpoint
 from trajforge.runner.finished import Finished
 from trajforge.runner.keys import key_of
-from trajforge.runner.merge import append_new, merge_state, MergeResult
+from trajforge.config import RunConfig
+from trajforge.runner.append import append_new
+from trajforge.runner.merge import MergeResult, merge_state
+from trajforge.runner.rows import RunRows
 from trajforge.runner.stats import Totals
 from trajforge.sample.outcome import Outcome
 
@@ -128,44 +131,52 @@ def test_a_journal_of_another_generation_is_not_replayed(tmp_path: Path) -> None
     assert Checkpoint.load(tmp_path / "checkpoint.json", "r").status("x") == "failed"
 
 
+def rows_of(tmp_path: Path, n: int, name: str = "p") -> tuple[RunRows, list[str]]:
+    """A dataset of `n` rows, as the runner reads it, and its samples' identities."""
+    ds = tmp_path / f"{name}.jsonl"
+    ds.write_text("".join(json.dumps({"prompt": f"{name}{i}"}) + "\n" for i in range(n)))
+    rows = RunRows.read(RunConfig(dataset_file=ds, run_name="r"))
+    return rows, [rows.sample(i).identity for i in range(n)]
+
+
+def merged(run: Path, rows: RunRows, written: list[str], entries: int, last: tuple[int, int]) -> dict:
+    """trajectories.jsonl holding the records of `written` (from batch_0), and a merge state for it."""
+    data = (run / "batch_0.jsonl").read_bytes().splitlines(keepends=True)
+    by_id = {json.loads(line)["sample_id"]: line for line in data}
+    (run / "trajectories.jsonl").write_bytes(b"".join(by_id[s] for s in written))
+    st = (run / "trajectories.jsonl").stat()
+    return merge_state(MergeResult(len(written), 0, 0, [], []), Totals(), dataset=rows.identity(), keep_passed=False,
+                       entries=entries, inode=st.st_ino, size=st.st_size, last=last)
+
+
 def test_an_append_whose_state_was_never_saved_is_made_again_not_twice(tmp_path: Path) -> None:
-    ids = ["a", "b", "c"]
+    rows, ids = rows_of(tmp_path, 3)
     where = batch(tmp_path, 0, ids)
     ckpt = started(tmp_path)
     done(ckpt, ids[:1], where[:1])
-    first = (tmp_path / "batch_0.jsonl").read_bytes()[:where[0][1]]
-    (tmp_path / "trajectories.jsonl").write_bytes(first)
-    st = (tmp_path / "trajectories.jsonl").stat()
-    state = merge_state(MergeResult(1, 0, 0, [], set(), []), Totals(), dataset={"d": 1}, keep_passed=False,
-                        entries=1, inode=st.st_ino, size=st.st_size, last=(0, 0))
+    state = merged(tmp_path, rows, ids[:1], 1, (0, 0))
     done(ckpt, ids[1:], where[1:])
-    positions = lambda keys: {key_of(s): (i, 0) for i, s in enumerate(ids) if key_of(s) in keys}  # noqa: E731
     for _ in range(2):  # the second time: as after a kill before the first one's state was saved
-        out = append_new(tmp_path, state, ckpt.done, positions, Totals(), lambda i: None, dataset={"d": 1},
-                         same_rows=True, keep_passed=False)
+        out = append_new(tmp_path, state, ckpt.done, rows, Totals(), keep_passed=False)
         assert out is not None and out.result.written == 3 and out.state["entries"] == 3
         got = [json.loads(line)["sample_id"] for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
         assert got == ids
-    assert append_new(tmp_path, state, ckpt.done, positions, Totals(), lambda i: None, dataset={"d": 2},
-                      same_rows=False, keep_passed=False) is None  # another dataset: a whole merge
+    other, _ = rows_of(tmp_path, 3, "q")
+    assert append_new(tmp_path, {**state, "dataset": other.identity()}, ckpt.done, rows, Totals(),
+                      keep_passed=False) is None  # another dataset: a whole merge
 
 
 def test_records_before_the_last_written_one_rewrite_a_small_file_and_are_appended_to_a_large_one(
         tmp_path: Path) -> None:
-    ids = ["a", "b", "c"]
+    rows, ids = rows_of(tmp_path, 3)
     where = batch(tmp_path, 0, ids)
     ckpt = started(tmp_path)
-    done(ckpt, ["a", "c"], [where[0], where[2]])
-    data = (tmp_path / "batch_0.jsonl").read_bytes()
-    (tmp_path / "trajectories.jsonl").write_bytes(data[:where[0][1]] + data[where[2][0]:])
-    st = (tmp_path / "trajectories.jsonl").stat()
-    state = merge_state(MergeResult(2, 0, 0, [], set(), []), Totals(), dataset={"d": 1}, keep_passed=False,
-                        entries=2, inode=st.st_ino, size=st.st_size, last=(2, 0))
-    done(ckpt, ["b"], [where[1]])
-    positions = lambda keys: {key_of(s): (i, 0) for i, s in enumerate(ids) if key_of(s) in keys}  # noqa: E731
-    args = (tmp_path, state, ckpt.done, positions, Totals(), lambda i: None)
-    assert append_new(*args, dataset={"d": 1}, same_rows=True, keep_passed=False) is None  # small: rewritten in order
-    out = append_new(*args, dataset={"d": 1}, same_rows=True, keep_passed=False, rewrite_limit=0)
+    done(ckpt, [ids[0], ids[2]], [where[0], where[2]])
+    state = merged(tmp_path, rows, [ids[0], ids[2]], 2, (2, 0))
+    done(ckpt, [ids[1]], [where[1]])
+    args = (tmp_path, state, ckpt.done, rows, Totals())
+    assert append_new(*args, keep_passed=False) is None  # small: rewritten in order
+    out = append_new(*args, keep_passed=False, rewrite_limit=0)
     assert out is not None and out.state["out_of_order"] == 1
     got = [json.loads(line)["sample_id"] for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
-    assert got == ["a", "c", "b"]
+    assert got == [ids[0], ids[2], ids[1]]

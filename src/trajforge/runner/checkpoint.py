@@ -339,7 +339,8 @@ class Checkpoint:
         body = CheckpointFile.model_construct(
             version=VERSION, run_name=self.run_name, updated=time.time(), journal=self.generation + 1,
             finished=IndexRef(token=self.done.token, entries=len(self.done)),
-            extents={str(b): n for b, n in sorted(self.extents.items())}, samples=self.samples,
+            extents={str(b): n for b, n in sorted(self.extents.items())},
+            samples=dict(sorted(self.samples.items())),  # in one order whatever order they ended in
             invocations=self.invocations, merge=self.merge)
         try:
             atomic_write_bytes(self.path, REGISTRY.bytes(body.model_dump_json(exclude_unset=True).encode()))

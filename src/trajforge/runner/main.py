@@ -20,7 +20,6 @@ import asyncio
 import logging
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from trajforge.config import RunConfig

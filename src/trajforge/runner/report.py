@@ -21,8 +21,9 @@ from trajforge.redact import REGISTRY
 from trajforge.runner.checkpoint import Checkpoint
 from trajforge.runner.figures import ConcurrencyFigures, ConcurrencyNote, MergeFigures, SpendFigures, Statistics
 from trajforge.runner.keys import key_of
-from trajforge.runner.merge import MergeResult, append_new, merge, merge_state
-from trajforge.runner.rollouts import finish_totals, prepare_totals
+from trajforge.runner.append import append_new
+from trajforge.runner.merge import MergeResult, merge, merge_state
+from trajforge.runner.rollouts import skipped_solved
 from trajforge.runner.rows import RunRows
 from trajforge.runner.settings import history
 from trajforge.runner.stats import EXIT_SAMPLES_FAILED, Totals, render_table, too_many_failed
@@ -76,31 +77,28 @@ def finish(config: RunConfig, rows: RunRows, run_dir: Path, checkpoint: Checkpoi
 
 def _merge(config: RunConfig, rows: RunRows, run_dir: Path, checkpoint: Checkpoint
            ) -> tuple[MergeResult, Totals, dict[str, Any]]:
-    """The incremental merge when it can do (runner.merge.append_new), else the whole one; the
-    merge's result, the figures of the records, the merge's new state."""
+    """The incremental merge when it can do (runner.append), else the whole one; the merge's
+    result, the figures of the records, the merge's new state."""
     keep_passed = config.keep == "passed"
     totals = Totals()
     totals.verify.k = config.samples_per_prompt
-    if config.stop_after_passes is None:  # skipped rollouts are counted over every row: whole merges only
-        appended = append_new(run_dir, checkpoint.merge, checkpoint.done, rows.positions, totals,
-                              lambda i: rows.sample(i).task_type, dataset=rows.identity(),
-                              same_rows=rows.extends((checkpoint.merge or {}).get("dataset")), keep_passed=keep_passed)
-        if appended is not None:
-            return appended.result, totals, appended.state
-    totals = Totals()
-    samples = list(rows.todo(lambda key: False))  # every sample: the whole merge is O(run) anyway
-    prepared = prepare_totals(totals, config, samples)
-    result = merge(run_dir, {s.identity: s.index for s in samples}, totals,
-                   {s.identity: (s.line, s.extra) for s in samples}, keep_passed=keep_passed)
-    finish_totals(totals, config, prepared, result, checkpoint)
-    del samples, prepared
-    target = run_dir / "trajectories.jsonl"
-    try:
-        st = target.stat()
-    except OSError as e:
-        raise OutputError(target, e, "read") from None
-    state = merge_state(result, totals, dataset=rows.identity(), keep_passed=keep_passed,
-                        entries=len(checkpoint.done), inode=st.st_ino, size=st.st_size, last=result.last)
+    appended = append_new(run_dir, checkpoint.merge, checkpoint.done, rows, totals, keep_passed=keep_passed)
+    if appended is not None:
+        result, state = appended.result, appended.state
+    else:
+        totals = Totals()
+        totals.verify.k = config.samples_per_prompt
+        result = merge(run_dir, rows, totals, keep_passed=keep_passed)
+        target = run_dir / "trajectories.jsonl"
+        try:
+            st = target.stat()
+        except OSError as e:
+            raise OutputError(target, e, "read") from None
+        state = merge_state(result, totals, dataset=rows.identity(), keep_passed=keep_passed,
+                            entries=len(checkpoint.done), inode=st.st_ino, size=st.st_size, last=result.last)
+    totals.verify.not_kept = result.not_kept
+    if config.stop_after_passes is not None:  # over every row, so a resumed run says what one straight through does
+        totals.verify.skipped_solved = skipped_solved(rows, totals, checkpoint, config.stop_after_passes)
     return result, totals, state
 
 

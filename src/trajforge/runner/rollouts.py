@@ -24,11 +24,12 @@ from typing import BinaryIO
 
 import orjson
 
-from trajforge.config import RunConfig
 from trajforge.dataset import Sample, rollout_identity, split_rollout
 from trajforge.runner import store
 from trajforge.runner.checkpoint import Checkpoint
-from trajforge.runner.merge import MergeResult, calls_unknown_tools
+from trajforge.runner.keys import key_of, rollout_key
+from trajforge.runner.merge import calls_unknown_tools
+from trajforge.runner.rows import RunRows
 from trajforge.sample.outcome import Outcome
 from trajforge.runner.stats import Totals
 from trajforge.verify.result import passed
@@ -160,27 +161,15 @@ class RolloutScheduler:
         self._changed.set()
 
 
-def prepare_totals(totals: Totals, config: RunConfig, samples: list[Sample]) -> dict[str, list[Sample]]:
-    """Tell the run's totals what pass@k's k is and each row's task type; the rollouts by row."""
-    rows: dict[str, list[Sample]] = {}
-    for s in samples:
-        rows.setdefault(split_rollout(s.identity)[0], []).append(s)
-    totals.verify.k = config.samples_per_prompt
-    totals.verify.task_types = {row: rollouts[0].task_type for row, rollouts in rows.items()}
-    return rows
-
-
-def finish_totals(totals: Totals, config: RunConfig, rows: dict[str, list[Sample]], result: MergeResult,
-                  checkpoint: Checkpoint) -> None:
-    """After the merge: records left out by --keep passed, and the rollouts of solved rows that
-    never ran (no record, no outcome in the checkpoint). Counted from disk, so a resumed run
-    reports the same figures as one that ran straight through."""
-    totals.verify.not_kept = result.not_kept
-    if config.stop_after_passes is None:
-        return
-    for row, rollouts in rows.items():
-        seen = totals.verify.rows.get(row)
-        if seen is None or seen[2] < config.stop_after_passes:
+def skipped_solved(rows: RunRows, totals: Totals, checkpoint: Checkpoint, stop_after: int) -> int:
+    """Rollouts of rows with `stop_after` passes that never ran (no record, no outcome in the
+    checkpoint): counted from disk over every row, so a resumed run reports the same figure as one
+    that ran straight through."""
+    outcomes = {key_of(identity) for identity in checkpoint.samples}
+    done = checkpoint.done
+    skipped = 0
+    for i, key in enumerate(rows.keys):
+        if totals.verify.row_passes(i) < stop_after:
             continue
-        totals.verify.skipped_solved += sum(1 for s in rollouts
-                                            if s.identity not in result.finished and s.identity not in checkpoint.samples)
+        skipped += sum(1 for r in range(rows.k) if (k := rollout_key(key, r)) not in done and k not in outcomes)
+    return skipped

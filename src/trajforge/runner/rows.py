@@ -160,6 +160,10 @@ class RunRows:
             for r in range(1, self.k):
                 yield i, r, rollout_key(key, r)
 
+    def places(self) -> dict[int, int]:
+        """key -> row * k + rollout, for every sample (the whole merge's map: ~100 MB at a million)."""
+        return {key: i * self.k + r for i, r, key in self.sample_keys()}
+
     def positions(self, wanted: set[int]) -> dict[int, tuple[int, int]]:
         """key -> (row, rollout) for the keys of `wanted` that are samples of this dataset."""
         if not wanted:

@@ -61,7 +61,8 @@ class Totals:
         self.reasoning_tokens += int(u.get("reasoning_tokens", 0))
         self.cost += float(u.get("cost", 0.0))
 
-    def add_record(self, rec: dict[str, Any]) -> None:
+    def add_record(self, rec: dict[str, Any], task_type: str | None = None, *, typed: bool = False) -> None:
+        """Count a kept record; `task_type`: its row's, when `typed` (else verify.task_types says)."""
         self.finished += 1
         self.completed += bool(rec.get("completed"))
         self.partial += bool(rec.get("partial"))
@@ -74,7 +75,7 @@ class Totals:
         r = rec.get("reasoning") or {}
         self.assistant_turns += int(r.get("total_assistant_turns", 0))
         self.turns_with_reasoning += int(r.get("turns_with_reasoning", 0))
-        self.verify.add(rec)
+        self.verify.add(rec, task_type, typed=typed)
 
     _STATE = ("finished", "completed", "partial", "tools", "assistant_turns", "turns_with_reasoning", "api_calls",
               "prompt_tokens", "completion_tokens", "reasoning_tokens", "cost")
