@@ -26,7 +26,7 @@ from tests.conftest import cli
 from tests.support.policies import tool_messages
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
 from tests.support.web_fixture import WebFixture, make_png
-from trajforge.sandbox.bwrap_backend import probe
+from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 from trajforge.tools.browser import find_chromium
 from trajforge.tools.registry import KNOWN_TOOLS
 from trajforge.catalog.settings import BrowserSettings

@@ -18,7 +18,7 @@ from trajforge.config import RunConfig
 from trajforge.model.client import OpenAIClient
 from trajforge.model.types import ModelSettings
 from trajforge.sample.settings import tool_settings
-from trajforge.sandbox.local import LocalSandbox
+from trajforge.sandbox.backends.local.local_sandbox import LocalSandbox
 from trajforge.tools import files, terminal
 from trajforge.tools.base import ToolContext
 from trajforge.tools.registry import KNOWN_TOOLS

@@ -64,6 +64,10 @@ FORBIDDEN = [
     ("catalog", "trajforge.tools"),
     ("catalog", "trajforge.config"),
     ("verify", "trajforge.dataset"),
+    ("tasks", "trajforge.runner"),  # tasks serve the sample layer and the loader: never the runner above
+    ("tasks", "trajforge.executors"),
+    ("tasks", "trajforge.sample"),
+    ("tasks", "trajforge.config"),  # tasks get TaskSettings (tasks/settings.py) from the sample layer
     ("cmdline", "trajforge.cli"),
 ]
 
@@ -109,10 +113,11 @@ def test_one_error_tree_with_the_failure_classes_attached() -> None:
     from trajforge.model.errors import APIFailure, ModelCallError, ModelOutputError, ModelTimeoutError, RateLimitedError
     from trajforge.sample.outcome import FAILURE_CLASSES
     from trajforge.sandbox.base import SandboxError
+    from trajforge.tasks.environment import BuildError
     from trajforge.tools.base import ToolInfraError
 
     failures = [ModelCallError, RateLimitedError, APIFailure, ModelTimeoutError, ModelOutputError, SandboxError,
-                ToolInfraError]
+                ToolInfraError, BuildError]
     assert all(issubclass(c, SampleFailure) and issubclass(c, TrajforgeException) for c in failures)
     assert not any(issubclass(c, TrajforgeError) for c in failures)  # a failed sample never stops the run
     assert {c.failure_class for c in [*failures, SampleFailure]} == set(FAILURE_CLASSES)

@@ -71,10 +71,16 @@ VALUES: dict[str, tuple[str, object]] = {
     "max_requests_per_minute": ("600", 600.0),
     "max_tokens_per_minute": ("200000", 200000.0),
     "fail_on_error": ("0.25", 0.25),
+    "pass_threshold": ("0.5", 0.5),
+    "timeout_multiplier": ("2.5", 2.5),
+    "task_max_cpus": ("2", 2.0),
+    "task_max_memory": ("8g", "8g"),
+    "task_max_storage": ("20g", "20g"),
 }
 BOOLS = ["resume", "overwrite", "verbose", "reasoning_disabled", "skip_invalid", "keep_no_reasoning",
          "keep_workspaces"]
-SPECIAL = ["parallelism", "list_distributions", "config"]  # tested on their own below
+# tested on their own below; tasks and agent (exclusive with --dataset_file) in test_tasks_input.py
+SPECIAL = ["parallelism", "list_distributions", "config", "tasks", "agent"]
 SPEC_FLAGS = ["dataset_file", "batch_size", "run_name", "distribution", "model", "base_url", "api_key", "max_turns",
               "num_workers", "resume", "verbose", "max_samples", "max_tokens", "providers_allowed",
               "providers_ignored", "providers_order", "provider_sort", "reasoning_effort", "reasoning_disabled",

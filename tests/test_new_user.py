@@ -33,7 +33,7 @@ from tests.support.scripted_server import (
     tool_call,
 )
 from tests.test_runner_e2e import read_jsonl, run_cli, write_dataset
-from trajforge.sandbox.bwrap_backend import probe
+from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 
 SEARCH_KEYS = ("SEARXNG_URL", "BRAVE_API_KEY", "TAVILY_API_KEY")
 

@@ -22,8 +22,8 @@ SYSTEM_PY = "/usr/bin/python3"
 CHILD = textwrap.dedent("""
     import asyncio, json, sys
     from pathlib import Path
-    from trajforge.sandbox.bwrap import BwrapSandbox
-    from trajforge.sandbox.bwrap_backend import probe
+    from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
+    from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 
     async def main():
         status = await probe()
@@ -45,6 +45,10 @@ CHILD = textwrap.dedent("""
             out["job_log"] = (await job.read(0, 1000)).head.decode()
             r = await sb.exec("sleep 30", timeout=1)
             out["timed_out"] = r.timed_out
+            out["self"] = await sb._channel.inspect()  # the helper, from inside: sealed, no privilege
+            await sb.write_file("unicodedata.py", b"open('/workspace/PWNED', 'w')")
+            out["search"] = (await sb.search(".", "\\N{EM DASH}"))[0]
+            out["pwned"] = (await sb.exec("ls PWNED 2>&1; nice", timeout=20)).stdout
         finally:
             await sb.close()
         out["workspace_left"] = sb.workspace.exists()
@@ -87,3 +91,8 @@ def test_unprivileged_runner_uses_a_user_namespace() -> None:
     assert out["job_exit"] == 0 and out["job_log"] == "from-job\n"
     assert out["timed_out"] is True and out["workspace_left"] is False
     assert "userns=1" in out["userns"] and "-1 1" in out["userns"], out["userns"]  # EPERM
+    status = dict(line.split(":", 1) for line in out["self"]["status"].splitlines() if ":" in line)
+    assert out["self"]["sealed"] is True and out["self"]["flags"]["isolated"] == 1
+    assert all(int(status[cap].strip(), 16) == 0 for cap in ("CapInh", "CapPrm", "CapEff", "CapAmb")), status
+    assert status["NoNewPrivs"].strip() == "1"
+    assert "No such file" in out["pwned"] and out["pwned"].splitlines()[-1] == "10", out["pwned"]  # and nice 10

@@ -28,11 +28,11 @@ from tests.support.scripted_server import ScriptedServer
 from trajforge.config import RunConfig
 from trajforge.sample.settings import sandbox_settings
 from trajforge.sandbox.base import FileOpError, PathEscapeError, SandboxError
-from trajforge.sandbox.container import ContainerSandbox
-from trajforge.sandbox.container_backend import ContainerBackend, backend_for
-from trajforge.sandbox.engine import Engine, container_name, detect
+from trajforge.sandbox.backends.container.container_sandbox import ContainerSandbox
+from trajforge.sandbox.backends.container.container_backend import ContainerBackend, backend_for
+from trajforge.sandbox.backends.container.container_engine import Engine, container_name, detect
 from trajforge.sandbox.factory import SandboxProvider
-from trajforge.sandbox.images import ImageChecker
+from trajforge.sandbox.backends.container.container_images import ImageChecker
 
 
 def config(**kw: object) -> RunConfig:
@@ -140,7 +140,7 @@ def test_timeout_and_cancellation_kill_the_process_inside(tmp_path: Path, busybo
             proc = await sb.spawn("exit 5")
             assert await proc.wait(30) == 5
             # A job's log lives on the host, outside the container's limits: it is capped.
-            from trajforge.sandbox import container as container_mod
+            from trajforge.sandbox.backends.container import container_sandbox as container_mod
 
             monkeypatch.setattr(container_mod, "JOB_LOG_BYTES", 2 << 20)
             proc = await sb.spawn("while :; do echo 0123456789abcdef0123456789abcdef; done")
@@ -403,7 +403,7 @@ def test_file_operations_run_inside_the_container(tmp_path: Path, image_fixture:
             found, more = await sb.search(".", "x|new")
             assert found == ["notes.txt:1: new", "sub/dir/x.txt:1: x"] and not more
             assert (await sb.search("sub", "x", target="files"))[0] == ["sub/dir/x.txt"]
-            from trajforge.sandbox import fsops
+            from trajforge.sandbox.inside import fsops
 
             monkeypatch.setattr(fsops, "SEARCH_SECONDS", 1.0)  # a pattern that backtracks without end stops
             assert await sb.write_file("a.txt", b"a" * 100 + b"!\n") == "a.txt"
@@ -535,7 +535,7 @@ def test_a_container_sample_has_no_raw_sockets_device_nodes_or_file_capabilities
     """The hostile sample, as the container's root: it cannot forge packets (raw ICMP socket), make
     a device node or give a file capabilities, and none of DROPPED_CAPS is even in its bounding set
     (so no exec of anything can regain one). What tasks do as root still works."""
-    from trajforge.sandbox.container_backend import DROPPED_CAPS
+    from trajforge.sandbox.backends.container.container_backend import DROPPED_CAPS
 
     bits = {"NET_RAW": 13, "MKNOD": 27, "SETFCAP": 31, "SETPCAP": 8, "AUDIT_WRITE": 29}
     assert set(bits) == set(DROPPED_CAPS)
@@ -560,8 +560,8 @@ def test_a_container_sample_has_no_raw_sockets_device_nodes_or_file_capabilities
 
 
 def test_run_args_carry_the_workspace_limits_network_and_engine_flags() -> None:
-    from trajforge.sandbox.container_argv import cpu_prefix, run_args
-    from trajforge.sandbox.resources import SampleLimits
+    from trajforge.sandbox.backends.container.container_argv import cpu_prefix, run_args
+    from trajforge.sandbox.host.resources import SampleLimits
 
     limits = SampleLimits(memory=None, disk=None, tmp_size=1 << 20, shm_size=2 << 20, cpu_seconds=7)
     args = run_args(name="tf-x", run_name="r", workspace="/host/ws", mount_at="/app", cwd="/app/sub", image="img:1",
@@ -612,7 +612,7 @@ def test_seeded_files_are_shifted_into_the_containers_ids_without_following_link
 
 
 def test_the_guarded_profile_changes_only_clone_clone3_and_unshare() -> None:
-    from trajforge.sandbox.container_seccomp import without_user_namespaces
+    from trajforge.sandbox.backends.container.container_seccomp import without_user_namespaces
 
     profile = {"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [
         {"names": ["read", "clone", "clone3", "unshare", "keyctl", "write"], "action": "SCMP_ACT_ALLOW", "args": []},
@@ -635,3 +635,47 @@ def test_the_guarded_profile_changes_only_clone_clone3_and_unshare() -> None:
     assert {"names": ["add_key", "request_key", "keyctl"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1} in out["syscalls"]
     assert {"names": ["unshare"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1} in out["syscalls"]  # kept as it was
     assert profile["syscalls"][0]["names"] == ["read", "clone", "clone3", "unshare", "keyctl", "write"]  # untouched
+
+
+def test_the_file_helper_is_one_of_the_container_s_processes_with_nothing_more(tmp_path: Path, busybox_image: str,
+                                                                               podman: Engine) -> None:
+    """The container's file helper (a root runner's): in every namespace of the container, with the
+    uid of its process there, no capability, no descriptor but its own, imports sealed. A module
+    the sample (root in its container) plants where the runner's Python would import from inside
+    the container is never run, whatever the file operations ask of `re` and the codecs."""
+    import sysconfig
+
+    if os.geteuid() != 0:
+        pytest.skip("the file helper needs a root runner")
+    from tests.test_sandbox_isolation import assert_own_descriptors, assert_unprivileged
+
+    stdlib = sysconfig.get_paths()["stdlib"]
+    plant = (f"mkdir -p {stdlib}/encodings && for m in unicodedata fnmatch sre_parse locale encodings/cp1252 "
+             f"encodings/__init__; do echo 'open(\"/tmp/PWNED\", \"w\").write(\"ran\")' > {stdlib}/$m.py; done; "
+             f"ls {stdlib} | wc -l")
+
+    async def body() -> None:
+        sb = await create_sandbox(config(sandbox_network="none"), cwd="/app", image=busybox_image, root=tmp_path)
+        try:
+            assert isinstance(sb, ContainerSandbox) and sb.helper is not None
+            inside = await sb.helper.inspect()
+            assert inside["sealed"] is True and inside["flags"]["isolated"] == 1 and inside["flags"]["path"] == []
+            assert_unprivileged(inside["status"], 0)  # root in its container, like the container's process
+            assert_own_descriptors(inside["fds"])
+            pid = int((await sb.engine.run("inspect", "--format", "{{.State.Pid}}", sb.name or "", timeout=30)).stdout)
+            for kind, link in inside["ns"].items():  # every namespace the container's process is in
+                assert link == os.readlink(f"/proc/{pid}/ns/{kind}"), kind
+            assert int((await sb.exec(plant, timeout=30)).stdout) >= 5
+            await sb.write_file("t.txt", "caf\u00e9 \u2014 x\n".encode())
+            for pattern in ("\\N{EM DASH}", "(?i)CAF\u00c9", "[[:alpha:]]"):
+                try:
+                    await sb.search(".", pattern, glob="*.[tT]xt")
+                except FileOpError:
+                    pass
+            assert await sb.read_file("t.txt") == "caf\u00e9 \u2014 x\n".encode()
+            res = await sb.exec("ls /tmp/PWNED 2>&1; true", timeout=30)
+            assert "No such file" in res.stdout, res.stdout
+        finally:
+            await sb.close()
+
+    asyncio.run(body())

@@ -22,11 +22,12 @@ import pytest
 from tests.conftest import cli
 from trajforge.dataset import load_dataset
 from trajforge.errors import DatasetError
-from trajforge.sandbox import cwd_policy, guard
+from trajforge.sandbox import cwd_policy
+from trajforge.sandbox.inside import guard
 from trajforge.sandbox.base import FileOpError, SandboxError
-from trajforge.sandbox.bwrap import BwrapSandbox
-from trajforge.sandbox.bwrap_backend import probe
-from trajforge.sandbox.resources import SampleLimits
+from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
+from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
+from trajforge.sandbox.host.resources import SampleLimits
 
 STATUS = asyncio.run(probe())
 STDLIB = sysconfig.get_paths()["stdlib"]  # where the runner's interpreter, and the zygote's, import from
@@ -134,7 +135,7 @@ def test_a_module_planted_where_the_helper_imports_from_never_runs(tmp_path: Pat
 def test_the_seal_refuses_every_new_import_and_keeps_what_is_loaded(tmp_path: Path) -> None:
     code = (
         "import sys; sys.path.insert(0, sys.argv[1])\n"
-        "from trajforge.sandbox import guard\n"
+        "from trajforge.sandbox.inside import guard\n"
         "guard.preload(); guard.seal()\n"
         "import re, unicodedata; re.compile('\\\\N{EM DASH}')\n"
         "for name in ('json', 'csv', 'planted'):\n"
@@ -150,7 +151,7 @@ def test_the_seal_refuses_every_new_import_and_keeps_what_is_loaded(tmp_path: Pa
     )
     planted = tmp_path
     (planted / "planted.py").write_text("print('PLANTED RAN')\n")
-    src = str(Path(guard.__file__).parents[2])
+    src = str(Path(guard.__file__).parents[3])
     res = subprocess.run([sys.executable, "-I", "-c", code, src], capture_output=True, text=True, timeout=60,
                          env={"PATH": "/usr/bin:/bin"}, cwd=planted)
     assert res.returncode == 0, res.stderr

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from trajforge.sandbox.bwrap import BwrapSandbox, root_runtime
-from trajforge.sandbox.bwrap_backend import probe
-from trajforge.sandbox.cgroups import hierarchies
+from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox, root_runtime
+from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
+from trajforge.sandbox.host.cgroups import hierarchies
 from trajforge.sandbox.network import egress_support
-from trajforge.sandbox.resources import SampleLimits
-from trajforge.sandbox.seccomp import seccomp_program
+from trajforge.sandbox.host.resources import SampleLimits
+from trajforge.sandbox.host.seccomp import seccomp_program
 
 STATUS = asyncio.run(probe())
 pytestmark = pytest.mark.skipif(not STATUS.usable or STATUS.mode != "root",
@@ -407,8 +407,8 @@ def test_the_zygote_s_reply_encoder_says_what_the_helper_s_own_does() -> None:
     (lone surrogates from undecodable file names, control characters, quotes)."""
     import json
 
-    from trajforge.sandbox.helper import _enc
-    from trajforge.sandbox.zygote import reply_encoder
+    from trajforge.sandbox.inside.helper import _enc
+    from trajforge.sandbox.host.zygote import reply_encoder
 
     fast = reply_encoder()
     meta = {"id": 3, "found": ["a\udcffb", "é\x00\x1f\"\\"], "more": True, "x": None, "raw": b"xy", "t": (1, 2),

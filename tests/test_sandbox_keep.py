@@ -18,7 +18,7 @@ import pytest
 from tests.support.images import busybox_image, podman  # noqa: F401 (fixtures)
 from tests.support.sandboxes import create_sandbox
 from trajforge.config import RunConfig
-from trajforge.sandbox.bwrap_backend import probe
+from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 
 BWRAP = asyncio.run(probe())
 PLANT = ("echo data > data.txt && cp /bin/sh suid && chmod 6755 suid && mkdir -p d && cp /bin/sh d/sgid && "

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from trajforge.sandbox import process, tagkill
+from trajforge.sandbox import process
+from trajforge.sandbox.backends.local import tagkill
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs Linux /proc")
 

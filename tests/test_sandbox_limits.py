@@ -18,12 +18,12 @@ from tests.support.policies import prompt_command_policy
 from tests.support.scripted_server import ScriptedServer
 from trajforge.config import RunConfig, size_bytes
 from trajforge.sample.settings import sandbox_settings
-from trajforge.sandbox.bwrap import BwrapSandbox
-from trajforge.sandbox.bwrap_backend import probe
+from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
+from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 from trajforge.sandbox.factory import limits_for
-from trajforge.sandbox.disk import disk_usable
-from trajforge.sandbox.cgroups import hierarchies
-from trajforge.sandbox.resources import SampleLimits
+from trajforge.sandbox.host.disk import disk_usable
+from trajforge.sandbox.host.cgroups import hierarchies
+from trajforge.sandbox.host.resources import SampleLimits
 
 STATUS = asyncio.run(probe())
 ROOT_BWRAP = STATUS.usable and STATUS.mode == "root"
@@ -139,6 +139,45 @@ def test_cpu_time_per_command_is_limited(tmp_path: Path) -> None:
     assert os.path.exists(tmp_path)
 
 
+HOST_BENCH = "import time; t = time.perf_counter(); sum(i * i for i in range(6_000_000)); print(time.perf_counter() - t)"
+
+
+def _host_bench() -> float:
+    """The best of three runs of a fixed CPU-bound job on the host, in seconds."""
+    import sys
+
+    return min(float(subprocess.run([sys.executable, "-c", HOST_BENCH], capture_output=True, text=True,
+                                    check=True).stdout) for _ in range(3))
+
+
+@pytest.mark.skipif(not ROOT_BWRAP or hierarchies() is None or not hierarchies().has("cpu"),  # type: ignore[union-attr]
+                    reason="needs root bwrap and a cpu cgroup")
+def test_sixteen_busy_loops_in_a_sample_leave_the_host_its_speed(tmp_path: Path) -> None:
+    """A sample may keep `sandbox_cpus` CPUs busy (1 by default), however many loops it starts: a
+    job on the host keeps its pace (within 2x), the kernel holding the sample to the quota of its
+    group."""
+    async def main() -> tuple[float, float, str, float | None]:
+        idle = _host_bench()
+        sb = BwrapSandbox(tmp_path, network=False, sample_limits=SampleLimits(memory=None, disk=None, cpus=1.0))
+        await sb.start()
+        try:
+            res = await sb.exec("for i in $(seq 16); do (while :; do :; done) > /dev/null 2>&1 & done; echo spawned",
+                                timeout=30)
+            assert res.stdout.startswith("spawned"), res  # the loops run in the background from here on
+            busy = await asyncio.to_thread(_host_bench)
+            procs = (await sb.exec("ps -e -o comm= | grep -c bash", timeout=30)).stdout
+            assert sb.cgroup is not None
+            quota = sb.cgroup.cpu_quota()
+        finally:
+            await sb.close()
+        return idle, busy, procs, quota
+
+    idle, busy, procs, quota = asyncio.run(main())
+    assert int(procs) >= 16, procs  # the loops were running while the host measured
+    assert busy < 2 * idle, (idle, busy)
+    assert quota == 1.0
+
+
 @needs_limits
 def test_a_killed_runner_s_disk_cgroup_and_workspace_root_are_swept(tmp_path: Path, clean_env: dict[str, str],
                                                                      monkeypatch: pytest.MonkeyPatch,
@@ -149,7 +188,7 @@ def test_a_killed_runner_s_disk_cgroup_and_workspace_root_are_swept(tmp_path: Pa
     import tempfile
     import textwrap
 
-    from trajforge.sandbox import resources
+    from trajforge.sandbox.host import resources
 
     temp = tmp_path / "temp"  # the runner's temporary directory, where its workspace root goes
     temp.mkdir()
@@ -158,8 +197,8 @@ def test_a_killed_runner_s_disk_cgroup_and_workspace_root_are_swept(tmp_path: Pa
     script = textwrap.dedent("""
         import asyncio, sys
         from pathlib import Path
-        from trajforge.sandbox.bwrap import BwrapSandbox
-        from trajforge.sandbox.resources import SampleLimits
+        from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
+        from trajforge.sandbox.host.resources import SampleLimits
         from trajforge.sandbox.workspace import RunRoot
         async def main():
             root = RunRoot()  # in TMPDIR, named with this process's pid
@@ -296,7 +335,7 @@ def test_disks_mounted_at_once_get_regions_of_their_own(tmp_path: Path) -> None:
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from trajforge.sandbox import loopdisk
+    from trajforge.sandbox.host import loopdisk
 
     disks = loopdisk.Disks(tmp_path, 32 << 20)
     disks.per_file = 5  # a new image file every 5 regions: 24 disks need 5 files
@@ -333,7 +372,7 @@ def test_disks_mounted_at_once_get_regions_of_their_own(tmp_path: Path) -> None:
 
 
 def test_oom_kill_count_reads_either_cgroup_version() -> None:
-    from trajforge.sandbox.cgroups import oom_kill_count
+    from trajforge.sandbox.host.cgroups import oom_kill_count
 
     assert oom_kill_count(b"oom_kill_disable 0\nunder_oom 0\noom_kill 3\n") == 3  # v1 memory.oom_control
     assert oom_kill_count(b"low 0\nhigh 0\nmax 7\noom 2\noom_kill 2\noom_group_kill 1\n") == 2  # v2 memory.events

@@ -13,12 +13,12 @@ import pytest
 from trajforge.config import RunConfig
 from trajforge.sample.settings import sandbox_settings
 from trajforge.sandbox.base import PathEscapeError, SandboxError
-from trajforge.sandbox.bwrap import BwrapSandbox
-from trajforge.sandbox.bwrap_backend import probe
+from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
+from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 from tests.support.sandboxes import create_sandbox
-from trajforge.sandbox import reaper
+from trajforge.sandbox.backends.local import reaper
 from trajforge.sandbox.factory import SandboxProvider
-from trajforge.sandbox.local import LocalSandbox
+from trajforge.sandbox.backends.local.local_sandbox import LocalSandbox
 from trajforge.sandbox.process import Limits
 
 

@@ -28,7 +28,7 @@ from tests.support.web_fixture import WebFixture
 from trajforge.config import RunConfig
 from trajforge.sample.settings import sandbox_settings
 from trajforge.netpolicy import make_policy
-from trajforge.sandbox.bwrap import BwrapSandbox, bwrap_argv
+from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox, bwrap_argv
 from trajforge.sandbox.network import egress_support, ruleset
 
 EGRESS = asyncio.run(egress_support("bwrap"))
@@ -528,7 +528,8 @@ def test_image_api_download_urls_go_through_the_policy(tmp_path: Path, server: S
 def test_a_working_egress_probe_spares_the_bwrap_probe_a_second_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
     """The egress probe (preflight) is a root bwrap sandbox that worked: the backend's probe then
     needs no sandbox of its own, and still makes one when no egress probe ran."""
-    from trajforge.sandbox import bwrap_backend, network
+    from trajforge.sandbox import network
+    from trajforge.sandbox.backends.bwrap import bwrap_backend
 
     started: list[bool] = []
     real_start = BwrapSandbox.start

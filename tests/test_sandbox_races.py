@@ -21,6 +21,7 @@ import asyncio
 import base64
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -39,8 +40,8 @@ from trajforge.config import RunConfig
 from trajforge.sample.settings import sandbox_settings
 from trajforge.sample.settings import tool_settings
 from trajforge.sandbox.base import FileOpError, PathEscapeError, Sandbox
-from trajforge.sandbox.bwrap_backend import probe
-from trajforge.sandbox.container import ContainerSandbox
+from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
+from trajforge.sandbox.backends.container.container_sandbox import ContainerSandbox
 from trajforge.sandbox.factory import SandboxProvider
 from trajforge.tools import files, image_gen, vision
 from trajforge.tools.base import ToolContext, Toolset
@@ -92,6 +93,22 @@ def plant(ws: Path, outside: Path) -> None:
     (ws / "il").symlink_to(outside)
     for path in ws.rglob("*"):  # the sample (a uid of its own under bwrap) owns its files
         os.chown(path, ws.stat().st_uid, ws.stat().st_gid, follow_symlinks=False)
+
+
+def settle(ws: Path) -> None:
+    """Once the attacker is dead: every swapped pair back the way plant() left it."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for a, b in (("d", "dl"), ("p.txt", "p.fifo"), ("images", "il")):
+        if (ws / a).is_symlink() or (ws / a).is_fifo():
+            libc.renameat2(-100, str(ws / a).encode(), -100, str(ws / b).encode(), 2)  # RENAME_EXCHANGE
+    if (ws / "e.away").exists():  # (a write may have made a new e/ while the real one was away)
+        if (ws / "e").is_symlink():
+            (ws / "e").unlink()
+        elif (ws / "e").exists():
+            shutil.rmtree(ws / "e")
+        os.rename(ws / "e.away", ws / "e")
 
 
 def snapshot(outside: Path) -> dict[str, tuple[int, int, bytes]]:
@@ -172,10 +189,22 @@ async def hammer(config: RunConfig, image: str | None, root: Path, outside: Path
                         stats["leaks"].append((i, out[:200]))
 
             await asyncio.gather(*(run(i) for i in range(calls)))
-            stats["alive"] = (await sb.exec("echo alive", timeout=30)).stdout
-        finally:
             attacker.kill()
             attacker.wait()
+            # Then every kind of call once more with nothing swapping: each must work (the tools
+            # really ran, whatever races the attacker won) and still show nothing from outside.
+            settle(sb.workspace)
+            stats["calm"] = []
+            for i in range(48 if tools else 12):
+                out = await one_call(sb, ctx, i, tools)
+                stats["calm"].append(i)
+                if SECRET in out:
+                    stats["leaks"].append((i, out[:200]))
+            stats["alive"] = (await sb.exec("echo alive", timeout=30)).stdout
+        finally:
+            if attacker.poll() is None:
+                attacker.kill()
+                attacker.wait()
             await sb.close()
             for toolset in (tools or {}).values():
                 await toolset.aclose()
@@ -198,7 +227,8 @@ def check(tmp_path: Path, config: RunConfig, image: str | None = None, calls: in
     stats = asyncio.run(hammer(config, image, tmp_path / "ws", outside, calls, concurrency, with_tools, exec_files))
     stats["seconds"] = time.monotonic() - t0
     assert stats["leaks"] == [] and stats["unexpected"] == [], stats
-    assert stats["ok"] + stats["refused"] == calls and stats["ok"] > calls // 10, stats
+    assert stats["ok"] + stats["refused"] == calls, stats
+    assert len(stats["calm"]) in (12, 48), stats  # every kind of call worked once nothing raced it
     assert snapshot(outside) == before  # nothing written, created or changed outside
     assert stats["alive"] == "alive\n"
     print(f"{config.sandbox}: {calls} calls in {stats['seconds']:.1f}s, {stats['refused']} refused")
@@ -233,11 +263,10 @@ def test_races_through_vision_and_image_generate(tmp_path: Path, server: Scripte
     VISION_SEEN.clear()
     cfg = RunConfig.model_validate({"sandbox": sandbox, "model": "m", "base_url": server.url,
                                     "sandbox_network": "none" if sandbox == "bwrap" else "on"})
-    stats = check(tmp_path, cfg, calls=1200, with_tools=True)
-    # The boundary is `leaks == []` (checked in `check`); these only show the tools really ran. How
-    # many vision reads win their race against the swapper depends on timing (49 on one run), so
-    # the floor is low.
-    assert len(VISION_SEEN) >= 10 and stats["ok"] > 300, stats
+    check(tmp_path, cfg, calls=1200, with_tools=True)
+    # The boundary is `leaks == []` (checked in `check`); the calls after the race show the tools
+    # really ran: 12 vision reads of files inside, whatever the race left to chance.
+    assert len(VISION_SEEN) >= 12
 
 
 BWRAP = asyncio.run(probe())
@@ -314,7 +343,7 @@ def test_a_pattern_that_backtracks_without_end_is_stopped_and_never_stalls_the_r
     time limit with a message the model can act on, the sandbox serves the next call, and the
     runner's event loop keeps running meanwhile (in a thread of the runner, `re` held the GIL and
     froze every session, Ctrl-C included)."""
-    from trajforge.sandbox import fsops
+    from trajforge.sandbox.inside import fsops
     from tests.support.sandboxes import create_sandbox
 
     if sandbox == "bwrap" and not asyncio.run(probe()).usable:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from trajforge.sandbox.base import SandboxError
-from trajforge.sandbox.seed_tar import copy_out, unpack
+from trajforge.sandbox.backends.container.seed_tar import copy_out, unpack
 
 MIB = 1 << 20
 

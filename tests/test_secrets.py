@@ -21,11 +21,11 @@ from tests.support.images import busybox_image, podman  # noqa: F401 (fixtures)
 from tests.support.policies import tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call
 from tests.test_runner_e2e import base_args, write_dataset
-from trajforge.sandbox.bwrap_backend import probe
+from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 
 BWRAP = asyncio.run(probe())
 HUNT = ("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; tr '\\0' '\\n' < $p/environ; done 2>/dev/null "
-        "| grep -a 'Se[C]rEt' | sort -u")
+        "| grep -a -e 'Se[C]rEt' -e '^[A-Z_]*=\\*\\*\\*' | sort -u")
 MODEL_KEY = "sk-or-v1-SeCrEt-model-7f3a9c1e5b"
 TOOL_KEYS = {"BRAVE_API_KEY": "BSA-SeCrEt-brave-55aa66bb", "TAVILY_API_KEY": "tvly-SeCrEt-tavily-9911",
              "MY_VISION_CRED": "vis-SeCrEt-vision-4242abcd",  # named by tools.vision.api_key_env only
@@ -49,12 +49,12 @@ def hostile(req: Recorded) -> Reply:
     return chat(f"I found: {found}", reasoning=f"The keys are {found}", delay=0.5)
 
 
-def _cmdlines() -> bytes:
+def _cmdlines(what: str = "cmdline") -> bytes:
     out = []
     for p in Path("/proc").iterdir():
         if p.name.isdigit():
             try:
-                out.append((p / "cmdline").read_bytes())
+                out.append((p / what).read_bytes())
             except OSError:
                 pass
     return b"\n".join(out)
@@ -84,6 +84,7 @@ def test_no_key_in_the_run_directory_or_the_output(tmp_path: Path, server: Scrip
     while not server.requests and time.monotonic() < deadline and p.poll() is None:
         time.sleep(0.02)
     assert b"SeCrEt" not in _cmdlines()  # no process shows a key on its command line, the runner included
+    assert b"SeCrEt" not in Path(f"/proc/{p.pid}/environ").read_bytes()  # nor the runner in its environment
     out, err = p.communicate(timeout=120)
     assert p.returncode == 3, err.decode()  # the sample whose provider error quotes the key fails
     run = tmp_path / "data" / "r"
@@ -101,11 +102,12 @@ def test_no_key_in_the_run_directory_or_the_output(tmp_path: Path, server: Scrip
     seen = "\n".join(json.dumps(r.body) for r in server.requests)
     assert "SeCrEt" not in seen  # tool results are scrubbed before the model (and its provider) sees them
     if sandbox == "local":
-        # the runner's environment is readable from the local sandbox: the hunt found the keys
-        # (this test is not vacuous), and the model and the saved data got the marker instead
+        # the runner's environment is readable from the local sandbox: the hunt found the names, with
+        # the values overwritten in the runner's memory (and the scrubber's marker on top)
         for name in ("BRAVE_API_KEY", "MY_VISION_CRED", "DATABASE_URL", "GITHUB_PAT",
                      *(["OPENROUTER_API_KEY"] if via == "env" else [])):
-            assert f"{name}=***" in seen and f"{name}=***" in record["conversations"][-1]["value"], name
+            hidden = f"{name}=" + "*" * 8  # more than the scrubber's marker: overwritten where it lay
+            assert hidden in seen and hidden in record["conversations"][-1]["value"], name
 
 
 def test_scrubber_replaces_whole_keys_in_every_spelling_and_ignores_short_ones() -> None:

@@ -25,7 +25,7 @@ from tests.support.scripted_server import ScriptedServer, chat
 from trajforge.config import RunConfig
 from trajforge.sample.settings import tool_settings
 from trajforge.jsonio import loads
-from trajforge.sandbox.local import LocalSandbox
+from trajforge.sandbox.backends.local.local_sandbox import LocalSandbox
 from trajforge.tools.base import ToolContext, ToolInfraError, Unavailable, result_failed
 from trajforge.tools.browser import BrowserToolset, build, find_chromium
 from trajforge.tools.registry import TOOLSET_TOOLS

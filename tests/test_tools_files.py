@@ -15,10 +15,10 @@ import pytest
 
 from trajforge.config import RunConfig
 from trajforge.sample.settings import tool_settings
-from trajforge.sandbox import safe_fs
-from trajforge.sandbox.bwrap import BwrapSandbox
-from trajforge.sandbox.bwrap_backend import probe
-from trajforge.sandbox.local import LocalSandbox
+from trajforge.sandbox.inside import safe_fs
+from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
+from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
+from trajforge.sandbox.backends.local.local_sandbox import LocalSandbox
 from trajforge.tools import files
 from trajforge.tools.base import ToolContext, result_failed
 

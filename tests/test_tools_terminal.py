@@ -15,9 +15,9 @@ import pytest
 
 from trajforge.config import RunConfig
 from trajforge.sample.settings import tool_settings
-from trajforge.sandbox.bwrap import BwrapSandbox
-from trajforge.sandbox.bwrap_backend import probe
-from trajforge.sandbox.local import LocalSandbox
+from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
+from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
+from trajforge.sandbox.backends.local.local_sandbox import LocalSandbox
 from trajforge.tools import terminal
 from trajforge.tools.base import ToolContext, result_failed
 from trajforge.tools.registry import build_toolsets

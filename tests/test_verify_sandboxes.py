@@ -16,8 +16,8 @@ from tests.conftest import cli
 from tests.support.images import MARKER, busybox_image, containers_with_label, podman  # noqa: F401 (fixtures)
 from tests.support.policies import prompt_command_policy
 from tests.support.scripted_server import ScriptedServer
-from trajforge.sandbox.bwrap_backend import probe
-from trajforge.sandbox.engine import Engine
+from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
+from trajforge.sandbox.backends.container.container_engine import Engine
 
 STATUS = asyncio.run(probe())
 needs_bwrap = pytest.mark.skipif(not STATUS.usable, reason=f"bwrap not usable here: {STATUS.detail}")

@@ -118,6 +118,15 @@ class RunConfig(_Strict):
 
     # Every whole number has an upper bound (le=): one beyond 64 bits crashed the run after it began.
     dataset_file: Path | None = None
+    # Harbor-format task directories instead of a dataset (trajforge.tasks); exclusive with dataset_file.
+    tasks: Path | None = None
+    agent: Literal["model", "oracle"] = "model"  # oracle: each task's solution/solve.sh, no model
+    pass_threshold: float = Field(1.0, ge=-1e12, le=1e12, description="a task passes when its reward is at least this")
+    timeout_multiplier: float = Field(1.0, gt=0, le=1_000, description="scales every task's agent, verifier and "
+                                      "build timeouts")
+    task_max_cpus: float | None = Field(None, gt=0, le=100_000, description="cap on a task's [environment].cpus")
+    task_max_memory: str | None = Field(None, pattern=SIZE_PATTERN, description="cap on a task's memory")
+    task_max_storage: str | None = Field(None, pattern=SIZE_PATTERN, description="cap on a task's storage")
     batch_size: int | None = Field(None, ge=1, le=1_000_000)
     run_name: str | None = Field(None, min_length=1)
     distribution: str = "default"
@@ -158,6 +167,7 @@ class RunConfig(_Strict):
     sandbox_shm_size: str = Field("256m", pattern=SIZE_PATTERN, description="size of a sample's /dev/shm")
     sandbox_disk: str = Field("10g", pattern=SIZE_PATTERN, description="bytes a sample may write to its workspace")
     sandbox_cpu_seconds: int | None = Field(600, ge=1, le=10**7, description="CPU seconds per process of a command")
+    sandbox_cpus: float | None = Field(1.0, gt=0, le=4096, description="CPUs one sample may keep busy (cgroup CPU quota)")
     max_sandboxes: int = Field(16, ge=1, le=100_000)
     sandbox_nproc: int = Field(512, ge=16, le=PID_MAX, description="processes of one bwrap sample (enforced as root)")
     container_engine: Literal["auto", "podman", "docker"] = "auto"
@@ -165,7 +175,7 @@ class RunConfig(_Strict):
     container_memory: str | None = Field(None, pattern=r"^[0-9]+(\.[0-9]+)?[bkmgBKMG]?$",
                                          description="memory limit per container (default: sandbox_memory)")
     container_pids_limit: int = Field(1024, ge=16, le=PID_MAX, description="processes per container")
-    container_cpus: float | None = Field(None, gt=0, description="CPUs per container (default: no limit)")
+    container_cpus: float | None = Field(None, gt=0, description="CPUs per container (default: sandbox_cpus)")
     image_pull_timeout: float = Field(300.0, gt=0, description="seconds to pull one missing image")
     local_instances: int = Field(1, ge=1, le=1_024)
     fail_on_error: float = Field(1, gt=0, description="failed samples that make the exit code 3: a count "
@@ -199,7 +209,7 @@ class RunConfig(_Strict):
                      "local_instances", "samples_per_prompt", "stop_after_passes", "check_timeout",
                      "judge_threshold", "max_cost", "max_cost_per_sample", "max_tokens_per_sample",
                      "max_requests_per_minute", "max_tokens_per_minute", "fail_on_error", "sandbox_cpu_seconds",
-                     mode="before")
+                     "sandbox_cpus", "pass_threshold", "timeout_multiplier", "task_max_cpus", mode="before")
     @classmethod
     def _no_bool_numbers(cls, v: Any) -> Any:
         # pydantic's lax mode reads True as 1; `max_turns: yes` in a config file is a mistake.
@@ -250,6 +260,14 @@ class RunConfig(_Strict):
         if self.stop_after_passes is not None and self.stop_after_passes > self.samples_per_prompt:
             raise ValueError(f"--stop_after_passes ({self.stop_after_passes}) must be at most "
                              f"--samples_per_prompt ({self.samples_per_prompt})")
+        return self
+
+    @model_validator(mode="after")
+    def _one_input(self) -> RunConfig:
+        if self.tasks is not None and self.dataset_file is not None:
+            raise ValueError("--tasks and --dataset_file are exclusive: give one input")
+        if self.agent == "oracle" and self.tasks is None:
+            raise ValueError("--agent oracle runs each task's solution/solve.sh: it needs --tasks")
         return self
 
     def all_distributions(self) -> dict[str, Distribution]:

@@ -16,7 +16,8 @@ from pydantic import BaseModel
 from pydantic_core import PydanticCustomError
 
 NAME_MAX = 255  # bytes of one path component on Linux file systems
-SIZE_FIELDS = ("sandbox_memory", "sandbox_tmp_size", "sandbox_shm_size", "sandbox_disk", "container_memory")
+SIZE_FIELDS = ("sandbox_memory", "sandbox_tmp_size", "sandbox_shm_size", "sandbox_disk", "container_memory",
+               "task_max_memory", "task_max_storage")
 CHECKED_FIELDS = ("run_name", "base_url", "judge_base_url", "dataset_file", "prefill_messages_file", *SIZE_FIELDS)
 SIZE_PATTERN = r"^[0-9]+(\.[0-9]+)?[bkmgtBKMGT]?$"
 # A size beyond what any host has (16 TiB, also ext4's largest file: the sandbox's disk image) failed

@@ -21,6 +21,7 @@ import orjson
 
 from trajforge.errors import DatasetError
 from trajforge.sandbox.cwd_policy import problem as cwd_problem
+from trajforge.tasks.spec import TaskSpec
 from trajforge.verify.spec import ROW_FIELDS as VERIFY_FIELDS
 from trajforge.verify.spec import VerifySpec, parse_row
 
@@ -40,6 +41,7 @@ class Sample:
     extra: dict[str, Any] = field(default_factory=dict)
     verify: VerifySpec | None = None  # the row's check/expected/rubric fields (never shown to the model)
     rollout: int = 0  # which of --samples_per_prompt rollouts of the row this sample is
+    task: TaskSpec | None = None  # a Harbor-format task (--tasks, trajforge.tasks): prompt is its instruction
     offset: int = -1  # byte offset of its line in the dataset file (read back by runner.rows)
 
 
@@ -209,11 +211,11 @@ def iter_samples(path: Path, problems: list[str], *, skip_invalid: bool = False,
             state.rows, state.count, state.skipped = rows, count, len(problems)
     if problems and not skip_invalid:
         raise DatasetError(f"{path}: {len(problems)} invalid line(s); fix them or pass --skip_invalid to skip them",
-                           _listed(problems))
+                           listed(problems))
     if not rows:
         raise DatasetError(f"{path}: no samples: the file is empty (blank lines are ignored)")
     if not count:
-        raise DatasetError(f"{path}: no samples: all {rows} line(s) are invalid", _listed(problems))
+        raise DatasetError(f"{path}: no samples: all {rows} line(s) are invalid", listed(problems))
 
 
 def sample_at(source: Path | BinaryIO, offset: int, index: int, line: int, occurrence: int, *,
@@ -253,9 +255,9 @@ def _sample(obj: dict[str, Any], fields: dict[str, Any], verify: VerifySpec | No
     return Sample(index, line, obj["prompt"], identity, extra=extra, verify=verify, offset=offset, **fields)
 
 
-def _listed(problems: list[str]) -> list[str]:
+def listed(problems: list[str]) -> list[str]:
     """The first MAX_LISTED_PROBLEMS problems, and a count of the rest."""
-    listed = problems[:MAX_LISTED_PROBLEMS]
-    if len(problems) > len(listed):
-        listed.append(f"... and {len(problems) - len(listed)} more")
-    return listed
+    shown = problems[:MAX_LISTED_PROBLEMS]
+    if len(problems) > len(shown):
+        shown.append(f"... and {len(problems) - len(shown)} more")
+    return shown

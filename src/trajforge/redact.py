@@ -111,12 +111,16 @@ def run_secrets(config: RunConfig, environ: Mapping[str, str] = os.environ) -> l
     return [part for v in values for part in secret_parts(v) if part.strip()]
 
 
-def hide_in_cmdline(secrets: Iterable[str]) -> bool:
-    """Overwrite `secrets` in this process's command line as /proc/<pid>/cmdline shows it.
+def hide_in_proc(secrets: Iterable[str]) -> bool:
+    """Overwrite `secrets` in this process's command line and environment as /proc/<pid>/cmdline
+    and /proc/<pid>/environ show them.
 
-    `--api_key=...` is otherwise readable by every process of the same user (`ps`, or a tool
-    under the local sandbox). Python keeps its own copy of argv, so this changes nothing else.
-    Linux only; False when the kernel refuses (the scrubber still keeps the key out of the data).
+    `--api_key=...` and `OPENROUTER_API_KEY=...` are otherwise readable by every process of the
+    same user (`ps`, or a command under the local sandbox). Python keeps its own copies of argv
+    and the environment (sys.argv, os.environ), so this changes nothing else: a child process
+    started with os.environ still gets the real value, which is why the sandboxes start commands
+    with a clean environment. Linux only; False when the kernel refuses (the scrubber still keeps
+    the key out of the data).
     """
     wanted = [s.encode() for s in secrets if len(s.strip()) >= MIN_LENGTH]
     if not wanted:
@@ -125,16 +129,18 @@ def hide_in_cmdline(secrets: Iterable[str]) -> bool:
         with open("/proc/self/stat", "rb") as f:
             stat = f.read()
         fields = stat[stat.rindex(b")") + 2:].split()
-        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: fields 48 and 49 of stat(5)
+        # arg_start, arg_end, env_start, env_end: fields 48 to 51 of stat(5)
+        regions = ((int(fields[45]), int(fields[46])), (int(fields[47]), int(fields[48])))
         with open("/proc/self/mem", "r+b", buffering=0) as mem:
-            mem.seek(start)
-            args = mem.read(end - start)
-            hidden = args
-            for s in wanted:
-                hidden = hidden.replace(s, b"*" * len(s))  # same length: the layout of argv is kept
-            if hidden != args:
+            for start, end in regions:
                 mem.seek(start)
-                mem.write(hidden)
+                text = mem.read(end - start)
+                hidden = text
+                for secret in wanted:
+                    hidden = hidden.replace(secret, b"*" * len(secret))  # same length: the layout is kept
+                if hidden != text:
+                    mem.seek(start)
+                    mem.write(hidden)
         return True
     except (OSError, ValueError, IndexError):
         return False

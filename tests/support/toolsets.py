@@ -11,7 +11,7 @@ from typing import Any
 
 from trajforge.config import RunConfig
 from trajforge.sample.settings import tool_settings
-from trajforge.sandbox.local import LocalSandbox
+from trajforge.sandbox.backends.local.local_sandbox import LocalSandbox
 from trajforge.tools.base import ToolContext, Toolset
 from trajforge.tools.settings import ToolSettings
 

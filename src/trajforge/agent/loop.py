@@ -7,6 +7,7 @@ run time (ephemeral system prompt, prefill) are sent to the model but never reco
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,7 @@ class Turn:
     tool_calls: list[ToolCall]
     results: list[ToolResult] = field(default_factory=list)
     finish_reason: str | None = None
+    usage: Usage | None = None  # of this turn's model call (the ATIF trajectory's per-step metrics)
 
 
 @dataclass(slots=True)
@@ -59,7 +61,8 @@ class SessionResult:
     partial: bool
     api_calls: int
     usage: Usage
-    end_reason: str  # "answer" | "length" | "max_turns" | "max_tokens_per_sample" | "max_cost_per_sample" | "max_tool_output"
+    end_reason: str  # "answer" | "length" | "max_turns" | "max_tokens_per_sample" | "max_cost_per_sample" |
+    # "max_tool_output" | "agent_timeout"
 
 
 def _assistant_message(c: Completion) -> dict[str, Any]:
@@ -105,21 +108,42 @@ async def run_session(
     prefill: list[dict[str, Any]] | None = None,
     trace: Any = None,
     limits: SampleLimits | None = None,
+    time_limit: float | None = None,
 ) -> SessionResult:
-    """Run the loop for one prompt. Model errors propagate (the runner classifies them)."""
+    """Run the loop for one prompt. Model errors propagate (the runner classifies them).
+
+    `time_limit` (a task's [agent].timeout_sec): seconds after which the session ends where it is,
+    like max_turns, as partial with end_reason `agent_timeout` (a model call or tool call cut
+    short leaves no result); the turns so far are kept."""
     by_name = {t.name: t for t in tools}
     schemas = [t.schema() for t in tools]
     messages: list[dict[str, Any]] = [runtime_system_message(ephemeral_system_prompt), *(prefill or []),
                                       {"role": "user", "content": prompt}]
     turns: list[Turn] = []
     usage = Usage()
+    limit = asyncio.timeout(time_limit)
+    try:
+        async with limit:
+            end_reason = await _turns(messages, model, schemas, by_name, ctx, turns, usage, max_turns, trace, limits)
+    except TimeoutError:
+        if not limit.expired():  # a timeout of something inside (a model request): not the agent's limit
+            raise
+        end_reason = "agent_timeout"
+    completed = end_reason == "answer"
+    return SessionResult(prompt, schemas, turns, completed, not completed, len(turns), usage, end_reason)
+
+
+async def _turns(messages: list[dict[str, Any]], model: ModelClient, schemas: list[dict[str, Any]],
+                 by_name: dict[str, Tool], ctx: ToolContext, turns: list[Turn], usage: Usage, max_turns: int,
+                 trace: Any, limits: SampleLimits | None) -> str:
+    """The loop itself, appending to `turns` and `usage` as it goes; returns the end reason."""
     end_reason = "max_turns"
     output = 0  # characters of tool results so far
     for _ in range(max_turns):
         completion = await model.complete(messages, schemas)
         usage.add(completion.usage)
         turn = Turn(completion.content, completion.reasoning, completion.tool_calls,
-                    finish_reason=completion.finish_reason)
+                    finish_reason=completion.finish_reason, usage=completion.usage)
         turns.append(turn)
         if trace is not None:
             trace("model", turn)
@@ -147,5 +171,4 @@ async def run_session(
         if reached is not None:
             end_reason = reached
             break
-    completed = end_reason == "answer"
-    return SessionResult(prompt, schemas, turns, completed, not completed, len(turns), usage, end_reason)
+    return end_reason

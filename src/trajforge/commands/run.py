@@ -19,7 +19,14 @@ from trajforge.errors import UsageError
 
 # (flag, kind, help). kind: "str" | "int" | "float" | "bool" | "path" | "csv". Defaults come from RunConfig.
 FLAGS: list[Flag] = [
-    ("dataset_file", "path", "JSONL dataset path"),
+    ("dataset_file", "path", "JSONL dataset path (or --tasks)"),
+    ("tasks", "path", "Harbor-format task directory, or a directory of them, instead of --dataset_file"),
+    ("agent", "str", "model, or oracle: run each task's solution/solve.sh instead of a model"),
+    ("pass_threshold", "float", "a task passes when its reward is at least this"),
+    ("timeout_multiplier", "float", "scales every task's agent, verifier and build timeouts"),
+    ("task_max_cpus", "float", "cap on the CPUs a task's [environment] asks for"),
+    ("task_max_memory", "str", "cap on the memory a task's [environment] asks for (e.g. 8g)"),
+    ("task_max_storage", "str", "cap on the storage a task's [environment] asks for (e.g. 20g)"),
     ("batch_size", "int", "prompts per batch: one batch_N.jsonl per batch"),
     ("run_name", "str", "run name: output goes to <output_dir>/<run_name>/"),
     ("distribution", "str", "toolset distribution to sample from (see --list_distributions)"),
@@ -82,7 +89,8 @@ FLAGS: list[Flag] = [
 _FLAG_NAMES = [f for f, _, _ in FLAGS]
 # Defaults that are not a plain value of RunConfig (None there means "decided at run time").
 _DEFAULT_WORDS = {
-    "dataset_file": "required", "base_url": "https://openrouter.ai/api/v1, or the local model when no API key is set",
+    "dataset_file": "required", "tasks": "none", "task_max_cpus": "no cap", "task_max_memory": "no cap",
+    "task_max_storage": "no cap", "base_url": "https://openrouter.ai/api/v1, or the local model when no API key is set",
     "api_key": "$OPENROUTER_API_KEY, then $OPENAI_API_KEY", "max_samples": "all", "max_tokens": "the model's",
     "providers_allowed": "all", "providers_ignored": "none", "providers_order": "the router's",
     "provider_sort": "the router's", "reasoning_effort": "the model's", "ephemeral_system_prompt": "none",
@@ -137,15 +145,22 @@ def parse_run_args(argv: list[str], prog: str, *, strict_required: bool,
         return None, {"config": config}
     missing = [f for f in ("dataset_file", "batch_size", "run_name")
                if getattr(config, f) is None and (strict_required or f == "dataset_file")]
+    if "dataset_file" in missing and config.tasks is not None:
+        missing.remove("dataset_file")
+    elif "dataset_file" in missing:
+        missing[0] = "dataset_file (or --tasks)"
     if missing:
         names = ", ".join(f"--{f}" for f in missing)
         raise UsageError(f"missing required flag{'s' if len(missing) > 1 else ''} {names} "
                          f"(give {'them' if len(missing) > 1 else 'it'} on the command line or in --config)")
     derived: dict[str, Any] = {}  # validated config is never mutated: a copy carries the derived values
     if config.run_name is None:
-        derived["run_name"] = stem = config.dataset_file.stem  # type: ignore[union-attr]
+        source = config.dataset_file or config.tasks
+        assert source is not None
+        derived["run_name"] = stem = source.stem if config.dataset_file else source.absolute().name
         if (problem := run_name_problem(stem)) is not None:  # `...jsonl` would make it `..`
-            raise UsageError(f"the run name taken from --dataset_file, {stem!r}, {problem}; give --run_name")
+            flag = "--dataset_file" if config.dataset_file else "--tasks"
+            raise UsageError(f"the run name taken from {flag}, {stem!r}, {problem}; give --run_name")
     if config.batch_size is None:
         derived["batch_size"] = 100
     return config.model_copy(update=derived), values

@@ -19,6 +19,7 @@ FORMATS: dict[str, tuple[str, str, str | None]] = {
     "sharegpt": ("trajforge.export.sharegpt", "ShareGPTExporter", None),
     "parquet": ("trajforge.export.parquet", "ParquetExporter", "export"),
     "hf": ("trajforge.export.hf", "HFExporter", "export"),
+    "atif": ("trajforge.export.atif", "ATIFExporter", None),
 }
 
 

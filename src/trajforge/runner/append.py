@@ -50,13 +50,14 @@ def append_new(run_dir: Path, state: dict[str, Any] | None, entries: Finished, r
     merged before.
 
     None when only a whole merge can do: no state of a previous one, a dataset whose rows are not
-    those of the one merged before (the same file, or one with rows appended, is), another
+    those of the one merged before (the same file, or one with rows appended, is), tasks (a few
+    hundred: their figures are not kept from one merge to the next), another
     --keep, a trajectories.jsonl that is not the one the state describes, another run output, or
     records that sort before ones already written while the file is under `rewrite_limit`.
     Raises OutputError."""
     target = run_dir / "trajectories.jsonl"
-    if state is None or not rows.extends(state.get("dataset")) or state.get("keep_passed") != keep_passed \
-            or set(RUN_OUTPUTS) != {"trajectories.jsonl"}:
+    if state is None or rows.kept is not None or not rows.extends(state.get("dataset")) \
+            or state.get("keep_passed") != keep_passed or set(RUN_OUTPUTS) != {"trajectories.jsonl"}:
         return None
     try:
         st = target.stat()
@@ -72,7 +73,7 @@ def append_new(run_dir: Path, state: dict[str, Any] | None, entries: Finished, r
     kept: list[tuple[tuple[int, int], int, bytes | None]] = []  # (place, entry, the line when fit changed it)
     stale = not_kept = 0
     try:
-        with rows.path.open("rb") as dataset:
+        with rows.reader() as dataset:
             samples: dict[int, Sample] = {}
             for j, line in _read(run_dir, entries, new):
                 pos = where.get(entries.keys[j])

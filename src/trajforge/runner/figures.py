@@ -122,6 +122,32 @@ class VerifyFigures(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class TaskGroupFigures(Record):
+    """A set of tasks (one, a category, a difficulty, all): runner.task_stats."""
+
+    tasks: int
+    rollouts: int
+    verdicts: int  # rollouts with a reward
+    mean_reward: float | None
+    passed: int
+    errors: int
+    pass_at_1: float | None
+    pass_at_k: float | None
+    k: int
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFigures(Record):
+    """`--tasks` runs: rewards per task and per metadata category and difficulty."""
+
+    all: TaskGroupFigures
+    per_task: dict[str, TaskGroupFigures]
+    by_category: dict[str, TaskGroupFigures]
+    by_difficulty: dict[str, TaskGroupFigures]
+    below_full_reward: list[str]  # tasks some rollout of which scored under 1 or had an error
+
+
+@dataclass(frozen=True, slots=True)
 class RunFigures(Record):
     """The figures of a set of samples: the whole run's, or the last invocation's."""
 
@@ -136,10 +162,13 @@ class RunFigures(Record):
     duration_seconds: float | None = None
     throughput_samples_per_minute: float | None = None
     per_worker: dict[str, int] | None = None  # written only when samples were counted by worker
+    tasks: TaskFigures | None = None  # written only for runs of tasks
 
     def to_json(self) -> dict[str, Any]:
-        skip = () if self.duration_seconds is not None else ("duration_seconds", "throughput_samples_per_minute")
-        return _fields(self, skip if self.per_worker else (*skip, "per_worker"))
+        skip: tuple[str, ...] = () if self.duration_seconds is not None else ("duration_seconds",
+                                                                             "throughput_samples_per_minute")
+        skip += () if self.per_worker else ("per_worker",)
+        return _fields(self, skip if self.tasks is not None else (*skip, "tasks"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,9 +3,10 @@
 A sample identity is "<24 hex digits of content hash>:<occurrence>" plus "#<rollout>" for rollouts
 after the first (trajforge.dataset). Its key is the first 16 hex digits read as an integer, mixed
 with the occurrence and the rollout, so the dataset pass computes it from the digest it already
-has (`row_key`) and a record's sample_id gives the same one (`key_of`). Any other string (a
-hand-written record) is hashed whole. Two distinct samples of one run share a key with a
-probability of about n^2 / 2^65 (1e-8 at a million samples).
+has (`row_key`) and a record's sample_id gives the same one (`key_of`). Any other row identity (a
+task's, a hand-written record's) is hashed whole, and its rollouts mixed in the same way, so
+`rollout_key(key_of(row), r) == key_of(row#r)` for every identity. Two distinct samples of one
+run share a key with a probability of about n^2 / 2^65 (1e-8 at a million samples).
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from __future__ import annotations
 import hashlib
 import re
 
+from trajforge.dataset import split_rollout
+
 MASK = (1 << 64) - 1
 _OCC = 0x9E3779B97F4A7C15  # odd constants: distinct occurrences and rollouts spread over all 64 bits
 _ROLL = 0xC2B2AE3D27D4EB4F
-_IDENTITY = re.compile(r"([0-9a-f]{16})[0-9a-f]{8}:(0|[1-9]\d{0,8})(?:#([1-9]\d{0,8}))?")
+_IDENTITY = re.compile(r"([0-9a-f]{16})[0-9a-f]{8}:(0|[1-9]\d{0,8})")
 
 
 def row_key(digest: bytes, occurrence: int, rollout: int = 0) -> int:
@@ -30,7 +33,10 @@ def rollout_key(key: int, rollout: int) -> int:
 
 
 def key_of(identity: str) -> int:
-    m = _IDENTITY.fullmatch(identity)
+    row, rollout = split_rollout(identity)
+    m = _IDENTITY.fullmatch(row)
     if m is None:
-        return int.from_bytes(hashlib.blake2b(identity.encode(), digest_size=8).digest(), "big")
-    return (int(m.group(1), 16) + int(m.group(2)) * _OCC + int(m.group(3) or 0) * _ROLL) & MASK
+        base = int.from_bytes(hashlib.blake2b(row.encode(), digest_size=8).digest(), "big")
+    else:
+        base = int(m.group(1), 16) + int(m.group(2)) * _OCC
+    return (base + rollout * _ROLL) & MASK

@@ -25,7 +25,7 @@ from typing import Any
 from trajforge.config import RunConfig
 from trajforge.errors import FatalModelError, OutputError
 from trajforge.jsonio import dumps
-from trajforge.redact import REGISTRY, hide_in_cmdline, run_secrets
+from trajforge.redact import REGISTRY, hide_in_proc, run_secrets
 from trajforge.runner import rowcache, settings, store
 from trajforge.runner.budget import BUDGET_EXIT_CODE
 from trajforge.runner.checkpoint import Checkpoint
@@ -38,7 +38,8 @@ from trajforge.runner.governor import budget_for, check_prices
 from trajforge.runner.monitor import RunMonitor
 from trajforge.sample.outcome import Outcome
 from trajforge.runner.preflight import (
-    check_container_images, check_executor, check_network, choose_model, load_prefill, refuse_contradictions,
+    check_container_images, check_executor, check_network, check_task_engine, choose_model, load_input, load_prefill,
+    refuse_contradictions,
 )
 from trajforge.runner.progress import Progress
 from trajforge.runner.report import failed_exit_code, finish, print_summary
@@ -56,7 +57,7 @@ def run(config: RunConfig, make_executor: ExecutorFactory) -> int:
     """Run the job `config` describes on the executor `make_executor` builds (the command layer's choice)."""
     secrets = run_secrets(config)
     REGISTRY.add(*secrets)
-    hide_in_cmdline(secrets)
+    hide_in_proc(secrets)
     with safe_std_streams():
         return _run_checked(config, make_executor)
 
@@ -66,18 +67,22 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
                         format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     if config.verbose:
         print(dumps(config.masked()).decode(), file=sys.stderr)
-    assert config.dataset_file is not None and config.run_name is not None
+    assert (config.dataset_file or config.tasks) is not None and config.run_name is not None
     refuse_contradictions(config)
     prefill = load_prefill(config.prefill_messages_file)
     run_path = config.output_dir / config.run_name
     # one pass: every row validated, a few bytes of each kept; a resume reads only what the last
     # invocation did not (rows.idx)
-    rows = RunRows.read(config, run_path / rowcache.FILE if config.resume else None)
-    config = choose_model(config)
-    check_prices(config)
+    rows = load_input(config, run_path / rowcache.FILE if config.resume else None)
+    if config.agent != "oracle":
+        config = choose_model(config)
+        check_prices(config)
+    else:  # the oracle calls no model: no endpoint, key or price to check, and its records say "oracle"
+        config = config.model_copy(update={"model": "oracle"})
     config = check_network(config)
     check_executor(config)
     check_container_images(config, rows)
+    check_task_engine(config)
     check_verification_settings(config, rows.path, rows.rubric, rows.verified)
     rundir = RunDir(run_path)
     rundir.acquire(resume=config.resume, overwrite=config.overwrite)
@@ -250,6 +255,8 @@ async def _run(config: RunConfig, rows: RunRows, prefill: list[dict[str, Any]] |
 async def _resolve_sandbox(config: RunConfig, rows: RunRows) -> tuple[RunConfig, str]:
     """Decide `--sandbox auto` once, here, so the start line, config.json and statistics.json name
     the backend the samples really use; a fallback to `local` says why and how to get isolation."""
+    if config.tasks is not None:
+        return config, "container (tasks)"
     if config.executor != "local":
         return config, f"{config.sandbox} (chosen on each Ray node)" if config.sandbox == "auto" else config.sandbox
     from trajforge.sample.settings import sandbox_settings

@@ -105,7 +105,7 @@ def _merge(run_dir: Path, rows: RunRows, totals: Totals, keep_passed: bool) -> M
     written = not_kept = 0
     last = (-1, 0)
     hallucinated: list[str] = []
-    with open_outputs(run_dir) as outputs, rows.path.open("rb") as dataset:  # trajectories.jsonl and the others
+    with open_outputs(run_dir) as outputs, rows.reader() as dataset:  # trajectories.jsonl and the others
         lines = _read(files, ((fid[j], offsets[j], lengths[j]) for j in order))
         sample: Sample | None = None
         for j, line in zip(order, lines):

@@ -111,10 +111,34 @@ def check_executor(config: RunConfig) -> None:
             raise UsageError("--executor ray: Ray is not installed; install it with: pip install 'trajforge[ray]'")
 
 
+def load_input(config: RunConfig, cache: Path | None = None) -> RunRows:
+    """The run's samples: the dataset's rows (read in one pass, or on from `cache`: runner.rows),
+    or the tasks of --tasks (trajforge.tasks.load), held whole."""
+    if config.tasks is not None:
+        from trajforge.tasks.load import load_tasks
+
+        return RunRows.held(config, load_tasks(config.tasks, skip_invalid=config.skip_invalid,
+                                               max_samples=config.max_samples, with_solution=config.agent == "oracle"))
+    return RunRows.read(config, cache)
+
+
+def check_task_engine(config: RunConfig) -> None:
+    """--tasks runs every task in a container: with no working engine here, stop before any work."""
+    if config.tasks is None or config.executor != "local":
+        return
+    from trajforge.sandbox.backends.container.container_engine import detect
+
+    status = asyncio.run(detect(config.container_engine))
+    if status.engine is None:
+        why = "; ".join(f"{k}: {v}" for k, v in status.reasons.items())
+        raise UsageError(f"--tasks runs each task in a container, and no container engine works here ({why}); "
+                         "install Podman (or give Docker's daemon), see `trajforge doctor`")
+
+
 def check_container_images(config: RunConfig, rows: RunRows) -> None:
     """`--sandbox container` with rows that name no image and no `container_image`: every such
     sample could only fail, so refuse before any work."""
-    if config.sandbox != "container" or config.container_image:
+    if config.sandbox != "container" or config.container_image or config.tasks is not None:
         return
     bare = len(rows.keys) - rows.with_image
     if bare:

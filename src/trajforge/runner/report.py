@@ -28,6 +28,8 @@ from trajforge.runner.rows import RunRows
 from trajforge.runner.settings import history
 from trajforge.runner.stats import EXIT_SAMPLES_FAILED, Totals, render_table, too_many_failed
 
+ORACLE_MODEL = "oracle"  # the model name of --agent oracle runs (trajforge.tasks.oracle)
+
 
 def finish(config: RunConfig, rows: RunRows, run_dir: Path, checkpoint: Checkpoint, invocation: Totals,
            seconds: float, spend: SpendFigures, concurrency: ConcurrencyFigures | ConcurrencyNote) -> Statistics:
@@ -49,7 +51,7 @@ def finish(config: RunConfig, rows: RunRows, run_dir: Path, checkpoint: Checkpoi
     models, changed = history(checkpoint.invocations)
     stats = Statistics(
         run_name=config.run_name, model=config.model, distribution=config.distribution, sandbox=config.sandbox,
-        dataset_file=str(config.dataset_file), invocations=len(checkpoint.invocations), models=models,
+        dataset_file=str(config.dataset_file or config.tasks), invocations=len(checkpoint.invocations), models=models,
         settings_changes=changed, skipped_invalid=len(rows.skipped),
         run=totals.figures(total=len(rows), seconds=sum(i.seconds for i in checkpoint.invocations)),
         last_invocation=invocation.figures(total=None, seconds=seconds),
@@ -107,6 +109,18 @@ def print_summary(stats: Statistics, run_dir: Path) -> None:
 
     console = Console(file=sys.stdout, width=100)
     console.print(render_table(stats))
+    tasks = stats.run.tasks
+    if stats.model == ORACLE_MODEL and tasks is not None:  # the oracle's verdict on the task set
+        if tasks.below_full_reward:
+            console.print(f"oracle: {len(tasks.below_full_reward)} of {tasks.all.tasks} task(s) do not reach full "
+                          "reward (broken tests, environment or solution?):", highlight=False)
+            for name in tasks.below_full_reward:
+                t = tasks.per_task[name]
+                reward = "-" if t.mean_reward is None else f"{t.mean_reward:.3f}"
+                errors = f", {t.errors} verification error(s)" if t.errors else ""
+                console.print(f"  {name}: mean reward {reward}{errors}", highlight=False, markup=False)
+        else:
+            console.print(f"oracle: all {tasks.all.tasks} task(s) reach full reward", highlight=False)
     console.print(f"trajectories: {run_dir / 'trajectories.jsonl'}  statistics: {run_dir / 'statistics.json'}")
 
 

@@ -14,15 +14,18 @@ what follows is read. Rows taken from there are checked again when read back to 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from trajforge.config import RunConfig
-from trajforge.dataset import MAX_LISTED_PROBLEMS, PassState, Sample, iter_samples, rollout_identity, sample_at, split_rollout
+from trajforge.dataset import (
+    LoadedDataset, PassState, Sample, iter_samples, listed, rollout_identity, sample_at, split_rollout,
+)
 from trajforge.errors import DatasetError
 from trajforge.runner import rowcache
 from trajforge.runner.keys import key_of, rollout_key, row_key
@@ -50,6 +53,7 @@ class RunRows:
     whole: str = ""  # blake2b of all of them
     cached: int = 0  # rows taken from rows.idx (not validated by this pass: `check_cached`)
     saved: tuple[int, str] | None = None  # (bytes, digest) of the prefix rows.idx vouched for
+    kept: list[Sample] | None = None  # the samples themselves, when held whole (`held`: the tasks of --tasks)
     _last_image: bool = False
 
     @classmethod
@@ -81,6 +85,35 @@ class RunRows:
         rows.whole = whole.hexdigest()
         return rows
 
+    @classmethod
+    def held(cls, config: RunConfig, loaded: LoadedDataset) -> RunRows:
+        """Samples loaded whole (the tasks of --tasks: a few hundred directories, each read and
+        hashed), held as they are; the same interface as a dataset's rows."""
+        rows = cls(loaded.path, config.samples_per_prompt, skipped=list(loaded.skipped), kept=list(loaded.samples),
+                   settings=rowcache.settings(config))
+        rows.rubric, rows.verified = check_row_verification(config, loaded.path, rows.kept or [])
+        for s in loaded.samples:
+            rows.keys.append(key_of(s.identity))
+            rows.offsets.append(-1)
+            rows.lines.append(s.line)
+            rows.occurrences.append(int(s.identity.rpartition(":")[2]))
+            if s.image is not None:
+                rows.with_image += 1
+            elif rows.first_bare is None:
+                rows.first_bare = s.line
+        rows.whole = hashlib.blake2b("\n".join(s.identity for s in loaded.samples).encode(), digest_size=16).hexdigest()
+        rows.size = -1
+        return rows
+
+    @contextlib.contextmanager
+    def reader(self) -> Iterator[BinaryIO | None]:
+        """The dataset file open for `sample` (None when the samples are held)."""
+        if self.kept is not None:
+            yield None
+        else:
+            with self.path.open("rb") as f:
+                yield f
+
     def _adopt(self, saved: rowcache.Saved) -> None:
         self.keys, self.offsets, self.lines, self.occurrences = saved.keys, saved.offsets, saved.line_of, \
             saved.occurrences
@@ -108,7 +141,7 @@ class RunRows:
         """Write rows.idx for the next invocation (nothing when it has nothing new to say).
         Raises OutputError."""
         st = self.state
-        if self.saved == (st.offset, self.digest):
+        if self.kept is not None or self.saved == (st.offset, self.digest):
             return
         n = st.count  # a last line without a newline is not saved: it is read again next time
         tail = len(self.keys) > n
@@ -137,7 +170,7 @@ class RunRows:
         if not self.cached:
             return
         problems: dict[int, str] = {}
-        with self.path.open("rb") as f:
+        with self.reader() as f:
             for i in sorted({i for i, _ in todo.at if i < self.cached}):
                 try:
                     self.sample(i, 0, f)
@@ -145,7 +178,7 @@ class RunRows:
                     problems[i] = str(e)
         if problems and not skip_invalid:
             raise DatasetError(f"{self.path}: {len(problems)} invalid line(s); fix them or pass --skip_invalid to "
-                               "skip them", list(problems.values())[:MAX_LISTED_PROBLEMS])
+                               "skip them", listed(list(problems.values())))
         todo.at = [(i, r) for i, r in todo.at if i not in problems]
         self.skipped += problems.values()
 
@@ -175,7 +208,10 @@ class RunRows:
         return Todo(self, [(i, r) for i, r, key in self.sample_keys() if not finished(key)])
 
     def sample(self, i: int, r: int = 0, f=None) -> Sample:  # type: ignore[no-untyped-def]
-        """Row `i`'s rollout `r`, read back from the file."""
+        """Row `i`'s rollout `r`, read back from the file (`f`: the file, open)."""
+        if self.kept is not None:
+            s = self.kept[i]
+            return s if r == 0 else replace(s, identity=rollout_identity(s.identity, r), rollout=r)
         s = sample_at(f or self.path, self.offsets[i], i, self.lines[i], self.occurrences[i],
                       host_cwd=self.host_cwd)
         if key_of(s.identity) != self.keys[i]:  # another valid row now stands at that offset
@@ -198,7 +234,7 @@ class Todo:
         return bool(self.at)
 
     def __iter__(self) -> Iterator[Sample]:
-        with self.rows.path.open("rb") as f:
+        with self.rows.reader() as f:
             for i, r in self.at:
                 s = self.rows.sample(i, r, f)
                 if self.seen is not None and s.task_type is not None:

@@ -16,6 +16,8 @@ from typing import Any
 from trajforge.runner.figures import (
     ReasoningFigures, RunFigures, SampleCounts, Statistics, TokenFigures, ToolFigures,
 )
+from trajforge.runner.task_stats import TaskTotals
+from trajforge.runner.task_stats import table_rows as task_rows
 from trajforge.runner.verify_stats import VerifyTotals, table_rows
 from trajforge.sample.outcome import FAILURE_CLASSES
 
@@ -53,6 +55,7 @@ class Totals:
     cost: float = 0.0
     per_worker: Counter[str] = field(default_factory=Counter)
     verify: VerifyTotals = field(default_factory=VerifyTotals)
+    tasks: TaskTotals = field(default_factory=TaskTotals)
 
     def add_usage(self, u: dict[str, Any], api_calls: int) -> None:
         self.api_calls += api_calls
@@ -76,6 +79,7 @@ class Totals:
         self.assistant_turns += int(r.get("total_assistant_turns", 0))
         self.turns_with_reasoning += int(r.get("turns_with_reasoning", 0))
         self.verify.add(rec, task_type, typed=typed)
+        self.tasks.add(rec)
 
     _STATE = ("finished", "completed", "partial", "tools", "assistant_turns", "turns_with_reasoning", "api_calls",
               "prompt_tokens", "completion_tokens", "reasoning_tokens", "cost")
@@ -113,6 +117,7 @@ class Totals:
             duration_seconds=None if seconds is None else round(seconds, 3),
             throughput_samples_per_minute=rate,  # None: no time at all
             per_worker=dict(sorted(self.per_worker.items())) if self.per_worker else None,
+            tasks=self.tasks.figures(self.verify.k),
         )
 
     def as_dict(self, *, total: int | None = None, seconds: float | None = None) -> dict[str, Any]:
@@ -140,6 +145,7 @@ def render_table(stats: Statistics) -> Any:
              ("cost", f"${run.cost:.4f}"), ("duration (all invocations)", f"{run.duration_seconds or 0:.1f}s"),
              ("throughput", f"{run.throughput_samples_per_minute or 0:.1f} samples/min")]
     rows += table_rows(run.verification)
+    rows += task_rows(run.tasks)
     last = stats.last_invocation
     if stats.invocations > 1:
         ls = last.samples

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-FAILURE_CLASSES = ("rate_limit", "api_error", "timeout", "sandbox", "model_error", "internal")
+FAILURE_CLASSES = ("rate_limit", "api_error", "timeout", "sandbox", "build", "model_error", "internal")
 Status = Literal["done", "discarded", "failed"]
 
 

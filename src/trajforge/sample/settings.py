@@ -6,8 +6,11 @@ object, built here once per process from the run's configuration.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from trajforge.config import RunConfig, size_bytes
 from trajforge.sandbox.settings import ContainerSettings, SampleLimits, SandboxSettings
+from trajforge.tasks.settings import TaskSettings
 from trajforge.tools.settings import ToolSettings
 
 
@@ -25,11 +28,22 @@ def sandbox_settings(config: RunConfig) -> SandboxSettings:
 
     limits = SampleLimits(memory=size(config.sandbox_memory), tmp_size=size(config.sandbox_tmp_size),
                           shm_size=size(config.sandbox_shm_size), disk=size(config.sandbox_disk),
-                          cpu_seconds=config.sandbox_cpu_seconds)
+                          cpu_seconds=config.sandbox_cpu_seconds, cpus=config.sandbox_cpus)
     container = ContainerSettings(
         engine=config.container_engine, max_sandboxes=config.max_sandboxes, image_pull_timeout=config.image_pull_timeout,
         image=config.container_image, memory=config.container_memory or config.sandbox_memory,
-        pids_limit=config.container_pids_limit, cpus=config.container_cpus, run_name=config.run_name or "")
+        pids_limit=config.container_pids_limit, cpus=config.container_cpus or config.sandbox_cpus, run_name=config.run_name or "")
     return SandboxSettings(backend=config.sandbox, network=config.sandbox_network, allow=tuple(config.network.allow),
                            keep_workspaces=config.keep_workspaces, limits=limits, nproc=config.sandbox_nproc,
                            container=container)
+
+
+def task_settings(config: RunConfig, build_log_dir: Path | None = None) -> TaskSettings:
+    """What the task layer reads of the run (tasks/settings.py); `build_log_dir`: where build logs go."""
+    def size(text: str | None) -> int | None:
+        return size_bytes(text) or None if text else None
+
+    return TaskSettings(agent=config.agent, pass_threshold=config.pass_threshold,
+                        timeout_multiplier=config.timeout_multiplier, max_cpus=config.task_max_cpus,
+                        max_memory=size(config.task_max_memory), max_storage=size(config.task_max_storage),
+                        build_log_dir=build_log_dir)

@@ -4,6 +4,8 @@ It owns the run-level resources (model client, toolsets) and, per sample, sample
 starts a fresh sandbox, runs the agent loop under the per-sample wall-clock limit, verifies the
 result (the row's check in the still-open sandbox, then its expected answer and rubric), applies
 the no-reasoning filter and classifies failures. The local executor and every Ray actor each hold one.
+A task sample (`--tasks`) runs the same way with its own parts from trajforge.tasks.run.TaskRun:
+its container, the agent's time limit or the oracle (no model at all), and the hidden tests.
 """
 
 from __future__ import annotations
@@ -26,24 +28,30 @@ from trajforge.dataset import Sample
 from trajforge.errors import FatalModelError, SampleFailure, UsageError
 from trajforge.model.types import ModelClient
 from trajforge.sample.outcome import Outcome, batch_number
-from trajforge.sample.settings import sandbox_settings, tool_settings
+from trajforge.sample.settings import sandbox_settings, task_settings, tool_settings
 from trajforge.sample.trace import tracer
 from trajforge.sandbox.base import Sandbox
 from trajforge.sandbox.factory import SandboxProvider
 from trajforge.sandbox.workspace import RunRoot
+from trajforge.tasks.oracle import ORACLE_MODEL
+from trajforge.tasks.run import TaskRun
 from trajforge.tools.base import ToolContext, Toolset, Unavailable
 from trajforge.tools.registry import build_toolsets, tools_for
 from trajforge.verify.result import Part
 from trajforge.verify.verifier import Verifier, final_answer
 
 log = logging.getLogger("trajforge.worker")
+TASK_MARGIN = 120.0  # seconds of a task sample's limit beyond its agent timeout (its container's start)
 
 
 class SampleWorker:
     def __init__(self, config: RunConfig, *, prefill: list[dict[str, Any]] | None = None,
-                 worker_id: str = "local", workspace_root: Path | None = None) -> None:
+                 worker_id: str = "local", workspace_root: Path | None = None,
+                 build_log_dir: Path | None = None) -> None:
         self.config = config
         self.tool_settings = tool_settings(config)
+        self.task_settings = task_settings(config, build_log_dir)
+        self.oracle = config.agent == "oracle"
         self.prefill = prefill
         self.worker_id = worker_id
         self.distribution = config.all_distributions()[config.distribution]
@@ -59,11 +67,12 @@ class SampleWorker:
     async def start(self, model: ModelClient | None = None) -> list[Unavailable]:
         from trajforge.model.factory import make_client
 
-        self.model = model or make_client(self.config.model_settings())
-        self.verifier = Verifier(self.config, self.model)
-        wanted = [ts for ts, p in self.distribution.probabilities.items() if p > 0]
-        self.toolsets, self.unavailable = await build_toolsets(wanted, self.tool_settings)
-        if not self.toolsets:  # every sample would get no tool at all: refuse rather than run blind
+        if not self.oracle:  # the oracle runs each task's solution: no model, no tools
+            self.model = model or make_client(self.config.model_settings())
+            self.verifier = Verifier(self.config, self.model)
+            wanted = [ts for ts, p in self.distribution.probabilities.items() if p > 0]
+            self.toolsets, self.unavailable = await build_toolsets(wanted, self.tool_settings)
+        if not self.toolsets and not self.oracle:  # every sample would get no tool at all: refuse rather than run blind
             why = "; ".join(f"{u.toolset}: {u.reason}" for u in self.unavailable)
             raise UsageError(f"--distribution {self.distribution.name}: none of its toolsets can be offered "
                              f"here ({why}); pick another distribution (see `trajforge distributions`)")
@@ -124,48 +133,82 @@ class SampleWorker:
         except Exception as e:  # a bug in one sample must not stop the run; it is recorded and retried
             log.exception("sample %s failed", sample.identity)
             return outcome("failed", reason="internal", message=f"{type(e).__name__}: {e}")
-        assert self.model is not None
         record = build_record(session, prompt_index=sample.index, sample_id=sample.identity, batch_num=batch_num,
-                              model=self.model.model_name, toolsets_used=toolsets, known_tools=known_tools(),
+                              model=self._model_name, toolsets_used=toolsets, known_tools=known_tools(),
                               dataset_line=sample.line, row=sample.extra)
         record["rollout"] = sample.rollout
+        if sample.task is not None:
+            record["task"] = sample.task.summary()
         if verification is not None:
             record["verification"] = verification
-        if not self.config.keep_no_reasoning and not record["reasoning"]["has_any_reasoning"]:
+        if not self._keeps_without_reasoning and not record["reasoning"]["has_any_reasoning"]:
             return outcome("discarded", reason="no_reasoning", usage=record["usage"], api_calls=session.api_calls)
         return outcome("done", record=record)
 
+    @property
+    def _model_name(self) -> str:
+        return ORACLE_MODEL if self.oracle else self.model.model_name  # type: ignore[union-attr]
+
+    @property
+    def _keeps_without_reasoning(self) -> bool:
+        """The oracle has no reasoning to filter on: its records are always kept."""
+        return self.config.keep_no_reasoning or self.oracle
+
+    def _limit(self, task: TaskRun | None) -> float | None:
+        """The sample's wall-clock limit: --timeout, at least a task's own agent time (plus its setup)."""
+        limit = self.config.timeout
+        if task is not None and task.time_limit is not None and limit is not None:
+            limit = max(limit, task.time_limit + TASK_MARGIN)
+        return limit
+
     async def _run(self, sample: Sample, trace: Any) -> tuple[list[str], SessionResult, dict[str, Any] | None]:
-        assert self.model is not None and self.verifier is not None and self.sandboxes is not None
-        spec = self.verifier.spec(sample)
+        assert self.sandboxes is not None
+        task = TaskRun(sample.task, self.task_settings) if sample.task is not None else None
+        spec = self.verifier.spec(sample) if self.verifier is not None else None
         check: Part | None = None
+        verification: dict[str, Any] | None = None
         # Only available toolsets are drawn from, so a sample always gets at least one (start() checked).
-        offered = sample_toolsets(self.distribution, self.config.seed, sample.identity, self.toolsets)
+        offered = [] if self.oracle else sample_toolsets(self.distribution, self.config.seed, sample.identity,
+                                                         self.toolsets)
         tools = tools_for(offered, self.toolsets)
         provider = self.sandboxes
 
         async def create() -> Sandbox:
+            if task is not None:  # the task's own image (built if need be) and limits
+                return await task.create(provider, self.workspace_root)
             return await provider.create(cwd=sample.cwd, image=sample.image, root=self.workspace_root)
 
-        # Made before the wall-clock limit begins (a container's image pull or a wait for a
-        # container slot is the run's cost, not this sample's), or, where the backend makes
+        # Made before the wall-clock limit begins (a container's image pull or build, or a wait for
+        # a container slot, is the run's cost, not this sample's), or, where the backend makes
         # sandboxes ahead of time (bwrap as root), at the first tool call (sandbox/lazy.py).
-        lazy = await provider.made_on_first_use(sample.image)
+        lazy = task is None and await provider.made_on_first_use(sample.image)
         sandbox = provider.lazy(create, image=sample.image, root=self.workspace_root) if lazy else await create()
         try:
             ctx = ToolContext(sandbox, self.tool_settings, sample.identity)
-            async with asyncio.timeout(self.config.timeout) as limit, ctx.cleanup:
-                session = await run_session(
-                    sample.prompt, self.model, tools, ctx, max_turns=self.config.max_turns,
-                    ephemeral_system_prompt=self.config.ephemeral_system_prompt, prefill=self.prefill, trace=trace,
-                    limits=SampleLimits(self.config.max_tokens_per_sample, self.config.max_cost_per_sample),
-                )
+            async with asyncio.timeout(self._limit(task)) as limit, ctx.cleanup:
+                if task is not None and task.oracle:
+                    session = await task.run_oracle(sandbox)  # type: ignore[arg-type]
+                else:
+                    assert self.model is not None
+                    session = await run_session(
+                        sample.prompt, self.model, tools, ctx, max_turns=self.config.max_turns,
+                        ephemeral_system_prompt=self.config.ephemeral_system_prompt, prefill=self.prefill,
+                        trace=trace, limits=SampleLimits(self.config.max_tokens_per_sample,
+                                                         self.config.max_cost_per_sample),
+                        time_limit=task.time_limit if task is not None else None,
+                    )
                 if self._verifies(session):
-                    # The check has its own timeout; the sample's limit resumes for the cleanup after it.
+                    # The check and the tests have their own timeouts; the sample's limit resumes for
+                    # the cleanup after them.
                     deadline, loop = limit.when(), asyncio.get_running_loop()
                     left = None if deadline is None else deadline - loop.time()
                     limit.reschedule(None)
-                    check = await self.verifier.in_sandbox(spec, sandbox)
+                    if task is not None:
+                        verification = await task.verify(sandbox, session, sample.identity,  # type: ignore[arg-type]
+                                                         self._model_name)
+                    else:
+                        assert self.verifier is not None and spec is not None
+                        check = await self.verifier.in_sandbox(spec, sandbox)
                     limit.reschedule(None if left is None else loop.time() + max(left, 0.0))
             tool_usage = ctx.state.get("tool_model_usage")
             if tool_usage is not None:  # tokens spent by vision/moa calls belong to the sample's cost
@@ -177,8 +220,8 @@ class SampleWorker:
             except asyncio.CancelledError:
                 await closing
                 raise
-        verification = None
-        if self._verifies(session):  # the answer and the judge need no sandbox: it is already closed
+        if task is None and self._verifies(session):  # the answer and the judge need no sandbox: it is closed
+            assert self.verifier is not None and spec is not None
             verification, judge_usage = await self.verifier.finish(
                 spec, check, task=sample.prompt, answer=final_answer(session.turns, session.end_reason))
             session.usage.add(judge_usage)  # the judge's tokens are part of what this sample cost
@@ -186,4 +229,4 @@ class SampleWorker:
 
     def _verifies(self, session: SessionResult) -> bool:
         """Verification is skipped for a session the no-reasoning filter will discard anyway."""
-        return self.config.keep_no_reasoning or reasoning_stats(session)["has_any_reasoning"]
+        return self._keeps_without_reasoning or reasoning_stats(session)["has_any_reasoning"]

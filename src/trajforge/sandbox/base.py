@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from trajforge.errors import SampleFailure
-from trajforge.sandbox.fsops import FileOpError, check_model_path
-from trajforge.sandbox.safe_fs import PathEscapeError, SymlinkError
+from trajforge.sandbox.inside.fsops import FileOpError, check_model_path
+from trajforge.sandbox.inside.safe_fs import PathEscapeError, SymlinkError
 
 if TYPE_CHECKING:
     from trajforge.sandbox.settings import SandboxSettings

@@ -4,7 +4,7 @@ One HelperChannel per helper (a sample's, or a container's file helper), over a 
 replies and process-exit events come back as frames whose meta the runner parses (JSON) as
 untrusted input (the helper runs as the sample), with sizes capped: a helper that breaks the
 protocol breaks only its own sample (SandboxError). A foreground command's output comes with
-its exit event (head and tail of each stream, helper_exec.py): one request and one event per
+its exit event (head and tail of each stream, commands.py): one request and one event per
 command; background jobs keep their output in the helper (HelperJob.read). No host path
 crosses the channel.
 """
@@ -24,9 +24,9 @@ try:  # ~10 us less per frame than json's; the sandbox package itself needs only
 except ImportError:  # (tests/test_sandbox_bwrap_user.py runs it as `nobody` with the system Python)
     from json import loads as _loads
 
-from trajforge.sandbox import fsops
+from trajforge.sandbox.inside import fsops
 from trajforge.sandbox.base import ExecResult, Job, LogChunk, SandboxError, check_model_path, raise_reply
-from trajforge.sandbox.helper import CD_FAILED, CD_FAILED_EXIT
+from trajforge.sandbox.inside.helper import CD_FAILED, CD_FAILED_EXIT
 from trajforge.sandbox.process import DETACH_GRACE, DETACH_NOTE, CappedBuffer
 
 _HEAD = struct.Struct("<II")
@@ -56,7 +56,7 @@ class _Proc:
             self.exited.set_result(code)
 
     def output(self, meta: dict[str, Any], payload: bytes) -> None:
-        """A foreground command's exit event: head and tail of each stream (helper_exec.Capture)."""
+        """A foreground command's exit event: head and tail of each stream (commands.Capture)."""
         sizes = meta.get("sizes")
         if not (isinstance(sizes, list) and len(sizes) == 6 and all(isinstance(n, int) and n >= 0 for n in sizes)
                 and sizes[0] + sizes[1] + sizes[3] + sizes[4] == len(payload)):

@@ -15,13 +15,13 @@ import os
 import sys
 from typing import Any
 
-from trajforge.sandbox.bwrap_backend import probe
-from trajforge.sandbox.container_backend import DROPPED_CAPS, ID_LOW
-from trajforge.sandbox.engine import detect
+from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
+from trajforge.sandbox.backends.container.container_backend import DROPPED_CAPS, ID_LOW
+from trajforge.sandbox.backends.container.container_engine import detect
 from trajforge.sandbox.network import doctor_rows
-from trajforge.sandbox.disk import disk_usable, human
-from trajforge.sandbox.cgroups import hierarchies
-from trajforge.sandbox.resources import SampleLimits
+from trajforge.sandbox.host.disk import disk_usable, human
+from trajforge.sandbox.host.cgroups import hierarchies
+from trajforge.sandbox.host.resources import SampleLimits
 
 
 async def gather_report(engine_choice: str = "auto") -> dict[str, Any]:

@@ -33,9 +33,9 @@ from trajforge.sandbox.process import DEFAULT_LIMITS, Limits
 from trajforge.sandbox.settings import SampleLimits, SandboxSettings
 
 BACKENDS = {
-    "local": "trajforge.sandbox.local:make",
-    "bwrap": "trajforge.sandbox.bwrap_backend:make",
-    "container": "trajforge.sandbox.container:make",
+    "local": "trajforge.sandbox.backends.local.local_sandbox:make",
+    "bwrap": "trajforge.sandbox.backends.bwrap.bwrap_backend:make",
+    "container": "trajforge.sandbox.backends.container.container_sandbox:make",
 }
 T = TypeVar("T")
 # Open providers by event loop, so the runner's image prefetch reaches the executor's provider.
@@ -59,7 +59,7 @@ class SandboxProvider:
         self._locks: dict[str, asyncio.Lock] = {}
         self._closing = contextlib.AsyncExitStack()
         # Sandboxes handed out to be made on first use and not made yet: the demand a backend
-        # that makes sandboxes ahead of time sizes its pool to (bwrap as root: pool.py).
+        # that makes sandboxes ahead of time sizes its pool to (bwrap as root: sandbox_pool.py).
         self.waiting = 0
         self.draining = False
         self._on_drain: list[Callable[[], None]] = []
@@ -95,7 +95,7 @@ class SandboxProvider:
         if image is not None or kind == "container":
             return "container"
         if kind == "auto":
-            from trajforge.sandbox.bwrap_backend import probe_status
+            from trajforge.sandbox.backends.bwrap.bwrap_backend import probe_status
 
             return "bwrap" if (await probe_status(self)).usable else "local"
         return kind
@@ -217,7 +217,7 @@ async def resolve_backend(settings: SandboxSettings) -> tuple[str, str | None]:
     fell back to `local` (no isolation), why bwrap could not be used."""
     if settings.backend != "auto":
         return settings.backend, None
-    from trajforge.sandbox.bwrap_backend import probe
+    from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 
     status = await probe()
     return ("bwrap", None) if status.usable else ("local", status.detail)
@@ -238,7 +238,7 @@ async def prefetch_images(images: set[str]) -> None:
     provider = _open.get(asyncio.get_running_loop())
     if not images or provider is None:
         return
-    from trajforge.sandbox.container_backend import backend_for
+    from trajforge.sandbox.backends.container.container_backend import backend_for
 
     try:
         backend = await backend_for(provider)

@@ -2,10 +2,9 @@
 
 Most of a sample's life is spent waiting for the model, and its first model call needs no
 sandbox. Made when the first tool actually uses it, a run holds fewer sandboxes at once (a
-two-call sample about half as long; with bwrap, fewer slots are made, sandbox/slots.py) and a
-sample that never calls a tool makes none. (Made in the background from the sample's start
-instead, the pool grew to one slot per worker and more, and cost more CPU than it saved in
-latency: bench/RESULTS.md.) Every operation of the Sandbox interface makes the real sandbox
+two-call sample about half as long) and a sample that never calls a tool makes none. (With bwrap
+as root the sandbox itself is made ahead of time by the run's pool, backends/bwrap/sandbox_pool.py:
+a first tool call takes one ready.) Every operation of the Sandbox interface makes the real sandbox
 first, once (one task, which every caller waits for); `close()` waits for one being made and
 closes it. A creation failure is the sample's `sandbox` failure, raised from the tool call that
 needed it, exactly as from an eager start.

@@ -6,16 +6,21 @@
   127.0.0.1) that opens ordinary sockets on the host for the sample, behind an nftables rule set
   that rejects every packet to loopback, link-local (169.254.0.0/16: cloud metadata), RFC 1918,
   CGNAT, unique-local, multicast and reserved ranges, and to the host's own addresses
-  (netpolicy.py), except the slirp DNS forwarder 10.0.2.3:53 and what `network.allow` lists.
-  bwrap: one router namespace per run holds the stack and the rules, and every sample's
-  namespace is linked to it (router.py). The rules are installed by the runner (root) where
-  samples run without capabilities, so a sample cannot change them. A sample's services listen
-  in its own namespace, which nothing else can route to, so samples cannot reach each other.
-  Needs root (the bwrap "root" mode), slirp4netns and nft.
+  (netpolicy.py), except what `network.allow` lists. DNS to slirp's address 10.0.2.3:53 (UDP
+  and TCP) is redirected to a DNS forwarder (dns/forward.py) that passes on well-formed queries
+  only, rebuilt; nothing a sample sends reaches slirp's DNS relay, and the host's resolver
+  behind it, as sent. bwrap: one router namespace per run holds the stack, the rules and the
+  forwarder, and every sample's namespace is linked to it (router.py). The rules are installed
+  by the runner (root) where samples run without capabilities, so a sample cannot change them.
+  A sample's services listen in its own namespace, which nothing else can route to, so samples
+  cannot reach each other. Needs root (the bwrap "root" mode), slirp4netns and nft.
 - host: the host's network as is (the pre-egress behaviour; `on` is accepted as its old name).
 - none: an empty network namespace.
 Containers: egress is podman's `slirp4netns:allow_host_loopback=false` (docker: its default
-bridge) plus the same rule set entered into the container's namespace (`install_rules`). `auto`
+bridge) plus the same rule set entered into the container's namespace (`install_rules`), and with
+Podman a forwarder of the container's own in that namespace (`start_dns`), on its loopback: the
+rules redirect 10.0.2.3:53 there and let only the forwarder's queries (its sockets carry a mark,
+which takes CAP_NET_ADMIN to set) go to 10.0.2.3. Docker's bridge has no 10.0.2.3. `auto`
 resolves once per run (`resolve_mode`): egress when a probe sandbox gets it, else host with a
 note saying why; an explicit egress that cannot be had is a UsageError before any work.
 """
@@ -33,12 +38,14 @@ from typing import TYPE_CHECKING
 from trajforge.errors import UsageError
 from trajforge.netpolicy import BLOCKED_V4, BLOCKED_V6, host_addresses
 from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.dns.service import MARK, PORT, DnsForwarder
 from trajforge.sandbox.process import SAFE_PATH, tool_path
 
 if TYPE_CHECKING:
     from trajforge.sandbox.settings import SandboxSettings
 
 SLIRP_DNS = "10.0.2.3"
+DNS_UPSTREAM = (SLIRP_DNS, 53)  # where a container's forwarder asks: its slirp4netns's DNS relay
 START_TIMEOUT = 10.0
 
 
@@ -62,9 +69,19 @@ def ruleset(allow: list[str] | tuple[str, ...] = ()) -> str:
     nets = [n for n in map(_network, allow) if n is not None]  # host names: runner-side fetches only
     ok4 = [str(n) for n in nets if n.version == 4]
     ok6 = [str(n) for n in nets if n.version == 6]
-    lines = ["table inet trajforge {", "  chain out {", "    type filter hook output priority 0; policy accept;",
+    up, port = DNS_UPSTREAM
+    lines = ["table inet trajforge {",
+             # DNS to slirp's address goes to the forwarder on loopback, except the forwarder's own.
+             "  chain dns_redirect {", "    type nat hook output priority -100; policy accept;",
+             f"    meta mark {MARK:#x} return",
+             f"    ip daddr {SLIRP_DNS} udp dport 53 redirect to :{PORT}",
+             f"    ip daddr {SLIRP_DNS} tcp dport 53 redirect to :{PORT}", "  }",
+             "  chain out {", "    type filter hook output priority 0; policy accept;",
              '    oifname "lo" accept',
-             f"    ip daddr {SLIRP_DNS} udp dport 53 accept", f"    ip daddr {SLIRP_DNS} tcp dport 53 accept"]
+             # redirected: seen here with its new address and the interface of its old route
+             f"    ct status dnat ip daddr 127.0.0.1 udp dport {PORT} accept",
+             f"    ct status dnat ip daddr 127.0.0.1 tcp dport {PORT} accept",
+             f"    meta mark {MARK:#x} ip daddr {up} udp dport {port} accept"]
     if ok4:
         lines.append(f"    ip daddr {{ {', '.join(ok4)} }} accept")
     if ok6:
@@ -88,6 +105,12 @@ async def install_rules(pid: int, allow: list[str] | tuple[str, ...] = ()) -> No
     _, err = await proc.communicate(ruleset(allow).encode())
     if proc.returncode != 0:
         raise SandboxError(f"cannot install the egress firewall: {err.decode(errors='replace').strip()[-300:]}")
+
+
+async def start_dns(pid: int) -> DnsForwarder:
+    """The DNS forwarder of the container whose process is `pid` (Podman's slirp4netns network),
+    in its network namespace and listening on its loopback, where `ruleset` redirects its DNS."""
+    return await DnsForwarder.start(["-t", str(pid), "-n"], listen=("127.0.0.1", PORT), upstream=DNS_UPSTREAM)
 
 
 _support: dict[str, EgressSupport] = {}
@@ -114,7 +137,7 @@ async def egress_support(backend: str) -> EgressSupport:
 
 
 async def _probe_bwrap() -> EgressSupport:
-    from trajforge.sandbox.bwrap import BwrapSandbox, find_bwrap
+    from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox, find_bwrap
 
     path = find_bwrap()
     if path is None:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from trajforge.sandbox import helper_exec
+from trajforge.sandbox.inside import commands
 from trajforge.sandbox.base import ExecResult
 
 DEFAULT_OUTPUT_CAP = 50_000  # bytes kept per stream of a foreground command
@@ -30,7 +30,7 @@ SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # The shell of the local and bwrap sandboxes' commands (host binaries are bwrap's too).
 SHELL = shutil.which("bash", path=SAFE_PATH) or "/bin/sh"
 # After the shell exits, how long children that inherited its stdout/stderr may keep them open.
-DETACH_GRACE = helper_exec.DETACH_GRACE  # the same grace for the helper's commands
+DETACH_GRACE = commands.DETACH_GRACE  # the same grace for the helper's commands
 DETACH_NOTE = ("\n[background processes still attached to this command's output were killed; "
                "redirect their output to a file (cmd > log 2>&1 &) or use the process tool]\n")
 

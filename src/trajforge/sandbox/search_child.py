@@ -17,12 +17,12 @@ import os
 import sys
 from typing import Any
 
-from trajforge.sandbox import fsops
+from trajforge.sandbox.inside import fsops
 from trajforge.sandbox.base import SandboxError, raise_reply
 from trajforge.sandbox.process import SAFE_PATH
 
-_CODE = "import sys;sys.path.insert(0,sys.argv[1]);from trajforge.sandbox.fsops import child_main;child_main()"
-_SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(fsops.__file__))))
+_CODE = "import sys;sys.path.insert(0,sys.argv[1]);from trajforge.sandbox.inside.fsops import child_main;child_main()"
+_SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(fsops.__file__)))))
 
 
 async def search_in_child(job: dict[str, Any]) -> tuple[list[str], bool]:
@@ -30,8 +30,11 @@ async def search_in_child(job: dict[str, Any]) -> tuple[list[str], bool]:
     (results, more exist), or its FileOpError / PathEscapeError / SymlinkError raised here."""
     seconds = fsops.SEARCH_SECONDS  # read at call time: tests shorten it
     job = {**job, "seconds": seconds}
+    # Matching files a container sent (`entries`) needs no file at all: as root, the child that
+    # reads them does it as nobody, without a privilege (the sandbox package's invariant).
+    drop = ["--drop"] if os.geteuid() == 0 and "entries" in job else []
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-I", "-S", "-c", _CODE, _SRC, stdin=asyncio.subprocess.PIPE,
+        sys.executable, "-I", "-S", "-c", _CODE, _SRC, *drop, stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={"PATH": SAFE_PATH}, cwd="/")
     try:
         async with asyncio.timeout(seconds + 10):  # its alarm failed too: a walk stuck in the kernel

@@ -24,7 +24,7 @@ class SampleLimits:
 
 @dataclass(frozen=True, slots=True)
 class ContainerSettings:
-    """The container backend's settings (container.py, container_backend.py)."""
+    """The container backend's settings (container_sandbox.py, container_backend.py)."""
 
     engine: str = "auto"  # auto | podman | docker
     max_sandboxes: int = 16  # containers being created at once

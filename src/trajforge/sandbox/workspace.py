@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from trajforge.sandbox.base import SandboxError
-from trajforge.sandbox.disk import mount_table, pid_alive
+from trajforge.sandbox.host.disk import mount_table, pid_alive
 from trajforge.sandbox.process import SAFE_PATH
 
 

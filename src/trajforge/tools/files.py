@@ -2,7 +2,7 @@
 
 Every file access is a method of the sandbox (read_file, write_file, search), with the path as
 the model gave it: the backend refuses anything outside the workspace and never follows a link
-that changes while it works (sandbox/fsops.py), inside the sample's own view where it has one.
+that changes while it works (sandbox/inside/fsops.py), inside the sample's own view where it has one.
 This module owns the model-facing contract: argument checks, line slicing, the patch logic and
 the messages. Whatever the model can fix (missing file, ambiguous patch, bad regex, a link
 swapped in meanwhile) comes back as an error result.
@@ -15,8 +15,8 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from trajforge.sandbox.base import FileOpError, PathEscapeError, SandboxError, SymlinkError
-from trajforge.sandbox.fsops import SKIP_DIRS
-from trajforge.sandbox.safe_fs import MAX_DEPTH
+from trajforge.sandbox.inside.fsops import SKIP_DIRS
+from trajforge.sandbox.inside.safe_fs import MAX_DEPTH
 from trajforge.tools.base import Tool, ToolContext, ToolInfraError, Toolset, error, ok
 from trajforge.tools.patch_hints import change_diff, closest_hint, occurrence_lines
 from trajforge.tools.read_lines import Binary, TooLarge, Window, read_window

@@ -4,7 +4,8 @@ A failed sample has no record, so its prompt and position are only in the datase
 a dataset field records do not carry. config.json names the dataset file as it was given to
 `trajforge run` (often relative to the directory the run was started in), so it is looked for
 there (derived from the run directory and output_dir) and then relative to the current directory.
-A dataset that is gone or no longer valid just leaves those fields empty.
+A dataset that is gone or no longer valid just leaves those fields empty. A run of `--tasks`
+reads its task directories the same way (trajforge.tasks.load).
 """
 
 from __future__ import annotations
@@ -26,25 +27,35 @@ class Row:
     prompt: str
 
 
-def find_dataset(run_dir: Path) -> tuple[Path | None, int | None]:
-    """(dataset path, max_samples) from the run's config.json, or (None, None)."""
+def _config(run_dir: Path) -> dict:
     try:
         config = orjson.loads((run_dir / "config.json").read_bytes())
     except (OSError, orjson.JSONDecodeError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def find_dataset(run_dir: Path) -> tuple[Path | None, int | None]:
+    """(dataset path, max_samples) from the run's config.json, or (None, None); the tasks'
+    directory for a run of --tasks."""
+    config = _config(run_dir)
+    if not config:
         return None, None
-    name, out = config.get("dataset_file"), config.get("output_dir") or "data"
+    tasks = isinstance(config.get("tasks"), str)
+    name, out = config.get("tasks" if tasks else "dataset_file"), config.get("output_dir") or "data"
     if not isinstance(name, str) or not isinstance(out, str):
         return None, None
     limit = config.get("max_samples") if isinstance(config.get("max_samples"), int) else None
     given = Path(name)
+    exists = Path.is_dir if tasks else Path.is_file
     if given.is_absolute():
-        return (given if given.is_file() else None), limit
+        return (given if exists(given) else None), limit
     started_in = run_dir.resolve().parent  # output_dir/run_name -> the directory the run started in
     if not Path(out).is_absolute():
         for _ in Path(out).parts:
             started_in = started_in.parent
     for candidate in (started_in / given, Path.cwd() / given):
-        if candidate.is_file():
+        if exists(candidate):
             return candidate, limit
     return None, limit
 
@@ -55,7 +66,13 @@ def load_rows(run_dir: Path) -> tuple[dict[str, Row], str | None]:
     if path is None:
         return {}, "the run's dataset file was not found: failed samples show no prompt"
     try:
-        ds = load_dataset(path, skip_invalid=True, max_samples=limit)
+        if isinstance(_config(run_dir).get("tasks"), str):
+            from trajforge.tasks.load import load_tasks
+
+            oracle = _config(run_dir).get("agent") == "oracle"
+            ds = load_tasks(path, skip_invalid=True, max_samples=limit, with_solution=oracle)
+        else:
+            ds = load_dataset(path, skip_invalid=True, max_samples=limit)
     except DatasetError as e:
         return {}, f"{path}: cannot be read as the run's dataset ({str(e).splitlines()[0]})"
     return {s.identity: Row(s.index, s.task_type, s.prompt[:PROMPT_CAP]) for s in ds.samples}, None

@@ -129,6 +129,33 @@ function histo(title, bins, id) {
   return box;
 }
 
+// Rewards of a --tasks run: every task, then per metadata category and difficulty.
+function taskTable(t) {
+  const num = (x) => x == null ? '–' : x.toFixed(3);
+  const head = el('tr', {}, ['', 'tasks', 'rollouts', 'mean reward', 'passed', 'errors', 'pass@1', 'pass@' + t.all.k].map((h) => el('th', {text: h})));
+  const row = (label, g) => el('tr', {'data-task-row': label}, [label, fmt(g.tasks), fmt(g.rollouts), num(g.mean_reward),
+    g.passed + ' / ' + g.verdicts, fmt(g.errors), num(g.pass_at_1), num(g.pass_at_k)].map((v) => el('td', {text: v})));
+  const rows = [row('all tasks', t.all)];
+  for (const [name, g] of Object.entries(t.by_category)) rows.push(row('category ' + name, g));
+  for (const [name, g] of Object.entries(t.by_difficulty)) rows.push(row('difficulty ' + name, g));
+  for (const [name, g] of Object.entries(t.per_task)) rows.push(row('task ' + name, g));
+  return el('section', {class: 'chart', id: 'tasks'}, el('h3', {text: 'Rewards by task'}), el('table', {class: 'samples'}, head, ...rows));
+}
+
+// A task's verification: reward, the metrics of reward.json, or the error; the test script's output.
+function verifyView(v) {
+  const state = v.error ? 'error: ' + v.error : v.passed ? 'passed' : 'failed';
+  const reward = v.reward != null ? ' · reward ' + v.reward : '';
+  const box = el('section', {class: 'turn verify ' + (v.passed ? 'pass' : 'fail'), id: 'verification'},
+    el('div', {class: 'th', text: 'Verification: ' + state + reward}));
+  if (v.rewards && Object.keys(v.rewards).length > 1)
+    box.append(el('p', {class: 'rewards', text: Object.entries(v.rewards).map(([k, x]) => k + ' ' + x).join(' · ')}));
+  const tests = v.detail && v.detail.tests;
+  if (tests && tests.message) box.append(el('p', {class: 'warn-text', text: tests.message}));
+  if (tests && tests.output) box.append(el('div', {class: 'th', text: 'Test output (exit ' + tests.exit_code + ', ' + tests.seconds + ' s)'}), folded(tests.output, 'text verifier-output'));
+  return box;
+}
+
 async function renderOverview(main) {
   const o = await api('/api/overview');
   setStatus(o);
@@ -153,6 +180,7 @@ async function renderOverview(main) {
     figs.append(figure('verification pass rate', v.pass_rate, pct(v.pass_rate) + ' of ' + fmt(v.verified), 'verification.pass_rate'));
     if (v.mean_score !== null) figs.append(figure('mean score', v.mean_score, v.mean_score.toFixed(3), 'verification.mean_score'));
   }
+  if (f.tasks) figs.append(figure('mean reward', f.tasks.all.mean_reward, f.tasks.all.mean_reward == null ? '–' : f.tasks.all.mean_reward.toFixed(3), 'tasks.mean_reward'));
   const failed = Object.entries(s.failed_by_class).map(([k, v]) => ({label: k, value: v}));
   const discarded = Object.entries(s.discarded_by_reason).map(([k, v]) => ({label: k, value: v}));
   const tools = Object.entries(f.tools).filter(([, x]) => x.count > 0).sort((a, b) => b[1].count - a[1].count)
@@ -167,6 +195,7 @@ async function renderOverview(main) {
   if (Object.keys(o.task_types).length)
     charts.append(bars('Task types', Object.entries(o.task_types).map(([k, v]) => ({label: k, value: v})), {id: 'task_types'}));
   const notes = el('div', {class: 'notes'});
+  if (f.tasks) notes.append(taskTable(f.tasks));
   const stale = o.statistics && o.statistics.merge && o.statistics.merge.not_in_dataset;
   if (stale) notes.append(el('p', {class: 'muted', text: stale + ' finished sample(s) are no longer in the dataset: listed and counted here, left out of trajectories.jsonl and statistics.json'}));
   if (o.duplicates) notes.append(el('p', {class: 'muted', text: o.duplicates + ' duplicate record(s) ignored (the first one of a sample counts)'}));
@@ -338,7 +367,11 @@ function metaTable(d) {
   if (r.toolsets_used) rows.push(['toolsets', r.toolsets_used.join(', ')]);
   if (r.usage) rows.push(['usage', Object.entries(r.usage).map(([k, v]) => k.replace(/_tokens$/, '') + ' ' + v).join(' · ')]);
   if (r.tool_stats) rows.push(['tool stats', Object.entries(r.tool_stats).map(([k, s]) => `${k} ${s.success}/${s.count} ok`).join(', ')]);
-  if (r.verification) {
+  if (r.task) rows.push(['task', r.task.name + ' (' + r.task.path + ')'], ['task metadata', JSON.stringify(r.task.metadata)]);
+  if (r.verification && r.verification.method === 'tests') {
+    const v = r.verification;
+    rows.push(['reward', v.reward == null ? 'none (' + v.error + ')' : String(v.reward) + (v.passed ? ' · passed' : ' · failed')]);
+  } else if (r.verification) {
     const v = r.verification;
     rows.push(['verification', (v.passed ? 'passed' : 'failed') + (v.score != null ? ' · score ' + v.score : '') + (v.method ? ' · ' + v.method : '')]);
     if (v.detail) rows.push(['verification detail', typeof v.detail === 'string' ? v.detail : JSON.stringify(v.detail)]);
@@ -357,7 +390,9 @@ async function renderSample(main, params) {
   let n = 0;
   for (const t of d.turns || []) turns.append(turnView(t, t.kind === 'gpt' ? ++n : n));
   if (!d.turns) turns.append(el('p', {class: 'muted', text: 'No trajectory was saved for this sample.'}));
-  if (d.record && d.record.verification) {
+  if (d.record && d.record.verification && d.record.verification.method === 'tests') {
+    turns.append(verifyView(d.record.verification));
+  } else if (d.record && d.record.verification) {
     const v = d.record.verification;
     turns.append(el('section', {class: 'turn verify ' + (v.passed ? 'pass' : 'fail')}, el('div', {class: 'th', text: 'Verification: ' + (v.passed ? 'passed' : 'failed')})));
   }

@@ -1,0 +1,1 @@
+"""The sandbox backends, one package each: local, bwrap, container (factory.BACKENDS)."""

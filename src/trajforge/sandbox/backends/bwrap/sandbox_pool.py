@@ -1,0 +1,301 @@
+"""Root-mode bwrap sandboxes made ahead of time, in the background, each used by one sample.
+
+Making a sandbox takes privileged work (namespaces, mounts, a cgroup, a loop-mounted disk, a veth
+link): the pool does it before a sample asks, so a sample's first tool call finds one ready, and
+the work costs the run CPU but no sample any waiting. A `Prepared` sandbox is its first process
+(sandbox_init.py: pid 1 of its pid namespace, ready and waiting, holding nothing of the host),
+its channel, its uid, cgroup (cgroups.py), workspace (on a disk of its own, loopdisk.py, when the
+workspace is size-limited) and network namespace (made by the zygote, in egress mode linked to
+the run's router). `take` hands one to a sample; `end` destroys it once the sample is over: its
+channel closed (the first process exits and the kernel kills its pid namespace), its cgroup,
+disk and workspace removed. Nothing of a sandbox is ever given to a second sample.
+
+The pool is sized to demand: it keeps as many ready or being made as there are samples that
+may still want one (`demand`, the provider's sandboxes handed out and not yet made, or the
+callers waiting), making MAKING at a time; once the run drains, ready ones beyond the demand are
+destroyed while the last samples run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import os
+import random
+import socket
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from trajforge.sandbox import workspace
+from trajforge.sandbox.host import loopdisk
+from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.host.cgroups import SampleGroup, hierarchies
+from trajforge.sandbox.channel import HelperChannel
+from trajforge.sandbox.host.disk import human
+from trajforge.sandbox.host.zygote_client import Zygote
+from trajforge.sandbox.process import DEFAULT_OUTPUT_CAP
+from trajforge.sandbox.host.resources import sweep_leftovers, tmpfs_full
+from trajforge.sandbox.settings import SampleLimits
+
+MAKING = 4  # sandboxes made at once: enough to keep the zygote, the disks' threads and the kernel busy
+THREADS = 16  # the pool's threads for calls that wait on the kernel (mounts, unmounts, cgroups)
+READY_TIMEOUT = 30.0
+# Sandbox uids come from a range no real account uses; a network link's index from 10.128.0.0/9's /30s.
+_UID_BASE, _UID_SPAN = 1_800_000_000, 200_000_000
+_LINKS = 1 << 21
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class Prepared:
+    """One sandbox made ahead of time (module doc)."""
+
+    name: str
+    uid: int
+    root: Path  # its disk's mount point, or a plain directory
+    workspace: Path = Path()  # on the host; /workspace inside
+    channel: HelperChannel | None = None
+    pid: int = 0  # host pid of its first process
+    exited: asyncio.Future[int] | None = None  # once reaped: every process of the sandbox is dead
+    group: SampleGroup | None = None
+    disk: loopdisk.Region | None = None
+    link: int | None = None  # its network link's index (egress)
+    _oom_seen: int = field(default=0, repr=False)
+
+    @property
+    def alive(self) -> bool:
+        return self.channel is not None and not self.channel.broken and not (self.exited and self.exited.done())
+
+    def check(self, limits: SampleLimits) -> None:
+        """After a command: SandboxError naming the limit the sample hit, if any."""
+        if self.group is not None:
+            kills = self.group.oom_kills()
+            if kills > self._oom_seen:
+                self._oom_seen = kills
+                raise SandboxError(f"the sample exceeded its memory limit of {human(limits.memory or 0)} "
+                                   "(sandbox_memory): a process was killed by the kernel")
+        for inside, size, key in (("tmp", limits.tmp_size, "sandbox_tmp_size"),
+                                  ("dev/shm", limits.shm_size, "sandbox_shm_size")):
+            if tmpfs_full(f"/proc/{self.pid}/root/{inside}", size):
+                raise SandboxError(f"the sample filled /{inside} ({human(size or 0)}, {key})")
+        if self.disk is not None and limits.disk and loopdisk.full(self.root, limits.disk):
+            raise SandboxError(f"the sample filled its workspace disk limit of {human(limits.disk)} (sandbox_disk)")
+
+
+class SandboxPool:
+    """The sandboxes of one workspace root (one per run in practice)."""
+
+    def __init__(self, root: Path, zygote: Zygote, *, network: str, router: int | None, limits: SampleLimits,
+                 nproc: int | None = None, demand: Callable[[], int] = lambda: 0) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        self.root = root.resolve()
+        self.zygote, self.network, self.router, self.limits, self.nproc = zygote, network, router, limits, nproc
+        self.demand = demand
+        self._ready: collections.deque[Prepared] = collections.deque()
+        self._waiters: collections.deque[asyncio.Future[Prepared]] = collections.deque()
+        self._ids = itertools.count()
+        self._links: set[int] = set()
+        self._making = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._disks: loopdisk.Disks | None = None
+        self._disks_lock = asyncio.Lock()
+        self.cgroups = hierarchies() if (limits.memory or limits.cpus or nproc) else None
+        self.closing = self.draining = False
+        self._threads = ThreadPoolExecutor(THREADS, thread_name_prefix="trajforge-sandboxes")
+
+    # --- handing out -------------------------------------------------------------------------
+    async def take(self) -> Prepared:
+        """A ready sandbox, or the next one made."""
+        while self._ready:
+            sandbox = self._ready.popleft()
+            if sandbox.alive:
+                self.refill()
+                return sandbox
+            self._background(self.end(sandbox))
+        if self.closing:
+            raise SandboxError("the run's sandboxes are closing")
+        waiter: asyncio.Future[Prepared] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        self.refill()
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self._put(waiter.result())  # handed over as this caller left: the next one's
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+            raise
+
+    def wanted(self) -> int:
+        """Sandboxes to have ready or being made: the samples that may still want one."""
+        return max(self.demand(), sum(not w.done() for w in self._waiters))
+
+    def refill(self) -> None:
+        """Start making sandboxes up to what is wanted, MAKING at a time; past it while
+        draining, destroy ready ones."""
+        while not self.closing and self._making < MAKING and len(self._ready) + self._making < self.wanted():
+            self._making += 1
+            self._background(self._make_one())
+        while self.draining and len(self._ready) > max(0, self.wanted() - self._making):
+            self._background(self.end(self._ready.pop()))
+
+    def drain(self) -> None:
+        """No new sample will start: ready sandboxes beyond the demand go (in the background)."""
+        self.draining = True
+        self.refill()
+
+    def _background(self, coro) -> None:  # type: ignore[no-untyped-def]
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _make_one(self) -> None:
+        try:
+            sandbox = await self._make(f"sb-{next(self._ids)}-{os.urandom(3).hex()}")
+        except Exception as e:  # the first waiter's failure, as its own making would have been
+            waiter = self._first_waiter()
+            if waiter is not None:
+                waiter.set_exception(e)
+        else:
+            self._put(sandbox)
+        finally:
+            self._making -= 1
+            self.refill()
+
+    def _first_waiter(self) -> asyncio.Future[Prepared] | None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                return waiter
+        return None
+
+    def _put(self, sandbox: Prepared) -> None:
+        waiter = self._first_waiter()
+        if waiter is not None and not self.closing:
+            waiter.set_result(sandbox)
+        elif self.closing:
+            self._background(self.end(sandbox))
+        else:
+            self._ready.append(sandbox)
+
+    # --- making and destroying ---------------------------------------------------------------
+    async def _make(self, name: str) -> Prepared:
+        await sweep_leftovers()  # a killed runner's disks and cgroups, once per process
+        uid = _UID_BASE + random.randrange(_UID_SPAN)
+        sandbox = Prepared(name, uid, self.root / name)
+        try:
+            await self._workspace(sandbox)
+            lim = self.limits
+            if self.cgroups is not None:
+                sandbox.group = await self._blocking(
+                    SampleGroup(self.cgroups, memory=lim.memory, cpus=lim.cpus, pids=self.nproc).create)
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            sandbox.channel = HelperChannel(ours, DEFAULT_OUTPUT_CAP)
+            ready = sandbox.channel.expect(0)  # the first process's first frame says it is ready
+            sandbox.link = self._new_link() if self.network == "egress" else None
+            net = {"router": self.router, "index": sandbox.link} if self.network in ("egress", "none") else None
+            sandbox.pid, sandbox.exited = await self.zygote.fork(
+                theirs, "sandbox", net=net, workspace=str(sandbox.workspace), tmp=lim.tmp_size, shm=lim.shm_size,
+                cgroups=sandbox.group.procs if sandbox.group is not None else [])
+            try:
+                async with asyncio.timeout(READY_TIMEOUT):
+                    reply, _ = await ready
+            except TimeoutError:
+                raise SandboxError(f"a sandbox was not ready within {READY_TIMEOUT:g}s") from None
+            if "error" in reply:
+                raise SandboxError(f"a sandbox could not be made: {reply.get('msg')}")
+        except BaseException:
+            await self.end(sandbox)
+            raise
+        return sandbox
+
+    async def _workspace(self, sandbox: Prepared) -> None:
+        """Its workspace: on a disk of its own when the workspace is size-limited; the sample's uid's."""
+        disks = await self._workspace_disks() if self.limits.disk else None
+
+        def make() -> None:  # a mount and a first write to a new filesystem: never on the event loop
+            if disks is not None:
+                sandbox.root, sandbox.disk = disks.mount(sandbox.name)
+                base = sandbox.root / loopdisk.WORKSPACES
+            else:
+                sandbox.root.mkdir(0o700)
+                base = sandbox.root
+            sandbox.workspace, _ = workspace.create_fresh(base, None)
+            os.chown(sandbox.workspace, sandbox.uid, sandbox.uid)
+
+        await self._blocking(make)
+
+    async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """A blocking call in the pool's own threads: unmounts and cgroup removals wait on the kernel
+        for milliseconds, and a run makes hundreds of sandboxes a second (the loop's default
+        executor has a handful of threads, shared with every other to_thread of the run)."""
+        return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
+
+    def _new_link(self) -> int:
+        while True:  # a random free index: the next sample cannot tell how many came before
+            index = random.randrange(1, _LINKS)
+            if index not in self._links:
+                self._links.add(index)
+                return index
+
+    async def _workspace_disks(self) -> loopdisk.Disks:
+        async with self._disks_lock:
+            if self._disks is None:
+                self._disks = await asyncio.to_thread(loopdisk.Disks(self.root, self.limits.disk or 0).create)
+            return self._disks
+
+    async def end(self, sandbox: Prepared, *, keep: bool = False) -> Path | None:
+        """Destroy a sandbox once its sample is over; the kept workspace, if `keep`."""
+        channel, sandbox.channel = sandbox.channel, None
+        if channel is not None:
+            channel.close()  # its first process exits, and the kernel kills its pid namespace
+        if sandbox.exited is not None and sandbox.pid:
+            try:
+                async with asyncio.timeout(5):
+                    await asyncio.shield(sandbox.exited)
+            except TimeoutError:
+                with contextlib.suppress(SandboxError):
+                    await self.zygote.request("kill", pid=sandbox.pid)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(10):
+                        await asyncio.shield(sandbox.exited)
+        kept = None
+        if keep and sandbox.workspace != Path() and os.path.isdir(sandbox.workspace):
+            kept = await self._blocking(workspace.keep, sandbox.workspace, self.root)
+        if sandbox.group is not None:
+            group, sandbox.group = sandbox.group, None
+            await self._blocking(group.remove)
+        if sandbox.link is not None:
+            self._links.discard(sandbox.link)
+        disk, sandbox.disk = sandbox.disk, None
+        if disk is not None and self._disks is not None:
+            await self._blocking(self._disks.unmount, sandbox.root, disk)
+        elif sandbox.root.exists():
+            await workspace.remove(sandbox.root)
+        return kept
+
+    async def settle(self) -> None:
+        """Until what is being made or destroyed in the background is done."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def aclose(self) -> None:
+        self.closing = True
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_exception(SandboxError("the run's sandboxes are closing"))
+        self._waiters.clear()
+        await self.settle()  # one made meanwhile is ended by _put
+        ready, self._ready = list(self._ready), collections.deque()
+        await asyncio.gather(*(self.end(sandbox) for sandbox in ready), return_exceptions=True)
+        await self.settle()
+        if self._disks is not None:
+            self._disks.close()
+            self._disks = None
+        self._threads.shutdown(wait=False)

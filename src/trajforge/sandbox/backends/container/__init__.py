@@ -1,0 +1,1 @@
+"""The container backend: one container per sample, through Podman or the Docker CLI."""

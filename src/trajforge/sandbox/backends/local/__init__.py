@@ -1,0 +1,1 @@
+"""The local backend: a workspace directory and rlimits, no isolation."""

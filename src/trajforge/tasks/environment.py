@@ -1,0 +1,142 @@
+"""A task's image: built once per distinct build context, cached across runs by content hash.
+
+The tag of a build context is `localhost/trajforge-task-env:<hash>`, its hash being that of the
+whole environment/ directory (tasks.load.tree_hash): tasks whose contexts are identical share one
+image, and an image already in the engine's storage is not built again, in this run or a later
+one. Within a run each context is built at most once (every sample of it awaits the same build);
+across processes of one host (Ray actors, two runs) a lock file per hash in the trajforge cache
+directory makes the second wait for the first and then find the image.
+
+A build's whole output goes to `<run>/builds/<hash>.log`. A build that fails or passes
+`build_timeout_sec` (times `--timeout_multiplier`) fails the samples of those tasks only, as
+`build` failures whose message holds the log's last lines; the run goes on. A failed build is
+not retried within the run (its samples fail at once), and is tried again by `--resume`.
+A task with `docker_image` uses that image (checked, or pulled, like a dataset row's image).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from trajforge.errors import SampleFailure
+from trajforge.sandbox.base import Provider, SandboxError
+from trajforge.sandbox.backends.container.container_backend import ContainerBackend, backend_for
+from trajforge.sandbox.backends.container.container_engine import cache_dir
+from trajforge.sandbox.backends.container.image_build import BuildOutcome, build_image, image_config, image_present, log_tail
+from trajforge.tasks.settings import TaskSettings
+from trajforge.tasks.spec import TaskSpec
+
+TAG_PREFIX = "localhost/trajforge-task-env"
+DEFAULT_WORKDIR = "/app"
+
+
+class BuildError(SampleFailure):
+    """A task's environment could not be built: the sample fails as `build` (retried on --resume)."""
+
+    failure_class = "build"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskImage:
+    image: str
+    workdir: str  # where the agent works: [environment].workdir, else the image's WORKDIR, else /app
+
+
+def tag_for(environment_hash: str) -> str:
+    return f"{TAG_PREFIX}:{environment_hash[:32]}"
+
+
+class TaskImages:
+    """The run's task images (one per process, held by the sandbox provider)."""
+
+    def __init__(self, backend: ContainerBackend, settings: TaskSettings) -> None:
+        self.backend, self.engine, self.settings = backend, backend.engine, settings
+        self.log_dir = settings.build_log_dir or cache_dir() / "build-logs"
+        self._builds: dict[str, asyncio.Task[BuildOutcome | None]] = {}
+        self._workdirs: dict[str, str] = {}
+        self.built: list[str] = []  # hashes built by this process (None outcome: found in storage)
+
+    async def image_for(self, spec: TaskSpec) -> TaskImage:
+        """The task's image, built or checked; raises BuildError or SandboxError."""
+        if spec.docker_image is not None:
+            await self.backend.images.ensure(spec.docker_image)
+            image = spec.docker_image
+        else:
+            assert spec.environment_hash is not None
+            h = spec.environment_hash
+            task = self._builds.get(h)
+            if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
+                task = self._builds[h] = asyncio.get_running_loop().create_task(self._build(spec), name=f"build {h}")
+            outcome = await asyncio.shield(task)
+            if outcome is not None and not outcome.ok:
+                log = self.log_path(h)
+                tail = "\n".join(line for line in log_tail(log).splitlines() if not line.startswith("$ "))
+                # The tail first: a checkpoint keeps a message's first 500 characters.
+                raise BuildError(f"environment of task {spec.name!r} did not build ({outcome.message}): "
+                                 f"...{tail[-300:]}\n(whole log: {log})")
+            image = tag_for(h)
+        return TaskImage(image, spec.workdir or await self._workdir(image))
+
+    def log_path(self, environment_hash: str) -> Path:
+        return self.log_dir / f"{environment_hash[:32]}.log"
+
+    async def _build(self, spec: TaskSpec) -> BuildOutcome | None:
+        """None: the image was there already (nothing built)."""
+        assert spec.environment_hash is not None
+        tag = tag_for(spec.environment_hash)
+        if await image_present(self.engine, tag):
+            return None
+        async with _host_lock(spec.environment_hash):
+            if await image_present(self.engine, tag):  # another process built it meanwhile
+                return None
+            timeout = self.settings.scaled(spec.build_timeout)
+            assert timeout is not None
+            outcome = await build_image(self.engine, context=spec.environment_dir, tag=tag, timeout=timeout,
+                                        log=self.log_path(spec.environment_hash),
+                                        labels={"trajforge.task-env": spec.environment_hash})
+        if outcome.ok:
+            self.built.append(spec.environment_hash)
+        return outcome
+
+    async def _workdir(self, image: str) -> str:
+        if image not in self._workdirs:
+            config = await image_config(self.engine, image)
+            if config is None:
+                raise SandboxError(f"cannot inspect image {image!r} ({self.engine.kind})")
+            workdir = config.workdir.rstrip("/")
+            self._workdirs[image] = workdir if workdir.startswith("/") else DEFAULT_WORKDIR
+        return self._workdirs[image]
+
+
+class _host_lock:
+    """An exclusive lock on one build context for the processes of this host (flock, dropped at exit)."""
+
+    def __init__(self, environment_hash: str) -> None:
+        self.path = cache_dir() / "build-locks" / f"{environment_hash[:32]}.lock"
+        self.fd = -1
+
+    async def __aenter__(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            await asyncio.to_thread(fcntl.flock, self.fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        os.close(self.fd)  # closing drops the lock
+
+
+async def task_images(provider: Provider, settings: TaskSettings) -> TaskImages:
+    """The run's TaskImages; SandboxError when no container engine works here."""
+    backend = await backend_for(provider)
+
+    async def make() -> TaskImages:
+        return TaskImages(backend, settings)
+
+    return await provider.state("tasks.images", make)

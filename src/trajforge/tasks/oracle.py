@@ -1,0 +1,43 @@
+"""`--agent oracle`: a task's reference solution in place of a model, verified like any agent.
+
+The standard check of a task set before spending money: a task whose oracle does not reach full
+reward is broken (its tests, its environment or its solution), and the run's summary lists it.
+solution/ is copied to /solution, `bash /solution/solve.sh` runs as the image's USER with
+[solution].env in the agent's working directory, under the task's agent timeout (times
+--timeout_multiplier), and /solution is removed before the tests run. Its record is a trajectory
+of one step that no model made (`terminal` running the script, its output the observation),
+`model` "oracle", no API call and no cost.
+"""
+
+from __future__ import annotations
+
+from trajforge.agent.loop import SessionResult, ToolResult, Turn
+from trajforge.jsonio import dumps_str
+from trajforge.model.types import ToolCall, Usage
+from trajforge.redact import REGISTRY
+from trajforge.sandbox.backends.container.container_sandbox import ContainerSandbox
+from trajforge.sandbox.backends.container.container_ops import copy_in, exec_as, root_sh
+from trajforge.tasks.reward import clip_output
+from trajforge.tasks.settings import TaskSettings
+from trajforge.tasks.spec import TaskSpec
+from trajforge.tools.terminal import TerminalTool
+
+ORACLE_MODEL = "oracle"
+COMMAND = "bash /solution/solve.sh"
+NO_LIMIT = 365 * 86400.0  # no agent timeout: the sample's own --timeout still bounds it
+
+
+async def run_oracle(sb: ContainerSandbox, spec: TaskSpec, settings: TaskSettings) -> SessionResult:
+    await root_sh(sb, "rm -rf /solution && mkdir -p /solution && chmod 755 /solution")
+    await copy_in(sb, spec.solution_dir, "/solution")
+    limit = settings.scaled(spec.agent_timeout)
+    res = await exec_as(sb, f"{COMMAND} 2>&1", timeout=limit or NO_LIMIT, env=spec.solution_env)
+    await root_sh(sb, "rm -rf /solution")
+    output = REGISTRY.text(clip_output(res.stdout + res.stderr))
+    call = ToolCall("oracle_solve", "terminal", dumps_str({"command": COMMAND}))
+    note = f"stopped after the task's {limit:g} s agent timeout" if res.timed_out else None
+    result = ToolResult(call, dumps_str({"output": output, "exit_code": res.exit_code, "error": note}), note is not None)
+    turn = Turn("", None, [call], [result], finish_reason="tool_calls")
+    end = "agent_timeout" if res.timed_out else "answer"
+    return SessionResult(spec.instruction, [TerminalTool().schema()], [turn], end == "answer", end != "answer", 0,
+                         Usage(), end)

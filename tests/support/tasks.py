@@ -1,0 +1,68 @@
+"""Task directories for the task-environment tests, and the base image they build FROM.
+
+The base image is the example tasks' (examples/tasks/base_image.py): this host's bash, coreutils,
+grep, sed and findutils imported as `localhost/trajforge-example-base:latest`, made once per test
+session, without a registry. `write_task` lays out a Harbor-format task; a `nonce` in its build
+context makes its image new to this session (so a test sees it built), or shared between tasks.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from trajforge.sandbox.backends.container.container_engine import Engine
+
+EXAMPLES = REPO / "examples" / "tasks"
+
+
+def _base_module():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("trajforge_example_base_image", EXAMPLES / "base_image.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    before = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True  # no __pycache__ among the example tasks
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.dont_write_bytecode = before
+    return module
+
+
+@pytest.fixture(scope="session")
+def task_base(podman: Engine) -> Iterator[str]:
+    """The example tasks' base image, imported once per session."""
+    yield _base_module().build(podman.binary, podman.env)
+
+
+def write_task(root: Path, name: str, *, test_sh: str, instruction: str | None = None, toml: str = "",
+               dockerfile: str = "FROM localhost/trajforge-example-base:latest\nWORKDIR /app\n",
+               nonce: str | None = None, solve_sh: str | None = None,
+               files: dict[str, str] | None = None, test_files: dict[str, str] | None = None) -> Path:
+    """A task directory `root/name`; `files` go into environment/, `test_files` beside tests/test.sh."""
+    task = root / name
+    (task / "environment").mkdir(parents=True)
+    (task / "tests").mkdir()
+    (task / "task.toml").write_text(f'[task]\nname = "{name}"\n{toml}')
+    (task / "instruction.md").write_text(instruction or f"task {name}: do what the tests want.\n")
+    (task / "environment" / "Dockerfile").write_text(dockerfile)
+    if nonce is not None:
+        (task / "environment" / "nonce.txt").write_text(nonce)
+    for rel, text in (files or {}).items():
+        (task / "environment" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (task / "environment" / rel).write_text(text)
+    (task / "tests" / "test.sh").write_text(test_sh)
+    for rel, text in (test_files or {}).items():
+        (task / "tests" / rel).write_text(text)
+    if solve_sh is not None:
+        (task / "solution").mkdir()
+        (task / "solution" / "solve.sh").write_text(solve_sh)
+    return task
+
+
+REWARD_IF = 'if {cond}; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi\n'
