@@ -32,14 +32,16 @@ def config(ds: Path, **kw: object) -> RunConfig:
 
 def fields(rows: RunRows) -> tuple[object, ...]:
     return (list(rows.keys), list(rows.offsets), list(rows.lines), list(rows.occurrences), len(rows.skipped),
-            rows.with_image, rows.first_bare, rows.rubric, rows.verified, rows.whole)
+            [rows.task_type_of(i) for i in range(len(rows.keys))], rows.with_image, rows.first_bare, rows.rubric,
+            rows.verified, rows.whole)
 
 
 def cached_then_whole(ds: Path, cache: Path, **kw: object) -> tuple[RunRows, RunRows]:
     return RunRows.read(config(ds, **kw), cache), RunRows.read(config(ds, **kw))
 
 
-ROWS = [{"prompt": "a"}, {"prompt": "b", "image": "img:1"}, {"prompt": "a"}, {"prompt": "c", "expected": "x"}]
+ROWS = [{"prompt": "a"}, {"prompt": "b", "image": "img:1", "task_type": "t1"}, {"prompt": "a"},
+        {"prompt": "c", "expected": "x"}]
 
 
 def test_appended_rows_are_read_on_from_the_cache_with_their_occurrences(tmp_path: Path) -> None:
@@ -51,11 +53,14 @@ def test_appended_rows_are_read_on_from_the_cache_with_their_occurrences(tmp_pat
     again, whole = cached_then_whole(ds, cache)
     assert again.cached == 4 and fields(again) == fields(whole)
     # rows appended, among them more of "a" (occurrences 2 and 3) and of "b"
-    write(ds, [*ROWS, {"prompt": "a"}, {"prompt": "d"}, {"prompt": "b", "image": "img:1"}, {"prompt": "a"}])
+    write(ds, [*ROWS, {"prompt": "a"}, {"prompt": "d", "task_type": "t2"}, {"prompt": "b", "image": "img:1", "task_type": "t1"},
+               {"prompt": "a"}])
     grown, whole = cached_then_whole(ds, cache)
     assert grown.cached == 4 and fields(grown) == fields(whole)
     assert list(grown.occurrences) == [0, 0, 1, 0, 2, 0, 1, 3]
+    assert [grown.task_type_of(i) for i in range(8)] == [None, "t1", None, None, None, "t2", "t1", None]
     assert grown.extends(first.identity()) and not first.extends(grown.identity())
+    assert whole.extends(first.identity())  # without the cache too: the prefix is hashed again
 
 
 def test_a_changed_prefix_other_settings_or_a_bad_cache_file_read_the_whole_file(tmp_path: Path) -> None:

@@ -246,12 +246,26 @@ def sample_at(source: Path | BinaryIO, offset: int, index: int, line: int, occur
     return _sample(obj, fields, verify, index, line, f"{d.hex()}:{occurrence}", offset)
 
 
-def _sample(obj: dict[str, Any], fields: dict[str, Any], verify: VerifySpec | None, index: int, line: int,
-            identity: str, offset: int) -> Sample:
+def extra_at(f: BinaryIO, offset: int) -> dict[str, Any]:
+    """The extra fields of the row at byte `offset` of the open dataset file `f` (a row the pass
+    checked: it is not checked again)."""
+    f.seek(offset)
+    raw = f.readline()
+    obj = orjson.loads(raw.removeprefix(b"\xef\xbb\xbf") if offset == 0 else raw)
+    return _extra(obj, has_verify=any(k in obj for k in VERIFY_FIELDS))
+
+
+def _extra(obj: dict[str, Any], *, has_verify: bool) -> dict[str, Any]:
     extra = {k: v for k, v in obj.items() if k not in ("prompt", "image", "docker_image", *_RUN_FIELDS)}
-    if verify is not None:  # verification fields are not "extra" row data: they never reach a record
+    if has_verify:  # verification fields are not "extra" row data: they never reach a record
         for k in VERIFY_FIELDS:
             extra.pop(k, None)
+    return extra
+
+
+def _sample(obj: dict[str, Any], fields: dict[str, Any], verify: VerifySpec | None, index: int, line: int,
+            identity: str, offset: int) -> Sample:
+    extra = _extra(obj, has_verify=verify is not None)
     return Sample(index, line, obj["prompt"], identity, extra=extra, verify=verify, offset=offset, **fields)
 
 

@@ -25,7 +25,6 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from trajforge.dataset import Sample
 from trajforge.errors import OutputError
 from trajforge.runner.finished import Finished
 from trajforge.runner.merge import MergeResult, calls_unknown_tools, fit, merge_state
@@ -74,7 +73,7 @@ def append_new(run_dir: Path, state: dict[str, Any] | None, entries: Finished, r
     stale = not_kept = 0
     try:
         with rows.reader() as dataset:
-            samples: dict[int, Sample] = {}
+            extras: dict[int, tuple[int, dict[str, Any]]] = {}
             for j, line in _read(run_dir, entries, new):
                 pos = where.get(entries.keys[j])
                 if pos is None:
@@ -89,9 +88,10 @@ def append_new(run_dir: Path, state: dict[str, Any] | None, entries: Finished, r
                     hallucinated.append(str(rec.get("sample_id")))
                     totals.discarded["hallucinated_tool"] += 1
                     continue
-                sample = samples.get(pos[0]) or samples.setdefault(pos[0], rows.sample(pos[0], 0, dataset))
-                fitted = fit(rec, line, sample)
-                totals.add_record(rec, sample.task_type, typed=True)
+                i = pos[0]
+                row = extras.get(i) or extras.setdefault(i, rows.extra(i, dataset))
+                fitted = fit(rec, line, i, *row)
+                totals.add_record(rec, rows.task_type_of(i), typed=True)
                 if keep_passed and not passed(rec):
                     not_kept += 1
                     continue

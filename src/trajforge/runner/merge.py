@@ -27,7 +27,6 @@ from typing import Any, BinaryIO
 import orjson
 
 from trajforge.catalog import known_tool_set
-from trajforge.dataset import Sample
 from trajforge.errors import OutputError
 from trajforge.runner import store
 from trajforge.runner.keys import key_of
@@ -55,12 +54,11 @@ def calls_unknown_tools(rec: dict) -> bool:
     return any(name not in known for name in rec.get("tool_stats", {}))
 
 
-def fit(rec: dict[str, Any], line: bytes, sample: Sample) -> bytes:
+def fit(rec: dict[str, Any], line: bytes, index: int, dataset_line: int, extra: dict[str, Any]) -> bytes:
     """The record's line, saying what the current dataset says of its row: its index (the dataset
     was reordered), line and extra fields (edited beside the ones that make its identity)."""
-    if (rec.get("prompt_index"), rec.get("dataset_line"), rec.get("row")) != (sample.index, sample.line,
-                                                                              sample.extra):
-        rec["prompt_index"], rec["dataset_line"], rec["row"] = sample.index, sample.line, sample.extra
+    if (rec.get("prompt_index"), rec.get("dataset_line"), rec.get("row")) != (index, dataset_line, extra):
+        rec["prompt_index"], rec["dataset_line"], rec["row"] = index, dataset_line, extra
         return orjson.dumps(rec) + b"\n"
     return line
 
@@ -107,7 +105,7 @@ def _merge(run_dir: Path, rows: RunRows, totals: Totals, keep_passed: bool) -> M
     hallucinated: list[str] = []
     with open_outputs(run_dir) as outputs, rows.reader() as dataset:  # trajectories.jsonl and the others
         lines = _read(files, ((fid[j], offsets[j], lengths[j]) for j in order))
-        sample: Sample | None = None
+        row: tuple[int, int, dict[str, Any]] = (-1, 0, {})  # (index, line, extra) of the row read last
         for j, line in zip(order, lines):
             i, rollout = divmod(pos[j], rows.k)
             try:
@@ -119,10 +117,10 @@ def _merge(run_dir: Path, rows: RunRows, totals: Totals, keep_passed: bool) -> M
                 hallucinated.append(str(rec.get("sample_id")))
                 totals.discarded["hallucinated_tool"] += 1
                 continue
-            if sample is None or sample.index != i:
-                sample = rows.sample(i, 0, dataset)  # rows come in order: each read once
-            line = fit(rec, line, sample)
-            totals.add_record(rec, sample.task_type, typed=True)
+            if row[0] != i:
+                row = (i, *rows.extra(i, dataset))  # rows come in order: each read once
+            line = fit(rec, line, *row)
+            totals.add_record(rec, rows.task_type_of(i), typed=True)
             if keep_passed and not passed(rec):
                 not_kept += 1
                 continue

@@ -45,7 +45,7 @@ def plan(rows: RunRows, run_dir: Path, checkpoint: Checkpoint) -> Plan:
     unreadable_keys = {key_of(i) for i in unreadable}
     discarded = {key_of(i) for i in checkpoint.discarded()}
     done = checkpoint.done
-    todo = rows.todo(lambda key: key in done or key in discarded)
+    todo = rows.todo(done, discarded)
     gone = lost | unreadable_keys
     recovered = [i for i, r in todo.at if _key(rows, i, r) in gone] if gone else []
     if unreadable:

@@ -14,9 +14,10 @@ Rows taken from here are not validated again by the pass; the runner checks agai
 it is about to run (runner.rows), when it reads it back, so a row that became invalid (a rule of
 a newer version, a cwd that now leads somewhere else) never runs.
 
-Layout: one JSON line (the header), then five little-endian arrays of `n` items: keys (u64),
-offsets (i64), lines (u32), occurrences (u32), and the keys again in ascending order (u64, for
-the occurrences of rows appended later: `prior`). Written atomically.
+Layout: one JSON line (the header, with the task types' names), then six little-endian arrays of
+`n` items: keys (u64), offsets (i64), lines (u32), occurrences (u32), task types (u16, numbers
+into the names), and the keys again in ascending order (u64, for the occurrences of rows
+appended later: `prior`). Written atomically.
 """
 
 from __future__ import annotations
@@ -38,16 +39,21 @@ from trajforge.jsonio import atomic_write_bytes
 from trajforge.runner.keys import row_key
 
 FILE = "rows.idx"
-FORMAT = 1  # bump when the layout, the identities or the rows' checks change
+FORMAT = 2  # bump when the layout, the identities or the rows' checks change
 CHUNK = 1 << 20
 
 
+def row_settings(config: RunConfig) -> dict[str, Any]:
+    """The settings that decide which rows of a file are the dataset's samples, and so their places."""
+    return {"skip_invalid": config.skip_invalid, "max_samples": config.max_samples,
+            "host_cwd": config.sandbox != "container"}
+
+
 def settings(config: RunConfig) -> str:
-    """What, besides the dataset's bytes, decides which rows are valid and what they hold."""
+    """What, besides the dataset's bytes, decides the rows this file keeps and what is known of them."""
     verify = {name: tt.model_dump(mode="json") for name, tt in sorted(config.task_types.items())}
     return hashlib.blake2b(orjson.dumps({
-        "format": FORMAT, "trajforge": __version__, "skip_invalid": config.skip_invalid,
-        "max_samples": config.max_samples, "host_cwd": config.sandbox != "container", "task_types": verify,
+        "format": FORMAT, "trajforge": __version__, **row_settings(config), "task_types": verify,
         "check_timeout": config.check_timeout, "judge_threshold": config.judge_threshold,
     }, option=orjson.OPT_SORT_KEYS), digest_size=16).hexdigest()
 
@@ -71,6 +77,8 @@ class Saved:
     offsets: array = field(default_factory=lambda: array("q"))
     line_of: array = field(default_factory=lambda: array("I"))
     occurrences: array = field(default_factory=lambda: array("I"))
+    task_type: array = field(default_factory=lambda: array("H"))
+    task_names: list[str | None] = field(default_factory=lambda: [None])
     ordered: array = field(default_factory=lambda: array("Q"))
 
     def matches(self, dataset: Path) -> Any:
@@ -113,8 +121,9 @@ def load(path: Path, wanted: str) -> Saved | None:
             n = int(head["n"])
             saved = Saved(wanted, int(head["offset"]), str(head["digest"]), int(head["lines"]), int(head["rows"]),
                           int(head["count"]), [str(p) for p in head["skipped"]], int(head["with_image"]),
-                          head["first_bare"], bool(head["rubric"]), bool(head["verified"]))
-            for arr in (saved.keys, saved.offsets, saved.line_of, saved.occurrences, saved.ordered):
+                          head["first_bare"], bool(head["rubric"]), bool(head["verified"]),
+                          task_names=[None, *(str(t) for t in head["task_names"])])
+            for arr in (saved.keys, saved.offsets, saved.line_of, saved.occurrences, saved.task_type, saved.ordered):
                 _read(f, arr, n)
             if f.read(1):
                 return None
@@ -137,9 +146,9 @@ def save(path: Path, saved: Saved) -> None:
     head = {"settings": saved.settings, "offset": saved.offset, "digest": saved.digest, "lines": saved.lines,
             "rows": saved.rows, "count": saved.count, "skipped": saved.skipped, "with_image": saved.with_image,
             "first_bare": saved.first_bare, "rubric": saved.rubric, "verified": saved.verified,
-            "n": len(saved.keys)}
+            "task_names": saved.task_names[1:], "n": len(saved.keys)}
     parts = [orjson.dumps(head) + b"\n"]
-    for arr in (saved.keys, saved.offsets, saved.line_of, saved.occurrences, saved.ordered):
+    for arr in (saved.keys, saved.offsets, saved.line_of, saved.occurrences, saved.task_type, saved.ordered):
         if sys.byteorder != "little":
             arr = array(arr.typecode, arr)
             arr.byteswap()
