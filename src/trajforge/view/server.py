@@ -10,6 +10,7 @@ elsewhere cannot read the run through DNS rebinding.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import time
 from pathlib import Path
@@ -31,6 +32,14 @@ HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", 
            "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
 MAX_PAGE = 500
 REFRESH_EVERY = 1.0  # seconds: at most one look at the files per second, however many requests
+SLICE = 0.2  # seconds of indexing at a time: a request never waits longer for the files to be read
+
+
+async def catch_up(index: RunIndex) -> None:
+    """Read what the index has not read yet (a big run), a slice at a time, between requests."""
+    while index.busy():
+        index.refresh(SLICE)
+        await asyncio.sleep(0)
 
 
 def invocation_settings(invocations: list[dict[str, Any]]) -> dict[str, Any]:
@@ -68,7 +77,7 @@ class Viewer:
         if now - self._last_refresh < max(REFRESH_EVERY, 10 * self._cost) and stats == self._seen_stats:
             return
         self._seen_stats = stats
-        self.index.refresh()
+        self.index.refresh(SLICE)
         self._last_refresh = time.monotonic()
         self._cost, self._work = self._last_refresh - now + self._work, 0.0
 
@@ -109,7 +118,7 @@ class Viewer:
         def build() -> dict[str, Any]:
             stats, config = self._run_file("statistics.json"), self._run_file("config.json")
             total = (stats.get("run") or {}).get("samples", {}).get("total")
-            if ix.dataset and (total is None or live):
+            if ix.dataset is not None and (total is None or live):
                 total = len(ix.dataset)  # statistics.json, if any, is an earlier invocation's
             totals = run_totals(ix.totals, ix.outcomes, ix.checkpoint)
             figures = totals.as_dict(total=total, seconds=ix.seconds())
@@ -125,7 +134,8 @@ class Viewer:
     def status(self) -> dict[str, Any]:
         ix = self.index
         return {"generation": ix.generation, "live": ix.live(), "source": str(ix.source),
-                "kind": "run" if ix.run_dir is not None else "jsonl", "samples": len(ix.records) + len(ix.outcomes)}
+                "kind": "run" if ix.run_dir is not None else "jsonl", "samples": len(ix.records) + len(ix.outcomes),
+                "indexing_bytes_left": ix.behind}
 
     def filtered(self, query: Query) -> list[Any]:
         return self._cached(("q", query), lambda: apply(query, self.index.entries()))
@@ -177,7 +187,7 @@ class Viewer:
             self._last_refresh = 0.0  # the files changed under the index (--overwrite): look again next time
             return _json({"error": f"cannot read the record of {key!r} ({problem}); the run changed: reload"}, 409)
         rows = self.filtered(Query.from_params(request.query))
-        pos = next((i for i, e in enumerate(rows) if e is entry), None)
+        pos = rows.position(entry)
         body: dict[str, Any] = {"entry": {**entry.row(), "prompt": entry.prompt}, "position": pos,
                                 "count": len(rows),
                                 "prev": rows[pos - 1].key if pos else None,

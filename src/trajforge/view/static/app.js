@@ -66,6 +66,11 @@ function setStatus(s) {
   const live = document.getElementById('live');
   live.textContent = s.live ? '● live' : (s.kind === 'run' ? 'finished' : 'file');
   live.className = 'badge ' + (s.live ? 'live' : 'idle');
+  // a big run is read behind the first page: the list and figures grow until it is all in
+  const left = s.indexing_bytes_left || 0;
+  const reading = document.getElementById('indexing');
+  reading.textContent = left ? 'reading the run: ' + fmt(Math.ceil(left / 1e6)) + ' MB left' : '';
+  reading.hidden = !left;
   generation = s.generation;
 }
 
