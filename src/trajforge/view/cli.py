@@ -22,7 +22,7 @@ from trajforge.view.index import RunIndex
 from trajforge.view.dataset import load_rows
 from trajforge.view.server import Viewer, allowed_hosts, catch_up, make_app
 
-FIRST = 1.0  # seconds of indexing before the page is served; the rest is read behind it
+FIRST = 0.5  # seconds of indexing before the page is served (a first batch file); the rest is read behind it
 
 
 def _is_run(path: Path) -> bool:
@@ -57,9 +57,9 @@ async def serve(index: RunIndex, host: str, port: int) -> int:
         await runner.cleanup()
         raise UsageError(f"cannot listen on {host}:{port}: {e.strerror or e} (pass --port N; 0 picks a free port)") \
             from None
-    background = [asyncio.create_task(catch_up(index))]
+    background = [asyncio.create_task(catch_up(index, viewer.idle))]
     if index.run_dir is not None:  # the dataset (prompts of failed samples, task types): a thread of its own
-        background.append(asyncio.create_task(_attach_dataset(index)))
+        background.append(asyncio.create_task(_attach_dataset(index, viewer.idle)))
     bound = runner.addresses[0][1]
     allowed = viewer.allowed_hosts = allowed_hosts(host, bound)
     shown = f"[{host}]" if ":" in host else host
@@ -81,10 +81,10 @@ async def serve(index: RunIndex, host: str, port: int) -> int:
     return 0
 
 
-async def _attach_dataset(index: RunIndex) -> None:
+async def _attach_dataset(index: RunIndex, idle: asyncio.Event) -> None:
     assert index.run_dir is not None
     index.use_dataset(*await asyncio.to_thread(load_rows, index.run_dir))
-    await catch_up(index)  # the records read so far get their task types
+    await catch_up(index, idle)  # the records read so far get their task types
 
 
 def _port(text: str) -> int:

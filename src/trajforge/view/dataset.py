@@ -14,8 +14,7 @@ million-row dataset costs ~30 MB and, usually, no pass over the file.
 
 from __future__ import annotations
 
-from array import array
-from bisect import bisect_left
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,43 +75,40 @@ def find_dataset(run_dir: Path) -> tuple[Path | None, int | None]:
 
 
 class DatasetRows:
-    """The run's rows and a way to find one by sample identity (keys sorted once: 12 bytes a row)."""
+    """The run's rows, and a way to find the ones the viewer needs: a record's row is where its
+    prompt_index says (when the key there is its own), a sample without a record is looked for in
+    one pass over the keys for all such samples at once (no index over a million keys is kept)."""
 
     def __init__(self, rows: RunRows) -> None:
         self.rows = rows
-        order = sorted(range(len(rows.keys)), key=rows.keys.__getitem__)
-        self._at = array("I", order)
-        self._keys = array("Q", (rows.keys[i] for i in order))
 
     def __len__(self) -> int:
         """Samples: rows times rollouts."""
         return len(self.rows)
 
-    def index_of(self, identity: str, hint: int | None = None) -> int | None:
-        """The row of a sample identity (`hint`: where it probably is, its record's prompt_index)."""
-        return self._index(key_of(split_rollout(identity)[0]), hint)
-
-    def task_type_by_key(self, row_key: int, hint: int | None = None) -> str | None:
-        i = self._index(row_key, hint)
-        return None if i is None else self.rows.task_type_of(i)
-
-    def _index(self, key: int, hint: int | None) -> int | None:
+    def task_type_by_key(self, row_key: int, hint: int) -> str | None:
+        """The task type of the row with key `row_key`, if it is at `hint` (its record's prompt_index)."""
         keys = self.rows.keys
-        if hint is not None and 0 <= hint < len(keys) and keys[hint] == key:
-            return hint
-        i = bisect_left(self._keys, key)
-        return self._at[i] if i < len(self._keys) and self._keys[i] == key else None
+        return self.rows.task_type_of(hint) if 0 <= hint < len(keys) and keys[hint] == row_key else None
 
-    def row(self, identity: str) -> Row | None:
-        """The row of a sample without a record: its index, task type and prompt (read back)."""
-        i = self.index_of(identity)
-        if i is None:
-            return None
-        try:
-            s = self.rows.sample(i)
-        except (OSError, DatasetError):
-            return None  # the file changed since: no prompt to show
-        return Row(i, s.task_type, s.prompt[:PROMPT_CAP])
+    def rows_of(self, identities: Iterable[str]) -> dict[str, Row]:
+        """identity -> its row (index, task type, prompt read back), for those of `identities` here."""
+        wanted: dict[int, list[str]] = {}
+        for identity in identities:
+            wanted.setdefault(key_of(split_rollout(identity)[0]), []).append(identity)
+        found: dict[str, Row] = {}
+        if not wanted:
+            return found
+        with self.rows.reader() as f:
+            for i, key in enumerate(self.rows.keys):
+                if key in wanted:
+                    try:
+                        s = self.rows.sample(i, 0, f)
+                    except (OSError, DatasetError):
+                        continue  # the file changed since: no prompt to show
+                    for identity in wanted[key]:
+                        found[identity] = Row(i, s.task_type, s.prompt[:PROMPT_CAP])
+        return found
 
 
 def load_rows(run_dir: Path) -> tuple[DatasetRows | None, str | None]:

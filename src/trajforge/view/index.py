@@ -61,6 +61,7 @@ class _FilePos:
     inode: int
     offset: int  # bytes consumed: always at a line start
     lineno: int
+    file: int  # its number in RunIndex.files
 
 
 class RunIndex:
@@ -86,6 +87,7 @@ class RunIndex:
         self.dataset_note: str | None = None
         self._row_keys = array("Q")  # each record's row (runner.keys), for its task type in the dataset
         self._typed = 0  # records whose task type the dataset was asked for
+        self._rows_known: dict[str, Any] = {}  # identity -> dataset row, of samples without a record
 
     def attach_dataset(self) -> None:
         """Read the run's dataset for what records and the checkpoint lack (before refresh, or at
@@ -95,7 +97,7 @@ class RunIndex:
 
     def use_dataset(self, dataset: DatasetRows | None, note: str | None) -> None:
         self.dataset, self.dataset_note = dataset, note
-        self._typed = 0
+        self._typed, self._rows_known = 0, {}
         self._ckpt_sig = None  # the outcomes are made again with their prompts
 
     def busy(self) -> bool:
@@ -123,7 +125,8 @@ class RunIndex:
         deadline = None if budget is None else time.monotonic() + budget
         sources = self._sources()
         try:
-            if any(p not in sources for p in self._pos):  # a file went away: the run was overwritten
+            present = set(sources)
+            if any(p not in present for p in self._pos):  # a file went away: the run was overwritten
                 raise _StartOver
             self._read(sources, deadline)
         except _StartOver:
@@ -156,14 +159,14 @@ class RunIndex:
         if pos is not None and (pos.inode != st.st_ino or st.st_size < pos.offset):
             raise _StartOver  # replaced or truncated: what was read before may be gone
         if pos is None:
-            pos = self._pos[path] = _FilePos(st.st_ino, 0, 0)
+            pos = self._pos[path] = _FilePos(st.st_ino, 0, 0, len(self.files))
             self.files.append(path)
         if st.st_size == pos.offset:
             return
         if self._out_of_time(deadline):
             self.behind += st.st_size - pos.offset
             return
-        file_id = self.files.index(path)
+        file_id = pos.file
         start = pos.offset
         with path.open("rb") as f:
             f.seek(pos.offset)
@@ -256,18 +259,18 @@ class RunIndex:
     def _rebuild_outcomes(self) -> None:
         samples = self.checkpoint.get("samples")
         self.outcomes = []
-        if not isinstance(samples, dict):
-            self._outcomes_made += 1
-            return
         self._outcomes_made += 1
+        if not isinstance(samples, dict):
+            return
         seq = OUTCOME
-        for identity, info in samples.items():
-            if not isinstance(info, dict) or info.get("status") not in ("failed", "discarded"):
-                continue
-            if key_of(identity) in self._taken:
-                continue  # a later attempt finished it
+        left = {identity: info for identity, info in samples.items() if isinstance(info, dict)
+                and info.get("status") in ("failed", "discarded") and key_of(identity) not in self._taken}
+        unknown = [identity for identity in left if identity not in self._rows_known]
+        if unknown and self.dataset is not None:  # one pass over the dataset's keys for all of them
+            self._rows_known.update(self.dataset.rows_of(unknown))
+        for identity, info in left.items():  # (the others: a later attempt finished them)
             entry = outcome_entry(identity, info, seq)
-            row = self.dataset.row(identity) if self.dataset is not None else None
+            row = self._rows_known.get(identity)
             if row is not None:
                 entry.prompt_index, entry.task_type, entry.prompt = row.index, row.task_type, row.prompt
             self.outcomes.append(entry)

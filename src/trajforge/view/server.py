@@ -32,12 +32,15 @@ HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", 
            "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
 MAX_PAGE = 500
 REFRESH_EVERY = 1.0  # seconds: at most one look at the files per second, however many requests
-SLICE = 0.2  # seconds of indexing at a time: a request never waits longer for the files to be read
+SLICE = 0.05  # seconds of indexing at a time: what a request waits at most for each step of it
 
 
-async def catch_up(index: RunIndex) -> None:
-    """Read what the index has not read yet (a big run), a slice at a time, between requests."""
+async def catch_up(index: RunIndex, idle: asyncio.Event | None = None) -> None:
+    """Read what the index has not read yet (a big run), a slice at a time, between requests
+    (`idle`: set while no request is being answered)."""
     while index.busy():
+        if idle is not None:
+            await idle.wait()
         index.refresh(SLICE)
         await asyncio.sleep(0)
 
@@ -68,10 +71,15 @@ class Viewer:
         self._cache: dict[Any, tuple[int, Any]] = {}
         self.statics = {p.name: p for p in STATIC.iterdir() if p.suffix in _TYPES}
         self.allowed_hosts: set[str] | None = set()  # nothing is served until the port is known
+        self.answering = 0  # requests being answered: the index is read on (catch_up) when none is
+        self.idle = asyncio.Event()
+        self.idle.set()
 
     def refresh(self) -> None:
         """Look at the files at most every REFRESH_EVERY seconds, and less often when taking in
         changes is costly (a big live run), so watching a run takes at most ~10% of a core."""
+        if self.index.busy():
+            return  # catch_up is reading the files: answer from what is read so far
         now = time.monotonic()
         stats = self._stats_signature()  # a run that just ended: show its final state at once
         if now - self._last_refresh < max(REFRESH_EVERY, 10 * self._cost) and stats == self._seen_stats:
@@ -226,10 +234,16 @@ def make_app(viewer: Viewer) -> web.Application:
         elif viewer.allowed_hosts is not None and request.host not in viewer.allowed_hosts:
             resp = web.Response(status=403, text="unexpected Host header")
         else:
+            viewer.answering += 1
+            viewer.idle.clear()
             try:
                 resp = await handler(request)
             except web.HTTPException as e:
                 resp = web.Response(status=e.status, text=e.reason)
+            finally:
+                viewer.answering -= 1
+                if not viewer.answering:
+                    viewer.idle.set()
         resp.headers.update(HEADERS)
         return resp
 
