@@ -4,12 +4,13 @@ ended even when killed, and the rows --skip_invalid left out."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
-import time
+import sys
 from pathlib import Path
 
-from tests.conftest import cli
+from tests.conftest import REPO
 from tests.support.policies import echo_policy
 from tests.support.run_state import state
 from tests.support.scripted_server import ScriptedServer
@@ -40,18 +41,15 @@ def test_a_resume_with_another_model_says_so_and_statistics_list_both(tmp_path: 
 
 def test_a_killed_invocation_says_how_many_samples_it_ended(tmp_path: Path, server: ScriptedServer,
                                                             clean_env) -> None:
-    server.handler = echo_policy(turns=1, delay=0.05)
+    server.handler = echo_policy(turns=1)
     ds = write_dataset(tmp_path / "ds.jsonl", [f"say k{i}" for i in range(200)])
     run = tmp_path / "data" / "r"
-    proc = subprocess.Popen(cli("run", *base_args(server, ds, "r", "--num_workers=2")), cwd=tmp_path, env=clean_env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    ran = 0
-    while proc.poll() is None and time.monotonic() < deadline and ran < 3:
-        time.sleep(0.01)
-        if (run / "checkpoint.json").exists():
-            ran = state(run).invocations[-1].ran
-    proc.send_signal(signal.SIGKILL)
+    # held (then killed) once a save of the checkpoint says 3 samples ended (tests/support/crash_at.py)
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "crash_at.py"), "ran-3", "run",
+                             *base_args(server, ds, "r", "--num_workers=2")], cwd=tmp_path, env=clean_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "at ran-3\n"
+    os.killpg(proc.pid, signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL
     assert state(run).invocations[-1].ran >= 3  # what its last save saw ended, not 0
 

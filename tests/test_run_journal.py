@@ -156,7 +156,10 @@ def test_an_append_whose_state_was_never_saved_is_made_again_not_twice(tmp_path:
     done(ckpt, ids[:1], where[:1])
     state = merged(tmp_path, rows, ids[:1], 1, (0, 0))
     done(ckpt, ids[1:], where[1:])
-    for _ in range(2):  # the second time: as after a kill before the first one's state was saved
+    for n in range(2):  # the second time: as after a kill before the first one's state was saved
+        if n:  # and one that was cut in the middle of a longer write than this one
+            with (tmp_path / "trajectories.jsonl").open("ab") as f:
+                f.write(b'{"torn": "' + b"x" * 10_000)
         out = append_new(tmp_path, state, ckpt.done, rows, Totals(), keep_passed=False)
         assert out is not None and out.result.written == 3 and out.state["entries"] == 3
         got = [json.loads(line)["sample_id"] for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
