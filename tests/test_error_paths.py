@@ -255,6 +255,29 @@ def test_disk_full_while_writing_the_checkpoint(tmp_path: Path, server: Scripted
         assert_every_sample_once(run, prompts)
 
 
+JOURNAL_ROOM = 20000
+
+
+@needs_mount
+def test_disk_full_while_committing_the_journal(tmp_path: Path, server: ScriptedServer, clean_env) -> None:
+    """Outcomes go to journal.jsonl as committed groups: a group the disk had no room for is cut
+    at the next start, and the samples it held run again (nothing of theirs reached a record)."""
+    server.handler = lambda req: http_error(400, "refused: " + "r" * 400)  # failures: journal lines, no records
+    prompts = [f"say j{i}" for i in range(80)]
+    ds = write_dataset(tmp_path / "ds.jsonl", prompts)
+    with tmpfs(tmp_path / "out", "4m") as out:
+        args = base_args(server, ds, "r", f"--output_dir={out}", "--num_workers=8")
+        filler = fill(out, JOURNAL_ROOM)  # room for the run's first files, not for its journal
+        proc = run_cli(tmp_path, clean_env, *args)
+        run = out / "r"
+        assert_one_clear_error(proc, str(run / "journal.jsonl"), "No space left on device", "--resume")
+        filler.unlink()
+        server.handler = echo_policy(turns=1)
+        proc = run_cli(tmp_path, clean_env, *args, "--resume")
+        assert proc.returncode == 0, proc.stderr
+        assert_every_sample_once(run, prompts)
+
+
 @needs_mount
 @pytest.mark.parametrize("merge", ["whole", "append"])
 def test_disk_full_during_the_final_merge(tmp_path: Path, server: ScriptedServer, clean_env, merge: str) -> None:
