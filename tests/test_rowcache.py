@@ -118,3 +118,15 @@ def test_a_cached_row_to_run_is_checked_again(tmp_path: Path) -> None:
     assert todo.at == [(0, 0)] and len(rows.skipped) == 1
     with pytest.raises(DatasetError):  # and a whole pass refuses it too
         RunRows.read(config(ds))
+
+
+def test_a_sample_key_is_the_same_from_its_record_and_from_its_row_whatever_the_identity() -> None:
+    """A dataset row's identity, a task's (32 hex digits) and a hand-written one: the key a
+    record's sample_id gives is the one the rows give that sample, rollouts included."""
+    from trajforge.dataset import rollout_identity
+    from trajforge.runner.keys import key_of, rollout_key
+
+    for row in ("0123456789abcdef01234567:3", "ab" * 16 + ":0", "hand-written"):
+        assert len({key_of(rollout_identity(row, r)) for r in range(3)}) == 3
+        for r in range(3):
+            assert key_of(rollout_identity(row, r)) == rollout_key(key_of(row), r)
