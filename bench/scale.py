@@ -2,7 +2,7 @@
 
 It synthesises a finished run of N samples the way trajforge writes one (bench/resume_plan.py's
 records, 5.3 KB each, 1% discarded and 1% failed), then lets the code under test take it over
-with one `--resume` on the same N rows (a run made by earlier code is converted once; not timed).
+with one `--resume` on the same N rows (a run made by earlier code is converted once: timed apart).
 Then, against bench/server.py on 127.0.0.1 (one tool turn, 0.05 s latency):
 
 - resume: the dataset gains `--extra` rows; `trajforge run --resume` with 256 workers. Timed:
@@ -12,8 +12,9 @@ Then, against bench/server.py on 127.0.0.1 (one tool turn, 0.05 s latency):
 - view: `trajforge view RUN --port 0`, the time until its first list page is served.
 - export: `trajforge export RUN --format sharegpt`, trajectories per second and peak RSS.
 
-`--baseline SRC` runs the same on another checkout's `src` (for example `git worktree add
-/tmp/base main`, then `--baseline /tmp/base/src`), side by side. Run:
+The run is synthesised once and copied for each code. `--baseline SRC` runs the same on another
+checkout's `src` (for example `git worktree add /tmp/base main`, then `--baseline /tmp/base/src`),
+side by side. Run:
 `python bench/scale.py [--samples 100000] [--extra 1000] [--baseline DIR/src]`.
 """
 
@@ -92,25 +93,35 @@ def export(src: Path, run_dir: Path, out: Path) -> dict[str, Any]:
     return {"exit": os.waitstatus_to_exitcode(status), "export_per_s": lines / wall, "export_rss_mb": usage.ru_maxrss / 1024}
 
 
-async def scenario(src: Path, root: Path, samples: int, extra: int) -> dict[str, Any]:
-    run_root = root / "data"
-    run_dir, dataset, _ = synthesise(root, samples, extra)  # dataset: samples + extra rows
+def prepare(root: Path, samples: int, extra: int) -> Path:
+    """The finished run (batch files, a version 1 checkpoint), written once for every code measured,
+    and its datasets: base.jsonl (its rows), new.jsonl (the rows added), dataset.jsonl (both)."""
+    run_dir, dataset, _ = synthesise(root, samples, extra)
     rows = dataset.read_bytes().splitlines(keepends=True)
-    base, new = root / "base.jsonl", root / "new.jsonl"
-    base.write_bytes(b"".join(rows[:samples]))
-    new.write_bytes(b"".join(rows[samples:]))
+    (root / "base.jsonl").write_bytes(b"".join(rows[:samples]))
+    (root / "new.jsonl").write_bytes(b"".join(rows[samples:]))
+    return run_dir
+
+
+async def scenario(src: Path, pristine_run: Path, root: Path) -> dict[str, Any]:
+    """Take over a copy of the pristine run with `src`'s code, then time what the module says."""
+    run_root = root / "data"
+    run_dir = run_root / pristine_run.name
+    shutil.copytree(pristine_run, run_dir)
+    data = pristine_run.parent.parent  # where prepare wrote the datasets
     server = BenchServer(turns=1, latency=0.05)
     await server.start()
     try:
-        take_over = await run_cli(src, run_args(base, run_root, run_dir.name, server.url, "--resume"), root, server)
-        resume = await run_cli(src, run_args(dataset, run_root, run_dir.name, server.url, "--resume"), root, server)
-        fresh = await run_cli(src, run_args(new, run_root, "fresh", server.url), root, server)
+        take_over = await run_cli(src, run_args(data / "base.jsonl", run_root, run_dir.name, server.url, "--resume"),
+                                  root, server)
+        resume = await run_cli(src, run_args(data / "dataset.jsonl", run_root, run_dir.name, server.url, "--resume"),
+                               root, server)
+        fresh = await run_cli(src, run_args(data / "new.jsonl", run_root, "fresh", server.url), root, server)
     finally:
         await server.aclose()
     written = sum(1 for _ in (run_dir / "trajectories.jsonl").open("rb"))
-    r = {"take_over_s": take_over["wall_s"], "resume": resume, "fresh": fresh, "written": written,
-         "view_first_page_s": view_first_page(src, run_dir), **export(src, run_dir, root / "export.jsonl")}
-    return r
+    return {"take_over": take_over, "resume": resume, "fresh": fresh, "written": written,
+            "view_first_page_s": view_first_page(src, run_dir), **export(src, run_dir, root / "export.jsonl")}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -118,21 +129,28 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--samples", type=int, default=1_000_000)
     ap.add_argument("--extra", type=int, default=1_000)
     ap.add_argument("--baseline", type=Path, help="the src directory of another checkout, measured the same way")
-    ap.add_argument("--tmp", type=Path, default=None, help="where to build the runs (needs ~6 KB a sample)")
+    ap.add_argument("--tmp", type=Path, default=None, help="where to build the runs (~17 GB a code at a million)")
     args = ap.parse_args(argv)
     codes = [("this tree", REPO / "src")] + ([("baseline", args.baseline)] if args.baseline else [])
     print(f"scale: {args.samples:,} finished samples + {args.extra:,} new rows, 256 workers, "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    for name, src in codes:
-        with tempfile.TemporaryDirectory(prefix="trajforge-scale-", dir=args.tmp) as tmp:
-            r = asyncio.run(scenario(src, Path(tmp), args.samples, args.extra))
-        res, fresh = r["resume"], r["fresh"]
-        first = "-" if res["first_sample_s"] is None else f"{res['first_sample_s']:.2f}s"
-        print(f"  {name}: resume first sample {first}, wall {res['wall_s']:.2f}s (fresh run of the new rows "
-              f"{fresh['wall_s']:.2f}s: +{res['wall_s'] - fresh['wall_s']:.2f}s), peak RSS {res['peak_rss_mb']:.0f} MB, "
-              f"exit {res['exit']}; trajectories {r['written']:,}; view first page {r['view_first_page_s']:.2f}s; "
-              f"export sharegpt {r['export_per_s']:,.0f}/s, peak RSS {r['export_rss_mb']:.0f} MB "
-              f"(take-over resume {r['take_over_s']:.1f}s)", flush=True)
+          f"{time.strftime('%Y-%m-%d %H:%M')}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs",
+          flush=True)
+    with tempfile.TemporaryDirectory(prefix="trajforge-scale-", dir=args.tmp) as tmp:
+        pristine = prepare(Path(tmp) / "pristine", args.samples, args.extra)
+        for name, src in codes:
+            root = Path(tmp) / name.replace(" ", "-")
+            root.mkdir()
+            load = os.getloadavg()[0]
+            r = asyncio.run(scenario(src, pristine, root))
+            shutil.rmtree(root)
+            res, fresh, take = r["resume"], r["fresh"], r["take_over"]
+            first = "-" if res["first_sample_s"] is None else f"{res['first_sample_s']:.2f}s"
+            print(f"  {name} (load {load:.1f} at its start): resume first sample {first}, wall {res['wall_s']:.2f}s "
+                  f"(fresh run of the new rows {fresh['wall_s']:.2f}s: +{res['wall_s'] - fresh['wall_s']:.2f}s), "
+                  f"peak RSS {res['peak_rss_mb']:.0f} MB, exit {res['exit']}; trajectories {r['written']:,}; "
+                  f"view first page {r['view_first_page_s']:.2f}s; export sharegpt {r['export_per_s']:,.0f}/s, "
+                  f"peak RSS {r['export_rss_mb']:.0f} MB; take-over resume {take['wall_s']:.1f}s, peak RSS "
+                  f"{take['peak_rss_mb']:.0f} MB, exit {take['exit']}", flush=True)
 
 
 if __name__ == "__main__":
