@@ -6,7 +6,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "src"))
 
-from trajforge.cli import batch_runner_main, exit_now  # noqa: E402
+from trajforge.cli import batch_runner_entry  # noqa: E402
 
 if __name__ == "__main__":
-    exit_now(batch_runner_main())
+    batch_runner_entry()

@@ -1,17 +1,14 @@
-"""What a sandbox costs, per backend and setting: a new slot, a sample in a warm slot, a command.
+"""What a sandbox costs, per backend and setting: a sample's sandbox, and a command.
 
 Each figure is the CPU of a child process and everything it reaped (os.wait4: exact, even for
-helpers that live as long as the run), with the fixed cost of a child that only starts and
-closes a provider subtracted:
-- first sample of a slot: N samples at once (create, write a file, `true`, close), so each gets a
-  new slot (local: a new cgroup and workspace, as for every sample);
-- sample in a warm slot: N such samples one after another, each reusing the previous one's slot;
-- command: N `true` in one sample holding a file;
-- command, holding nothing: N `true` in one sample holding nothing, which parks after its first
-  (bwrap, root: it takes a slot again for the second and keeps it, sandbox/bwrap.py).
-The file keeps the samples from parking: a burst of samples holding nothing would share a few
-slots, and the first column would not measure a slot.
-Needs a root runner for the bwrap settings (slots, egress, cgroups, loop disks).
+the zygote and the sandboxes' processes, reaped when the run closes), with the fixed cost of a
+child that only starts and closes a provider subtracted:
+- sample, at once: N samples at once (create, write a file, `true`, close): as root, bwrap makes
+  and destroys a sandbox for each (namespaces, cgroup, disk, helper: backends/bwrap/sandbox_pool.py),
+  local a cgroup and workspace;
+- sample, one after another: the same N samples in turn;
+- command: N `true` in one sample.
+Needs a root runner for the bwrap settings (egress, cgroups, loop disks).
 
     .venv/bin/python bench/sandbox_costs.py [--samples 200] [--commands 300] [--json]
 """
@@ -55,7 +52,7 @@ async def main(fields, what, n):
     settings = sandbox_settings(RunConfig(**fields))
     with tempfile.TemporaryDirectory() as tmp:
         async with SandboxProvider(settings) as p:
-            await one(p, Path(tmp))  # the runtime and one slot: the fixed cost
+            await one(p, Path(tmp))  # the runtime and one sandbox: the fixed cost
             if what == "burst":
                 await asyncio.gather(*(one(p, Path(tmp)) for _ in range(n)))
             elif what == "warm":
@@ -63,8 +60,6 @@ async def main(fields, what, n):
                     await one(p, Path(tmp))
             elif what == "commands":
                 await one(p, Path(tmp), n)
-            elif what == "parking":
-                await one(p, Path(tmp), n, hold=False)
 
 asyncio.run(main(json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])))
 '''
@@ -84,10 +79,8 @@ def measure(fields: dict[str, str], samples: int, commands: int) -> dict[str, fl
     burst = min(cpu_of(fields, "burst", samples) for _ in range(REPEAT)) - base
     warm = min(cpu_of(fields, "warm", samples) for _ in range(REPEAT)) - base
     cmds = min(cpu_of(fields, "commands", commands) for _ in range(REPEAT)) - base
-    parking = min(cpu_of(fields, "parking", commands) for _ in range(REPEAT)) - base
-    return {"first_sample_ms": 1000 * burst / samples, "warm_sample_ms": 1000 * warm / samples,
-            "command_ms": 1000 * cmds / commands, "parking_command_ms": 1000 * parking / commands,
-            "fixed_ms": 1000 * base}
+    return {"burst_sample_ms": 1000 * burst / samples, "serial_sample_ms": 1000 * warm / samples,
+            "command_ms": 1000 * cmds / commands, "fixed_ms": 1000 * base}
 
 
 def main() -> None:
@@ -97,18 +90,16 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     ns = parser.parse_args()
     if os.geteuid() != 0:
-        raise SystemExit("needs root (slots, egress, memory cgroups and loop-mounted disks are root-mode features)")
+        raise SystemExit("needs root (egress, cgroups and loop-mounted disks are root-mode features)")
     os.environ.setdefault("PYTHONPATH", str(Path(__file__).resolve().parent.parent / "src"))
     print(f"load average before: {os.getloadavg()[0]:.2f}")
     rows = {name: measure(fields, ns.samples, ns.commands) for name, fields in SETTINGS.items()}
     if ns.json:
         print(json.dumps(rows, indent=2))
         return
-    print(f"{'setting':<34}{'first sample of a slot':>24}{'sample, warm slot':>19}{'command':>9}"
-          f"{'command, holding nothing':>26}  (ms of CPU)")
+    print(f"{'setting':<34}{'sample, at once':>17}{'sample, in turn':>17}{'command':>9}  (ms of CPU)")
     for name, r in rows.items():
-        print(f"{name:<34}{r['first_sample_ms']:>24.2f}{r['warm_sample_ms']:>19.2f}{r['command_ms']:>9.2f}"
-              f"{r['parking_command_ms']:>26.2f}")
+        print(f"{name:<34}{r['burst_sample_ms']:>17.2f}{r['serial_sample_ms']:>17.2f}{r['command_ms']:>9.2f}")
 
 
 if __name__ == "__main__":

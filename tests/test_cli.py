@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, cli
+from tests.support.heap import IN_HEAP
 from trajforge import __version__
 from trajforge.cli import batch_runner_main, main
 from trajforge.commands.run import FLAGS, make_parser, parse_run_args
@@ -35,6 +36,8 @@ VALUES: dict[str, tuple[str, object]] = {
     "num_workers": ("8", 8),
     "max_samples": ("50", 50),
     "max_tokens": ("2048", 2048),
+    "temperature": ("0.9", 0.9),
+    "top_p": ("0.95", 0.95),
     "providers_allowed": ("anthropic,openai", ["anthropic", "openai"]),
     "providers_ignored": ("together,deepinfra", ["together", "deepinfra"]),
     "providers_order": ("openai, anthropic", ["openai", "anthropic"]),
@@ -45,6 +48,7 @@ VALUES: dict[str, tuple[str, object]] = {
     "prefill_messages_file": ("prefill.json", Path("prefill.json")),
     "output_dir": ("out", Path("out")),
     "timeout": ("90.5", 90.5),
+    "sample_wall_timeout": ("3600", 3600.0),
     "tool_timeout": ("30", 30.0),
     "request_timeout": ("45", 45.0),
     "max_retries": ("2", 2),
@@ -78,7 +82,7 @@ VALUES: dict[str, tuple[str, object]] = {
     "task_max_storage": ("20g", "20g"),
 }
 BOOLS = ["resume", "overwrite", "verbose", "reasoning_disabled", "skip_invalid", "keep_no_reasoning",
-         "keep_workspaces"]
+         "keep_workspaces", "retry_sandbox_limits"]
 # tested on their own below; tasks and agent (exclusive with --dataset_file) in test_tasks_input.py
 SPECIAL = ["parallelism", "list_distributions", "config", "tasks", "agent"]
 SPEC_FLAGS = ["dataset_file", "batch_size", "run_name", "distribution", "model", "base_url", "api_key", "max_turns",
@@ -415,6 +419,20 @@ def test_the_fast_exit_still_flushes_the_streams_and_runs_the_atexit_handlers() 
     assert done.stderr == "to stderr"
 
 
+def test_the_fast_exit_skips_the_teardown_through_public_atexit_alone() -> None:
+    """The module-level object's __del__ would print during the interpreter's teardown: the fast
+    exit ends the process before it. And it gets there without atexit's private _run_exitfuncs."""
+    import ast
+
+    done = _exit_now_child("class A:\n    def __del__(self): print('teardown ran')\na = A()\n"
+                           "atexit.register(print, 'handler ran')")
+    assert (done.returncode, done.stdout) == (3, "handler ran\n"), done.stderr
+    source = ast.parse((REPO / "src" / "trajforge" / "cli.py").read_text())
+    private = [n.attr for n in ast.walk(source) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+               and n.value.id == "atexit" and n.attr.startswith("_")]
+    assert private == []
+
+
 def test_the_fast_exit_waits_for_a_thread_that_still_works() -> None:
     """A non-daemon thread alive at the end: the normal exit, which joins it, is taken instead."""
     done = _exit_now_child("threading.Thread(target=lambda: (time.sleep(0.5), print('thread finished'))).start()")
@@ -440,22 +458,29 @@ def test_the_command_keeps_a_256_kib_buffer_in_the_heap() -> None:
     """tune_allocator: the buffer an asyncio transport reads into (256 KiB) comes from the heap
     instead of an mmap and munmap per read. Where a block lands is read from /proc/self/maps;
     the first half shows glibc's default does map it, so the second can fail."""
-    code = """
-import ctypes
+    code = IN_HEAP + """
 from trajforge.cli import tune_allocator
-libc = ctypes.CDLL(None)
-libc.malloc.restype = ctypes.c_void_p
-def in_heap():
-    p = libc.malloc(256 << 10)
-    for line in open("/proc/self/maps"):
-        if line.rstrip().endswith("[heap]"):
-            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
-            return lo <= p < hi
-    return False
-before = in_heap()
+before = tuned()
 tune_allocator()
-print(before, in_heap())
+print(before, tuned())
 """
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert done.stdout.split() == ["False", "True"], done.stderr
+
+
+@pytest.mark.parametrize("script", ["batch_runner.py", "trajectory_compressor.py"])
+def test_the_reference_entry_scripts_tune_the_allocator_too(script: str) -> None:
+    """They are processes of their own that read model replies, like the `trajforge` command."""
+    code = IN_HEAP + f"""
+import runpy, sys
+sys.argv = [{script!r}, "--help"]
+try:
+    runpy.run_path({str(REPO / script)!r}, run_name="__main__")
+except SystemExit:
+    pass
+print("tuned:", tuned())
+"""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == "tuned: True", done.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -55,7 +56,7 @@ def test_bad_flags_exit_2_with_one_clear_line(src: Path, flags: list[str], messa
 def test_missing_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     assert "missing required flag --input" in capsys.readouterr().err
-    assert main([f"--input={tmp_path / 'nope.jsonl'}"]) == 1
+    assert main([f"--input={tmp_path / 'nope.jsonl'}"]) == 2
     assert "nope.jsonl: no such file or directory" in capsys.readouterr().err
 
 
@@ -115,32 +116,45 @@ def _compressor(args: list[str]) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
 
 
-def test_resume_after_kill_writes_every_line_once_in_order(tmp_path: Path) -> None:
-    rows = [trajectory(i, steps=8, response_words=120) for i in range(30)]
-    src = write_jsonl(tmp_path / "in.jsonl", rows)
-    out = tmp_path / "out.jsonl"
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump({"processing": {"max_concurrent_requests": 2},
-                                   "summarization": {"max_retries": 0}}), encoding="utf-8")
-    busy = threading.Event()
-    state_path = Paths.for_output(out).state
+class _SlowRun:
+    """30 trajectories to compress against a summariser that answers in 0.25 s; `saved` is set
+    once a periodic checkpoint holds some lines (read from the state file itself, not from a
+    count of requests, which a loaded machine can reach before the first save)."""
 
-    def slow(rec: Any) -> Any:
-        # Killed once a periodic checkpoint has saved some lines: by the state file itself, not
-        # by a count of requests, which a loaded machine can reach before the first save.
-        if len(srv.requests) >= 8 and not busy.is_set():
+    def __init__(self, tmp_path: Path) -> None:
+        src = write_jsonl(tmp_path / "in.jsonl", [trajectory(i, steps=8, response_words=120) for i in range(30)])
+        self.out = tmp_path / "out.jsonl"
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(yaml.safe_dump({"processing": {"max_concurrent_requests": 2},
+                                       "summarization": {"max_retries": 0}}), encoding="utf-8")
+        self.args = [f"--input={src}", f"--output={self.out}", "--target_max_tokens=1500", f"--config={cfg}"]
+        self.saved = threading.Event()
+
+    def slow(self, rec: Any) -> Any:
+        if not self.saved.is_set():
             try:
-                if json.loads(state_path.read_text())["output_lines"] > 0:
-                    busy.set()
+                if json.loads(Paths.for_output(self.out).state.read_text())["output_lines"] > 0:
+                    self.saved.set()
             except (OSError, ValueError, KeyError):
                 pass
         return chat("slow summary", delay=0.25)
 
-    args = [f"--input={src}", f"--output={out}", "--target_max_tokens=1500", f"--config={cfg}"]
-    with ScriptedServer(slow) as srv:
+    def resume(self) -> tuple[str, int]:
+        """The same command against a fast summariser: its stdout and how many summaries it asked for."""
+        with ScriptedServer(lambda rec: chat("fast summary")) as srv:
+            proc = _compressor([*self.args, f"--base_url={srv.url}"])
+            stdout, stderr = proc.communicate(timeout=60)
+            assert proc.returncode == 0, stderr
+            return stdout, len(srv.requests)
+
+
+def test_resume_after_kill_writes_every_line_once_in_order(tmp_path: Path) -> None:
+    run = _SlowRun(tmp_path)
+    out, args = run.out, run.args
+    with ScriptedServer(run.slow) as srv:
         proc = _compressor([*args, f"--base_url={srv.url}"])
         try:
-            assert busy.wait(30), proc.stderr.read() if proc.poll() is not None else "no progress"
+            assert run.saved.wait(30), proc.stderr.read() if proc.poll() is not None else "no progress"
         finally:
             proc.kill()
             proc.communicate()
@@ -150,11 +164,7 @@ def test_resume_after_kill_writes_every_line_once_in_order(tmp_path: Path) -> No
     state = json.loads(Paths.for_output(out).state.read_text())
     assert 0 < state["output_lines"] < 30
 
-    with ScriptedServer(lambda rec: chat("fast summary")) as srv:
-        proc = _compressor([*args, f"--base_url={srv.url}"])
-        stdout, stderr = proc.communicate(timeout=60)
-        assert proc.returncode == 0, stderr
-        second_requests = len(srv.requests)
+    stdout, second_requests = run.resume()
     assert "resuming" in stdout
     assert second_requests == 30 - state["output_lines"]  # finished lines are not summarised again
     assert first_requests + second_requests >= 30
@@ -188,3 +198,66 @@ def test_leftover_checkpoint_without_partial_file_is_ignored(tmp_path: Path) -> 
     assert main([f"--input={src}", "--target_max_tokens=100000"]) == 0
     assert read_jsonl(paths.output) == read_jsonl(src)
     assert not paths.state.exists() and not paths.partial.exists()
+
+
+def test_an_existing_output_is_replaced_only_with_overwrite(src: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    out, metrics = tmp_path / "out.jsonl", tmp_path / "out_metrics.json"
+    out.write_text("precious\n")
+    args = [f"--input={src}", f"--output={out}", "--target_max_tokens=100000"]
+    assert main(args) == 2
+    assert f"--output: {out} exists; pass --overwrite" in capsys.readouterr().err
+    assert out.read_text() == "precious\n" and sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.jsonl"]
+    out.unlink()
+    metrics.write_text("{}")  # a metrics file left without its output is somebody's too
+    assert main(args) == 2
+    assert f"{metrics} (written beside --output {out}) exists" in capsys.readouterr().err
+    assert metrics.read_text() == "{}" and not out.exists()
+    assert main([*args, "--overwrite"]) == 0
+    assert read_jsonl(out) == read_jsonl(src) and json.loads(metrics.read_text())["summary"]["total_trajectories"] == 3
+    assert main(args) == 2  # the finished output is not replaced by running the command again
+    assert main([*args, "--overwrite"]) == 0
+
+
+def test_a_run_file_input_writes_beside_the_run_directory(tmp_path: Path) -> None:
+    run_dir = tmp_path / "data" / "r"
+    write_jsonl(run_dir / "trajectories.jsonl", [trajectory(0, steps=1, response_words=5)])
+    (run_dir / "config.json").write_text("{}")
+    assert main([f"--input={run_dir / 'trajectories.jsonl'}", "--target_max_tokens=100000"]) == 0
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.json", "trajectories.jsonl"]
+    assert (tmp_path / "data" / "r_compressed.jsonl").is_file()
+
+
+def test_a_named_summariser_without_a_key_is_refused_before_any_file_is_written(
+        src: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("OPENROUTER_API_KEY", "OPENAI_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    assert main([f"--input={src}", "--target_max_tokens=100", "--model=openai/gpt-4o"]) == 2
+    assert "summariser: no API key for https://openrouter.ai/api/v1" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]  # no .partial, no checkpoint
+    # The default summariser's own name, given by the user, is a named model: refused, not replaced.
+    assert main([f"--input={src}", "--target_max_tokens=100", "--model=google/gemini-3-flash-preview"]) == 2
+    assert "summariser: no API key" in capsys.readouterr().err
+    assert main([f"--input={src}", "--target_max_tokens=100", "--model=local:/no/such.gguf"]) == 2
+    assert "no such model file" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
+def test_sigterm_keeps_the_progress_like_ctrl_c(tmp_path: Path) -> None:
+    run = _SlowRun(tmp_path)
+    with ScriptedServer(run.slow) as srv:
+        proc = _compressor([*run.args, f"--base_url={srv.url}"])
+        try:
+            assert run.saved.wait(60), "no progress"
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted; re-run the same command to resume" in err, err
+    assert "trajectories done) is kept in" in err
+    assert not run.out.exists() and Paths.for_output(run.out).partial.exists()
+    stdout, _ = run.resume()
+    assert "resuming" in stdout and [r["prompt_index"] for r in read_jsonl(run.out)] == list(range(30))

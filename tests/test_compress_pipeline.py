@@ -149,15 +149,16 @@ def test_directory_input_uses_only_the_merged_file(tmp_path: Path) -> None:
     with ScriptedServer(lambda rec: chat("summary")) as srv:
         assert _run(srv, f"--input={run_dir}", "--target_max_tokens=1200", f"--config={_config(tmp_path)}") == 0
         assert len(srv.chat_requests()) == 3  # each trajectory once, not again from the batch files
-    assert sorted(p.name for p in run_dir.iterdir()) == [
-        "batch_0.jsonl", "batch_1.jsonl", "trajectories.jsonl", "trajectories_compressed.jsonl",
-        "trajectories_compressed_metrics.json"]
-    assert [r["prompt_index"] for r in read_jsonl(run_dir / "trajectories_compressed.jsonl")] == [0, 1, 2]
+    # Written beside the run directory, not in it: `trajforge run --overwrite` would delete it there.
+    assert sorted(p.name for p in run_dir.iterdir()) == ["batch_0.jsonl", "batch_1.jsonl", "trajectories.jsonl"]
+    assert sorted(p.name for p in run_dir.parent.iterdir()) == [
+        "my_run", "my_run_compressed.jsonl", "my_run_compressed_metrics.json"]
+    assert [r["prompt_index"] for r in read_jsonl(run_dir.parent / "my_run_compressed.jsonl")] == [0, 1, 2]
 
 
 def test_directory_without_merged_file_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_jsonl(tmp_path / "run" / "batch_0.jsonl", [trajectory(0, 1, 5)])
-    assert main([f"--input={tmp_path / 'run'}"]) == 1
+    assert main([f"--input={tmp_path / 'run'}"]) == 2
     assert "no trajectories.jsonl" in capsys.readouterr().err
 
 
@@ -165,12 +166,12 @@ def test_bad_line_is_named_and_output_path_stays_clean(tmp_path: Path, capsys: p
     src = tmp_path / "in.jsonl"
     good = json.dumps(trajectory(0, steps=2, response_words=10))
     src.write_text(f"{good}\n\n{good}\n{{not json\n{good}\n", encoding="utf-8")
-    assert main([f"--input={src}", "--target_max_tokens=100000"]) == 1
+    assert main([f"--input={src}", "--target_max_tokens=100000"]) == 2
     err = capsys.readouterr().err
     assert f"{src}:4: not valid JSON" in err
     assert not (tmp_path / "in_compressed.jsonl").exists()
     src.write_text(f'{good}\n{{"conversations": [{{"from": "gpt"}}]}}\n', encoding="utf-8")
-    assert main([f"--input={src}", "--target_max_tokens=100000", "--fresh"]) == 1
+    assert main([f"--input={src}", "--target_max_tokens=100000", "--fresh"]) == 2
     assert f"{src}:2: conversations[0]" in capsys.readouterr().err
 
 

@@ -317,3 +317,33 @@ def test_validated_config_is_immutable() -> None:
         c.run_name = "later"
     later = c.model_copy(update={"run_name": "later"})
     assert (c.run_name, later.run_name) == (None, "later")
+
+
+@pytest.mark.parametrize(("text", "key", "lines"), [
+    ("model: a\nmax_turns: 3\nmodel: b\n", "model", (1, 3)),
+    ("parallelism:\n  max_workers: 4\n  batch_size: 2\n  max_workers: 5\n", "max_workers", (2, 4)),
+    ("task_types:\n  code: {retry_limit: 1, retry_limit: 2}\n", "retry_limit", (2, 2)),
+    ("pricing:\n  m: {prompt: 1, completion: 2}\n  m: {prompt: 3, completion: 4}\n", "m", (2, 3)),
+])
+def test_a_key_given_twice_is_refused_naming_it_and_both_lines(tmp_path: Path, text: str, key: str,
+                                                               lines: tuple[int, int]) -> None:
+    cfg = yaml_file(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        build_config({}, cfg)
+    assert str(info.value) == f"{cfg}: key '{key}' appears twice, on lines {lines[0]} and {lines[1]}; keep one"
+
+
+def test_yaml_merge_keys_may_still_override(tmp_path: Path) -> None:
+    cfg = yaml_file(tmp_path, "pricing:\n  a: &p {prompt: 1, completion: 2}\n  b: {<<: *p, prompt: 3}\n")
+    assert build_config({}, cfg).pricing["b"].prompt == 3
+
+
+def test_a_key_given_twice_stops_the_command_with_exit_2(tmp_path: Path, clean_env: dict[str, str]) -> None:
+    import subprocess
+    import sys
+
+    cfg = yaml_file(tmp_path, "compression:\n  target_max_tokens: 10\n  target_max_tokens: 20\n")
+    proc = subprocess.run([sys.executable, "-m", "trajforge", "compress", "--input", str(cfg), "--config", str(cfg)],
+                          env=clean_env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == f"error: {cfg}: key 'target_max_tokens' appears twice, on lines 2 and 3; keep one\n"

@@ -22,17 +22,19 @@ def stats_of(tmp_path: Path, run: str = "r") -> dict:
 
 
 def test_hundreds_of_sessions_in_flight(tmp_path: Path, server: ScriptedServer, clean_env) -> None:
-    # 0.5 s per reply: at 0.2 s a machine whose cores are busy with other work (a parallel test
-    # run) made the runner CPU-bound, and 151 of 256 were in flight at most.
-    server.handler = echo_policy(turns=1, delay=0.5)
-    n = 1000
+    """256 sessions have a model request in flight at once. The server holds the requests until
+    all 256 are in (ScriptedServer.hold_until), so the test waits for that event, whatever the
+    machine's load; before, 0.5 s replies had to be slow enough for the runner to start 200."""
+    server.handler = echo_policy(turns=1)
+    server.hold_until = 256
+    n = 300
     ds = write_dataset(tmp_path / "ds.jsonl", [f"say w{i}" for i in range(n)])
     proc = run_cli(tmp_path, clean_env, *base_args(server, ds, "r", "--num_workers=256", "--batch_size=100"),
                    timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = read_jsonl(tmp_path / "data" / "r" / "trajectories.jsonl")
     assert [r["prompt_index"] for r in lines] == list(range(n))
-    assert server.max_in_flight >= 200, server.max_in_flight
+    assert server.held and server.max_in_flight == 256, server.max_in_flight
 
 
 def test_sample_timeout_kills_its_processes(tmp_path: Path, server: ScriptedServer, clean_env) -> None:

@@ -122,6 +122,7 @@ def test_parquet_reads_back_with_the_documented_schema(run_dir: Path, tmp_path: 
     assert first["tool_stats"] == [{"name": "terminal", "count": 3, "success": 2, "failure": 1}]
     assert first["usage"]["prompt_tokens"] == saved[0]["usage"]["prompt_tokens"]
     assert first["verification"] is None and first["split"] is None
+    assert first["timing"] == saved[0]["timing"] and 0 <= first["timing"]["working_s"] <= first["timing"]["wall_s"]
     assert json.loads(first["tools"])[0]["function"]["name"] == "terminal"
     assert sum(r["completed"] for r in rows) == 5
 
@@ -215,8 +216,10 @@ def test_bad_input_names_file_and_line_and_leaves_output_untouched(run_dir: Path
         else:
             target.write_text("old")
         proc = export(tmp_path, bad, "--format", fmt, "--output", name, "--overwrite")
-        assert proc.returncode == 1 and "Traceback" not in proc.stderr
-        assert proc.stderr.startswith(f"error: {bad}:3: conversations[0]: a tool turn without any <tool_response>")
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        # after its "exporting ..." line: the bad line is found once the export is under way
+        assert proc.stderr.splitlines()[-1].startswith(f"error: {bad}:3: conversations[0]: a tool turn without any "
+                                                       "<tool_response>"), proc.stderr
         assert (target / "README.md").read_text() == "old card" if fmt == "hf" else target.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "o.jsonl", "o.parquet", "o_hf"]
     wrong = json.loads(good[1])
@@ -224,12 +227,12 @@ def test_bad_input_names_file_and_line_and_leaves_output_untouched(run_dir: Path
     bad.write_text("\n".join([good[0], json.dumps(wrong)]) + "\n")
     for fmt in ("parquet", "hf"):
         proc = export(tmp_path, bad, "--format", fmt, "--output", f"w_{fmt}")
-        assert proc.returncode == 1 and "Traceback" not in proc.stderr
-        assert proc.stderr.startswith(f"error: {bad}:2: a field has the wrong type"), proc.stderr
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert proc.stderr.splitlines()[-1].startswith(f"error: {bad}:2: a field has the wrong type"), proc.stderr
         assert not (tmp_path / f"w_{fmt}").exists()
     bad.write_text(good[0] + "\n{not json\n")
     proc = export(tmp_path, bad, "--format", "sharegpt", "--output", "x.jsonl")
-    assert proc.returncode == 1 and f"{bad}:2: invalid JSON" in proc.stderr and not (tmp_path / "x.jsonl").exists()
+    assert proc.returncode == 2 and f"{bad}:2: invalid JSON" in proc.stderr and not (tmp_path / "x.jsonl").exists()
 
 
 def test_output_safety_and_flag_errors(run_dir: Path, tmp_path: Path) -> None:
@@ -252,7 +255,7 @@ def test_output_safety_and_flag_errors(run_dir: Path, tmp_path: Path) -> None:
         proc = export(tmp_path, run_dir, *args, "--output", "z.jsonl")
         assert proc.returncode == 2 and msg in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     proc = export(tmp_path, tmp_path / "missing", "--format", "openai", "--output", "z.jsonl")
-    assert proc.returncode == 1 and "no such file or directory" in proc.stderr
+    assert proc.returncode == 2 and "no such file or directory" in proc.stderr
     assert not (tmp_path / "z.jsonl").exists()
     # an earlier export directory is replaced with --overwrite, in one piece
     ok(export(tmp_path, run_dir, "--format", "hf", "--output", "h"))
@@ -303,7 +306,8 @@ def test_verified_records_with_row_fields(run_dir: Path, tmp_path: Path) -> None
     ok(export(tmp_path, src, "--format", "hf", "--output", "vh"))
     assert datasets.load_from_disk(str(tmp_path / "vh"))[4]["verification"]["passed"] is True
     card = (tmp_path / "vh" / "README.md").read_text()
-    assert "| pass rate | 66.7% (4 of 6 verified) |" in card
+    assert "| pass rate | 66.7% (4 passed, 2 failed) |" in card
+    assert card.count("| pass rate |") == 1  # once per table: the export's (the input has no run)
     # the openai form keeps them in metadata and comes back unchanged
     ok(export(tmp_path, src, "--format", "openai", "--output", "v.jsonl"))
     assert lines(tmp_path / "v.jsonl")[1]["metadata"]["verification"]["detail"] == {"expected": "1"}
@@ -313,22 +317,41 @@ def test_verified_records_with_row_fields(run_dir: Path, tmp_path: Path) -> None
 
 
 def test_interrupted_export_leaves_the_old_output_and_no_staging(tmp_path: Path) -> None:
+    """The SIGINT must land while the export is under way, whatever the machine's speed: its
+    stderr is a pipe the test filled, so the export blocks on its "exporting ..." line (written
+    once its staging file exists) until the test has sent the signal and starts reading."""
+    import fcntl
+    import os
     import signal
     import sys
     import time
 
     from tests.test_bench_export import bench
 
-    bench.synthesise(tmp_path / "big.jsonl", 20000)
+    bench.synthesise(tmp_path / "big.jsonl", 50)  # small: the pipe, not the size, holds the export back
     (tmp_path / "out.jsonl").write_text("old export\n")
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETFL, os.O_NONBLOCK)
+    filler = 0
+    try:
+        while True:
+            filler += os.write(write_end, b"x" * 4096)
+    except BlockingIOError:
+        pass
+    fcntl.fcntl(write_end, fcntl.F_SETFL, 0)
     proc = subprocess.Popen([sys.executable, "-m", "trajforge", "export", "big.jsonl", "--format", "openai",
                              "--output", "out.jsonl", "--overwrite"], cwd=tmp_path, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=write_end)
+    os.close(write_end)
     deadline = time.monotonic() + 60
-    while not [p for p in tmp_path.iterdir() if p.name.endswith(".export")] and time.monotonic() < deadline:
-        time.sleep(0.02)  # until the export has started writing its staging file
+    # Waits for the staging directory: from then on the export cannot pass its first stderr line.
+    while not [p for p in tmp_path.iterdir() if p.name.endswith(".export")]:
+        assert proc.poll() is None and time.monotonic() < deadline, "the export never began"
+        time.sleep(0.02)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "left as it was" in err and "Traceback" not in err
+    with os.fdopen(read_end, "rb") as r:
+        err = r.read()[filler:].decode()
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "left as it was" in err and "Traceback" not in err, err
     assert (tmp_path / "out.jsonl").read_text() == "old export\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.jsonl", "out.jsonl"]

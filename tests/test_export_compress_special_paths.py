@@ -134,7 +134,7 @@ def test_a_fifo_input_is_named_as_one(command: str, tmp_path: Path) -> None:
     os.mkfifo(fifo)
     args = [fifo, "--format", "openai"] if command == "export" else ["--input", fifo]
     proc = _cli(tmp_path, command, *args, "--output", tmp_path / "out.jsonl")
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith(f"error: {fifo}: a FIFO, not a regular file"), proc.stderr
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and not (tmp_path / "out.jsonl").exists()
 

@@ -197,6 +197,6 @@ def test_card_shows_the_run_verification_figures() -> None:
                   exported=Totals().as_dict(), verified=(0, 0), drops=[], schema_doc="-", config={"api_key": "k"},
                   statistics={"run": run})
     for line in ("| pass rate | 75.0% (3 passed, 1 failed) |", "| pass rate: qa | 50.0% |",
-                 "| pass@1 / pass@4 (2 rows) | 0.75 / 1.0 |", "| verification errors | 1 |"):
+                 "| pass@1 / pass@4 (2 rows with a verdict) | 0.75 / 1.0 |", "| verification errors | 1 |"):
         assert line in text
     assert "api_key" not in text

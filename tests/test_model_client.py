@@ -433,6 +433,8 @@ def test_should_use_local() -> None:
     assert not should_use_local(ModelSettings(model=DEFAULT_MODEL, api_key="k"), {})
     assert not should_use_local(ModelSettings(model=DEFAULT_MODEL, base_url="http://127.0.0.1:1/v1"), {})
     assert not should_use_local(ModelSettings(model="openai/gpt-4o"), {})  # named remote model: error instead
+    # The default's own name, given by the user, is a named model too (the README's first example).
+    assert not should_use_local(ModelSettings(model=DEFAULT_MODEL), {}, named=True)
 
 
 def test_missing_local_backend_is_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:

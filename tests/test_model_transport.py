@@ -145,6 +145,27 @@ def test_env_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
     assert env_proxy("http://127.0.0.1:8000/v1/chat/completions") is None
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_both_transports_go_through_the_environments_proxy(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("http_proxy", "all_proxy", "no_proxy", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    with ScriptedServer() as srv:
+        monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{srv.port}")
+        srv.script(chat("via the proxy"))
+
+        async def run() -> Completion:
+            # A host that does not resolve: only the proxy can deliver the request.
+            client = OpenAIClient(ModelSettings(model="m", base_url="http://model.invalid/v1", max_retries=0), KEY,
+                                  transport=kind)
+            try:
+                return await client.complete(MESSAGES, [])
+            finally:
+                await client.aclose()
+
+        assert asyncio.run(run()).content == "via the proxy"
+        assert srv.requests[0].headers["Host"] == "model.invalid"
+
+
 async def _complete_against_raw(reply: bytes, kind: str) -> BaseException:
     """Run one call against a bare TCP server that answers every request with `reply` bytes."""
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -204,14 +225,19 @@ def test_moderation_403_fails_the_sample_not_the_run(kind: str) -> None:
         assert len(srv.chat_requests()) == 1
 
 
-def test_a_reply_past_the_size_cap_is_refused_as_it_arrives(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The endpoint's reply is held whole in the runner: a 300 MB one took it to ~1 GB. The default
-    # transport stops reading past MAX_RESPONSE_BYTES (the cap is lowered here to keep the test small).
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_reply_past_the_size_cap_is_refused_as_it_arrives(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The endpoint's reply is held whole in the runner: a 300 MB one took it to ~1 GB. Both
+    # transports stop reading past MAX_RESPONSE_BYTES (the cap is lowered here to keep the test
+    # small), an error status's body too.
     from trajforge.model import transport
 
     monkeypatch.setattr(transport, "MAX_RESPONSE_BYTES", 1 << 20)
     with ScriptedServer() as srv:
-        srv.script(chat("x" * (900 << 10)), *[chat("y" * (3 << 20)) for _ in range(3)])
-        assert complete(srv, "aiohttp")[0].content == "x" * (900 << 10)  # under the cap: as before
-        with pytest.raises(APIFailure, match="more than 1 MiB"):
-            complete(srv, "aiohttp", max_retries=1)
+        srv.script(chat("x" * (900 << 10)), *[chat("y" * (3 << 20)) for _ in range(2)],
+                   *[http_error(500, "z" * (3 << 20)) for _ in range(2)])
+        assert complete(srv, kind)[0].content == "x" * (900 << 10)  # under the cap: as before
+        for _ in range(2):  # a reply too large, then an error status's body too large
+            with pytest.raises(APIFailure, match="more than 1 MiB"):
+                complete(srv, kind, max_retries=1)
+        assert len(srv.chat_requests()) == 5

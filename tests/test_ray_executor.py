@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import cli
+from tests.support.heap import IN_HEAP
 from tests.support.policies import echo_policy
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, with_usage
 from tests.support.run_state import statuses
@@ -51,6 +52,7 @@ def normalised_records(run: Path) -> dict[str, dict]:
     for line in (run / "trajectories.jsonl").read_text().splitlines():
         rec = json.loads(re.sub(r"call_\d+", "call_X", line))
         rec["metadata"].pop("timestamp")
+        rec.pop("timing")  # seconds: no two runs take the same
         out[rec["sample_id"]] = rec
     return out
 
@@ -193,6 +195,9 @@ def test_killed_actor_mid_run_loses_nothing(tmp_path: Path, server: ScriptedServ
 
     async def main() -> None:
         assert await executor.start() == []
+        # The actor's process reads its sessions' model replies: its allocator is tuned too.
+        assert await executor.actor_handles[0].__ray_call__.remote(
+            lambda actor, src=IN_HEAP: (ns := {}, exec(src, ns), ns["tuned"]())[2]) is True
         try:
             await run_engine(samples, executor, outcomes.append, lambda s: 1, asyncio.Event())
         finally:

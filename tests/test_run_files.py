@@ -107,7 +107,7 @@ def figures(at: str, total: str, per_row: bool, per_worker: bool, ran: bool = Tr
         "verification.unverified:int", "verification.by_task_type{}.passed:int",
         "verification.by_task_type{}.failed:int", "verification.by_task_type{}.errors:int",
         "verification.by_task_type{}.pass_rate:float", "verification.rows:int", "verification.rows_solved:int",
-        "verification.pass_at_1:float", "verification.pass_at_k.k:int", "verification.pass_at_k.value:float",
+        "verification.rows_with_verdict:int", "verification.pass_at_1:float", "verification.pass_at_k.k:int", "verification.pass_at_k.value:float",
         "verification.skipped_solved:int", "verification.not_kept:int", "verification.cost_per_pass:float",
     ]
     if per_row:

@@ -111,17 +111,17 @@ def test_a_module_planted_where_the_helper_imports_from_never_runs(tmp_path: Pat
             assert "unicodedata.py" in (await sb.exec("ls", timeout=10)).stdout  # planted where sys.path points
             await sb.write_file("text.txt", "caf\u00e9 \u2014 done\n".encode())
             await sb.write_file("latin.txt", b"caf\xe9\n")
-            for pattern in ("\\N{EM DASH}", "(?i)CAF\u00c9", "\\w+\\s\\N{EM DASH}", "[[:alpha:]]", "caf\\xe9"):
+            calls = [sb.search(".", pattern) for pattern in
+                     ("\\N{EM DASH}", "(?i)CAF\u00c9", "\\w+\\s\\N{EM DASH}", "[[:alpha:]]", "caf\\xe9")]
+            for glob in ("*.txt", "**/*.py", "[!a]*", "*.[tT][xX][tT]"):
+                calls += [sb.search(".", "done", glob=glob), sb.search(".", "text", target="files", glob=glob)]
+            calls += [sb.read_file("latin.txt"), sb.read_file("text.txt", offset=3),
+                      sb.write_file("new.txt", "\u2014".encode("utf-16"), how="new")]
+            for call in calls:
                 try:
-                    await sb.search(".", pattern)
+                    await call
                 except FileOpError:
                     pass  # an error for the model is fine; running the planted module is not
-            for glob in ("*.txt", "**/*.py", "[!a]*", "*.[tT][xX][tT]"):
-                await sb.search(".", "done", glob=glob)
-                await sb.search(".", "text", target="files", glob=glob)
-            await sb.read_file("latin.txt")
-            await sb.read_file("text.txt", offset=3)
-            await sb.write_file("new.txt", "\u2014".encode("utf-16"), how="new")
             assert (await sb.exec("echo alive", timeout=10)).stdout == "alive\n"
             leftovers = (await sb.exec("ls PWNED-* 2>/dev/null; true", timeout=10)).stdout
             assert leftovers == "", leftovers

@@ -312,3 +312,28 @@ def test_leftovers_of_a_killed_runner_are_killed_at_the_next_start(tmp_path: Pat
         assert gone(leftover)
     finally:
         cgroups.close()
+
+
+def test_a_background_jobs_log_in_the_hosts_tmp_is_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The log is in the host's /tmp, outside the sample's disk: at most JOB_LOG_BYTES of it (64 MiB,
+    1 MiB here), and a job writing more ends, as a container job does; a job that writes less finds
+    every byte in its log the moment it has ended."""
+    from trajforge.sandbox.backends.local import joblog
+
+    monkeypatch.setattr(joblog, "JOB_LOG_BYTES", 1 << 20)
+
+    async def body() -> None:
+        sb = await started(tmp_path)
+        try:
+            big = await sb.spawn("head -c 3000000 /dev/zero | tr '\\0' x; echo after")
+            assert await big.wait(30) not in (None, 0)
+            chunk = await big.read(0, 4 << 20)
+            assert chunk.end == 1 << 20 and chunk.head == b"x" * (1 << 20)
+            small = await sb.spawn("head -c 500000 /dev/zero | tr '\\0' y; echo done")
+            assert await small.wait(30) == 0
+            chunk = await small.read(0, 1 << 20)
+            assert chunk.head == b"y" * 500000 + b"done\n"
+        finally:
+            await sb.close()
+
+    run(body())

@@ -267,7 +267,7 @@ def test_monitor_series_rates_progress_and_thinning() -> None:
     assert point.gate.limit == 512 and point.spent == 0.5
     text = mon.progress_text()
     assert "limit 512/512" in text and "1800 req/min, 0 429s/min" in text
-    assert "spent $0.5000" in text and "~$5.0000 projected" in text and "of $2.00 budget" in text
+    assert "spent $0.5000" in text and "~$5.0000 projected" in text and "of $2.0000 budget" in text
     for _ in range(monitor_mod.MAX_POINTS + 5):
         now[0] += 1.0
         mon.tick()

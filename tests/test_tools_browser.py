@@ -79,8 +79,8 @@ for (let i = 0; i < 100; i++) {
   const img = document.createElement('img'); img.alt = alt + i; img.src = src + i; document.body.appendChild(img);
 }
 </script></body></html>"""),
-    # A page that subverts the caps of the tools' own page scripts (they run in the page's world):
-    # String.prototype.slice hands back 100 KB objects whose length reads as 0.
+    # A page that tries to subvert the caps of the tools' own page scripts: String.prototype.slice
+    # hands back 100 KB objects whose length reads as 0 (the scripts run in a world of their own).
     "/hostile.html": ("text/html", b"""<!doctype html><html><head><title>Hostile</title></head><body><script>
 for (let i = 0; i < 100; i++) {
   const img = document.createElement('img'); img.alt = 'a' + i; document.body.appendChild(img);
@@ -94,9 +94,18 @@ String.prototype.slice = function () { return {length: 0, big}; };
 history.replaceState(null, '', '?' + 'q'.repeat(1000000));
 for (let i = 0; i < 300; i++) console.log('message ' + i);
 </script></body></html>"""),
-    # ... and one that makes the snapshot's own join hand back 3 MB, past every check in the page.
+    # ... and one that would make the snapshot's own join hand back 3 MB, past every check in the page.
     "/hostile_snapshot.html": ("text/html", b"""<!doctype html><html><head><title>H</title></head><body>
 <p>hello</p><script>const huge = 'z'.repeat(3000000); Array.prototype.join = function () { return huge; };
+</script></body></html>"""),
+    # A page that logs 40 MB, subverts what a console collector would call, then leaves.
+    "/flood.html": ("text/html", b"""<!doctype html><html><head><title>F</title></head><body><p>flood</p><script>
+const mb = 'f'.repeat(1 << 20);
+for (let i = 0; i < 40; i++) console.log(mb, i);
+console.warn({toString() { return 'w'.repeat(1 << 20); }});
+Object.prototype.toJSON = Array.prototype.toJSON = () => mb;
+String.prototype.slice = () => mb;
+console.error('last words');
 </script></body></html>"""),
 }
 
@@ -319,8 +328,8 @@ def test_get_images_caps_hold_when_the_page_subverts_the_tool_script(sample: Sam
     images = loads(raw)
     assert images["success"] is True and images["title"] == "T" * 500
     assert images["count"] == 100
-    # The slices handed back objects, not strings: Python drops them.
-    assert all(i["src"] == i["alt"] == "" and isinstance(i["width"], int) for i in images["images"])
+    # The tool's script ran in a world of its own: the page's slice never ran, the real alts came back.
+    assert [i["alt"] for i in images["images"]] == [f"a{i}" for i in range(100)]
     assert len(raw) <= BrowserSettings().snapshot_max_chars + 1_000
 
 
@@ -328,9 +337,9 @@ def test_snapshot_cap_holds_when_the_page_subverts_the_tool_script(sample: Sampl
     sample.call_raw("browser_navigate", url=f"{site}/hostile_snapshot.html")
     raw = sample.call_raw("browser_snapshot")
     snap = loads(raw)
-    assert snap["success"] is True and snap["snapshot"].endswith("[snapshot truncated: scroll or follow links "
-                                                                 "to see the rest]"), snap.get("error")
-    assert len(raw) <= BrowserSettings().snapshot_max_chars + 1_000  # was 3 MB
+    # The page's join never ran (it was 3 MB that reached the runner before Python cut it).
+    assert snap["success"] is True and snap["snapshot"] == '- paragraph "hello"', snap
+    assert "z" not in raw
 
 
 def test_console_entries_are_capped_whatever_the_pages_url(sample: Sample, site: str) -> None:
@@ -339,6 +348,27 @@ def test_console_entries_are_capped_whatever_the_pages_url(sample: Sample, site:
     messages = loads(raw)["messages"]
     assert len(messages) == 200 and messages[-1]["text"] == "message 299"  # the newest kept
     assert all(len(m["url"]) <= 1000 for m in messages) and len(raw) < 500_000  # was 200 MB
+
+
+def _bytes_read() -> int:
+    """Bytes this process has read so far (Playwright's driver talks to it through a pipe)."""
+    return int(dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())["rchar"])
+
+
+def test_a_console_flood_is_capped_in_the_page(sample: Sample, site: str) -> None:
+    before = _bytes_read()
+    assert sample.call("browser_navigate", url=f"{site}/flood.html")["title"] == "F"
+    raw = sample.call_raw("browser_console")
+    # 41 MB were logged; what crossed to this process is the capped read (Playwright's console
+    # events, which carried each message whole, are never subscribed).
+    assert _bytes_read() - before < 4 << 20
+    messages = loads(raw)["messages"]
+    assert [m["type"] for m in messages] == ["log"] * 40 + ["warning", "error"]
+    assert all(m["text"] == "f" * 1000 for m in messages[:40]) and messages[40]["text"] == "w" * 1000
+    assert messages[-1] == {"type": "error", "text": "last words", "url": f"{site}/flood.html"}
+    assert len(raw) < 100_000
+    # The page's messages are read once: a second call adds nothing new.
+    assert len(loads(sample.call_raw("browser_console"))["messages"]) == 42
 
 
 def test_navigation_failures_are_error_results(sample: Sample, site: str) -> None:

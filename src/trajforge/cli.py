@@ -12,11 +12,11 @@ import difflib
 import os
 import signal
 import sys
-import threading
 from collections.abc import Callable
 from typing import NoReturn
 
 from trajforge import __version__, redact
+from trajforge.allocator import tune_allocator
 from trajforge.errors import TrajforgeError, UsageError
 
 # A subcommand: name -> "module:function", the function taking argv and returning the exit code.
@@ -133,27 +133,50 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> NoReturn:
     """The `trajforge` command (and `python -m trajforge`): main(), then exit_now."""
+    open_closed_std_streams()
     tune_allocator()
     exit_now(main())
 
 
-def tune_allocator() -> None:
-    """glibc's malloc: blocks up to 4 MiB from the heap, freed heap given back above 32 MiB.
+def batch_runner_entry() -> NoReturn:
+    """`python batch_runner.py`: batch_runner_main(), then exit_now."""
+    open_closed_std_streams()
+    tune_allocator()
+    exit_now(batch_runner_main())
 
-    Every read of an asyncio transport (each model reply) takes a 256 KiB buffer that then shrinks
-    to what was read. glibc maps a block above its mmap threshold (128 KiB; it rises only when such
-    a block is freed whole, never when one shrinks) and unmaps it at the free: ~20 us of system
-    calls and page faults per read, against ~3 us from the heap (bench/RESULTS.md). The process is
-    the command's own, so the setting is too; in-process callers of main() keep their allocator.
-    Elsewhere than glibc (no mallopt, or musl's that ignores it) nothing changes."""
-    try:
-        import ctypes
 
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+def open_closed_std_streams() -> None:
+    """A process started with stdin, stdout or stderr closed (`2>&-` from cron or a service) gets
+    /dev/null there: the next file it opens would otherwise take that descriptor, and a library or
+    a child writing to "stderr" would write into a run's file. Status output is then dropped."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, mode, closefd=False, encoding="utf-8", errors="backslashreplace"))
+
+
+_fast_exit_code: int | None = None
+
+
+@atexit.register  # registered when this module is imported, which the entry points do first: runs last
+def _fast_exit() -> None:
+    """The last atexit handler: once exit_now asked for it, flush the streams and end the process
+    before the interpreter's teardown (a no-op for every other exit, e.g. in-process callers)."""
+    if _fast_exit_code is None:
         return
-    mallopt(-3, 4 << 20)  # M_MMAP_THRESHOLD
-    mallopt(-1, 32 << 20)  # M_TRIM_THRESHOLD
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:  # None: started without that stream (a detached process)
+                stream.flush()
+        except (OSError, ValueError):  # closed, or a pipe whose reader left: nothing more to say
+            pass
+    os._exit(_fast_exit_code)
 
 
 def exit_now(code: int) -> NoReturn:
@@ -161,21 +184,16 @@ def exit_now(code: int) -> NoReturn:
 
     A run ends with ~70 MB of objects whose one-by-one deallocation took ~0.1 s after the last file
     was written and the summary printed (bench/throughput.py's finish phase). What the teardown
-    does that matters still happens: the atexit handlers (logging, temporary directories, the
-    containers a run left, weakref finalizers) and the streams' flush. While a thread other than a
-    daemon one still works, the normal exit waits for it instead. In-process callers use main()."""
-    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
-        raise SystemExit(code)
-    try:
-        atexit._run_exitfuncs()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                if stream is not None:  # None: started without that stream (a detached process)
-                    stream.flush()
-            except (OSError, ValueError):  # closed, or a pipe whose reader left: nothing more to say
-                pass
-        os._exit(code)
+    does that matters still happens, through the ordinary exit: threads other than daemon ones are
+    joined, the atexit handlers run (logging, temporary directories, the containers a run left,
+    weakref finalizers), and the last of them, `_fast_exit`, flushes the streams and ends the
+    process before the deallocation starts. It runs last because atexit runs handlers in the
+    reverse order of registration and this module registers it on import, before anything else
+    of trajforge or the standard library's logging registers one (a handler registered before that
+    import would be skipped). In-process callers use main()."""
+    global _fast_exit_code
+    _fast_exit_code = code
+    raise SystemExit(code)
 
 
 def _usage(argv: list[str], cmds: dict[str, Callable[[list[str]], int]]) -> int:

@@ -140,6 +140,8 @@ class RunConfig(_Strict):
     verbose: bool = False
     max_samples: int | None = Field(None, ge=1, le=1_000_000_000)
     max_tokens: int | None = Field(None, ge=1, le=10_000_000)
+    temperature: float | None = Field(None, ge=0, le=2, description="sampling temperature of the agent's calls")
+    top_p: float | None = Field(None, gt=0, le=1, description="nucleus sampling of the agent's calls")
     providers_allowed: list[str] | None = None
     providers_ignored: list[str] | None = None
     providers_order: list[str] | None = None
@@ -150,7 +152,8 @@ class RunConfig(_Strict):
     log_prefix_chars: int = Field(100, ge=0, le=1_000_000)
     prefill_messages_file: Path | None = None
     output_dir: Path = Path("data")
-    timeout: float | None = Field(1800.0, gt=0, description="wall-clock seconds per sample")
+    timeout: float | None = Field(1800.0, gt=0, description="working seconds per sample (model.working)")
+    sample_wall_timeout: float | None = Field(None, gt=0, description="wall-clock seconds per sample (off: None)")
     tool_timeout: float = Field(120.0, gt=0, description="seconds per terminal command")
     request_timeout: float = Field(600.0, gt=0, description="seconds per model request")
     max_retries: int = Field(5, ge=0, le=10_000, description="attempts per model request after the first")
@@ -158,6 +161,7 @@ class RunConfig(_Strict):
     skip_invalid: bool = False
     keep_no_reasoning: bool = False
     keep_workspaces: bool = False
+    retry_sandbox_limits: bool = False  # retry in-run a sample that hit its memory, /tmp or disk limit
     sandbox: Literal["auto", "local", "bwrap", "container"] = "auto"
     # egress: own network namespace, internet only (sandbox/network.py); "on" is the old name of host.
     sandbox_network: Literal["auto", "egress", "host", "none"] = "auto"
@@ -204,12 +208,13 @@ class RunConfig(_Strict):
     pricing: dict[str, PriceConfig] = Field(default_factory=dict)
 
     @field_validator("batch_size", "max_turns", "num_workers", "max_samples", "max_tokens", "log_prefix_chars",
-                     "timeout", "tool_timeout", "request_timeout", "max_retries", "seed", "max_sandboxes",
-                     "sandbox_nproc", "container_pids_limit", "container_cpus", "image_pull_timeout",
+                     "timeout", "sample_wall_timeout", "tool_timeout", "request_timeout", "max_retries", "seed",
+                     "max_sandboxes", "sandbox_nproc", "container_pids_limit", "container_cpus", "image_pull_timeout",
                      "local_instances", "samples_per_prompt", "stop_after_passes", "check_timeout",
-                     "judge_threshold", "max_cost", "max_cost_per_sample", "max_tokens_per_sample",
-                     "max_requests_per_minute", "max_tokens_per_minute", "fail_on_error", "sandbox_cpu_seconds",
-                     "sandbox_cpus", "pass_threshold", "timeout_multiplier", "task_max_cpus", mode="before")
+                     "judge_threshold", "temperature", "top_p", "max_cost", "max_cost_per_sample",
+                     "max_tokens_per_sample", "max_requests_per_minute", "max_tokens_per_minute", "fail_on_error",
+                     "sandbox_cpu_seconds", "sandbox_cpus", "pass_threshold", "timeout_multiplier", "task_max_cpus",
+                     mode="before")
     @classmethod
     def _no_bool_numbers(cls, v: Any) -> Any:
         # pydantic's lax mode reads True as 1; `max_turns: yes` in a config file is a mistake.
@@ -277,8 +282,12 @@ class RunConfig(_Strict):
         }
         return all_distributions(custom)
 
+    def task_type(self, name: str | None) -> TaskTypeConfig | None:
+        """A row's `task_types` section: its type's own, else `default` (rows without a type too)."""
+        return self.task_types.get(name or "") or self.task_types.get("default")
+
     def retry_limit(self, task_type: str | None) -> int:
-        tt = self.task_types.get(task_type or "")
+        tt = self.task_type(task_type)
         return tt.retry_limit if tt else 1
 
     def model_settings(self) -> ModelSettings:
@@ -286,6 +295,7 @@ class RunConfig(_Strict):
             model=self.model, base_url=self.base_url,
             api_key=self.api_key.get_secret_value() if self.api_key else None,
             max_tokens=self.max_tokens, request_timeout=self.request_timeout, max_retries=self.max_retries,
+            temperature=self.temperature, top_p=self.top_p,
             providers_allowed=self.providers_allowed, providers_ignored=self.providers_ignored,
             providers_order=self.providers_order, provider_sort=self.provider_sort,
             reasoning_effort=self.reasoning_effort, reasoning_disabled=self.reasoning_disabled,

@@ -37,12 +37,36 @@ _BOUNDS = {"greater_than_equal": "at least", "greater_than": "greater than", "le
            "less_than": "less than"}
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, first: int, second: int) -> None:
+        super().__init__(f"key {str(key)!r} appears twice, on lines {first} and {second}; keep one")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error: PyYAML
+    keeps the last one silently, so a setting written twice took effect from the wrong line."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<` merges may override on purpose; a list as a key is refused by PyYAML
+            key, line = self.construct_object(key_node), key_node.start_mark.line + 1
+            if key in seen:
+                raise _DuplicateKey(key, seen[key], line)
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
 def load_yaml_mapping(path: Path) -> dict[Any, Any]:
-    """A YAML file whose top level is a mapping (empty file: {}); errors name the file."""
+    """A YAML file whose top level is a mapping (empty file: {}); errors name the file (and, for a
+    key given twice, the key and both lines)."""
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 -- a SafeLoader
     except OSError as e:
         raise ConfigError(f"{path}: cannot read config file: {e.strerror or e}") from None
+    except _DuplicateKey as e:
+        raise ConfigError(f"{path}: {e}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid YAML: {e}".splitlines()[0]) from None
     except RecursionError:  # PyYAML composes nested collections recursively: `[[[[...` thousands deep

@@ -2,8 +2,8 @@
 
     TrajforgeException                 every exception trajforge raises on purpose
     ├── TrajforgeError                 run-fatal: the CLI prints one line and exits `exit_code`
-    │   ├── UsageError (2) ── ConfigError
-    │   ├── DatasetError, RunStateError, FatalModelError, OutputError, export's InputError
+    │   ├── UsageError (2) ── ConfigError, InputError (export's and compress's input)
+    │   ├── DatasetError, RunStateError, FatalModelError, OutputError
     └── SampleFailure                  one sample failed: recorded as data under `failure_class`
         ├── ModelCallError (trajforge.model.errors; rate_limit, api_error, timeout, model_error)
         ├── SandboxError (trajforge.sandbox.base; sandbox)
@@ -46,6 +46,12 @@ class UsageError(TrajforgeError):
 
 class ConfigError(UsageError):
     """A YAML config file is unreadable or holds an unknown key or a wrong type."""
+
+
+class InputError(UsageError):
+    """A file given to `export` or `compress` cannot be read as trajectories (missing, not a
+    regular file, a line that is not a record): exit code 2, like every bad argument of a
+    command; the message names the file, line and problem."""
 
 
 class DatasetError(TrajforgeError):

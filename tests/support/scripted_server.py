@@ -9,6 +9,9 @@ recorded, and the maximum number of requests in flight at once is tracked.
 A provider's limits can be emulated: `concurrency_cap=N` answers 429 at once to a request that
 would be the N+1th in flight (counted in `rejected`, with `cap_headers`, e.g. a Retry-After);
 `with_usage` makes a handler's replies report given tokens and cost (OpenRouter's usage.cost).
+`hold_until = N` holds every request until N are in flight at once (then lets them all go, and
+every later one straight through; `held` says whether N was reached): a test of concurrency
+then waits for the event itself, not for replies slow enough that a loaded machine keeps up.
 """
 
 from __future__ import annotations
@@ -112,6 +115,10 @@ class ScriptedServer:
         self.requests: list[Recorded] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self.hold_until: int | None = None
+        self.hold_timeout = 120.0  # then the requests go anyway (and `held` stays False): no hang
+        self.held = False
+        self._all_in = asyncio.Event()
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -146,7 +153,15 @@ class ScriptedServer:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             reply = self._queue.pop(0) if self._queue else None
+            if self.hold_until is not None and self.in_flight >= self.hold_until:
+                self.held = True
+                self._all_in.set()
         try:
+            if self.hold_until is not None and not self._all_in.is_set():
+                try:
+                    await asyncio.wait_for(self._all_in.wait(), self.hold_timeout)
+                except TimeoutError:
+                    self._all_in.set()
             if reply is None:
                 if self.handler is None:
                     reply = http_error(500, "no scripted reply left")

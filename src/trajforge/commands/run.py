@@ -41,6 +41,8 @@ FLAGS: list[Flag] = [
     ("verbose", "bool", "log every step of every sample, and print the resolved configuration"),
     ("max_samples", "int", "only the first N valid samples of the dataset"),
     ("max_tokens", "int", "max tokens per model response"),
+    ("temperature", "float", "sampling temperature of the agent's model calls, 0-2 (sent only when set)"),
+    ("top_p", "float", "nucleus sampling of the agent's model calls, above 0 and at most 1 (sent only when set)"),
     ("providers_allowed", "csv", "comma-separated providers allowed (OpenRouter routing)"),
     ("providers_ignored", "csv", "comma-separated providers to ignore (OpenRouter routing)"),
     ("providers_order", "csv", "comma-separated preferred provider order (OpenRouter routing)"),
@@ -53,7 +55,9 @@ FLAGS: list[Flag] = [
     ("list_distributions", "bool", "print every distribution and exit"),
     ("config", "path", "YAML config file; command-line flags override it"),
     ("output_dir", "path", "parent directory of run directories"),
-    ("timeout", "float", "wall-clock seconds per sample (after its sandbox is up) before it is killed"),
+    ("timeout", "float", "working seconds per sample before it is killed (waits for the model gate, a "
+                         "Retry-After, rate budgets, retry backoff and its sandbox do not count)"),
+    ("sample_wall_timeout", "float", "wall-clock seconds per sample before it is killed, waits included"),
     ("tool_timeout", "float", "seconds per terminal command"),
     ("request_timeout", "float", "seconds per model request"),
     ("max_retries", "int", "retries per model request on 429/5xx/timeouts"),
@@ -61,6 +65,8 @@ FLAGS: list[Flag] = [
     ("skip_invalid", "bool", "skip (and count) invalid dataset lines instead of refusing to start"),
     ("keep_no_reasoning", "bool", "keep samples with no reasoning (dropped by default)"),
     ("keep_workspaces", "bool", "keep each sample's workspace directory after it ends"),
+    ("retry_sandbox_limits", "bool", "retry in-run a sample that hit its memory, /tmp, /dev/shm or disk limit "
+                                     "(it would most likely hit it again)"),
     ("sandbox", "str", "auto, local, bwrap or container"),
     ("sandbox_network", "str", "auto, egress (internet only), host or none: network of bwrap/container sandboxes"),
     ("max_sandboxes", "int", "containers being created at once"),
@@ -92,13 +98,13 @@ _DEFAULT_WORDS = {
     "dataset_file": "required", "tasks": "none", "task_max_cpus": "no cap", "task_max_memory": "no cap",
     "task_max_storage": "no cap", "base_url": "https://openrouter.ai/api/v1, or the local model when no API key is set",
     "api_key": "$OPENROUTER_API_KEY, then $OPENAI_API_KEY", "max_samples": "all", "max_tokens": "the model's",
-    "providers_allowed": "all", "providers_ignored": "none", "providers_order": "the router's",
+    "temperature": "the model's", "top_p": "the model's", "providers_allowed": "all", "providers_ignored": "none", "providers_order": "the router's",
     "provider_sort": "the router's", "reasoning_effort": "the model's", "ephemeral_system_prompt": "none",
     "prefill_messages_file": "none", "config": "none", "ray_address": "start a local Ray instance",
     "stop_after_passes": "run every rollout", "judge_model": "the run's --model",
     "judge_base_url": "the run's --base_url", "judge_api_key_env": "the run's key lookup",
     "adaptive_concurrency": "true", "max_cost": "no limit", "max_cost_per_sample": "no limit",
-    "max_tokens_per_sample": "no limit", "max_requests_per_minute": "no limit", "max_tokens_per_minute": "no limit",
+    "max_tokens_per_sample": "no limit", "sample_wall_timeout": "no limit", "max_requests_per_minute": "no limit", "max_tokens_per_minute": "no limit",
 }
 
 

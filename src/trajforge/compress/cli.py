@@ -3,13 +3,16 @@
 Flags follow the reference (`--input`, `--output`, `--sample_percent`, `--target_max_tokens`,
 `--config`, `--seed`, `--dry_run`, `--tokenizer`) plus the runner's model flags for the
 summariser. Every flag accepts `--a_b=v`, `--a_b v` and `--a-b v`. Errors are one line; bad flags
-exit 2, bad input exits 1 naming the file and line.
+and bad input (naming the file and line) exit 2, a run state that needs --fresh exits 1. Ctrl-C and
+SIGTERM keep the progress for the next run of the same command and exit 130.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
 
 from trajforge.cmdline import Flag, Parser, add_flags, parse_flags
 from trajforge.errors import TrajforgeError, UsageError
@@ -18,7 +21,8 @@ PROG = "trajectory_compressor.py"
 # (flag, type, help)
 FLAGS: list[Flag] = [
     ("input", "path", "trajectories JSONL file, or a run directory (its trajectories.jsonl is used) (required)"),
-    ("output", "path", "output JSONL file [default: <input stem><output_suffix>.jsonl, i.e. *_compressed.jsonl]"),
+    ("output", "path", "output JSONL file [default: <input stem><output_suffix>.jsonl beside the input, i.e. "
+                       "*_compressed.jsonl; for a run directory <run name>_compressed.jsonl beside it]"),
     ("sample_percent", "float", "keep only this percentage (0-100] of the trajectories"),
     ("sample_by", "str", "how to sample: random (seeded) or quality: the best by 4*finished + 2*tool success "
                          "rate + 2*has reasoning + 2*no hallucinated calls, ties by tools used [default: random]"),
@@ -32,6 +36,7 @@ FLAGS: list[Flag] = [
     ("api_key", "str", "API key of the summariser (default: $summarization.api_key_env, $OPENROUTER_API_KEY, "
                        "$OPENAI_API_KEY)"),
     ("fresh", "bool", "discard an unfinished earlier run of this output instead of resuming it"),
+    ("overwrite", "bool", "replace an existing output (and its metrics file)"),
 ]
 
 
@@ -59,14 +64,25 @@ def _run(argv: list[str], prog: str) -> int:
                                      "model": ns.model, "base_url": ns.base_url})
     options = Options(input=ns.input, output=ns.output, sample_percent=ns.sample_percent, sample_by=sample_by,
                       seed=42 if ns.seed is None else ns.seed, dry_run=ns.dry_run, fresh=ns.fresh,
-                      api_key=ns.api_key)
+                      api_key=ns.api_key, overwrite=ns.overwrite)
     return run(options, config)
 
 
+def _as_interrupt(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM is Ctrl-C: whatever handles SIGINT now (asyncio.run's, which cancels the work and
+    lets the pipeline save its progress, or Python's, which raises KeyboardInterrupt) handles it."""
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)
+    else:
+        raise KeyboardInterrupt
+
+
 def main(argv: list[str], prog: str | None = None) -> int:
-    """Run the compressor; returns the exit code (0 ok, 1 bad input or run state, 2 bad flags/config)."""
+    """Run the compressor; returns the exit code (0 ok, 1 run state, 2 bad flags, config or input, 130 interrupted)."""
     if prog is None:
         prog = PROG if Path(sys.argv[0]).name == PROG else "trajforge compress"
+    previous = signal.signal(signal.SIGTERM, _as_interrupt)
     try:
         return _run(list(argv), prog)
     except TrajforgeError as e:
@@ -77,3 +93,5 @@ def main(argv: list[str], prog: str | None = None) -> int:
         return 130
     except SystemExit as e:  # --help
         return e.code if isinstance(e.code, int) else 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -20,7 +20,7 @@ from trajforge.compress.config import CompressionConfig
 from trajforge.compress.select import Plan, Protection, Region, choose_region
 from trajforge.compress.summarize import SUMMARY_PREFIX, CallCount, Summariser, SummaryFailed
 from trajforge.compress.tokenize import TokenCounter
-from trajforge.errors import DatasetError
+from trajforge.errors import InputError
 from trajforge.jsonio import dumps
 
 @dataclass(slots=True)
@@ -54,15 +54,15 @@ def parse_entry(data: bytes, where: str) -> dict[str, Any]:
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as e:
-        raise DatasetError(f"{where}: not valid JSON: {e}") from None
+        raise InputError(f"{where}: not valid JSON: {e}") from None
     if not isinstance(obj, dict):
-        raise DatasetError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+        raise InputError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     conv = obj.get("conversations")
     if not isinstance(conv, list):
-        raise DatasetError(f"{where}: field 'conversations' is missing or not a list")
+        raise InputError(f"{where}: field 'conversations' is missing or not a list")
     for k, turn in enumerate(conv):
         if not (isinstance(turn, dict) and isinstance(turn.get("from"), str) and isinstance(turn.get("value"), str)):
-            raise DatasetError(f"{where}: conversations[{k}] must be an object with string 'from' and 'value'")
+            raise InputError(f"{where}: conversations[{k}] must be an object with string 'from' and 'value'")
     return obj
 
 

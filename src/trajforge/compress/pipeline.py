@@ -29,7 +29,7 @@ from trajforge.compress.records import Position, RawLine, check_paths, default_o
 from trajforge.compress.resume import DurableWriter, Paths, fingerprint
 from trajforge.compress.summarize import Summariser, falls_back_to_local
 from trajforge.compress.tokenize import load_counter
-from trajforge.errors import DatasetError, TrajforgeError
+from trajforge.errors import InputError, TrajforgeError
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +42,7 @@ class Options:
     dry_run: bool = False
     fresh: bool = False
     api_key: str | None = None
+    overwrite: bool = False  # replace an existing output and metrics file
 
 
 def metrics_path(output: Path) -> Path:
@@ -52,9 +53,10 @@ def run(options: Options, config: CompressionConfig, *, environ: Mapping[str, st
         out: TextIO | None = None) -> int:
     out = out or sys.stdout
     input_file = resolve_input(options.input)
-    output = options.output or default_output(input_file, config.output.output_suffix)
+    output = options.output or default_output(options.input, input_file, config.output.output_suffix)
     paths = Paths.for_output(output)
-    check_paths(input_file, output, (metrics_path(output), paths.partial, paths.details, paths.state))
+    check_paths(input_file, output, (metrics_path(output), paths.partial, paths.details, paths.state),
+                replaced=(metrics_path(output),), overwrite=options.overwrite)
     counter = load_counter(config.tokenizer.name)
     selection = sampling.select(input_file, options.sample_percent, options.sample_by, options.seed)
     if options.sample_percent is not None:
@@ -71,6 +73,7 @@ def run(options: Options, config: CompressionConfig, *, environ: Mapping[str, st
         config.summarization.model = "local"
     summariser = Summariser(config.summarization, target_tokens=config.compression.summary_target_tokens,
                             api_key=options.api_key, environ=environ)
+    summariser.check()  # a usage error now, before any file is created
     compressor = TrajectoryCompressor(config, counter, summariser)
     info = _info(options, config, counter.name, input_file, output, selection)
     settings = {**config.fingerprint(), "sample_percent": options.sample_percent,
@@ -116,7 +119,7 @@ def _info(options: Options, config: CompressionConfig, tokenizer: str, input_fil
             "summariser_model": config.summarization.model, "sampling": samp}
 
 
-Result = tuple[bytes | None, Outcome] | DatasetError
+Result = tuple[bytes | None, Outcome] | InputError
 
 
 async def _stream(input_file: Path, selection: sampling.Selection, comp: TrajectoryCompressor,
@@ -128,7 +131,7 @@ async def _stream(input_file: Path, selection: sampling.Selection, comp: Traject
     async def process(raw: RawLine) -> Result:
         try:
             analysis = await asyncio.to_thread(comp.analyse, raw.data, f"{input_file}:{raw.line_no}")
-        except DatasetError as e:
+        except InputError as e:
             return e  # raised by the writer in input order, after every earlier line is saved
         entry, outcome = await comp.compress(analysis)
         data = raw.data + b"\n" if entry is None else encode_entry(entry)
@@ -153,7 +156,7 @@ async def _stream(input_file: Path, selection: sampling.Selection, comp: Traject
                     writer.skip(pos)
                     continue
                 result = await task
-                if isinstance(result, DatasetError):
+                if isinstance(result, InputError):
                     raise result
                 data, outcome = result
                 writer.totals.add(outcome, data is not None)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from trajforge.errors import DatasetError, UsageError
+from trajforge.errors import InputError, UsageError
 from trajforge.jsonio import not_regular
 
 RUN_DIR_FILE = "trajectories.jsonl"
@@ -45,29 +45,45 @@ def resolve_input(path: Path) -> Path:
             batches = sorted(p.name for p in path.glob("batch_*.jsonl"))
             hint = (f"; the run has batch files ({', '.join(batches[:3])}...) but no merged file: "
                     "finish or resume the run first, or pass one file as --input") if batches else ""
-            raise DatasetError(f"{path}: no {RUN_DIR_FILE} in this directory{hint}")
+            raise InputError(f"{path}: no {RUN_DIR_FILE} in this directory{hint}")
         return merged
     if not path.exists():
-        raise DatasetError(f"{path}: no such file or directory")
+        raise InputError(f"{path}: no such file or directory")
     if (kind := not_regular(path, follow_symlinks=True)) is not None:
-        raise DatasetError(f"{path}: {kind}, not a regular file")
+        raise InputError(f"{path}: {kind}, not a regular file")
     return path
 
 
-def default_output(input_file: Path, suffix: str) -> Path:
+def default_output(given: Path, input_file: Path, suffix: str) -> Path:
+    """`<input stem><suffix>.jsonl` beside the input file; for a run (a directory given as --input,
+    or a `trajectories.jsonl` with the run's `config.json` beside it), `<run name><suffix>.jsonl`
+    beside the run directory: inside it, `trajforge run --overwrite` of that run would delete it."""
+    run_dir = given if given.is_dir() else input_file.parent if (
+        input_file.name == RUN_DIR_FILE and (input_file.parent / "config.json").is_file()) else None
+    if run_dir is not None:
+        run_dir = run_dir.resolve()
+        return run_dir.with_name(f"{run_dir.name}{suffix}.jsonl")
     return input_file.with_name(f"{input_file.stem}{suffix}.jsonl")
 
 
-def check_paths(input_file: Path, output: Path, companions: tuple[Path, ...] = ()) -> None:
+def check_paths(input_file: Path, output: Path, companions: tuple[Path, ...] = (), *,
+                replaced: tuple[Path, ...] = (), overwrite: bool = True) -> None:
     """Refuse an output that is the input, or that the final rename would destroy rather than write:
     a symlink, device node, FIFO, socket or directory at the output (or at a file written beside it,
-    `companions`: the metrics, partial and checkpoint files) would itself be replaced."""
+    `companions`: the metrics, partial and checkpoint files) would itself be replaced. Without
+    `overwrite`, an existing output (or `replaced`: its metrics file) is refused too, as export does."""
     if output.exists() and output.resolve() == input_file.resolve():
         raise UsageError(f"--output {output} is the input file; choose another path")
     for path in (output, *companions):
         if (kind := not_regular(path)) is not None:
             beside = "" if path == output else f" (written beside --output {output})"
             raise UsageError(f"--output: {path}{beside} is {kind}; give a regular file path")
+    if not overwrite:
+        for path in (output, *replaced):
+            if path.exists():
+                beside = "" if path == output else f" (written beside --output {output})"
+                raise UsageError(f"--output: {path}{beside} exists; pass --overwrite to replace it, "
+                                 "or choose another --output")
 
 
 def iter_lines(path: Path, start: Position = Position()) -> Iterator[RawLine]:
@@ -75,7 +91,7 @@ def iter_lines(path: Path, start: Position = Position()) -> Iterator[RawLine]:
     try:
         f = path.open("rb", buffering=_READ_BUFFER)
     except OSError as e:
-        raise DatasetError(f"{path}: cannot read: {e.strerror or e}") from None
+        raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
     with f:
         f.seek(start.offset)
         offset, line_no, ordinal = start.offset, start.line_no, start.ordinal

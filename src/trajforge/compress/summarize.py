@@ -5,11 +5,11 @@ one retry policy (model.retry); this module adds what is specific to summaries: 
 that an unusable answer is retryable too. A summary cut off by the token limit
 (finish_reason == "length") or an empty one is retried under the same policy (backoff starting at
 `retry_delay` seconds), up to `max_retries` times, then the summary fails: the caller keeps the
-trajectory unchanged. A
-rejected API key (FatalModelError) or a missing one (UsageError) is not a per-trajectory failure
-and propagates to stop the run. The client is built on first use, so a run in which nothing is
-over the budget needs no API key. No temperature is sent when the config says `temperature: null`
-or when the model is known to refuse one (`rejects_temperature`).
+trajectory unchanged. A rejected API key (FatalModelError) is not a per-trajectory failure and
+propagates to stop the run; a missing one (UsageError) is found by `check` before the run writes
+anything. The client itself is built on first use (a run in which nothing is over the budget
+loads no model and imports no SDK). No temperature is sent when the config says
+`temperature: null` or when the model is known to refuse one (`rejects_temperature`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,12 +87,13 @@ def normalise(text: str) -> str:
 
 
 def falls_back_to_local(cfg: SummarizationSection, api_key: str | None, environ: Mapping[str, str]) -> bool:
-    """Like `trajforge run`: the default summariser model with no --base_url and no API key
-    anywhere means the bundled local model. A model or URL the user chose is never replaced."""
+    """Like `trajforge run`: no summariser model named (by --model or `summarization.model`), no
+    --base_url and no API key anywhere means the bundled local model. A model or URL the user
+    chose, even the default's name, is never replaced."""
     from trajforge.model.factory import resolve_api_key
 
     env_key = environ.get(cfg.api_key_env) if cfg.api_key_env else None
-    return (cfg.model == DEFAULT_SUMMARY_MODEL and cfg.base_url is None
+    return ("model" not in cfg.model_fields_set and cfg.model == DEFAULT_SUMMARY_MODEL and cfg.base_url is None
             and resolve_api_key(api_key or env_key, environ) is None)
 
 
@@ -116,6 +118,23 @@ class Summariser:
         self._client: ModelClient | None = None
         self._client_lock = asyncio.Lock()
 
+    def check(self) -> None:
+        """Raise the UsageError building the client would (no key for a remote API, no local
+        backend), before the run writes anything."""
+        from trajforge.model.factory import check_client
+
+        with self._explained():
+            check_client(self._settings, self._environ)
+
+    @contextmanager
+    def _explained(self) -> Iterator[None]:
+        try:
+            yield
+        except UsageError as e:
+            hint = f" or ${self._cfg.api_key_env}" if self._cfg.api_key_env else \
+                " (or name a variable in summarization.api_key_env)"
+            raise UsageError(f"summariser: {e}{hint}") from None
+
     async def _get_client(self) -> ModelClient:
         async with self._client_lock:
             if self._client is None:
@@ -123,12 +142,8 @@ class Summariser:
                 # trajectories, or --dry_run, never need it.
                 from trajforge.model.factory import make_client
 
-                try:
+                with self._explained():
                     self._client = make_client(self._settings, self._environ)
-                except UsageError as e:
-                    hint = f" or ${self._cfg.api_key_env}" if self._cfg.api_key_env else \
-                        " (or name a variable in summarization.api_key_env)"
-                    raise UsageError(f"summariser: {e}{hint}") from None
             return self._client
 
     async def summarise(self, turns: list[dict[str, Any]], first_index: int, count: CallCount) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
+from trajforge.allocator import tune_allocator
 from trajforge.config import RunConfig
 from trajforge.dataset import Sample
 from trajforge.errors import UsageError
@@ -50,6 +51,7 @@ class SampleActor:
 
     def __init__(self, config: RunConfig, prefill: list[dict[str, Any]] | None, worker_id: str,
                  driver_key: str | None, size: int = MAX_ACTOR_SESSIONS) -> None:
+        tune_allocator()  # the actor's process is ours and reads the model replies of its sessions
         if config.verbose:
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
         if config.api_key is None:

@@ -87,9 +87,10 @@ def _figures(title: str, run: dict[str, Any], verified: tuple[int, int] | None) 
              ("tokens prompt / completion / reasoning", f"{run['tokens']['prompt']} / "
               f"{run['tokens']['completion']} / {run['tokens']['reasoning']}"),
              ("cost (USD)", run["cost"])]
-    if verified is not None and verified[0]:
+    verification = _verification_rows(run.get("verification"))
+    if verified is not None and verified[0] and not verification:  # else the verification rows say it
         rows.append(("pass rate", f"{_pct(verified[1], verified[0])} ({verified[1]} of {verified[0]} verified)"))
-    rows += _verification_rows(run.get("verification"))
+    rows += verification
     out += _table(("figure", "value"), rows)
     tools = [(name, t["count"], t["success"], t["failure"], _pct(t["success"], t["count"]))
              for name, t in run["tools"].items() if t["count"]]
@@ -111,7 +112,8 @@ def _verification_rows(v: Any) -> list[tuple[str, Any]]:
             rows.append((f"pass rate: {name}", f"{100 * t['pass_rate']:.1f}%"))
     pk = v.get("pass_at_k") if isinstance(v.get("pass_at_k"), dict) else {}
     if v.get("pass_at_1") is not None:
-        rows.append((f"pass@1 / pass@{pk.get('k', '-')} ({v.get('rows')} rows)",
+        rows.append((f"pass@1 / pass@{pk.get('k', '-')} ({v.get('rows_with_verdict', v.get('rows'))} rows with "
+                     "a verdict)",
                      f"{v['pass_at_1']} / {pk.get('value', '-')}"))
     if v.get("errors"):
         rows.append(("verification errors", v["errors"]))

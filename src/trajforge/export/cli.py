@@ -104,6 +104,8 @@ def run(argv: list[str]) -> int:
     with staged(ns.output, is_dir) as target:
         try:
             exporter.open(target)
+            # Under way: said on stderr (stdout gets the summary), so a long export shows it started.
+            print(f"exporting {src.path} to {ns.output} ({ns.format})...", file=sys.stderr, flush=True)
             for line, record in src.records():
                 total += 1
                 verified += verification_of(record) is not None

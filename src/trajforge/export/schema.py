@@ -42,6 +42,7 @@ SCHEMA = pa.schema([
                          ("cost", pa.float64())])),
     ("verification", pa.struct([("passed", pa.bool_()), ("score", pa.float64()), ("method", pa.string()),
                                 ("detail", pa.string()), ("error", pa.string())])),
+    ("timing", pa.struct([("working_s", pa.float64()), ("wall_s", pa.float64())])),
     ("row", pa.string()),
     ("extra", pa.string()),
 ])
@@ -53,6 +54,10 @@ _MESSAGE_KEYS = tuple(MESSAGE.names)
 
 def _int(v: Any) -> int | None:
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _float(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def _json_or_none(v: Any) -> str | None:
@@ -72,7 +77,7 @@ def row_of(item: dict[str, Any], record: dict[str, Any], split: str | None) -> d
     extra = {k: v for k, v in record.items() if k not in _COLUMNS and k != "conversations"}
     nested = record.get("metadata") if isinstance(record.get("metadata"), dict) else {}
     extra.update({f"metadata.{k}": v for k, v in nested.items() if k not in ("model", "batch_num", "timestamp")})
-    for col in ("reasoning", "usage", "verification"):  # fields the typed struct has no place for
+    for col in ("reasoning", "usage", "verification", "timing"):  # fields the typed struct has no place for
         sub = record.get(col)
         if isinstance(sub, dict):
             names = SCHEMA.field(col).type.names
@@ -101,6 +106,7 @@ def row_of(item: dict[str, Any], record: dict[str, Any], split: str | None) -> d
         "verification": _struct(verification, {"passed": lambda v: v, "score": lambda v: v,
                                                "method": lambda v: v, "detail": _json_or_none,
                                                "error": _json_or_none}),
+        "timing": _struct(record.get("timing"), {"working_s": _float, "wall_s": _float}),
         "row": _json_or_none(record.get("row")),
         "extra": dumps_str(extra) if extra else None,
     }
@@ -124,6 +130,8 @@ DOC = {
     "usage": "{prompt_tokens, completion_tokens, reasoning_tokens, cost}",
     "verification": "{passed, score, method, detail (JSON text), error} when the run verified the sample, "
                     "else null",
+    "timing": "{working_s, wall_s}: seconds the sample's --timeout counted, and its wall-clock seconds "
+              "(null in runs that did not record them)",
     "row": "JSON text: the dataset row's extra fields, when recorded",
     "extra": "JSON text: any other record field (null when none)",
 }

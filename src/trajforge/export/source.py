@@ -16,14 +16,23 @@ from typing import Any
 
 import orjson
 
-from trajforge.errors import TrajforgeError, UsageError
+from trajforge.errors import InputError, UsageError
 from trajforge.export.convert import ConversionError, to_record
 from trajforge.export.filters import record_task_type, row_identity
 from trajforge.jsonio import dumps, not_regular
 
 
-class InputError(TrajforgeError):
-    """The input cannot be exported (exit code 1); the message names file, line and field."""
+def as_record(obj: dict[str, Any]) -> dict[str, Any]:
+    """A saved record as it is, or the record a line of an `openai` export came from (the viewer
+    reads both too). Raises ValueError saying what the line is not."""
+    if "conversations" in obj:
+        return obj
+    if "messages" not in obj:
+        raise ValueError("field 'conversations' is missing (not a trajectory record, nor an openai export line)")
+    try:
+        return to_record(obj)
+    except (ConversionError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"not an openai export line: {_reason(e)}") from None
 
 
 @dataclass
@@ -51,14 +60,12 @@ class Source:
                     raise self.error(f"invalid JSON at column {e.colno}: {e.msg}") from None
                 if not isinstance(obj, dict):
                     raise self.error(f"a line must be a JSON object, not {type(obj).__name__}")
-                if "conversations" not in obj and "messages" in obj:
+                if "conversations" not in obj:
                     try:
-                        obj = to_record(obj)  # a line of an earlier openai export
-                    except (ConversionError, KeyError, TypeError, AttributeError) as e:
-                        raise self.error(f"not an openai export line: {_reason(e)}") from None
+                        obj = as_record(obj)  # a line of an earlier openai export
+                    except ValueError as e:
+                        raise self.error(str(e)) from None
                     raw = dumps(obj) + b"\n"
-                elif "conversations" not in obj:
-                    raise self.error("field 'conversations' is missing (not a trajectory record)")
                 yield (raw if raw.endswith(b"\n") else raw + b"\n"), obj
 
     def error(self, message: str) -> InputError:

@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP model client (OpenRouter, vLLM, llama.cpp server, OpenAI, ...).
 
 This module owns one chat-completion call end to end: the request body (tools, max_tokens,
-OpenRouter provider routing and reasoning control, each sent only when set), the retry policy,
+temperature and top_p, OpenRouter provider routing and reasoning control, each sent only when set), the retry policy,
 the mapping of HTTP failures to model.errors / FatalModelError, and normalising the response
 into a Completion. Connections belong to model.transport, which does no retries of its own, so
 the policy here is the only one: 429, 5xx, 408/409, timeouts and dropped connections are retried
@@ -27,7 +27,7 @@ import orjson
 
 from trajforge.errors import FatalModelError
 from trajforge.model import gate as model_gate
-from trajforge.model import spend
+from trajforge.model import spend, working
 from trajforge.model.errors import APIFailure, ModelCallError, ModelOutputError, RateLimitedError
 from trajforge.model.errors import ModelTimeoutError
 from trajforge.model.parse import (
@@ -53,6 +53,8 @@ def request_options(settings: ModelSettings) -> dict[str, Any]:
         opts["max_tokens"] = settings.max_tokens
     if settings.temperature is not None:
         opts["temperature"] = settings.temperature
+    if settings.top_p is not None:
+        opts["top_p"] = settings.top_p
     extra: dict[str, Any] = {}
     provider = {key: value for key, value in (
         ("only", settings.providers_allowed), ("ignore", settings.providers_ignored),
@@ -130,18 +132,19 @@ class OpenAIClient:
             except _Retryable as failed:
                 if attempt + 1 >= attempts:
                     raise failed.final from failed.__cause__
+                # While the gate adapts, 429s are expected and progress counts them: not a warning each.
+                level = logging.INFO if gate is not None and gate.adaptive and failed.overload else logging.WARNING
                 if gate is not None and failed.retry_after is not None:
                     # The gate now holds every request to this endpoint until Retry-After ends;
                     # the retry queues there rather than sleeping on its own.
-                    log.warning("model call to %s failed (%s); retry %d/%d after the endpoint's Retry-After",
-                                self.base_url, failed.final, attempt + 1, attempts - 1)
+                    log.log(level, "model call to %s failed (%s); retry %d/%d after the endpoint's Retry-After",
+                            self.base_url, failed.final, attempt + 1, attempts - 1)
                     continue
                 delay = self._delay(attempt, failed.retry_after)
-                # While the gate adapts, 429s are expected and progress counts them: not a warning each.
-                level = logging.INFO if gate is not None and gate.adaptive and failed.overload else logging.WARNING
                 log.log(level, "model call to %s failed (%s); retry %d/%d in %.1fs", self.base_url,
                         failed.final, attempt + 1, attempts - 1, delay)
-                await asyncio.sleep(delay)
+                with working.waiting():  # a backoff is the provider's pressure, not the sample's work
+                    await asyncio.sleep(delay)
         raise AssertionError("unreachable: the loop returns or raises")
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:

@@ -51,24 +51,40 @@ def is_loopback(url: str) -> bool:
         return False
 
 
-def should_use_local(settings: ModelSettings, environ: Mapping[str, str] = os.environ) -> bool:
+def should_use_local(settings: ModelSettings, environ: Mapping[str, str] = os.environ, *,
+                     named: bool = False) -> bool:
     """Whether the run will use the in-process local model.
 
     Always for `--model local[:path]`. Otherwise only as a fallback: no --base_url, no API key
-    anywhere, and the model is the default one (a user who named a remote model explicitly gets
-    the "no API key" error instead of a silently different model).
+    anywhere, and no model named (`named`: given as a flag or in a config file): a user who named
+    a hosted model, even the default one, gets the "no API key" error instead of a silently
+    different model.
     """
     if is_local_model(settings.model):
         return True
-    return (settings.base_url is None and resolve_api_key(settings.api_key, environ) is None
-            and settings.model == DEFAULT_MODEL)
+    return (not named and settings.model == DEFAULT_MODEL and settings.base_url is None
+            and resolve_api_key(settings.api_key, environ) is None)
+
+
+def check_client(settings: ModelSettings, environ: Mapping[str, str] = os.environ) -> None:
+    """Raise the UsageError make_client would, without building the client: a command can refuse
+    before it creates any file, and still build its client only when it needs one."""
+    if is_local_model(settings.model):
+        from trajforge.model.local import local_backend_status
+
+        if (reason := local_backend_status(settings.model)) is not None:
+            raise UsageError(f"--model {settings.model}: {reason}")
+        return
+    base_url = settings.base_url or DEFAULT_BASE_URL
+    if resolve_api_key(settings.api_key, environ) is None and not is_loopback(base_url):
+        raise UsageError(f"no API key for {base_url}: pass --api_key or set OPENROUTER_API_KEY / OPENAI_API_KEY")
 
 
 def make_client(settings: ModelSettings, environ: Mapping[str, str] = os.environ) -> ModelClient:
     """Build the client for `settings`: the local backend for `local[:path]`, else OpenAIClient.
 
     Raises UsageError when a remote (non-loopback) URL has no API key, or when the local
-    backend is asked for but not installed.
+    backend is asked for but not installed (check_client).
     """
     if is_local_model(settings.model):
         try:
@@ -77,11 +93,7 @@ def make_client(settings: ModelSettings, environ: Mapping[str, str] = os.environ
             raise UsageError(f"the local model backend is not installed ({exc.msg}); "
                              "use a remote --model with --base_url / an API key instead") from exc
         return LocalModelClient(settings)
-    base_url = settings.base_url or DEFAULT_BASE_URL
-    key = resolve_api_key(settings.api_key, environ)
-    if key is None:
-        if not is_loopback(base_url):
-            raise UsageError(f"no API key for {base_url}: pass --api_key or set "
-                             "OPENROUTER_API_KEY / OPENAI_API_KEY")
-        key = NO_KEY_PLACEHOLDER  # local servers (vLLM, llama.cpp) accept any key; the SDK needs one
+    check_client(settings, environ)
+    # None only on loopback: local servers (vLLM, llama.cpp) accept any key; the SDK needs one.
+    key = resolve_api_key(settings.api_key, environ) or NO_KEY_PLACEHOLDER
     return OpenAIClient(settings, key)

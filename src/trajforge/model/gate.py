@@ -10,6 +10,7 @@ Retry-After from the provider stops every new request to that endpoint until it 
 the one request that heard it. Run-wide, optional token buckets bound requests and tokens per
 minute. Waiters are served first come, first served; a waiter blocked by time (a pause, an empty
 bucket) is woken by a timer at the exact moment, one blocked by concurrency by the next release.
+A wait here does not count as the waiting sample's working time (model.working).
 The decisions live in model.limiter; this module only waits.
 """
 
@@ -18,12 +19,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Literal
 
+from trajforge.model import ctxvar, working
 from trajforge.model.limiter import AimdLimiter, TokenBucket
 
 Result = Literal["ok", "overload", "other"]
@@ -88,7 +90,8 @@ class ModelGate:
         ep.waiters.append((fut, estimate))
         self._pump(endpoint)
         try:
-            return await fut
+            with working.waiting():  # the run holds it back: not the sample's working time
+                return await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():  # admitted in the same instant it was cancelled
                 self.release(fut.result(), "other")
@@ -175,11 +178,6 @@ def current() -> ModelGate | None:
     return _GATE.get()
 
 
-@contextmanager
-def bound(gate: ModelGate | None) -> Iterator[ModelGate | None]:
+def bound(gate: ModelGate | None) -> AbstractContextManager[ModelGate | None]:
     """Send this task's model requests (and those of tasks it starts) through `gate`."""
-    token = _GATE.set(gate)
-    try:
-        yield gate
-    finally:
-        _GATE.reset(token)
+    return ctxvar.bound(_GATE, gate)

@@ -33,6 +33,7 @@ from typing import Any
 
 from trajforge.errors import FatalModelError, UsageError
 from trajforge.model import local_format as fmt
+from trajforge.model import working
 from trajforge.model.errors import APIFailure, ModelOutputError
 from trajforge.model.types import Completion, ModelSettings, ToolCall, Usage
 
@@ -172,6 +173,7 @@ class LocalModelClient:
         # Half the token budget in characters keeps a rambling argument string closable in time.
         self._arg_chars = _env_int("TRAJFORGE_LOCAL_MAX_ARG_CHARS", max(32, (self._max_tokens - 48) // 2))
         self._temperature = DEFAULT_TEMPERATURE if settings.temperature is None else settings.temperature
+        self._sampling = {} if settings.top_p is None else {"top_p": settings.top_p}  # else llama.cpp's default
         self._idle: asyncio.Queue[_Instance | None] = asyncio.Queue()
         for _ in range(self._instances):
             self._idle.put_nowait(None)
@@ -216,7 +218,8 @@ class LocalModelClient:
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
         if self._closed:
             raise APIFailure("the local model client is closed")
-        inst = await self._acquire()
+        with working.waiting():  # a free instance (or the first load) is the run's wait, not this sample's work
+            inst = await self._acquire()
         stop = threading.Event()
         job = asyncio.ensure_future(asyncio.to_thread(self._generate, inst, messages, tools, stop))
         try:
@@ -251,6 +254,7 @@ class LocalModelClient:
             prompt=prompt,
             max_tokens=min(self._max_tokens, inst.n_ctx - len(prompt)),
             temperature=self._temperature,
+            **self._sampling,
             grammar=grammar,
             stop=[inst.eos] if inst.eos else None,
             seed=(zlib.crc32(repr(chat).encode()) ^ self._seed) & 0x7FFFFFFF,

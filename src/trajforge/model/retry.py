@@ -20,6 +20,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
+from trajforge.model import working
+
 log = logging.getLogger("trajforge.model")
 T = TypeVar("T")
 TOOL_RETRIES = 2  # a tool call waits on these retries; a couple is enough before the model hears of the failure
@@ -88,5 +90,6 @@ class RetryPolicy:
                     raise
                 wait = self.delay(n, None, rng)
                 log.warning("%s failed (%s); retry %d/%d in %.1fs", what, e, n + 1, self.max_retries, wait)
-                await asyncio.sleep(wait)
+                with working.waiting():  # not the waiting sample's working time
+                    await asyncio.sleep(wait)
         raise AssertionError("unreachable: the loop returns or raises")

@@ -10,11 +10,11 @@ cost while it runs (the budget projects from it), and failed attempts are paid f
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+from trajforge.model import ctxvar
 from trajforge.model.types import Usage
 
 
@@ -39,11 +39,6 @@ def charge(usage: Usage) -> None:
         spend = spend.parent
 
 
-@contextmanager
-def bound(spend: SampleSpend) -> Iterator[SampleSpend]:
+def bound(spend: SampleSpend) -> AbstractContextManager[SampleSpend]:
     """Charge this task's model calls (and those of tasks it starts) to `spend`."""
-    token = _CURRENT.set(spend)
-    try:
-        yield spend
-    finally:
-        _CURRENT.reset(token)
+    return ctxvar.bound(_CURRENT, spend)

@@ -11,8 +11,9 @@ Two implementations, chosen by `make_transport`:
   pool rescans every connection (probing idle sockets) when a request starts or ends, so each
   task gets a pool of its own, up to POOL_SHARDS, sharing one SSL context (~0.1 ms and a few KB
   each); a task keeps its pool, so its keep-alive connection is reused.
-Both honour HTTP(S)_PROXY / NO_PROXY and verify TLS with the same SSL context, follow no redirects
-and have no connection cap: the runner's concurrency limit is the only one.
+Both honour HTTP(S)_PROXY / NO_PROXY and verify TLS with the same SSL context, follow no redirects,
+stop reading a reply past MAX_RESPONSE_BYTES (error replies included) and have no connection cap:
+the runner's concurrency limit is the only one.
 """
 
 from __future__ import annotations
@@ -128,6 +129,46 @@ async def _read_capped(r: Any) -> bytes:
     return bytes(body)
 
 
+class _TooLarge(Exception):
+    """A reply past MAX_RESPONSE_BYTES (raised from the SDK's read, which passes it on untouched)."""
+
+
+def _capped_transport(inner: Any) -> Any:
+    """An httpx2 transport whose responses stop reading past MAX_RESPONSE_BYTES: the SDK reads a
+    reply (an error status's too) whole into memory before the client sees it."""
+    import httpx2
+
+    class Capped(httpx2.AsyncBaseTransport):
+        async def handle_async_request(self, request: Any) -> Any:
+            response = await inner.handle_async_request(request)
+            length = response.headers.get("content-length", "")
+            if length.isdigit() and int(length) > MAX_RESPONSE_BYTES:
+                await response.aclose()
+                raise _TooLarge(f"the response is {length} bytes, more than {MAX_RESPONSE_BYTES >> 20} MiB")
+            return httpx2.Response(response.status_code, headers=response.headers,
+                                   stream=_CappedStream(response.stream), extensions=response.extensions)
+
+        async def aclose(self) -> None:
+            await inner.aclose()
+
+    class _CappedStream(httpx2.AsyncByteStream):
+        def __init__(self, stream: Any) -> None:
+            self._stream = stream
+
+        async def __aiter__(self) -> Any:
+            seen = 0
+            async for chunk in self._stream:
+                seen += len(chunk)
+                if seen > MAX_RESPONSE_BYTES:
+                    raise _TooLarge(f"the response is more than {MAX_RESPONSE_BYTES >> 20} MiB")
+                yield chunk
+
+        async def aclose(self) -> None:
+            await self._stream.aclose()
+
+    return Capped()
+
+
 class SdkTransport:
     def __init__(self, base_url: str, api_key: str, request_timeout: float) -> None:
         import httpx2
@@ -137,10 +178,13 @@ class SdkTransport:
         limits = httpx2.Limits(max_connections=None, max_keepalive_connections=1000,
                                keepalive_expiry=_KEEPALIVE_SECONDS)
         ssl_context = httpx2.create_ssl_context()
+        # A transport of our own (for the size cap) turns off httpx2's proxy lookup: do it here.
+        proxy = env_proxy(base_url.rstrip("/") + "/chat/completions")
 
         def new_api() -> AsyncOpenAI:
+            transport = _capped_transport(httpx2.AsyncHTTPTransport(verify=ssl_context, limits=limits, proxy=proxy))
             return AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout,
-                               http_client=httpx2.AsyncClient(verify=ssl_context, limits=limits, timeout=timeout))
+                               http_client=httpx2.AsyncClient(transport=transport, timeout=timeout))
 
         self._new_api = new_api
         self._apis = [new_api()]
@@ -174,6 +218,8 @@ class SdkTransport:
             raise TimeoutError(str(exc)) from exc
         except openai.APIError as exc:  # connection errors, and anything else short of a response
             raise TransportError(str(exc)) from exc
+        except _TooLarge as exc:
+            raise TransportError(str(exc)) from None
         return RawResponse(200, {}, body)
 
     async def aclose(self) -> None:

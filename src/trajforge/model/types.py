@@ -90,7 +90,8 @@ class ModelSettings:
     max_tokens: int | None = None
     request_timeout: float = 600.0
     max_retries: int = 5
-    temperature: float | None = None
+    temperature: float | None = None  # sampling: sent only when set
+    top_p: float | None = None
     providers_allowed: list[str] | None = None
     providers_ignored: list[str] | None = None
     providers_order: list[str] | None = None

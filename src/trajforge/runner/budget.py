@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from trajforge.model.spend import SampleSpend
 from trajforge.runner.checkpoint import InvocationEntry
+from trajforge.runner.figures import usd
 
 BUDGET_EXIT_CODE = 4  # 0 ok, 1 fatal, 2 usage, 130 interrupted
 
@@ -125,9 +126,9 @@ class Budget:
         """The lines printed when the budget stopped the run, ending with how to continue."""
         assert self.limit is not None
         left = max(0, self.to_run - self.started)
-        lines = [(f"trajforge: budget reached: ${self.spent:.4f} spent of --max_cost ${self.limit:.4f} "
+        lines = [(f"trajforge: budget reached: {usd(self.spent)} spent of --max_cost {usd(self.limit)} "
                   f"(all invocations of this run); {left} sample(s) not started, in-flight ones finished")]
         need = self.projected_total()
-        hint = f" (about ${need:.4f} for the whole run at ${self.average():.4f} per sample)" if need else ""
+        hint = f" (about {usd(need)} for the whole run at {usd(self.average())} per sample)" if need else ""
         lines.append(f"trajforge: to continue, run the same command with --resume and a higher --max_cost{hint}")
         return lines

@@ -4,7 +4,9 @@ Status output is a courtesy; the run's product is its files. So a reader that we
 (`trajforge run ... | head -1`, a closed terminal) or a full pipe error must not stop the run
 before it writes trajectories.jsonl and statistics.json: writes that fail are dropped, and the
 dead descriptor is pointed at /dev/null so the interpreter's final flush does not fail either.
-Every line also passes through the secret scrubber (trajforge.redact) on its way out.
+Every line also passes through the secret scrubber (trajforge.redact) on its way out. A stream
+that was closed before the process started (`2>&-`, `>&-`: Python then sets it to None) is a
+SafeStream that drops everything from the start.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ from trajforge.redact import REGISTRY, Scrubber
 class SafeStream:
     """A text stream wrapper: scrubs what is written and drops it when the write fails."""
 
-    def __init__(self, inner: TextIO, scrubber: Scrubber = REGISTRY) -> None:
+    def __init__(self, inner: TextIO | None, scrubber: Scrubber = REGISTRY) -> None:
         self._inner = inner
         self._scrubber = scrubber
-        self.broken = False
+        self.broken = inner is None  # started without that stream: nothing to write to
 
     def write(self, s: str) -> int:
         if not self.broken:
@@ -53,11 +55,13 @@ class SafeStream:
 
     def isatty(self) -> bool:
         try:
-            return self._inner.isatty()
+            return self._inner is not None and self._inner.isatty()
         except (OSError, ValueError):
             return False
 
     def __getattr__(self, name: str) -> Any:  # encoding, fileno, errors... of the real stream
+        if self._inner is None:
+            raise AttributeError(f"{name} (the process has no such stream)")
         return getattr(self._inner, name)
 
 

@@ -1,7 +1,8 @@
 """The scheduler: `capacity` worker tasks pull samples one at a time and hand outcomes to a sink.
 
 A sample is the unit of work, so a slow prompt never holds others back. Failed attempts are
-retried in-run up to the task type's retry limit. On a stop request workers take no new samples,
+retried in-run up to the task type's retry limit, unless the outcome says another attempt would
+fail the same way (a sandbox limit the sample hit). On a stop request workers take no new samples,
 in-flight ones get `grace` seconds, then are cancelled (their sandboxes are closed on the way out).
 A FatalModelError (bad key) stops everything at once.
 
@@ -100,7 +101,8 @@ async def run_engine(
                 while True:
                     outcome = await executor.process(sample, attempt)
                     elsewhere += outcome.cost
-                    if outcome.status != "failed" or attempt > limit or stop.is_set() or not budget.may_start():
+                    if (outcome.status != "failed" or not outcome.retryable or attempt > limit or stop.is_set()
+                            or not budget.may_start()):
                         break
                     attempt += 1
                     budget.retry(meter)

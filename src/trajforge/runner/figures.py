@@ -8,8 +8,18 @@ name, in order, except where a record says otherwise (keys written only in some 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any
+
+
+def usd(amount: float) -> str:
+    """A sum of USD with at least two significant digits: a budget of $0.004 is not "$0.00"."""
+    if amount == 0:
+        return "$0.00"
+    if abs(amount) >= 100:
+        return f"${amount:,.2f}"
+    return f"${amount:,.{max(4, 1 - math.floor(math.log10(abs(amount))))}f}"
 
 
 class Record:
@@ -106,6 +116,7 @@ class VerifyFigures(Record):
     by_task_type: dict[str, TaskTypeFigures]
     rows: int
     rows_solved: int
+    rows_with_verdict: int  # the rows pass@1 and pass@k are averaged over
     pass_at_1: float | None
     pass_at_k: PassAtK
     skipped_solved: int

@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from trajforge.config import RunConfig
-from trajforge.errors import FatalModelError, OutputError
+from trajforge.errors import FatalModelError, OutputError, UsageError
 from trajforge.jsonio import dumps
 from trajforge.redact import REGISTRY, hide_in_proc, run_secrets
 from trajforge.runner import rowcache, settings, store
@@ -35,6 +35,7 @@ from trajforge.runner.eventloop import (
     flush_periodically, install_signals, remove_signals, tuned_collector, use_pidfd_child_watcher,
 )
 from trajforge.runner.governor import budget_for, check_prices
+from trajforge.runner.merge import calls_unknown_tools
 from trajforge.runner.monitor import RunMonitor
 from trajforge.sample.outcome import Outcome
 from trajforge.runner.preflight import (
@@ -87,6 +88,7 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
     rundir = RunDir(run_path)
     rundir.acquire(resume=config.resume, overwrite=config.overwrite)
     watcher = use_pidfd_child_watcher()
+    refused = False
     try:
         leftovers = rundir.remove_leftovers()
         if leftovers:
@@ -95,10 +97,13 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
             print(f"trajforge: {msg}", file=sys.stderr)
         with tuned_collector():
             return asyncio.run(_run(config, rows, prefill, rundir, make_executor))
+    except UsageError:  # refused at the executor's start (_run): before any result was written
+        refused = True
+        raise
     finally:
         if watcher:  # in-process callers (tests, notebooks) get the default back for their own loops
             asyncio.set_child_watcher(None)
-        rundir.release()
+        rundir.release(discard=refused)
 
 
 async def _run(config: RunConfig, rows: RunRows, prefill: list[dict[str, Any]] | None,
@@ -125,7 +130,6 @@ async def _run(config: RunConfig, rows: RunRows, prefill: list[dict[str, Any]] |
           f"{len(rows) - len(todo)} already finished, {len(todo)} to run, sandbox {sandbox} -> {run_dir}",
           file=sys.stderr)
     masked = config.masked()
-    rundir.save_config(masked)
     used = settings.shaping(masked)
     earlier = next((i.settings for i in reversed(checkpoint.invocations) if i.settings is not None), None)
     if diff := settings.changes(earlier, used):
@@ -163,7 +167,10 @@ async def _run(config: RunConfig, rows: RunRows, prefill: list[dict[str, Any]] |
         except OutputError as e:
             halt(e)
             return
-        if o.status == "done" and o.record is not None:
+        dropped = o.status == "done" and o.record is not None and calls_unknown_tools(o.record)
+        if dropped:  # the merge will drop it: discarded, as the end-of-run table and statistics say
+            invocation.discarded["hallucinated_tool"] += 1
+        elif o.status == "done" and o.record is not None:
             invocation.add_record(o.record)
         elif o.status == "failed":
             invocation.failed[o.reason or "internal"] += 1
@@ -174,7 +181,7 @@ async def _run(config: RunConfig, rows: RunRows, prefill: list[dict[str, Any]] |
             if o.usage:
                 invocation.add_usage(o.usage, o.api_calls)
         invocation.per_worker[o.worker] += 1
-        progress.update(o)
+        progress.update(o, dropped=dropped)
 
     executor = make_executor(config, prefill, run_dir)
     if todo:  # before the checkpoint records this invocation: a refused start leaves no results behind
@@ -184,6 +191,7 @@ async def _run(config: RunConfig, rows: RunRows, prefill: list[dict[str, Any]] |
         except BaseException:
             await executor.aclose()
             raise
+    rundir.save_config(config.masked())  # once the start was not refused, which keeps a resumed run's own
     budget = budget_for(config, checkpoint.invocations, len(todo), (restored.spent, restored.samples))
     monitor = RunMonitor(getattr(executor, "gate", None), budget)
     progress.extra = monitor.progress_text

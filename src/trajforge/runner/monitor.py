@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from trajforge.model.gate import GateSnapshot, ModelGate
 from trajforge.runner.budget import Budget
-from trajforge.runner.figures import ConcurrencyFigures, ConcurrencyNote, GatePoint, SeriesPoint, SpendFigures
+from trajforge.runner.figures import ConcurrencyFigures, ConcurrencyNote, GatePoint, SeriesPoint, SpendFigures, usd
 
 MAX_POINTS = 720
 
@@ -69,8 +69,9 @@ class RunMonitor:
                          f"{' (paused: Retry-After)' if snap.paused else ''}, {self._rates[0]:.0f} req/min, "
                          f"{self._rates[2]:.0f} 429s/min")
         projected = b.projected_total()
-        spend = f"spent ${b.spent:.4f}" + (f", ~${projected:.4f} projected" if projected is not None else "")
-        parts.append(spend + (f" of ${b.limit:.2f} budget" if b.limit is not None else ""))
+        spend = f"spent {usd(b.spent)} (every call)" + (f", ~{usd(projected)} projected"
+                                                        if projected is not None else "")
+        parts.append(spend + (f" of {usd(b.limit)} budget" if b.limit is not None else ""))
         return " | ".join(parts)
 
     def spend(self) -> SpendFigures:

@@ -78,13 +78,16 @@ def choose_model(config: RunConfig) -> RunConfig:
     from trajforge.model.factory import is_local_model, is_loopback, resolve_api_key, should_use_local
 
     settings = config.model_settings()
-    if should_use_local(settings) and not is_local_model(config.model):
-        print("trajforge: no API key and no --base_url: using the bundled local model (--model local); "
-              "set OPENROUTER_API_KEY or pass --base_url/--api_key to use an API", file=sys.stderr)
+    named = "model" in config.model_fields_set  # a flag or a config file key, even the default's name
+    if should_use_local(settings, named=named) and not is_local_model(config.model):
+        print("trajforge: no API key, no --base_url and no --model: using the bundled local model (--model "
+              "local); set OPENROUTER_API_KEY or pass --base_url/--api_key to use an API", file=sys.stderr)
         return config.model_copy(update={"model": "local"})
     url = settings.base_url or DEFAULT_BASE_URL
     if not is_local_model(config.model) and not is_loopback(url) and resolve_api_key(settings.api_key, os.environ) is None:
-        raise UsageError(f"no API key for {url}: pass --api_key or set OPENROUTER_API_KEY / OPENAI_API_KEY")
+        instead = (f" (--model {config.model} was named, so the bundled local model does not stand in for it: "
+                   "pass --model local for that)") if named and settings.base_url is None else ""
+        raise UsageError(f"no API key for {url}: pass --api_key or set OPENROUTER_API_KEY / OPENAI_API_KEY{instead}")
     return config
 
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from trajforge.runner.figures import usd
 from trajforge.sample.outcome import Outcome
 
 
@@ -50,8 +51,10 @@ class Progress:
         else:
             self._emit()
 
-    def update(self, o: Outcome) -> None:
-        if o.status == "done":
+    def update(self, o: Outcome, *, dropped: bool = False) -> None:
+        """`dropped`: a finished record the merge will drop (runner.merge.calls_unknown_tools),
+        counted as discarded here, as the end-of-run table counts it."""
+        if o.status == "done" and not dropped:
             self.done += 1
             if o.record:
                 u = o.record.get("usage", {})
@@ -59,7 +62,7 @@ class Progress:
                 self.cost += u.get("cost", 0.0)
         elif o.status == "failed":
             self.failed += 1
-        else:
+        else:  # a dropped record's usage is not counted, as in the table (runner.report)
             self.discarded += 1
             if o.usage:
                 self.tokens += o.usage.get("prompt_tokens", 0) + o.usage.get("completion_tokens", 0)
@@ -84,7 +87,7 @@ class Progress:
         elapsed = max(time.monotonic() - self._start, 1e-9)
         rate = (self.done + self.failed + self.discarded) / elapsed
         return (f"failed {self.failed} discarded {self.discarded} | {rate:.1f}/s | "
-                f"{self.tokens:,} tok | ${self.cost:.4f}" + (f" | {self.extra()}" if self.extra else ""))
+                f"{self.tokens:,} tok | samples' cost {usd(self.cost)}" + (f" | {self.extra()}" if self.extra else ""))
 
     def line(self) -> str:
         n = self.already + self.done + self.failed + self.discarded

@@ -26,7 +26,7 @@ from trajforge.runner.merge import MergeResult, merge, merge_state
 from trajforge.runner.rollouts import skipped_solved
 from trajforge.runner.rows import RunRows
 from trajforge.runner.settings import history
-from trajforge.runner.stats import EXIT_SAMPLES_FAILED, Totals, render_table, too_many_failed
+from trajforge.runner.stats import EXIT_SAMPLES_FAILED, Totals, render_table, run_pace, too_many_failed
 
 ORACLE_MODEL = "oracle"  # the model name of --agent oracle runs (trajforge.tasks.oracle)
 
@@ -53,8 +53,10 @@ def finish(config: RunConfig, rows: RunRows, run_dir: Path, checkpoint: Checkpoi
         run_name=config.run_name, model=config.model, distribution=config.distribution, sandbox=config.sandbox,
         dataset_file=str(config.dataset_file or config.tasks), invocations=len(checkpoint.invocations), models=models,
         settings_changes=changed, skipped_invalid=len(rows.skipped),
-        run=totals.figures(total=len(rows), seconds=sum(i.seconds for i in checkpoint.invocations)),
-        last_invocation=invocation.figures(total=None, seconds=seconds),
+        run=totals.figures(total=len(rows), seconds=sum(i.seconds for i in checkpoint.invocations),
+                           pace=run_pace((i.ran, i.seconds) for i in checkpoint.invocations)),
+        last_invocation=invocation.figures(total=None, seconds=seconds,
+                                           pace=(sum(invocation.per_worker.values()), seconds)),
         merge=MergeFigures(written=result.written, hallucinated_filtered=result.hallucinated,
                            duplicates_ignored=result.duplicates, not_in_dataset=result.stale,
                            not_kept=result.not_kept, problems=result.problems),

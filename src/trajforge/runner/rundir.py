@@ -4,7 +4,9 @@ One process owns a run directory at a time (an flock on `.lock`, released by the
 process dies). A directory that already holds results is only reused with --resume, or wiped
 with --overwrite. Temporary files of atomic writes that a killed process left behind (a SIGKILL
 during the final merge leaves a partial `.trajectories.jsonl.*.tmp` of many MB) are removed
-once the lock is held, so they can never belong to a live writer.
+once the lock is held, so they can never belong to a live writer. A start refused after the lock
+was taken (a distribution none of whose toolsets can be offered here) leaves no directory behind
+that this invocation made (`release(discard=True)`).
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ class RunDir:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock_fd: int | None = None
+        self._made: list[Path] = []  # directories this invocation created, deepest last
 
     def has_results(self) -> bool:
         return bool(batch_files(self.path)) or any((self.path / f).exists() for f in RESULT_FILES[:2])
 
     def acquire(self, *, resume: bool, overwrite: bool) -> None:
         """Lock the directory, then check it may be used as asked. Raises RunStateError."""
+        self._made = [d for d in (self.path.parent, self.path) if not d.exists()]
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -94,7 +98,16 @@ class RunDir:
         except OSError as e:
             raise OutputError(path, e) from None
 
-    def release(self) -> None:
+    def release(self, *, discard: bool = False) -> None:
+        """Unlock; with `discard`, also remove the directories this invocation made if they hold
+        nothing but the lock (a refused start)."""
+        if discard and self._lock_fd is not None and self._made and os.listdir(self.path) == [".lock"]:
+            (self.path / ".lock").unlink()
+            for d in reversed(self._made):
+                try:
+                    d.rmdir()  # only when empty: anything else in it is someone's
+                except OSError:
+                    break
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None

@@ -10,11 +10,12 @@ produced.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from trajforge.runner.figures import (
-    ReasoningFigures, RunFigures, SampleCounts, Statistics, TokenFigures, ToolFigures,
+    ReasoningFigures, RunFigures, SampleCounts, Statistics, TokenFigures, ToolFigures, usd,
 )
 from trajforge.runner.task_stats import TaskTotals
 from trajforge.runner.task_stats import table_rows as task_rows
@@ -23,6 +24,13 @@ from trajforge.sample.outcome import FAILURE_CLASSES
 
 
 EXIT_SAMPLES_FAILED = 3  # the run finished, but too many samples ended failed (--fail_on_error)
+
+
+def run_pace(invocations: Iterable[tuple[int, float]]) -> tuple[int, float]:
+    """(samples ended, seconds) of the invocations (ran, seconds) that ran samples: the run's
+    throughput, which an invocation that found nothing to do must not skew."""
+    ran = [(n, s) for n, s in invocations if n]
+    return sum(n for n, _ in ran), sum(s for _, s in ran)
 
 
 def too_many_failed(failed: int, total: int, threshold: float) -> bool:
@@ -95,10 +103,15 @@ class Totals:
         self.discarded = Counter(state["discarded"])
         self.verify.load_state(state["verify"])
 
-    def figures(self, *, total: int | None = None, seconds: float | None = None) -> RunFigures:
-        """`total`: the samples there are (None: not known); `seconds`: their duration, if any."""
+    def figures(self, *, total: int | None = None, seconds: float | None = None,
+                pace: tuple[int, float] | None = None) -> RunFigures:
+        """`total`: the samples there are (None: not known); `seconds`: their duration, if any;
+        `pace`: (samples ended, seconds) to take the throughput from instead of finished / seconds
+        (the run's: only invocations that ran samples, so a resume that found nothing to do in
+        4 ms does not make it thousands a minute)."""
         turns = self.assistant_turns
-        rate = round(60 * self.finished / seconds, 2) if seconds is not None and seconds > 0 else None
+        done, secs = pace if pace is not None else (self.finished, seconds)
+        rate = round(60 * done / secs, 2) if secs is not None and secs > 0 and done else None
         return RunFigures(
             samples=SampleCounts(
                 total=total, finished=self.finished, completed=self.completed, partial=self.partial,
@@ -120,9 +133,10 @@ class Totals:
             tasks=self.tasks.figures(self.verify.k),
         )
 
-    def as_dict(self, *, total: int | None = None, seconds: float | None = None) -> dict[str, Any]:
+    def as_dict(self, *, total: int | None = None, seconds: float | None = None,
+                pace: tuple[int, float] | None = None) -> dict[str, Any]:
         """The figures as statistics.json writes them (the viewer and the exporter show this)."""
-        return self.figures(total=total, seconds=seconds).to_json()
+        return self.figures(total=total, seconds=seconds, pace=pace).to_json()
 
 
 def render_table(stats: Statistics) -> Any:
@@ -142,8 +156,11 @@ def render_table(stats: Statistics) -> Any:
     cov = "-" if run.reasoning.coverage is None else f"{100 * run.reasoning.coverage:.1f}%"
     rows += [("reasoning coverage", cov), ("api calls", run.api_calls),
              ("tokens (prompt/completion)", f"{run.tokens.prompt} / {run.tokens.completion}"),
-             ("cost", f"${run.cost:.4f}"), ("duration (all invocations)", f"{run.duration_seconds or 0:.1f}s"),
-             ("throughput", f"{run.throughput_samples_per_minute or 0:.1f} samples/min")]
+             ("cost (finished and discarded samples)", usd(run.cost)),
+             ("spent (every model call, failed attempts too)", usd(stats.spend.spent)),
+             ("duration (all invocations)", f"{run.duration_seconds or 0:.1f}s"),
+             ("throughput", "-" if run.throughput_samples_per_minute is None
+              else f"{run.throughput_samples_per_minute:.1f} samples/min")]
     rows += table_rows(run.verification)
     rows += task_rows(run.tasks)
     last = stats.last_invocation

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trajforge.dataset import split_rollout
-from trajforge.runner.figures import PassAtK, RowFigures, TaskTypeFigures, VerifyFigures
+from trajforge.runner.figures import PassAtK, RowFigures, TaskTypeFigures, VerifyFigures, usd
 from trajforge.verify.passk import mean_pass_at_k_counted
 from trajforge.verify.result import ERROR_KINDS
 
@@ -119,6 +119,7 @@ class VerifyTotals:
                           for name, (p, f, e) in sorted(self.by_type.items())},
             rows=rows,
             rows_solved=sum(1 for c in self.passes if c) + sum(1 for r in self.irregular.values() if r[2]),
+            rows_with_verdict=sum(1 for v in self.verdicts if v) + sum(1 for r in self.irregular.values() if r[3]),
             pass_at_1=_round(mean_pass_at_k_counted(verdict_rows, 1)),
             pass_at_k=PassAtK(self.k, _round(mean_pass_at_k_counted(verdict_rows, self.k))),
             skipped_solved=self.skipped_solved,
@@ -174,12 +175,13 @@ def table_rows(v: VerifyFigures) -> list[tuple[str, str]]:
     rows += [(f"  pass rate {name}", f"{t.passed}/{t.passed + t.failed}")
              for name, t in v.by_task_type.items() if name != NO_TASK_TYPE or len(v.by_task_type) > 1]
     fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
-    rows.append((f"pass@1 / pass@{v.pass_at_k.k} ({v.rows} rows)", f"{fmt(v.pass_at_1)} / {fmt(v.pass_at_k.value)}"))
+    rows.append((f"pass@1 / pass@{v.pass_at_k.k} ({v.rows_with_verdict} of {v.rows} rows have a verdict)",
+                 f"{fmt(v.pass_at_1)} / {fmt(v.pass_at_k.value)}"))
     rows += [(f"  verification error: {k}", str(n)) for k, n in v.errors_by_kind.items() if n]
     if v.skipped_solved:
         rows.append(("rollouts skipped (solved)", str(v.skipped_solved)))
     if v.not_kept:
         rows.append(("not kept (--keep passed)", str(v.not_kept)))
     if v.cost_per_pass is not None:
-        rows.append(("cost per passing trajectory", f"${v.cost_per_pass:.4f}"))
+        rows.append(("cost per passing trajectory", usd(v.cost_per_pass)))
     return rows

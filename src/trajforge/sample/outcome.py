@@ -30,6 +30,7 @@ class Outcome:
     usage: dict[str, Any] | None = None  # tokens/cost of a discarded sample (a kept one has them in its record)
     api_calls: int = 0
     cost: float = 0.0  # USD spent by attempts that ran in another process (Ray); runner.engine adds its own
+    retryable: bool = True  # False: another attempt would fail the same way (a sandbox limit): no in-run retry
 
     def scrubbed(self, scrub: Callable[[Any], Any]) -> Outcome:
         """A copy with `scrub` (trajforge.redact.REGISTRY.value) applied to the record and message:

@@ -1,7 +1,8 @@
 """SampleWorker: everything needed to turn one sample into an Outcome, built once per process.
 
 It owns the run-level resources (model client, toolsets) and, per sample, samples the toolsets,
-starts a fresh sandbox, runs the agent loop under the per-sample wall-clock limit, verifies the
+starts a fresh sandbox, runs the agent loop under the per-sample limits (`--timeout` on its working
+time, model.working; `--sample_wall_timeout` on the wall clock), verifies the
 result (the row's check in the still-open sandbox, then its expected answer and rubric), applies
 the no-reasoning filter and classifies failures. The local executor and every Ray actor each hold one.
 A task sample (`--tasks`) runs the same way with its own parts from trajforge.tasks.run.TaskRun:
@@ -26,11 +27,12 @@ from trajforge.catalog.distributions import sample_toolsets
 from trajforge.config import RunConfig
 from trajforge.dataset import Sample
 from trajforge.errors import FatalModelError, SampleFailure, UsageError
+from trajforge.model import working
 from trajforge.model.types import ModelClient
 from trajforge.sample.outcome import Outcome, batch_number
 from trajforge.sample.settings import sandbox_settings, task_settings, tool_settings
 from trajforge.sample.trace import tracer
-from trajforge.sandbox.base import Sandbox
+from trajforge.sandbox.base import Sandbox, SandboxLimitError
 from trajforge.sandbox.factory import SandboxProvider
 from trajforge.sandbox.workspace import RunRoot
 from trajforge.tasks.oracle import ORACLE_MODEL
@@ -38,10 +40,25 @@ from trajforge.tasks.run import TaskRun
 from trajforge.tools.base import ToolContext, Toolset, Unavailable
 from trajforge.tools.registry import build_toolsets, tools_for
 from trajforge.verify.result import Part
+from trajforge.verify.spec import Resolved
 from trajforge.verify.verifier import Verifier, final_answer
 
 log = logging.getLogger("trajforge.worker")
 TASK_MARGIN = 120.0  # seconds of a task sample's limit beyond its agent timeout (its container's start)
+
+
+def _hit_a_limit(e: BaseException | None) -> bool:
+    """Whether the sample hit one of its sandbox limits (a tool passes it on as the cause of a
+    ToolInfraError): another attempt would most likely hit it again."""
+    while e is not None:
+        if isinstance(e, SandboxLimitError):
+            return True
+        e = e.__cause__
+    return False
+
+
+class _WallTimeout(Exception):
+    """The sample's wall-clock limit (--sample_wall_timeout) ended it, not its working-time limit."""
 
 
 class SampleWorker:
@@ -123,13 +140,18 @@ class SampleWorker:
                            seconds=time.monotonic() - started, worker=self.worker_id, **kw)
 
         try:
-            toolsets, session, verification = await self._run(sample, trace)
+            toolsets, session, verification, timing = await self._run(sample, trace)
         except FatalModelError:
             raise
+        except _WallTimeout:
+            return outcome("failed", reason="timeout", message=f"exceeded the {self.config.sample_wall_timeout:g}s "
+                           "wall-clock sample limit (--sample_wall_timeout)")
         except TimeoutError:
-            return outcome("failed", reason="timeout", message=f"exceeded the {self.config.timeout:g}s sample limit")
+            return outcome("failed", reason="timeout", message=f"exceeded the {self.config.timeout:g}s sample limit "
+                           "(--timeout, working time)")
         except SampleFailure as e:  # model call, sandbox or tool backend: its class says which
-            return outcome("failed", reason=e.failure_class, message=str(e))
+            again = self.config.retry_sandbox_limits or not _hit_a_limit(e)
+            return outcome("failed", reason=e.failure_class, message=str(e), retryable=again)
         except Exception as e:  # a bug in one sample must not stop the run; it is recorded and retried
             log.exception("sample %s failed", sample.identity)
             return outcome("failed", reason="internal", message=f"{type(e).__name__}: {e}")
@@ -137,6 +159,7 @@ class SampleWorker:
                               model=self._model_name, toolsets_used=toolsets, known_tools=known_tools(),
                               dataset_line=sample.line, row=sample.extra)
         record["rollout"] = sample.rollout
+        record["timing"] = timing
         if sample.task is not None:
             record["task"] = sample.task.summary()
         if verification is not None:
@@ -155,18 +178,17 @@ class SampleWorker:
         return self.config.keep_no_reasoning or self.oracle
 
     def _limit(self, task: TaskRun | None) -> float | None:
-        """The sample's wall-clock limit: --timeout, at least a task's own agent time (plus its setup)."""
+        """The sample's working-time limit: --timeout, at least a task's own agent time (plus its setup)."""
         limit = self.config.timeout
         if task is not None and task.time_limit is not None and limit is not None:
             limit = max(limit, task.time_limit + TASK_MARGIN)
         return limit
 
-    async def _run(self, sample: Sample, trace: Any) -> tuple[list[str], SessionResult, dict[str, Any] | None]:
+    async def _run(self, sample: Sample, trace: Any) -> tuple[list[str], SessionResult, dict[str, Any] | None,
+                                                              dict[str, float]]:
         assert self.sandboxes is not None
         task = TaskRun(sample.task, self.task_settings) if sample.task is not None else None
         spec = self.verifier.spec(sample) if self.verifier is not None else None
-        check: Part | None = None
-        verification: dict[str, Any] | None = None
         # Only available toolsets are drawn from, so a sample always gets at least one (start() checked).
         offered = [] if self.oracle else sample_toolsets(self.distribution, self.config.seed, sample.identity,
                                                          self.toolsets)
@@ -178,38 +200,31 @@ class SampleWorker:
                 return await task.create(provider, self.workspace_root)
             return await provider.create(cwd=sample.cwd, image=sample.image, root=self.workspace_root)
 
-        # Made before the wall-clock limit begins (a container's image pull or build, or a wait for
-        # a container slot, is the run's cost, not this sample's), or, where the backend makes
-        # sandboxes ahead of time (bwrap as root), at the first tool call (sandbox/lazy.py).
+        async def create_waiting() -> Sandbox:
+            with working.waiting():  # a slot being free (or made) is the run's wait, not the sample's work
+                return await create()
+
+        # Made before the limits begin (a container's image pull or build, or a wait for a
+        # container slot, is the run's cost, not this sample's), or, where the backend makes
+        # sandboxes ahead of time (bwrap as root), at the first tool call (sandbox/lazy.py) with
+        # the working clock stopped.
         lazy = task is None and await provider.made_on_first_use(sample.image)
-        sandbox = provider.lazy(create, image=sample.image, root=self.workspace_root) if lazy else await create()
+        sandbox = (provider.lazy(create_waiting, image=sample.image, root=self.workspace_root) if lazy
+                   else await create())
         try:
             ctx = ToolContext(sandbox, self.tool_settings, sample.identity)
-            async with asyncio.timeout(self._limit(task)) as limit, ctx.cleanup:
-                if task is not None and task.oracle:
-                    session = await task.run_oracle(sandbox)  # type: ignore[arg-type]
-                else:
-                    assert self.model is not None
-                    session = await run_session(
-                        sample.prompt, self.model, tools, ctx, max_turns=self.config.max_turns,
-                        ephemeral_system_prompt=self.config.ephemeral_system_prompt, prefill=self.prefill,
-                        trace=trace, limits=SampleLimits(self.config.max_tokens_per_sample,
-                                                         self.config.max_cost_per_sample),
-                        time_limit=task.time_limit if task is not None else None,
-                    )
-                if self._verifies(session):
-                    # The check and the tests have their own timeouts; the sample's limit resumes for
-                    # the cleanup after them.
-                    deadline, loop = limit.when(), asyncio.get_running_loop()
-                    left = None if deadline is None else deadline - loop.time()
-                    limit.reschedule(None)
-                    if task is not None:
-                        verification = await task.verify(sandbox, session, sample.identity,  # type: ignore[arg-type]
-                                                         self._model_name)
-                    else:
-                        assert self.verifier is not None and spec is not None
-                        check = await self.verifier.in_sandbox(spec, sandbox)
-                    limit.reschedule(None if left is None else loop.time() + max(left, 0.0))
+            clock = working.WorkingClock()
+            try:
+                async with asyncio.timeout(self.config.sample_wall_timeout) as wall:
+                    async with asyncio.timeout(self._limit(task)) as limit, ctx.cleanup:
+                        with working.bound(clock), clock.limiting(limit):
+                            session, check, verification = await self._session(sample, task, spec, sandbox, ctx,
+                                                                               tools, trace)
+            except TimeoutError:
+                if wall.expired():
+                    raise _WallTimeout() from None
+                raise
+            timing = {"working_s": round(clock.working, 3), "wall_s": round(clock.wall, 3)}
             tool_usage = ctx.state.get("tool_model_usage")
             if tool_usage is not None:  # tokens spent by vision/moa calls belong to the sample's cost
                 session.usage.add(tool_usage)
@@ -225,7 +240,34 @@ class SampleWorker:
             verification, judge_usage = await self.verifier.finish(
                 spec, check, task=sample.prompt, answer=final_answer(session.turns, session.end_reason))
             session.usage.add(judge_usage)  # the judge's tokens are part of what this sample cost
-        return offered, session, verification
+        return offered, session, verification, timing
+
+    async def _session(self, sample: Sample, task: TaskRun | None, spec: Resolved | None, sandbox: Sandbox,
+                       ctx: ToolContext, tools: Any, trace: Any) -> tuple[SessionResult, Part | None,
+                                                                          dict[str, Any] | None]:
+        """The agent's session (or the oracle's), then the check or the task's tests, which have
+        their own timeouts and so do not count as the sample's working time."""
+        check: Part | None = None
+        verification: dict[str, Any] | None = None
+        if task is not None and task.oracle:
+            session = await task.run_oracle(sandbox)  # type: ignore[arg-type]
+        else:
+            assert self.model is not None
+            session = await run_session(
+                sample.prompt, self.model, tools, ctx, max_turns=self.config.max_turns,
+                ephemeral_system_prompt=self.config.ephemeral_system_prompt, prefill=self.prefill,
+                trace=trace, limits=SampleLimits(self.config.max_tokens_per_sample, self.config.max_cost_per_sample),
+                time_limit=task.time_limit if task is not None else None,
+            )
+        if self._verifies(session):
+            with working.waiting():
+                if task is not None:
+                    verification = await task.verify(sandbox, session, sample.identity,  # type: ignore[arg-type]
+                                                     self._model_name)
+                else:
+                    assert self.verifier is not None and spec is not None
+                    check = await self.verifier.in_sandbox(spec, sandbox)
+        return session, check, verification
 
     def _verifies(self, session: SessionResult) -> bool:
         """Verification is skipped for a session the no-reasoning filter will discard anyway."""

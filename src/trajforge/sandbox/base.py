@@ -38,6 +38,11 @@ class SandboxError(SampleFailure):
     failure_class = "sandbox"
 
 
+class SandboxLimitError(SandboxError):
+    """The sample hit one of its own limits (memory, /tmp, /dev/shm, its workspace disk). Another
+    attempt would most likely hit it again, so it is not retried in-run unless asked."""
+
+
 @dataclass(slots=True)
 class ExecResult:
     exit_code: int | None  # None when killed by the timeout

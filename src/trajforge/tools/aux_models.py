@@ -70,7 +70,7 @@ def tool_client(settings: ToolSettings, section: str, *, model: str, base_url: s
     same_model = model == run.model and endpoint_url(settings, base_url) == endpoint_url(settings, None)
     client_settings = dataclasses.replace(
         run, model=model, base_url=endpoint_url(settings, base_url), api_key=key, max_tokens=max_tokens,
-        temperature=temperature, request_timeout=timeout,
+        temperature=temperature, top_p=None, request_timeout=timeout,  # the agent's sampling is not the tool's
         max_retries=RetryPolicy(run.max_retries).for_tool().max_retries,  # the agent waits on a tool call
         # Provider routing names providers of the run's model; for another model it may match none.
         providers_allowed=run.providers_allowed if same_model else None,

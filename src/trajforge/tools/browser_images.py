@@ -1,7 +1,8 @@
 """What browser_get_images may return: a bounded list, whatever the page holds or redefines.
 
-The listing runs as JS in the page's own context, so a hostile page can make it return anything;
-`capped_images` checks and caps the result again in Python before it reaches the model.
+The listing runs as JS in an isolated world of the page (BrowserSession.evaluate), where the
+page's scripts cannot redefine what it calls, so its caps hold in the page; `capped_images` checks
+and caps the result again in Python all the same, before it reaches the model.
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from typing import Any
 
 # browser_get_images lists at most this many images, each src and alt cut to these lengths, and
 # stops adding images once the result reaches the snapshot's cap (snapshot_max_chars): a page can
-# hold 100 images with megabytes of alt text each. The page's own scripts can redefine what this
-# JS calls, so `capped_images` applies the same caps again in Python to whatever comes back.
+# hold 100 images with megabytes of alt text each. `capped_images` applies the same caps again in
+# Python to whatever comes back.
 _MAX_IMAGES = 100
 _SRC_CHARS = 500
 _ALT_CHARS = 300

@@ -6,6 +6,15 @@ storage, cache) and page, created lazily on the sample's first browser tool call
 `ctx.state["browser"]` and closed by the sample's cleanup stack, so no two samples ever share
 state. A semaphore bounds how many contexts are open at once; one lock per sample serialises
 its browser calls because they all drive the same page.
+
+The page is not trusted: its scripts can redefine anything in their JavaScript world, and
+whatever a tool script returns is carried to this process whole before Python could cut it. So
+the tools' scripts run in an isolated world of the page's main frame (`evaluate`: CDP
+Page.createIsolatedWorld, the same DOM with untouched built-ins), where their caps hold, and the
+console is collected and capped inside the page (browser_console.py). What still reaches this
+process from a page uncut is Playwright's own traffic: each navigation's URL (at most 2 MB in
+Chromium; cut to 1,000 characters here) and uncaught exceptions (`pageerror`, which the driver
+always sends).
 """
 
 from __future__ import annotations
@@ -18,17 +27,20 @@ from typing import TYPE_CHECKING, Any
 
 from playwright.async_api import Error as PlaywrightError
 
+from trajforge.jsonio import dumps_str
+from trajforge.tools import browser_console
 from trajforge.tools.base import ToolContext, ToolInfraError
 
 if TYPE_CHECKING:
-    from playwright.async_api import Browser, BrowserContext, ConsoleMessage, Page, Playwright
+    from playwright.async_api import Browser, BrowserContext, CDPSession, Page, Playwright
 
     from trajforge.catalog.settings import BrowserSettings
     from trajforge.netpolicy import Policy
 
 STATE_KEY = "browser"
-_CONSOLE_CAP = 200  # per sample; older messages are dropped first
-_TEXT_CAP = 1000  # a message's text and its page's URL (a page can make its URL megabytes long)
+_CONSOLE_CAP = browser_console.KEEP  # per sample; older messages are dropped first
+_TEXT_CAP = browser_console.TEXT_CHARS  # an error's text and its page's URL (which a page can make megabytes long)
+_ERROR_CHARS = 2000  # of a failed script's message
 
 
 class BrowserBackend:
@@ -71,6 +83,7 @@ class BrowserSession:
         self.errors: deque[dict[str, Any]] = deque(maxlen=_CONSOLE_CAP)
         self.context: BrowserContext | None = None
         self._page: Page | None = None
+        self._cdp: dict[Page, CDPSession] = {}
         self._lock = asyncio.Lock()
         self._holds_slot = False
         self.closed = False
@@ -98,6 +111,7 @@ class BrowserSession:
         except PlaywrightError as e:
             self._release_slot()
             raise ToolInfraError(f"could not open a browser context: {e.message}") from e
+        await self.context.add_init_script(script=browser_console.CONSOLE_JS)
         self.context.set_default_timeout(s.action_timeout * 1000)
         self.context.set_default_navigation_timeout(s.navigation_timeout * 1000)
         # Pages opened by the site (target=_blank, window.open) become the current page.
@@ -116,11 +130,47 @@ class BrowserSession:
 
     def _adopt(self, page: Page) -> None:
         self._page = page
-        page.on("console", lambda msg: self._on_console(page, msg))
+        # No "console" listener: Playwright would then carry every message whole (drain_console).
         page.on("pageerror", lambda err: self._on_error(page, err))
+        page.on("close", lambda closed: self._cdp.pop(closed, None))
 
-    def _on_console(self, page: Page, msg: ConsoleMessage) -> None:
-        self.console.append({"type": msg.type, "text": msg.text[:_TEXT_CAP], "url": page.url[:_TEXT_CAP]})
+    async def _session(self, page: Page) -> CDPSession:
+        cdp = self._cdp.get(page)
+        if cdp is None:
+            assert self.context is not None
+            cdp = self._cdp[page] = await self.context.new_cdp_session(page)
+        return cdp
+
+    async def _evaluate(self, page: Page, expression: str, context_id: int | None = None) -> Any:
+        params: dict[str, Any] = {"expression": expression, "returnByValue": True}
+        if context_id is not None:
+            params["contextId"] = context_id
+        reply = await (await self._session(page)).send("Runtime.evaluate", params)
+        if "exceptionDetails" in reply:
+            details = reply["exceptionDetails"]
+            text = (details.get("exception") or {}).get("description") or details.get("text") or "script failed"
+            raise PlaywrightError(str(text)[:_ERROR_CHARS])
+        return reply.get("result", {}).get("value")
+
+    async def evaluate(self, page: Page, script: str, arg: Any = None) -> Any:
+        """`script` (a JS function) called with `arg` in an isolated world of the page's main frame:
+        the page's own scripts cannot change what it calls, so its caps hold before its result
+        leaves the page."""
+        cdp = await self._session(page)
+        frame = (await cdp.send("Page.getFrameTree"))["frameTree"]["frame"]["id"]
+        world = await cdp.send("Page.createIsolatedWorld", {"frameId": frame, "worldName": "trajforge"})
+        return await self._evaluate(page, f"({script})({dumps_str(arg)})", world["executionContextId"])
+
+    async def drain_console(self) -> None:
+        """Move what the current page logged since the last drain into this sample's console log."""
+        page = self._page
+        if page is None or page.is_closed():
+            return
+        try:
+            raw = await self._evaluate(page, browser_console.READ_EXPRESSION)
+        except PlaywrightError:  # the page navigated or closed meanwhile: its messages are gone
+            return
+        self.console.extend(browser_console.parse(raw))
 
     def _on_error(self, page: Page, err: Exception) -> None:
         message = getattr(err, "message", None) or str(err)
@@ -135,6 +185,7 @@ class BrowserSession:
         """End of the sample: drop the context (and with it every page and cookie). Idempotent."""
         self.closed = True
         context, self.context, self._page = self.context, None, None
+        self._cdp.clear()
         try:
             if context is not None:
                 with contextlib.suppress(PlaywrightError):

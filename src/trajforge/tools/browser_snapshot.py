@@ -11,6 +11,7 @@ the caller passes in: a ref copied from an older page never silently names a new
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -158,13 +159,13 @@ class Snapshot:
     truncated: bool
 
 
-async def take_snapshot(page: Page, *, start_ref: int, max_chars: int) -> Snapshot:
-    """Outline the page's visible content, tagging listed elements with refs from `start_ref` on."""
-    raw: dict[str, Any] = await page.evaluate(
-        _SNAPSHOT_JS, {"attr": REF_ATTR, "start": start_ref, "maxChars": max_chars}
-    )
-    # The script runs in the page's own context, which may redefine what it calls: its caps and
-    # types are checked again here (as browser_images does), so a page cannot hand back megabytes.
+async def take_snapshot(evaluate: Callable[[str, Any], Awaitable[Any]], *, start_ref: int,
+                        max_chars: int) -> Snapshot:
+    """Outline the page's visible content, tagging listed elements with refs from `start_ref` on.
+    `evaluate(script, arg)` runs the script in an isolated world of the page (BrowserSession.evaluate),
+    where the page's own scripts cannot change what it calls, so its cap holds in the page."""
+    raw: Any = await evaluate(_SNAPSHOT_JS, {"attr": REF_ATTR, "start": start_ref, "maxChars": max_chars})
+    # Checked again all the same: types and caps cost nothing here.
     raw = raw if isinstance(raw, dict) else {}
     text = raw.get("text") if isinstance(raw.get("text"), str) else ""
     nxt = raw.get("next")

@@ -1,7 +1,9 @@
 """The ten `browser` tools (SPEC section 4), each a thin action on the sample's current page.
 
 Every call runs under the sample's session lock and an overall deadline, on top of Playwright's
-own navigation/action timeouts (page scripts can hang `evaluate`). Whatever the model can
+own navigation/action timeouts (page scripts can hang `evaluate`). The tools' own scripts run in
+an isolated world of the page (BrowserSession.evaluate), so their caps hold in the page whatever
+its scripts redefine; the console the page logged is drained before and after every action. Whatever the model can
 correct (a bad URL, a refused connection, a stale ref, an unknown key) comes back as an error
 result; only a dead Chromium raises ToolInfraError, which fails the sample.
 """
@@ -26,6 +28,11 @@ if TYPE_CHECKING:
 _NO_ARGS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 _TITLE_CHARS, _URL_CHARS = 500, 2000  # a page may set either to megabytes
 _REF = {"type": "string", "description": "element ref from the latest browser_snapshot, e.g. e12"}
+_TITLE_JS = f"() => String(document.title).slice(0, {_TITLE_CHARS})"
+_IS_SELECT_JS = """(ref) => {
+  const e = document.querySelector('[data-tf-ref="' + ref + '"]');
+  return !!e && e.tagName === 'SELECT';
+}"""
 _SCROLL_JS = """(dir) => {
   window.scrollBy(0, (dir === 'up' ? -0.8 : 0.8) * window.innerHeight);
   const h = document.documentElement.scrollHeight;
@@ -52,7 +59,11 @@ class BrowserTool(Tool):
         async with session.use() as page:  # waiting for a free context slot is not the call's time
             try:
                 async with asyncio.timeout(s.navigation_timeout + s.action_timeout):
-                    return await self.act(page, args, session, ctx)
+                    await session.drain_console()  # before the action may leave the page
+                    try:
+                        return await self.act(page, args, session, ctx)
+                    finally:
+                        await session.drain_console()  # the page it is on now (maybe a new tab)
             except TimeoutError:
                 return error(f"{self.name} timed out; the page may be busy or hung")
             except PlaywrightError as e:
@@ -83,12 +94,13 @@ class BrowserTool(Tool):
         return loc.first
 
     @staticmethod
-    async def _where(page: Page) -> dict[str, Any]:
-        try:
-            title = await page.title()
+    async def _where(page: Page, session: BrowserSession) -> dict[str, Any]:
+        try:  # cut in the page: a page may set its title to megabytes
+            title = await session.evaluate(page, _TITLE_JS)
         except PlaywrightError:  # a navigation started by the action replaced the document meanwhile
             title = ""
-        return {"url": page.url[:_URL_CHARS], "title": title[:_TITLE_CHARS]}  # a page may set either huge
+        title = title[:_TITLE_CHARS] if isinstance(title, str) else ""
+        return {"url": page.url[:_URL_CHARS], "title": title}
 
 
 class NavigateTool(BrowserTool):
@@ -119,7 +131,7 @@ class NavigateTool(BrowserTool):
         status = response.status if response is not None else None
         if response is not None and response.headers.get("x-trajforge-egress"):  # the egress proxy's own answer
             return error(f"navigation to {url} failed: {await response.text()}")
-        return ok(**await self._where(page), status=status)
+        return ok(**await self._where(page, session), status=status)
 
 
 class SnapshotTool(BrowserTool):
@@ -129,13 +141,13 @@ class SnapshotTool(BrowserTool):
     parameters = _NO_ARGS
 
     async def act(self, page: Page, args: dict[str, Any], session: BrowserSession, ctx: ToolContext) -> str:
-        snap = await take_snapshot(page, start_ref=session.next_ref,
+        snap = await take_snapshot(lambda script, arg: session.evaluate(page, script, arg), start_ref=session.next_ref,
                                    max_chars=self.backend.settings.snapshot_max_chars)
         session.next_ref = snap.next_ref
         text = snap.text or "(the page shows no visible content)"
         if snap.truncated:
             text += "\n[snapshot truncated: scroll or follow links to see the rest]"
-        return ok(**await self._where(page), snapshot=text)
+        return ok(**await self._where(page, session), snapshot=text)
 
 
 class ClickTool(BrowserTool):
@@ -151,7 +163,7 @@ class ClickTool(BrowserTool):
         await loc.click()
         page = await session.current_page()  # the click may have opened a new tab
         await self._settle(page)
-        return ok(**await self._where(page))
+        return ok(**await self._where(page, session))
 
 
 class TypeTool(BrowserTool):
@@ -168,7 +180,7 @@ class TypeTool(BrowserTool):
         if isinstance(loc, str):
             return loc
         text = str(args.get("text", ""))
-        if await loc.evaluate("e => e.tagName") == "SELECT":
+        if await session.evaluate(page, _IS_SELECT_JS, normalize_ref(args.get("ref"))) is True:
             try:
                 await loc.select_option(label=text)
             except PlaywrightError:
@@ -178,7 +190,7 @@ class TypeTool(BrowserTool):
         if args.get("submit"):
             await loc.press("Enter")
             await self._settle(page)
-        return ok(**await self._where(page), typed=text, submitted=bool(args.get("submit")))
+        return ok(**await self._where(page, session), typed=text, submitted=bool(args.get("submit")))
 
 
 class ScrollTool(BrowserTool):
@@ -191,7 +203,8 @@ class ScrollTool(BrowserTool):
         direction = args.get("direction")
         if direction not in ("up", "down"):
             return error(f"direction must be 'up' or 'down', not {direction!r}")
-        return ok(direction=direction, **await page.evaluate(_SCROLL_JS, direction))
+        where = await session.evaluate(page, _SCROLL_JS, direction)
+        return ok(direction=direction, **(where if isinstance(where, dict) else {}))
 
 
 class BackTool(BrowserTool):
@@ -203,7 +216,7 @@ class BackTool(BrowserTool):
         before = page.url
         if await page.go_back(wait_until="domcontentloaded") is None and page.url == before:
             return error("there is no previous page in this tab's history")
-        return ok(**await self._where(page))
+        return ok(**await self._where(page, session))
 
 
 class PressTool(BrowserTool):
@@ -219,7 +232,7 @@ class PressTool(BrowserTool):
             return error("key is empty")
         await page.keyboard.press(key)
         await self._settle(page)
-        return ok(**await self._where(page), key=key)
+        return ok(**await self._where(page, session), key=key)
 
 
 class GetImagesTool(BrowserTool):
@@ -229,9 +242,9 @@ class GetImagesTool(BrowserTool):
 
     async def act(self, page: Page, args: dict[str, Any], session: BrowserSession, ctx: ToolContext) -> str:
         max_chars = self.backend.settings.snapshot_max_chars  # the same cap as a browser_snapshot result
-        images, total = capped_images(await page.evaluate(IMAGES_JS, max_chars), max_chars)
+        images, total = capped_images(await session.evaluate(page, IMAGES_JS, max_chars), max_chars)
         more = {"truncated": True, "total": total} if total > len(images) else {}
-        return ok(**await self._where(page), count=len(images), images=images, **more)
+        return ok(**await self._where(page, session), count=len(images), images=images, **more)
 
 
 class ConsoleTool(BrowserTool):

@@ -95,6 +95,7 @@ def make_judge_client(config: RunConfig, environ: Mapping[str, str] = os.environ
     same_model = model == config.model
     settings = dataclasses.replace(
         run, model=model, base_url=url, api_key=key,
+        temperature=None, top_p=None,  # --temperature/--top_p sample the rollouts; the grader keeps its default
         # Provider routing names providers of the run's model; for another model it may match none.
         providers_allowed=run.providers_allowed if same_model else None,
         providers_ignored=run.providers_ignored if same_model else None,

@@ -42,7 +42,7 @@ class Rows(Protocol):
 
 
 def resolve_for(config: RunConfig, row: VerifySpec | None, task_type: str | None) -> Resolved:
-    tt = config.task_types.get(task_type or "")
+    tt = config.task_type(task_type)
     default = VerifySpec(**{name: getattr(tt, name) for name in ROW_FIELDS}) if tt else None
     return resolve(row, default, check_timeout=config.check_timeout,
                    judge_threshold=config.judge_threshold)

@@ -15,6 +15,9 @@ not exist or was not offered counts as discarded (`hallucinated_tool`). Samples 
 (failed, discarded) come from the checkpoint: checkpoint.json and its journal, read as the runner
 reads them (runner.checkpoint); the dataset (view.dataset) gives their prompts and positions, and
 the task types records do not carry.
+A JSONL file may also be an `openai` export: its lines are read back into the records they came
+from (export.source.as_record); a line that is neither is named as a problem, never shown as an
+empty conversation.
 """
 
 from __future__ import annotations
@@ -30,10 +33,11 @@ import orjson
 
 from trajforge.dataset import split_rollout
 from trajforge.errors import OutputError
+from trajforge.export.source import as_record
 from trajforge.runner import journal, store
 from trajforge.runner.checkpoint import JOURNAL_FILE
 from trajforge.runner.keys import key_of
-from trajforge.runner.stats import Totals
+from trajforge.runner.stats import Totals, run_pace
 from trajforge.tools.registry import KNOWN_TOOLS
 from trajforge.view.columns import BY_ID, BY_ID_AT_LINE, BY_LINE, OUTCOME, Columns
 from trajforge.view.dataset import DatasetRows, load_rows
@@ -200,6 +204,11 @@ class RunIndex:
         if not isinstance(rec, dict):
             self._problem(f"{path.name}:{lineno}: not a JSON object, ignored")
             return
+        try:
+            rec = as_record(rec)
+        except ValueError as e:
+            self._problem(f"{path.name}:{lineno}: {e}, ignored")
+            return
         sid = rec.get("sample_id")
         spelled, key = (BY_ID, key_of(sid)) if isinstance(sid, str) and sid else (BY_LINE, key_of(f"line-{lineno}"))
         if key in self._taken:
@@ -337,9 +346,9 @@ class RunIndex:
             with self.files[cols.file[i]].open("rb") as f:
                 f.seek(cols.offset[i])
                 rec = orjson.loads(f.read(cols.length[i]))
-        except (OSError, orjson.JSONDecodeError):
+            return as_record(rec) if isinstance(rec, dict) else None
+        except (OSError, orjson.JSONDecodeError, ValueError):
             return None
-        return rec if isinstance(rec, dict) else None
 
     def read_record(self, e: Entry) -> dict[str, Any] | None:
         if e.file < 0:
@@ -348,13 +357,23 @@ class RunIndex:
             f.seek(e.offset)
             data = f.read(e.length)
         rec = orjson.loads(data)
-        return rec if isinstance(rec, dict) else None
+        try:
+            return as_record(rec) if isinstance(rec, dict) else None
+        except ValueError:
+            return None
 
     def seconds(self) -> float | None:
         inv = self.checkpoint.get("invocations")
         if not isinstance(inv, list) or not inv:
             return None
         return sum(float(i.get("seconds", 0.0)) for i in inv if isinstance(i, dict))
+
+    def pace(self) -> tuple[int, float] | None:
+        """The run's throughput basis, as statistics.json takes it (runner.stats.run_pace)."""
+        inv = self.checkpoint.get("invocations")
+        if not isinstance(inv, list) or not inv:
+            return None
+        return run_pace((int(i.get("ran", 0)), float(i.get("seconds", 0.0))) for i in inv if isinstance(i, dict))
 
     def live(self) -> bool:
         """Whether a trajforge process holds the run's lock (read from /proc/locks, so the viewer

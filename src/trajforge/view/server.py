@@ -129,7 +129,7 @@ class Viewer:
             if ix.dataset is not None and (total is None or live):
                 total = len(ix.dataset)  # statistics.json, if any, is an earlier invocation's
             totals = run_totals(ix.totals, ix.outcomes, ix.checkpoint)
-            figures = totals.as_dict(total=total, seconds=ix.seconds())
+            figures = totals.as_dict(total=total, seconds=ix.seconds(), pace=ix.pace())
             return {"figures": figures, "statistics": stats or None, **distributions(ix.entries()),
                     "failure_classes": list(FAILURE_CLASSES),
                     "run_name": config.get("run_name") or stats.get("run_name"),

@@ -8,7 +8,7 @@ A runner killed with SIGKILL cannot unmount or remove anything: `sweep_leftovers
 process, before the first sample's limits are set up) unmounts and deletes the disk images and
 removes the cgroups and workspace roots of runners that no longer exist; all carry the owner's pid
 in their name.
-After each command `Resources.check` turns a hit limit into a SandboxError (the sample fails as
+After each command `Resources.check` turns a hit limit into a SandboxLimitError (the sample fails as
 `sandbox` with a message naming the limit), so other samples run on while this one ends.
 """
 
@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 from trajforge.sandbox.host import cgroups
-from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.base import SandboxLimitError
 from trajforge.sandbox.host.disk import DiskImage, disk_usable, human, sweep_images
 from trajforge.sandbox.settings import SampleLimits
 from trajforge.sandbox.workspace import report_swept, sweep_roots
@@ -71,16 +71,16 @@ class Resources:
         self.ns_pid = ns_pid
 
     def check(self) -> None:
-        """After a command: SandboxError naming the limit the sample hit, if any."""
+        """After a command: SandboxLimitError naming the limit the sample hit, if any."""
         lim = self.limits
         if self.ns_pid:
             for path, size, key in ((f"/proc/{self.ns_pid}/root/tmp", lim.tmp_size, "sandbox_tmp_size"),
                                     (f"/proc/{self.ns_pid}/root/dev/shm", lim.shm_size, "sandbox_shm_size")):
                 if tmpfs_full(path, size):
                     inside = path.split("/root", 1)[1]
-                    raise SandboxError(f"the sample filled {inside} ({human(size or 0)}, {key})")
+                    raise SandboxLimitError(f"the sample filled {inside} ({human(size or 0)}, {key})")
         if self.disk is not None and self.disk.full():
-            raise SandboxError(f"the sample filled its workspace disk limit of {human(self.disk.size)} "
+            raise SandboxLimitError(f"the sample filled its workspace disk limit of {human(self.disk.size)} "
                                "(sandbox_disk)")
 
     async def close(self, keep: bool) -> None:

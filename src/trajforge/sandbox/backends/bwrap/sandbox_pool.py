@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 from trajforge.sandbox import workspace
 from trajforge.sandbox.host import loopdisk
-from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.base import SandboxError, SandboxLimitError
 from trajforge.sandbox.host.cgroups import SampleGroup, hierarchies
 from trajforge.sandbox.channel import HelperChannel
 from trajforge.sandbox.host.disk import human
@@ -72,19 +72,20 @@ class Prepared:
         return self.channel is not None and not self.channel.broken and not (self.exited and self.exited.done())
 
     def check(self, limits: SampleLimits) -> None:
-        """After a command: SandboxError naming the limit the sample hit, if any."""
+        """After a command: SandboxLimitError naming the limit the sample hit, if any."""
         if self.group is not None:
             kills = self.group.oom_kills()
             if kills > self._oom_seen:
                 self._oom_seen = kills
-                raise SandboxError(f"the sample exceeded its memory limit of {human(limits.memory or 0)} "
-                                   "(sandbox_memory): a process was killed by the kernel")
+                raise SandboxLimitError(f"the sample exceeded its memory limit of {human(limits.memory or 0)} "
+                                        "(sandbox_memory): a process was killed by the kernel")
         for inside, size, key in (("tmp", limits.tmp_size, "sandbox_tmp_size"),
                                   ("dev/shm", limits.shm_size, "sandbox_shm_size")):
             if tmpfs_full(f"/proc/{self.pid}/root/{inside}", size):
-                raise SandboxError(f"the sample filled /{inside} ({human(size or 0)}, {key})")
+                raise SandboxLimitError(f"the sample filled /{inside} ({human(size or 0)}, {key})")
         if self.disk is not None and limits.disk and loopdisk.full(self.root, limits.disk):
-            raise SandboxError(f"the sample filled its workspace disk limit of {human(limits.disk)} (sandbox_disk)")
+            raise SandboxLimitError(f"the sample filled its workspace disk limit of {human(limits.disk)} "
+                                    "(sandbox_disk)")
 
 
 class SandboxPool:

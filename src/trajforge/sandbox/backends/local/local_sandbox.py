@@ -43,6 +43,7 @@ from trajforge.sandbox.process import (
     make_preexec,
     run_argv,
 )
+from trajforge.sandbox.backends.local.joblog import LogRelay
 from trajforge.sandbox.backends.local.reaper import Cgroups, SampleCgroup
 from trajforge.sandbox.search_child import search_in_child
 from trajforge.sandbox.backends.local.tagkill import kill_tagged
@@ -107,15 +108,19 @@ class LocalSandbox(Sandbox):
     async def spawn(self, command: str, *, cwd: str | None = None) -> Job:
         self._check_open()
         log = anonymous_file()
+        relay = LogRelay(log)  # the log is in the host's /tmp: capped (joblog.py)
         try:
             proc = await asyncio.create_subprocess_exec(
-                SHELL, "-c", self._limits_prefix + command, stdin=asyncio.subprocess.DEVNULL, stdout=log,
+                SHELL, "-c", self._limits_prefix + command, stdin=asyncio.subprocess.DEVNULL, stdout=relay.job_end,
                 stderr=asyncio.subprocess.STDOUT, cwd=self._host_cwd(cwd), env=self.env, start_new_session=True,
                 preexec_fn=self._preexec)
         except OSError as e:
+            relay.close()
             os.close(log)
             raise SandboxError(f"cannot start a background command: {e}") from e
-        job = LocalJob(proc, log)
+        finally:
+            os.close(relay.job_end)
+        job = LocalJob(proc, log, relay)
         self._jobs.append(job)  # its log stays readable, and is closed, when the sample ends
         return job
 
@@ -188,8 +193,8 @@ def anonymous_file() -> int:
 
 
 class LocalJob(Job):
-    def __init__(self, proc: asyncio.subprocess.Process, log: int) -> None:
-        self.proc, self.pid, self._log = proc, proc.pid, log
+    def __init__(self, proc: asyncio.subprocess.Process, log: int, relay: LogRelay | None = None) -> None:
+        self.proc, self.pid, self._log, self._relay = proc, proc.pid, log, relay
 
     @property
     def returncode(self) -> int | None:
@@ -197,6 +202,8 @@ class LocalJob(Job):
 
     async def wait(self, timeout: float | None = None) -> int | None:
         await asyncio.wait([asyncio.ensure_future(self.proc.wait())], timeout=timeout)
+        if self._relay is not None:
+            self._relay.pull()
         return self.proc.returncode
 
     def kill_now(self) -> None:
@@ -210,9 +217,13 @@ class LocalJob(Job):
     async def read(self, offset: int, cap: int) -> LogChunk:
         if self._log < 0:
             return LogChunk(b"", b"", 0, offset)
+        if self._relay is not None:
+            self._relay.pull()
         return await asyncio.to_thread(read_log, self._log, offset, cap)
 
     def forget(self) -> None:
+        if self._relay is not None:
+            self._relay.close()
         if self._log >= 0:
             os.close(self._log)
             self._log = -1
