@@ -76,6 +76,7 @@ CHECKPOINT = [  # version 2: done samples are in finished.idx; the merge's state
     "invocations[].settings.reasoning_disabled:bool", "invocations[].settings.ephemeral_system_prompt:null",
     "invocations[].settings.prefill_messages_file:null", "invocations[].settings.sandbox:str",
     "invocations[].settings.sandbox_network:str", "invocations[].settings.keep_no_reasoning:bool",
+    "invocations[].settings.temperature:null", "invocations[].settings.top_p:null",
     "invocations[].settings.samples_per_prompt:int", "invocations[].settings.judge_model:null",
     "invocations[].skipped_invalid:int", "merge.dataset.settings:str", "merge.dataset.k:int",
     "merge.dataset.bytes:int", "merge.dataset.digest:str", "merge.keep_passed:bool", "merge.entries:int",
