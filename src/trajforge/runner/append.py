@@ -23,15 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import orjson
-
 from trajforge.errors import OutputError
 from trajforge.runner.finished import Finished
-from trajforge.runner.merge import MergeResult, calls_unknown_tools, fit, merge_state
+from trajforge.runner.merge import Intake, MergeResult, merge_state
 from trajforge.runner.outputs import RUN_OUTPUTS
 from trajforge.runner.rows import RunRows
 from trajforge.runner.stats import Totals
-from trajforge.verify.result import passed
 
 REWRITE_LIMIT = 256 << 20  # below this size a merge that would append out of order rewrites instead
 
@@ -67,10 +64,9 @@ def append_new(run_dir: Path, state: dict[str, Any] | None, entries: Finished, r
     totals.load_state(state["totals"])
     new = range(state["entries"], len(entries))
     where = rows.positions({entries.keys[j] for j in new})
-    problems: list[str] = []
-    hallucinated: list[str] = []
     kept: list[tuple[tuple[int, int], int, bytes | None]] = []  # (place, entry, the line when fit changed it)
-    stale = not_kept = 0
+    stale = 0
+    intake = Intake(rows, totals, keep_passed)
     try:
         with rows.reader() as dataset:
             extras: dict[int, tuple[int, dict[str, Any]]] = {}
@@ -79,23 +75,11 @@ def append_new(run_dir: Path, state: dict[str, Any] | None, entries: Finished, r
                 if pos is None:
                     stale += 1
                     continue
-                try:
-                    rec = orjson.loads(line)
-                except orjson.JSONDecodeError as e:
-                    problems.append(f"corrupt record ignored: {e}")
-                    continue
-                if calls_unknown_tools(rec):
-                    hallucinated.append(str(rec.get("sample_id")))
-                    totals.discarded["hallucinated_tool"] += 1
-                    continue
                 i = pos[0]
                 row = extras.get(i) or extras.setdefault(i, rows.extra(i, dataset))
-                fitted = fit(rec, line, i, *row)
-                totals.add_record(rec, rows.task_type_of(i), typed=True)
-                if keep_passed and not passed(rec):
-                    not_kept += 1
-                    continue
-                kept.append((pos, j, None if fitted is line else fitted))
+                taken = intake.take(line, i, row, f"entry {j} of finished.idx")
+                if taken is not None:
+                    kept.append((pos, j, None if taken[0] is line else taken[0]))
     except OSError as e:
         raise OutputError(e.filename or target, e, "read") from None
     kept.sort(key=lambda x: x[:2])
@@ -104,9 +88,10 @@ def append_new(run_dir: Path, state: dict[str, Any] | None, entries: Finished, r
     if late and state["size"] < rewrite_limit:
         return None
     size = _append(target, state["size"], _lines(run_dir, entries, kept))
-    totals.verify.not_kept = state["not_kept"] + not_kept
-    result = MergeResult(state["written"] + len(kept), state["hallucinated"] + len(hallucinated),
-                         state["duplicates"], problems, hallucinated, state["stale"] + stale, totals.verify.not_kept)
+    totals.verify.not_kept = state["not_kept"] + intake.not_kept
+    result = MergeResult(state["written"] + len(kept), state["hallucinated"] + len(intake.hallucinated),
+                         state["duplicates"], intake.problems, intake.hallucinated, state["stale"] + stale,
+                         totals.verify.not_kept)
     new_state = merge_state(result, totals, dataset=rows.identity(), keep_passed=keep_passed, entries=len(entries),
                             inode=st.st_ino, size=size, last=max([last, *(pos for pos, _, _ in kept)]),
                             out_of_order=state.get("out_of_order", 0) + late)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -63,6 +63,39 @@ def fit(rec: dict[str, Any], line: bytes, index: int, dataset_line: int, extra: 
     return line
 
 
+@dataclass
+class Intake:
+    """What both merges do with each record of the current dataset: the corrupt-entry filter, the
+    fit to the dataset, the figures, and --keep passed."""
+
+    rows: RunRows
+    totals: Totals
+    keep_passed: bool
+    problems: list[str] = field(default_factory=list)
+    hallucinated: list[str] = field(default_factory=list)  # identities whose record the filter dropped
+    not_kept: int = 0
+
+    def take(self, line: bytes, i: int, row: tuple[int, dict[str, Any]], where: str) -> tuple[bytes, dict] | None:
+        """The line to write for the record `line` of row `i` ((line, extra fields) of that row:
+        `row`) and the record, or None when it is not written. `where`: the record's place, for
+        a problem."""
+        try:
+            rec = orjson.loads(line)
+        except orjson.JSONDecodeError as e:
+            self.problems.append(f"{where}: corrupt record ignored: {e}")
+            return None
+        if calls_unknown_tools(rec):
+            self.hallucinated.append(str(rec.get("sample_id")))
+            self.totals.discarded["hallucinated_tool"] += 1
+            return None
+        line = fit(rec, line, i, *row)
+        self.totals.add_record(rec, self.rows.task_type_of(i), typed=True)
+        if self.keep_passed and not passed(rec):
+            self.not_kept += 1
+            return None
+        return line, rec
+
+
 def merge(run_dir: Path, rows: RunRows, totals: Totals, *, keep_passed: bool = False) -> MergeResult:
     """Write run_dir/trajectories.jsonl and add every record to `totals` (kept or, with
     `keep_passed`, left out because its verification did not pass). Raises OutputError."""
@@ -100,35 +133,25 @@ def _merge(run_dir: Path, rows: RunRows, totals: Totals, keep_passed: bool) -> M
         lengths.append(ref.length)
     del seen, place
     order = sorted(range(len(pos)), key=pos.__getitem__)
-    written = not_kept = 0
+    written = 0
     last = (-1, 0)
-    hallucinated: list[str] = []
+    intake = Intake(rows, totals, keep_passed, problems)
     with open_outputs(run_dir) as outputs, rows.reader() as dataset:  # trajectories.jsonl and the others
         lines = _read(files, ((fid[j], offsets[j], lengths[j]) for j in order))
-        row: tuple[int, int, dict[str, Any]] = (-1, 0, {})  # (index, line, extra) of the row read last
+        at, row = -1, (0, {})  # the row read last, (its line, its extra fields)
         for j, line in zip(order, lines):
             i, rollout = divmod(pos[j], rows.k)
-            try:
-                rec = orjson.loads(line)
-            except orjson.JSONDecodeError as e:
-                problems.append(f"{files[fid[j]].name}: corrupt record at byte {offsets[j]} ignored: {e}")
-                continue
-            if calls_unknown_tools(rec):
-                hallucinated.append(str(rec.get("sample_id")))
-                totals.discarded["hallucinated_tool"] += 1
-                continue
-            if row[0] != i:
-                row = (i, *rows.extra(i, dataset))  # rows come in order: each read once
-            line = fit(rec, line, *row)
-            totals.add_record(rec, rows.task_type_of(i), typed=True)
-            if keep_passed and not passed(rec):
-                not_kept += 1
+            if at != i:
+                at, row = i, rows.extra(i, dataset)  # rows come in order: each read once
+            taken = intake.take(line, i, row, f"{files[fid[j]].name} at byte {offsets[j]}")
+            if taken is None:
                 continue
             for out in outputs:
-                out.write(line, rec)
+                out.write(*taken)
             written += 1
             last = (i, rollout)
-    return MergeResult(written, len(hallucinated), duplicates, problems, hallucinated, stale, not_kept, last)
+    return MergeResult(written, len(intake.hallucinated), duplicates, problems, intake.hallucinated, stale,
+                       intake.not_kept, last)
 
 
 def _read(files: list[Path], where: Iterable[tuple[int, int, int]]) -> Iterator[bytes]:

@@ -85,19 +85,8 @@ class Saved:
         """The blake2b digest (16 bytes) of the bytes this pass read, fed them from `dataset`, when
         the file begins with them (the pass goes on with it); else None. Never raises: a file that
         cannot be read is a miss, and the pass then says what is wrong with it."""
-        digest = hashlib.blake2b(digest_size=16)
-        try:
-            with dataset.open("rb") as f:
-                left = self.offset
-                while left:
-                    chunk = f.read(min(CHUNK, left))
-                    if not chunk:
-                        return None
-                    digest.update(chunk)
-                    left -= len(chunk)
-        except OSError:
-            return None
-        return digest if digest.hexdigest() == self.digest else None
+        digest = prefix_digest(dataset, self.offset)
+        return digest if digest is not None and digest.hexdigest() == self.digest else None
 
     def prior(self, d: bytes) -> int:
         """How many of the rows here have content digest `d` (their occurrences are 0, 1, ...)."""
@@ -109,6 +98,23 @@ class Saved:
     def _has(self, key: int) -> bool:
         i = bisect_left(self.ordered, key)
         return i < len(self.ordered) and self.ordered[i] == key
+
+
+def prefix_digest(path: Path, size: int) -> Any:
+    """A blake2b digest (16 bytes) fed the first `size` bytes of `path`; None when the file is
+    shorter or cannot be read."""
+    digest = hashlib.blake2b(digest_size=16)
+    try:
+        with path.open("rb") as f:
+            while size:
+                chunk = f.read(min(CHUNK, size))
+                if not chunk:
+                    return None
+                digest.update(chunk)
+                size -= len(chunk)
+    except OSError:
+        return None
+    return digest
 
 
 def load(path: Path, wanted: str) -> Saved | None:

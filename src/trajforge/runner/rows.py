@@ -186,7 +186,8 @@ class RunRows:
         known = {self.size: self.whole, self.state.offset: self.digest, **dict([self.saved] if self.saved else [])}
         if size in known or not isinstance(size, int) or not 0 <= size <= self.state.offset or self.kept is not None:
             return known.get(size) == digest  # type: ignore[arg-type]
-        return _prefix_digest(self.path, size) == digest  # a pass that read all of it kept no digest there
+        prefix = rowcache.prefix_digest(self.path, size)  # a pass that read all of it kept no digest there
+        return prefix is not None and prefix.hexdigest() == digest
 
     def check_cached(self, todo: Todo, skip_invalid: bool) -> None:
         """Check again the rows to run that rows.idx gave: a bad one raises DatasetError (listing
@@ -260,22 +261,6 @@ class RunRows:
 
 def _places_by(config: RunConfig) -> str:
     return orjson.dumps(rowcache.row_settings(config), option=orjson.OPT_SORT_KEYS).decode()
-
-
-def _prefix_digest(path: Path, size: int) -> str | None:
-    """blake2b (16 bytes) of the first `size` bytes of `path`; None when it is shorter or unreadable."""
-    digest = hashlib.blake2b(digest_size=16)
-    try:
-        with path.open("rb") as f:
-            while size:
-                chunk = f.read(min(1 << 20, size))
-                if not chunk:
-                    return None
-                digest.update(chunk)
-                size -= len(chunk)
-    except OSError:
-        return None
-    return digest.hexdigest()
 
 
 @dataclass
