@@ -108,6 +108,23 @@ class CheckpointFile(_Entry):
     merge: dict[str, Any] | None = None  # runner.merge's state
 
 
+def _plain_done(data: Any) -> set[str]:
+    """The done samples of a version 1 checkpoint whose entry holds nothing but what version 1
+    wrote, taken out of `data` before it is validated: a million of them as pydantic models
+    took ~600 MB for a set of identities."""
+    samples = data.get("samples") if isinstance(data, dict) and data.get("version") == 1 else None
+    if not isinstance(samples, dict):
+        return set()
+    done = {k for k, e in samples.items() if isinstance(e, dict) and e.get("status") == "done"
+            and type(e.get("batch")) is int and type(e.get("attempts", 1)) is int and e.keys() <= _V1_DONE}
+    for k in done:
+        del samples[k]
+    return done
+
+
+_V1_DONE = {"status", "batch", "attempts"}
+
+
 @dataclass
 class Checkpoint:
     path: Path  # checkpoint.json; finished.idx and journal.jsonl are beside it
@@ -141,6 +158,7 @@ class Checkpoint:
                 data = orjson.loads(path.read_bytes())
             except (OSError, orjson.JSONDecodeError) as e:
                 raise RunStateError(f"{path}: checkpoint is unreadable ({e}); {way_out}") from None
+            legacy_done = _plain_done(data)
             try:
                 file = CheckpointFile.model_validate(data)
             except ValidationError as e:
@@ -151,7 +169,7 @@ class Checkpoint:
             ckpt.invocations, ckpt.generation, ckpt.merge = file.invocations, file.journal, file.merge
             ckpt.version = file.version
             ckpt.samples = {k: e for k, e in file.samples.items() if e.status != "done"}
-            ckpt.legacy_done = {k for k, e in file.samples.items() if e.status == "done"}
+            ckpt.legacy_done = legacy_done | {k for k, e in file.samples.items() if e.status == "done"}
             if file.finished is not None:
                 done = Finished.read(path.parent / INDEX_FILE, file.finished.token, file.finished.entries)
                 if done is not None:
