@@ -45,7 +45,7 @@ from trajforge.runner.preflight import (
 from trajforge.runner.progress import Progress
 from trajforge.runner.report import failed_exit_code, finish, print_summary
 from trajforge.runner.plan import plan
-from trajforge.runner.rollouts import RolloutScheduler, passes_on_disk
+from trajforge.runner.rollouts import RolloutScheduler, prior_passes
 from trajforge.runner.rows import RunRows
 from trajforge.runner.rundir import RunDir
 from trajforge.runner.stats import Totals
@@ -214,8 +214,8 @@ async def _run(config: RunConfig, rows: RunRows, prefill: list[dict[str, Any]] |
         if todo:
             with progress:
                 source = RolloutScheduler.build(todo, config.stop_after_passes,
-                                                passes_on_disk(run_dir) if config.stop_after_passes else None,
-                                                on_skip=progress.skip)
+                                                prior_passes(run_dir, rows, checkpoint) if config.stop_after_passes
+                                                else None, on_skip=progress.skip)
                 interrupted = await run_engine(source, executor, sink, lambda s: config.retry_limit(s.task_type), stop,
                                                budget=budget)
     except* FatalModelError as eg:

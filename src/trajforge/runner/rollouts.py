@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
@@ -75,6 +75,44 @@ def passes_on_disk(run_dir: Path) -> Counter[str]:
     return passes
 
 
+def prior_passes(run_dir: Path, rows: RunRows, checkpoint: Checkpoint) -> Callable[[Sample], int]:
+    """Passing records of each row before this invocation, as the scheduler takes them: from the
+    last merge's figures (per row, by index) and the records finished since (the index entries
+    past the ones it took), so a million-record run is not read for them; from every batch file
+    (`passes_on_disk`) when the merge's figures are not this dataset's."""
+    state = checkpoint.merge
+    if state is None or not rows.extends(state.get("dataset")) or state["entries"] > len(checkpoint.done):
+        by_row = passes_on_disk(run_dir)
+        return lambda s: by_row.get(split_rollout(s.identity)[0], 0)
+    merged = Totals()
+    merged.verify.load_state(state["totals"]["verify"])
+    since: Counter[int] = Counter()
+    done = checkpoint.done
+    new = range(state["entries"], len(done))
+    where = rows.positions({done.keys[j] for j in new})
+    handles: dict[int, BinaryIO] = {}
+    try:
+        for j in new:
+            pos = where.get(done.keys[j])
+            if pos is None:
+                continue
+            batch, offset, length = done.location(j)
+            f = handles.get(batch)
+            if f is None:
+                f = handles[batch] = (run_dir / f"batch_{batch}.jsonl").open("rb")
+            f.seek(offset)
+            line = f.read(length)
+            if _MAYBE_PASSED.search(line) and counts_as_pass(orjson.loads(line)):
+                since[pos[0]] += 1
+    except (OSError, orjson.JSONDecodeError):  # the merge at the end says what is wrong with the file
+        by_row = passes_on_disk(run_dir)
+        return lambda s: by_row.get(split_rollout(s.identity)[0], 0)
+    finally:
+        for f in handles.values():
+            f.close()
+    return lambda s: merged.verify.row_passes(s.index) + since[s.index]
+
+
 def counts_as_pass(rec: dict) -> bool:
     """A pass the merge will keep: verified, and not dropped by the corrupt-entry filter."""
     return passed(rec) and not calls_unknown_tools(rec)
@@ -102,17 +140,21 @@ class RolloutScheduler:
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @classmethod
-    def build(cls, todo: Iterable[Sample], stop_after: int | None, prior_passes: Counter[str] | None = None,
+    def build(cls, todo: Iterable[Sample], stop_after: int | None,
+              prior_passes: Mapping[str, int] | Callable[[Sample], int] | None = None,
               on_skip: Callable[[int], None] | None = None) -> RolloutScheduler:
+        """`prior_passes`: the passes a row had before, by row identity or as a function of its sample."""
         sched = cls(stop_after, on_skip=on_skip)
         if stop_after is None:
             sched._plain = iter(todo)
             return sched
+        known = prior_passes if callable(prior_passes) else \
+            (lambda s, passes=prior_passes or {}: passes.get(split_rollout(s.identity)[0], 0))
         for s in todo:
             key = split_rollout(s.identity)[0]
             row = sched._rows.get(key)
             if row is None:
-                row = sched._rows[key] = _Row(deque(), passes=(prior_passes or Counter())[key])
+                row = sched._rows[key] = _Row(deque(), passes=known(s))
             row.pending.append(s)
         for row in sched._rows.values():
             row.pending = deque(sorted(row.pending, key=lambda s: s.rollout))
