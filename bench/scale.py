@@ -7,7 +7,7 @@ Then, against bench/server.py on 127.0.0.1 (one tool turn, 0.05 s latency):
 
 - resume: the dataset gains `--extra` rows; `trajforge run --resume` with 256 workers. Timed:
   the first model request after the command started (the first new sample), the whole command,
-  the runner's peak RSS (os.wait4).
+  the runner's peak RSS (os.wait4, in a small process that starts it).
 - fresh: a new run of the same `--extra` rows, for the resume's overhead (resume - fresh).
 - view: `trajforge view RUN --port 0`, the time until its first list page is served.
 - export: `trajforge export RUN --format sharegpt`, trajectories per second and peak RSS.
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -46,17 +47,31 @@ def env_for(src: Path) -> dict[str, str]:
     return env
 
 
+# The measured command is started by this small process, not by the benchmark's own: a child's
+# ru_maxrss starts from its parent's RSS at the fork, and the benchmark holds hundreds of MB after
+# the synthesis of a million records (every figure of the runner would be at least that).
+_REAPER = ("import json, os, subprocess, sys; p = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, "
+           "stdout=subprocess.DEVNULL); _, status, ru = os.wait4(p.pid, 0); print(json.dumps({'exit': "
+           "os.waitstatus_to_exitcode(status), 'rss': ru.ru_maxrss / 1024, 'cpu': ru.ru_utime + ru.ru_stime}))")
+
+
+def reaped(argv: list[str], cwd: Path | None, env: dict[str, str], stderr: Any) -> dict[str, Any]:
+    """Run `argv` to its end: (exit code, wall seconds, peak RSS MB, CPU seconds) of that process alone."""
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-I", "-c", _REAPER, *argv], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                         stderr=stderr, check=True).stdout
+    r = json.loads(out)
+    return {"exit": r["exit"], "wall_s": time.monotonic() - t0, "peak_rss_mb": r["rss"], "cpu_s": r["cpu"]}
+
+
 async def run_cli(src: Path, args: list[str], cwd: Path, server: BenchServer) -> dict[str, Any]:
     server.stats.requests, server.stats.first_request = 0, 0.0  # the server notes its first request again
     t0 = time.monotonic()
     with (cwd / "stderr.txt").open("ab") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "trajforge", *args], cwd=cwd, env=env_for(src),
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
-    _, status, usage = await asyncio.get_running_loop().run_in_executor(None, os.wait4, proc.pid, 0)
-    wall = time.monotonic() - t0
-    first = server.stats.first_request - t0 if server.stats.requests else None
-    return {"exit": os.waitstatus_to_exitcode(status), "wall_s": wall, "first_sample_s": first,
-            "peak_rss_mb": usage.ru_maxrss / 1024, "cpu_s": usage.ru_utime + usage.ru_stime}
+        r = await asyncio.get_running_loop().run_in_executor(
+            None, reaped, [sys.executable, "-m", "trajforge", *args], cwd, env_for(src), err)
+    r["first_sample_s"] = server.stats.first_request - t0 if server.stats.requests else None
+    return r
 
 
 def run_args(dataset: Path, out: Path, name: str, url: str, *extra: str) -> list[str]:
@@ -83,14 +98,10 @@ def view_first_page(src: Path, run_dir: Path) -> float:
 
 
 def export(src: Path, run_dir: Path, out: Path) -> dict[str, Any]:
-    t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "trajforge", "export", str(run_dir), "--format", "sharegpt",
-                             "--output", str(out)], env=env_for(src), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.monotonic() - t0
+    r = reaped([sys.executable, "-m", "trajforge", "export", str(run_dir), "--format", "sharegpt", "--output",
+                str(out)], None, env_for(src), subprocess.DEVNULL)
     lines = sum(1 for _ in out.open("rb")) if out.exists() else 0
-    return {"exit": os.waitstatus_to_exitcode(status), "export_per_s": lines / wall, "export_rss_mb": usage.ru_maxrss / 1024}
+    return {"export_exit": r["exit"], "export_per_s": lines / r["wall_s"], "export_rss_mb": r["peak_rss_mb"]}
 
 
 def prepare(root: Path, samples: int, extra: int) -> Path:
