@@ -25,7 +25,7 @@ import orjson
 from trajforge.agent.loop import SessionResult, ToolResult, Turn
 from trajforge.agent.record import build_record
 from trajforge.model.types import ToolCall, Usage
-from trajforge.tools.registry import KNOWN_TOOLS
+from trajforge.tools.toolsets import KNOWN_TOOLS
 from trajforge.tools.terminal import ProcessTool, TerminalTool
 
 FORMATS = ("openai", "sharegpt", "parquet", "hf")

@@ -26,7 +26,7 @@ from trajforge.agent.loop import SessionResult, ToolResult, Turn
 from trajforge.agent.record import build_record
 from trajforge.dataset import content_hash
 from trajforge.model.types import ToolCall, Usage
-from trajforge.tools.registry import KNOWN_TOOLS
+from trajforge.tools.toolsets import KNOWN_TOOLS
 from trajforge.tools.terminal import ProcessTool, TerminalTool
 
 BATCH_SIZE = 1000

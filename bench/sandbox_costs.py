@@ -35,7 +35,7 @@ CHILD = r'''
 import asyncio, json, sys, tempfile
 from pathlib import Path
 from trajforge.config import RunConfig
-from trajforge.sample.settings import sandbox_settings
+from trajforge.sample.lower_settings import sandbox_settings
 from trajforge.sandbox.factory import SandboxProvider
 
 async def one(p, root, commands=1, hold=True):

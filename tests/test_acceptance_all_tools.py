@@ -28,8 +28,8 @@ from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat,
 from tests.support.web_fixture import WebFixture, make_png
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 from trajforge.tools.browser import find_chromium
-from trajforge.tools.registry import KNOWN_TOOLS
-from trajforge.catalog.settings import BrowserSettings
+from trajforge.tools.toolsets import KNOWN_TOOLS
+from trajforge.catalog.tools_config import BrowserSettings
 
 pytestmark = pytest.mark.timeout(180)
 

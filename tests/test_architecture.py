@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from trajforge import cli
+from trajforge.registry import Spec
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "trajforge"
 
@@ -46,7 +48,7 @@ FORBIDDEN = [
     ("agent", "trajforge.runner"),
     ("tools", "trajforge.runner"),
     ("tools", "trajforge.agent"),
-    ("tools", "trajforge.config"),  # tools get ToolSettings (tools/settings.py), built by the sample layer
+    ("tools", "trajforge.config"),  # tools get ToolSettings (tools/tool_settings.py), built by the sample layer
     ("sandbox", "trajforge.tools"),
     ("sandbox", "trajforge.runner"),
     ("sandbox", "trajforge.config"),  # the sandbox gets SandboxSettings from the sample layer
@@ -67,7 +69,9 @@ FORBIDDEN = [
     ("tasks", "trajforge.runner"),  # tasks serve the sample layer and the loader: never the runner above
     ("tasks", "trajforge.executors"),
     ("tasks", "trajforge.sample"),
-    ("tasks", "trajforge.config"),  # tasks get TaskSettings (tasks/settings.py) from the sample layer
+    ("tasks", "trajforge.config"),  # tasks get TaskSettings (tasks/task_settings.py) from the sample layer
+    ("dataset", "trajforge.tasks"),  # tasks/load builds the dataset's Samples; both read trajforge.task_spec
+    ("task_spec", "trajforge.tasks"),
     ("cmdline", "trajforge.cli"),
 ]
 
@@ -78,15 +82,15 @@ def test_imports_point_down(package: str, target: str) -> None:
 
 
 def test_no_subcommand_imports_the_dispatcher() -> None:
-    for name, entry in cli.SUBCOMMANDS.items():
-        module = entry.partition(":")[0]
+    for spec in cli.SUBCOMMANDS.specs():
+        name, module = spec.name, spec.target.partition(":")[0]
         path = SRC.parent / (module.replace(".", "/") + ".py")
         assert "trajforge.cli" not in imports_of(path), f"{name}: {path} imports trajforge.cli"
 
 
 def test_a_subcommand_is_one_module_and_one_registration(monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setitem(cli.SUBCOMMANDS, "hello", "tests.support.hello_command:main")
+    monkeypatch.setitem(cli.SUBCOMMANDS, "hello", Spec("hello", "tests.support.hello_command:main", "say hello"))
     for argv in (["--greeting_name=ada", "--times=2"], ["--greeting_name", "ada", "--times", "2"],
                  ["--greeting-name", "ada", "--times", "2"]):
         assert cli.main(["hello", *argv]) == 0
@@ -112,9 +116,9 @@ def test_one_error_tree_with_the_failure_classes_attached() -> None:
     from trajforge.errors import SampleFailure, TrajforgeError, TrajforgeException
     from trajforge.model.errors import APIFailure, ModelCallError, ModelOutputError, ModelTimeoutError, RateLimitedError
     from trajforge.sample.outcome import FAILURE_CLASSES
-    from trajforge.sandbox.base import SandboxError
+    from trajforge.sandbox.interface import SandboxError
     from trajforge.tasks.environment import BuildError
-    from trajforge.tools.base import ToolInfraError
+    from trajforge.tools.tool import ToolInfraError
 
     failures = [ModelCallError, RateLimitedError, APIFailure, ModelTimeoutError, ModelOutputError, SandboxError,
                 ToolInfraError, BuildError]
@@ -161,3 +165,167 @@ def test_no_import_circles() -> None:
         if node not in index:
             visit(node)
     assert circles == []
+
+
+# ---- one source for each name (issue 40) ----
+
+def _registries() -> dict[str, Any]:
+    """Each registry of names users type, by the module that registers them (run outputs are file
+    names every reader of a run directory knows, trajectories.jsonl first)."""
+    from trajforge import catalog, export
+    from trajforge.catalog.executors import EXECUTORS
+    from trajforge.catalog.sandboxes import SANDBOXES
+
+    return {"catalog/sandboxes.py": SANDBOXES, "catalog/executors.py": EXECUTORS,
+            "catalog/__init__.py": catalog.TOOLSETS, "export/__init__.py": export.FORMATS, "cli.py": cli.SUBCOMMANDS}
+
+
+# Files where a registered name is a word of another vocabulary, and which one.
+OTHER_MEANINGS: dict[str, dict[str, str]] = {
+    "none": {p: "not a network mode: reasoning effort, verification method, an empty listing, a default's words"
+             for p in ("agent/loop.py", "config.py", "commands/run.py", "export/filters.py", "runner/preflight.py",
+                       "runner/verify_stats.py", "sample/trace.py", "tools/terminal.py", "verify/result.py",
+                       "sandbox/backends/container/container_status.py")}
+             | {"sandbox/backends/container/container_argv.py": "the engine's own `--network none`"},
+    "host": {"view/view_command.py": "the viewer's --host flag"},
+    "local": {p: "the bundled local model, or a worker's id in statistics"
+              for p in ("compress/pipeline.py", "model/factory.py", "model/local_model.py", "model/pricing.py",
+                        "runner/preflight.py", "sample/outcome.py", "sample/worker.py")}
+             | {"netpolicy.py": "`ip -j addr`'s key"},
+    "ray": {"commands/cluster.py": "the Ray cluster commands are the ray executor's own (and their `ray:` section)",
+            "executors/ray_auth.py": "the ray executor's own module"},
+    "run": {p: "not the subcommand: a run of trajforge, a path component"
+            for p in ("export/card.py", "runner/progress.py", "view/server.py",
+                      "sandbox/backends/bwrap/bwrap_layout.py", "sandbox/backends/container/container_argv.py")},
+    "export": {"export/__init__.py": "the pip extra"},
+    "file": {"sandbox/backends/container/seed_tar.py": "a tar member's kind"},
+    "terminal": {"tasks/oracle.py": "the terminal tool, which the oracle's record calls"},
+    "browser": {p: "the browser toolset's own modules" for p in ("tools/browser_session.py", "tools/browser_tools.py")},
+    "web": {"tools/web_search.py": "a search provider's JSON key"},
+    "sharegpt": {p: "the sharegpt format's conversion and schema" for p in ("export/convert.py", "export/schema.py")},
+    "image_gen": {"catalog/distributions.py": "a distribution of that name"},
+}
+
+
+def _own_places(registry: Any, spec: Any) -> set[str]:
+    """Where a registered thing may spell its own name: its module, and a backend's package."""
+    parts = spec.target.partition(":")[0].split(".")[1:]
+    places = {"/".join(parts) + ".py"}
+    if len(parts) > 3 and parts[:2] == ["sandbox", "backends"]:
+        places.add("/".join(parts[:3]) + "/")
+    return places
+
+
+def test_each_registry_is_the_only_place_its_names_are_spelled() -> None:
+    from trajforge.catalog.sandboxes import NetworkMode
+
+    allowed: dict[str, set[str]] = {}
+    for home, registry in _registries().items():
+        for spec in registry.specs():
+            allowed.setdefault(spec.name, set()).update({home, *_own_places(registry, spec)})
+    for mode in NetworkMode:
+        allowed.setdefault(str(mode), set()).add("catalog/sandboxes.py")
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = str(path.relative_to(SRC))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in allowed):
+                continue
+            places = allowed[node.value] | set(OTHER_MEANINGS.get(node.value, {}))
+            if not any(rel == p or (p.endswith("/") and rel.startswith(p)) for p in places):
+                found.append(f"{rel}:{node.lineno}: {node.value!r}")
+    assert found == []
+
+
+@pytest.fixture
+def one_of_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new thing of each kind: one module in tests/support plus one registration line each."""
+    from trajforge import catalog, export
+    from trajforge.catalog.executors import EXECUTORS, ExecutorCaps
+    from trajforge.catalog.sandboxes import SANDBOXES, BackendCaps, NetworkMode
+
+    monkeypatch.setitem(SANDBOXES, "plain", Spec("plain", "tests.support.plain_backend:make", "a plain test sandbox",
+                                                 BackendCaps(networks=frozenset({NetworkMode.HOST}))))
+    monkeypatch.setitem(EXECUTORS, "counting", Spec("counting", "tests.support.counting_executor:make", "counted",
+                                                    ExecutorCaps(in_process=True)))
+    monkeypatch.setitem(catalog.TOOLSETS, "loud",
+                        catalog.toolset("loud", ("shout",), "tests.support.shout_toolset:build"))
+    monkeypatch.setitem(export.FORMATS, "ids", Spec("ids", "tests.support.ids_exporter:IdsExporter", "sample ids",
+                                                    export.FormatCaps()))
+    monkeypatch.setitem(cli.SUBCOMMANDS, "hello", Spec("hello", "tests.support.hello_command:main", "say hello"))
+
+
+def test_a_new_thing_of_each_kind_shows_in_help_doctor_and_config_validation(
+        one_of_each: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from tests.support.plain_backend import PlainSandbox
+    from tests.support.sandboxes import create_sandbox
+    from trajforge.config import RunConfig
+    from trajforge.config_load import build_config
+    from trajforge.errors import UsageError
+
+    # --help: the command list, the run flags' choices, the export formats
+    assert cli.main(["--help"]) == 0
+    assert "hello" in capsys.readouterr().out
+    assert cli.main(["run", "--help"]) == 0
+    run_help = " ".join(capsys.readouterr().out.split())
+    assert "auto, local, bwrap, container or plain" in run_help and "local, ray or counting" in run_help
+    assert cli.main(["export", "--help"]) == 0
+    assert "openai, sharegpt, parquet, hf, atif, ids" in " ".join(capsys.readouterr().out.split())
+    # config validation: accepted, and listed when a name is wrong
+    config = build_config({"sandbox": "plain", "executor": "counting"})
+    assert (config.sandbox, config.executor) == ("plain", "counting")
+    with pytest.raises(UsageError, match="'container' or 'plain'; did you mean 'plain'"):
+        build_config({"sandbox": "plian"})
+    assert RunConfig(distributions={"loud_only": {"toolsets": {"loud": 100}}}, distribution="loud_only")
+    # the backend's capabilities: it offers the host network only, and the preflight says so
+    from trajforge.runner.preflight import contradictions
+
+    assert any("--sandbox plain cannot apply --sandbox_network none" in c
+               for c in contradictions(RunConfig(sandbox="plain", sandbox_network="none")))
+    # doctor: a row of its own, usable, with its help
+    assert cli.main(["doctor", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["plain"] == {"usable": True, "detail": "a plain test sandbox"}
+    assert cli.main(["doctor"]) == 0
+    assert "  plain      usable      a plain test sandbox" in capsys.readouterr().out
+    # and each works: a sample's sandbox, the command
+    import asyncio
+
+    async def exec_in_plain() -> str:
+        sb = await create_sandbox(RunConfig(sandbox="plain", sandbox_network="host"), cwd=None, image=None,
+                                  root=tmp_path)
+        try:
+            assert isinstance(sb, PlainSandbox)
+            return (await sb.exec("echo plain", timeout=10)).stdout
+        finally:
+            await sb.close()
+
+    assert asyncio.run(exec_in_plain()) == "plain\n"
+    assert cli.main(["hello", "--greeting_name=ada"]) == 0 and capsys.readouterr().out == "hello ada\n"
+
+
+# Module names that two packages share, each a word for its own package's thing; any other name
+# is one module's alone (a new `settings.py`, `cli.py`, `base.py`... fails here).
+SHARED_MODULE_NAMES = {
+    "atif.py": "agent/ builds a document, export/ writes the format",
+    "config.py": "compress/'s own config file, beside the run's",
+    "dataset.py": "the run's JSONL dataset, and the viewer's reading of a run",
+    "distributions.py": "catalog/ declares them, commands/ lists them",
+    "errors.py": "the one error tree, and model/'s failure classes in it",
+    "factory.py": "model/ makes clients, sandbox/ the provider",
+    "parse.py": "model/ parses replies, sandbox/dns/ DNS messages",
+    "progress.py": "the runner's and the compressor's progress lines",
+    "run.py": "commands/run (the flag set) and tasks/run (one task)",
+    "sharegpt.py": "agent/ builds records, export/ writes the format",
+    "stats.py": "agent/ per record, runner/ per run",
+}
+
+
+def test_module_names_do_not_collide() -> None:
+    names: dict[str, list[str]] = {}
+    for path in SRC.rglob("*.py"):
+        if path.name != "__init__.py":
+            names.setdefault(path.name, []).append(str(path.relative_to(SRC)))
+    shared = {name for name, paths in names.items() if len(paths) > 1}
+    assert shared == set(SHARED_MODULE_NAMES), {n: names[n] for n in shared ^ set(SHARED_MODULE_NAMES) if n in names}

@@ -83,7 +83,7 @@ VALUES: dict[str, tuple[str, object]] = {
 }
 BOOLS = ["resume", "overwrite", "verbose", "reasoning_disabled", "skip_invalid", "keep_no_reasoning",
          "keep_workspaces", "retry_sandbox_limits"]
-# tested on their own below; tasks and agent (exclusive with --dataset_file) in test_tasks_input.py
+# tested on their own below; tasks and agent (exclusive with --dataset_file) in tests/tasks/test_input.py
 SPECIAL = ["parallelism", "list_distributions", "config", "tasks", "agent"]
 SPEC_FLAGS = ["dataset_file", "batch_size", "run_name", "distribution", "model", "base_url", "api_key", "max_turns",
               "num_workers", "resume", "verbose", "max_samples", "max_tokens", "providers_allowed",

@@ -19,8 +19,8 @@ import pytest
 from tests.conftest import cli
 from tests.support.policies import echo_policy, tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call
-from tests.test_runner_e2e import base_args, read_jsonl, run_cli, write_dataset
 from tests.support.run_state import statuses
+from tests.runner.test_e2e import base_args, read_jsonl, run_cli, write_dataset
 from trajforge.runner.progress import Progress
 
 

@@ -1,5 +1,5 @@
-"""Extension points used the way a contributor would (issue 16): a test-only toolset and a
-test-only run output (exporter), each one file in tests/support plus one registration line,
+"""Extension points used the way a contributor would (issue 16): a test-only toolset, a test-only
+run output and a test-only export format, each one file in tests/support plus one registration line,
 exercised through a real run (in-process, against the scripted model server, in a real local
 sandbox)."""
 
@@ -12,13 +12,14 @@ import pytest
 
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
 from trajforge import catalog, cli
-from trajforge.catalog import ToolsetSpec
+from trajforge.catalog import toolset
+from trajforge.registry import Spec
 from trajforge.runner import outputs
 
 
 @pytest.fixture
 def loud_toolset(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(catalog.TOOLSETS, "loud", ToolsetSpec("loud", ("shout",), "tests.support.shout_toolset:build"))
+    monkeypatch.setitem(catalog.TOOLSETS, "loud", toolset("loud", ("shout",), "tests.support.shout_toolset:build"))
 
 
 def shout_policy(req: Recorded) -> Reply:
@@ -30,12 +31,21 @@ def shout_policy(req: Recorded) -> Reply:
 
 @pytest.fixture
 def lengths_output(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(outputs.RUN_OUTPUTS, "lengths.tsv", "tests.support.lengths_output:LengthsOutput")
+    monkeypatch.setitem(outputs.RUN_OUTPUTS, "lengths.tsv",
+                        Spec("lengths.tsv", "tests.support.lengths_output:LengthsOutput"))
+
+
+@pytest.fixture
+def ids_format(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trajforge import export
+
+    monkeypatch.setitem(export.FORMATS, "ids", Spec("ids", "tests.support.ids_exporter:IdsExporter", "sample ids",
+                                                    export.FormatCaps()))
 
 
 def test_a_registered_toolset_and_output_run_end_to_end(tmp_path: Path, server: ScriptedServer,
                                                         clean_env: dict[str, str], loud_toolset: None,
-                                                        lengths_output: None,
+                                                        lengths_output: None, ids_format: None,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     server.handler = shout_policy
     ds = tmp_path / "ds.jsonl"
@@ -53,6 +63,11 @@ def test_a_registered_toolset_and_output_run_end_to_end(tmp_path: Path, server: 
     # The registered output got the same kept record from the merge, beside trajectories.jsonl.
     lengths = (tmp_path / "data" / "r" / "lengths.tsv").read_text()
     assert lengths == f"{record['sample_id']}\t{len(record['conversations'])}\n"
+    # A registered export format exports the run.
+    capsys.readouterr()
+    code = cli.main(["export", str(tmp_path / "data" / "r"), "--format=ids", f"--output={tmp_path / 'ids.txt'}"])
+    assert code == 0, capsys.readouterr().err
+    assert (tmp_path / "ids.txt").read_text() == f"{record['sample_id']}\n"
 
 
 def test_an_unregistered_toolset_is_refused_by_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -63,10 +78,10 @@ def test_an_unregistered_toolset_is_refused_by_config(tmp_path: Path, capsys: py
 
 
 def test_declared_toolsets_match_their_settings_and_tools() -> None:
-    from trajforge.catalog.settings import ToolsSettings
-    from trajforge.tools.registry import KNOWN_TOOLS, TOOLSET_TOOLS
+    from trajforge.catalog.tools_config import ToolsConfig
+    from trajforge.tools.toolsets import KNOWN_TOOLS, TOOLSET_TOOLS
 
-    assert {s.settings for s in catalog.TOOLSETS.values() if s.settings} == set(ToolsSettings.model_fields)
+    assert {s.settings for s in catalog.TOOLSETS.specs() if s.settings} == set(ToolsConfig.model_fields)
     assert set(TOOLSET_TOOLS) == set(catalog.TOOLSETS) and len(set(KNOWN_TOOLS)) == len(KNOWN_TOOLS)
 
 
@@ -77,7 +92,9 @@ def test_the_command_layer_chooses_the_executor_from_the_registry(tmp_path: Path
     from tests.support import counting_executor
     from trajforge import executors
 
-    monkeypatch.setitem(executors.EXECUTORS, "local", "tests.support.counting_executor:make")
+    local = executors.EXECUTORS["local"]
+    monkeypatch.setitem(executors.EXECUTORS, "local", Spec("local", "tests.support.counting_executor:make",
+                                                           capabilities=local.capabilities))
     counting_executor.PROCESSED.clear()
     server.handler = shout_policy
     ds = tmp_path / "ds.jsonl"

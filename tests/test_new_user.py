@@ -32,7 +32,7 @@ from tests.support.scripted_server import (
     http_error,
     tool_call,
 )
-from tests.test_runner_e2e import read_jsonl, run_cli, write_dataset
+from tests.runner.test_e2e import read_jsonl, run_cli, write_dataset
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 
 SEARCH_KEYS = ("SEARXNG_URL", "BRAVE_API_KEY", "TAVILY_API_KEY")

@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import REPO, cli
 from tests.support.policies import echo_policy, tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call, with_usage
-from tests.test_runner_e2e import base_args, read_jsonl, run_cli, write_dataset
+from tests.runner.test_e2e import base_args, read_jsonl, run_cli, write_dataset
 from trajforge.runner.console import SafeStream
 
 README = (REPO / "README.md").read_text()
@@ -116,20 +116,19 @@ def test_the_layer_diagram_names_every_top_level_module() -> None:
     assert [m for m in sorted(modules | packages) if m not in diagram] == []
 
 
-def test_the_registration_table_says_which_extensions_also_need_the_config_literal() -> None:
-    from typing import get_args
+def test_the_registration_table_names_one_registration_line_per_extension() -> None:
+    from trajforge.catalog.executors import EXECUTORS
+    from trajforge.catalog.sandboxes import SANDBOXES
+    from trajforge.commands.run import run_flags
 
-    from trajforge.config import RunConfig
-    from trajforge.executors import EXECUTORS
-    from trajforge.sandbox.factory import BACKENDS
-
-    # Until issue 40 derives them, the flag's choices and the registry are kept in step by hand.
-    assert set(get_args(RunConfig.model_fields["sandbox"].annotation)) == {"auto", *BACKENDS}
-    assert set(get_args(RunConfig.model_fields["executor"].annotation)) == set(EXECUTORS)
+    # The flags' choices are the registries' names (no Literal kept in step by hand).
+    helps = {name: text for name, _, text in run_flags()}
+    assert helps["sandbox"] == ", ".join(["auto", *SANDBOXES][:-1]) + f" or {SANDBOXES.names()[-1]}"
+    assert helps["executor"] == " or ".join(EXECUTORS)
     table = README[README.index("| to add | write | register in |"):]
-    for row in ("| a sandbox backend |", "| an executor |"):
+    for row, place in (("| a sandbox backend |", "`catalog/sandboxes.py`"), ("| an executor |", "`catalog/executors.py`")):
         line = table[table.index(row):table.index("\n", table.index(row))]
-        assert "Literal[...]` in `config.py`" in line, line
+        assert place in line and "Literal" not in line, line
 
 
 def test_a_refused_distribution_leaves_no_run_directory(tmp_path: Path, server: ScriptedServer,
@@ -290,7 +289,7 @@ def test_a_sample_that_hits_a_sandbox_limit_is_not_retried_by_default(retry: boo
                                                                        server: ScriptedServer,
                                                                        clean_env: dict[str, str]) -> None:
     from tests.support.policies import prompt_command_policy
-    from tests.test_sandbox_limits import ROOT_BWRAP
+    from tests.sandbox.test_limits import ROOT_BWRAP
 
     if not ROOT_BWRAP:
         pytest.skip("needs bwrap as root: the /tmp limit is a tmpfs size")

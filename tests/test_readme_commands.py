@@ -51,7 +51,7 @@ TIMEOUT = 1500 if SLOW else 180  # per command; `make demo` alone takes ~10 min 
 # (regex on the command text, reason): commands the generic rules cannot judge.
 SKIP: list[tuple[str, str]] = [
     (r"^make test\b", "runs the whole test suite, this test included"),
-    (r"^trajforge view\b", "serves a web page until stopped (tests/test_view_browser.py drives it)"),
+    (r"^trajforge view\b", "serves a web page until stopped (tests/view/test_browser.py drives it)"),
 ]
 DATASET_FLAGS = {"--dataset_file", "--dataset-file"}
 HOSTED_PREFIXES = ("anthropic/", "openai/", "google/", "meta-llama/", "mistralai/", "x-ai/", "deepseek/", "qwen/")

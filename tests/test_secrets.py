@@ -20,7 +20,7 @@ from tests.conftest import cli
 from tests.support.images import busybox_image, podman  # noqa: F401 (fixtures)
 from tests.support.policies import tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call
-from tests.test_runner_e2e import base_args, write_dataset
+from tests.runner.test_e2e import base_args, write_dataset
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 
 BWRAP = asyncio.run(probe())

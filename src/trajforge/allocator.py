@@ -3,8 +3,8 @@ heap, freed heap given back above 32 MiB.
 
 Every read of an asyncio transport (each model reply) takes a 256 KiB buffer that then shrinks to
 what was read. glibc maps a block above its mmap threshold (128 KiB; it rises only when such a
-block is freed whole, never when one shrinks) and unmaps it at the free: ~20 us of system calls
-and page faults per read, against ~3 us from the heap (bench/RESULTS.md).
+block is freed whole, never when one shrinks) and unmaps it at the free: system calls and page
+faults on every read, several times what the heap costs (bench/RESULTS.md).
 
 `tune_allocator` is called by every process of trajforge's own that serves model calls: the
 `trajforge` command (trajforge.cli.entry, for every subcommand), `python batch_runner.py`,

@@ -18,38 +18,37 @@ from typing import NoReturn
 from trajforge import __version__, redact
 from trajforge.allocator import tune_allocator
 from trajforge.errors import TrajforgeError, UsageError
+from trajforge.registry import Registry, Spec, load
 
-# A subcommand: name -> "module:function", the function taking argv and returning the exit code.
-# Adding one is one module (flags from trajforge.cmdline) plus one line here; modules are imported
-# only when their command runs, so an optional extra missing (Ray, ...) breaks only its command.
-SUBCOMMANDS: dict[str, str] = {
-    "run": "trajforge.commands.run:main",
-    "distributions": "trajforge.commands.distributions:main",
-    "validate": "trajforge.commands.validate:main",
-    "export": "trajforge.export.cli:main",
-    "doctor": "trajforge.sandbox.doctor:main",
-    "compress": "trajforge.compress.cli:main",
-    "scheduler": "trajforge.commands.cluster:scheduler_main",
-    "worker": "trajforge.commands.cluster:worker_main",
-    "view": "trajforge.view.cli:main",
-}
+# A subcommand: a spec whose target is "module:function", the function taking argv and returning the
+# exit code. Adding one is one module (flags from trajforge.cmdline) plus one line here; modules are
+# imported only when their command runs, so an optional extra missing (Ray, ...) breaks only its command.
+SUBCOMMANDS: Registry[None] = Registry("command")
+for _spec in (
+    Spec("run", "trajforge.commands.run:main", "run the agent over a dataset or tasks"),
+    Spec("distributions", "trajforge.commands.distributions:main", "list the toolset distributions"),
+    Spec("validate", "trajforge.commands.validate:main", "check a dataset file and report its problems"),
+    Spec("export", "trajforge.export.export_command:main", "export trajectories for training"),
+    Spec("doctor", "trajforge.sandbox.doctor:main", "show which sandbox backends work here"),
+    Spec("compress", "trajforge.compress.compress_command:main", "compress trajectories to a token budget"),
+    Spec("scheduler", "trajforge.commands.cluster:scheduler_main", "start a Ray head and run a job on it"),
+    Spec("worker", "trajforge.commands.cluster:worker_main", "join a Ray head as a worker node"),
+    Spec("view", "trajforge.view.view_command:main", "browse a run's trajectories in a web page"),
+):
+    SUBCOMMANDS.register(_spec)
 
 
 def _subcommands() -> dict[str, Callable[[list[str]], int]]:
-    return {name: _lazy(target, name) for name, target in SUBCOMMANDS.items()}
+    return {spec.name: _lazy(spec.target, spec.name) for spec in SUBCOMMANDS.specs()}
 
 
 def _lazy(target: str, name: str) -> Callable[[list[str]], int]:
-    module, _, function = target.partition(":")
-
     def call(argv: list[str]) -> int:
-        import importlib
-
         try:
-            mod = importlib.import_module(module)
+            function = load(target)
         except ModuleNotFoundError as e:
             raise UsageError(f"'trajforge {name}' is not available: {e}") from None
-        return int(getattr(mod, function)(argv))
+        return int(function(argv))
 
     return call
 
@@ -182,8 +181,9 @@ def _fast_exit() -> None:
 def exit_now(code: int) -> NoReturn:
     """End the process with `code` once every result is out, without the interpreter's teardown.
 
-    A run ends with ~70 MB of objects whose one-by-one deallocation took ~0.1 s after the last file
-    was written and the summary printed (bench/throughput.py's finish phase). What the teardown
+    A run ends with tens of MB of objects whose one-by-one deallocation took a noticeable part of
+    the finish phase after the last file was written and the summary printed (bench/RESULTS.md,
+    "The collector and the exit"). What the teardown
     does that matters still happens, through the ordinary exit: threads other than daemon ones are
     joined, the atexit handlers run (logging, temporary directories, the containers a run left,
     weakref finalizers), and the last of them, `_fast_exit`, flushes the streams and ends the
@@ -203,6 +203,11 @@ def _usage(argv: list[str], cmds: dict[str, Callable[[list[str]], int]]) -> int:
     out = sys.stdout if argv else sys.stderr
     print("usage: trajforge {" + ",".join(cmds) + "} [flags]   (trajforge run --help for run flags)", file=out)
     print("       trajforge --version", file=out)
+    if argv:  # --help: what each command does
+        width = max(map(len, cmds))
+        print("\ncommands:", file=out)
+        for spec in SUBCOMMANDS.specs():
+            print(f"  {spec.name:<{width}}  {spec.help}", file=out)
     return 0 if argv else 2
 
 

@@ -12,8 +12,36 @@ from pathlib import PurePath
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel
-from pydantic_core import PydanticCustomError
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel, GetCoreSchemaHandler
+from pydantic_core import PydanticCustomError, core_schema
+
+
+
+@dataclass(frozen=True, slots=True)
+class OneOf:
+    """`Annotated[str, OneOf(names)]`: a field whose value is one of `names()`, asked at each
+    validation, so a name registered after this module loaded (a plugin's, a test's) is accepted.
+    A refusal reads like pydantic's own for a Literal (same type and `expected` context), so
+    config_load words it the same way. `shown`: the flag's help for the choices, when not just
+    their names."""
+
+    names: Callable[[], Sequence[str]]
+    shown: Callable[[], str] | None = None
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.no_info_before_validator_function(self.check, handler(source))
+
+    def check(self, value: Any) -> Any:
+        allowed = tuple(self.names())
+        if value not in allowed:
+            quoted = [f"'{n}'" for n in allowed]
+            expected = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+        return value
+
 
 NAME_MAX = 255  # bytes of one path component on Linux file systems
 SIZE_FIELDS = ("sandbox_memory", "sandbox_tmp_size", "sandbox_shm_size", "sandbox_disk", "container_memory",
@@ -26,7 +54,7 @@ SIZE_MAX, SIZE_MAX_TEXT = 16 << 40, "16t"
 _UNITS = {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 PID_MAX = 4_194_304  # Linux's ceiling on process ids (PID_MAX_LIMIT): the bound of process limits
 
-# Upper bounds of the whole numbers of the `tools:` section (trajforge.catalog.settings declares the
+# Upper bounds of the whole numbers of the `tools:` section (trajforge.catalog.tools_config declares the
 # lower ones). Each is far above any real use; what they stop is a value so large it crashes the run
 # after its directory exists (config.json is JSON, whose writer refuses integers beyond 64 bits).
 TOOLS_MAX = {

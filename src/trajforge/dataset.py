@@ -21,7 +21,7 @@ import orjson
 
 from trajforge.errors import DatasetError
 from trajforge.sandbox.cwd_policy import problem as cwd_problem
-from trajforge.tasks.spec import TaskSpec
+from trajforge.task_spec import TaskSpec
 from trajforge.verify.spec import ROW_FIELDS as VERIFY_FIELDS
 from trajforge.verify.spec import VerifySpec, parse_row
 

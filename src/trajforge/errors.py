@@ -6,8 +6,8 @@
     │   ├── DatasetError, RunStateError, FatalModelError, OutputError
     └── SampleFailure                  one sample failed: recorded as data under `failure_class`
         ├── ModelCallError (trajforge.model.errors; rate_limit, api_error, timeout, model_error)
-        ├── SandboxError (trajforge.sandbox.base; sandbox)
-        └── ToolInfraError (trajforge.tools.base; sandbox)
+        ├── SandboxError (trajforge.sandbox.interface; sandbox)
+        └── ToolInfraError (trajforge.tools.tool; sandbox)
 
 Only problems that must stop a whole run are TrajforgeErrors (bad config, bad dataset, auth,
 disk). A failed *sample* is data: the sample worker turns a SampleFailure into an outcome with

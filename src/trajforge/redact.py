@@ -7,8 +7,8 @@ config.json, log and progress output) passes through `REGISTRY`, which knows eve
 tool API key of the run. Keys shorter than `MIN_LENGTH` are not scrubbed: replacing a 3-letter
 string everywhere would corrupt data without protecting anything.
 
-This module is a leaf (no trajforge imports at run time), so the CLI's error guard, the runner
-and the sample workers (also Ray actors, which know their node's own keys) share it.
+This module is a leaf (at run time it imports only the toolset catalog, itself a leaf), so the
+CLI's error guard, the runner and the sample workers (also Ray actors, which know their node's own keys) share it.
 """
 
 from __future__ import annotations
@@ -100,11 +100,14 @@ def secret_parts(value: str) -> list[str]:
 
 def run_secrets(config: RunConfig, environ: Mapping[str, str] = os.environ) -> list[str]:
     """Every secret a run holds: --api_key, credential environment variables (secret_env_names),
-    and the variables the `tools:` section names for its own keys (tools.vision.api_key_env...)."""
+    and the variables the `tools:` section names for its own keys (each toolset's spec says which
+    of its settings name one: catalog.ToolsetCaps.key_settings)."""
+    from trajforge.catalog import TOOLSETS
+
     names = set(secret_env_names(environ))
-    t = config.tools
-    names |= {t.web.brave_api_key_env, t.web.tavily_api_key_env}
-    names |= {n for n in (t.vision.api_key_env, t.image_gen.api_key_env, t.moa.api_key_env) if n}
+    for spec in TOOLSETS.specs():
+        section = getattr(config.tools, spec.settings) if spec.settings else None
+        names |= {n for key in spec.capabilities.key_settings if (n := getattr(section, key))}
     values = [environ.get(n) or "" for n in sorted(names)]
     if config.api_key is not None:
         values.append(config.api_key.get_secret_value())

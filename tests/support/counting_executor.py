@@ -7,7 +7,7 @@ from typing import Any
 
 from trajforge.config import RunConfig
 from trajforge.dataset import Sample
-from trajforge.executors.local import LocalExecutor
+from trajforge.executors.local_executor import LocalExecutor
 from trajforge.sample.outcome import Outcome
 
 PROCESSED: list[str] = []

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from trajforge.config import RunConfig
-from trajforge.sample.settings import sandbox_settings
-from trajforge.sandbox.base import Sandbox
+from trajforge.sample.lower_settings import sandbox_settings
+from trajforge.sandbox.interface import Sandbox
 from trajforge.sandbox.factory import SandboxProvider
 
 

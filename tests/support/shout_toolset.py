@@ -5,8 +5,8 @@ from __future__ import annotations
 import shlex
 from typing import Any, ClassVar
 
-from trajforge.tools.base import Tool, ToolContext, Toolset, error, ok
-from trajforge.tools.settings import ToolSettings
+from trajforge.tools.tool import Tool, ToolContext, Toolset, error, ok
+from trajforge.tools.tool_settings import ToolSettings
 
 
 class Shout(Tool):

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from trajforge.config import RunConfig
-from trajforge.sample.settings import tool_settings
+from trajforge.sample.lower_settings import tool_settings
 from trajforge.sandbox.backends.local.local_sandbox import LocalSandbox
-from trajforge.tools.base import ToolContext, Toolset
-from trajforge.tools.settings import ToolSettings
+from trajforge.tools.tool import ToolContext, Toolset
+from trajforge.tools.tool_settings import ToolSettings
 
 
 def run_with(tmp_path: Path, build: Callable[[ToolSettings], Awaitable[Any]], cfg: RunConfig,

@@ -15,7 +15,7 @@ from trajforge.model.types import Usage
 
 
 @dataclass(frozen=True, slots=True)
-class SampleLimits:
+class SpendLimits:
     max_tokens: int | None = None
     max_cost: float | None = None
 

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trajforge.agent.args import parse_arguments
-from trajforge.agent.limits import SampleLimits
+from trajforge.agent.limits import SpendLimits
 from trajforge.agent.prompts import runtime_system_message
 from trajforge.model.errors import APIFailure, ModelOutputError
 from trajforge.model.types import Completion, ModelClient, ToolCall, Usage
 from trajforge.redact import REGISTRY
-from trajforge.tools.base import Tool, ToolContext, ToolInfraError, error, result_failed
+from trajforge.tools.tool import Tool, ToolContext, ToolInfraError, error, result_failed
 
 log = logging.getLogger("trajforge.agent")
 
@@ -107,7 +107,7 @@ async def run_session(
     ephemeral_system_prompt: str | None = None,
     prefill: list[dict[str, Any]] | None = None,
     trace: Any = None,
-    limits: SampleLimits | None = None,
+    limits: SpendLimits | None = None,
     time_limit: float | None = None,
 ) -> SessionResult:
     """Run the loop for one prompt. Model errors propagate (the runner classifies them).
@@ -135,7 +135,7 @@ async def run_session(
 
 async def _turns(messages: list[dict[str, Any]], model: ModelClient, schemas: list[dict[str, Any]],
                  by_name: dict[str, Tool], ctx: ToolContext, turns: list[Turn], usage: Usage, max_turns: int,
-                 trace: Any, limits: SampleLimits | None) -> str:
+                 trace: Any, limits: SpendLimits | None) -> str:
     """The loop itself, appending to `turns` and `usage` as it goes; returns the end reason."""
     end_reason = "max_turns"
     output = 0  # characters of tool results so far

@@ -1,6 +1,6 @@
-"""Named toolset distributions and the seeded per-sample sampler (SPEC section 4).
+"""Named toolset distributions and the seeded per-sample draw of toolsets (SPEC section 4).
 
-A distribution gives each toolset an independent probability in percent. Sampling flips each
+A distribution gives each toolset an independent probability in percent. The draw flips each
 toolset on its own and keeps the ones that came up and are available on this machine; when none
 did, the highest-probability available toolset is used, so every sample gets at least one tool
 (a distribution with no available toolset at all is refused when the run starts). The random
@@ -88,7 +88,7 @@ def _flips(seed: int, dist_name: str, identity: str, n: int) -> tuple[int, ...]:
     return struct.unpack(f">{n}I", block[: 4 * n])
 
 
-def sample_toolsets(dist: Distribution, seed: int, identity: str,
+def draw_toolsets(dist: Distribution, seed: int, identity: str,
                     available: Collection[str] | None = None) -> list[str]:
     """Flip every toolset independently; return the enabled, available ones in the distribution's
     order (`available` None: every toolset counts as available).

@@ -10,7 +10,7 @@ from typing import TextIO
 
 from trajforge.compress.compressor import TrajectoryCompressor
 from trajforge.compress.records import iter_lines
-from trajforge.compress.sampling import Selection
+from trajforge.compress.subset import Selection
 
 
 def dry_run(input_file: Path, output: Path, selection: Selection, comp: TrajectoryCompressor, out: TextIO) -> int:

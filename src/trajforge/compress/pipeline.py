@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
-from trajforge.compress import sampling
+from trajforge.compress import subset
 from trajforge.compress.compressor import Outcome, TrajectoryCompressor, encode_entry
 from trajforge.compress.config import CompressionConfig
 from trajforge.compress.metrics import detail_line, flagged_lines, report, write_report
@@ -58,7 +58,7 @@ def run(options: Options, config: CompressionConfig, *, environ: Mapping[str, st
     check_paths(input_file, output, (metrics_path(output), paths.partial, paths.details, paths.state),
                 replaced=(metrics_path(output),), overwrite=options.overwrite)
     counter = load_counter(config.tokenizer.name)
-    selection = sampling.select(input_file, options.sample_percent, options.sample_by, options.seed)
+    selection = subset.select(input_file, options.sample_percent, options.sample_by, options.seed)
     if options.sample_percent is not None:
         print(f"sampling {selection.size} of {selection.total} trajectories ({options.sample_by}, "
               f"{options.sample_percent:g}%, seed {options.seed})", file=out)
@@ -105,12 +105,12 @@ def run(options: Options, config: CompressionConfig, *, environ: Mapping[str, st
 
 
 def _info(options: Options, config: CompressionConfig, tokenizer: str, input_file: Path, output: Path,
-          selection: sampling.Selection) -> dict[str, Any]:
+          selection: subset.Selection) -> dict[str, Any]:
     samp: dict[str, Any] = {"mode": selection.mode, "percent": options.sample_percent, "seed": options.seed,
                             "input_trajectories": selection.total, "kept": selection.size}
     if selection.mode == "quality":
         scores = list(selection.scores.values())
-        samp["score_formula"] = sampling.SCORE_FORMULA
+        samp["score_formula"] = subset.SCORE_FORMULA
         samp["kept_scores"] = {"min": min(scores, default=0), "max": max(scores, default=0),
                                "mean": round(sum(scores) / len(scores), 4) if scores else 0}
     return {"input": str(input_file), "output": str(output), "tokenizer": tokenizer,
@@ -122,7 +122,7 @@ def _info(options: Options, config: CompressionConfig, tokenizer: str, input_fil
 Result = tuple[bytes | None, Outcome] | InputError
 
 
-async def _stream(input_file: Path, selection: sampling.Selection, comp: TrajectoryCompressor,
+async def _stream(input_file: Path, selection: subset.Selection, comp: TrajectoryCompressor,
                   writer: DurableWriter, save_over_limit: bool) -> None:
     window = max(8, 2 * comp.cfg.processing.max_concurrent_requests)
     queue: asyncio.Queue[tuple[RawLine, asyncio.Task[Result] | None] | None] = asyncio.Queue(window)

@@ -32,7 +32,7 @@ from trajforge.errors import TrajforgeError
 from trajforge.executors.ray_actor import SampleActor, plan_actors
 from trajforge.model.factory import resolve_api_key
 from trajforge.sample.outcome import Outcome, batch_number
-from trajforge.tools.base import Unavailable
+from trajforge.tools.tool import Unavailable
 
 # Ray is installed by now: without it, importing ray_actor above raised a UsageError saying how to install it.
 import ray
@@ -258,5 +258,5 @@ class RayExecutor:
 
 
 def make(config: RunConfig, prefill: list[dict[str, Any]] | None, run_dir: Path) -> RayExecutor:
-    """The registry's factory (trajforge.executors.EXECUTORS)."""
+    """The spec's target (trajforge.catalog.executors.EXECUTORS)."""
     return RayExecutor(config, prefill=prefill)

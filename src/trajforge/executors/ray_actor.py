@@ -25,10 +25,10 @@ from trajforge.model import gate as model_gate
 from trajforge.model import spend
 from trajforge.model.factory import resolve_api_key
 from trajforge.redact import REGISTRY, run_secrets
-from trajforge.sample.gate import gate_for
+from trajforge.sample.gate_builder import gate_for
 from trajforge.sample.outcome import Outcome
 from trajforge.sample.worker import SampleWorker
-from trajforge.tools.base import Unavailable
+from trajforge.tools.tool import Unavailable
 
 try:
     import ray

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from trajforge.agent.atif import document
-from trajforge.export.base import Item, JsonlExporter
+from trajforge.export.exporter import Item, JsonlExporter
 from trajforge.export.convert import to_openai
 from trajforge.jsonio import dumps
 
@@ -29,8 +29,6 @@ def to_atif(record: dict[str, Any]) -> dict[str, Any]:
 
 
 class ATIFExporter(JsonlExporter):
-    name = "atif"
-
     def line(self, item: Item) -> bytes:
         return dumps(to_atif(item.record)) + b"\n"
 

@@ -12,16 +12,14 @@ import shutil
 from pathlib import Path
 
 from trajforge.export import card
-from trajforge.export.base import Exporter, Item, Summary
+from trajforge.export.exporter import Exporter, Item, Summary
 from trajforge.export.filters import passed
 from trajforge.export.parquet import RowGroups, add_row
 from trajforge.runner.stats import Totals
 
 
 class HFExporter(Exporter):
-    name = "hf"
     suffix = ""
-    directory = True
 
     def open(self, output: Path) -> None:
         import pyarrow as pa

@@ -8,13 +8,11 @@ saved records back, byte for byte, unless reasoning was dropped.
 from __future__ import annotations
 
 
-from trajforge.export.base import Item, JsonlExporter
+from trajforge.export.exporter import Item, JsonlExporter
 from trajforge.export.convert import to_openai
 from trajforge.jsonio import dumps
 
 
 class OpenAIExporter(JsonlExporter):
-    name = "openai"
-
     def line(self, item: Item) -> bytes:
         return dumps(to_openai(item.record, self.options.reasoning)) + b"\n"

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from trajforge.export.base import Exporter, Item, Summary
+from trajforge.export.exporter import Exporter, Item, Summary
 from trajforge.export.convert import ConversionError, to_openai
 
 ROWS = 1000
@@ -40,8 +40,8 @@ class RowGroups:
 
     def flush(self) -> None:
         """Convert the buffered rows to one Arrow table and hand it to the sink. The rows go through
-        pyarrow's JSON reader with the schema made explicit: ~6x less CPU than from_pylist on these
-        nested rows, with the same result."""
+        pyarrow's JSON reader with the schema made explicit: far less CPU than from_pylist on these
+        nested rows, with the same result (bench/RESULTS.md)."""
         import pyarrow as pa
         import pyarrow.json as pa_json
 
@@ -73,7 +73,6 @@ def add_row(groups: RowGroups, exporter: Exporter, item: Item) -> None:
 
 
 class ParquetExporter(Exporter):
-    name = "parquet"
     suffix = ".parquet"
 
     def open(self, output: Path) -> None:

@@ -7,14 +7,12 @@ rest of each line stays as saved); otherwise every kept line is the input's byte
 from __future__ import annotations
 
 
-from trajforge.export.base import Item, JsonlExporter
+from trajforge.export.exporter import Item, JsonlExporter
 from trajforge.export.convert import to_openai, to_record
 from trajforge.jsonio import dumps
 
 
 class ShareGPTExporter(JsonlExporter):
-    name = "sharegpt"
-
     def line(self, item: Item) -> bytes:
         if self.options.reasoning == "drop":
             return dumps(to_record(to_openai(item.record, "drop"))) + b"\n"

@@ -70,7 +70,7 @@ def check_client(settings: ModelSettings, environ: Mapping[str, str] = os.enviro
     """Raise the UsageError make_client would, without building the client: a command can refuse
     before it creates any file, and still build its client only when it needs one."""
     if is_local_model(settings.model):
-        from trajforge.model.local import local_backend_status
+        from trajforge.model.local_model import local_backend_status
 
         if (reason := local_backend_status(settings.model)) is not None:
             raise UsageError(f"--model {settings.model}: {reason}")
@@ -88,7 +88,7 @@ def make_client(settings: ModelSettings, environ: Mapping[str, str] = os.environ
     """
     if is_local_model(settings.model):
         try:
-            from trajforge.model.local import LocalModelClient
+            from trajforge.model.local_model import LocalModelClient
         except ImportError as exc:
             raise UsageError(f"the local model backend is not installed ({exc.msg}); "
                              "use a remote --model with --base_url / an API key instead") from exc

@@ -6,11 +6,12 @@ and raises only TransportError (the connection failed or dropped) or TimeoutErro
 
 Two implementations, chosen by `make_transport`:
 - AiohttpTransport, when aiohttp is installed: a C HTTP parser and a connection pool whose cost
-  does not grow with its size; ~0.13 ms of CPU per request (bench/http_clients.py).
-- SdkTransport otherwise: the openai SDK's raw `post` over httpx2, ~1 ms per request. httpcore's
-  pool rescans every connection (probing idle sockets) when a request starts or ends, so each
-  task gets a pool of its own, up to POOL_SHARDS, sharing one SSL context (~0.1 ms and a few KB
-  each); a task keeps its pool, so its keep-alive connection is reused.
+  does not grow with its size: the cheaper of the two per request (bench/http_clients.py, its
+  figures in bench/RESULTS.md).
+- SdkTransport otherwise: the openai SDK's raw `post` over httpx2. httpcore's pool rescans every
+  connection (probing idle sockets) when a request starts or ends, so each task gets a pool of its
+  own, up to POOL_SHARDS, sharing one SSL context; a task keeps its pool, so its keep-alive
+  connection is reused.
 Both honour HTTP(S)_PROXY / NO_PROXY and verify TLS with the same SSL context, follow no redirects,
 stop reading a reply past MAX_RESPONSE_BYTES (error replies included) and have no connection cap:
 the runner's concurrency limit is the only one.

@@ -27,7 +27,7 @@ from trajforge.dataset import Sample
 from trajforge.model import spend
 from trajforge.runner.budget import Budget
 from trajforge.sample.outcome import Outcome
-from trajforge.tools.base import Unavailable
+from trajforge.tools.tool import Unavailable
 
 
 @runtime_checkable

@@ -51,8 +51,8 @@ def tuned_collector(young: int = 10_000) -> Iterator[None]:
     collected after `young` net allocations instead of 700 (older ones keep their ratios).
 
     A run allocates in bursts (a reply parsed per session, 256 in one tick): with the defaults the
-    collector ran ~300 times, ~0.5 s of the event loop's ~6 s in bench/throughput.py's main
-    scenario, about 0.1 s with this. The cost is at most `young` objects' worth of unreclaimed
+    collector ran hundreds of times in bench/throughput.py's main scenario, a twelfth of the event
+    loop's time, a fifth of that with this (bench/RESULTS.md). The cost is at most `young` objects' worth of unreclaimed
     cycles at a time. In-process callers (tests, notebooks) get the defaults back; one that froze its
     own heap before keeps it frozen (gc.unfreeze cannot tell whose objects are whose, so the run
     then adds nothing to the frozen set)."""

@@ -2,7 +2,7 @@
 
 Kept apart from runner.main so that the start-up check (a budget needs prices) and the budget's
 continuation from earlier invocations are each one call. The gate's construction lives with the
-sample worker (trajforge.sample.gate), which every executor shares.
+sample worker (trajforge.sample.gate_builder), which every executor shares.
 """
 
 from __future__ import annotations

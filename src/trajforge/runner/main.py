@@ -22,6 +22,8 @@ import sys
 import time
 from typing import Any
 
+from trajforge.catalog.executors import EXECUTORS
+from trajforge.catalog.sandboxes import AUTO, image_backend
 from trajforge.config import RunConfig
 from trajforge.errors import FatalModelError, OutputError, UsageError
 from trajforge.jsonio import dumps
@@ -49,6 +51,8 @@ from trajforge.runner.rollouts import RolloutScheduler, prior_passes
 from trajforge.runner.rows import RunRows
 from trajforge.runner.rundir import RunDir
 from trajforge.runner.stats import Totals
+from trajforge.sample.lower_settings import sandbox_settings
+from trajforge.sandbox.sandbox_settings import SandboxSettings
 from trajforge.verify.verifier import check_verification_settings
 
 log = logging.getLogger("trajforge")
@@ -80,7 +84,7 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
         check_prices(config)
     else:  # the oracle calls no model: no endpoint, key or price to check, and its records say "oracle"
         config = config.model_copy(update={"model": "oracle"})
-    config = check_network(config)
+    config, sandbox = check_network(config, sandbox_settings(config))  # the sandbox's settings, built once
     check_executor(config)
     check_container_images(config, rows)
     check_task_engine(config)
@@ -96,7 +100,7 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
         for msg in store.repair(rundir.path):
             print(f"trajforge: {msg}", file=sys.stderr)
         with tuned_collector():
-            return asyncio.run(_run(config, rows, prefill, rundir, make_executor))
+            return asyncio.run(_run(config, sandbox, rows, prefill, rundir, make_executor))
     except UsageError:  # refused at the executor's start (_run): before any result was written
         refused = True
         raise
@@ -106,8 +110,8 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
         rundir.release(discard=refused)
 
 
-async def _run(config: RunConfig, rows: RunRows, prefill: list[dict[str, Any]] | None,
-               rundir: RunDir, make_executor: ExecutorFactory) -> int:
+async def _run(config: RunConfig, sandbox_settings: SandboxSettings, rows: RunRows,
+               prefill: list[dict[str, Any]] | None, rundir: RunDir, make_executor: ExecutorFactory) -> int:
     run_dir = rundir.path
     started_wall, t0 = time.time(), time.monotonic()
     checkpoint = Checkpoint.load(run_dir / "checkpoint.json", config.run_name or "")
@@ -125,7 +129,7 @@ async def _run(config: RunConfig, rows: RunRows, prefill: list[dict[str, Any]] |
               "record is missing or unreadable in the batch files: they run again", file=sys.stderr)
     if rows.skipped:
         print(f"trajforge: skipped {len(rows.skipped)} invalid dataset line(s)", file=sys.stderr)
-    config, sandbox = await _resolve_sandbox(config, rows)
+    config, sandbox = await _resolve_sandbox(config, sandbox_settings, rows)
     print(f"trajforge: run '{config.run_name}': {len(rows)} samples, "
           f"{len(rows) - len(todo)} already finished, {len(todo)} to run, sandbox {sandbox} -> {run_dir}",
           file=sys.stderr)
@@ -260,20 +264,21 @@ async def _run(config: RunConfig, rows: RunRows, prefill: list[dict[str, Any]] |
     return failed_exit_code(config, stats)
 
 
-async def _resolve_sandbox(config: RunConfig, rows: RunRows) -> tuple[RunConfig, str]:
+async def _resolve_sandbox(config: RunConfig, settings: SandboxSettings, rows: RunRows) -> tuple[RunConfig, str]:
     """Decide `--sandbox auto` once, here, so the start line, config.json and statistics.json name
-    the backend the samples really use; a fallback to `local` says why and how to get isolation."""
+    the backend the samples really use; a fallback to one that isolates less says why and how to
+    get isolation."""
     if config.tasks is not None:
-        return config, "container (tasks)"
-    if config.executor != "local":
-        return config, f"{config.sandbox} (chosen on each Ray node)" if config.sandbox == "auto" else config.sandbox
-    from trajforge.sample.settings import sandbox_settings
+        return config, f"{image_backend().name} (tasks)"
+    if not EXECUTORS[config.executor].capabilities.in_process:
+        return config, f"{config.sandbox} (chosen on each node)" if config.sandbox == AUTO else config.sandbox
     from trajforge.sandbox.factory import resolve_backend
 
-    kind, fallback_reason = await resolve_backend(sandbox_settings(config))
+    kind, passed = await resolve_backend(settings)
     config = config.model_copy(update={"sandbox": kind})
-    if fallback_reason is not None:
-        print(f"trajforge: --sandbox auto: bwrap is not usable here ({fallback_reason}), so commands run in the "
-              "`local` sandbox WITHOUT isolation from this host; run `trajforge doctor` to see how to get "
-              "isolation, or pass --sandbox local to accept it", file=sys.stderr)
-    return config, f"{kind} (rows with an image: container)" if rows.with_image and kind != "container" else kind
+    for name, reason in passed:
+        print(f"trajforge: --sandbox auto: {name} is not usable here ({reason}), so commands run in the "
+              f"`{kind}` sandbox WITHOUT isolation from this host; run `trajforge doctor` to see how to get "
+              f"isolation, or pass --sandbox {kind} to accept it", file=sys.stderr)
+    runs_images = image_backend().name
+    return config, f"{kind} (rows with an image: {runs_images})" if rows.with_image and kind != runs_images else kind

@@ -1,7 +1,8 @@
 """What the merge writes: every kept record goes to each registered run output, in dataset order.
 
 A run output is a class taking the binary stream of its file and offering `write(line, record)`
-(RunOutput), plus one line in RUN_OUTPUTS (file name in the run directory -> "module:class").
+(RunOutput), plus one line in RUN_OUTPUTS (a spec named by the file name in the run directory,
+whose target is the class).
 trajectories.jsonl, the built-in output, is the saved line itself. Each file is written through
 jsonio.atomic_writer, so a reader sees the previous complete file or the new one, never a part;
 a failing merge leaves every output as it was. Converting records for trainers after the run
@@ -11,12 +12,12 @@ a failing merge leaves every output as it was. Converting records for trainers a
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from trajforge.jsonio import atomic_writer
+from trajforge.registry import Registry, Spec
 
 
 class RunOutput(Protocol):
@@ -34,10 +35,9 @@ class JsonlOutput:
         self._stream.write(line)
 
 
-# file name in the run directory -> "module:class"; tests register their own the same way.
-RUN_OUTPUTS: dict[str, str] = {
-    "trajectories.jsonl": "trajforge.runner.outputs:JsonlOutput",
-}
+# Named by the file in the run directory; tests register their own the same way.
+RUN_OUTPUTS: Registry[None] = Registry("run output")
+RUN_OUTPUTS.register(Spec("trajectories.jsonl", "trajforge.runner.outputs:JsonlOutput", "the kept records as saved"))
 
 
 @contextlib.contextmanager
@@ -46,8 +46,7 @@ def open_outputs(run_dir: Path) -> Iterator[list[RunOutput]]:
     ends without an error."""
     with contextlib.ExitStack() as stack:
         outputs: list[RunOutput] = []
-        for filename, target in RUN_OUTPUTS.items():
-            module, _, name = target.partition(":")
-            stream = stack.enter_context(atomic_writer(run_dir / filename, buffering=1 << 20))
-            outputs.append(getattr(importlib.import_module(module), name)(stream))
+        for spec in RUN_OUTPUTS.specs():
+            stream = stack.enter_context(atomic_writer(run_dir / spec.name, buffering=1 << 20))
+            outputs.append(spec.load()(stream))
         yield outputs

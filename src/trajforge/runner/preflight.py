@@ -11,9 +11,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trajforge.catalog.executors import EXECUTORS
+from trajforge.catalog.sandboxes import network_refusal, runs_on_host
 from trajforge.config import RunConfig
 from trajforge.errors import UsageError
 from trajforge.jsonio import loads
+from trajforge.registry import words
+from trajforge.sandbox.sandbox_settings import SandboxSettings
 from trajforge.runner.rows import RunRows
 
 
@@ -21,10 +25,9 @@ def contradictions(config: RunConfig) -> list[str]:
     """Settings that cannot all hold: each would make every sample fail or silently do nothing."""
     c = config
     found = []
-    if c.sandbox == "local" and c.sandbox_network not in ("auto", "host"):
-        found.append(f"--sandbox local cannot apply --sandbox_network {c.sandbox_network}: the local sandbox has no "
-                     "network isolation, so every sample would fail; use --sandbox bwrap or container "
-                     "(see trajforge doctor), or --sandbox_network host")
+    refused = network_refusal(c.sandbox, c.sandbox_network)  # what the backend's spec offers
+    if refused is not None:
+        found.append(refused)
     if c.resume and c.overwrite:
         found.append("--resume and --overwrite contradict each other: --resume continues the run, --overwrite "
                      "deletes it; give one")
@@ -39,11 +42,14 @@ def contradictions(config: RunConfig) -> list[str]:
     if both:
         found.append(f"--providers_allowed and --providers_ignored both name {', '.join(both)}; give each "
                      "provider in one of them")
-    if c.ray_address and c.executor != "ray":
-        found.append("--ray_address is only used with --executor ray; add --executor ray or drop it")
-    if c.keep_workspaces and c.executor == "ray":
-        found.append("--keep_workspaces is not supported with --executor ray (workspaces live on the worker "
-                     "nodes); drop it or use --executor local")
+    for spec in EXECUTORS.specs():  # a setting only one executor reads
+        if spec.settings and getattr(c, spec.settings) and c.executor != spec.name:
+            found.append(f"--{spec.settings} is only used with --executor {spec.name}; add --executor {spec.name} "
+                         "or drop it")
+    if c.keep_workspaces and not EXECUTORS[c.executor].capabilities.in_process:
+        here = words([s.name for s in EXECUTORS.specs() if s.capabilities.in_process])
+        found.append(f"--keep_workspaces is not supported with --executor {c.executor} (workspaces live on the worker "
+                     f"nodes); drop it or use --executor {here}")
     return found
 
 
@@ -91,27 +97,26 @@ def choose_model(config: RunConfig) -> RunConfig:
     return config
 
 
-def check_network(config: RunConfig) -> RunConfig:
-    """The config with `auto` fixed to the concrete network mode; an explicit egress that cannot be
-    had stops here (exit 2)."""
-    if config.sandbox_network not in ("auto", "egress"):
-        return config
-    from trajforge.sample.settings import sandbox_settings
+def check_network(config: RunConfig, settings: SandboxSettings) -> tuple[RunConfig, SandboxSettings]:
+    """The config and the sandbox settings with `auto` fixed to the concrete network mode (the
+    sandbox's own resolution, sandbox/network.py); an explicit egress that cannot be had stops
+    here (exit 2)."""
     from trajforge.sandbox.network import resolve_mode
 
-    mode, note = asyncio.run(resolve_mode(sandbox_settings(config)))
-    config = config.model_copy(update={"sandbox_network": mode})
+    mode, note = asyncio.run(resolve_mode(settings))
     if note:
         print(f"trajforge: {note}", file=sys.stderr)
-    return config
+    return config.model_copy(update={"sandbox_network": str(mode)}), settings.with_network(mode)
 
 
 def check_executor(config: RunConfig) -> None:
-    if config.executor == "ray":
-        import importlib.util
+    spec = EXECUTORS[config.executor]
+    import importlib.util
 
-        if importlib.util.find_spec("ray") is None:
-            raise UsageError("--executor ray: Ray is not installed; install it with: pip install 'trajforge[ray]'")
+    for dep in spec.capabilities.needs:
+        if importlib.util.find_spec(dep) is None:
+            raise UsageError(f"--executor {spec.name}: {dep} is not installed; install it with: "
+                             f"pip install 'trajforge[{spec.capabilities.extra}]'")
 
 
 def load_input(config: RunConfig, cache: Path | None = None) -> RunRows:
@@ -127,7 +132,7 @@ def load_input(config: RunConfig, cache: Path | None = None) -> RunRows:
 
 def check_task_engine(config: RunConfig) -> None:
     """--tasks runs every task in a container: with no working engine here, stop before any work."""
-    if config.tasks is None or config.executor != "local":
+    if config.tasks is None or not EXECUTORS[config.executor].capabilities.in_process:
         return
     from trajforge.sandbox.backends.container.container_engine import detect
 
@@ -141,10 +146,10 @@ def check_task_engine(config: RunConfig) -> None:
 def check_container_images(config: RunConfig, rows: RunRows) -> None:
     """`--sandbox container` with rows that name no image and no `container_image`: every such
     sample could only fail, so refuse before any work."""
-    if config.sandbox != "container" or config.container_image or config.tasks is not None:
+    if runs_on_host(config.sandbox) or config.container_image or config.tasks is not None:
         return
     bare = len(rows.keys) - rows.with_image
     if bare:
-        raise UsageError(f"--sandbox container: {bare} row(s) have no `image` (first: {rows.path}:"
+        raise UsageError(f"--sandbox {config.sandbox}: {bare} row(s) have no `image` (first: {rows.path}:"
                          f"{rows.first_bare}) and the config sets no `container_image`; give each row an image "
                          "or set `container_image: IMAGE` in the --config file")

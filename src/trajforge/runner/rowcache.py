@@ -33,6 +33,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from trajforge import __version__
+from trajforge.catalog.sandboxes import runs_on_host
 from trajforge.config import RunConfig
 from trajforge.errors import OutputError
 from trajforge.jsonio import atomic_write_bytes
@@ -46,7 +47,7 @@ CHUNK = 1 << 20
 def row_settings(config: RunConfig) -> dict[str, Any]:
     """The settings that decide which rows of a file are the dataset's samples, and so their places."""
     return {"skip_invalid": config.skip_invalid, "max_samples": config.max_samples,
-            "host_cwd": config.sandbox != "container"}
+            "host_cwd": runs_on_host(config.sandbox)}
 
 
 def settings(config: RunConfig) -> str:

@@ -25,6 +25,7 @@ from typing import Any, BinaryIO
 
 import orjson
 
+from trajforge.catalog.sandboxes import runs_on_host
 from trajforge.config import RunConfig
 from trajforge.dataset import (
     LoadedDataset, PassState, Sample, extra_at, iter_samples, listed, rollout_identity, sample_at, split_rollout,
@@ -68,7 +69,7 @@ class RunRows:
         `cache` (the run's rows.idx), only what follows the bytes it covers when they match."""
         assert config.dataset_file is not None
         path = config.dataset_file
-        rows = cls(path, config.samples_per_prompt, host_cwd=config.sandbox != "container",
+        rows = cls(path, config.samples_per_prompt, host_cwd=runs_on_host(config.sandbox),
                    settings=rowcache.settings(config), places_by=_places_by(config))
         saved = rowcache.load(cache, rows.settings) if cache is not None else None
         digest = saved.matches(path) if saved is not None else None

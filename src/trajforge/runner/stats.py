@@ -107,8 +107,8 @@ class Totals:
                 pace: tuple[int, float] | None = None) -> RunFigures:
         """`total`: the samples there are (None: not known); `seconds`: their duration, if any;
         `pace`: (samples ended, seconds) to take the throughput from instead of finished / seconds
-        (the run's: only invocations that ran samples, so a resume that found nothing to do in
-        4 ms does not make it thousands a minute)."""
+        (the run's: only invocations that ran samples, so a resume that found nothing to do in a
+        few milliseconds does not make it thousands a minute)."""
         turns = self.assistant_turns
         done, secs = pace if pace is not None else (self.finished, seconds)
         rate = round(60 * done / secs, 2) if secs is not None and secs > 0 and done else None

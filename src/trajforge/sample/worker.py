@@ -18,27 +18,27 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from trajforge.agent.limits import SampleLimits
+from trajforge.agent.limits import SpendLimits
 from trajforge.agent.loop import SessionResult, run_session
 from trajforge.agent.record import build_record
 from trajforge.agent.stats import reasoning_stats
 from trajforge.catalog import known_tools
-from trajforge.catalog.distributions import sample_toolsets
+from trajforge.catalog.distributions import draw_toolsets
 from trajforge.config import RunConfig
 from trajforge.dataset import Sample
 from trajforge.errors import FatalModelError, SampleFailure, UsageError
 from trajforge.model import working
 from trajforge.model.types import ModelClient
 from trajforge.sample.outcome import Outcome, batch_number
-from trajforge.sample.settings import sandbox_settings, task_settings, tool_settings
+from trajforge.sample.lower_settings import sandbox_settings, task_settings, tool_settings
 from trajforge.sample.trace import tracer
-from trajforge.sandbox.base import Sandbox, SandboxLimitError
+from trajforge.sandbox.interface import Sandbox, SandboxLimitError
 from trajforge.sandbox.factory import SandboxProvider
 from trajforge.sandbox.workspace import RunRoot
 from trajforge.tasks.oracle import ORACLE_MODEL
 from trajforge.tasks.run import TaskRun
-from trajforge.tools.base import ToolContext, Toolset, Unavailable
-from trajforge.tools.registry import build_toolsets, tools_for
+from trajforge.tools.tool import ToolContext, Toolset, Unavailable
+from trajforge.tools.toolsets import build_toolsets, tools_for
 from trajforge.verify.result import Part
 from trajforge.verify.spec import Resolved
 from trajforge.verify.verifier import Verifier, final_answer
@@ -190,7 +190,7 @@ class SampleWorker:
         task = TaskRun(sample.task, self.task_settings) if sample.task is not None else None
         spec = self.verifier.spec(sample) if self.verifier is not None else None
         # Only available toolsets are drawn from, so a sample always gets at least one (start() checked).
-        offered = [] if self.oracle else sample_toolsets(self.distribution, self.config.seed, sample.identity,
+        offered = [] if self.oracle else draw_toolsets(self.distribution, self.config.seed, sample.identity,
                                                          self.toolsets)
         tools = tools_for(offered, self.toolsets)
         provider = self.sandboxes
@@ -256,7 +256,7 @@ class SampleWorker:
             session = await run_session(
                 sample.prompt, self.model, tools, ctx, max_turns=self.config.max_turns,
                 ephemeral_system_prompt=self.config.ephemeral_system_prompt, prefill=self.prefill,
-                trace=trace, limits=SampleLimits(self.config.max_tokens_per_sample, self.config.max_cost_per_sample),
+                trace=trace, limits=SpendLimits(self.config.max_tokens_per_sample, self.config.max_cost_per_sample),
                 time_limit=task.time_limit if task is not None else None,
             )
         if self._verifies(session):

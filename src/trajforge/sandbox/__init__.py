@@ -1,7 +1,7 @@
 """Isolated per-sample environments: the Sandbox protocol and its backends.
 
 The invariant every backend keeps, and the tests check from inside the helper
-(tests/test_sandbox_isolation.py, tests/test_sandbox_hermetic.py):
+(tests/sandbox/test_isolation.py, tests/sandbox/test_hermetic.py):
 
 1. No process that runs in a sample's view or handles its files holds a privilege or a handle of
    the host. The helper that serves a sample's file operations and spawns its commands, every

@@ -21,17 +21,17 @@ from typing import Any
 
 try:  # ~10 us less per frame than json's; the sandbox package itself needs only the stdlib
     from orjson import loads as _loads
-except ImportError:  # (tests/test_sandbox_bwrap_user.py runs it as `nobody` with the system Python)
+except ImportError:  # (tests/sandbox/test_bwrap_user.py runs it as `nobody` with the system Python)
     from json import loads as _loads
 
 from trajforge.sandbox.inside import fsops
-from trajforge.sandbox.base import ExecResult, Job, LogChunk, SandboxError, check_model_path, raise_reply
+from trajforge.sandbox.interface import ExecResult, Job, LogChunk, SandboxError, check_model_path, raise_reply
 from trajforge.sandbox.inside.helper import CD_FAILED, CD_FAILED_EXIT
 from trajforge.sandbox.process import DETACH_GRACE, DETACH_NOTE, CappedBuffer
 
 _HEAD = struct.Struct("<II")
 MAX_META = 4 << 20
-MAX_PAYLOAD = 300 << 20  # above every cap a request asks for (sandbox.base.READ_CAP)
+MAX_PAYLOAD = 300 << 20  # above every cap a request asks for (sandbox.interface.READ_CAP)
 
 
 class _Proc:

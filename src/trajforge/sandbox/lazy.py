@@ -16,7 +16,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from trajforge.sandbox.base import READ_CAP, ExecResult, Job, Sandbox, SandboxError
+from trajforge.sandbox.interface import READ_CAP, ExecResult, Job, Sandbox, SandboxError
 
 
 class LazySandbox(Sandbox):

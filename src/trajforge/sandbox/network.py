@@ -21,8 +21,10 @@ bridge) plus the same rule set entered into the container's namespace (`install_
 Podman a forwarder of the container's own in that namespace (`start_dns`), on its loopback: the
 rules redirect 10.0.2.3:53 there and let only the forwarder's queries (its sockets carry a mark,
 which takes CAP_NET_ADMIN to set) go to 10.0.2.3. Docker's bridge has no 10.0.2.3. `auto`
-resolves once per run (`resolve_mode`): egress when a probe sandbox gets it, else host with a
-note saying why; an explicit egress that cannot be had is a UsageError before any work.
+resolves once per run (`resolve_mode`, into a NetworkMode the run's provider holds): egress when
+the backend's probe gets it, else host with a note saying why; an explicit egress that cannot be
+had is a UsageError before any work. Which modes a backend can give at all is its spec's
+(trajforge.catalog.sandboxes: `networks`, `egress_probe`).
 """
 
 from __future__ import annotations
@@ -30,19 +32,19 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import os
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trajforge.catalog.sandboxes import AUTO, OLD_NAMES, SANDBOXES, NetworkMode, auto_order
 from trajforge.errors import UsageError
 from trajforge.netpolicy import BLOCKED_V4, BLOCKED_V6, host_addresses
-from trajforge.sandbox.base import SandboxError
+from trajforge.registry import load
+from trajforge.sandbox.interface import SandboxError
 from trajforge.sandbox.dns.service import MARK, PORT, DnsForwarder
 from trajforge.sandbox.process import SAFE_PATH, tool_path
 
 if TYPE_CHECKING:
-    from trajforge.sandbox.settings import SandboxSettings
+    from trajforge.sandbox.sandbox_settings import SandboxSettings
 
 SLIRP_DNS = "10.0.2.3"
 DNS_UPSTREAM = (SLIRP_DNS, 53)  # where a container's forwarder asks: its slirp4netns's DNS relay
@@ -117,86 +119,64 @@ _support: dict[str, EgressSupport] = {}
 
 
 async def egress_support(backend: str) -> EgressSupport:
-    """Whether `backend` ("bwrap" or "container") gets egress here; bwrap by a real probe
-    sandbox (its tap0 up and the firewall loaded), once per process."""
+    """Whether samples of `backend` get egress here, once per process: the host's needs (root,
+    slirp4netns, nft, nsenter), then the backend's own proof (its spec's `egress_probe`)."""
     if backend in _support:
         return _support[backend]
+    spec = SANDBOXES.get(backend)
     missing = [n for n in ("slirp4netns", "nft", "nsenter") if tool_path(n) is None]
-    if os.geteuid() != 0:
+    if spec is None:
+        found = EgressSupport(False, f"unknown sandbox backend {backend!r}")
+    elif NetworkMode.EGRESS not in spec.capabilities.networks:
+        found = EgressSupport(False, f"the {backend} sandbox has no network namespace")
+    elif os.geteuid() != 0:
         found = EgressSupport(False, "egress needs the runner to be root (it sets up each sample's namespace)")
     elif missing:
         found = EgressSupport(False, f"missing {', '.join(missing)} (apt-get install slirp4netns nftables)")
-    elif backend == "bwrap":
-        found = await _probe_bwrap()
-    elif backend == "container":
-        found = EgressSupport(True, "engine network + the same firewall inside each container")
+    elif spec.capabilities.egress_probe is not None:
+        found = await load(spec.capabilities.egress_probe)()
     else:
-        found = EgressSupport(False, "the local sandbox has no network namespace")
+        found = EgressSupport(True, "")
     _support[backend] = found
     return found
 
 
-async def _probe_bwrap() -> EgressSupport:
-    from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox, find_bwrap
-
-    path = find_bwrap()
-    if path is None:
-        return EgressSupport(False, "bwrap is not installed")
-    # Root only (egress_support checked): a real egress sandbox is also the proof that bwrap works.
-    with tempfile.TemporaryDirectory(prefix="trajforge-egress-probe-") as tmp:
-        sb = BwrapSandbox(Path(tmp), network=False, egress=True, bwrap=path)
-        try:
-            await sb.start()
-            res = await sb.exec("grep -c eth0 /proc/net/dev", timeout=10)
-            if res.exit_code == 0:
-                return EgressSupport(True, "a router namespace per run: slirp4netns (--disable-host-loopback) "
-                                           "+ nftables blocks")
-            return EgressSupport(False, f"a probe sandbox has no eth0: {(res.stderr or res.stdout).strip()[-200:]}")
-        except SandboxError as e:
-            return EgressSupport(False, str(e))
-        finally:
-            await sb.close()
+def network_backend(settings: SandboxSettings) -> str:
+    """The backend whose network the run's mode is resolved for: `--sandbox`, or under auto the
+    one it prefers (a row with an image gets the same mode in its container)."""
+    return settings.backend if settings.backend != AUTO else auto_order()[0].name
 
 
-def bwrap_proven() -> bool:
-    """Whether this process's egress probe already ran a root bwrap sandbox that worked, which is
-    all bwrap_backend.probe would find out with a sandbox of its own."""
-    found = _support.get("bwrap")
-    return found is not None and found.usable
-
-
-def _backend_of(settings: SandboxSettings) -> str:
-    kind = settings.backend
-    return "container" if kind == "container" else "local" if kind == "local" else "bwrap"
-
-
-async def resolve_mode(settings: SandboxSettings) -> tuple[str, str | None]:
+async def resolve_mode(settings: SandboxSettings) -> tuple[NetworkMode, str | None]:
     """The concrete mode for this run and a note for the user when auto could not get egress.
 
     Raises UsageError when egress was asked for explicitly and cannot be had."""
-    mode = settings.network
-    if mode not in ("auto", "egress"):
-        return mode, None
-    backend = _backend_of(settings)
+    mode = OLD_NAMES.get(settings.network, settings.network)
+    if mode not in (AUTO, NetworkMode.EGRESS):
+        return NetworkMode(mode), None
+    backend = network_backend(settings)
     support = await egress_support(backend)
     if support.usable:
-        return "egress", None
-    if mode == "egress":
+        return NetworkMode.EGRESS, None
+    if mode == NetworkMode.EGRESS:
         raise UsageError(f"--sandbox_network egress is not available with --sandbox {settings.backend}: "
                          f"{support.detail} (see `trajforge doctor`; --sandbox_network host opts into the host network)")
-    if backend == "local":
-        return "host", None  # the local backend never isolates anything; nothing to announce
-    return "host", (f"egress networking is not available here ({support.detail}); samples share the "
-                    "host network (--sandbox_network host); see `trajforge doctor`")
+    if NetworkMode.EGRESS not in SANDBOXES[backend].capabilities.networks:
+        return NetworkMode.HOST, None  # a backend that never isolates the network: nothing to announce
+    return NetworkMode.HOST, (f"egress networking is not available here ({support.detail}); samples share the "
+                              "host network (--sandbox_network host); see `trajforge doctor`")
 
 
-async def doctor_rows() -> dict[str, dict[str, object]]:
-    """`trajforge doctor`: each network mode and whether it works for bwrap here."""
-    egress = await egress_support("bwrap")
-    return {
-        "egress": {"usable": egress.usable, "detail": egress.detail,
-                   "slirp4netns": tool_path("slirp4netns"), "pasta": tool_path("pasta"), "nft": tool_path("nft")},
-        "host": {"usable": True, "detail": "the host's network, loopback and private ranges included (opt-in)"},
-        "none": {"usable": True, "detail": "an empty network namespace"},
-        "auto": "egress" if egress.usable else "host",
-    }
+_DETAILS = {NetworkMode.HOST: "the host's network, loopback and private ranges included (opt-in)",
+            NetworkMode.NONE: "an empty network namespace"}
+
+
+async def doctor_rows(settings: SandboxSettings) -> dict[str, object]:
+    """`trajforge doctor`: each network mode and whether it works for the backend `auto` prefers here."""
+    egress = await egress_support(network_backend(settings))
+    rows: dict[str, object] = {
+        NetworkMode.EGRESS: {"usable": egress.usable, "detail": egress.detail, "slirp4netns": tool_path("slirp4netns"),
+                             "pasta": tool_path("pasta"), "nft": tool_path("nft")}}
+    rows |= {mode: {"usable": True, "detail": detail} for mode, detail in _DETAILS.items()}
+    rows[AUTO] = NetworkMode.EGRESS if egress.usable else NetworkMode.HOST
+    return {str(k): v for k, v in rows.items()}

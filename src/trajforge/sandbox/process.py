@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trajforge.sandbox.inside import commands
-from trajforge.sandbox.base import ExecResult
+from trajforge.sandbox.interface import ExecResult
 
 DEFAULT_OUTPUT_CAP = 50_000  # bytes kept per stream of a foreground command
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -65,8 +65,8 @@ def clean_env(home: str, extra: Mapping[str, str] | None = None) -> dict[str, st
 
     PATH is fixed rather than copied so the runner's virtualenv (and its pip) is not the
     sample's `python`. SHELL is set because bash looks it up in the user database otherwise, and
-    a sample's uid (root-mode bwrap) has no entry there: that lookup (every NSS source of
-    nsswitch.conf, systemd's included) cost each command ~0.5 ms of CPU, a quarter of a `bash -c`."""
+    a sample's uid (root-mode bwrap) has no entry there: that lookup goes through every NSS source
+    of nsswitch.conf, systemd's included, on every command (its cost: bench/RESULTS.md)."""
     env = {"PATH": SAFE_PATH, "HOME": home, "SHELL": SHELL, "LANG": "C.UTF-8", "TERM": "dumb", "PAGER": "cat"}
     env.update(extra or {})
     return env
@@ -96,9 +96,8 @@ _ULIMIT = {resource.RLIMIT_CPU: ("t", 1), resource.RLIMIT_AS: ("v", 1024),
 def bash_limits_prefix(limits: Limits) -> str:
     """The limits of make_preexec, set by bash itself: a prefix for a `bash -c` script.
 
-    Any preexec_fn makes Python fork() the whole runner instead of vfork(); for an 80 MB runner
-    that costs ~8 ms of CPU per command instead of ~1.5 ms (bench/RESULTS.md), the largest
-    per-command cost there was. The prefix stays on the script's first line, so bash's line numbers
+    Any preexec_fn makes Python fork() the whole runner instead of vfork(), the largest
+    per-command cost there was (bench/RESULTS.md). The prefix stays on the script's first line, so bash's line numbers
     still match the command's; if a limit cannot be set the command does not run (exit 126).
     Units round down, so a limit is never looser than asked. bash only: dash counts -f in 512s."""
     steps = []

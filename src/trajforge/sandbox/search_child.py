@@ -5,8 +5,9 @@ of the files it copied out).
 `re` holds the GIL while it matches, so a pattern that backtracks without end (`(a+)+$` over a
 line of a's) in a thread of the runner stalled every session of the run, Ctrl-C included. In a
 child, fsops.limited stops it with the child's own alarm, and if even that fails the child is
-killed. The child is this package's fsops under `python -I -S` (~30 ms to start): search_files
-is rare next to commands, and its cost stays off the runner's event loop.
+killed. The child is this package's fsops under `python -I -S`: its start is dear next to a
+command's (bench/RESULTS.md), but search_files is rare next to commands, and its cost stays off
+the runner's event loop.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 from typing import Any
 
 from trajforge.sandbox.inside import fsops
-from trajforge.sandbox.base import SandboxError, raise_reply
+from trajforge.sandbox.interface import SandboxError, raise_reply
 from trajforge.sandbox.process import SAFE_PATH
 
 _CODE = "import sys;sys.path.insert(0,sys.argv[1]);from trajforge.sandbox.inside.fsops import child_main;child_main()"

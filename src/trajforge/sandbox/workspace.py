@@ -23,7 +23,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.interface import SandboxError
 from trajforge.sandbox.host.disk import mount_table, pid_alive
 from trajforge.sandbox.process import SAFE_PATH
 

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trajforge.errors import SampleFailure
-from trajforge.sandbox.base import Provider, SandboxError
+from trajforge.sandbox.interface import Provider, SandboxError
 from trajforge.sandbox.backends.container.container_backend import ContainerBackend, backend_for
 from trajforge.sandbox.backends.container.container_engine import cache_dir
 from trajforge.sandbox.backends.container.image_build import BuildOutcome, build_image, image_config, image_present, log_tail
-from trajforge.tasks.settings import TaskSettings
-from trajforge.tasks.spec import TaskSpec
+from trajforge.tasks.task_settings import TaskSettings
+from trajforge.task_spec import TaskSpec
 
 TAG_PREFIX = "localhost/trajforge-task-env"
 DEFAULT_WORKDIR = "/app"

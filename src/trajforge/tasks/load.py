@@ -22,7 +22,7 @@ from pathlib import Path
 
 from trajforge.dataset import LoadedDataset, Sample, listed
 from trajforge.errors import DatasetError
-from trajforge.tasks.spec import MAX_INSTRUCTION_BYTES, TaskProblem, TaskSpec, build_spec, parse_task_toml
+from trajforge.task_spec import MAX_INSTRUCTION_BYTES, TaskProblem, TaskSpec, build_spec, parse_task_toml
 
 
 def tree_hash(root: Path) -> str:

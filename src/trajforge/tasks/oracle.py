@@ -18,8 +18,8 @@ from trajforge.redact import REGISTRY
 from trajforge.sandbox.backends.container.container_sandbox import ContainerSandbox
 from trajforge.sandbox.backends.container.container_ops import copy_in, exec_as, root_sh
 from trajforge.tasks.reward import clip_output
-from trajforge.tasks.settings import TaskSettings
-from trajforge.tasks.spec import TaskSpec
+from trajforge.tasks.task_settings import TaskSettings
+from trajforge.task_spec import TaskSpec
 from trajforge.tools.terminal import TerminalTool
 
 ORACLE_MODEL = "oracle"

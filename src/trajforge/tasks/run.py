@@ -14,13 +14,13 @@ from typing import Any
 
 from trajforge.agent.atif import document, messages_of
 from trajforge.agent.loop import SessionResult
-from trajforge.sandbox.base import Provider
+from trajforge.sandbox.interface import Provider
 from trajforge.sandbox.backends.container.container_sandbox import ContainerSandbox
 from trajforge.sandbox.backends.container.container_ops import make_container, pids
 from trajforge.tasks.environment import task_images
 from trajforge.tasks.oracle import ORACLE_MODEL, run_oracle
-from trajforge.tasks.settings import TaskSettings
-from trajforge.tasks.spec import TaskSpec
+from trajforge.tasks.task_settings import TaskSettings
+from trajforge.task_spec import TaskSpec
 from trajforge.tasks.verify import run_tests
 
 

@@ -32,8 +32,8 @@ from trajforge.redact import REGISTRY
 from trajforge.sandbox.backends.container.container_sandbox import ContainerSandbox
 from trajforge.sandbox.backends.container.container_ops import copy_in, exec_as, read_file_out, root_sh, stop_all
 from trajforge.tasks.reward import Reward, parse_json, parse_txt, verification
-from trajforge.tasks.settings import TaskSettings
-from trajforge.tasks.spec import TaskSpec
+from trajforge.tasks.task_settings import TaskSettings
+from trajforge.task_spec import TaskSpec
 
 REWARD_LIMIT = 1 << 20
 _RESET = ("rm -rf /tests /logs && mkdir -p /tests /logs/agent /logs/verifier && chmod 755 /tests /logs /logs/agent "
@@ -45,7 +45,7 @@ async def prepare(sb: ContainerSandbox, spec: TaskSpec, keep: set[int], trajecto
     await stop_all(sb, keep)
     res = await root_sh(sb, _RESET)
     if res.exit_code != 0:
-        from trajforge.sandbox.base import SandboxError
+        from trajforge.sandbox.interface import SandboxError
 
         raise SandboxError(f"cannot reset /tests and /logs in container {sb.name}: {res.stderr.strip()[-300:]}")
     await copy_in(sb, spec.tests_dir, "/tests")

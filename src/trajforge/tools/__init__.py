@@ -1,1 +1,1 @@
-"""Tools the agent can call, grouped into toolsets, and the distributions that sample toolsets."""
+"""Tools the agent can call, grouped into toolsets (the toolsets are declared in trajforge.catalog)."""

@@ -22,8 +22,8 @@ from trajforge.model.factory import is_local_model, is_loopback, make_client, re
 from trajforge.model.types import ModelClient, Usage
 
 if TYPE_CHECKING:
-    from trajforge.tools.base import ToolContext
-    from trajforge.tools.settings import ToolSettings
+    from trajforge.tools.tool import ToolContext
+    from trajforge.tools.tool_settings import ToolSettings
 
 NO_KEY = "no-key"  # loopback servers accept any key; the SDK insists on one
 

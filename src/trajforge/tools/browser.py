@@ -17,13 +17,13 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trajforge.tools.base import Toolset, Unavailable
+from trajforge.tools.tool import Toolset, Unavailable
 
 if TYPE_CHECKING:
-    from trajforge.catalog.settings import BrowserSettings
+    from trajforge.catalog.tools_config import BrowserSettings
     from trajforge.tools.browser_session import BrowserBackend
     from trajforge.tools.egress_proxy import EgressProxy
-    from trajforge.tools.settings import ToolSettings
+    from trajforge.tools.tool_settings import ToolSettings
 
 NAME = "browser"
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")

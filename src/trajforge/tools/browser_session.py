@@ -29,12 +29,12 @@ from playwright.async_api import Error as PlaywrightError
 
 from trajforge.jsonio import dumps_str
 from trajforge.tools import browser_console
-from trajforge.tools.base import ToolContext, ToolInfraError
+from trajforge.tools.tool import ToolContext, ToolInfraError
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser, BrowserContext, CDPSession, Page, Playwright
 
-    from trajforge.catalog.settings import BrowserSettings
+    from trajforge.catalog.tools_config import BrowserSettings
     from trajforge.netpolicy import Policy
 
 STATE_KEY = "browser"

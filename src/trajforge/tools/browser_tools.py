@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from playwright.async_api import Error as PlaywrightError
 
-from trajforge.tools.base import Tool, ToolContext, error, ok
+from trajforge.tools.tool import Tool, ToolContext, error, ok
 from trajforge.tools.browser_images import IMAGES_JS, capped_images
 from trajforge.tools.browser_snapshot import normalize_ref, ref_locator, take_snapshot
 

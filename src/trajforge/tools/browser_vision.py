@@ -11,11 +11,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from trajforge.tools.aux_models import ToolUnavailable
-from trajforge.tools.base import error
+from trajforge.tools.tool import error
 from trajforge.tools.vision import ask, data_url, vision_client
 
 if TYPE_CHECKING:
-    from trajforge.tools.base import ToolContext
+    from trajforge.tools.tool import ToolContext
 
 
 async def ask_about_screenshot(png: bytes, question: str, ctx: ToolContext) -> str:

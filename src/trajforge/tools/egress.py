@@ -26,7 +26,7 @@ import httpx
 from trajforge.netpolicy import Policy, make_policy
 
 if TYPE_CHECKING:
-    from trajforge.tools.settings import ToolSettings
+    from trajforge.tools.tool_settings import ToolSettings
 
 CONNECT_TIMEOUT = 10.0
 

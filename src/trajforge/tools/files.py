@@ -14,15 +14,15 @@ import re
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from trajforge.sandbox.base import FileOpError, PathEscapeError, SandboxError, SymlinkError
+from trajforge.sandbox.interface import FileOpError, PathEscapeError, SandboxError, SymlinkError
 from trajforge.sandbox.inside.fsops import SKIP_DIRS
 from trajforge.sandbox.inside.safe_fs import MAX_DEPTH
-from trajforge.tools.base import Tool, ToolContext, ToolInfraError, Toolset, error, ok
+from trajforge.tools.tool import Tool, ToolContext, ToolInfraError, Toolset, error, ok
 from trajforge.tools.patch_hints import change_diff, closest_hint, occurrence_lines
 from trajforge.tools.read_lines import Binary, TooLarge, Window, read_window
 
 if TYPE_CHECKING:
-    from trajforge.tools.settings import ToolSettings
+    from trajforge.tools.tool_settings import ToolSettings
 
 MAX_READ_BYTES = 256 << 20  # beyond this, reading (even counting lines) is a job for `sed -n`
 # Bytes all of a sample's read_file calls may stream through the runner (~3 ms of its CPU per MiB,

@@ -24,16 +24,16 @@ from openai import AsyncOpenAI
 
 from trajforge.model.retry import RetryPolicy
 from trajforge.netpolicy import Policy, make_policy
-from trajforge.sandbox.base import FileOpError, PathEscapeError
+from trajforge.sandbox.interface import FileOpError, PathEscapeError
 from trajforge.tools import http_fetch
 from trajforge.tools.aux_models import ToolUnavailable, endpoint_key, endpoint_url
 from trajforge.tools.egress import policy_for
-from trajforge.tools.base import Tool, ToolContext, Toolset, Unavailable, error, ok
-from trajforge.catalog.settings import ImageGenSettings
+from trajforge.tools.tool import Tool, ToolContext, Toolset, Unavailable, error, ok
+from trajforge.catalog.tools_config import ImageGenSettings
 from trajforge.tools.vision import image_mime
 
 if TYPE_CHECKING:
-    from trajforge.tools.settings import ToolSettings
+    from trajforge.tools.tool_settings import ToolSettings
 
 _EXT = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp"}
 _SLUG = re.compile(r"[^a-z0-9]+")

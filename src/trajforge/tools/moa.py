@@ -20,11 +20,11 @@ from trajforge.errors import FatalModelError
 from trajforge.model.errors import ModelCallError
 from trajforge.model.types import Completion, ModelClient
 from trajforge.tools.aux_models import ToolUnavailable, is_default_endpoint, record_usage, tool_client
-from trajforge.tools.base import Tool, ToolContext, Toolset, Unavailable, error, ok
-from trajforge.catalog.settings import MoaSettings
+from trajforge.tools.tool import Tool, ToolContext, Toolset, Unavailable, error, ok
+from trajforge.catalog.tools_config import MoaSettings
 
 if TYPE_CHECKING:
-    from trajforge.tools.settings import ToolSettings
+    from trajforge.tools.tool_settings import ToolSettings
 
 # OpenRouter model names: four strong models from different families, for diverse answers.
 DEFAULT_REFERENCE_MODELS = ("anthropic/claude-sonnet-4.6", "google/gemini-2.5-pro", "openai/gpt-5",

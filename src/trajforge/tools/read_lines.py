@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trajforge.sandbox.base import Sandbox
+    from trajforge.sandbox.interface import Sandbox
 
 PIECE = 1 << 20  # a multiple of 64 KiB: the container's exec path seeks with dd then
 TRUNCATED = " [... line truncated ...]\n"

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trajforge.jsonio import dumps_str
-from trajforge.sandbox.base import Job as SandboxJob
-from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.interface import Job as SandboxJob
+from trajforge.sandbox.interface import SandboxError
 from trajforge.sandbox.process import cap_text, truncation_marker
-from trajforge.tools.base import Tool, ToolContext, ToolInfraError, Toolset, error, ok
+from trajforge.tools.tool import Tool, ToolContext, ToolInfraError, Toolset, error, ok
 
 if TYPE_CHECKING:
-    from trajforge.tools.settings import ToolSettings
+    from trajforge.tools.tool_settings import ToolSettings
 
 OUTPUT_CAP = 50_000  # bytes of output returned per call
 MAX_RUNNING_JOBS = 16

@@ -18,16 +18,16 @@ from typing import TYPE_CHECKING, Any
 from trajforge.errors import FatalModelError
 from trajforge.model.errors import ModelCallError
 from trajforge.model.types import ModelClient
-from trajforge.sandbox.base import FileOpError, PathEscapeError
+from trajforge.sandbox.interface import FileOpError, PathEscapeError
 from trajforge.tools import http_fetch
 from trajforge.tools.aux_models import ToolUnavailable, record_usage, tool_client
 from trajforge.netpolicy import Policy, make_policy
-from trajforge.tools.base import Tool, ToolContext, Toolset, Unavailable, error, ok
-from trajforge.catalog.settings import VisionSettings
+from trajforge.tools.tool import Tool, ToolContext, Toolset, Unavailable, error, ok
+from trajforge.catalog.tools_config import VisionSettings
 from trajforge.tools.egress import policy_for
 
 if TYPE_CHECKING:
-    from trajforge.tools.settings import ToolSettings
+    from trajforge.tools.tool_settings import ToolSettings
 
 _MAGIC = ((b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8\xff", "image/jpeg"), (b"GIF87a", "image/gif"),
           (b"GIF89a", "image/gif"))

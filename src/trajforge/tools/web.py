@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from trajforge.tools import http_fetch
 from trajforge.netpolicy import Policy
-from trajforge.tools.base import Tool, ToolContext, Toolset, Unavailable, error, ok
-from trajforge.catalog.settings import WebSettings
+from trajforge.tools.tool import Tool, ToolContext, Toolset, Unavailable, error, ok
+from trajforge.catalog.tools_config import WebSettings
 from trajforge.tools.egress import policy_for
 from trajforge.tools.web_content import Page, extract
 from trajforge.tools.web_search import SearchError, SearchProvider, choose_provider
 
 if TYPE_CHECKING:
-    from trajforge.tools.settings import ToolSettings
+    from trajforge.tools.tool_settings import ToolSettings
 
 
 class WebToolset(Toolset):

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from trajforge.catalog.settings import WebSettings
+from trajforge.catalog.tools_config import WebSettings
 
 
 class SearchError(Exception):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from trajforge.sandbox.base import ExecResult, Sandbox, SandboxError
+from trajforge.sandbox.interface import ExecResult, Sandbox, SandboxError
 from trajforge.verify.result import Part
 
 TAIL_CHARS = 2000

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from trajforge.model.types import ModelClient, Usage
-from trajforge.sandbox.base import Sandbox
+from trajforge.sandbox.interface import Sandbox
 from trajforge.verify.answer import matches
 from trajforge.verify.check import run_check
 from trajforge.errors import DatasetError, UsageError

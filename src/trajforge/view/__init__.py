@@ -2,5 +2,5 @@
 
 index.py scans the files into compact entries (offsets, never conversations), summary.py and
 overview.py turn entries into the list's rows and the overview's figures, conversation.py turns one
-saved conversation into display turns, server.py is the web app (JSON API, static/ page), cli.py the command.
+saved conversation into display turns, server.py is the web app (JSON API, static/ page), view_command.py the command.
 """

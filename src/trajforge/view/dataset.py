@@ -121,9 +121,9 @@ def load_rows(run_dir: Path) -> tuple[DatasetRows | None, str | None]:
     try:
         config = RunConfig.model_validate({**{k: raw[k] for k in _ROW_SETTINGS if k in raw},
                                            "dataset_file" if not isinstance(raw.get("tasks"), str) else "tasks": path,
-                                           "run_name": "view"})
+                                           "run_name": run_dir.name})
     except ValidationError:
-        config = RunConfig(dataset_file=path, run_name="view", skip_invalid=True, max_samples=limit)
+        config = RunConfig(dataset_file=path, run_name=run_dir.name, skip_invalid=True, max_samples=limit)
     try:
         if config.tasks is not None:
             from trajforge.tasks.load import load_tasks

@@ -38,7 +38,7 @@ from trajforge.runner import journal, store
 from trajforge.runner.checkpoint import JOURNAL_FILE
 from trajforge.runner.keys import key_of
 from trajforge.runner.stats import Totals, run_pace
-from trajforge.tools.registry import KNOWN_TOOLS
+from trajforge.tools.toolsets import KNOWN_TOOLS
 from trajforge.view.columns import BY_ID, BY_ID_AT_LINE, BY_LINE, OUTCOME, Columns
 from trajforge.view.dataset import DatasetRows, load_rows
 from trajforge.view.summary import Entry, outcome_entry, summarise, task_type_of, used_tools

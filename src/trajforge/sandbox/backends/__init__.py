@@ -1,1 +1,1 @@
-"""The sandbox backends, one package each: local, bwrap, container (factory.BACKENDS)."""
+"""The sandbox backends, one package each, each declared by a spec in trajforge.catalog.sandboxes (SANDBOXES)."""

@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.interface import SandboxError
 from trajforge.sandbox.process import SAFE_PATH, tool_path
 
 FORWARDER_IDS = (1_700_000_000, 100_000_000)  # first id, how many

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.interface import SandboxError
 from trajforge.sandbox.host.disk import pid_alive
 
 ROOT = Path("/sys/fs/cgroup")

@@ -14,7 +14,7 @@ import re
 import shutil
 from pathlib import Path
 
-from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.interface import SandboxError
 
 _IMAGE_TAG = ".trajforge-"
 # The runner's pid in a disk image's name, and `.img` (with the image's number, for a pool's) or

@@ -1,22 +1,22 @@
 """Size-limited filesystems for the slots' workspaces: regions of a few sparse images, no mkfs each.
 
 The workspace disk limit is an ext4 filesystem of `sandbox_disk` bytes on a loop device, so the
-kernel refuses writes beyond it (ENOSPC). `mkfs.ext4` per disk costs ~13 ms of CPU; here it runs
+kernel refuses writes beyond it (ENOSPC). `mkfs.ext4` per disk is dear; here it runs
 once per pool (`Template`, with no resize inode and no journal, an empty image holds ~230 KB of
 data), and every further disk is a copy of its data extents (copy_file_range) into a *region* of
 a sparse image file shared by many slots, attached with the loop ioctls at the region's offset
 and size limit and mounted with mount(2): no process started. A file and a directory per slot on
-the host's filesystem would cost ~2 ms more each (inode allocation and removal: on a churned
-ext4 without a journal the allocator skips recently deleted inodes one by one), so regions of
+the host's filesystem would cost more each (inode allocation and removal: on a churned ext4
+without a journal the allocator skips recently deleted inodes one by one), so regions of
 one image file (a new file every REGION_BYTES_PER_FILE) are never reused within a run (a lazily
 unmounted filesystem may still be writing to its own; a released region's blocks are punched
 out at once), and the mount points are directories of one small private tmpfs (`Disks.points`).
 `noinit_itable`: the kernel would otherwise zero the inode tables in the background, writing
-~100 MB into each region for nothing (unused inodes are flagged in the group descriptors).
+into each region for nothing (unused inodes are flagged in the group descriptors).
 The template holds one directory, WORKSPACES, under which the samples' workspaces are made, and
 no lost+found (a sample never sees the disk's root): ext4 spreads directories made in the root
-over the block groups (Orlov), which costs ~0.25 ms per workspace on a 10 GB disk, while one
-made in a subdirectory stays in its parent's group (~0.03 ms).
+over the block groups (Orlov), while one made in a subdirectory stays in its parent's group, at
+a fraction of the cost (figures of all three: bench/RESULTS.md).
 
 Images, the template and the tmpfs carry the runner's pid in their names (`.slots.trajforge-<pid>`
 and `.slots.trajforge-<pid>-<n>.img`), so disk.sweep_images unmounts and deletes those of a
@@ -36,7 +36,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.interface import SandboxError
 from trajforge.sandbox.host.disk import _IMAGE_TAG, human
 from trajforge.sandbox.process import SAFE_PATH
 

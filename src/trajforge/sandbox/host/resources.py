@@ -18,9 +18,9 @@ import os
 from pathlib import Path
 
 from trajforge.sandbox.host import cgroups
-from trajforge.sandbox.base import SandboxLimitError
+from trajforge.sandbox.interface import SandboxLimitError
 from trajforge.sandbox.host.disk import DiskImage, disk_usable, human, sweep_images
-from trajforge.sandbox.settings import SampleLimits
+from trajforge.sandbox.sandbox_settings import ResourceLimits
 from trajforge.sandbox.workspace import report_swept, sweep_roots
 
 _swept = False
@@ -56,7 +56,7 @@ class Resources:
     """The limits of one root-mode container sample beside the engine's (container_sandbox.py): its
     workspace disk, and the checks of /tmp and /dev/shm."""
 
-    def __init__(self, limits: SampleLimits) -> None:
+    def __init__(self, limits: ResourceLimits) -> None:
         self.limits = limits
         self.disk: DiskImage | None = None
         self.ns_pid = 0

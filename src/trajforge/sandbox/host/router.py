@@ -27,7 +27,7 @@ import tempfile
 from collections.abc import Sequence
 
 from trajforge.netpolicy import BLOCKED_V4, host_addresses
-from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.interface import SandboxError
 from trajforge.sandbox.dns.service import PORT as DNS_PORT
 from trajforge.sandbox.dns.service import DnsForwarder
 from trajforge.sandbox.host.zygote_client import Zygote
@@ -126,13 +126,19 @@ class Router:
             raise SandboxError(f"cannot install the egress firewall: {err.decode(errors='replace').strip()[-300:]}")
 
     async def _slirp(self, slirp: str) -> None:
+        unshare = tool_path("unshare") or "unshare"
         exit_r, self._exit_w = os.pipe()
         ready_r, ready_w = os.pipe()
         # stderr to an unnamed file, read only when the start fails (a pipe nobody drains would
         # keep the transport open for the run's whole life).
         errors = tempfile.TemporaryFile()
         try:
+            # In a mount namespace of its own, private: slirp4netns's --enable-sandbox (1.2.0)
+            # pivots and detaches the old root without making it private first, and the unmount
+            # then reached every shared mount of the host (/run/netns/*: every `ip netns` and
+            # Podman container namespace lost its mount, and `podman ps` failed from then on).
             self.proc = await asyncio.create_subprocess_exec(
+                unshare, "--mount", "--propagation", "private", "--",
                 slirp, "--configure", "--mtu=65520", "--disable-host-loopback", "--enable-sandbox",
                 "--enable-seccomp", f"--exit-fd={exit_r}", f"--ready-fd={ready_w}", "--netns-type=path",
                 self.path, "tap0", stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,

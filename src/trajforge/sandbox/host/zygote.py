@@ -260,8 +260,9 @@ def _inside_id(map_path: str, host: int) -> int:
 
 def reply_encoder():  # type: ignore[no-untyped-def]
     """The sandbox helpers' reply encoder in place of helper._enc, which spares a helper started alone
-    the import of json: here json's C encoder is imported once, before any fork, and costs ~15 us
-    less per reply. The same JSON for the runner (tests/test_sandbox_isolation.py)."""
+    the import of json: here json's C encoder is imported once, before any fork, and is cheaper per
+    reply than the helper's own (bench/RESULTS.md). The same JSON for the runner
+    (tests/sandbox/test_isolation.py)."""
     import json
 
     return functools.partial(json.dumps, ensure_ascii=False, separators=(",", ":"), default=str)

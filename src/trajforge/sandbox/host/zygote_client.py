@@ -22,7 +22,7 @@ import struct
 import sys
 from typing import Any
 
-from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.interface import SandboxError
 from trajforge.sandbox.process import SAFE_PATH
 
 _FRAME = struct.Struct("<I")

@@ -1,7 +1,10 @@
-"""The bwrap backend's registration: the probe, and the per-run settings every sample shares.
+"""The bwrap backend's entry points: the probe, and the per-run settings every sample shares.
 
-`make` (factory.BACKENDS) builds a sample's BwrapSandbox (bwrap_sandbox.py) from what the run's provider
-holds, worked out once (`_Run`): in root mode the run's runtime (bwrap_runtime.py), whose start is
+Its spec (trajforge.catalog.sandboxes) names `make`, `status` (the probe), `egress_probe` and
+`prepare`, and says a sample's sandbox is made at its first tool call: as root a sample takes a
+sandbox made ahead of time (sandbox_pool.py) then, so a two-call sample holds one about half as
+long, and one that calls no tool takes none (sandbox/lazy.py). `make` builds a sample's
+BwrapSandbox (bwrap_sandbox.py) from what the run's provider holds, worked out once (`_Run`): in root mode the run's runtime (bwrap_runtime.py), whose start is
 itself the proof that bwrap works here; in user mode the result of `probe`, a real sandbox.
 """
 
@@ -11,21 +14,21 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from trajforge.sandbox.base import Provider, SandboxError
+from trajforge.sandbox.interface import Provider, SandboxError
 from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
 from trajforge.sandbox.backends.bwrap.bwrap_layout import NOT_FOUND, SYSTEM_DIRS, find_bwrap
 from trajforge.sandbox.backends.bwrap.bwrap_runtime import RootRuntime, root_runtime
 from trajforge.sandbox.backends.bwrap.bwrap_start import helper_python
-from trajforge.sandbox.network import bwrap_proven
+from trajforge.catalog.sandboxes import NetworkMode
+from trajforge.sandbox.network import EgressSupport
 from trajforge.sandbox.process import SAFE_PATH, Limits, run_argv
 from trajforge.sandbox.host.cgroups import hierarchies
-from trajforge.sandbox.host.resources import SampleLimits
+from trajforge.sandbox.host.resources import ResourceLimits
+from trajforge.sandbox.sandbox_settings import SandboxSettings
 
-# As root, a sample takes a sandbox made ahead of time (sandbox_pool.py) at its first tool call: a
-# two-call sample holds one about half as long, and one that calls no tool takes none
-# (sandbox/lazy.py, factory.made_on_first_use).
-MAKE_ON_FIRST_USE = True
+_proven: list[bool] = []  # a root egress probe sandbox worked in this process (egress_probe)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,10 +38,28 @@ class BwrapStatus:
     mode: str  # "root" or "user"
     detail: str  # version, or why it is not usable
 
+    @property
+    def uses(self) -> str:
+        return self.path or ""
+
+    def note(self) -> str:
+        if not self.usable:
+            return ""
+        if self.mode == "root":
+            return ("; runner is root: fresh namespaces and cgroup per sample, made ahead of time and used once, "
+                    "commands and helper as a per-sample uid without privileges (process limit enforced)")
+        return "; unprivileged: a user namespace per sample (process limit not enforced per sample)"
+
+    def doctor_row(self) -> dict[str, Any]:
+        return {"usable": self.usable, "path": self.path, "mode": self.mode, "detail": self.detail + self.note()}
+
+    def doctor_lines(self) -> list[str]:
+        return [f"{self.path or '-'}: {self.detail}{self.note()}"]
+
 
 async def probe() -> BwrapStatus:
-    """Whether bwrap works here, by starting a real sandbox (~50 ms). Not cached: the run's
-    provider keeps the answer (probe_status)."""
+    """Whether bwrap works here, by starting a real sandbox. Not cached: the run's provider keeps
+    the answer (probe_status)."""
     mode = "root" if os.geteuid() == 0 else "user"
     path = find_bwrap()
     if path is None:
@@ -47,10 +68,10 @@ async def probe() -> BwrapStatus:
     if not os.access(python, os.X_OK):
         return BwrapStatus(False, path, mode, f"no Python interpreter for the sandbox helper ({python})")
     version = (await run_argv([path, "--version"], timeout=10, cwd=None, env={"PATH": SAFE_PATH})).stdout.strip()
-    if mode == "root" and bwrap_proven():  # the run's preflight egress probe was such a sandbox (~60 ms saved)
+    if mode == "root" and _proven:  # the run's preflight egress probe was such a sandbox: one start saved
         return BwrapStatus(True, path, mode, version)
     with tempfile.TemporaryDirectory(prefix="trajforge-bwrap-probe-") as tmp:
-        sb = BwrapSandbox(Path(tmp), network=False, bwrap=path)
+        sb = BwrapSandbox(Path(tmp), network=NetworkMode.NONE, bwrap=path)
         try:
             await sb.start()
             res = await sb.exec("echo ok > probe && cat probe", timeout=10)
@@ -63,9 +84,37 @@ async def probe() -> BwrapStatus:
     return BwrapStatus(ok, path, mode, detail)
 
 
+async def status(settings: SandboxSettings) -> BwrapStatus:
+    """The spec's `status`: `probe`, which needs none of the run's settings."""
+    return await probe()
+
+
 async def probe_status(provider: Provider) -> BwrapStatus:
-    """The run's bwrap probe, made once per provider."""
+    """The run's bwrap probe, made once per provider (the provider's `status("bwrap")` too)."""
     return await provider.state("bwrap.status", probe)
+
+
+async def egress_probe() -> EgressSupport:
+    """Whether a root bwrap sample gets egress here, by a real probe sandbox (its tap0 up and the
+    firewall loaded); network.egress_support checked root and the tools already."""
+    path = find_bwrap()
+    if path is None:
+        return EgressSupport(False, "bwrap is not installed")
+    # Root only: a real egress sandbox is also the proof that bwrap works (probe skips its own).
+    with tempfile.TemporaryDirectory(prefix="trajforge-egress-probe-") as tmp:
+        sb = BwrapSandbox(Path(tmp), network=NetworkMode.EGRESS, bwrap=path)
+        try:
+            await sb.start()
+            res = await sb.exec("grep -c eth0 /proc/net/dev", timeout=10)
+            if res.exit_code == 0:
+                _proven.append(True)
+                return EgressSupport(True, "a router namespace per run: slirp4netns (--disable-host-loopback) "
+                                           "+ nftables blocks")
+            return EgressSupport(False, f"a probe sandbox has no eth0: {(res.stderr or res.stdout).strip()[-200:]}")
+        except SandboxError as e:
+            return EgressSupport(False, str(e))
+        finally:
+            await sb.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +122,9 @@ class _Run:
     """What every bwrap sample of a run shares, worked out once per provider."""
 
     status: BwrapStatus
-    network: str
+    network: NetworkMode
     limits: Limits
-    sample_limits: SampleLimits
+    sample_limits: ResourceLimits
     keep: bool
     allow: tuple[str, ...]
     nproc: int
@@ -131,6 +180,5 @@ async def make(provider: Provider, *, cwd: str | None, image: str | None, root: 
     run = await provider.state("bwrap.run", work_out)
     if isinstance(run, SandboxError):
         raise run
-    return BwrapSandbox(root, keep=run.keep, cwd=cwd, limits=run.limits, network=run.network == "host",
-                        egress=run.network == "egress", allow=run.allow, sample_limits=run.sample_limits,
-                        nproc=run.nproc, bwrap=run.status.path, runtime=run.runtime)
+    return BwrapSandbox(root, keep=run.keep, cwd=cwd, limits=run.limits, network=run.network, allow=run.allow,
+                        sample_limits=run.sample_limits, nproc=run.nproc, bwrap=run.status.path, runtime=run.runtime)

@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.interface import SandboxError
 from trajforge.sandbox.backends.bwrap.bwrap_layout import (
     NOT_FOUND,
     WORKSPACE,
@@ -31,21 +31,22 @@ from trajforge.sandbox.backends.bwrap.bwrap_layout import (
 from trajforge.sandbox.backends.bwrap.bwrap_start import args_pipe, helper_source, holder_ready, pipe_of
 from trajforge.sandbox.host.zygote_client import Zygote
 from trajforge.sandbox.process import SAFE_PATH, kill_group
-from trajforge.sandbox.host.resources import SampleLimits
+from trajforge.sandbox.host.resources import ResourceLimits
+from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.sandbox.backends.bwrap.sandbox_pool import SandboxPool
 from trajforge.sandbox.host.router import Router, resolv_conf
 
 
 class RootRuntime:
-    def __init__(self, *, template_argv: Sequence[str], network: str, allow: Sequence[str] = (),
-                 limits: SampleLimits | None = None, files: Mapping[str, bytes] | None = None,
+    def __init__(self, *, template_argv: Sequence[str], network: NetworkMode, allow: Sequence[str] = (),
+                 limits: ResourceLimits | None = None, files: Mapping[str, bytes] | None = None,
                  nproc: int | None = None, demand: Callable[[], int] = lambda: 0) -> None:
         """template_argv: the bwrap command line of the template (bwrap.bwrap_argv), up to the command;
         files: read-only files of the system view by their path inside, bound from pipes (no host file)."""
         self.template_argv = list(template_argv)
         self.files = dict(files or {})
         self.network, self.allow = network, tuple(allow)
-        self.limits = limits or SampleLimits(memory=None, disk=None)
+        self.limits = limits or ResourceLimits(memory=None, disk=None)
         self.nproc, self.demand = nproc, demand
         self.zygote = Zygote()
         self.router: Router | None = None
@@ -57,7 +58,7 @@ class RootRuntime:
         try:
             await self.zygote.start(helper_source(zygote=True))
             await self._start_template()
-            if self.network == "egress":
+            if self.network == NetworkMode.EGRESS:
                 self.router = await Router(self.zygote, self.allow).start()
         except BaseException:
             await self.aclose()
@@ -125,8 +126,8 @@ class RootRuntime:
         await self.zygote.aclose()
 
 
-async def root_runtime(bwrap: str | None, network: str, allow: Sequence[str] = (),
-                       limits: SampleLimits | None = None, nproc: int | None = None,
+async def root_runtime(bwrap: str | None, network: NetworkMode, allow: Sequence[str] = (),
+                       limits: ResourceLimits | None = None, nproc: int | None = None,
                        demand: Callable[[], int] = lambda: 0) -> RootRuntime:
     """The run-level state of root mode (bwrap_runtime.py): its template is the sandbox's system view."""
     bwrap = bwrap or find_bwrap()
@@ -134,6 +135,6 @@ async def root_runtime(bwrap: str | None, network: str, allow: Sequence[str] = (
         raise SandboxError(NOT_FOUND)
     argv = bwrap_argv(bwrap, layout=host_layout(), binds=[], chdir="/", network=False, privileged=True,
                       extra_ro=resolv_conf_target(), extra=["--dir", WORKSPACE, "--dir", "/dev/mqueue"])
-    files = {"/etc/resolv.conf": resolv_conf()} if network == "egress" else {}  # slirp's DNS forwarder
+    files = {"/etc/resolv.conf": resolv_conf()} if network == NetworkMode.EGRESS else {}  # slirp's DNS forwarder
     return await RootRuntime(template_argv=argv, network=network, allow=allow, limits=limits, files=files,
                              nproc=nproc, demand=demand).start()

@@ -33,18 +33,19 @@ from dataclasses import replace
 from pathlib import Path
 
 from trajforge.sandbox import workspace
-from trajforge.sandbox.base import ExecResult, Job, Sandbox, SandboxError
+from trajforge.sandbox.interface import ExecResult, Job, Sandbox, SandboxError
 from trajforge.sandbox.backends.bwrap.bwrap_layout import (
     NOT_FOUND, SYSTEM_DIRS, WORKSPACE, bwrap_argv, find_bwrap, host_layout, resolv_conf_target, sample_mounts,
     shell_config,
 )
 from trajforge.sandbox.backends.bwrap.bwrap_runtime import RootRuntime, root_runtime
 from trajforge.sandbox.backends.bwrap.bwrap_start import START_TIMEOUT, chown_beneath, configure, helper_python, start_user, stop_holder
+from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.sandbox.channel import HelperChannel
 from trajforge.sandbox.host.cgroups import SampleGroup
 from trajforge.sandbox.backends.bwrap.sandbox_pool import Prepared
 from trajforge.sandbox.process import DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, Limits
-from trajforge.sandbox.host.resources import SampleLimits
+from trajforge.sandbox.host.resources import ResourceLimits
 
 
 class BwrapSandbox(Sandbox):
@@ -52,9 +53,9 @@ class BwrapSandbox(Sandbox):
 
     def __init__(
         self, root: Path, *, keep: bool = False, cwd: str | None = None, limits: Limits = DEFAULT_LIMITS,
-        network: bool = True, nproc: int | None = 512, bwrap: str | None = None,
-        output_cap: int = DEFAULT_OUTPUT_CAP, runtime: RootRuntime | None = None, egress: bool = False,
-        allow: Sequence[str] = (), sample_limits: SampleLimits | None = None,
+        network: NetworkMode = NetworkMode.HOST, nproc: int | None = 512, bwrap: str | None = None,
+        output_cap: int = DEFAULT_OUTPUT_CAP, runtime: RootRuntime | None = None,
+        allow: Sequence[str] = (), sample_limits: ResourceLimits | None = None,
     ) -> None:
         """Without a `runtime` (tests, the probe), a root-mode sandbox starts one of its own."""
         self.root, self.keep, self._cwd_arg = Path(root), keep, cwd
@@ -62,7 +63,8 @@ class BwrapSandbox(Sandbox):
         # RLIMIT_NPROC is per real uid: only meaningful with a uid of the sample's own (root mode).
         self.limits = replace(limits, nproc=nproc if self.privileged else limits.nproc)
         self.nproc = nproc
-        self.network = network
+        # Egress needs the run's router, which only root can make: unprivileged, no network at all.
+        self.network = network if self.privileged or network != NetworkMode.EGRESS else NetworkMode.NONE
         self.bwrap = bwrap or find_bwrap()
         self.output_cap = output_cap
         self.uid = os.getuid()  # root mode: the sandbox's own, once taken
@@ -70,8 +72,8 @@ class BwrapSandbox(Sandbox):
         self.workdir = WORKSPACE
         self._holder: asyncio.subprocess.Process | None = None  # user mode: the sample's bwrap
         self._channel: HelperChannel | None = None
-        self.egress, self.allow = egress and self.privileged, tuple(allow)
-        self.sample_limits = sample_limits or SampleLimits(memory=None, disk=None)
+        self.allow = tuple(allow)
+        self.sample_limits = sample_limits or ResourceLimits(memory=None, disk=None)
         self._runtime, self._own_runtime = runtime, False
         self._sandbox: Prepared | None = None  # root mode: the pool's sandbox this sample took
 
@@ -98,8 +100,7 @@ class BwrapSandbox(Sandbox):
 
     async def _start_root(self) -> None:
         if self._runtime is None:  # no run provider (tests, the probe): a runtime of our own
-            mode = "egress" if self.egress else "host" if self.network else "none"
-            self._runtime = await root_runtime(self.bwrap, mode, self.allow, self.sample_limits, self.nproc)
+            self._runtime = await root_runtime(self.bwrap, self.network, self.allow, self.sample_limits, self.nproc)
             self._own_runtime = True
         self._sandbox = sandbox = await self._runtime.pool(self.root).take()
         self.uid, self.workspace, self._channel = sandbox.uid, sandbox.workspace, sandbox.channel
@@ -131,7 +132,7 @@ class BwrapSandbox(Sandbox):
         argv = bwrap_argv(
             self.bwrap or "bwrap", layout=host_layout(),
             binds=sorted(((h, p) for p, h in points.items()), key=lambda b: len(b[1])),
-            chdir="/", network=self.network, privileged=False, extra_ro=[*resolv_conf_target(), *python_ro],
+            chdir="/", network=self.network == NetworkMode.HOST, privileged=False, extra_ro=[*resolv_conf_target(), *python_ro],
             tmp_size=self.sample_limits.tmp_size, shm_size=self.sample_limits.shm_size)
         self._holder, self._channel = await start_user(argv, python, output_cap=self.output_cap)
         # No cgroup for an unprivileged runner: commands yield the CPU to the host (doctor says so).

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from trajforge.sandbox.inside import helper
-from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.interface import SandboxError
 from trajforge.sandbox.channel import HelperChannel
 from trajforge.sandbox.process import SAFE_PATH, kill_group
 from trajforge.sandbox.host.seccomp import seccomp_program

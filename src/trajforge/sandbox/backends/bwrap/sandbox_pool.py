@@ -31,16 +31,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.sandbox import workspace
 from trajforge.sandbox.host import loopdisk
-from trajforge.sandbox.base import SandboxError, SandboxLimitError
+from trajforge.sandbox.interface import SandboxError, SandboxLimitError
 from trajforge.sandbox.host.cgroups import SampleGroup, hierarchies
 from trajforge.sandbox.channel import HelperChannel
 from trajforge.sandbox.host.disk import human
 from trajforge.sandbox.host.zygote_client import Zygote
 from trajforge.sandbox.process import DEFAULT_OUTPUT_CAP
 from trajforge.sandbox.host.resources import sweep_leftovers, tmpfs_full
-from trajforge.sandbox.settings import SampleLimits
+from trajforge.sandbox.sandbox_settings import ResourceLimits
 
 MAKING = 4  # sandboxes made at once: enough to keep the zygote, the disks' threads and the kernel busy
 THREADS = 16  # the pool's threads for calls that wait on the kernel (mounts, unmounts, cgroups)
@@ -71,7 +72,7 @@ class Prepared:
     def alive(self) -> bool:
         return self.channel is not None and not self.channel.broken and not (self.exited and self.exited.done())
 
-    def check(self, limits: SampleLimits) -> None:
+    def check(self, limits: ResourceLimits) -> None:
         """After a command: SandboxLimitError naming the limit the sample hit, if any."""
         if self.group is not None:
             kills = self.group.oom_kills()
@@ -91,7 +92,7 @@ class Prepared:
 class SandboxPool:
     """The sandboxes of one workspace root (one per run in practice)."""
 
-    def __init__(self, root: Path, zygote: Zygote, *, network: str, router: int | None, limits: SampleLimits,
+    def __init__(self, root: Path, zygote: Zygote, *, network: NetworkMode, router: int | None, limits: ResourceLimits,
                  nproc: int | None = None, demand: Callable[[], int] = lambda: 0) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.root = root.resolve()
@@ -199,8 +200,8 @@ class SandboxPool:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             sandbox.channel = HelperChannel(ours, DEFAULT_OUTPUT_CAP)
             ready = sandbox.channel.expect(0)  # the first process's first frame says it is ready
-            sandbox.link = self._new_link() if self.network == "egress" else None
-            net = {"router": self.router, "index": sandbox.link} if self.network in ("egress", "none") else None
+            sandbox.link = self._new_link() if self.network == NetworkMode.EGRESS else None
+            net = {"router": self.router, "index": sandbox.link} if self.network != NetworkMode.HOST else None
             sandbox.pid, sandbox.exited = await self.zygote.fork(
                 theirs, "sandbox", net=net, workspace=str(sandbox.workspace), tmp=lim.tmp_size, shm=lim.shm_size,
                 cgroups=sandbox.group.procs if sandbox.group is not None else [])

@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import socket
 
-from trajforge.sandbox.host.resources import SampleLimits
+from trajforge.catalog.sandboxes import NetworkMode
+from trajforge.sandbox.host.resources import ResourceLimits
 
 ID_RANGE = 65536  # ids of a container's user namespace: 0 to 65535 inside
 
@@ -29,8 +30,8 @@ SPAWN_WRAP = ('exec 3<&0; (cat <&3 >/dev/null 2>&1; kill -9 -$$ 2>/dev/null) & '
 
 
 def run_args(*, name: str, run_name: str, workspace: str, mount_at: str, cwd: str, image: str,
-             engine_flags: list[str], network: str, engine_kind: str, memory: str | None,
-             limits: SampleLimits, pids_limit: int | None, cpus: float | None, idmap: int | None = None) -> list[str]:
+             engine_flags: list[str], network: NetworkMode, engine_kind: str, memory: str | None,
+             limits: ResourceLimits, pids_limit: int | None, cpus: float | None, idmap: int | None = None) -> list[str]:
     """`run` arguments of a sample's container: labels (the sweep finds a dead runner's by owner),
     the workspace mount, the network, the limits, and `sleep infinity` as its process. `idmap`:
     the host uid and gid that the container's 0 maps to, 65,536 ids from there (a user namespace)."""
@@ -55,11 +56,11 @@ def run_args(*, name: str, run_name: str, workspace: str, mount_at: str, cwd: st
     return args + ["--entrypoint", "sleep", image, "infinity"]
 
 
-def network_args(network: str, engine_kind: str) -> list[str]:
-    """none/egress/host; "host" is the engine's default network, as before egress existed."""
-    if network == "none":
+def network_args(network: NetworkMode, engine_kind: str) -> list[str]:
+    """The host network is the engine's default network, as before egress existed."""
+    if network == NetworkMode.NONE:
         return ["--network", "none"]
-    if network == "egress" and engine_kind == "podman":
+    if network == NetworkMode.EGRESS and engine_kind == "podman":
         return ["--network", "slirp4netns:allow_host_loopback=false"]
     return []
 

@@ -25,7 +25,7 @@ import secrets
 import socket
 import subprocess
 
-from trajforge.sandbox.base import Provider, SandboxError
+from trajforge.sandbox.interface import Provider, SandboxError
 from trajforge.sandbox.backends.bwrap.bwrap_start import helper_source
 from trajforge.sandbox.channel import HelperChannel
 from trajforge.sandbox.backends.container.container_argv import ID_RANGE
@@ -154,6 +154,16 @@ async def backend_for(provider: Provider) -> ContainerBackend:
         return backend
 
     return await provider.state("container.backend", detect_and_sweep, ContainerBackend.aclose)
+
+
+async def prefetch(provider: Provider, images: list[str]) -> None:
+    """Start checking (and pulling) `images` in the background (the spec's `prefetch`); without an
+    engine, nothing: every sample with an image will say so."""
+    try:
+        backend = await backend_for(provider)
+    except SandboxError:
+        return
+    backend.images.prefetch(images)
 
 
 def kill_exec_monitors(name: str) -> int:

@@ -20,7 +20,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trajforge.sandbox.base import ExecResult
+from trajforge.sandbox.interface import ExecResult
 from trajforge.sandbox.process import SAFE_PATH, run_argv
 
 PODMAN_NOFILE = 1 << 20  # Podman's default container nofile limit (rootful)

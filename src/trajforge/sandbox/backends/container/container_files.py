@@ -21,7 +21,7 @@ import io
 import posixpath
 import tarfile
 
-from trajforge.sandbox.base import FileOpError, PathEscapeError, SandboxError, SymlinkError
+from trajforge.sandbox.interface import FileOpError, PathEscapeError, SandboxError, SymlinkError
 from trajforge.sandbox.inside.fsops import SKIP_DIRS, check_model_path
 from trajforge.sandbox.search_child import search_in_child
 from trajforge.sandbox.process import kill_group

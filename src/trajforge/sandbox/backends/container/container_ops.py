@@ -22,7 +22,8 @@ import tarfile
 from dataclasses import replace
 from pathlib import Path
 
-from trajforge.sandbox.base import ExecResult, Provider, SandboxError
+from trajforge.catalog.sandboxes import NetworkMode
+from trajforge.sandbox.interface import ExecResult, Provider, SandboxError
 from trajforge.sandbox.backends.container.container_sandbox import ContainerSandbox, _engine_failed
 from trajforge.sandbox.backends.container.container_argv import EXEC_WRAP, KILL_WRAP
 from trajforge.sandbox.backends.container.container_backend import backend_for
@@ -54,7 +55,7 @@ async def make_container(provider: Provider, *, image: str, cwd: str, root: Path
     if disk is not None:
         limits = replace(limits, disk=disk)
     return ContainerSandbox(
-        root, backend=backend, image=image, cwd=cwd, network="none" if network_none else await provider.network_mode(),
+        root, backend=backend, image=image, cwd=cwd, network=NetworkMode.NONE if network_none else await provider.network_mode(),
         allow=settings.allow, limits=limits, memory=str(memory) if memory is not None else run.memory,
         pids_limit=run.pids_limit, cpus=cpus if cpus is not None else run.cpus, run_name=run.run_name,
         keep=settings.keep_workspaces,

@@ -35,8 +35,9 @@ import shlex
 from dataclasses import replace
 from pathlib import Path
 
+from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.sandbox import workspace
-from trajforge.sandbox.base import ExecResult, Job, PathEscapeError, Provider, Sandbox, SandboxError
+from trajforge.sandbox.interface import ExecResult, Job, PathEscapeError, Provider, Sandbox, SandboxError
 from trajforge.sandbox.channel import HelperChannel
 from trajforge.sandbox.backends.container.container_argv import (
     EXEC_WRAP, ID_RANGE, JOB_LOG_BYTES, KILL_WRAP, SPAWN_WRAP, WORKSPACE, cpu_prefix, run_args,
@@ -47,7 +48,7 @@ from trajforge.sandbox.backends.container.container_engine import container_name
 from trajforge.sandbox.backends.local.local_sandbox import LocalJob
 from trajforge.sandbox.dns.service import DnsForwarder
 from trajforge.sandbox.process import DEFAULT_OUTPUT_CAP, Limits, make_preexec
-from trajforge.sandbox.host.resources import Resources, SampleLimits
+from trajforge.sandbox.host.resources import Resources, ResourceLimits
 
 
 def _engine_failed(res: ExecResult) -> bool:
@@ -73,10 +74,10 @@ async def make(provider: Provider, *, cwd: str | None, image: str | None, root: 
 
 class ContainerSandbox(Sandbox):
     def __init__(self, root: Path, *, backend: ContainerBackend, image: str, cwd: str | None = None,
-                 network: str = "host", memory: str | None = None, pids_limit: int | None = None,
+                 network: NetworkMode = NetworkMode.HOST, memory: str | None = None, pids_limit: int | None = None,
                  cpus: float | None = None, run_name: str | None = None, keep: bool = False,
                  output_cap: int = DEFAULT_OUTPUT_CAP, allow: tuple[str, ...] | list[str] = (),
-                 limits: SampleLimits | None = None, file_helper: bool = True) -> None:
+                 limits: ResourceLimits | None = None, file_helper: bool = True) -> None:
         """file_helper: file operations through a helper in the container's mount namespace (root
         runner); otherwise, or when it cannot start, one `exec` of a sh script each (container_files.py)."""
         # An absolute cwd is where the workspace is mounted; a relative one is a directory in it.
@@ -98,7 +99,7 @@ class ContainerSandbox(Sandbox):
         self.name: str | None = None
         self.allow = tuple(allow)
         # /tmp, /dev/shm and CPU from the engine; the disk image and the full-checks as for bwrap.
-        self.limits = limits or SampleLimits(memory=None, disk=None, tmp_size=None, shm_size=None, cpu_seconds=None)
+        self.limits = limits or ResourceLimits(memory=None, disk=None, tmp_size=None, shm_size=None, cpu_seconds=None)
         self._res = Resources(replace(self.limits, memory=None)) if os.geteuid() == 0 else None
 
     def _create_args(self, name: str) -> list[str]:
@@ -113,7 +114,7 @@ class ContainerSandbox(Sandbox):
     async def _after_create(self) -> None:
         """Egress: the sandbox firewall inside the container's namespace, before any exec; the
         file helper."""
-        if self.network != "egress" and self._res is None and not self._want_helper:
+        if self.network != NetworkMode.EGRESS and self._res is None and not self._want_helper:
             return
         res = await self.engine.run("inspect", "--format", "{{.State.Pid}}", self.name or "", timeout=60)
         pid = int(res.stdout.strip()) if res.exit_code == 0 and res.stdout.strip().isdigit() else 0
@@ -121,7 +122,7 @@ class ContainerSandbox(Sandbox):
             self.helper = await self.backend.file_helper(pid, cwd=self.cwd, mount=self.mount_at, cap=self.output_cap)
         if self._res is not None and pid:
             self._res.after_holder(pid)
-        if self.network == "egress":
+        if self.network == NetworkMode.EGRESS:
             if not pid or not os.path.exists(f"/proc/{pid}/ns/net"):
                 raise SandboxError(f"egress networking needs the container's process on this host "
                                    f"({self.engine.kind} inspect gave {res.stdout.strip()!r})")

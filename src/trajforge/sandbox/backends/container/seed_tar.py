@@ -37,7 +37,7 @@ import tempfile
 from pathlib import Path
 from typing import IO
 
-from trajforge.sandbox.base import SandboxError
+from trajforge.sandbox.interface import SandboxError
 
 
 class _Guard:
