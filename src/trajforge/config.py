@@ -1,8 +1,8 @@
-"""One validated run configuration: the RunConfig model and its sections.
+"""One validated run configuration: the RunConfig model.
 
 This module owns what a run's settings are and which values are valid: RunConfig (field names are
-the flag names), its nested sections (`task_types`, `distributions`, `network`, `pricing`), the
-size strings of the sandbox limits (size_bytes, kept with the other value checks in
+the flag names); its nested sections (`task_types`, `distributions`, `network`, `pricing`) and the
+wording of an unknown choice are config_sections.py's; the size strings of the sandbox limits (size_bytes, kept with the other value checks in
 trajforge.config_checks), and the wording of an unknown choice (`unknown_choice`, shared with the
 file reader). Reading a YAML file and merging defaults < file < command line, with errors
 that name the flag or file key, is trajforge.config_load's. It holds no run logic, and stays
@@ -12,21 +12,22 @@ low: it imports the toolset catalog, the model's settings types, netpolicy and i
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from trajforge.model.pricing import Price
 from trajforge.model.types import DEFAULT_MODEL, ModelSettings
-from trajforge.catalog import toolset_names
 from trajforge.catalog.distributions import Distribution, all_distributions
 from trajforge.catalog.executors import EXECUTORS
 from trajforge.catalog.sandboxes import AUTO, OLD_NAMES, backend_choices, network_choices, network_help
 from trajforge.catalog.tools_config import ToolsConfig
 from trajforge.config_checks import CHECKED_FIELDS, PID_MAX, SIZE_PATTERN, OneOf, check_value, check_whole_numbers
 from trajforge.config_checks import size_bytes  # noqa: F401 -- sample.lower_settings reads sizes from here
+from trajforge.config_sections import (  # noqa: F401 -- the sections are RunConfig's, imported from here
+    DistributionConfig, NetworkConfig, PriceConfig, TaskTypeConfig, UnknownDistribution, _Strict, suggest, unknown_choice,
+)
 
 ProviderSort = Literal["price", "throughput", "latency"]
 # A RunConfig field's `json_schema_extra`: FILE_ONLY, a key of the --config file with no flag; shown(words),
@@ -38,84 +39,6 @@ def shown(words: str) -> dict[str, Any]:
     return {"shown_default": words}
 
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class TaskTypeConfig(_Strict):
-    retry_limit: int = Field(1, ge=0, le=1_000, description="in-run retries of a failed sample of this type")
-    # Verification defaults for rows of this type (a row's own field wins); see trajforge.verify.
-    check: str | None = Field(None, min_length=1)
-    check_timeout: float | None = Field(None, gt=0)
-    expected: str | None = None
-    match: Literal["exact", "contains", "regex", "number"] | None = None
-    rubric: str | None = Field(None, min_length=1)
-    judge_threshold: float | None = Field(None, ge=0, le=1)
-
-
-class PriceConfig(_Strict):
-    """USD per million tokens of one model (config `pricing`), for providers that report no cost."""
-
-    prompt: float = Field(ge=0)
-    completion: float = Field(ge=0)
-    cached_prompt: float | None = Field(None, ge=0, description="default: the prompt price")
-
-
-class DistributionConfig(_Strict):
-    description: str = ""
-    toolsets: dict[str, float]
-
-    @field_validator("toolsets", mode="before")
-    @classmethod
-    def _no_bool_probabilities(cls, v: Any) -> Any:
-        # YAML `terminal: yes` would silently become 1%: demand a number.
-        if isinstance(v, dict):
-            for name, p in v.items():
-                if isinstance(p, bool):
-                    raise ValueError(f"probability of {name!r} must be a number of percent, got {p}")
-        return v
-
-    @field_validator("toolsets")
-    @classmethod
-    def _known_toolsets(cls, v: dict[str, float]) -> dict[str, float]:
-        for name, p in v.items():
-            if name not in toolset_names():
-                raise ValueError(unknown_choice("toolset", name, list(toolset_names())))
-            if not 0 <= p <= 100:
-                raise ValueError(f"probability of {name!r} must be within 0..100, got {p:g}")
-        if not v:
-            raise ValueError("a distribution needs at least one toolset")
-        if not any(v.values()):
-            raise ValueError("at least one toolset needs a probability above 0")
-        return v
-
-
-class NetworkConfig(_Strict):
-    """`network:` section. `allow`: CIDRs, addresses or host names that samples and the runner's
-    fetches on their behalf may reach although they are loopback/private/link-local/CGNAT
-    (netpolicy.py); host names only apply to the runner's fetches."""
-
-    allow: list[str] = Field(default_factory=list)
-
-    @field_validator("allow")
-    @classmethod
-    def _valid_entries(cls, v: list[str]) -> list[str]:
-        from trajforge.netpolicy import valid_allow_entry
-
-        for entry in v:
-            if not valid_allow_entry(entry):
-                raise ValueError(f"{entry!r} is neither a CIDR/address nor a host name")
-        return v
-
-
-class UnknownDistribution(ValueError):
-    """Raised by RunConfig's whole-model check; config_load pins it on the `distribution` key."""
-
-    def __init__(self, value: str, allowed: list[str]) -> None:
-        super().__init__(unknown_choice("distribution", value, allowed))
-        self.value, self.allowed = value, allowed
 
 
 class RunConfig(_Strict):
@@ -384,14 +307,3 @@ class RunConfig(_Strict):
         if self.api_key is not None:
             data["api_key"] = "***"
         return data
-
-
-def suggest(value: str, allowed: list[str]) -> str:
-    """'; did you mean 'x'? (allowed: a, b)': the closest name first, for typos."""
-    close = difflib.get_close_matches(value, allowed, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"{hint} (allowed: {', '.join(allowed)})"
-
-
-def unknown_choice(what: str, value: str, allowed: list[str]) -> str:
-    return f"unknown {what} {value!r}{suggest(value, allowed)}"

@@ -43,7 +43,7 @@ from trajforge.sandbox.backends.bwrap.bwrap_start import START_TIMEOUT, chown_be
 from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.sandbox.channel import HelperChannel
 from trajforge.sandbox.host.cgroups import SampleGroup
-from trajforge.sandbox.backends.bwrap.sandbox_pool import Prepared
+from trajforge.sandbox.backends.bwrap.prepared import Prepared
 from trajforge.sandbox.process import DEFAULT_LIMITS, DEFAULT_OUTPUT_CAP, Limits
 from trajforge.sandbox.host.resources import ResourceLimits
 

@@ -27,20 +27,19 @@ import random
 import socket
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.sandbox import workspace
 from trajforge.sandbox.host import loopdisk
-from trajforge.sandbox.interface import SandboxError, SandboxLimitError
+from trajforge.sandbox.interface import SandboxError
 from trajforge.sandbox.host.cgroups import SampleGroup, hierarchies
 from trajforge.sandbox.channel import HelperChannel
-from trajforge.sandbox.host.disk import human
 from trajforge.sandbox.host.zygote_client import Zygote
 from trajforge.sandbox.process import DEFAULT_OUTPUT_CAP
-from trajforge.sandbox.host.resources import sweep_leftovers, tmpfs_full
+from trajforge.sandbox.backends.bwrap.prepared import Prepared
+from trajforge.sandbox.host.resources import sweep_leftovers
 from trajforge.sandbox.sandbox_settings import ResourceLimits
 
 MAKING = 4  # sandboxes made at once: enough to keep the zygote, the disks' threads and the kernel busy
@@ -50,43 +49,6 @@ READY_TIMEOUT = 30.0
 _UID_BASE, _UID_SPAN = 1_800_000_000, 200_000_000
 _LINKS = 1 << 21
 T = TypeVar("T")
-
-
-@dataclass(slots=True)
-class Prepared:
-    """One sandbox made ahead of time (module doc)."""
-
-    name: str
-    uid: int
-    root: Path  # its disk's mount point, or a plain directory
-    workspace: Path = Path()  # on the host; /workspace inside
-    channel: HelperChannel | None = None
-    pid: int = 0  # host pid of its first process
-    exited: asyncio.Future[int] | None = None  # once reaped: every process of the sandbox is dead
-    group: SampleGroup | None = None
-    disk: loopdisk.Region | None = None
-    link: int | None = None  # its network link's index (egress)
-    _oom_seen: int = field(default=0, repr=False)
-
-    @property
-    def alive(self) -> bool:
-        return self.channel is not None and not self.channel.broken and not (self.exited and self.exited.done())
-
-    def check(self, limits: ResourceLimits) -> None:
-        """After a command: SandboxLimitError naming the limit the sample hit, if any."""
-        if self.group is not None:
-            kills = self.group.oom_kills()
-            if kills > self._oom_seen:
-                self._oom_seen = kills
-                raise SandboxLimitError(f"the sample exceeded its memory limit of {human(limits.memory or 0)} "
-                                        "(sandbox_memory): a process was killed by the kernel")
-        for inside, size, key in (("tmp", limits.tmp_size, "sandbox_tmp_size"),
-                                  ("dev/shm", limits.shm_size, "sandbox_shm_size")):
-            if tmpfs_full(f"/proc/{self.pid}/root/{inside}", size):
-                raise SandboxLimitError(f"the sample filled /{inside} ({human(size or 0)}, {key})")
-        if self.disk is not None and limits.disk and loopdisk.full(self.root, limits.disk):
-            raise SandboxLimitError(f"the sample filled its workspace disk limit of {human(limits.disk)} "
-                                    "(sandbox_disk)")
 
 
 class SandboxPool:
