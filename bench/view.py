@@ -33,7 +33,10 @@ from trajforge.view.view_command import open_source
 from trajforge.view.server import Viewer, make_app
 from aiohttp import web
 t1 = time.perf_counter()
-index = open_source(Path(sys.argv[1]))
+index = open_source(Path(sys.argv[1]))  # the first slice, as `trajforge view` serves its first page after
+index.attach_dataset()
+while index.busy():  # and the rest, which `trajforge view` reads behind the first page
+    index.refresh()
 t2 = time.perf_counter()
 print(f"imports {t1 - t0:.3f}", flush=True)
 print(f"index {t2 - t1:.3f} {len(index.entries())}", flush=True)

@@ -19,6 +19,7 @@ import pytest
 from tests.conftest import cli
 from tests.support.policies import echo_policy, tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call
+from tests.support.run_state import statuses
 from tests.runner.test_e2e import base_args, read_jsonl, run_cli, write_dataset
 from trajforge.runner.progress import Progress
 
@@ -135,8 +136,7 @@ def test_recovered_sample_that_fails_again_counts_as_failed(tmp_path: Path, serv
     assert proc.returncode == 3, proc.stderr  # the recovered sample failed: a failed sample's exit code
     stats = json.loads((run / "statistics.json").read_text())["run"]["samples"]
     assert (stats["finished"], stats["failed"]) == (3, 1)
-    statuses = Counter(e["status"] for e in json.loads((run / "checkpoint.json").read_text())["samples"].values())
-    assert statuses == {"done": 3, "failed": 1}
+    assert Counter(statuses(run).values()) == {"done": 3, "failed": 1}
 
 
 # 2. Checkpoints of the wrong shape, read-only and full disks, other OS errors -----------------------
@@ -255,8 +255,34 @@ def test_disk_full_while_writing_the_checkpoint(tmp_path: Path, server: Scripted
         assert_every_sample_once(run, prompts)
 
 
+JOURNAL_ROOM = 20000
+
+
 @needs_mount
-def test_disk_full_during_the_final_merge(tmp_path: Path, server: ScriptedServer, clean_env) -> None:
+def test_disk_full_while_committing_the_journal(tmp_path: Path, server: ScriptedServer, clean_env) -> None:
+    """Outcomes go to journal.jsonl as committed groups: a group the disk had no room for is cut
+    at the next start, and the samples it held run again (nothing of theirs reached a record)."""
+    server.handler = lambda req: http_error(400, "refused: " + "r" * 400)  # failures: journal lines, no records
+    prompts = [f"say j{i}" for i in range(80)]
+    ds = write_dataset(tmp_path / "ds.jsonl", prompts)
+    with tmpfs(tmp_path / "out", "4m") as out:
+        args = base_args(server, ds, "r", f"--output_dir={out}", "--num_workers=8")
+        filler = fill(out, JOURNAL_ROOM)  # room for the run's first files, not for its journal
+        proc = run_cli(tmp_path, clean_env, *args)
+        run = out / "r"
+        assert_one_clear_error(proc, str(run / "journal.jsonl"), "No space left on device", "--resume")
+        filler.unlink()
+        server.handler = echo_policy(turns=1)
+        proc = run_cli(tmp_path, clean_env, *args, "--resume")
+        assert proc.returncode == 0, proc.stderr
+        assert_every_sample_once(run, prompts)
+
+
+@needs_mount
+@pytest.mark.parametrize("merge", ["whole", "append"])
+def test_disk_full_during_the_final_merge(tmp_path: Path, server: ScriptedServer, clean_env, merge: str) -> None:
+    """A new first row moves every other one: trajectories.jsonl is written anew, and there is no
+    room for it. A new last row is appended to it, and there is no room for that either."""
     server.handler = big_answer_policy(40_000)
     prompts = [f"say g{i}" for i in range(20)]
     ds = write_dataset(tmp_path / "ds.jsonl", prompts)
@@ -266,8 +292,11 @@ def test_disk_full_during_the_final_merge(tmp_path: Path, server: ScriptedServer
         run = out / "r"
         old = (run / "trajectories.jsonl").read_bytes()
         assert len(old) > 600_000
-        write_dataset(ds, [*prompts, "say new"])
-        filler = fill(out, 300_000)  # room for the new sample's record, not for a new trajectories.jsonl
+        prompts = ["say new", *prompts] if merge == "whole" else [*prompts, "say new"]
+        write_dataset(ds, prompts)
+        # room for the new sample's record (40 KB), not for a new trajectories.jsonl, nor, when it
+        # is appended to, for the record once more
+        filler = fill(out, 300_000 if merge == "whole" else 64_000)
         proc = run_cli(tmp_path, clean_env, *args, "--resume")
         assert_one_clear_error(proc, str(run / "trajectories.jsonl"), "No space left on device", "--resume")
         assert (run / "trajectories.jsonl").read_bytes() == old and not list(run.glob(".*.tmp"))
@@ -276,7 +305,7 @@ def test_disk_full_during_the_final_merge(tmp_path: Path, server: ScriptedServer
         proc = run_cli(tmp_path, clean_env, *args, "--resume")
         assert proc.returncode == 0, proc.stderr
         assert len(server.requests) == calls  # the new sample was kept from the failed invocation
-        assert_every_sample_once(run, [*prompts, "say new"])
+        assert_every_sample_once(run, prompts)
 
 
 @pytest.mark.parametrize(("name", "plant"), [("statistics.json", "dir"), ("batch_0.jsonl", "dir"),
@@ -490,6 +519,6 @@ def test_hallucinated_tool_record_is_discarded_in_the_checkpoint(tmp_path: Path,
     ds = write_dataset(tmp_path / "ds.jsonl", ["say a", "say stray"])
     proc = run_cli(tmp_path, clean_env, *base_args(server, ds))
     assert proc.returncode == 0, proc.stderr
-    statuses = {e["status"]: e.get("reason") for e in
-                json.loads((tmp_path / "data" / "r" / "checkpoint.json").read_text())["samples"].values()}
-    assert statuses == {"done": None, "discarded": "hallucinated_tool"}
+    from tests.support.run_state import outcomes
+    found = {e.status: e.reason for e in outcomes(tmp_path / "data" / "r").values()}
+    assert found == {"done": None, "discarded": "hallucinated_tool"}

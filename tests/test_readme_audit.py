@@ -235,9 +235,11 @@ def test_pass_at_k_says_how_many_rows_it_averages() -> None:
     from trajforge.runner.verify_stats import VerifyTotals, table_rows
 
     totals = VerifyTotals(k=2)
-    for sample_id, verification in (("a", {"method": "exact", "passed": True}), ("a#1", {"method": "exact", "passed": False}),
-                                    ("b", {"method": "none"}), ("c", {"method": "exact", "error": "judge_failed"})):
-        totals.add({"sample_id": sample_id, "prompt_index": 0, "verification": verification})
+    for sample_id, index, verification in (("a", 0, {"method": "exact", "passed": True}),
+                                           ("a#1", 0, {"method": "exact", "passed": False}),
+                                           ("b", 1, {"method": "none"}), ("c", 2, {"method": "exact", "error": "judge_failed"})):
+        # a row is its place in the dataset: the merge writes every record with its row's index
+        totals.add({"sample_id": sample_id, "prompt_index": index, "verification": verification})
     figures = totals.figures(cost=0.0)
     assert (figures.rows, figures.rows_with_verdict, figures.pass_at_1) == (3, 1, 0.5)
     assert ("pass@1 / pass@2 (1 of 3 rows have a verdict)", "0.500 / 1.000") in table_rows(figures)

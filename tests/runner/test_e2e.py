@@ -9,6 +9,7 @@ from pathlib import Path
 from tests.conftest import REPO, cli
 from tests.support.policies import echo_policy
 from tests.support.scripted_server import ScriptedServer
+from tests.support.run_state import statuses
 
 
 def write_dataset(path: Path, prompts: list[str]) -> Path:
@@ -57,8 +58,7 @@ def test_run_produces_trajectories_with_real_tool_output(tmp_path: Path, server:
     assert stats["run"]["tools"]["terminal"]["count"] == 5
     assert stats["run"]["reasoning"]["coverage"] == 1.0
     assert stats["run"]["tokens"]["prompt"] == 5 * 2 * 10
-    ckpt = json.loads((run / "checkpoint.json").read_text())
-    assert {v["status"] for v in ckpt["samples"].values()} == {"done"}
+    assert set(statuses(run).values()) == {"done"} and len(statuses(run)) == 5
     assert "api_key" in json.loads((run / "config.json").read_text())
 
 

@@ -1,6 +1,7 @@
-"""A run killed (SIGKILL) between writing records and saving checkpoint.json, then resumed.
+"""A run killed (SIGKILL) between writing records and saving its checkpoint, then resumed.
 
-Records reach the batch files as samples finish; the checkpoint is saved about once a second. The
+Records reach the batch files as samples finish; the checkpoint's journal is committed about once a
+second (runner.checkpoint; tests.support.run_state reads it as the runner does). The
 runner is killed at a moment when the batch files hold records the checkpoint does not know, the
 state every kill of a busy run leaves. The resume must put those samples back into the checkpoint
 (README: it holds the outcome of every finished sample) and count what they cost towards
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import cli
+from tests.support.run_state import outcomes, state, statuses
 from tests.support.policies import echo_policy
 from tests.support.scripted_server import ScriptedServer, with_usage
 from tests.runner.test_e2e import base_args, read_jsonl, run_cli, write_dataset
@@ -42,12 +44,14 @@ def first_records(run: Path) -> dict[str, dict]:
 
 
 def settled(run: Path) -> set[str]:
-    """The samples checkpoint.json calls done or discarded (none before its first save)."""
-    try:
-        samples = json.loads((run / "checkpoint.json").read_text())["samples"]
-    except (FileNotFoundError, json.JSONDecodeError):
+    """The samples the checkpoint calls done or discarded (none before its first save)."""
+    if not (run / "checkpoint.json").exists():
         return set()
-    return {k for k, e in samples.items() if e["status"] in ("done", "discarded")}
+    return {k for k, status in statuses(run).items() if status in ("done", "discarded")}
+
+
+def saved_invocations(run: Path) -> list[dict]:
+    return [i.model_dump(exclude_unset=True) for i in state(run).invocations]
 
 
 def caught(run: Path, gap: int) -> bool:
@@ -88,18 +92,18 @@ def test_samples_recorded_after_the_last_checkpoint_save_are_put_back_into_it(
 
     proc = run_cli(tmp_path, clean_env, *args, "--resume")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    ckpt = json.loads((run / "checkpoint.json").read_text())["samples"]
+    ckpt = {k: (e.status, e.batch) for k, e in outcomes(run).items()}
     records = read_jsonl(run / "trajectories.jsonl")
     assert [r["prompt_index"] for r in records] == list(range(len(prompts)))
     assert {r["sample_id"] for r in records} - set(ckpt) == set(), "finished samples missing from the checkpoint"
     assert {r["sample_id"] for r in records} == set(ckpt)
     for r in records:  # the outcome and the batch file each record shows
-        assert (ckpt[r["sample_id"]]["status"], ckpt[r["sample_id"]]["batch"]) == ("done", r["metadata"]["batch_num"])
+        assert ckpt[r["sample_id"]] == ("done", r["metadata"]["batch_num"])
     assert f"checkpoint.json lacked {len(missing)} finished sample(s)" in proc.stderr
 
     again = run_cli(tmp_path, clean_env, *args, "--resume")  # nothing left to put back, nothing lost
     assert again.returncode == 0 and "lacked" not in again.stderr, again.stderr[-2000:]
-    assert json.loads((run / "checkpoint.json").read_text())["samples"] == ckpt
+    assert {k: (e.status, e.batch) for k, e in outcomes(run).items()} == ckpt
 
 
 def test_max_cost_and_statistics_count_what_a_killed_run_spent_on_records_it_never_saved(
@@ -119,7 +123,7 @@ def test_max_cost_and_statistics_count_what_a_killed_run_spent_on_records_it_nev
         charged = len(srv.chat_requests()) * CALL_USD  # the server's count: calls the kill cut short too
         # What the killed run's last save counted for samples in flight that then left no record is
         # spent for good; what it counted for those that did finish is part of their record's cost.
-        invocations = json.loads((run / "checkpoint.json").read_text())["invocations"]
+        invocations = saved_invocations(run)
         lost = sum(usd for identity, usd in invocations[-1].get("in_flight", {}).items() if identity not in records)
 
         # A budget the records alone use up: nothing may start.
@@ -156,8 +160,8 @@ def test_spend_of_a_sample_still_running_reaches_the_checkpoint_and_survives_a_k
         deadline = time.monotonic() + 30
         while proc.poll() is None and time.monotonic() < deadline and not saved.get("spent"):
             time.sleep(0.01)
-            with contextlib.suppress(FileNotFoundError, json.JSONDecodeError, IndexError):
-                saved = json.loads((run / "checkpoint.json").read_text())["invocations"][-1]
+            with contextlib.suppress(FileNotFoundError, IndexError):
+                saved = saved_invocations(run)[-1]
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         assert not first_records(run), "the sample finished before its spend reached the checkpoint"
@@ -198,4 +202,6 @@ def test_restore_gives_unsaved_records_done_entries_and_charges_them_once(tmp_pa
     refs = [ref for ref in scan(tmp_path) if ref.identity != "a"]
     restored = restore(ckpt, refs)
     assert (restored.samples, restored.spent) == (2, pytest.approx(0.75 + 1.0))
-    assert {k: (e.status, e.batch) for k, e in ckpt.samples.items()} == {"b": ("done", 0), "c": ("done", 3)}
+    assert {k: ckpt.status(k) for k in "abc"} == {"a": None, "b": "done", "c": "done"}
+    assert [ckpt.done.location(i) for i in range(2)] == [(ref.path.name == "batch_3.jsonl" and 3 or 0, ref.offset,
+                                                          ref.length) for ref in refs]

@@ -10,11 +10,13 @@ from before spend was recorded) resumes and keeps what it held.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 from tests.support.policies import tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call
+from tests.support.run_state import statuses
 from tests.runner.test_e2e import base_args, run_cli
 
 
@@ -60,13 +62,33 @@ def dataset(path: Path) -> Path:
     return path
 
 
-CHECKPOINT = [
-    "version:int", "run_name:str", "updated:float", "samples{}.status:str", "samples{}.batch:int",
-    "samples{}.attempts:int", "samples{}.reason:str", "samples{}.usage.prompt_tokens:int",
-    "samples{}.usage.completion_tokens:int", "samples{}.usage.reasoning_tokens:int", "samples{}.usage.cost:float",
-    "samples{}.api_calls:int", "samples{}.message:str", "invocations[].started:float",
-    "invocations[].seconds:float", "invocations[].ran:int", "invocations[].interrupted:bool",
-    "invocations[].spent:float", "invocations[].spent_samples:int",
+CHECKPOINT_MAPS = {"samples", "extents", "tools", "irregular", "by_type"}
+CHECKPOINT = [  # version 2: done samples are in finished.idx; the merge's state keeps the records' figures
+    "version:int", "run_name:str", "updated:float", "journal:int", "finished.token:str", "finished.entries:int",
+    "extents{}:int", "samples{}.status:str", "samples{}.batch:int", "samples{}.attempts:int", "samples{}.reason:str",
+    "samples{}.usage.prompt_tokens:int", "samples{}.usage.completion_tokens:int",
+    "samples{}.usage.reasoning_tokens:int", "samples{}.usage.cost:float", "samples{}.api_calls:int",
+    "samples{}.message:str", "invocations[].started:float", "invocations[].seconds:float", "invocations[].ran:int",
+    "invocations[].interrupted:bool", "invocations[].spent:float", "invocations[].spent_samples:int",
+    "invocations[].model:str", "invocations[].settings.model:str", "invocations[].settings.base_url:str",
+    "invocations[].settings.distribution:str", "invocations[].settings.max_turns:int",
+    "invocations[].settings.max_tokens:null", "invocations[].settings.reasoning_effort:null",
+    "invocations[].settings.reasoning_disabled:bool", "invocations[].settings.ephemeral_system_prompt:null",
+    "invocations[].settings.prefill_messages_file:null", "invocations[].settings.sandbox:str",
+    "invocations[].settings.sandbox_network:str", "invocations[].settings.keep_no_reasoning:bool",
+    "invocations[].settings.temperature:null", "invocations[].settings.top_p:null",
+    "invocations[].settings.samples_per_prompt:int", "invocations[].settings.judge_model:null",
+    "invocations[].skipped_invalid:int", "merge.dataset.settings:str", "merge.dataset.k:int",
+    "merge.dataset.bytes:int", "merge.dataset.digest:str", "merge.keep_passed:bool", "merge.entries:int",
+    "merge.inode:int", "merge.size:int", "merge.last[]:int", "merge.written:int", "merge.hallucinated:int",
+    "merge.duplicates:int", "merge.stale:int", "merge.not_kept:int", "merge.out_of_order:int",
+    "merge.totals.finished:int", "merge.totals.completed:int", "merge.totals.partial:int",
+    "merge.totals.tools{}[]:int", "merge.totals.assistant_turns:int", "merge.totals.turns_with_reasoning:int",
+    "merge.totals.api_calls:int", "merge.totals.prompt_tokens:int", "merge.totals.completion_tokens:int",
+    "merge.totals.reasoning_tokens:int", "merge.totals.cost:float", "merge.totals.verify.passed:int",
+    "merge.totals.verify.failed:int", "merge.totals.verify.unverified:int", "merge.totals.verify.by_type{}[]:int",
+    "merge.totals.verify.rollouts:str", "merge.totals.verify.passes:str", "merge.totals.verify.verdicts:str",
+    "merge.totals.verify.not_kept:int",
 ]
 STATS_MAPS = {"tools", "failed_by_class", "discarded_by_reason", "errors_by_kind", "by_task_type", "per_worker"}
 
@@ -121,6 +143,7 @@ AFTER_FIGURES = [
 def statistics(last_ran: bool) -> list[str]:
     return [
         "run_name:str", "model:str", "distribution:str", "sandbox:str", "dataset_file:str", "invocations:int",
+        "models[]:str", "settings_changes[]:", "skipped_invalid:int",
         *figures("run", "int", per_row=True, per_worker=False),
         *figures("last_invocation", "null", per_row=False, per_worker=True, ran=last_ran),
         *AFTER_FIGURES,
@@ -140,10 +163,10 @@ def test_a_run_and_its_resume_write_both_files_in_their_shape(tmp_path: Path, se
         proc = run_cli(tmp_path, clean_env, *argv)
         assert proc.returncode == 3, proc.stderr  # `boom` fails every time
         ckpt, stats = read(run, "checkpoint.json"), read(run, "statistics.json")
-        assert shape(ckpt, {"samples"}) == CHECKPOINT
+        assert shape(ckpt, CHECKPOINT_MAPS) == CHECKPOINT
         assert shape(stats, STATS_MAPS) == statistics(last_ran=invocations == 1)
         assert len(ckpt["invocations"]) == stats["invocations"] == invocations
-        assert sorted(e["status"] for e in ckpt["samples"].values()) == ["discarded", "done", "done", "done", "failed"]
+        assert sorted(statuses(run).values()) == ["discarded", "done", "done", "done", "failed"]
         samples, verification = stats["run"]["samples"], stats["run"]["verification"]
         assert (samples["total"], samples["finished"], samples["failed_by_class"]["api_error"],
                 samples["discarded_by_reason"]) == (5, 3, 1, {"no_reasoning": 1})
@@ -151,29 +174,32 @@ def test_a_run_and_its_resume_write_both_files_in_their_shape(tmp_path: Path, se
         assert stats["last_invocation"]["samples"]["finished"] == (3 if invocations == 1 else 0)
 
 
-def test_a_checkpoint_of_the_earlier_format_resumes_and_keeps_what_it_held(
+def test_a_run_made_by_the_version_1_code_resumes_and_keeps_what_it_held(
         tmp_path: Path, server: ScriptedServer, clean_env: dict[str, str]) -> None:
-    """Entries with fields of another version and an invocation from before spend was recorded:
-    the resume runs only the failed sample and writes every earlier entry back as it was."""
+    """tests/fixtures/run_v1 is a run directory written by the code before checkpoint version 2
+    (every sample listed in checkpoint.json, no index, no journal), from `dataset` and `policy`:
+    3 done, 1 discarded, 1 failed. A resume runs only the failed sample, keeps every outcome and
+    invocation (fields of another version too), and converts the checkpoint."""
     server.handler = policy
-    args = [*base_args(server, dataset(tmp_path / "ds.jsonl")), "--max_retries=0"]
-    assert run_cli(tmp_path, clean_env, *args).returncode == 3
-    path = tmp_path / "data" / "r" / "checkpoint.json"
-    old = read(path.parent, "checkpoint.json")
-    done = next(k for k, e in old["samples"].items() if e["status"] == "done")
-    old["samples"][done]["worker_note"] = {"from": "a newer version"}
+    run = tmp_path / "data" / "r"
+    shutil.copytree(Path(__file__).parent.parent / "fixtures" / "run_v1", run)
+    old = read(run, "checkpoint.json")
+    discarded = next(k for k, e in old["samples"].items() if e["status"] == "discarded")
+    old["samples"][discarded]["worker_note"] = {"from": "a newer version"}
     old["invocations"] = [{"started": 1.5, "seconds": 2.25, "ran": 9, "interrupted": True}, *old["invocations"]]
-    path.write_text(json.dumps(old))
-    before = len(server.requests)
-    assert run_cli(tmp_path, clean_env, *args, "--resume").returncode == 3
-    assert len(server.requests) - before == 2  # the failed sample and its in-run retry, nothing else
-    new = read(path.parent, "checkpoint.json")
-    failed = next(k for k, e in old["samples"].items() if e["status"] == "failed")
-    assert {k: e for k, e in new["samples"].items() if k != failed} == \
-        {k: e for k, e in old["samples"].items() if k != failed}
-    assert new["samples"][failed] == old["samples"][failed]  # the same failure again
-    assert new["invocations"][:2] == old["invocations"] and len(new["invocations"]) == 3
-    assert read(path.parent, "statistics.json")["invocations"] == 3
+    (run / "checkpoint.json").write_text(json.dumps(old))
+    merged = (run / "trajectories.jsonl").read_bytes()
+    args = [*base_args(server, dataset(tmp_path / "ds.jsonl")), "--max_retries=0", "--resume"]
+    for n in (3, 4):
+        before = len(server.requests)
+        assert run_cli(tmp_path, clean_env, *args).returncode == 3
+        assert len(server.requests) - before == 2  # the failed sample and its in-run retry, nothing else
+        new = read(run, "checkpoint.json")
+        assert new["version"] == 2 and statuses(run) == {k: e["status"] for k, e in old["samples"].items()}
+        assert new["samples"][discarded] == old["samples"][discarded]
+        assert [i for i in new["invocations"][:2]] == old["invocations"] and len(new["invocations"]) == n
+        assert read(run, "statistics.json")["invocations"] == n
+        assert (run / "trajectories.jsonl").read_bytes() == merged
 
 
 def test_keys_written_only_in_some_runs() -> None:

@@ -28,8 +28,10 @@ from tests.support.policies import tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
 from trajforge.config import RunConfig
 from trajforge.dataset import load_dataset, split_rollout
-from trajforge.runner.rollouts import expand
 from trajforge.catalog.distributions import draw_toolsets
+from trajforge.runner.checkpoint import Checkpoint
+from trajforge.runner.rollouts import expand, passes_on_disk, prior_passes
+from trajforge.runner.rows import RunRows
 
 N = 4
 KINDS = ["pass"] * 10 + ["fail"] * 8 + ["mixed"] * 10 + ["hang"] * 4 + ["answer"] * 4 + ["answer_mixed"] * 4
@@ -222,6 +224,15 @@ def test_stop_after_one_pass_matches_the_ground_truth(tmp_path: Path, server: Sc
     assert proc.returncode == 0, proc.stderr
     assert len(server.requests) == before
     assert_figures(tmp_path / "data" / "straight", want, keep_passed=False)
+    # the passes a resume starts from, from the merge's figures, are those the batch files hold
+    run_dir = tmp_path / "data" / "straight"
+    rows = RunRows.read(RunConfig(dataset_file=ds, run_name="straight", sandbox="local", samples_per_prompt=N))
+    ckpt = Checkpoint.load(run_dir / "checkpoint.json", "straight")
+    assert ckpt.merge is not None and rows.extends(ckpt.merge["dataset"])
+    known, on_disk = prior_passes(run_dir, rows, ckpt), passes_on_disk(run_dir)
+    samples = list(rows.todo())
+    assert [known(s) for s in samples] == [on_disk.get(split_rollout(s.identity)[0], 0) for s in samples]
+    assert sum(on_disk.values()) > 0
 
 
 @pytest.mark.parametrize("flags", [("--stop_after_passes=1",), ("--keep=passed",)], ids=["stop1", "all4"])

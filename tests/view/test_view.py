@@ -182,3 +182,47 @@ def test_filters_compose_and_facets_count(tmp_path: Path) -> None:
     f = facets(entries)
     assert f["status"] == {"completed": 2, "partial": 1, "failed": 0, "discarded": 0}
     assert f["tool"] == {"terminal": 2, "web_search": 1}
+
+
+def test_an_index_read_in_slices_serves_what_it_has_and_ends_as_one_read_at_once(tmp_path: Path) -> None:
+    """A big run is read a slice at a time (the server answers between slices): each slice makes
+    progress, the first batch file's samples come first, and the index ends as a whole read."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for b in range(3):  # records of each batch in the order they finished, not in dataset order
+        (run / f"batch_{b}.jsonl").write_bytes(lines(*(record(i) for i in reversed(range(b * 600, b * 600 + 600)))))
+        for r in (json.loads(x) for x in (run / f"batch_{b}.jsonl").read_text().splitlines()):
+            assert r["metadata"]["batch_num"] == r["prompt_index"] // 2
+    sliced, whole = RunIndex(run), RunIndex(run)
+    whole.refresh()
+    sliced.refresh(0.0)  # out of time at once: one slice all the same
+    assert 0 < len(sliced.records) < 600 and sliced.behind > 0 and sliced.busy()
+    slices = 1
+    while len(sliced.records) < 600:
+        sliced.refresh(0.0)
+        slices += 1
+    assert sliced.behind > 0
+    first = sliced.entries()  # the first batch file is in: the first page is what it will be
+    assert [e.prompt_index for e in first[:3]] == [0, 1, 2]
+    while sliced.busy():
+        sliced.refresh(0.0)
+        slices += 1
+    assert slices > 3 and not sliced.behind
+    assert [e.key for e in sliced.entries()] == [e.key for e in whole.entries()] == [f"id{i}:0" for i in range(1800)]
+    assert sliced.totals == whole.totals and sliced.totals.finished == 1800
+
+
+def test_the_index_keeps_no_object_per_record(tmp_path: Path) -> None:
+    import gc
+
+    from trajforge.view.summary import Entry
+
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(lines(*(record(i, tools={"terminal": (1, 0)}) for i in range(500))))
+    ix = RunIndex(path)
+    ix.refresh()
+    gc.collect()
+    assert len(ix.records) == 500 and not any(isinstance(o, Entry) for o in gc.get_objects())
+    page = ix.entries()[:50]  # made for the page that shows them, and gone with it
+    assert [e.prompt for e in page][:2] == ["Prompt number 0", "Prompt number 1"] and page[0].tools == ("terminal",)
+    assert [e.key for e in apply(Query(q="NUMBER 123"), ix.entries())] == ["id123:0"]

@@ -1,14 +1,23 @@
-"""checkpoint.json: the outcome of every finished sample, and the history of invocations.
+"""The run's own bookkeeping: outcomes of samples, where finished records are, the invocations.
 
 Batch files are the source of truth for kept trajectories; the checkpoint adds what they cannot
 say: discarded samples (final, never re-run) and failed ones (retried on resume), plus each
-invocation's duration and spend for cumulative statistics and the budget. It is replaced
-atomically, at most about once a second while samples finish or spend grows (the interval grows
-with the file's size) and always at the end. A run killed between two saves leaves records the
-file lacks; the next start puts them back (runner.recovery).
-A file read back is validated as a whole (`CheckpointFile`): one of the wrong shape is refused
-like an unparsable one, with the file named, never half-used. The validated models are the
-in-memory state too (SampleEntry, InvocationEntry), turned back into JSON only when saved.
+invocation's settings, duration and spend for cumulative statistics and the budget, and the
+state of the incremental merge (runner.merge). Three files hold it, each read as a whole:
+
+- checkpoint.json: a snapshot (version 2): failed and discarded samples, invocations, the merge
+  state, how far each batch file is known, and how many entries of finished.idx it vouches for.
+- finished.idx (runner.finished): the location of every finished sample's record, 24 bytes each.
+- journal.jsonl (runner.journal): what changed since the snapshot, appended as committed groups
+  at most about once a second while samples finish or spend grows, and at the end.
+
+So a save costs what changed, not the size of the run. `compact` folds the journal into a new
+snapshot (at the start and end of every invocation, and when the journal grows past a few MB).
+A run killed between two saves leaves records that neither file knows; the next start puts them
+back (runner.recovery). A checkpoint.json of version 1 (every sample listed, done ones too) is read
+as before and converted at the start of the next invocation. A file read back is validated as a
+whole (`CheckpointFile`): one of the wrong shape is refused like an unparsable one, with the file
+named, never half-used.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -24,9 +33,16 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from trajforge.errors import OutputError, RunStateError
 from trajforge.jsonio import atomic_write_bytes
 from trajforge.redact import REGISTRY
+from trajforge.runner import journal
+from trajforge.runner.finished import Finished
+from trajforge.runner.keys import key_of
 from trajforge.sample.outcome import Outcome
 
-VERSION = 1
+VERSION = 2
+INDEX_FILE = "finished.idx"
+JOURNAL_FILE = "journal.jsonl"
+COMPACT_BYTES = 8 << 20  # journal size past which a save compacts it
+SAVE_EVERY = 1.0  # seconds between two saves while outcomes arrive
 
 
 class _Entry(BaseModel):
@@ -57,7 +73,7 @@ class SampleEntry(_Entry):
 class InvocationEntry(_Entry):
     started: float  # wall-clock time
     seconds: float = 0.0
-    ran: int = 0  # samples it ended
+    ran: int = 0  # samples it ended (kept up to date at every save, so a killed one says how many)
     interrupted: bool = False
     spent: float = 0.0  # USD (runner.budget), the next invocation's prior spend
     spent_samples: int = 0  # samples whose spend that is
@@ -68,84 +84,226 @@ class InvocationEntry(_Entry):
     # batch files when this one started (runner.recovery); part of the run's spend like `spent`
     recovered_spent: float = 0.0
     recovered_samples: int = 0
+    # The model and the settings that shape its samples (runner.settings), and the dataset rows
+    # --skip_invalid left out; written by invocations since version 2
+    model: str | None = None
+    settings: dict[str, Any] | None = None
+    skipped_invalid: int | None = None
+
+
+class IndexRef(_Entry):
+    token: str
+    entries: int
 
 
 class CheckpointFile(_Entry):
-    version: Literal[1]
+    version: Literal[1, 2]
     run_name: str = ""
     updated: float | None = None
-    samples: dict[str, SampleEntry] = {}
+    journal: int = 0  # the generation of journal.jsonl that continues this snapshot
+    finished: IndexRef | None = None  # the entries of finished.idx this snapshot vouches for
+    extents: dict[str, int] = {}  # batch number -> bytes of its file whose records are all known
+    samples: dict[str, SampleEntry] = {}  # version 2: failed and discarded samples only
     invocations: list[InvocationEntry] = []
+    merge: dict[str, Any] | None = None  # runner.merge's state
+
+
+def _plain_done(data: Any) -> set[str]:
+    """The done samples of a version 1 checkpoint whose entry holds nothing but what version 1
+    wrote, taken out of `data` before it is validated: a million of them as pydantic models
+    took ~600 MB for a set of identities."""
+    samples = data.get("samples") if isinstance(data, dict) and data.get("version") == 1 else None
+    if not isinstance(samples, dict):
+        return set()
+    done = {k for k, e in samples.items() if isinstance(e, dict) and e.get("status") == "done"
+            and type(e.get("batch")) is int and type(e.get("attempts", 1)) is int and e.keys() <= _V1_DONE}
+    for k in done:
+        del samples[k]
+    return done
+
+
+_V1_DONE = {"status", "batch", "attempts"}
 
 
 @dataclass
 class Checkpoint:
-    path: Path
+    path: Path  # checkpoint.json; finished.idx and journal.jsonl are beside it
     run_name: str
-    samples: dict[str, SampleEntry] = field(default_factory=dict)  # by sample identity
+    samples: dict[str, SampleEntry] = field(default_factory=dict)  # failed and discarded, by identity
     invocations: list[InvocationEntry] = field(default_factory=list)
+    done: Finished = field(default_factory=Finished)  # finished samples: where their record is
+    extents: dict[int, int] = field(default_factory=dict)  # batch -> bytes whose records `done` knows
+    merge: dict[str, Any] | None = None
+    generation: int = 0
+    # True when `done` cannot be trusted to list every record (a version 1 checkpoint, none at all,
+    # an index its snapshot does not vouch for): the next start scans every batch file
+    needs_scan: bool = True
+    legacy_done: set[str] = field(default_factory=set)  # samples a version 1 checkpoint called done
+    version: int = 0  # of the snapshot read (0: none)
+    _journal: journal.Journal | None = None
+    _journal_end: int | None = None
     _last_save: float = 0.0
-    _save_cost: float = 0.0
     _dirty: bool = False
     _current: InvocationEntry | None = None
     _invocation_t0: float = 0.0
 
     @classmethod
     def load(cls, path: Path, run_name: str) -> Checkpoint:
-        """The checkpoint at `path` (empty when there is none). Raises RunStateError when the file
-        cannot be read or is not a checkpoint as a whole."""
-        if not path.exists():
-            return cls(path, run_name)
-        way_out = "move it away to rebuild it from the batch files, then run again with --resume"
-        try:
-            data = orjson.loads(path.read_bytes())
-        except (OSError, orjson.JSONDecodeError) as e:
-            raise RunStateError(f"{path}: checkpoint is unreadable ({e}); {way_out}") from None
-        try:
-            file = CheckpointFile.model_validate(data)
-        except ValidationError as e:
-            first = e.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "top level"
-            raise RunStateError(f"{path}: not a trajforge checkpoint (at {where}: {first['msg']}); {way_out}") from None
-        return cls(path, run_name, file.samples, file.invocations)
+        """The checkpoint at `path` with its index and journal (empty when there is none). Raises
+        RunStateError when the snapshot cannot be read or is not a checkpoint as a whole."""
+        ckpt = cls(path, run_name)
+        if path.exists():
+            way_out = "move it away to rebuild it from the batch files, then run again with --resume"
+            try:
+                data = orjson.loads(path.read_bytes())
+            except (OSError, orjson.JSONDecodeError) as e:
+                raise RunStateError(f"{path}: checkpoint is unreadable ({e}); {way_out}") from None
+            legacy_done = _plain_done(data)
+            try:
+                file = CheckpointFile.model_validate(data)
+            except ValidationError as e:
+                first = e.errors()[0]
+                where = ".".join(str(p) for p in first["loc"]) or "top level"
+                raise RunStateError(f"{path}: not a trajforge checkpoint (at {where}: {first['msg']}); "
+                                    f"{way_out}") from None
+            ckpt.invocations, ckpt.generation, ckpt.merge = file.invocations, file.journal, file.merge
+            ckpt.version = file.version
+            ckpt.samples = {k: e for k, e in file.samples.items() if e.status != "done"}
+            ckpt.legacy_done = legacy_done | {k for k, e in file.samples.items() if e.status == "done"}
+            if file.finished is not None:
+                done = Finished.read(path.parent / INDEX_FILE, file.finished.token, file.finished.entries)
+                if done is not None:
+                    ckpt.done, ckpt.needs_scan = done, False
+                    ckpt.extents = {int(b): n for b, n in file.extents.items()}
+        elif not (path.parent / JOURNAL_FILE).exists():
+            ckpt.needs_scan = False  # a new run, or one that never saved: the scan finds nothing to trust
+        replay = journal.read(path.parent / JOURNAL_FILE, ckpt.generation)
+        if replay is not None:
+            ckpt._journal_end = replay.end
+            for group in replay.groups:
+                for line in group:
+                    ckpt._apply(line)
+        return ckpt
+
+    def _apply(self, line: dict[str, Any]) -> None:
+        """One journal line (runner.journal), as `record`, `forget`... wrote it."""
+        if "done" in line:
+            identity, batch = line["done"], int(line["batch"])
+            self.samples.pop(identity, None)
+            self.done.add(key_of(identity), batch, int(line["at"]), int(line["len"]))
+            self.extents[batch] = max(self.extents.get(batch, 0), int(line["at"]) + int(line["len"]))
+        elif "sample" in line:
+            fields = {k: v for k, v in line.items() if k != "sample"}
+            self.samples[line["sample"]] = SampleEntry.model_validate(fields)
+        elif "forget" in line:
+            self._forget([line["forget"]])
+        elif "forget_keys" in line:
+            self._drop(set(line["forget_keys"]))
+        elif "scanned" in line:
+            batch = int(line["scanned"])
+            self.extents[batch] = max(self.extents.get(batch, 0), int(line["to"]))
+        elif "merged" in line:
+            self.merge = line["merged"]  # None: the next merge is a whole one
+        elif journal.COMMIT in line and line[journal.COMMIT] is not None:
+            i = int(line[journal.COMMIT])
+            entry = InvocationEntry.model_validate({k: v for k, v in line.items() if k != journal.COMMIT})
+            if i < len(self.invocations):
+                self.invocations[i] = entry
+            else:
+                self.invocations.append(entry)
+
+    def _log(self, line: dict[str, Any]) -> None:
+        if self._journal is None:
+            self._journal = journal.Journal(self.path.parent / JOURNAL_FILE, self.generation, self._journal_end)
+        self._journal.add(line)
+        self._dirty = True
 
     def status(self, identity: str) -> str | None:
         """The recorded status of a sample (done, discarded, failed), None when it has none."""
         entry = self.samples.get(identity)
+        if entry is not None and entry.status == "discarded":
+            return "discarded"
+        if key_of(identity) in self.done or identity in self.legacy_done:
+            return "done"
         return None if entry is None else entry.status
 
     def discarded(self) -> set[str]:
         """Discarded samples are final: never run again (batch files tell what else is finished)."""
         return {k for k, v in self.samples.items() if v.status == "discarded"}
 
+    def _forget(self, identities: list[str]) -> list[str]:
+        keys = {key_of(i) for i in identities}
+        found = [i for i in identities if self.samples.pop(i, None) is not None or i in self.legacy_done
+                 or key_of(i) in self.done]
+        self.legacy_done.difference_update(identities)
+        self._drop(keys)
+        return found
+
+    def _drop(self, keys: set[int]) -> None:
+        """Remove index entries; the incremental merge, which counts entries, then starts over."""
+        if any(k in self.done for k in keys):
+            self.done.remove(keys)
+            self.merge = None
+
+    def forget_keys(self, keys: set[int]) -> None:
+        """`forget` for samples known only by key (index entries whose record is gone)."""
+        if keys:
+            self._drop(keys)
+            self._log({"forget_keys": sorted(keys)})
+
     def forget(self, identities: list[str]) -> None:
         """Drop entries that vouch for records the batch files no longer hold: the samples run again
         and their new outcome, even a failure, is what counts."""
-        for identity in identities:
-            if self.samples.pop(identity, None) is not None:
-                self._dirty = True
+        for identity in self._forget(identities):
+            self._log({"forget": identity})
 
     def mark_discarded(self, identity: str, reason: str) -> None:
         """A kept record that the final merge filters out (e.g. a hallucinated tool) is discarded."""
         entry = self.samples.get(identity)
-        if entry is not None and (entry.status, entry.reason) != ("discarded", reason):
-            entry.status, entry.reason = "discarded", reason
-            self._dirty = True
+        if entry is not None and (entry.status, entry.reason) == ("discarded", reason):
+            return
+        batch = entry.batch if entry is not None else 0
+        self._put(identity, SampleEntry(status="discarded", batch=batch, reason=reason))
+
+    def _put(self, identity: str, entry: SampleEntry) -> None:
+        self.samples[identity] = entry
+        self._log({"sample": identity, **entry.model_dump(exclude_unset=True)})
 
     def changed(self) -> None:
         """Something held outside the sample entries (an invocation's spend) changed: save it next."""
         self._dirty = True
 
-    def restore(self, identity: str, entry: SampleEntry) -> None:
-        """Put back the entry of a sample whose record an invocation wrote but ended (killed, disk
-        full) before saving here (runner.recovery)."""
-        self.samples[identity] = entry
-        self._dirty = True
+    def finished(self, identity: str, batch: int, offset: int, length: int, *, log: bool = True) -> None:
+        """The sample's record is at `offset` (`length` bytes) in batch_<batch>.jsonl: it is done.
+        Also how runner.recovery puts back a record an invocation wrote but never saved here.
+        `log` False: a full scan is rebuilding the index, which `compact` then saves whole."""
+        if self.samples.pop(identity, None) is not None and not log:
+            self._dirty = True
+        self.legacy_done.discard(identity)
+        if self.done.add(key_of(identity), batch, offset, length):
+            self.extents[batch] = max(self.extents.get(batch, 0), offset + length)
+            if log:
+                self._log({"done": identity, "batch": batch, "at": offset, "len": length})
 
-    def record(self, o: Outcome) -> None:
-        prev = self.samples.get(o.identity)
-        if prev is not None and prev.status != "failed" and o.status == "failed":
+    def scanned(self, batch: int, size: int) -> None:
+        """Every record of batch_<batch>.jsonl's first `size` bytes is known (a scan read them)."""
+        if size > self.extents.get(batch, 0):
+            self.extents[batch] = size
+            self._log({"scanned": batch, "to": size})
+
+    def set_merge(self, state: dict[str, Any]) -> None:
+        self.merge = state
+        self._log({"merged": state})
+
+    def record(self, o: Outcome, location: tuple[int, int] | None = None) -> None:
+        """The outcome of a sample; `location`: (offset, length) of a done sample's record."""
+        prev = self.status(o.identity)
+        if prev in ("done", "discarded") and o.status == "failed":
             return  # a finished sample never becomes failed again
+        if o.status == "done":
+            assert location is not None, "a done sample has a record"
+            self.finished(o.identity, o.batch_num, *location)
+            return
         entry = SampleEntry(status=o.status, batch=o.batch_num, attempts=o.attempts)
         if o.reason:
             entry.reason = o.reason
@@ -153,31 +311,68 @@ class Checkpoint:
             entry.message = o.message[:500]
         if o.usage:
             entry.usage, entry.api_calls = SampleUsage.model_validate(o.usage), o.api_calls
-        self.samples[o.identity] = entry
-        self._dirty = True
+        self._put(o.identity, entry)
 
-    def begin_invocation(self, started_wall: float) -> InvocationEntry:
+    def begin_invocation(self, started_wall: float, **fields: Any) -> InvocationEntry:
         """Record this invocation now, so its duration counts even if the process is killed."""
-        entry = InvocationEntry(started=started_wall, seconds=0.0, ran=0, interrupted=False)
+        entry = InvocationEntry(started=started_wall, seconds=0.0, ran=0, interrupted=False, **fields)
         self.invocations.append(entry)
         self._invocation_t0 = time.monotonic()
         self._current = entry
+        self._dirty = True
         return entry
 
+    def end_invocation(self) -> None:
+        """The invocation's duration is final (statistics.json is made from it): the saves and the
+        compaction that follow keep it as it is."""
+        self._current = None
+
     def save(self, *, force: bool = False) -> None:
+        """Commit what changed to the journal (at most every SAVE_EVERY seconds unless `force`);
+        compact it once it is large. Raises OutputError."""
         now = time.monotonic()
         if self._current is not None:
             self._current.seconds = round(now - self._invocation_t0, 3)
-        if not force and (not self._dirty or now - self._last_save < max(1.0, 20 * self._save_cost)):
+        if not force and (not self._dirty or now - self._last_save < SAVE_EVERY):
             return
-        t0 = time.perf_counter()
-        # model_construct: every part is typed already; what was set (or read) is what is written.
-        body = CheckpointFile.model_construct(version=VERSION, run_name=self.run_name, updated=time.time(),
-                                              samples=self.samples, invocations=self.invocations)
+        if self._journal is None:
+            self._log({"run_name": self.run_name})
+        assert self._journal is not None
+        if self._current is None:
+            self._journal.commit({journal.COMMIT: None})
+        else:
+            self._journal.commit({journal.COMMIT: len(self.invocations) - 1,
+                                  **self._current.model_dump(exclude_unset=True)})
+        self._last_save, self._dirty = time.monotonic(), False
+        if self._journal.size > COMPACT_BYTES:
+            self.compact()
+
+    def compact(self) -> None:
+        """Fold everything into a new snapshot: finished.idx first, then checkpoint.json, then an
+        empty journal of the next generation. A kill between any two steps leaves a state that
+        loads as the same one (see runner.journal and runner.finished). Raises OutputError."""
+        if self._current is not None:
+            self._current.seconds = round(time.monotonic() - self._invocation_t0, 3)
+        self.done.save(self.path.parent / INDEX_FILE)
+        body = CheckpointFile.model_construct(
+            version=VERSION, run_name=self.run_name, updated=time.time(), journal=self.generation + 1,
+            finished=IndexRef(token=self.done.token, entries=len(self.done)),
+            extents={str(b): n for b, n in sorted(self.extents.items())},
+            samples=dict(sorted(self.samples.items())),  # in one order whatever order they ended in
+            invocations=self.invocations, merge=self.merge)
         try:
             atomic_write_bytes(self.path, REGISTRY.bytes(body.model_dump_json(exclude_unset=True).encode()))
         except OSError as e:
             raise OutputError(self.path, e) from None
-        self._save_cost = time.perf_counter() - t0
-        self._last_save = time.monotonic()
-        self._dirty = False
+        self.generation += 1
+        self.legacy_done.clear()
+        self.needs_scan = False
+        if self._journal is None:
+            self._journal = journal.Journal(self.path.parent / JOURNAL_FILE, self.generation, None)
+        self._journal.rotate(self.generation)
+        self._journal_end = None
+        self._last_save, self._dirty = time.monotonic(), False
+
+    def close(self) -> None:
+        if self._journal is not None:
+            self._journal.close()

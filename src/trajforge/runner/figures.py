@@ -243,6 +243,14 @@ class ConcurrencyNote(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class SettingsChange(Record):
+    """Invocation `invocation` (1-based) ran with other settings than the one before it."""
+
+    invocation: int
+    changed: dict[str, list[Any]]  # setting -> [before, after]
+
+
+@dataclass(frozen=True, slots=True)
 class Statistics(Record):
     """statistics.json."""
 
@@ -252,6 +260,9 @@ class Statistics(Record):
     sandbox: str
     dataset_file: str
     invocations: int
+    models: list[str]  # every invocation's model, in order of first use (runner.settings)
+    settings_changes: list[SettingsChange]
+    skipped_invalid: int  # dataset rows --skip_invalid left out (this invocation's dataset)
     run: RunFigures
     last_invocation: RunFigures
     merge: MergeFigures

@@ -20,17 +20,15 @@ import asyncio
 import logging
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from trajforge.catalog.executors import EXECUTORS
 from trajforge.catalog.sandboxes import AUTO, image_backend
 from trajforge.config import RunConfig
-from trajforge.dataset import LoadedDataset, Sample
 from trajforge.errors import FatalModelError, OutputError, UsageError
 from trajforge.jsonio import dumps
 from trajforge.redact import REGISTRY, hide_in_proc, run_secrets
-from trajforge.runner import recovery, store
+from trajforge.runner import rowcache, settings, store
 from trajforge.runner.budget import BUDGET_EXIT_CODE
 from trajforge.runner.checkpoint import Checkpoint
 from trajforge.runner.console import safe_std_streams
@@ -48,12 +46,14 @@ from trajforge.runner.preflight import (
 )
 from trajforge.runner.progress import Progress
 from trajforge.runner.report import failed_exit_code, finish, print_summary
-from trajforge.runner.rollouts import RolloutScheduler, expand, passes_on_disk, prepare_totals
+from trajforge.runner.plan import plan
+from trajforge.runner.rollouts import RolloutScheduler, prior_passes
+from trajforge.runner.rows import RunRows
 from trajforge.runner.rundir import RunDir
 from trajforge.runner.stats import Totals
 from trajforge.sample.lower_settings import sandbox_settings
 from trajforge.sandbox.sandbox_settings import SandboxSettings
-from trajforge.verify.verifier import validate_verification
+from trajforge.verify.verifier import check_verification_settings
 
 log = logging.getLogger("trajforge")
 
@@ -75,7 +75,10 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
     assert (config.dataset_file or config.tasks) is not None and config.run_name is not None
     refuse_contradictions(config)
     prefill = load_prefill(config.prefill_messages_file)
-    dataset = load_input(config)
+    run_path = config.output_dir / config.run_name
+    # one pass: every row validated, a few bytes of each kept; a resume reads only what the last
+    # invocation did not (rows.idx)
+    rows = load_input(config, run_path / rowcache.FILE if config.resume else None)
     if config.agent != "oracle":
         config = choose_model(config)
         check_prices(config)
@@ -83,10 +86,10 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
         config = config.model_copy(update={"model": "oracle"})
     config, sandbox = check_network(config, sandbox_settings(config))  # the sandbox's settings, built once
     check_executor(config)
-    check_container_images(config, dataset)
+    check_container_images(config, rows)
     check_task_engine(config)
-    validate_verification(config, dataset)
-    rundir = RunDir(config.output_dir / config.run_name)
+    check_verification_settings(config, rows.path, rows.rubric, rows.verified)
+    rundir = RunDir(run_path)
     rundir.acquire(resume=config.resume, overwrite=config.overwrite)
     watcher = use_pidfd_child_watcher()
     refused = False
@@ -97,7 +100,7 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
         for msg in store.repair(rundir.path):
             print(f"trajforge: {msg}", file=sys.stderr)
         with tuned_collector():
-            return asyncio.run(_run(config, sandbox, dataset, prefill, rundir, make_executor))
+            return asyncio.run(_run(config, sandbox, rows, prefill, rundir, make_executor))
     except UsageError:  # refused at the executor's start (_run): before any result was written
         refused = True
         raise
@@ -107,60 +110,42 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
         rundir.release(discard=refused)
 
 
-def plan(samples: list[Sample], run_dir: Path, checkpoint: Checkpoint, problems: list[str],
-         recovered: list[Sample] | None = None, unsaved: list[store.LineRef] | None = None) -> list[Sample]:
-    """The samples still to run: those with no readable record in a batch file and not discarded
-    before (failed ones are retried). The checkpoint never vouches for a record: a sample it
-    calls done whose record is gone or unreadable runs again, and is added to `recovered`. The
-    records of finished samples that it does not call finished (a run that ended before saving
-    it) go to `unsaved`.
-    bench/resume_plan.py times this on 100,000 finished samples."""
-    unreadable: set[str] = set()
-    finished: set[str] = set()
-    for ref in store.scan(run_dir, problems, unreadable):
-        if unsaved is not None and ref.identity not in finished and recovery.unsaved(checkpoint, ref.identity):
-            unsaved.append(ref)  # the first record of a sample is the one the merge keeps
-        finished.add(ref.identity)
-    finished |= checkpoint.discarded()
-    todo = [s for s in samples if s.identity not in finished]
-    if recovered is not None:
-        recovered += [s for s in todo if s.identity in unreadable or checkpoint.status(s.identity) == "done"]
-    return todo
-
-
-async def _run(config: RunConfig, sandbox_settings: SandboxSettings, dataset: LoadedDataset,
+async def _run(config: RunConfig, sandbox_settings: SandboxSettings, rows: RunRows,
                prefill: list[dict[str, Any]] | None, rundir: RunDir, make_executor: ExecutorFactory) -> int:
     run_dir = rundir.path
     started_wall, t0 = time.time(), time.monotonic()
     checkpoint = Checkpoint.load(run_dir / "checkpoint.json", config.run_name or "")
-    scan_problems: list[str] = []
-    recovered: list[Sample] = []
-    unsaved: list[store.LineRef] = []
-    samples = expand(dataset.samples, config.samples_per_prompt)  # every rollout of every row
-    todo = plan(samples, run_dir, checkpoint, scan_problems, recovered, unsaved)
-    for p in scan_problems:
+    planned = plan(rows, run_dir, checkpoint)
+    todo, restored = planned.todo, planned.restored
+    rows.check_cached(todo, config.skip_invalid)  # the rows to run that this invocation did not validate
+    for p in planned.problems:
         print(f"trajforge: {p}", file=sys.stderr)
-    restored = recovery.restore(checkpoint, unsaved)  # saved with this invocation's entry, before any sample runs
     if restored.samples:
         spend = f", with ${restored.spent:.4f} of spend" if restored.spent else ""
         print(f"trajforge: checkpoint.json lacked {restored.samples} finished sample(s) found in the batch files "
               f"(the run ended before it could save them): added back{spend}", file=sys.stderr)
-    if recovered:
-        checkpoint.forget([s.identity for s in recovered])
-        print(f"trajforge: recovered {len(recovered)} sample(s) that checkpoint.json calls finished but whose "
+    if planned.recovered:
+        print(f"trajforge: recovered {planned.recovered} sample(s) that checkpoint.json calls finished but whose "
               "record is missing or unreadable in the batch files: they run again", file=sys.stderr)
-    if dataset.skipped:
-        print(f"trajforge: skipped {len(dataset.skipped)} invalid dataset line(s)", file=sys.stderr)
-    config, sandbox = await _resolve_sandbox(config, sandbox_settings, dataset)
-    print(f"trajforge: run '{config.run_name}': {len(samples)} samples, "
-          f"{len(samples) - len(todo)} already finished, {len(todo)} to run, sandbox {sandbox} -> {run_dir}",
+    if rows.skipped:
+        print(f"trajforge: skipped {len(rows.skipped)} invalid dataset line(s)", file=sys.stderr)
+    config, sandbox = await _resolve_sandbox(config, sandbox_settings, rows)
+    print(f"trajforge: run '{config.run_name}': {len(rows)} samples, "
+          f"{len(rows) - len(todo)} already finished, {len(todo)} to run, sandbox {sandbox} -> {run_dir}",
           file=sys.stderr)
+    masked = config.masked()
+    used = settings.shaping(masked)
+    earlier = next((i.settings for i in reversed(checkpoint.invocations) if i.settings is not None), None)
+    if diff := settings.changes(earlier, used):
+        print(f"trajforge: this invocation runs with other settings than the previous one: {settings.describe(diff)} "
+              "(the run's records will mix them; statistics.json lists each change)", file=sys.stderr)
 
     batch_store = store.BatchStore(run_dir)
     invocation = Totals()
-    prepare_totals(invocation, config, samples)
+    invocation.verify.k = config.samples_per_prompt
+    todo.seen = invocation.verify.task_types  # filled as the samples are handed out
     invocation.verify.per_row = False
-    progress = Progress(len(samples), already=len(samples) - len(todo))
+    progress = Progress(len(rows), already=len(rows) - len(todo))
     fatal: FatalModelError | None = None
     interrupted = False
     stop = asyncio.Event()
@@ -176,10 +161,12 @@ async def _run(config: RunConfig, sandbox_settings: SandboxSettings, dataset: Lo
         if failures:
             return  # nothing is written after an output error; the sample runs again on --resume
         try:
+            where = None
             if o.status == "done" and o.record is not None:
-                batch_store.append(o.batch_num, dumps(o.record) + b"\n")
+                where = batch_store.append(o.batch_num, dumps(o.record) + b"\n")
+            this_invocation.ran += 1  # saved with every commit: a killed invocation says what it ended
             budget.fill(this_invocation)  # saved with the checkpoint: the next --resume's prior spend
-            checkpoint.record(o)
+            checkpoint.record(o, where)
             checkpoint.save()
         except OutputError as e:
             halt(e)
@@ -203,7 +190,7 @@ async def _run(config: RunConfig, sandbox_settings: SandboxSettings, dataset: Lo
     executor = make_executor(config, prefill, run_dir)
     if todo:  # before the checkpoint records this invocation: a refused start leaves no results behind
         try:
-            for u in await executor.start({s.image for s in todo if s.image}):
+            for u in await executor.start({s.image for s in todo if s.image} if rows.with_image else set()):
                 print(f"trajforge: toolset '{u.toolset}' unavailable, not offered: {u.reason}", file=sys.stderr)
         except BaseException:
             await executor.aclose()
@@ -212,10 +199,11 @@ async def _run(config: RunConfig, sandbox_settings: SandboxSettings, dataset: Lo
     budget = budget_for(config, checkpoint.invocations, len(todo), (restored.spent, restored.samples))
     monitor = RunMonitor(getattr(executor, "gate", None), budget)
     progress.extra = monitor.progress_text
-    this_invocation = checkpoint.begin_invocation(started_wall)
+    this_invocation = checkpoint.begin_invocation(started_wall, model=config.model, settings=used,
+                                                  skipped_invalid=len(rows.skipped))
     if restored.samples:  # the next invocation's prior, like `spent`
         this_invocation.recovered_spent, this_invocation.recovered_samples = restored.spent, restored.samples
-    checkpoint.save(force=True)
+    checkpoint.compact()  # what planning found, and a journal that starts empty
     install_signals(stop, batch_store, checkpoint)
 
     def note_spend() -> None:  # calls of samples in flight are paid already: keep them through a kill
@@ -230,8 +218,8 @@ async def _run(config: RunConfig, sandbox_settings: SandboxSettings, dataset: Lo
         if todo:
             with progress:
                 source = RolloutScheduler.build(todo, config.stop_after_passes,
-                                                passes_on_disk(run_dir) if config.stop_after_passes else None,
-                                                on_skip=progress.skip)
+                                                prior_passes(run_dir, rows, checkpoint) if config.stop_after_passes
+                                                else None, on_skip=progress.skip)
                 interrupted = await run_engine(source, executor, sink, lambda s: config.retry_limit(s.task_type), stop,
                                                budget=budget)
     except* FatalModelError as eg:
@@ -249,15 +237,20 @@ async def _run(config: RunConfig, sandbox_settings: SandboxSettings, dataset: Lo
         for msg in batch_store.repaired:
             print(f"trajforge: {msg}", file=sys.stderr)
         seconds = time.monotonic() - t0
-        this_invocation.ran, this_invocation.interrupted = sum(invocation.per_worker.values()), interrupted
+        this_invocation.interrupted = interrupted
         budget.fill(this_invocation)
         try:
             checkpoint.save(force=True)
         except OutputError as e:
             halt(e)
+        checkpoint.end_invocation()
     if failures:
+        checkpoint.close()
         raise failures[0]  # trajectories.jsonl and statistics.json of the last good end stay as they are
-    stats = finish(config, samples, run_dir, checkpoint, invocation, seconds, monitor.spend(), monitor.concurrency())
+    stats = finish(config, rows, run_dir, checkpoint, invocation, seconds, monitor.spend(), monitor.concurrency())
+    checkpoint.compact()  # the merge's state with the rest: the next start reads a snapshot, no journal
+    checkpoint.close()
+    rows.save_cache(run_dir / rowcache.FILE)  # after the merge: a kill before it only costs a longer start
     print_summary(stats, run_dir)
     if fatal is not None:
         print(f"error: {fatal}", file=sys.stderr)
@@ -271,8 +264,7 @@ async def _run(config: RunConfig, sandbox_settings: SandboxSettings, dataset: Lo
     return failed_exit_code(config, stats)
 
 
-async def _resolve_sandbox(config: RunConfig, settings: SandboxSettings,
-                           dataset: LoadedDataset) -> tuple[RunConfig, str]:
+async def _resolve_sandbox(config: RunConfig, settings: SandboxSettings, rows: RunRows) -> tuple[RunConfig, str]:
     """Decide `--sandbox auto` once, here, so the start line, config.json and statistics.json name
     the backend the samples really use; a fallback to one that isolates less says why and how to
     get isolation."""
@@ -288,6 +280,5 @@ async def _resolve_sandbox(config: RunConfig, settings: SandboxSettings,
         print(f"trajforge: --sandbox auto: {name} is not usable here ({reason}), so commands run in the "
               f"`{kind}` sandbox WITHOUT isolation from this host; run `trajforge doctor` to see how to get "
               f"isolation, or pass --sandbox {kind} to accept it", file=sys.stderr)
-    images = sum(s.image is not None for s in dataset.samples)
     runs_images = image_backend().name
-    return config, f"{kind} (rows with an image: {runs_images})" if images and kind != runs_images else kind
+    return config, f"{kind} (rows with an image: {runs_images})" if rows.with_image and kind != runs_images else kind

@@ -14,11 +14,11 @@ from typing import Any
 from trajforge.catalog.executors import EXECUTORS
 from trajforge.catalog.sandboxes import network_refusal, runs_on_host
 from trajforge.config import RunConfig
-from trajforge.dataset import LoadedDataset, load_dataset
 from trajforge.errors import UsageError
 from trajforge.jsonio import loads
 from trajforge.registry import words
 from trajforge.sandbox.sandbox_settings import SandboxSettings
+from trajforge.runner.rows import RunRows
 
 
 def contradictions(config: RunConfig) -> list[str]:
@@ -119,16 +119,15 @@ def check_executor(config: RunConfig) -> None:
                              f"pip install 'trajforge[{spec.capabilities.extra}]'")
 
 
-def load_input(config: RunConfig) -> LoadedDataset:
-    """The run's samples: the dataset's rows, or the tasks of --tasks (trajforge.tasks.load)."""
+def load_input(config: RunConfig, cache: Path | None = None) -> RunRows:
+    """The run's samples: the dataset's rows (read in one pass, or on from `cache`: runner.rows),
+    or the tasks of --tasks (trajforge.tasks.load), held whole."""
     if config.tasks is not None:
         from trajforge.tasks.load import load_tasks
 
-        return load_tasks(config.tasks, skip_invalid=config.skip_invalid, max_samples=config.max_samples,
-                          with_solution=config.agent == "oracle")
-    assert config.dataset_file is not None
-    return load_dataset(config.dataset_file, skip_invalid=config.skip_invalid, max_samples=config.max_samples,
-                        host_cwd=runs_on_host(config.sandbox))
+        return RunRows.held(config, load_tasks(config.tasks, skip_invalid=config.skip_invalid,
+                                               max_samples=config.max_samples, with_solution=config.agent == "oracle"))
+    return RunRows.read(config, cache)
 
 
 def check_task_engine(config: RunConfig) -> None:
@@ -144,13 +143,13 @@ def check_task_engine(config: RunConfig) -> None:
                          "install Podman (or give Docker's daemon), see `trajforge doctor`")
 
 
-def check_container_images(config: RunConfig, dataset: LoadedDataset) -> None:
+def check_container_images(config: RunConfig, rows: RunRows) -> None:
     """`--sandbox container` with rows that name no image and no `container_image`: every such
     sample could only fail, so refuse before any work."""
     if runs_on_host(config.sandbox) or config.container_image or config.tasks is not None:
         return
-    bare = [s for s in dataset.samples if s.image is None]
+    bare = len(rows.keys) - rows.with_image
     if bare:
-        raise UsageError(f"--sandbox {config.sandbox}: {len(bare)} row(s) have no `image` (first: {dataset.path}:"
-                         f"{bare[0].line}) and the config sets no `container_image`; give each row an image "
+        raise UsageError(f"--sandbox {config.sandbox}: {bare} row(s) have no `image` (first: {rows.path}:"
+                         f"{rows.first_bare}) and the config sets no `container_image`; give each row an image "
                          "or set `container_image: IMAGE` in the --config file")

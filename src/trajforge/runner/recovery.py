@@ -1,7 +1,7 @@
 """What a killed invocation finished but never saved in checkpoint.json, put back at the next start.
 
-Records are written to the batch files as samples finish; the checkpoint is saved only every second
-or so. A run killed between the two (SIGKILL, OOM, power) leaves finished samples whose records
+Records are written to the batch files as samples finish; the checkpoint's journal is committed only
+every second or so (runner.checkpoint). A run killed between the two (SIGKILL, OOM, power) leaves finished samples whose records
 exist but that the checkpoint does not call finished, and whose spend is missing from the
 invocation's `spent`, the budget's prior. At the next start (`restore`), before any sample runs,
 each such sample gets a `done` entry and its record's cost is added to the new invocation's
@@ -27,7 +27,7 @@ import orjson
 
 from trajforge.errors import OutputError
 from trajforge.runner import store
-from trajforge.runner.checkpoint import Checkpoint, SampleEntry
+from trajforge.runner.checkpoint import Checkpoint
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def restore(checkpoint: Checkpoint, refs: list[store.LineRef]) -> Restored:
     in_flight = checkpoint.invocations[-1].in_flight if checkpoint.invocations else {}
     costs = {ref.identity: record_cost(record) for ref, record in _read(refs)}
     for ref in refs:
-        checkpoint.restore(ref.identity, SampleEntry(status="done", batch=store.batch_of(ref.path)))
+        checkpoint.finished(ref.identity, store.batch_of(ref.path), ref.offset, ref.length)
     return Restored(len(refs), round(missed_spend(costs, in_flight), 8))
 
 

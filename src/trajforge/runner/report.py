@@ -1,8 +1,9 @@
 """The end of an invocation: the merge, statistics.json rebuilt from disk, the summary table and
 the exit code that failed samples give.
 
-The run's figures come from every batch file (through the merge) plus the checkpoint, which alone
-knows the failed and discarded samples; the last invocation's come from its outcomes. They are
+The run's figures come from the records (through the merge: those merged before, kept in its
+state, plus the new ones) and the checkpoint, which alone knows the failed and discarded
+samples; the last invocation's come from its outcomes. They are
 kept typed (runner.figures.Statistics) and become JSON only where statistics.json is written.
 """
 
@@ -11,45 +12,48 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from typing import Any
+
 from trajforge.config import RunConfig
-from trajforge.dataset import Sample
 from trajforge.errors import OutputError
 from trajforge.jsonio import atomic_write_bytes, dumps_pretty
 from trajforge.redact import REGISTRY
 from trajforge.runner.checkpoint import Checkpoint
 from trajforge.runner.figures import ConcurrencyFigures, ConcurrencyNote, MergeFigures, SpendFigures, Statistics
-from trajforge.runner.merge import merge
-from trajforge.runner.rollouts import finish_totals, prepare_totals
+from trajforge.runner.keys import key_of
+from trajforge.runner.append import append_new
+from trajforge.runner.merge import MergeResult, merge, merge_state
+from trajforge.runner.rollouts import skipped_solved
+from trajforge.runner.rows import RunRows
+from trajforge.runner.settings import history
 from trajforge.runner.stats import EXIT_SAMPLES_FAILED, Totals, render_table, run_pace, too_many_failed
 
 ORACLE_MODEL = "oracle"  # the model name of --agent oracle runs (trajforge.tasks.oracle)
 
 
-def finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint: Checkpoint, invocation: Totals,
+def finish(config: RunConfig, rows: RunRows, run_dir: Path, checkpoint: Checkpoint, invocation: Totals,
            seconds: float, spend: SpendFigures, concurrency: ConcurrencyFigures | ConcurrencyNote) -> Statistics:
     """Merge the batch files into trajectories.jsonl, then write and return the run's statistics."""
-    totals = Totals()
-    current = {s.identity: s.index for s in samples}
-    rows = prepare_totals(totals, config, samples)
-    result = merge(run_dir, current, totals, {s.identity: (s.line, s.extra) for s in samples},
-                   keep_passed=config.keep == "passed")
+    result, totals, state = _merge(config, rows, run_dir, checkpoint)
     for identity in result.hallucinated_ids:
         checkpoint.mark_discarded(identity, "hallucinated_tool")
-    if result.hallucinated_ids:
-        checkpoint.save(force=True)
-    finish_totals(totals, config, rows, result, checkpoint)
+    checkpoint.set_merge(state)  # kept with the rest by the compaction at the end (runner.main)
+    where = rows.positions({key_of(i) for i in checkpoint.samples})
     for identity, entry in checkpoint.samples.items():
-        if identity not in current or identity in result.finished:
+        key = key_of(identity)
+        if key not in where or key in checkpoint.done:
             continue  # a sample no longer in the dataset, or one that a later attempt finished
         if entry.status == "failed":
             totals.failed[entry.reason or "internal"] += 1
         elif entry.status == "discarded":
             totals.discarded[entry.reason or "unknown"] += 1
             totals.add_usage(entry.usage.model_dump() if entry.usage else {}, entry.api_calls)
+    models, changed = history(checkpoint.invocations)
     stats = Statistics(
         run_name=config.run_name, model=config.model, distribution=config.distribution, sandbox=config.sandbox,
-        dataset_file=str(config.dataset_file or config.tasks), invocations=len(checkpoint.invocations),
-        run=totals.figures(total=len(samples), seconds=sum(i.seconds for i in checkpoint.invocations),
+        dataset_file=str(config.dataset_file or config.tasks), invocations=len(checkpoint.invocations), models=models,
+        settings_changes=changed, skipped_invalid=len(rows.skipped),
+        run=totals.figures(total=len(rows), seconds=sum(i.seconds for i in checkpoint.invocations),
                            pace=run_pace((i.ran, i.seconds) for i in checkpoint.invocations)),
         last_invocation=invocation.figures(total=None, seconds=seconds,
                                            pace=(sum(invocation.per_worker.values()), seconds)),
@@ -63,12 +67,43 @@ def finish(config: RunConfig, samples: list[Sample], run_dir: Path, checkpoint: 
     if result.stale:
         print(f"trajforge: {result.stale} finished sample(s) are no longer in the dataset; they stay in their "
               "batch files but not in trajectories.jsonl", file=sys.stderr)
+    if state.get("out_of_order"):
+        print(f"trajforge: {state['out_of_order']} record(s) of trajectories.jsonl follow records that come after "
+              "them in the dataset (appended by a resume, not rewritten: the README's Output section says how to "
+              "get the order back)", file=sys.stderr)
     path = run_dir / "statistics.json"
     try:
         atomic_write_bytes(path, REGISTRY.bytes(dumps_pretty(stats.to_json())))
     except OSError as e:
         raise OutputError(path, e) from None
     return stats
+
+
+def _merge(config: RunConfig, rows: RunRows, run_dir: Path, checkpoint: Checkpoint
+           ) -> tuple[MergeResult, Totals, dict[str, Any]]:
+    """The incremental merge when it can do (runner.append), else the whole one; the merge's
+    result, the figures of the records, the merge's new state."""
+    keep_passed = config.keep == "passed"
+    totals = Totals()
+    totals.verify.k = config.samples_per_prompt
+    appended = append_new(run_dir, checkpoint.merge, checkpoint.done, rows, totals, keep_passed=keep_passed)
+    if appended is not None:
+        result, state = appended.result, appended.state
+    else:
+        totals = Totals()
+        totals.verify.k = config.samples_per_prompt
+        result = merge(run_dir, rows, totals, keep_passed=keep_passed)
+        target = run_dir / "trajectories.jsonl"
+        try:
+            st = target.stat()
+        except OSError as e:
+            raise OutputError(target, e, "read") from None
+        state = merge_state(result, totals, dataset=rows.identity(), keep_passed=keep_passed,
+                            entries=len(checkpoint.done), inode=st.st_ino, size=st.st_size, last=result.last)
+    totals.verify.not_kept = result.not_kept
+    if config.stop_after_passes is not None:  # over every row, so a resumed run says what one straight through does
+        totals.verify.skipped_solved = skipped_solved(rows, totals, checkpoint, config.stop_after_passes)
+    return result, totals, state
 
 
 def print_summary(stats: Statistics, run_dir: Path) -> None:

@@ -17,18 +17,19 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
 import orjson
 
-from trajforge.config import RunConfig
 from trajforge.dataset import Sample, rollout_identity, split_rollout
 from trajforge.runner import store
 from trajforge.runner.checkpoint import Checkpoint
-from trajforge.runner.merge import MergeResult, calls_unknown_tools
+from trajforge.runner.keys import key_of, rollout_key
+from trajforge.runner.merge import calls_unknown_tools
+from trajforge.runner.rows import RunRows
 from trajforge.sample.outcome import Outcome
 from trajforge.runner.stats import Totals
 from trajforge.verify.result import passed
@@ -74,6 +75,44 @@ def passes_on_disk(run_dir: Path) -> Counter[str]:
     return passes
 
 
+def prior_passes(run_dir: Path, rows: RunRows, checkpoint: Checkpoint) -> Callable[[Sample], int]:
+    """Passing records of each row before this invocation, as the scheduler takes them: from the
+    last merge's figures (per row, by index) and the records finished since (the index entries
+    past the ones it took), so a million-record run is not read for them; from every batch file
+    (`passes_on_disk`) when the merge's figures are not this dataset's."""
+    state = checkpoint.merge
+    if state is None or not rows.extends(state.get("dataset")) or state["entries"] > len(checkpoint.done):
+        by_row = passes_on_disk(run_dir)
+        return lambda s: by_row.get(split_rollout(s.identity)[0], 0)
+    merged = Totals()
+    merged.verify.load_state(state["totals"]["verify"])
+    since: Counter[int] = Counter()
+    done = checkpoint.done
+    new = range(state["entries"], len(done))
+    where = rows.positions({done.keys[j] for j in new})
+    handles: dict[int, BinaryIO] = {}
+    try:
+        for j in new:
+            pos = where.get(done.keys[j])
+            if pos is None:
+                continue
+            batch, offset, length = done.location(j)
+            f = handles.get(batch)
+            if f is None:
+                f = handles[batch] = (run_dir / f"batch_{batch}.jsonl").open("rb")
+            f.seek(offset)
+            line = f.read(length)
+            if _MAYBE_PASSED.search(line) and counts_as_pass(orjson.loads(line)):
+                since[pos[0]] += 1
+    except (OSError, orjson.JSONDecodeError):  # the merge at the end says what is wrong with the file
+        by_row = passes_on_disk(run_dir)
+        return lambda s: by_row.get(split_rollout(s.identity)[0], 0)
+    finally:
+        for f in handles.values():
+            f.close()
+    return lambda s: merged.verify.row_passes(s.index) + since[s.index]
+
+
 def counts_as_pass(rec: dict) -> bool:
     """A pass the merge will keep: verified, and not dropped by the corrupt-entry filter."""
     return passed(rec) and not calls_unknown_tools(rec)
@@ -101,17 +140,21 @@ class RolloutScheduler:
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @classmethod
-    def build(cls, todo: Iterable[Sample], stop_after: int | None, prior_passes: Counter[str] | None = None,
+    def build(cls, todo: Iterable[Sample], stop_after: int | None,
+              prior_passes: Mapping[str, int] | Callable[[Sample], int] | None = None,
               on_skip: Callable[[int], None] | None = None) -> RolloutScheduler:
+        """`prior_passes`: the passes a row had before, by row identity or as a function of its sample."""
         sched = cls(stop_after, on_skip=on_skip)
         if stop_after is None:
             sched._plain = iter(todo)
             return sched
+        known = prior_passes if callable(prior_passes) else \
+            (lambda s, passes=prior_passes or {}: passes.get(split_rollout(s.identity)[0], 0))
         for s in todo:
             key = split_rollout(s.identity)[0]
             row = sched._rows.get(key)
             if row is None:
-                row = sched._rows[key] = _Row(deque(), passes=(prior_passes or Counter())[key])
+                row = sched._rows[key] = _Row(deque(), passes=known(s))
             row.pending.append(s)
         for row in sched._rows.values():
             row.pending = deque(sorted(row.pending, key=lambda s: s.rollout))
@@ -160,27 +203,15 @@ class RolloutScheduler:
         self._changed.set()
 
 
-def prepare_totals(totals: Totals, config: RunConfig, samples: list[Sample]) -> dict[str, list[Sample]]:
-    """Tell the run's totals what pass@k's k is and each row's task type; the rollouts by row."""
-    rows: dict[str, list[Sample]] = {}
-    for s in samples:
-        rows.setdefault(split_rollout(s.identity)[0], []).append(s)
-    totals.verify.k = config.samples_per_prompt
-    totals.verify.task_types = {row: rollouts[0].task_type for row, rollouts in rows.items()}
-    return rows
-
-
-def finish_totals(totals: Totals, config: RunConfig, rows: dict[str, list[Sample]], result: MergeResult,
-                  checkpoint: Checkpoint) -> None:
-    """After the merge: records left out by --keep passed, and the rollouts of solved rows that
-    never ran (no record, no outcome in the checkpoint). Counted from disk, so a resumed run
-    reports the same figures as one that ran straight through."""
-    totals.verify.not_kept = result.not_kept
-    if config.stop_after_passes is None:
-        return
-    for row, rollouts in rows.items():
-        seen = totals.verify.rows.get(row)
-        if seen is None or seen[2] < config.stop_after_passes:
+def skipped_solved(rows: RunRows, totals: Totals, checkpoint: Checkpoint, stop_after: int) -> int:
+    """Rollouts of rows with `stop_after` passes that never ran (no record, no outcome in the
+    checkpoint): counted from disk over every row, so a resumed run reports the same figure as one
+    that ran straight through."""
+    outcomes = {key_of(identity) for identity in checkpoint.samples}
+    done = checkpoint.done
+    skipped = 0
+    for i, key in enumerate(rows.keys):
+        if totals.verify.row_passes(i) < stop_after:
             continue
-        totals.verify.skipped_solved += sum(1 for s in rollouts
-                                            if s.identity not in result.finished and s.identity not in checkpoint.samples)
+        skipped += sum(1 for r in range(rows.k) if (k := rollout_key(key, r)) not in done and k not in outcomes)
+    return skipped

@@ -20,9 +20,13 @@ from typing import Any
 from trajforge.errors import OutputError, RunStateError
 from trajforge.jsonio import atomic_write_bytes, dumps_pretty
 from trajforge.redact import REGISTRY
+from trajforge.runner import rowcache
+from trajforge.runner.checkpoint import INDEX_FILE, JOURNAL_FILE
 from trajforge.runner.store import batch_files
 
 RESULT_FILES = ("checkpoint.json", "trajectories.jsonl", "statistics.json", "config.json")
+# The rest of checkpoint.json's state (runner.checkpoint) and the dataset pass it keeps (runner.rowcache)
+STATE_FILES = (INDEX_FILE, JOURNAL_FILE, rowcache.FILE)
 
 
 class RunDir:
@@ -69,7 +73,7 @@ class RunDir:
     def _wipe(self) -> None:
         for p in batch_files(self.path):
             p.unlink()
-        for name in RESULT_FILES:
+        for name in (*RESULT_FILES, *STATE_FILES):
             (self.path / name).unlink(missing_ok=True)
         shutil.rmtree(self.path / "workspaces", ignore_errors=True)
 

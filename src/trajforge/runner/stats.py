@@ -72,7 +72,8 @@ class Totals:
         self.reasoning_tokens += int(u.get("reasoning_tokens", 0))
         self.cost += float(u.get("cost", 0.0))
 
-    def add_record(self, rec: dict[str, Any]) -> None:
+    def add_record(self, rec: dict[str, Any], task_type: str | None = None, *, typed: bool = False) -> None:
+        """Count a kept record; `task_type`: its row's, when `typed` (else verify.task_types says)."""
         self.finished += 1
         self.completed += bool(rec.get("completed"))
         self.partial += bool(rec.get("partial"))
@@ -85,8 +86,22 @@ class Totals:
         r = rec.get("reasoning") or {}
         self.assistant_turns += int(r.get("total_assistant_turns", 0))
         self.turns_with_reasoning += int(r.get("turns_with_reasoning", 0))
-        self.verify.add(rec)
+        self.verify.add(rec, task_type, typed=typed)
         self.tasks.add(rec)
+
+    _STATE = ("finished", "completed", "partial", "tools", "assistant_turns", "turns_with_reasoning", "api_calls",
+              "prompt_tokens", "completion_tokens", "reasoning_tokens", "cost")
+
+    def state(self) -> dict[str, Any]:
+        """The figures of the records merged so far, as the incremental merge keeps them (runner.merge)."""
+        return {**{name: getattr(self, name) for name in self._STATE}, "discarded": dict(self.discarded),
+                "verify": self.verify.state()}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        for name in self._STATE:
+            setattr(self, name, state[name])
+        self.discarded = Counter(state["discarded"])
+        self.verify.load_state(state["verify"])
 
     def figures(self, *, total: int | None = None, seconds: float | None = None,
                 pace: tuple[int, float] | None = None) -> RunFigures:

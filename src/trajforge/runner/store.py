@@ -71,24 +71,31 @@ def scan(run_dir: Path, problems: list[str] | None = None, unreadable: set[str] 
     intact): those samples are not finished, whatever the checkpoint says. Raises OutputError
     when a batch file cannot be read."""
     for path in batch_files(run_dir):
-        try:
-            yield from _scan_file(path, problems, unreadable)
-        except OSError as e:
-            raise OutputError(path, e, "read") from None
+        yield from scan_file(path, 0, problems, unreadable)
 
 
-def _scan_file(path: Path, problems: list[str] | None, unreadable: set[str] | None) -> Iterator[LineRef]:
-    offset = 0
+def scan_file(path: Path, start: int = 0, problems: list[str] | None = None,
+              unreadable: set[str] | None = None) -> Iterator[LineRef]:
+    """`scan` of one batch file from byte `start` (a line start) on. Raises OutputError."""
+    try:
+        yield from _scan_file(path, start, problems, unreadable)
+    except OSError as e:
+        raise OutputError(path, e, "read") from None
+
+
+def _scan_file(path: Path, offset: int, problems: list[str] | None, unreadable: set[str] | None) -> Iterator[LineRef]:
+    where = path.name if offset == 0 else f"{path.name} (from byte {offset})"
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not hang the start
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise OSError(errno.EINVAL, "not a regular file (a batch file must be one)")
     with os.fdopen(fd, "rb") as f:
+        f.seek(offset)
         for lineno, line in enumerate(f, start=1):
             start, offset = offset, offset + len(line)
             if not line.endswith(b"\n"):
                 if problems is not None:
-                    problems.append(f"{path.name}:{lineno}: torn last line ({len(line)} bytes) ignored")
+                    problems.append(f"{where}:{lineno}: torn last line ({len(line)} bytes) ignored")
                 break
             try:
                 obj = orjson.loads(line)
@@ -106,7 +113,7 @@ def _scan_file(path: Path, problems: list[str] | None, unreadable: set[str] | No
                 unreadable.add(head[1])
             if problems is not None:
                 which = f" of sample {head[1]}" if head else ""
-                problems.append(f"{path.name}:{lineno}: unreadable record{which} ignored ({len(line)} bytes)")
+                problems.append(f"{where}:{lineno}: unreadable record{which} ignored ({len(line)} bytes)")
 
 
 def repair(run_dir: Path) -> list[str]:
@@ -155,6 +162,7 @@ class BatchStore:
         self.run_dir = run_dir
         self.sync_interval = sync_interval
         self._files: dict[int, BinaryIO] = {}
+        self._sizes: dict[int, int] = {}
         self._dirty: set[int] = set()
         self._last_sync = time.monotonic()
         self.repaired: list[str] = []
@@ -169,22 +177,26 @@ class BatchStore:
                     if cut:
                         self.repaired.append(f"{path.name}: removed a torn last line of {cut} bytes")
                 f = self._files[batch_num] = path.open("ab", buffering=0)
+                self._sizes[batch_num] = os.fstat(f.fileno()).st_size
             except OSError as e:
                 raise OutputError(path, e) from None
         return f
 
-    def append(self, batch_num: int, line: bytes) -> None:
-        """Write one record line (scrubbed of secrets). Raises OutputError."""
+    def append(self, batch_num: int, line: bytes) -> tuple[int, int]:
+        """Write one record line (scrubbed of secrets); return its (offset, length). Raises OutputError."""
         f = self._open(batch_num)
         data = memoryview(REGISTRY.bytes(line if line.endswith(b"\n") else line + b"\n"))
+        where, length = self._sizes[batch_num], len(data)
         try:
             while data:  # unbuffered: one write per line, repeated only if the kernel took part of it
                 data = data[f.write(data):]
         except OSError as e:
-            raise OutputError(f.name, e) from None
+            raise OutputError(f.name, e) from None  # the run writes nothing more (runner.main's halt)
+        self._sizes[batch_num] = where + length
         self._dirty.add(batch_num)
         if time.monotonic() - self._last_sync >= self.sync_interval:
             self.sync()
+        return where, length
 
     def sync(self) -> None:
         for n in list(self._dirty):
@@ -203,4 +215,5 @@ class BatchStore:
             for f in self._files.values():
                 f.close()
             self._files.clear()
+            self._sizes.clear()
             self._dirty.clear()

@@ -7,7 +7,8 @@ stopped early by --stop_after_passes after a pass) every draw of k holds a pass:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from math import comb
 
 
@@ -23,5 +24,12 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def mean_pass_at_k(rows: Iterable[tuple[int, int]], k: int) -> float | None:
     """The mean of pass@k over rows given as (n, c); rows with n == 0 are left out. None: no rows."""
-    values = [pass_at_k(n, c, k) for n, c in rows if n > 0]
-    return sum(values) / len(values) if values else None
+    return mean_pass_at_k_counted(Counter(rows), k)
+
+
+def mean_pass_at_k_counted(rows: Mapping[tuple[int, int], int], k: int) -> float | None:
+    """mean_pass_at_k over rows counted by their (n, c): a million rows have few distinct pairs."""
+    total = sum(count for (n, _), count in rows.items() if n > 0)
+    if not total:
+        return None
+    return sum(count * pass_at_k(n, c, k) for (n, c), count in rows.items() if n > 0) / total

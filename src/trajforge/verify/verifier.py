@@ -10,7 +10,7 @@ first use and closed with the worker.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from trajforge.model.types import ModelClient, Usage
@@ -106,25 +106,40 @@ def validate_verification(config: RunConfig, dataset: Rows) -> None:
     """Before a run touches its directory: every row's resolved verification is usable, something
     can pass when --keep passed / --stop_after_passes ask for passes, and the judge endpoint has a
     key when some row has a rubric. Raises DatasetError / UsageError."""
+    check_verification_settings(config, dataset.path, *check_row_verification(config, dataset.path, dataset.samples))
+
+
+def check_row_verification(config: RunConfig, path: Any, samples: Iterable[Row]) -> tuple[bool, bool]:
+    """The rows' part of validate_verification, over samples as they stream by (the runner's one
+    pass over a dataset): (some row has a rubric, some row is verified). Raises DatasetError."""
     problems: list[str] = []
     rubric = verified = False
-    for s in dataset.samples:
+    seen: dict[tuple[VerifySpec | None, str | None], tuple[Resolved, str | None]] = {}
+    for s in samples:
         if getattr(s, "task", None) is not None:  # a task's hidden tests verify it (trajforge.tasks)
             verified = True
             continue
-        resolved = resolve_for(config, s.verify, s.task_type)
-        problem = problem_of(resolved)
+        known = seen.get((s.verify, s.task_type))  # most rows share their (row spec, task type)
+        if known is None:
+            resolved = resolve_for(config, s.verify, s.task_type)
+            known = seen[(s.verify, s.task_type)] = (resolved, problem_of(resolved))
+        resolved, problem = known
         if problem is not None:
-            problems.append(f"{dataset.path}:{s.line}: {problem} (task_type {s.task_type!r})"
-                            if s.task_type else f"{dataset.path}:{s.line}: {problem}")
+            problems.append(f"{path}:{s.line}: {problem} (task_type {s.task_type!r})"
+                            if s.task_type else f"{path}:{s.line}: {problem}")
         rubric = rubric or resolved.rubric is not None
         verified = verified or bool(resolved.methods)
     if problems:
         listed = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
-        raise DatasetError(f"{dataset.path}: {len(problems)} row(s) with an unusable verification", listed)
+        raise DatasetError(f"{path}: {len(problems)} row(s) with an unusable verification", listed)
+    return rubric, verified
+
+
+def check_verification_settings(config: RunConfig, path: Any, rubric: bool, verified: bool) -> None:
+    """The settings' part of validate_verification, once the rows are known. Raises UsageError."""
     if not verified and (config.keep == "passed" or config.stop_after_passes is not None):
         flag = "--keep passed" if config.keep == "passed" else "--stop_after_passes"
-        raise UsageError(f"{flag}: no row of {dataset.path} has a check, expected answer or rubric (nor does a "
+        raise UsageError(f"{flag}: no row of {path} has a check, expected answer or rubric (nor does a "
                          "task_types default give one), so no rollout could ever pass")
     if rubric:
         problem = judge_endpoint_problem(config)

@@ -1,7 +1,10 @@
-"""The viewer's index of a run directory or a JSONL file: built once, then extended as it grows.
+"""The viewer's index of a run directory or a JSONL file: built as it is read, then extended as it grows.
 
-Built by one pass over the batch files (or the one JSONL file), keeping per sample an `Entry`
-(where its line is, plus the list's fields) and never a conversation. While a run is live,
+One pass over the batch files (or the one JSONL file) keeps per record a few numbers in columns
+(view.columns: where its line is, and the list's fields), never an object or a conversation. The
+pass goes in slices of bounded time (`refresh(budget)`), so the server can answer while a big run
+is still being read: the first page of a million-sample run is served after its first batch file,
+and the rest comes in behind it (`behind` says how many bytes are left). While a run is live,
 `refresh()` reads each file only from where the last pass stopped (a torn last line is left for
 the next pass), and reloads checkpoint.json when it changed, so a poll costs a few stat calls when
 nothing happened. A file that shrank or was replaced (`--overwrite`) makes it start over.
@@ -9,29 +12,41 @@ nothing happened. A file that shrank or was replaced (`--overwrite`) makes it st
 Kept records follow the run's own merge rules (runner/merge.py), so the figures match
 statistics.json: the first record of an identity wins, and a record that called a tool that does
 not exist or was not offered counts as discarded (`hallucinated_tool`). Samples with no record
-(failed, discarded) come from checkpoint.json. A JSONL file may also be an `openai` export: its
-lines are read back into the records they came from (export.source.as_record); a line that is
-neither is named as a problem, never shown as an empty conversation.
+(failed, discarded) come from the checkpoint: checkpoint.json and its journal, read as the runner
+reads them (runner.checkpoint); the dataset (view.dataset) gives their prompts and positions, and
+the task types records do not carry.
+A JSONL file may also be an `openai` export: its lines are read back into the records they came
+from (export.source.as_record); a line that is neither is named as a problem, never shown as an
+empty conversation.
 """
 
 from __future__ import annotations
 
 import os
+import time
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from trajforge.dataset import split_rollout
+from trajforge.errors import OutputError
 from trajforge.export.source import as_record
-from trajforge.runner import store
+from trajforge.runner import journal, store
+from trajforge.runner.checkpoint import JOURNAL_FILE
+from trajforge.runner.keys import key_of
 from trajforge.runner.stats import Totals, run_pace
 from trajforge.tools.toolsets import KNOWN_TOOLS
-from trajforge.view.dataset import Row, load_rows
-from trajforge.view.summary import Entry, outcome_entry, summarise, used_tools
+from trajforge.view.columns import BY_ID, BY_ID_AT_LINE, BY_LINE, OUTCOME, Columns
+from trajforge.view.dataset import DatasetRows, load_rows
+from trajforge.view.summary import Entry, outcome_entry, summarise, task_type_of, used_tools
 
 _KNOWN = frozenset(KNOWN_TOOLS)
 MAX_PROBLEMS = 50
+SETTLE = 2.0  # seconds: while catching up, the order of the list is made again at most this often
+SLICE_LINES = 256  # lines read between two looks at the clock; a slice reads at least this many
 
 
 class _StartOver(Exception):
@@ -50,6 +65,7 @@ class _FilePos:
     inode: int
     offset: int  # bytes consumed: always at a line start
     lineno: int
+    file: int  # its number in RunIndex.files
 
 
 class RunIndex:
@@ -58,23 +74,40 @@ class RunIndex:
         self.run_dir = source if source.is_dir() else None
         self.files: list[Path] = []
         self._pos: dict[Path, _FilePos] = {}
-        self.records: list[Entry] = []
-        self.by_key: dict[str, Entry] = {}
+        self.records = Columns()
+        self._taken: set[int] = set()  # keys of the records taken: the first of an identity wins
         self.outcomes: list[Entry] = []  # samples known only from checkpoint.json
         self.totals = Totals()  # over the kept records
         self.duplicates = 0
         self.problems: list[str] = []
         self.generation = 0
+        self.behind = 0  # bytes of the files not read yet (a big run being indexed)
+        self._lines_read = 0
         self.checkpoint: dict[str, Any] = {}
-        self._ckpt_sig: tuple[int, int] | None = None
-        self._sorted: tuple[int, list[Entry]] = (-1, [])
-        self.dataset: dict[str, Row] = {}  # identity -> the dataset row, when the dataset is found
+        self._ckpt_sig: tuple[object, ...] | None = None
+        self._order: tuple[tuple[int, int], float, array] = ((-1, -1), 0.0, array("I"))
+        self._outcomes_made = 0  # times the outcomes were made: the order holds their numbers
+        self.dataset: DatasetRows | None = None
         self.dataset_note: str | None = None
+        self._row_keys = array("Q")  # each record's row (runner.keys), for its task type in the dataset
+        self._typed = 0  # records whose task type the dataset was asked for
+        self._rows_known: dict[str, Any] = {}  # identity -> dataset row, of samples without a record
 
     def attach_dataset(self) -> None:
-        """Read the run's dataset for what records and the checkpoint lack (call before refresh)."""
+        """Read the run's dataset for what records and the checkpoint lack (before refresh, or at
+        any time: records already indexed get their task types at the next refresh)."""
         if self.run_dir is not None:
-            self.dataset, self.dataset_note = load_rows(self.run_dir)
+            self.use_dataset(*load_rows(self.run_dir))
+
+    def use_dataset(self, dataset: DatasetRows | None, note: str | None) -> None:
+        self.dataset, self.dataset_note = dataset, note
+        self._typed, self._rows_known = 0, {}
+        self._ckpt_sig = None  # the outcomes are made again with their prompts
+
+    def busy(self) -> bool:
+        """Whether there is more to read (files, or task types of records from the dataset)."""
+        ds = self.dataset
+        return bool(self.behind) or (ds is not None and self._typed < len(self.records) and any(ds.rows.task_names))
 
     # -- sources -------------------------------------------------------------------------------
     def _sources(self) -> list[Path]:
@@ -89,27 +122,39 @@ class RunIndex:
         self.__init__(self.source)  # type: ignore[misc]
         self.dataset, self.dataset_note = dataset, note
 
-    def refresh(self) -> bool:
-        """Take in what was appended since the last call; True when anything changed."""
+    def refresh(self, budget: float | None = None) -> bool:
+        """Take in what was appended since the last call, for at most `budget` seconds (None: all of
+        it); True when anything changed. `behind` then says what is left."""
         before = self.generation
+        deadline = None if budget is None else time.monotonic() + budget
         sources = self._sources()
         try:
-            if any(p not in sources for p in self._pos):  # a file went away: the run was overwritten
+            present = set(sources)
+            if any(p not in present for p in self._pos):  # a file went away: the run was overwritten
                 raise _StartOver
-            for path in sources:
-                self._read_new(path)
+            self._read(sources, deadline)
         except _StartOver:
             self._reset()
             self.generation = before + 1
-            for path in sources:
-                self._read_new(path)
-        if self.run_dir is not None:
-            self._load_checkpoint()
-        if self.generation != before:
+            self._read(sources, deadline)
+        self._type_records(deadline)
+        checkpoint = self.run_dir is not None and self._load_checkpoint()
+        # while a big run is still being read, the outcomes (which later records may finish) wait
+        if checkpoint or (self.generation != before and not self.behind):
             self._rebuild_outcomes()
         return self.generation != before
 
-    def _read_new(self, path: Path) -> None:
+    def _read(self, sources: list[Path], deadline: float | None) -> None:
+        self.behind = 0
+        self._lines_read = 0
+        for path in sources:
+            self._read_new(path, deadline)
+
+    def _out_of_time(self, deadline: float | None) -> bool:
+        """Past the deadline, once this pass has read a slice (each call makes progress)."""
+        return deadline is not None and self._lines_read >= SLICE_LINES and time.monotonic() >= deadline
+
+    def _read_new(self, path: Path, deadline: float | None) -> None:
         try:
             st = path.stat()
         except FileNotFoundError:
@@ -118,11 +163,14 @@ class RunIndex:
         if pos is not None and (pos.inode != st.st_ino or st.st_size < pos.offset):
             raise _StartOver  # replaced or truncated: what was read before may be gone
         if pos is None:
-            pos = self._pos[path] = _FilePos(st.st_ino, 0, 0)
+            pos = self._pos[path] = _FilePos(st.st_ino, 0, 0, len(self.files))
             self.files.append(path)
         if st.st_size == pos.offset:
             return
-        file_id = self.files.index(path)
+        if self._out_of_time(deadline):
+            self.behind += st.st_size - pos.offset
+            return
+        file_id = pos.file
         start = pos.offset
         with path.open("rb") as f:
             f.seek(pos.offset)
@@ -136,6 +184,10 @@ class RunIndex:
                 pos.lineno += 1
                 if line.strip():
                     self._add_line(line, path, file_id, offset, pos.lineno)
+                self._lines_read += 1
+                if self._lines_read % SLICE_LINES == 0 and self._out_of_time(deadline):
+                    self.behind += st.st_size - pos.offset
+                    break
         if pos.offset != start:
             self.generation += 1
 
@@ -158,20 +210,15 @@ class RunIndex:
             self._problem(f"{path.name}:{lineno}: {e}, ignored")
             return
         sid = rec.get("sample_id")
-        key = sid if isinstance(sid, str) and sid else f"line-{lineno}"
-        if key in self.by_key:
+        spelled, key = (BY_ID, key_of(sid)) if isinstance(sid, str) and sid else (BY_LINE, key_of(f"line-{lineno}"))
+        if key in self._taken:
             if self.run_dir is not None:
                 self.duplicates += 1  # the merge keeps the first record of an identity
                 return
-            key = f"{key}@{path.name}:{lineno}"
+            spelled, key = BY_ID_AT_LINE, key_of(f"{sid}@{path.name}:{lineno}")
+        self._taken.add(key)
         used = used_tools(rec)
-        entry = summarise(rec, key=key, seq=len(self.records), file=file_id, offset=offset, length=len(line),
-                          used=used)
-        row = self.dataset.get(key)
-        if row is not None:
-            entry.task_type = entry.task_type or row.task_type
-            if row.prompt == entry.prompt:
-                entry.prompt = row.prompt  # one copy of the text in memory, not two
+        entry = summarise(rec, key="", seq=len(self.records), file=file_id, offset=offset, length=len(line), used=used)
         stats = rec.get("tool_stats")
         if self.run_dir is not None and isinstance(stats, dict) and not stats.keys() <= _KNOWN:
             entry.status, entry.reason = "discarded", "hallucinated_tool"
@@ -182,65 +229,126 @@ class RunIndex:
                     self.totals.tools.setdefault(name, [0, 0, 0])
             # Totals only needs the tools called: ~30x less work than the full normalised stats
             self.totals.add_record(rec if used is None else {**rec, "tool_stats": used})
-        self.records.append(entry)
-        self.by_key[key] = entry
+        self.records.add(entry, key, spelled, lineno)
+        self._row_keys.append(key_of(split_rollout(sid)[0]) if spelled != BY_LINE else 0)
 
-    def _load_checkpoint(self) -> None:
+    def _type_records(self, deadline: float | None) -> None:
+        """Records take their task type from the dataset's row (records do not carry one)."""
+        ds, cols = self.dataset, self.records
+        if ds is None or not any(ds.rows.task_names[1:]):
+            return
+        while self._typed < len(cols):
+            i = self._typed
+            self._typed += 1
+            if self._row_keys[i] and not cols.task_type[i]:
+                name = ds.task_type_by_key(self._row_keys[i], cols.prompt_index[i])
+                if name is not None:
+                    cols.task_type[i] = cols.task_types.number(name)
+                    self.generation += 1
+            if deadline is not None and i % 4096 == 4095 and time.monotonic() >= deadline:
+                break
+
+    def _load_checkpoint(self) -> bool:
+        """checkpoint.json with its journal (runner.checkpoint), read again when either changed."""
         assert self.run_dir is not None
-        path = self.run_dir / "checkpoint.json"
-        try:
-            st = path.stat()
-        except FileNotFoundError:
-            return
-        sig = (st.st_mtime_ns, st.st_size)
-        if sig == self._ckpt_sig:
-            return
-        try:
-            data = orjson.loads(path.read_bytes())
-        except (OSError, orjson.JSONDecodeError) as e:
-            self._problem(f"checkpoint.json: unreadable ({e}); failed and discarded samples not shown")
-            return
-        self._ckpt_sig = sig
-        self.checkpoint = data if isinstance(data, dict) else {}
+        sig = []
+        for name in ("checkpoint.json", JOURNAL_FILE):
+            try:
+                st = (self.run_dir / name).stat()
+                sig.append((st.st_mtime_ns, st.st_size))
+            except FileNotFoundError:
+                sig.append(None)
+        if sig == [None, None] or tuple(sig) == self._ckpt_sig:
+            return False
+        self._ckpt_sig = tuple(sig)
+        self.checkpoint = read_checkpoint(self.run_dir, self._problem)
         self.generation += 1
+        return True
 
     def _rebuild_outcomes(self) -> None:
         samples = self.checkpoint.get("samples")
         self.outcomes = []
+        self._outcomes_made += 1
         if not isinstance(samples, dict):
             return
-        seq = len(self.records)
-        for identity, info in samples.items():
-            if not isinstance(info, dict) or info.get("status") not in ("failed", "discarded"):
-                continue
-            if identity in self.by_key:
-                continue  # a later attempt finished it
+        seq = OUTCOME
+        left = {identity: info for identity, info in samples.items() if isinstance(info, dict)
+                and info.get("status") in ("failed", "discarded") and key_of(identity) not in self._taken}
+        unknown = [identity for identity in left if identity not in self._rows_known]
+        if unknown and self.dataset is not None:  # one pass over the dataset's keys for all of them
+            self._rows_known.update(self.dataset.rows_of(unknown))
+        for identity, info in left.items():  # (the others: a later attempt finished them)
             entry = outcome_entry(identity, info, seq)
-            row = self.dataset.get(identity)
+            row = self._rows_known.get(identity)
             if row is not None:
                 entry.prompt_index, entry.task_type, entry.prompt = row.index, row.task_type, row.prompt
             self.outcomes.append(entry)
             seq += 1
 
     # -- reading -------------------------------------------------------------------------------
-    def entries(self) -> list[Entry]:
-        """Every sample, in dataset order within batches (cached until the index changes)."""
-        gen, cached = self._sorted
-        if gen != self.generation:
-            big = 1 << 62
-            if self.run_dir is None:
-                cached = list(self.records)
-            else:
-                cached = sorted([*self.records, *self.outcomes], key=lambda e: (
-                    big if e.batch is None else e.batch, big if e.prompt_index is None else e.prompt_index, e.seq))
-            self._sorted = (self.generation, cached)
+    def order(self) -> array:
+        """Every sample (records by number, then outcomes from OUTCOME on) in dataset order within
+        batches; made again when the index changed, at most every SETTLE seconds while it is
+        still catching up with the files (new outcomes always)."""
+        (gen, made), at, cached = self._order
+        now = time.monotonic()
+        if made != self._outcomes_made or (gen != self.generation and (not self.behind or now - at >= SETTLE)):
+            cached = self._make_order()
+            self._order = ((self.generation, self._outcomes_made), now, cached)
         return cached
 
+    def _make_order(self) -> array:
+        n = len(self.records)
+        if self.run_dir is None:
+            return array("I", range(n))
+        big = 1 << 40
+        cols = self.records
+        place = [(b if b >= 0 else big) << 41 | (p if p >= 0 else big) for b, p in zip(cols.batch, cols.prompt_index)]
+        place += [(big if e.batch is None else e.batch) << 41 | (big if e.prompt_index is None else e.prompt_index)
+                  for e in self.outcomes]
+        ids = sorted(range(len(place)), key=place.__getitem__)  # stable: ties in order of reading
+        return array("I", (i if i < n else OUTCOME + i - n for i in ids))
+
+    def entries(self) -> Any:
+        """Every sample, in dataset order within batches (view.overview.Entries)."""
+        from trajforge.view.overview import Entries
+
+        return Entries(self, self.order())
+
+    def entry(self, i: int) -> Entry:
+        """Sample `i` of `order()`'s numbering as an Entry: a record's key and prompt read back."""
+        if i >= OUTCOME:
+            return self.outcomes[i - OUTCOME]
+        rec = self.read_at(i) or {}
+        cols = self.records
+        sid = str(rec.get("sample_id", ""))
+        spelled = cols.spelled[i]
+        key = sid if spelled == BY_ID else f"line-{cols.line[i]}" if spelled == BY_LINE else \
+            f"{sid}@{self.files[cols.file[i]].name}:{cols.line[i]}"
+        conv = rec.get("conversations") if isinstance(rec.get("conversations"), list) else []
+        prompt = next((t.get("value") for t in conv if isinstance(t, dict) and t.get("from") == "human"), "")
+        e = cols.entry(i, key, str(prompt))
+        e.task_type = e.task_type or task_type_of(rec)
+        return e
+
     def find(self, key: str) -> Entry | None:
-        e = self.by_key.get(key)
-        if e is not None:
-            return e
-        return next((o for o in self.outcomes if o.key == key), None)
+        try:
+            i = self.records.key.index(key_of(key))
+        except ValueError:
+            return next((o for o in self.outcomes if o.key == key), None)
+        e = self.entry(i)
+        e.key = key  # another record at its place (the file was rewritten) is found out when it is read
+        return e
+
+    def read_at(self, i: int) -> dict[str, Any] | None:
+        cols = self.records
+        try:
+            with self.files[cols.file[i]].open("rb") as f:
+                f.seek(cols.offset[i])
+                rec = orjson.loads(f.read(cols.length[i]))
+            return as_record(rec) if isinstance(rec, dict) else None
+        except (OSError, orjson.JSONDecodeError, ValueError):
+            return None
 
     def read_record(self, e: Entry) -> dict[str, Any] | None:
         if e.file < 0:
@@ -287,3 +395,34 @@ def lock_held(path: Path) -> bool:
     if needle in locks:
         return True
     return any(f":{st.st_ino} " in line and "FLOCK" in line for line in locks.splitlines())
+
+
+def read_checkpoint(run_dir: Path, problem: Any) -> dict[str, Any]:
+    """{"samples": failed and discarded ones, "invocations": [...]} from checkpoint.json and its
+    journal, read leniently (the viewer shows what it can of a file another version wrote)."""
+    data: dict[str, Any] = {}
+    try:
+        loaded = orjson.loads((run_dir / "checkpoint.json").read_bytes())
+        data = loaded if isinstance(loaded, dict) else {}
+    except FileNotFoundError:
+        pass
+    except (OSError, orjson.JSONDecodeError) as e:
+        problem(f"checkpoint.json: unreadable ({e}); failed and discarded samples not shown")
+    raw = data.get("samples")
+    samples = {k: v for k, v in raw.items() if isinstance(v, dict) and v.get("status") != "done"} \
+        if isinstance(raw, dict) else {}
+    invocations = [i for i in data.get("invocations") or [] if isinstance(i, dict)]
+    try:
+        replay = journal.read(run_dir / JOURNAL_FILE, data.get("journal", 0))
+    except OutputError:
+        replay = None
+    for line in (ln for group in (replay.groups if replay else []) for ln in group):
+        if "sample" in line:
+            samples[str(line["sample"])] = {k: v for k, v in line.items() if k != "sample"}
+        elif "done" in line or "forget" in line:
+            samples.pop(str(line.get("done", line.get("forget"))), None)
+        elif isinstance(line.get(journal.COMMIT), int):
+            entry = {k: v for k, v in line.items() if k != journal.COMMIT}
+            i = line[journal.COMMIT]
+            invocations[i:i + 1] = [entry]
+    return {"samples": samples, "invocations": invocations}

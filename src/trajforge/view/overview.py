@@ -1,22 +1,66 @@
-"""The run overview and the sample list's filtering (pure functions over index entries).
+"""The run overview and the sample list's filtering, over the index's columns (view.columns).
 
 The overview's figures are the run's own `Totals` (runner/stats.py) over the same inputs the run
 uses for statistics.json: the kept records, plus failed and discarded samples from the
 checkpoint, plus the invocations' seconds. So a finished run's page shows statistics.json's
 numbers, and a live run's page shows the same figures as they grow.
+
+`Entries` is a list of samples by number (records, then the checkpoint's outcomes: see
+RunIndex.order); filters, sorting, facets and distributions read the columns, and an `Entry` is
+made only for a sample that is shown.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from array import array
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
+from trajforge.view.columns import OUTCOME, STATUSES
 from trajforge.view.summary import Entry
 
-STATUSES = ("completed", "partial", "failed", "discarded")
+
+class Entries(Sequence[Entry]):
+    """Samples of an index, by number, in a given order."""
+
+    def __init__(self, index: Any, ids: array) -> None:
+        self.index, self.ids = index, ids
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @overload
+    def __getitem__(self, i: int) -> Entry: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Entry]: ...
+    def __getitem__(self, i: int | slice) -> Entry | list[Entry]:
+        if isinstance(i, slice):
+            return [self.index.entry(n) for n in self.ids[i]]
+        return self.index.entry(self.ids[i])
+
+    def __iter__(self) -> Iterator[Entry]:
+        return (self.index.entry(n) for n in self.ids)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Entries) and other.index is self.index and other.ids == self.ids
+
+    def position(self, entry: Entry) -> int | None:
+        """Where `entry` (as made by the index) is in this list."""
+        n = entry.seq
+        try:
+            return self.ids.index(n)
+        except ValueError:
+            return None
+
+    def split(self) -> tuple[Any, list[int], list[Entry]]:
+        """(the record columns, the record numbers, the outcome entries) of this list."""
+        outcomes = self.index.outcomes
+        return (self.index.records, [i for i in self.ids if i < OUTCOME],
+                [outcomes[i - OUTCOME] for i in self.ids if i >= OUTCOME])
 
 
 def run_totals(base: Any, outcomes: list[Entry], checkpoint: dict[str, Any]) -> Any:
@@ -54,23 +98,26 @@ def histogram(values: list[int], bins: int = 12) -> list[dict[str, Any]]:
     return [{"lo": start + i * step, "hi": start + (i + 1) * step, "count": counts.get(i, 0)} for i in range(n)]
 
 
-def verification(entries: list[Entry]) -> dict[str, Any] | None:
-    checked = [e for e in entries if e.passed is not None]
-    if not checked:
+def verification(entries: Entries) -> dict[str, Any] | None:
+    cols, records, _ = entries.split()
+    kept = [i for i in records if cols.status[i] < 2 and cols.passed[i] >= 0]  # completed, partial
+    if not kept:
         return None
-    passed = sum(1 for e in checked if e.passed)
-    scores = [e.score for e in checked if e.score is not None]
-    return {"verified": len(checked), "passed": passed, "failed": len(checked) - passed,
-            "pass_rate": round(passed / len(checked), 4),
+    passed = sum(1 for i in kept if cols.passed[i])
+    scores = [cols.score[i] for i in kept if not math.isnan(cols.score[i])]
+    return {"verified": len(kept), "passed": passed, "failed": len(kept) - passed,
+            "pass_rate": round(passed / len(kept), 4),
             "mean_score": round(sum(scores) / len(scores), 4) if scores else None}
 
 
-def distributions(entries: list[Entry]) -> dict[str, Any]:
-    kept = [e for e in entries if e.file >= 0 and e.status in ("completed", "partial")]
-    return {"turns": histogram([e.turns for e in kept]),
-            "tokens": histogram([e.tokens for e in kept if e.tokens is not None]),
-            "verification": verification(kept),
-            "task_types": dict(Counter(e.task_type for e in kept if e.task_type).most_common())}
+def distributions(entries: Entries) -> dict[str, Any]:
+    cols, records, _ = entries.split()
+    kept = [i for i in records if cols.status[i] < 2]  # completed, partial: records kept in the run
+    types = Counter(cols.task_type[i] for i in kept if cols.task_type[i])
+    return {"turns": histogram([cols.turns[i] for i in kept]),
+            "tokens": histogram([cols.tokens[i] for i in kept if cols.tokens[i] >= 0]),
+            "verification": verification(entries),
+            "task_types": {cols.task_types.values[t]: n for t, n in types.most_common()}}
 
 
 SORTS = ("turns", "tool_calls", "tokens", "cost")  # besides dataset order: largest first
@@ -97,20 +144,55 @@ class Query:
                 and (not self.q or self.q.casefold() in e.prompt.casefold()))
 
 
-def apply(query: Query, entries: list[Entry]) -> list[Entry]:
-    rows = entries if query == Query(sort=query.sort) else [e for e in entries if query.matches(e)]
+def apply(query: Query, entries: Entries) -> Entries:
+    """The samples of `entries` the query lets through, in its order."""
+    ids = entries.ids
+    if query != Query(sort=query.sort):
+        keep = _matching(query, entries)
+        ids = array("I", (n for n in ids if n in keep))
     if query.sort in SORTS:  # stable: ties stay in dataset order; samples without the figure last
-        rows = sorted(rows, key=lambda e: -(getattr(e, query.sort) or 0))
-    return rows
+        cols, outcomes = entries.index.records, entries.index.outcomes
+
+        def figure(n: int) -> float:
+            v = cols.value(query.sort, n) if n < OUTCOME else getattr(outcomes[n - OUTCOME], query.sort)
+            return -(v or 0)
+
+        ids = array("I", sorted(ids, key=figure))
+    return Entries(entries.index, ids)
 
 
-def facets(entries: list[Entry]) -> dict[str, dict[str, int]]:
+def _matching(query: Query, entries: Entries) -> set[int]:
+    """The numbers of the samples the query lets through (records by their columns)."""
+    cols, records, outcomes = entries.split()
+    tests = []
+    if query.status:
+        code = STATUSES.index(query.status) if query.status in STATUSES else -1
+        tests.append(lambda i: cols.status[i] == code)
+    if query.tool:
+        sets = {k for k, tools in enumerate(cols.tool_sets.values) if tools and query.tool in tools}
+        tests.append(lambda i: cols.tools[i] in sets)
+    if query.task_type:
+        code = cols.task_types.known(query.task_type)
+        tests.append(lambda i: cols.task_type[i] == code)
+    if query.reason:
+        code = cols.reasons.known(query.reason)
+        tests.append(lambda i: cols.reason[i] == code)
+    found = cols.search(query.q) if query.q else None
+    keep = {i for i in records if (found is None or i in found) and all(t(i) for t in tests)}
+    keep.update(e.seq for e in outcomes if query.matches(e))
+    return keep
+
+
+def facets(entries: Entries) -> dict[str, dict[str, int]]:
     """The values each filter can take, with their counts over all samples."""
-    status: Counter[str] = Counter()
+    cols, records, outcomes = entries.split()
+    status = Counter(STATUSES[cols.status[i]] for i in records)
+    reasons = Counter(cols.reasons.values[cols.reason[i]] for i in records if cols.reason[i])
+    types = Counter(cols.task_types.values[cols.task_type[i]] for i in records if cols.task_type[i])
     tools: Counter[str] = Counter()
-    types: Counter[str] = Counter()
-    reasons: Counter[str] = Counter()
-    for e in entries:
+    for code, count in Counter(cols.tools[i] for i in records).items():
+        tools.update({name: count for name in cols.tool_sets.values[code] or ()})
+    for e in outcomes:
         status[e.status] += 1
         tools.update(e.tools)
         if e.task_type:

@@ -10,6 +10,7 @@ elsewhere cannot read the run through DNS rebinding.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import time
 from pathlib import Path
@@ -31,6 +32,29 @@ HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", 
            "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
 MAX_PAGE = 500
 REFRESH_EVERY = 1.0  # seconds: at most one look at the files per second, however many requests
+SLICE = 0.05  # seconds of indexing at a time: what a request waits at most for each step of it
+
+
+async def catch_up(index: RunIndex, idle: asyncio.Event | None = None) -> None:
+    """Read what the index has not read yet (a big run), a slice at a time, between requests
+    (`idle`: set while no request is being answered)."""
+    while index.busy():
+        if idle is not None:
+            await idle.wait()
+        index.refresh(SLICE)
+        await asyncio.sleep(0)
+
+
+def invocation_settings(invocations: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's models and each change of settings between invocations (runner.settings), as
+    statistics.json lists them: shown by the overview when a resume changed any."""
+    from types import SimpleNamespace
+
+    from trajforge.runner.settings import history
+
+    models, changed = history([SimpleNamespace(model=i.get("model"), settings=i.get("settings"))
+                               for i in invocations])
+    return {"models": models, "settings_changes": [c.to_json() for c in changed]}
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -47,16 +71,21 @@ class Viewer:
         self._cache: dict[Any, tuple[int, Any]] = {}
         self.statics = {p.name: p for p in STATIC.iterdir() if p.suffix in _TYPES}
         self.allowed_hosts: set[str] | None = set()  # nothing is served until the port is known
+        self.answering = 0  # requests being answered: the index is read on (catch_up) when none is
+        self.idle = asyncio.Event()
+        self.idle.set()
 
     def refresh(self) -> None:
         """Look at the files at most every REFRESH_EVERY seconds, and less often when taking in
         changes is costly (a big live run), so watching a run takes at most ~10% of a core."""
+        if self.index.busy():
+            return  # catch_up is reading the files: answer from what is read so far
         now = time.monotonic()
         stats = self._stats_signature()  # a run that just ended: show its final state at once
         if now - self._last_refresh < max(REFRESH_EVERY, 10 * self._cost) and stats == self._seen_stats:
             return
         self._seen_stats = stats
-        self.index.refresh()
+        self.index.refresh(SLICE)
         self._last_refresh = time.monotonic()
         self._cost, self._work = self._last_refresh - now + self._work, 0.0
 
@@ -97,7 +126,7 @@ class Viewer:
         def build() -> dict[str, Any]:
             stats, config = self._run_file("statistics.json"), self._run_file("config.json")
             total = (stats.get("run") or {}).get("samples", {}).get("total")
-            if ix.dataset and (total is None or live):
+            if ix.dataset is not None and (total is None or live):
                 total = len(ix.dataset)  # statistics.json, if any, is an earlier invocation's
             totals = run_totals(ix.totals, ix.outcomes, ix.checkpoint)
             figures = totals.as_dict(total=total, seconds=ix.seconds(), pace=ix.pace())
@@ -105,6 +134,7 @@ class Viewer:
                     "failure_classes": list(FAILURE_CLASSES),
                     "run_name": config.get("run_name") or stats.get("run_name"),
                     "model": config.get("model") or stats.get("model"), "duplicates": ix.duplicates,
+                    **invocation_settings(ix.checkpoint.get("invocations") or []),
                     "problems": ix.problems + ([ix.dataset_note] if ix.dataset_note else [])}
 
         return {**self._cached(("overview", self._stats_signature(), live), build), **self.status()}
@@ -112,7 +142,8 @@ class Viewer:
     def status(self) -> dict[str, Any]:
         ix = self.index
         return {"generation": ix.generation, "live": ix.live(), "source": str(ix.source),
-                "kind": "run" if ix.run_dir is not None else "jsonl", "samples": len(ix.records) + len(ix.outcomes)}
+                "kind": "run" if ix.run_dir is not None else "jsonl", "samples": len(ix.records) + len(ix.outcomes),
+                "indexing_bytes_left": ix.behind}
 
     def filtered(self, query: Query) -> list[Any]:
         return self._cached(("q", query), lambda: apply(query, self.index.entries()))
@@ -164,7 +195,7 @@ class Viewer:
             self._last_refresh = 0.0  # the files changed under the index (--overwrite): look again next time
             return _json({"error": f"cannot read the record of {key!r} ({problem}); the run changed: reload"}, 409)
         rows = self.filtered(Query.from_params(request.query))
-        pos = next((i for i, e in enumerate(rows) if e is entry), None)
+        pos = rows.position(entry)
         body: dict[str, Any] = {"entry": {**entry.row(), "prompt": entry.prompt}, "position": pos,
                                 "count": len(rows),
                                 "prev": rows[pos - 1].key if pos else None,
@@ -203,10 +234,16 @@ def make_app(viewer: Viewer) -> web.Application:
         elif viewer.allowed_hosts is not None and request.host not in viewer.allowed_hosts:
             resp = web.Response(status=403, text="unexpected Host header")
         else:
+            viewer.answering += 1
+            viewer.idle.clear()
             try:
                 resp = await handler(request)
             except web.HTTPException as e:
                 resp = web.Response(status=e.status, text=e.reason)
+            finally:
+                viewer.answering -= 1
+                if not viewer.answering:
+                    viewer.idle.set()
         resp.headers.update(HEADERS)
         return resp
 

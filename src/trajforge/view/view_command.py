@@ -19,7 +19,10 @@ from aiohttp import web
 from trajforge.cmdline import Parser, parse_flags
 from trajforge.errors import UsageError
 from trajforge.view.index import RunIndex
-from trajforge.view.server import Viewer, allowed_hosts, make_app
+from trajforge.view.dataset import load_rows
+from trajforge.view.server import Viewer, allowed_hosts, catch_up, make_app
+
+FIRST = 0.5  # seconds of indexing before the page is served (a first batch file); the rest is read behind it
 
 
 def _is_run(path: Path) -> bool:
@@ -37,8 +40,7 @@ def open_source(path: Path) -> RunIndex:
                          + hint)
     index = RunIndex(path)
     try:
-        index.attach_dataset()
-        index.refresh()
+        index.refresh(FIRST)
     except OSError as e:
         raise UsageError(f"{path}: cannot read: {e.strerror or e}") from None
     return index
@@ -55,11 +57,14 @@ async def serve(index: RunIndex, host: str, port: int) -> int:
         await runner.cleanup()
         raise UsageError(f"cannot listen on {host}:{port}: {e.strerror or e} (pass --port N; 0 picks a free port)") \
             from None
+    background = [asyncio.create_task(catch_up(index, viewer.idle))]
+    if index.run_dir is not None:  # the dataset (prompts of failed samples, task types): a thread of its own
+        background.append(asyncio.create_task(_attach_dataset(index, viewer.idle)))
     bound = runner.addresses[0][1]
     allowed = viewer.allowed_hosts = allowed_hosts(host, bound)
     shown = f"[{host}]" if ":" in host else host
-    print(f"trajforge view: {index.source} ({len(index.entries())} samples) at http://{shown}:{bound}/ "
-          "(Ctrl-C to stop)", flush=True)
+    count = f"{len(index.entries())} samples" + (", reading the rest" if index.behind else "")
+    print(f"trajforge view: {index.source} ({count}) at http://{shown}:{bound}/ (Ctrl-C to stop)", flush=True)
     if allowed is None:
         print(f"trajforge view: warning: listening on {host}, not loopback: anyone who can reach this machine "
               "can read the run", file=sys.stderr, flush=True)
@@ -70,8 +75,16 @@ async def serve(index: RunIndex, host: str, port: int) -> int:
     try:
         await stop.wait()
     finally:
+        for task in background:
+            task.cancel()
         await runner.cleanup()
     return 0
+
+
+async def _attach_dataset(index: RunIndex, idle: asyncio.Event) -> None:
+    assert index.run_dir is not None
+    index.use_dataset(*await asyncio.to_thread(load_rows, index.run_dir))
+    await catch_up(index, idle)  # the records read so far get their task types
 
 
 def _port(text: str) -> int:
@@ -95,9 +108,10 @@ def main(argv: list[str]) -> int:
     ns = parse_flags(parser, argv, [("port", "int", ""), ("host", "str", "")])
     t0 = time.monotonic()
     if ns.source.exists() and (size := _size(ns.source)) > 100_000_000:
-        print(f"trajforge view: indexing {size / 1e6:,.0f} MB of trajectories...", file=sys.stderr, flush=True)
+        print(f"trajforge view: indexing {size / 1e6:,.0f} MB of trajectories (the page opens once the first "
+              "are read; the rest follows)...", file=sys.stderr, flush=True)
     index = open_source(ns.source)
-    if time.monotonic() - t0 > 2:
+    if time.monotonic() - t0 > 2 and not index.behind:
         print(f"trajforge view: indexed {len(index.entries())} samples in {time.monotonic() - t0:.1f}s",
               file=sys.stderr)
     return asyncio.run(serve(index, ns.host, ns.port))

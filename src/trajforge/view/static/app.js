@@ -66,6 +66,11 @@ function setStatus(s) {
   const live = document.getElementById('live');
   live.textContent = s.live ? '● live' : (s.kind === 'run' ? 'finished' : 'file');
   live.className = 'badge ' + (s.live ? 'live' : 'idle');
+  // a big run is read behind the first page: the list and figures grow until it is all in
+  const left = s.indexing_bytes_left || 0;
+  const reading = document.getElementById('indexing');
+  reading.textContent = left ? 'reading the run: ' + fmt(Math.ceil(left / 1e6)) + ' MB left' : '';
+  reading.hidden = !left;
   generation = s.generation;
 }
 
@@ -199,9 +204,13 @@ async function renderOverview(main) {
   const stale = o.statistics && o.statistics.merge && o.statistics.merge.not_in_dataset;
   if (stale) notes.append(el('p', {class: 'muted', text: stale + ' finished sample(s) are no longer in the dataset: listed and counted here, left out of trajectories.jsonl and statistics.json'}));
   if (o.duplicates) notes.append(el('p', {class: 'muted', text: o.duplicates + ' duplicate record(s) ignored (the first one of a sample counts)'}));
+  for (const c of o.settings_changes || [])  // a resume with another model or settings: the run mixes them
+    notes.append(el('p', {class: 'warn-text', id: 'settings_change', text: 'invocation ' + c.invocation + ' changed ' +
+      Object.entries(c.changed).map(([k, [a, b]]) => k + ' ' + JSON.stringify(a) + ' -> ' + JSON.stringify(b)).join('; ')}));
   for (const p of o.problems) notes.append(el('p', {class: 'warn-text', text: p}));
+  const models = (o.models || []).length > 1 ? 'models ' + o.models.join(', ') : o.model ? 'model ' + o.model : null;
   main.replaceChildren(el('h2', {text: 'Run ' + (o.run_name || o.source)}),
-    o.model ? el('p', {class: 'muted', text: 'model ' + o.model}) : null, figs, charts, notes);
+    models ? el('p', {class: 'muted', text: models}) : null, figs, charts, notes);
 }
 
 // ---- sample list ----------------------------------------------------------------------------
