@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from trajforge.runner import journal
-from trajforge.runner.checkpoint import INDEX_FILE, JOURNAL_FILE, Checkpoint
+from trajforge.runner.checkpoint import Checkpoint
+from trajforge.runner.checkpoint_file import INDEX_FILE, JOURNAL_FILE
 from trajforge.runner.finished import Finished
 from trajforge.runner.keys import key_of
 from trajforge.config import RunConfig

@@ -13,7 +13,7 @@ from trajforge.model.pricing import Price, call_usage, price_known, reports_cost
 from trajforge.model import spend
 from trajforge.model.types import Usage
 from trajforge.runner.budget import BUDGET_EXIT_CODE, Budget
-from trajforge.runner.checkpoint import InvocationEntry
+from trajforge.runner.checkpoint_file import InvocationEntry
 
 
 def pay(meter: spend.SampleSpend, usd: float) -> None:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import orjson
 
-from trajforge.runner.checkpoint import Checkpoint, SampleEntry
+from trajforge.runner.checkpoint import Checkpoint
+from trajforge.runner.checkpoint_file import SampleEntry
 
 
 def state(run: Path) -> Checkpoint:

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from trajforge.model.spend import SampleSpend
-from trajforge.runner.checkpoint import InvocationEntry
+from trajforge.runner.checkpoint_file import InvocationEntry
 from trajforge.runner.figures import usd
 
 BUDGET_EXIT_CODE = 4  # 0 ok, 1 fatal, 2 usage, 130 interrupted

@@ -15,7 +15,7 @@ from trajforge.errors import UsageError
 from trajforge.model.client import DEFAULT_BASE_URL
 from trajforge.model.pricing import price_known
 from trajforge.runner.budget import Budget
-from trajforge.runner.checkpoint import InvocationEntry
+from trajforge.runner.checkpoint_file import InvocationEntry
 
 
 def check_prices(config: RunConfig) -> None:

@@ -21,7 +21,7 @@ from trajforge.errors import OutputError, RunStateError
 from trajforge.jsonio import atomic_write_bytes, dumps_pretty
 from trajforge.redact import REGISTRY
 from trajforge.runner import rowcache
-from trajforge.runner.checkpoint import INDEX_FILE, JOURNAL_FILE
+from trajforge.runner.checkpoint_file import INDEX_FILE, JOURNAL_FILE
 from trajforge.runner.store import batch_files
 
 RESULT_FILES = ("checkpoint.json", "trajectories.jsonl", "statistics.json", "config.json")

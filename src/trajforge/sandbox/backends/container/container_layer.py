@@ -34,8 +34,7 @@ async def run_container(engine: Engine, run_args: list[str], name: str, disk: Di
     The first failing step's result is returned, as `run -d`'s would be."""
     if disk is None:
         return await engine.run(*run_args, timeout=120)
-    assert run_args[:2] == ["run", "-d"], run_args
-    res = await engine.run("create", *run_args[2:], timeout=120)
+    res = await engine.run("create", *run_args[2:], timeout=120)  # the same options, after `run -d`
     if res.exit_code != 0:
         return res
     info = await engine.run("inspect", "--format", _LAYER, name, timeout=60)
