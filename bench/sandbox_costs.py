@@ -8,9 +8,13 @@ child that only starts and closes a provider subtracted:
   local a cgroup and workspace;
 - sample, one after another: the same N samples in turn;
 - command: N `true` in one sample.
-Needs a root runner for the bwrap settings (egress, cgroups, loop disks).
+Needs a root runner for the bwrap settings (egress, cgroups, loop disks). With `--container IMAGE`
+(a local image), rootful Podman too, without and with the sample disk (its workspace and, since
+issue 37, the container's own layer on it: container_layer.py), over at most 20 samples and
+commands (a container takes seconds); the engine's conmon and runtime are not the child's
+children, so their CPU is not in these figures, only the CLI calls' and the runner's.
 
-    .venv/bin/python bench/sandbox_costs.py [--samples 200] [--commands 300] [--json]
+    .venv/bin/python bench/sandbox_costs.py [--samples 200] [--commands 300] [--container IMAGE] [--json]
 """
 
 from __future__ import annotations
@@ -38,8 +42,10 @@ from trajforge.config import RunConfig
 from trajforge.sample.lower_settings import sandbox_settings
 from trajforge.sandbox.factory import SandboxProvider
 
+IMAGE = None
+
 async def one(p, root, commands=1, hold=True):
-    sb = await p.create(cwd=None, image=None, root=root)
+    sb = await p.create(cwd=None, image=IMAGE, root=root)
     try:
         if hold:
             await sb.write_file("held", b"")
@@ -49,6 +55,8 @@ async def one(p, root, commands=1, hold=True):
         await sb.close()
 
 async def main(fields, what, n):
+    global IMAGE
+    IMAGE = fields.pop("_image", None)
     settings = sandbox_settings(RunConfig(**fields))
     with tempfile.TemporaryDirectory() as tmp:
         async with SandboxProvider(settings) as p:
@@ -88,12 +96,18 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--commands", type=int, default=300)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--container", metavar="IMAGE", help="also rootful Podman with this local image")
     ns = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root (egress, cgroups and loop-mounted disks are root-mode features)")
     os.environ.setdefault("PYTHONPATH", str(Path(__file__).resolve().parent.parent / "src"))
     print(f"load average before: {os.getloadavg()[0]:.2f}")
     rows = {name: measure(fields, ns.samples, ns.commands) for name, fields in SETTINGS.items()}
+    if ns.container:
+        for name, disk in (("podman, no disk", "0"), ("podman, disk + own layer (default)", "10g")):
+            fields = {"sandbox": "container", "container_engine": "podman", "sandbox_network": "none",
+                      "sandbox_disk": disk, "_image": ns.container}
+            rows[name] = measure(fields, min(ns.samples, 20), min(ns.commands, 20))
     if ns.json:
         print(json.dumps(rows, indent=2))
         return
