@@ -119,7 +119,8 @@ def _compressor(args: list[str]) -> subprocess.Popen[str]:
 class _SlowRun:
     """30 trajectories to compress against a summariser that answers in 0.25 s; `saved` is set
     once a periodic checkpoint holds some lines (read from the state file itself, not from a
-    count of requests, which a loaded machine can reach before the first save)."""
+    count of requests, which a loaded machine can reach before the first save), and from then on
+    the summariser stalls."""
 
     def __init__(self, tmp_path: Path) -> None:
         src = write_jsonl(tmp_path / "in.jsonl", [trajectory(i, steps=8, response_words=120) for i in range(30)])
@@ -137,7 +138,9 @@ class _SlowRun:
                     self.saved.set()
             except (OSError, ValueError, KeyError):
                 pass
-        return chat("slow summary", delay=0.25)
+        # Once progress is saved, every answer stalls: the run cannot finish before the test's
+        # signal lands, however slow the machine is to deliver it.
+        return chat("slow summary", delay=120 if self.saved.is_set() else 0.25)
 
     def resume(self) -> tuple[str, int]:
         """The same command against a fast summariser: its stdout and how many summaries it asked for."""

@@ -193,6 +193,8 @@ class ScriptedServer:
             self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             started.set()
             self._loop.run_forever()
+            for task in asyncio.all_tasks(self._loop):
+                task.cancel()  # answers still pending (a stalled reply): the test is over
             self._loop.run_until_complete(self._runner.cleanup())
             self._loop.close()
 
