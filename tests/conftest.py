@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,12 @@ import pytest
 from tests.support.scripted_server import ScriptedServer
 
 REPO = Path(__file__).resolve().parent.parent
+
+# A suite started in the background by a non-interactive shell (`make test &`, a CI step run that
+# way) inherits SIGINT ignored, and so does every child: the tests that interrupt a run with Ctrl-C
+# would then see it run on. Children get the default disposition back from a handler set here.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture

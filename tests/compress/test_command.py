@@ -111,9 +111,11 @@ def test_second_writer_on_the_same_output_is_refused(tmp_path: Path) -> None:
         first.close()
 
 
-def _compressor(args: list[str]) -> subprocess.Popen[str]:
+def _compressor(args: list[str], sigint_ignored: bool = False) -> subprocess.Popen[str]:
+    """`sigint_ignored`: started as a non-interactive shell starts a background job."""
     return subprocess.Popen([sys.executable, str(ROOT / "trajectory_compressor.py"), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None)
 
 
 class _SlowRun:
@@ -246,10 +248,13 @@ def test_a_named_summariser_without_a_key_is_refused_before_any_file_is_written(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
 
 
-def test_sigterm_keeps_the_progress_like_ctrl_c(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sigint_ignored", [False, True], ids=["foreground", "background-job"])
+def test_sigterm_keeps_the_progress_like_ctrl_c(tmp_path: Path, sigint_ignored: bool) -> None:
+    """Also in a process whose SIGINT is ignored (a job a script started with `&`, then stopped by
+    a scheduler's SIGTERM): it raised KeyboardInterrupt inside a task, leaving a traceback."""
     run = _SlowRun(tmp_path)
     with ScriptedServer(run.slow) as srv:
-        proc = _compressor([*run.args, f"--base_url={srv.url}"])
+        proc = _compressor([*run.args, f"--base_url={srv.url}"], sigint_ignored)
         try:
             assert run.saved.wait(60), "no progress"
             proc.send_signal(signal.SIGTERM)

@@ -237,3 +237,44 @@ def test_temperature_is_omitted_where_the_model_rejects_one(tmp_path: Path, mode
         (req,) = srv.requests
     assert req.body["model"] == model
     assert req.body.get("temperature") == sent and ("temperature" in req.body) == (sent is not None)
+
+
+def test_a_sigterm_landing_inside_a_task_cancels_the_work_at_its_next_await(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """SIGTERM while a task is running Python code, in a process whose SIGINT is ignored (a
+    background job, where asyncio.run installs no Ctrl-C handler): the work is cancelled at its next
+    await and winds down, then the command sees KeyboardInterrupt. Before, a KeyboardInterrupt was
+    raised wherever the code was (here, inside the task; in a loaded full run, in the middle of the
+    pipeline's cleanup, which then printed "Task exception was never retrieved" and a traceback)."""
+    import asyncio
+    import gc
+    import os
+    import signal
+
+    from trajforge.compress import compress_command, pipeline
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, compress_command._as_interrupt)  # as the command's main() sets it
+    seen: list[type[BaseException]] = []
+    interrupted = False
+
+    async def work() -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)  # handled at the next bytecode: inside this task
+            for _ in range(100_000):
+                await asyncio.sleep(0)
+        except BaseException as e:
+            seen.append(type(e))
+            raise
+
+    try:
+        try:
+            pipeline._run_interruptible(work())
+        except KeyboardInterrupt:
+            interrupted = True
+        gc.collect()
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    assert interrupted and seen == [asyncio.CancelledError]
+    assert "never retrieved" not in caplog.text

@@ -69,8 +69,8 @@ def _run(argv: list[str], prog: str) -> int:
 
 
 def _as_interrupt(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM is Ctrl-C: whatever handles SIGINT now (asyncio.run's, which cancels the work and
-    lets the pipeline save its progress, or Python's, which raises KeyboardInterrupt) handles it."""
+    """SIGTERM is Ctrl-C outside the pipeline's async part (which cancels its work itself:
+    pipeline._run_interruptible): whatever handles SIGINT now handles it."""
     handler = signal.getsignal(signal.SIGINT)
     if callable(handler):
         handler(signal.SIGINT, frame)

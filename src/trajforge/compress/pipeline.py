@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -84,7 +85,7 @@ def run(options: Options, config: CompressionConfig, *, environ: Mapping[str, st
         print(f"resuming {paths.partial}: {resumed.totals.trajectories} trajectories done, "
               f"continuing after input line {resumed.position.line_no}", file=out)
     try:
-        asyncio.run(_stream(input_file, selection, compressor, writer, config.processing.save_over_limit))
+        _run_interruptible(_stream(input_file, selection, compressor, writer, config.processing.save_over_limit))
         report_path = metrics_path(output)
         info["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         writer.finish(lambda details: write_report(
@@ -120,6 +121,38 @@ def _info(options: Options, config: CompressionConfig, tokenizer: str, input_fil
 
 
 Result = tuple[bytes | None, Outcome] | InputError
+
+
+def _run_interruptible(coro: Any) -> None:
+    """asyncio.run(coro), SIGTERM cancelling it as asyncio.run's own Ctrl-C handler does (the work
+    winds down and saves its progress, then KeyboardInterrupt), whatever SIGINT's disposition: in
+    a process started in the background with SIGINT ignored, asyncio.run installs no handler, and a
+    KeyboardInterrupt raised inside a task left a traceback ("Task exception was never retrieved")."""
+    terminated = False
+
+    async def main() -> None:
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        assert task is not None
+
+        def on_term() -> None:
+            nonlocal terminated
+            terminated = True
+            task.cancel()
+
+        previous = signal.getsignal(signal.SIGTERM)
+        loop.add_signal_handler(signal.SIGTERM, on_term)
+        try:
+            await coro
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, previous)  # the command's own, for what follows
+
+    try:
+        asyncio.run(main())
+    except asyncio.CancelledError:
+        if terminated:
+            raise KeyboardInterrupt from None
+        raise
 
 
 async def _stream(input_file: Path, selection: subset.Selection, comp: TrajectoryCompressor,
