@@ -110,6 +110,9 @@ console.error('last words');
 }
 
 
+_HELD = threading.Event()  # releases /held.png
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         path = self.path.split("?")[0]
@@ -117,6 +120,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if path == "/slow.html":
             time.sleep(3)
             kind, body = "text/html", b"<p>finally</p>"
+        elif path == "/held.png":  # an image that loads only once the test lets it
+            _HELD.wait(60)
+            kind, body = PAGES["/red.png"]
+        elif path == "/held.html":
+            kind, body = "text/html", b'<title>Held</title><img src="/held.png" alt="held" width="40" height="20">'
         elif path == "/show.html":
             cookie = self.headers.get("Cookie") or "none"
             kind = "text/html"
@@ -308,6 +316,19 @@ def test_get_images_lists_the_page_images(sample: Sample, site: str) -> None:
     images = sample.call("browser_get_images")
     assert images["count"] == 1
     assert images["images"][0] == {"src": f"{site}/red.png", "alt": "Red box", "width": 8, "height": 4}
+
+
+def test_get_images_waits_a_bounded_time_for_an_image_still_loading(sample: Sample, site: str) -> None:
+    """An image that has not loaded is waited for up to a few seconds (so a listing does not depend
+    on the network's timing, as the test above once did on a loaded machine), then listed with its
+    layout size: a page whose image never comes cannot hold the tool."""
+    _HELD.clear()
+    try:
+        sample.call("browser_navigate", url=f"{site}/held.html")
+        images = sample.call("browser_get_images")
+        assert images["images"] == [{"src": f"{site}/held.png", "alt": "held", "width": 40, "height": 20}]
+    finally:
+        _HELD.set()
 
 
 def test_get_images_result_is_capped(sample: Sample, site: str) -> None:

@@ -16,10 +16,25 @@ from typing import Any
 _MAX_IMAGES = 100
 _SRC_CHARS = 500
 _ALT_CHARS = 300
-IMAGES_JS = f"""(maxChars) => {{
+# Images still loading are waited for, up to this long: their natural size is what the model asks
+# for, and without the wait it got the layout size or the natural one depending on the network's
+# timing (navigation returns at DOMContentLoaded).
+_LOAD_WAIT_MS = 3000
+IMAGES_JS = f"""async (maxChars) => {{
+  const listed = Array.from(document.images).slice(0, {_MAX_IMAGES});
+  const pending = listed.filter((img) => !img.complete);
+  if (pending.length) {{
+    await Promise.race([
+      Promise.all(pending.map((img) => new Promise((done) => {{
+        img.addEventListener('load', done, {{once: true}});
+        img.addEventListener('error', done, {{once: true}});
+      }}))),
+      new Promise((done) => setTimeout(done, {_LOAD_WAIT_MS})),
+    ]);
+  }}
   const images = [];
   let chars = 0;
-  for (const img of Array.from(document.images).slice(0, {_MAX_IMAGES})) {{
+  for (const img of listed) {{
     const item = {{src: String(img.currentSrc || img.src || '').slice(0, {_SRC_CHARS}),
                   alt: String(img.alt || '').slice(0, {_ALT_CHARS}),
                   width: img.naturalWidth || img.width, height: img.naturalHeight || img.height}};

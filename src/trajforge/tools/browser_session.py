@@ -142,7 +142,8 @@ class BrowserSession:
         return cdp
 
     async def _evaluate(self, page: Page, expression: str, context_id: int | None = None) -> Any:
-        params: dict[str, Any] = {"expression": expression, "returnByValue": True}
+        # awaitPromise: a script may be async (browser_images waits for images still loading)
+        params: dict[str, Any] = {"expression": expression, "returnByValue": True, "awaitPromise": True}
         if context_id is not None:
             params["contextId"] = context_id
         reply = await (await self._session(page)).send("Runtime.evaluate", params)
