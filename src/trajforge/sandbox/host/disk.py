@@ -195,14 +195,14 @@ class DiskImage:
         """Unmount and delete the image; with keep, the workspace's files are copied to a plain
         directory."""
         await self.detach_layer()
+        kept = self.workspace.with_name(self.workspace.name + ".kept")
         if self.workspace in self.mounts and keep:
-            kept = self.workspace.with_name(self.workspace.name + ".kept")
             with contextlib.suppress(SandboxError):
                 await _run("cp", "-a", f"{self.workspace}/.", str(kept))
         while self.mounts:
             with contextlib.suppress(SandboxError):
                 await _run("umount", "-l", str(self.mounts.pop()))
-        if keep and (kept := self.workspace.with_name(self.workspace.name + ".kept")).exists():
+        if keep and kept.exists():
             with contextlib.suppress(OSError):
                 self.workspace.rmdir()
                 kept.rename(self.workspace)

@@ -137,11 +137,11 @@ class ContainerBackend:
         res = await self.engine.run("ps", "-a", "--filter", "label=trajforge", "--format", "{{.Names}}", timeout=60)
         dead = [n for n in res.stdout.split() if owner_dead(n)] if res.exit_code == 0 else []
         if dead:
-            # Their disks first: a container's layer bound to one is a mount point the engine
-            # cannot delete (container_layer.py); a lazy unmount leaves it to the container.
+            # Their disks (and workspace roots) first: a container's layer bound to one is a mount
+            # point the engine cannot delete (container_layer.py); a lazy unmount leaves it to the
+            # container until it is removed.
             await sweep_leftovers(force=True)
             await self.engine.run(*self.engine.rm_args(*dead), timeout=120)
-            await sweep_leftovers(force=True)  # the workspace roots, now that nothing uses them
         return dead
 
 
