@@ -79,7 +79,9 @@ def test_retry_after_pauses_every_request_to_the_endpoint_not_just_the_refused_o
             c = client(srv)
             with model_gate.bound(gate):
                 refused = asyncio.create_task(c.complete(MESSAGES, []))
-                await asyncio.sleep(0.2)  # the 429 arrived; the endpoint is paused for ~1 s
+                async with asyncio.timeout(30):  # until the 429 arrived: the endpoint is paused for 1 s
+                    while gate.snapshot().overloaded == 0:
+                        await asyncio.sleep(0.005)
                 t0 = time.monotonic()
                 await c.complete(MESSAGES, [])  # a different request, never refused itself
                 waited = time.monotonic() - t0

@@ -123,7 +123,11 @@ def test_timeout_and_cancellation_kill_the_process_inside(tmp_path: Path, busybo
             assert "sleep 31" not in ps and "sleep 32" not in ps, ps
 
             task = asyncio.create_task(sb.exec("sleep 33", timeout=60))
-            await asyncio.sleep(1.0)
+            running = ""
+            for _ in range(200):  # the cancel lands while the command runs inside
+                if "sleep 33" in (running := await processes(sb)):
+                    break
+            assert "sleep 33" in running and not task.done(), running
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -134,7 +138,9 @@ def test_timeout_and_cancellation_kill_the_process_inside(tmp_path: Path, busybo
                 if "sleep 34" in await processes(sb):
                     break
             await proc.kill()  # what the process tool does
-            await asyncio.sleep(0.5)
+            for _ in range(200):  # the watchdog inside kills the job's group once its client is gone
+                if "sleep 34" not in await processes(sb):
+                    break
             assert "sleep 34" not in await processes(sb)
             assert (await proc.read(0, 1000)).head.startswith(b"started")
             # A background job that ends by itself reports its exit code.
