@@ -303,29 +303,3 @@ def test_a_new_thing_of_each_kind_shows_in_help_doctor_and_config_validation(
 
     assert asyncio.run(exec_in_plain()) == "plain\n"
     assert cli.main(["hello", "--greeting_name=ada"]) == 0 and capsys.readouterr().out == "hello ada\n"
-
-
-# Module names that two packages share, each a word for its own package's thing; any other name
-# is one module's alone (a new `settings.py`, `cli.py`, `base.py`... fails here).
-SHARED_MODULE_NAMES = {
-    "atif.py": "agent/ builds a document, export/ writes the format",
-    "config.py": "compress/'s own config file, beside the run's",
-    "dataset.py": "the run's JSONL dataset, and the viewer's reading of a run",
-    "distributions.py": "catalog/ declares them, commands/ lists them",
-    "errors.py": "the one error tree, and model/'s failure classes in it",
-    "factory.py": "model/ makes clients, sandbox/ the provider",
-    "parse.py": "model/ parses replies, sandbox/dns/ DNS messages",
-    "progress.py": "the runner's and the compressor's progress lines",
-    "run.py": "commands/run (the flag set) and tasks/run (one task)",
-    "sharegpt.py": "agent/ builds records, export/ writes the format",
-    "stats.py": "agent/ per record, runner/ per run",
-}
-
-
-def test_module_names_do_not_collide() -> None:
-    names: dict[str, list[str]] = {}
-    for path in SRC.rglob("*.py"):
-        if path.name != "__init__.py":
-            names.setdefault(path.name, []).append(str(path.relative_to(SRC)))
-    shared = {name for name, paths in names.items() if len(paths) > 1}
-    assert shared == set(SHARED_MODULE_NAMES), {n: names[n] for n in shared ^ set(SHARED_MODULE_NAMES) if n in names}
