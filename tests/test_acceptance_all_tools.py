@@ -27,7 +27,7 @@ from tests.support.policies import tool_messages
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
 from tests.support.web_fixture import WebFixture, make_png
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
-from trajforge.tools.browser import find_chromium
+from trajforge.tools.browser.toolset import find_chromium
 from trajforge.tools.toolsets import KNOWN_TOOLS
 from trajforge.catalog.tools_config import BrowserSettings
 

@@ -59,10 +59,10 @@ FORBIDDEN = [
     ("config", "trajforge.tools"),  # config is a leaf: it reads toolset declarations from trajforge.catalog
     ("config", "trajforge.sandbox"),
     ("config", "trajforge.runner"),
-    ("config", "trajforge.config_load"),  # the model never imports its reader
-    ("config_load", "trajforge.tools"),  # the reader sits on config: only the model and the error tree below
-    ("config_load", "trajforge.sandbox"),
-    ("config_load", "trajforge.runner"),
+    ("config", "trajforge.config.load"),  # the model never imports its reader
+    ("config/load", "trajforge.tools"),  # the reader sits on config: only the model and the error tree below
+    ("config/load", "trajforge.sandbox"),
+    ("config/load", "trajforge.runner"),
     ("catalog", "trajforge.tools"),
     ("catalog", "trajforge.config"),
     ("verify", "trajforge.dataset"),
@@ -72,7 +72,7 @@ FORBIDDEN = [
     ("tasks", "trajforge.config"),  # tasks get TaskSettings (tasks/task_settings.py) from the sample layer
     ("dataset", "trajforge.tasks"),  # tasks/load builds the dataset's Samples; both read trajforge.task_spec
     ("task_spec", "trajforge.tasks"),
-    ("cmdline", "trajforge.cli"),
+    ("cli/flags", "trajforge.cli"),
 ]
 
 
@@ -177,22 +177,22 @@ def _registries() -> dict[str, Any]:
     from trajforge.catalog.sandboxes import SANDBOXES
 
     return {"catalog/sandboxes.py": SANDBOXES, "catalog/executors.py": EXECUTORS,
-            "catalog/__init__.py": catalog.TOOLSETS, "export/__init__.py": export.FORMATS, "cli.py": cli.SUBCOMMANDS}
+            "catalog/__init__.py": catalog.TOOLSETS, "export/__init__.py": export.FORMATS, "cli/__init__.py": cli.SUBCOMMANDS}
 
 
 # Files where a registered name is a word of another vocabulary, and which one.
 OTHER_MEANINGS: dict[str, dict[str, str]] = {
     "none": {p: "not a network mode: reasoning effort, verification method, an empty listing, a default's words"
-             for p in ("agent/loop.py", "config.py", "commands/run.py", "export/filters.py", "runner/preflight.py",
+             for p in ("agent/loop.py", "config/__init__.py", "cli/run.py", "export/filters.py", "runner/preflight.py",
                        "runner/verify_stats.py", "sample/trace.py", "tools/terminal.py", "verify/result.py",
                        "sandbox/backends/container/container_status.py")}
              | {"sandbox/backends/container/container_argv.py": "the engine's own `--network none`"},
-    "host": {"view/view_command.py": "the viewer's --host flag"},
+    "host": {"cli/view.py": "the viewer's --host flag"},
     "local": {p: "the bundled local model, or a worker's id in statistics"
               for p in ("compress/pipeline.py", "model/factory.py", "model/local_model.py", "model/pricing.py",
                         "runner/preflight.py", "sample/outcome.py", "sample/worker.py")}
              | {"netpolicy.py": "`ip -j addr`'s key"},
-    "ray": {"commands/cluster.py": "the Ray cluster commands are the ray executor's own (and their `ray:` section)",
+    "ray": {"cli/cluster.py": "the Ray cluster commands are the ray executor's own (and their `ray:` section)",
             "executors/ray_auth.py": "the ray executor's own module"},
     "run": {p: "not the subcommand: a run of trajforge, a path component"
             for p in ("export/card.py", "runner/progress.py", "view/server.py",
@@ -200,19 +200,18 @@ OTHER_MEANINGS: dict[str, dict[str, str]] = {
     "export": {"export/__init__.py": "the pip extra"},
     "file": {"sandbox/backends/container/seed_tar.py": "a tar member's kind"},
     "terminal": {"tasks/oracle.py": "the terminal tool, which the oracle's record calls"},
-    "browser": {p: "the browser toolset's own modules" for p in ("tools/browser_session.py", "tools/browser_tools.py")},
-    "web": {"tools/web_search.py": "a search provider's JSON key"},
     "sharegpt": {p: "the sharegpt format's conversion and schema" for p in ("export/convert.py", "export/schema.py")},
     "image_gen": {"catalog/distributions.py": "a distribution of that name"},
 }
 
 
 def _own_places(registry: Any, spec: Any) -> set[str]:
-    """Where a registered thing may spell its own name: its module, and a backend's package."""
+    """Where a registered thing may spell its own name: its module, and the package named after it
+    (a sandbox backend's, a toolset's)."""
     parts = spec.target.partition(":")[0].split(".")[1:]
     places = {"/".join(parts) + ".py"}
-    if len(parts) > 3 and parts[:2] == ["sandbox", "backends"]:
-        places.add("/".join(parts[:3]) + "/")
+    if spec.name in parts[:-1]:
+        places.add("/".join(parts[:parts.index(spec.name) + 1]) + "/")
     return places
 
 
@@ -262,7 +261,7 @@ def test_a_new_thing_of_each_kind_shows_in_help_doctor_and_config_validation(
     from tests.support.plain_backend import PlainSandbox
     from tests.support.sandboxes import create_sandbox
     from trajforge.config import RunConfig
-    from trajforge.config_load import build_config
+    from trajforge.config.load import build_config
     from trajforge.errors import UsageError
 
     # --help: the command list, the run flags' choices, the export formats

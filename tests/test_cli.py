@@ -19,7 +19,7 @@ from tests.conftest import REPO, cli
 from tests.support.heap import IN_HEAP
 from trajforge import __version__
 from trajforge.cli import batch_runner_main, main
-from trajforge.commands.run import FLAGS, make_parser, parse_run_args
+from trajforge.cli.run import FLAGS, make_parser, parse_run_args
 from trajforge.config import RunConfig
 from trajforge.catalog.distributions import BUILTIN
 
@@ -427,7 +427,7 @@ def test_the_fast_exit_skips_the_teardown_through_public_atexit_alone() -> None:
     done = _exit_now_child("class A:\n    def __del__(self): print('teardown ran')\na = A()\n"
                            "atexit.register(print, 'handler ran')")
     assert (done.returncode, done.stdout) == (3, "handler ran\n"), done.stderr
-    source = ast.parse((REPO / "src" / "trajforge" / "cli.py").read_text())
+    source = ast.parse((REPO / "src" / "trajforge" / "cli" / "__init__.py").read_text())
     private = [n.attr for n in ast.walk(source) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
                and n.value.id == "atexit" and n.attr.startswith("_")]
     assert private == []

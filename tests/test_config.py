@@ -12,8 +12,8 @@ import pytest
 from pydantic import BaseModel
 
 from trajforge.config import DEFAULT_MODEL, RunConfig, TaskTypeConfig
-from trajforge.config_checks import TOOLS_MAX
-from trajforge.config_load import build_config, read_yaml
+from trajforge.config.checks import TOOLS_MAX
+from trajforge.config.load import build_config, read_yaml
 from trajforge.errors import ConfigError, UsageError
 
 

@@ -93,7 +93,7 @@ def test_a_named_hosted_model_without_a_key_is_refused_not_replaced(how: str, tm
 
 
 def test_the_local_model_stands_in_only_when_no_model_was_named(clean_env: dict[str, str]) -> None:
-    from trajforge.commands.run import parse_run_args
+    from trajforge.cli.run import parse_run_args
     from trajforge.runner.preflight import choose_model
 
     config, _ = parse_run_args(["--dataset_file=x.jsonl"], "trajforge run", strict_required=False)
@@ -119,7 +119,7 @@ def test_the_layer_diagram_names_every_top_level_module() -> None:
 def test_the_registration_table_names_one_registration_line_per_extension() -> None:
     from trajforge.catalog.executors import EXECUTORS
     from trajforge.catalog.sandboxes import SANDBOXES
-    from trajforge.commands.run import run_flags
+    from trajforge.cli.run import run_flags
 
     # The flags' choices are the registries' names (no Literal kept in step by hand).
     helps = {name: text for name, _, text in run_flags()}

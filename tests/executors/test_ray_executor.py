@@ -106,7 +106,7 @@ def test_plan_prefers_nodes_offering_slots_and_splits_otherwise() -> None:
 @needs_ray
 def test_scheduler_config_errors_name_the_users_file(tmp_path: Path) -> None:
     from trajforge.errors import UsageError
-    from trajforge.commands.cluster import load_scheduler_config, worker_main
+    from trajforge.cli.cluster import load_scheduler_config, worker_main
 
     cfg = tmp_path / "distributed.yaml"
     cfg.write_text("dataset_file: ds.jsonl\nray: {port: 0}\n")

@@ -351,7 +351,7 @@ def test_browser_subresources_redirects_and_websockets_go_through_the_policy(tmp
     redirect to the metadata address: nothing internal is ever requested."""
     pytest.importorskip("playwright")
     from tests.support.toolsets import run_with
-    from trajforge.tools import browser
+    from trajforge.tools.browser import toolset as browser
 
     cfg = RunConfig(tools={"browser": {"navigation_timeout": 5, "action_timeout": 5}})
     with host_server("169.254.169.254") as metadata, host_server("127.0.0.1") as runner_lo, public_server() as public:
@@ -380,7 +380,8 @@ def test_browser_subresources_redirects_and_websockets_go_through_the_policy(tmp
 @needs_net_admin
 def test_web_extract_and_vision_refuse_redirects_and_names_to_internal_addresses(tmp_path: Path) -> None:
     from tests.support.toolsets import run_with
-    from trajforge.tools import vision, web
+    from trajforge.tools import vision
+    from trajforge.tools.web import toolset as web
 
     with WebFixture() as site, host_server("169.254.169.254") as metadata, public_server() as public:
         cfg = RunConfig.model_validate({"tools": {"web": {"searxng_url": site.base}}, "base_url": site.base})
@@ -428,7 +429,7 @@ def test_network_allow_opens_a_private_range_for_samples(tmp_path: Path) -> None
 
 
 def test_egress_proxy_forwards_allowed_requests_closing_and_refuses_the_rest() -> None:
-    from trajforge.tools.egress_proxy import EGRESS_HEADER, EgressProxy
+    from trajforge.tools.web.egress_proxy import EGRESS_HEADER, EgressProxy
 
     async def ask(port: int, head: bytes) -> bytes:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -463,7 +464,7 @@ def test_egress_proxy_forwards_allowed_requests_closing_and_refuses_the_rest() -
 def test_a_name_is_resolved_once_and_the_checked_address_is_the_one_connected_to() -> None:
     """DNS rebinding: the resolver answers a public address first and loopback afterwards; the
     fetch connects to the checked public address and never asks again."""
-    from trajforge.tools import http_fetch
+    from trajforge.tools.web import fetch as http_fetch
 
     with public_server() as public, host_server("127.0.0.1") as runner_lo:
         public_ip = public.url.split("//")[1].split(":")[0]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trajforge.cmdline import Flag, Parser, add_flags, parse_flags
+from trajforge.cli.flags import Flag, Parser, add_flags, parse_flags
 from trajforge.errors import UsageError
 
 FLAGS: list[Flag] = [("greeting_name", "str", "who to greet"), ("times", "int", "how often")]

@@ -27,7 +27,7 @@ from trajforge.sample.lower_settings import tool_settings
 from trajforge.jsonio import loads
 from trajforge.sandbox.backends.local.local_sandbox import LocalSandbox
 from trajforge.tools.tool import ToolContext, ToolInfraError, Unavailable, result_failed
-from trajforge.tools.browser import BrowserToolset, build, find_chromium
+from trajforge.tools.browser.toolset import BrowserToolset, build, find_chromium
 from trajforge.tools.toolsets import TOOLSET_TOOLS
 from trajforge.catalog.tools_config import BrowserSettings
 

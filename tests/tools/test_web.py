@@ -27,12 +27,14 @@ from tests.support.toolsets import run_with
 from tests.support.web_fixture import BRAVE_KEY, TAVILY_KEY, WebFixture
 from trajforge.config import RunConfig
 from trajforge.sample.lower_settings import tool_settings
-from trajforge.tools import pdf_text, web, web_content
+from trajforge.tools.web import content as web_content
+from trajforge.tools.web import pdf as pdf_text
+from trajforge.tools.web import toolset as web
 from trajforge.tools.tool import ToolContext, Unavailable, result_failed
-from trajforge.tools.http_fetch import Fetched
+from trajforge.tools.web.fetch import Fetched
 from trajforge.tools.toolsets import build_toolsets
 from trajforge.catalog.tools_config import WebSettings
-from trajforge.tools.web_search import choose_provider
+from trajforge.tools.web.search import choose_provider
 
 
 @pytest.fixture(scope="module")

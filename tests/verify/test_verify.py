@@ -247,7 +247,7 @@ def test_plain_scheduler_without_stop_after_passes_is_the_list(tmp_path: Path) -
 
 
 def test_the_example_dataset_and_config_are_valid() -> None:
-    from trajforge.config_load import build_config
+    from trajforge.config.load import build_config
 
     root = Path(__file__).resolve().parents[2] / "examples"
     config = build_config({}, root / "verified.yaml")

@@ -89,7 +89,7 @@ def browser() -> Iterator:
     if not CHROMIUM.exists():
         pytest.skip("Chromium is not installed (apt-get install chromium); the CI setup installs it")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    from trajforge.tools.browser import LAUNCH_ARGS
+    from trajforge.tools.browser.toolset import LAUNCH_ARGS
 
     with sync_api.sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True,

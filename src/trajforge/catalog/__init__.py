@@ -50,7 +50,7 @@ def toolset_names() -> tuple[str, ...]:
     return TOOLSETS.names()
 
 
-register(toolset("web", ("web_search", "web_extract"), "trajforge.tools.web:build", "web",
+register(toolset("web", ("web_search", "web_extract"), "trajforge.tools.web.toolset:build", "web",
                  key_settings=("brave_api_key_env", "tavily_api_key_env")))
 register(toolset("vision", ("vision_analyze",), "trajforge.tools.vision:build", "vision",
                  key_settings=("api_key_env",)))
@@ -61,7 +61,7 @@ register(toolset("file", ("read_file", "write_file", "patch", "search_files"), "
 register(toolset("moa", ("mixture_of_agents",), "trajforge.tools.moa:build", "moa", key_settings=("api_key_env",)))
 register(toolset("browser", ("browser_navigate", "browser_snapshot", "browser_click", "browser_type",
                              "browser_scroll", "browser_back", "browser_press", "browser_get_images",
-                             "browser_vision", "browser_console"), "trajforge.tools.browser:build", "browser"))
+                             "browser_vision", "browser_console"), "trajforge.tools.browser.toolset:build", "browser"))
 
 # The built-in toolsets' tools, in the fixed order of every trajectory's tool_stats (SPEC section 4):
 # a record's schema does not change with what a run or a test registers later.

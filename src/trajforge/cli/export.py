@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from trajforge.cmdline import Flag, Parser, add_flags, parse_flags
+from trajforge.cli.flags import Flag, Parser, add_flags, parse_flags
 from trajforge.errors import UsageError
 from trajforge.export import FORMATS, exporter_class
 from trajforge.export.exporter import Item, Options, Summary, check_output, staged

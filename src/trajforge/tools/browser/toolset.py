@@ -21,8 +21,8 @@ from trajforge.tools.tool import Toolset, Unavailable
 
 if TYPE_CHECKING:
     from trajforge.catalog.tools_config import BrowserSettings
-    from trajforge.tools.browser_session import BrowserBackend
-    from trajforge.tools.egress_proxy import EgressProxy
+    from trajforge.tools.browser.session import BrowserBackend
+    from trajforge.tools.web.egress_proxy import EgressProxy
     from trajforge.tools.tool_settings import ToolSettings
 
 NAME = "browser"
@@ -39,7 +39,7 @@ class BrowserToolset(Toolset):
     """The ten browser tools plus the run's Chromium, which aclose() shuts down."""
 
     def __init__(self, backend: BrowserBackend, proxy: EgressProxy | None = None) -> None:
-        from trajforge.tools.browser_tools import make_tools
+        from trajforge.tools.browser.tools import make_tools
 
         super().__init__(NAME, make_tools(backend))
         self.backend = backend
@@ -77,12 +77,12 @@ async def build(run: ToolSettings) -> BrowserToolset | Unavailable:
         from playwright.async_api import Error as PlaywrightError
         from playwright.async_api import async_playwright
 
-        from trajforge.tools.browser_session import BrowserBackend
+        from trajforge.tools.browser.session import BrowserBackend
     except ImportError as e:
         return Unavailable(NAME, f"Playwright is not installed ({e}): pip install playwright")
 
-    from trajforge.tools.egress import policy_for
-    from trajforge.tools.egress_proxy import EgressProxy
+    from trajforge.tools.web.egress import policy_for
+    from trajforge.tools.web.egress_proxy import EgressProxy
 
     proxy = EgressProxy(policy_for(run))
     proxy_url = await proxy.start()

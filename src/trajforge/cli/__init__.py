@@ -1,7 +1,7 @@
 """Command line: the entry point, the subcommand registry and the error guard. No run logic here.
 
-Each subcommand is a module of its own (the run flags: trajforge.commands.run); all build their
-flags with trajforge.cmdline, so every flag accepts `--a_b=v`, `--a_b v` and `--a-b v`, and errors
+Each subcommand is a module of its own (the run flags: trajforge.cli.run); all build their
+flags with trajforge.cli.flags, so every flag accepts `--a_b=v`, `--a_b v` and `--a-b v`, and errors
 are one line naming the flag, the value and what is allowed, with exit code 2.
 """
 
@@ -21,19 +21,19 @@ from trajforge.errors import TrajforgeError, UsageError
 from trajforge.registry import Registry, Spec, load
 
 # A subcommand: a spec whose target is "module:function", the function taking argv and returning the
-# exit code. Adding one is one module (flags from trajforge.cmdline) plus one line here; modules are
+# exit code. Adding one is one module (flags from trajforge.cli.flags) plus one line here; modules are
 # imported only when their command runs, so an optional extra missing (Ray, ...) breaks only its command.
 SUBCOMMANDS: Registry[None] = Registry("command")
 for _spec in (
-    Spec("run", "trajforge.commands.run:main", "run the agent over a dataset or tasks"),
-    Spec("distributions", "trajforge.commands.distributions:main", "list the toolset distributions"),
-    Spec("validate", "trajforge.commands.validate:main", "check a dataset file and report its problems"),
-    Spec("export", "trajforge.export.export_command:main", "export trajectories for training"),
+    Spec("run", "trajforge.cli.run:main", "run the agent over a dataset or tasks"),
+    Spec("distributions", "trajforge.cli.distributions:main", "list the toolset distributions"),
+    Spec("validate", "trajforge.cli.validate:main", "check a dataset file and report its problems"),
+    Spec("export", "trajforge.cli.export:main", "export trajectories for training"),
     Spec("doctor", "trajforge.sandbox.doctor:main", "show which sandbox backends work here"),
-    Spec("compress", "trajforge.compress.compress_command:main", "compress trajectories to a token budget"),
-    Spec("scheduler", "trajforge.commands.cluster:scheduler_main", "start a Ray head and run a job on it"),
-    Spec("worker", "trajforge.commands.cluster:worker_main", "join a Ray head as a worker node"),
-    Spec("view", "trajforge.view.view_command:main", "browse a run's trajectories in a web page"),
+    Spec("compress", "trajforge.cli.compress:main", "compress trajectories to a token budget"),
+    Spec("scheduler", "trajforge.cli.cluster:scheduler_main", "start a Ray head and run a job on it"),
+    Spec("worker", "trajforge.cli.cluster:worker_main", "join a Ray head as a worker node"),
+    Spec("view", "trajforge.cli.view:main", "browse a run's trajectories in a web page"),
 ):
     SUBCOMMANDS.register(_spec)
 
@@ -214,6 +214,6 @@ def _usage(argv: list[str], cmds: dict[str, Callable[[list[str]], int]]) -> int:
 def batch_runner_main(argv: list[str] | None = None) -> int:
     """`python batch_runner.py --flag=value ...`: the reference interface, required flags enforced."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    from trajforge.commands.run import run_command
+    from trajforge.cli.run import run_command
 
     return _run_guarded(lambda: run_command(argv, "batch_runner.py", strict_required=True), _verbose(argv))

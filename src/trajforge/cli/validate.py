@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trajforge.cmdline import Parser, add_flags, parse_flags
+from trajforge.cli.flags import Parser, add_flags, parse_flags
 from trajforge.errors import UsageError
 
 FLAGS = [("dataset_file", "path", "JSONL dataset path (required)"),

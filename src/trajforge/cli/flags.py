@@ -5,7 +5,7 @@ Every subcommand builds its parser here, so all of them behave the same way:
 - a bad flag or value is one line, `error: --flag: invalid value V: what is allowed`, exit code 2
   (Parser.error raises UsageError, which trajforge.cli's guard prints), never a usage dump;
 - an unknown flag names the closest known one (`parse_flags`);
-- config files are YAML mappings read by trajforge.config_load (load_yaml_mapping, build_config).
+- config files are YAML mappings read by trajforge.config.load (load_yaml_mapping, build_config).
 
 No subcommand imports trajforge.cli (the dispatcher): they import this module, which imports only
 the error tree (trajforge.errors).

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from playwright.async_api import Error as PlaywrightError
 
 from trajforge.tools.tool import Tool, ToolContext, error, ok
-from trajforge.tools.browser_images import IMAGES_JS, capped_images
-from trajforge.tools.browser_snapshot import normalize_ref, ref_locator, take_snapshot
+from trajforge.tools.browser.images import IMAGES_JS, capped_images
+from trajforge.tools.browser.snapshot import normalize_ref, ref_locator, take_snapshot
 
 if TYPE_CHECKING:
     from playwright.async_api import Locator, Page
 
-    from trajforge.tools.browser_session import BrowserBackend, BrowserSession
+    from trajforge.tools.browser.session import BrowserBackend, BrowserSession
 
 _NO_ARGS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 _TITLE_CHARS, _URL_CHARS = 500, 2000  # a page may set either to megabytes
@@ -119,7 +119,7 @@ class NavigateTool(BrowserTool):
         if not url.lower().startswith(("http://", "https://")):
             return error(f"only http and https URLs can be opened, not {url.split(':', 1)[0]!r}")
         if self.backend.policy is not None:  # a clear answer first; the egress proxy enforces it anyway
-            from trajforge.tools.egress import precheck_url
+            from trajforge.tools.web.egress import precheck_url
 
             if (refused := await precheck_url(url, self.backend.policy)) is not None:
                 return error(f"navigation to {url} refused: {refused}")
@@ -264,7 +264,7 @@ class VisionTool(BrowserTool):
                   "additionalProperties": False}
 
     async def act(self, page: Page, args: dict[str, Any], session: BrowserSession, ctx: ToolContext) -> str:
-        from trajforge.tools.browser_vision import ask_about_screenshot
+        from trajforge.tools.browser.vision import ask_about_screenshot
 
         question = str(args.get("question", "")).strip() or "Describe this web page."
         png = await page.screenshot(type="png")

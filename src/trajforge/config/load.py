@@ -5,7 +5,7 @@ scheduler's files use too), the run file's format (flat flag-named keys, plus `p
 nested section or the flat alias of `num_workers`), the merge defaults < YAML file (--config) <
 command line, and turning pydantic's validation failures into one line per problem that names the
 flag or file key and says what is allowed. What the settings are and which values are valid is
-trajforge.config's (RunConfig, with trajforge.config_checks); this module only reads and explains,
+trajforge.config's (RunConfig, with trajforge.config.checks); this module only reads and explains,
 so of trajforge it imports that model, its checks' OutOfRange and the error tree alone.
 """
 
@@ -20,7 +20,7 @@ import yaml
 from pydantic import ValidationError
 
 from trajforge.config import RunConfig, UnknownDistribution, suggest, unknown_choice
-from trajforge.config_checks import OutOfRange
+from trajforge.config.checks import OutOfRange
 from trajforge.errors import ConfigError, UsageError
 
 _NESTED_PARALLELISM = {"max_workers": "num_workers", "batch_size": "batch_size", "timeout": "timeout",

@@ -28,8 +28,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trajforge.cmdline import Flag, Parser, add_flags, parse_flags
-from trajforge.config_load import load_yaml_mapping
+from trajforge.cli.flags import Flag, Parser, add_flags, parse_flags
+from trajforge.config.load import load_yaml_mapping
 from trajforge.errors import ConfigError, TrajforgeError, UsageError
 from trajforge.executors import ray_auth
 from trajforge.executors.ray_actor import SLOT_RESOURCE, WORKER_ENV, WORKER_LABEL
@@ -59,7 +59,7 @@ class SchedulerRay(BaseModel):
 
 def load_scheduler_config(path: Path, overrides: list[str]) -> tuple[SchedulerRay, Any]:
     """Split the file into its `ray:` section and a RunConfig (run keys < command-line overrides)."""
-    from trajforge.commands.run import parse_run_args
+    from trajforge.cli.run import parse_run_args
 
     raw = load_yaml_mapping(path)
     try:

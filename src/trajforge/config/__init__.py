@@ -3,11 +3,11 @@
 This module owns what a run's settings are and which values are valid: RunConfig (field names are
 the flag names); its nested sections (`task_types`, `distributions`, `network`, `pricing`) and the
 wording of an unknown choice are config_sections.py's; the size strings of the sandbox limits (size_bytes, kept with the other value checks in
-trajforge.config_checks), and the wording of an unknown choice (`unknown_choice`, shared with the
+trajforge.config.checks), and the wording of an unknown choice (`unknown_choice`, shared with the
 file reader). Reading a YAML file and merging defaults < file < command line, with errors
-that name the flag or file key, is trajforge.config_load's. It holds no run logic, and stays
+that name the flag or file key, is trajforge.config.load's. It holds no run logic, and stays
 low: it imports the toolset catalog, the model's settings types, netpolicy and its single-value checks
-(trajforge.config_checks), never a layer above.
+(trajforge.config.checks), never a layer above.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from trajforge.catalog.distributions import Distribution, all_distributions
 from trajforge.catalog.executors import EXECUTORS
 from trajforge.catalog.sandboxes import AUTO, OLD_NAMES, backend_choices, network_choices, network_help
 from trajforge.catalog.tools_config import ToolsConfig
-from trajforge.config_checks import CHECKED_FIELDS, PID_MAX, SIZE_PATTERN, OneOf, check_value, check_whole_numbers
-from trajforge.config_checks import size_bytes  # noqa: F401 -- sample.lower_settings reads sizes from here
-from trajforge.config_sections import (  # noqa: F401 -- the sections are RunConfig's, imported from here
+from trajforge.config.checks import CHECKED_FIELDS, PID_MAX, SIZE_PATTERN, OneOf, check_value, check_whole_numbers
+from trajforge.config.checks import size_bytes  # noqa: F401 -- sample.lower_settings reads sizes from here
+from trajforge.config.sections import (  # noqa: F401 -- the sections are RunConfig's, imported from here
     DistributionConfig, NetworkConfig, PriceConfig, TaskTypeConfig, UnknownDistribution, _Strict, suggest, unknown_choice,
 )
 

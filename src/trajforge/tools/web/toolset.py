@@ -19,13 +19,13 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from trajforge.tools import http_fetch
+from trajforge.tools.web import fetch
 from trajforge.netpolicy import Policy
 from trajforge.tools.tool import Tool, ToolContext, Toolset, Unavailable, error, ok
 from trajforge.catalog.tools_config import WebSettings
-from trajforge.tools.egress import policy_for
-from trajforge.tools.web_content import Page, extract
-from trajforge.tools.web_search import SearchError, SearchProvider, choose_provider
+from trajforge.tools.web.egress import policy_for
+from trajforge.tools.web.content import Page, extract
+from trajforge.tools.web.search import SearchError, SearchProvider, choose_provider
 
 if TYPE_CHECKING:
     from trajforge.tools.tool_settings import ToolSettings
@@ -37,9 +37,9 @@ class WebToolset(Toolset):
         self.provider = provider
         # Search goes to the user's provider (any address); extraction to the model's URLs, through
         # the egress policy. Without a policy (--sandbox_network none) web_extract is not offered.
-        self.http = http_fetch.new_client(timeout=settings.timeout, max_redirects=settings.max_redirects,
+        self.http = fetch.new_client(timeout=settings.timeout, max_redirects=settings.max_redirects,
                                           user_agent=settings.user_agent)
-        self.fetch_http = (http_fetch.new_client(timeout=settings.timeout, max_redirects=settings.max_redirects,
+        self.fetch_http = (fetch.new_client(timeout=settings.timeout, max_redirects=settings.max_redirects,
                                                  user_agent=settings.user_agent, policy=policy)
                            if policy is not None else None)
         tools: list[Tool] = [WebSearchTool(self)] + ([WebExtractTool(self)] if policy is not None else [])
@@ -121,9 +121,9 @@ class WebExtractTool(Tool):
         settings = self.owner.settings
         try:
             assert self.owner.fetch_http is not None
-            fetched = await http_fetch.fetch(self.owner.fetch_http, url, max_bytes=settings.max_bytes,
+            fetched = await fetch.fetch(self.owner.fetch_http, url, max_bytes=settings.max_bytes,
                                              timeout=settings.timeout)
-        except http_fetch.FetchError as e:
+        except fetch.FetchError as e:
             return Page(url=url.strip(), error=str(e))
         # Markdown conversion of a 2 MB page or a long PDF takes real CPU: keep the event loop free.
         return await asyncio.to_thread(extract, fetched, settings.max_chars)

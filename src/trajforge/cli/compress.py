@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from trajforge.cmdline import Flag, Parser, add_flags, parse_flags
+from trajforge.cli.flags import Flag, Parser, add_flags, parse_flags
 from trajforge.errors import TrajforgeError, UsageError
 
 PROG = "trajectory_compressor.py"

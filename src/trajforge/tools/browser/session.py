@@ -11,7 +11,7 @@ The page is not trusted: its scripts can redefine anything in their JavaScript w
 whatever a tool script returns is carried to this process whole before Python could cut it. So
 the tools' scripts run in an isolated world of the page's main frame (`evaluate`: CDP
 Page.createIsolatedWorld, the same DOM with untouched built-ins), where their caps hold, and the
-console is collected and capped inside the page (browser_console.py). What still reaches this
+console is collected and capped inside the page (console.py). What still reaches this
 process from a page uncut is Playwright's own traffic: each navigation's URL (at most 2 MB in
 Chromium; cut to 1,000 characters here) and uncaught exceptions (`pageerror`, which the driver
 always sends).
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from playwright.async_api import Error as PlaywrightError
 
 from trajforge.jsonio import dumps_str
-from trajforge.tools import browser_console
+from trajforge.tools.browser import console
 from trajforge.tools.tool import ToolContext, ToolInfraError
 
 if TYPE_CHECKING:
@@ -38,8 +38,8 @@ if TYPE_CHECKING:
     from trajforge.netpolicy import Policy
 
 STATE_KEY = "browser"
-_CONSOLE_CAP = browser_console.KEEP  # per sample; older messages are dropped first
-_TEXT_CAP = browser_console.TEXT_CHARS  # an error's text and its page's URL (which a page can make megabytes long)
+_CONSOLE_CAP = console.KEEP  # per sample; older messages are dropped first
+_TEXT_CAP = console.TEXT_CHARS  # an error's text and its page's URL (which a page can make megabytes long)
 _ERROR_CHARS = 2000  # of a failed script's message
 
 
@@ -111,7 +111,7 @@ class BrowserSession:
         except PlaywrightError as e:
             self._release_slot()
             raise ToolInfraError(f"could not open a browser context: {e.message}") from e
-        await self.context.add_init_script(script=browser_console.CONSOLE_JS)
+        await self.context.add_init_script(script=console.CONSOLE_JS)
         self.context.set_default_timeout(s.action_timeout * 1000)
         self.context.set_default_navigation_timeout(s.navigation_timeout * 1000)
         # Pages opened by the site (target=_blank, window.open) become the current page.
@@ -168,10 +168,10 @@ class BrowserSession:
         if page is None or page.is_closed():
             return
         try:
-            raw = await self._evaluate(page, browser_console.READ_EXPRESSION)
+            raw = await self._evaluate(page, console.READ_EXPRESSION)
         except PlaywrightError:  # the page navigated or closed meanwhile: its messages are gone
             return
-        self.console.extend(browser_console.parse(raw))
+        self.console.extend(console.parse(raw))
 
     def _on_error(self, page: Page, err: Exception) -> None:
         message = getattr(err, "message", None) or str(err)

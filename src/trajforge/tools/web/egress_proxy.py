@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import httpcore
 
 from trajforge.netpolicy import Policy
-from trajforge.tools.egress import EgressRefused, resolve_checked
+from trajforge.tools.web.egress import EgressRefused, resolve_checked
 
 _MAX_HEAD = 64 * 1024
 EGRESS_HEADER = "X-Trajforge-Egress"

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from trajforge.netpolicy import Policy
-from trajforge.tools.egress import PolicyTransport, refusal_of
+from trajforge.tools.web.egress import PolicyTransport, refusal_of
 
 
 class FetchError(Exception):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trajforge.cmdline import Parser, add_flags, parse_flags
+from trajforge.cli.flags import Parser, add_flags, parse_flags
 from trajforge.config import RunConfig
-from trajforge.config_load import build_config
+from trajforge.config.load import build_config
 
 FLAGS = [("config", "path", "YAML config file with custom distributions")]
 

@@ -24,8 +24,8 @@ from html.parser import HTMLParser
 
 import html2text
 
-from trajforge.tools.http_fetch import Fetched, split_content_type
-from trajforge.tools.pdf_text import TITLE_CHARS, pdf_to_text  # the same cap on page and PDF titles
+from trajforge.tools.web.fetch import Fetched, split_content_type
+from trajforge.tools.web.pdf import TITLE_CHARS, pdf_to_text  # the same cap on page and PDF titles
 
 _HTML_TYPES = {"text/html", "application/xhtml+xml"}
 _GENERIC_TYPES = {"", "application/octet-stream", "binary/octet-stream"}
