@@ -1,6 +1,6 @@
 """Spend and load control set up from the run's configuration: prices, the model gate, the budget.
 
-Kept apart from runner.main so that the start-up check (a budget needs prices) and the budget's
+Kept apart from runner.invocation so that the start-up check (a budget needs prices) and the budget's
 continuation from earlier invocations are each one call. The gate's construction lives with the
 sample worker (trajforge.sample.gate_builder), which every executor shares.
 """

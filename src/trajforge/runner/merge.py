@@ -48,10 +48,24 @@ class MergeResult:
     last: tuple[int, int] = (-1, 0)  # (row, rollout) of the last record written
 
 
+HALLUCINATED = "hallucinated_tool"  # the discard reason of a record that called a tool it was not offered
+NOT_KEPT = "not_kept"  # a record --keep passed leaves out (still counted in the statistics)
+
+
 def calls_unknown_tools(rec: dict) -> bool:
     """The corrupt-entry filter: a record that called a tool it was not offered is dropped."""
     known = known_tool_set()
     return any(name not in known for name in rec.get("tool_stats", {}))
+
+
+def left_out(rec: dict, keep_passed: bool) -> str | None:
+    """Why trajectories.jsonl does not hold a finished record (HALLUCINATED or NOT_KEPT), None when
+    it does: the filters, written once for the merges and for the outcome listeners (runner.listeners)."""
+    if calls_unknown_tools(rec):
+        return HALLUCINATED
+    if keep_passed and not passed(rec):
+        return NOT_KEPT
+    return None
 
 
 def fit(rec: dict[str, Any], line: bytes, index: int, dataset_line: int, extra: dict[str, Any]) -> bytes:
@@ -84,13 +98,14 @@ class Intake:
         except orjson.JSONDecodeError as e:
             self.problems.append(f"{where}: corrupt record ignored: {e}")
             return None
-        if calls_unknown_tools(rec):
+        why = left_out(rec, self.keep_passed)
+        if why == HALLUCINATED:
             self.hallucinated.append(str(rec.get("sample_id")))
-            self.totals.discarded["hallucinated_tool"] += 1
+            self.totals.discarded[HALLUCINATED] += 1
             return None
         line = fit(rec, line, i, *row)
         self.totals.add_record(rec, self.rows.task_type_of(i), typed=True)
-        if self.keep_passed and not passed(rec):
+        if why == NOT_KEPT:
             self.not_kept += 1
             return None
         return line, rec

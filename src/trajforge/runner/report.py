@@ -22,7 +22,7 @@ from trajforge.runner.checkpoint import Checkpoint
 from trajforge.runner.figures import ConcurrencyFigures, ConcurrencyNote, MergeFigures, SpendFigures, Statistics
 from trajforge.runner.keys import key_of
 from trajforge.runner.append import append_new
-from trajforge.runner.merge import MergeResult, merge, merge_state
+from trajforge.runner.merge import HALLUCINATED, MergeResult, merge, merge_state
 from trajforge.runner.rollouts import skipped_solved
 from trajforge.runner.rows import RunRows
 from trajforge.runner.settings import history
@@ -36,8 +36,8 @@ def finish(config: RunConfig, rows: RunRows, run_dir: Path, checkpoint: Checkpoi
     """Merge the batch files into trajectories.jsonl, then write and return the run's statistics."""
     result, totals, state = _merge(config, rows, run_dir, checkpoint)
     for identity in result.hallucinated_ids:
-        checkpoint.mark_discarded(identity, "hallucinated_tool")
-    checkpoint.set_merge(state)  # kept with the rest by the compaction at the end (runner.main)
+        checkpoint.mark_discarded(identity, HALLUCINATED)
+    checkpoint.set_merge(state)  # kept with the rest by the compaction at the end (runner.invocation)
     where = rows.positions({key_of(i) for i in checkpoint.samples})
     for identity, entry in checkpoint.samples.items():
         key = key_of(identity)

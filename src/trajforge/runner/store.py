@@ -5,8 +5,8 @@ least every `sync_interval` seconds and on close. At the start of every invocati
 a torn last line (no trailing newline, left by a crash or a full disk) is cut off once and
 reported, so new lines are never glued onto a fragment. A sample counts as finished only if a
 line of it parses as a whole record: a record cut short in the middle of a file has an intact
-head but is no record. Every line passes through the secret scrubber before it is written, and
-a failed write raises OutputError naming the file.
+head but is no record. Lines come scrubbed of the run's secrets (runner.listeners.Ended, the only
+kind of value the writer takes them from), and a failed write raises OutputError naming the file.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from typing import BinaryIO
 import orjson
 
 from trajforge.errors import OutputError
-from trajforge.redact import REGISTRY
 
 BATCH_GLOB = "batch_*.jsonl"
 _BATCH_RE = re.compile(r"batch_(\d+)\.jsonl$")
@@ -183,15 +182,15 @@ class BatchStore:
         return f
 
     def append(self, batch_num: int, line: bytes) -> tuple[int, int]:
-        """Write one record line (scrubbed of secrets); return its (offset, length). Raises OutputError."""
+        """Write one record line (already scrubbed); return its (offset, length). Raises OutputError."""
         f = self._open(batch_num)
-        data = memoryview(REGISTRY.bytes(line if line.endswith(b"\n") else line + b"\n"))
+        data = memoryview(line if line.endswith(b"\n") else line + b"\n")
         where, length = self._sizes[batch_num], len(data)
         try:
             while data:  # unbuffered: one write per line, repeated only if the kernel took part of it
                 data = data[f.write(data):]
         except OSError as e:
-            raise OutputError(f.name, e) from None  # the run writes nothing more (runner.main's halt)
+            raise OutputError(f.name, e) from None  # the run writes nothing more (Invocation.halt)
         self._sizes[batch_num] = where + length
         self._dirty.add(batch_num)
         if time.monotonic() - self._last_sync >= self.sync_interval:
