@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trajforge.sandbox.dns.fair import BURST, IDLE, RATE, FairShare
+from trajforge.sandbox.dns.fair import BURST, IDLE, RATE, FairShare, heavier
 
 
 def test_a_client_gets_its_burst_then_its_rate_and_no_one_else_s() -> None:
@@ -69,3 +69,11 @@ def test_the_state_of_idle_clients_is_forgotten() -> None:
     assert set(share.clients) == {"gone", "busy", "upstream"}
     share.forget_idle(IDLE)
     assert set(share.clients) == {"busy", "upstream"}
+
+
+def test_a_slot_passes_from_the_heaviest_to_a_client_lighter_by_two() -> None:
+    assert heavier({"a": 8, "b": 8, "c": 3}, "new") == "a"
+    assert heavier({"a": 8, "b": 8}, "b") is None  # as heavy: keeps what it has
+    assert heavier({"a": 8, "b": 7}, "b") is None  # 8 and 7 would become 7 and 8: no passing back and forth
+    assert heavier({"a": 8, "b": 6}, "b") == "a"
+    assert heavier({}, "x") is None

@@ -137,10 +137,10 @@ class Measured:
     delivered: int = 0  # UDP datagrams that reached a socket in the forwarder's namespace meanwhile
 
 
-def measure(clients: int, kind: str, source_root: Path, admission: bool) -> Measured:
+def measure(clients: int, kind: str, source_root: Path, admission: bool, fill: bool = True) -> Measured:
     """A sample's lookups, in ROUNDS rounds of LOOKUPS in the control then LOOKUPS while the other
-    clients flood the forwarder. With `mixed` floods the first round starts once every upstream
-    slot of the forwarder has held a query that is never answered."""
+    clients flood the forwarder. With `mixed` floods (and `fill`) the first round starts once every
+    upstream slot of the forwarder has held a query that is never answered."""
     got = Measured()
 
     def rounds(where: Lab, ns: int, victim: str, others: list[str], fwd_pid: int) -> None:
@@ -154,7 +154,7 @@ def measure(clients: int, kind: str, source_root: Path, admission: bool) -> Meas
                         for proc in procs:
                             say(proc, target)
                         assert all(heard(proc) == "on\n" for proc in procs)
-                        if n == 0 and target == "server" and kind == "mixed":
+                        if n == 0 and target == "server" and kind == "mixed" and fill:
                             blackholed = 0
 
                             def filled(line: str) -> bool:
@@ -188,10 +188,10 @@ def one_flooder(source_root: Path = SRC, admission: bool = True) -> Measured:
     return measure(1, "chaos", source_root, admission)
 
 
-def colluders(source_root: Path = SRC, admission: bool = True) -> Measured:
+def colluders(source_root: Path = SRC, admission: bool = True, fill: bool = True) -> Measured:
     """16 other samples flood together: class-CH queries, and queries that hold every upstream
     slot of the forwarder until they time out."""
-    return measure(16, "mixed", source_root, admission)
+    return measure(16, "mixed", source_root, admission, fill)
 
 
 def share_within(took: list[float | None], bound: float) -> float:
@@ -246,13 +246,58 @@ def test_the_flood_test_fails_without_the_kernel_s_admission() -> None:
     got = one_flooder(admission=False)
     with pytest.raises(AssertionError):
         assert_bounded(got)
+    assert got.delivered > 10 * fair.RATE * got.flooding, got  # the flood reached the forwarder whole
 
 
 @needs_net_admin
 def test_the_colluders_test_fails_with_one_share_for_every_client(tmp_path: Path) -> None:
-    got = colluders(unfair_source(tmp_path / "src"))
+    # With one share the clients hold 64 upstream slots in all, not 1,024: the flood starts unfilled.
+    got = colluders(unfair_source(tmp_path / "src"), fill=False)
     with pytest.raises(AssertionError):
         assert_fair(got)
+
+
+def colluders_holding_every_connection(source_root: Path = SRC) -> str:
+    """What a sample's TCP lookup gets while 16 others hold every TCP connection the forwarder takes."""
+    from trajforge.sandbox.dns import forward
+
+    each = forward.CONNECTIONS_PER_CLIENT
+    assert 16 * each >= forward.MAX_CONNECTIONS
+
+    async def main() -> str:
+        with fair_lab(17) as (where, ns, (victim, *others)):
+            async with forwarder(where, source_root):
+                holder = in_samples(ns, "hold", SERVER, str(dns_service.PORT), str(each), ",".join(others))
+                try:
+                    assert await asyncio.to_thread(heard, holder) == "held\n"
+                    tcp = in_samples(ns, "tcp", SERVER, str(dns_service.PORT), victim)
+                    got = await asyncio.to_thread(heard, tcp)
+                    await asyncio.to_thread(tcp.wait, 60)
+                finally:
+                    assert holder.stdin is not None
+                    holder.stdin.close()
+                    holder.kill()  # its connections may have been taken: it cannot tell
+                    await asyncio.to_thread(holder.wait, 60)
+        return got
+
+    return asyncio.run(main())
+
+
+@needs_net_admin
+def test_sixteen_samples_holding_every_tcp_connection_deny_no_other() -> None:
+    assert colluders_holding_every_connection() == "answered\n"
+
+
+@needs_net_admin
+def test_the_tcp_test_fails_when_no_connection_gives_its_place_up(tmp_path: Path) -> None:
+    from tests.sandbox.test_dns import mutant_copy
+
+    forward = mutant_copy(tmp_path / "src") / "trajforge/sandbox/dns/forward.py"
+    text = forward.read_text()
+    anchor = "            if top is not None:  # the heaviest client's oldest connection gives its place up\n"
+    assert text.count(anchor) == 1, "the mutation's anchor moved"
+    forward.write_text(text.replace(anchor, "            if False:\n"))
+    assert colluders_holding_every_connection(tmp_path / "src") == "closed\n"
 
 
 def test_the_router_and_containers_load_the_admission_rules() -> None:

@@ -11,6 +11,10 @@ network namespace, one sample per source address; both take commands on stdin an
   datagrams after each. KIND `chaos`: class CH queries, which the forwarder refuses itself;
   `mixed`: those and queries for names under `blackhole`, which the fake resolver never answers
   (they hold the forwarder's upstream slots until they time out).
+- `hold SERVER PORT COUNT SOURCE[,SOURCE...]`: COUNT TCP connections from each SOURCE, each with one
+  class CH query answered (so the forwarder serves it), then prints "held" and keeps them open.
+- `tcp SERVER PORT SOURCE`: one TCP connection and one query for an A record; prints "answered"
+  or "closed".
 """
 
 from __future__ import annotations
@@ -83,9 +87,44 @@ def flood(server: tuple[str, int], control: tuple[str, int], kind: str, sources:
             print("on", flush=True)
 
 
+def framed_answer(sock: socket.socket, qid: int) -> bool:
+    """Whether the answer read from `sock` is to the query `qid` (False: the connection closed)."""
+    with sock.makefile("rb") as stream:
+        size = stream.read(2)
+        data = stream.read(int.from_bytes(size, "big")) if len(size) == 2 else b""
+    return len(data) >= 2 and struct.unpack_from(">H", data)[0] == qid
+
+
+def hold(server: tuple[str, int], count: int, sources: list[str]) -> None:
+    held = []
+    for source in sources:
+        for i in range(count):
+            sock = socket.create_connection(server, timeout=30, source_address=(source, 0))
+            q = query(i, [b"version", b"bind"], qclass=3)
+            sock.sendall(len(q).to_bytes(2, "big") + q)
+            assert framed_answer(sock, i), "a held connection was not served"
+            held.append(sock)
+    print("held", flush=True)
+    sys.stdin.read()
+
+
+def tcp(server: tuple[str, int], source: str) -> None:
+    try:
+        with socket.create_connection(server, timeout=30, source_address=(source, 0)) as sock:
+            q = query(0x7474, [b"tcp-victim", b"test"])
+            sock.sendall(len(q).to_bytes(2, "big") + q)
+            print("answered" if framed_answer(sock, 0x7474) else "closed", flush=True)
+    except OSError:
+        print("closed", flush=True)
+
+
 if __name__ == "__main__":
     mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
     if mode == "measure":
         measure((host, port), sys.argv[4], float(sys.argv[5]))
+    elif mode == "hold":
+        hold((host, port), int(sys.argv[4]), sys.argv[5].split(","))
+    elif mode == "tcp":
+        tcp((host, port), sys.argv[4])
     else:
         flood((host, port), (sys.argv[4], 9), sys.argv[5], sys.argv[6].split(","))

@@ -15,13 +15,14 @@ address nor send from one their namespace does not have. What one client gets:
   which bounds what the forwarder asks of the resolver behind it. When every upstream slot is
   taken, a client with fewer queries upstream than the heaviest client takes the heaviest one's
   oldest slot (that query ends unanswered; UDP clients retry): a slow or silent upstream (names
-  under a zone that never answers) held by many flooding clients delays nobody else.
+  under a zone that never answers) held by many flooding clients delays nobody else. TCP
+  connections are shared the same way (`heavier`, in forward.py).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from typing import Generic, TypeVar
 
 RATE, BURST = 200.0, 100  # queries a second per client, and at once: a lookup is two (A and AAAA)
@@ -30,6 +31,16 @@ INFLIGHT, INFLIGHT_EACH = 1024, 64  # queries upstream in all, and of one client
 IDLE = 30.0  # seconds after which a client with nothing queued or upstream is forgotten
 
 Item = TypeVar("Item")
+
+
+def heavier(loads: Mapping[Hashable, int], client: Hashable) -> Hashable | None:
+    """When every slot of a resource is taken: the client `client` takes one from, the one holding
+    the most if that is at least two more than `client` holds (one passed over leaves no pair
+    that would pass it back), else None."""
+    if not loads:
+        return None
+    top = max(loads, key=loads.__getitem__)
+    return top if loads[top] >= loads.get(client, 0) + 2 else None
 
 
 class _Client(Generic[Item]):
@@ -96,10 +107,8 @@ class FairShare(Generic[Item]):
             return False, None
         if self.total < self.inflight:
             return True, None
-        heaviest = max(self.clients.values(), key=lambda s: len(s.upstream))
-        if len(state.upstream) + 1 < len(heaviest.upstream):  # lighter by two: no slot passed to and fro
-            return True, next(iter(heaviest.upstream))
-        return False, None
+        top = heavier({c: len(s.upstream) for c, s in self.clients.items()}, client)
+        return (False, None) if top is None else (True, next(iter(self.clients[top].upstream)))
 
     def sent(self, client: Hashable, key: Hashable) -> None:
         """A query of `client` went upstream as `key`."""

@@ -37,13 +37,14 @@ import time
 from collections.abc import Callable
 
 from trajforge.sandbox.dns import parse as wire
-from trajforge.sandbox.dns.fair import FairShare
+from trajforge.sandbox.dns.fair import FairShare, heavier
 from trajforge.sandbox.inside import guard
 
 ANSWER_TIMEOUT = 5.0  # an unanswered query is forgotten (UDP clients retry; TCP ones get SERVFAIL)
 IDLE_TIMEOUT = 10.0  # a TCP client that sends nothing for this long is closed
 MAX_CONNECTIONS, CONNECTIONS_PER_CLIENT, QUERIES_PER_CONNECTION = 128, 8, 64
 READ_BATCH, WORK_BATCH = 1024, 64  # datagrams read, and handled, before the loop turns to its other work
+SWEEP_EVERY = 10.0  # seconds between two sweeps of idle clients' state (fair.FairShare.forget_idle)
 _PR_SET_DUMPABLE, _PR_SET_NAME = 4, 15
 
 Deliver = Callable[["bytes | None"], None]
@@ -64,7 +65,7 @@ class Forwarder:
         self.loop = loop
         self.pending: dict[tuple[int, int], _Pending] = {}
         self.fair: FairShare[tuple[bytes, tuple[str, int]]] = FairShare()
-        self.connections: dict[str, int] = {}
+        self.connections: dict[str, dict[asyncio.StreamWriter, None]] = {}  # each client's, oldest first
         self.upstreams: list[asyncio.DatagramTransport] = []
         self.server: asyncio.Server | None = None
         self.udp: socket.socket | None = None
@@ -82,10 +83,10 @@ class Forwarder:
 
     def _forget_idle(self) -> None:
         self.fair.forget_idle(time.monotonic())
-        self.loop.call_later(10.0, self._forget_idle)
+        self.loop.call_later(SWEEP_EVERY, self._forget_idle)
 
     def admit(self, client: str) -> bool:
-        """Whether `client` is within its rate (fair.py); False: drop its query unread."""
+        """Whether a TCP query of `client` is within its rate (fair.py); False: drop it unread."""
         return self.fair.admit(client, time.monotonic())
 
     def _read(self) -> None:
@@ -178,11 +179,19 @@ class Forwarder:
     async def tcp_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         client = str(peer[0]) if peer else ""
-        if sum(self.connections.values()) >= MAX_CONNECTIONS or \
-                self.connections.get(client, 0) >= CONNECTIONS_PER_CLIENT:
+        held = self.connections.setdefault(client, {})
+        if len(held) < CONNECTIONS_PER_CLIENT and sum(map(len, self.connections.values())) >= MAX_CONNECTIONS:
+            top = heavier({c: len(h) for c, h in self.connections.items()}, client)
+            if top is not None:  # the heaviest client's oldest connection gives its place up
+                oldest = next(iter(self.connections[top]))
+                del self.connections[top][oldest]
+                oldest.transport.abort()
+        if len(held) >= CONNECTIONS_PER_CLIENT or sum(map(len, self.connections.values())) >= MAX_CONNECTIONS:
+            if not held:
+                del self.connections[client]
             writer.transport.abort()
             return
-        self.connections[client] = self.connections.get(client, 0) + 1
+        held[writer] = None
         try:
             for _ in range(QUERIES_PER_CONNECTION):
                 async with asyncio.timeout(IDLE_TIMEOUT):
@@ -200,10 +209,8 @@ class Forwarder:
         except (wire.Malformed, asyncio.IncompleteReadError, TimeoutError, OSError):
             pass
         finally:
-            left = self.connections[client] - 1
-            if left:
-                self.connections[client] = left
-            else:
+            held.pop(writer, None)  # (gone already if it gave its place up)
+            if not held and self.connections.get(client) is held:
                 del self.connections[client]
             writer.close()  # after what is written (unread input makes it a reset)
 

@@ -6,8 +6,8 @@ The sample's (`sample_program`), at least as strict as Docker's default profile:
 that serves a sample or runs its code has it (the root mode's sandbox helper installs it when it
 drops its privileges, sandbox_init.py, and so does a container's file helper; bwrap installs it
 on a user-mode helper), and every command inherits it. Only the calls of SYSCALLS_ALLOWED go
-through, those a process without any capability uses (Docker's default profile allows the same,
-io_uring excepted, which it refuses too), with their arguments checked where one decides:
+through (what Docker's default profile allows a container without added capabilities, less a
+few calls), with their arguments checked where one decides:
 - clone with a namespace flag (CLONE_NEWUSER, NEWNS, NEWPID, NEWNET, NEWIPC, NEWUTS, NEWCGROUP),
   personality other than the execution domains Docker allows (Linux, 32-bit Linux, 2.6-style
   uname, both, and the query) and socket for AF_ALG and AF_VSOCK fail with EPERM; clone3 fails
@@ -65,6 +65,15 @@ _SC_ARCHES = {"x86_64": (0xC000003E, 0x40000003, (120, 310, 435, 286, 287, 288))
 
 # The kernel's system call numbers on each machine (arch/x86/entry/syscalls/syscall_64.tbl and the
 # generic table aarch64 uses, as of Linux 6.19), as runs of consecutive numbers: (first number, names).
+# Calls added since Linux 5.1 have one number on every machine.
+_SC_SINCE_5_1 = (424, """
+    pidfd_send_signal io_uring_setup io_uring_enter io_uring_register open_tree move_mount fsopen fsconfig
+    fsmount fspick pidfd_open clone3 close_range openat2 pidfd_getfd faccessat2 process_madvise epoll_pwait2
+    mount_setattr quotactl_fd landlock_create_ruleset landlock_add_rule landlock_restrict_self memfd_secret
+    process_mrelease futex_waitv set_mempolicy_home_node cachestat fchmodat2 map_shadow_stack futex_wake
+    futex_wait futex_requeue statmount listmount lsm_get_self_attr lsm_set_self_attr lsm_list_modules mseal
+    setxattrat getxattrat listxattrat removexattrat open_tree_attr file_getattr file_setattr listns
+""")
 _SC_TABLES = {
     "x86_64": (
         (0, """
@@ -103,14 +112,7 @@ _SC_TABLES = {
             copy_file_range preadv2 pwritev2 pkey_mprotect pkey_alloc pkey_free statx io_pgetevents rseq uretprobe
             uprobe
         """),
-        (424, """
-            pidfd_send_signal io_uring_setup io_uring_enter io_uring_register open_tree move_mount fsopen fsconfig
-            fsmount fspick pidfd_open clone3 close_range openat2 pidfd_getfd faccessat2 process_madvise epoll_pwait2
-            mount_setattr quotactl_fd landlock_create_ruleset landlock_add_rule landlock_restrict_self memfd_secret
-            process_mrelease futex_waitv set_mempolicy_home_node cachestat fchmodat2 map_shadow_stack futex_wake
-            futex_wait futex_requeue statmount listmount lsm_get_self_attr lsm_set_self_attr lsm_list_modules mseal
-            setxattrat getxattrat listxattrat removexattrat open_tree_attr file_getattr file_setattr listns
-        """),
+        _SC_SINCE_5_1,
     ),
     "aarch64": (
         (0, """
@@ -146,14 +148,7 @@ _SC_TABLES = {
             renameat2 seccomp getrandom memfd_create bpf execveat userfaultfd membarrier mlock2 copy_file_range
             preadv2 pwritev2 pkey_mprotect pkey_alloc pkey_free statx io_pgetevents rseq kexec_file_load
         """),
-        (424, """
-            pidfd_send_signal io_uring_setup io_uring_enter io_uring_register open_tree move_mount fsopen fsconfig
-            fsmount fspick pidfd_open clone3 close_range openat2 pidfd_getfd faccessat2 process_madvise epoll_pwait2
-            mount_setattr quotactl_fd landlock_create_ruleset landlock_add_rule landlock_restrict_self memfd_secret
-            process_mrelease futex_waitv set_mempolicy_home_node cachestat fchmodat2 map_shadow_stack futex_wake
-            futex_wait futex_requeue statmount listmount lsm_get_self_attr lsm_set_self_attr lsm_list_modules mseal
-            setxattrat getxattrat listxattrat removexattrat open_tree_attr file_getattr file_setattr listns
-        """),
+        _SC_SINCE_5_1,
     ),
 }
 # What a sample may call, its arguments aside (SYSCALLS_CHECKED): what Docker's default profile allows a
@@ -335,6 +330,7 @@ def forbid_user_namespaces(libc) -> bool:  # type: ignore[no-untyped-def]
     """Install the zygote's filter on this process (no_new_privs must be set); False where there
     is no table for this machine. Raises OSError when the kernel refuses it."""
     machine = os.uname().machine
+    sample_program(machine)  # made here, once: every sandbox the zygote forks inherits it made
     return _sc_install(libc, machine, zygote_program(machine))
 
 
