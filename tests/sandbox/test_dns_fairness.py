@@ -58,14 +58,16 @@ def fair_lab(clients: int, admission: bool = True) -> Iterator[tuple[Lab, int, l
             router, samples = ["nsenter", "-t", str(resolver.pid), "-n"], ["nsenter", "-t", str(holder.pid), "-n"]
             steps = [["ip", "link", "add", near, "type", "veth", "peer", "name", far, "netns", str(resolver.pid)],
                      ["ip", "link", "set", near, "netns", str(holder.pid)],
-                     [*router, "ip", "addr", "add", f"{SERVER}/24", "dev", far], [*router, "ip", "link", "set", far, "up"],
+                     [*router, "ip", "addr", "add", f"{SERVER}/24", "dev", far],
+                     [*router, "ip", "link", "set", far, "up"],
                      [*samples, "ip", "link", "set", near, "up"],
                      *([*samples, "ip", "addr", "add", f"{ip}/24", "dev", near] for ip in sources)]
             for argv in steps:
                 res = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=30)
                 assert res.returncode == 0, (argv, res.stderr)
             if admission:
-                rules = ["table inet tflab {", *dns_service.admission_rules("prerouting", "", SERVER, dns_service.PORT), "}"]
+                rules = ["table inet tflab {", *dns_service.admission_rules("prerouting", "", SERVER, dns_service.PORT),
+                         "}"]
                 res = subprocess.run([*router, "nft", "-f", "-"], input="\n".join(rules) + "\n", check=False,
                                      capture_output=True, text=True, timeout=30)
                 assert res.returncode == 0, res.stderr

@@ -64,7 +64,8 @@ def test_a_dataset_row_over_the_runtime_passes_without_the_cwd_policy(tmp_path: 
 # The sample's seccomp filter (host/seccomp.py): each guard out, the per-call test fails.
 SECCOMP_MUTANTS = {
     "not installed when the helper drops its privileges": [("    confine_sample(libc)\n", "")],
-    "io_uring allowed": [('SYSCALLS_ALLOWED = frozenset("""\n', 'SYSCALLS_ALLOWED = frozenset("""\n    io_uring_setup\n')],
+    "io_uring allowed": [('SYSCALLS_ALLOWED = frozenset("""\n',
+                          'SYSCALLS_ALLOWED = frozenset("""\n    io_uring_setup\n')],
     "clone checked for CLONE_NEWUSER only": [('SYSCALLS_CHECKED = {"clone": ("flags", _SC_NAMESPACES)',
                                               'SYSCALLS_CHECKED = {"clone": ("flags", _SC_NEWUSER)')],
     "any personality": [('"personality": ("only", _SC_PERSONALITIES)', '"personality": _SC_OK')],

@@ -203,7 +203,8 @@ def assert_refused_by_the_filter(filters: list[bytes], codes: dict[str, int], to
         ok = answer == probe.expect or (container and probe.expect == EPERM and answer == ENOSYS)  # runc's stub
         seen = 0 if answer == ALLOW else answer & 0xFFFF
         if not ok or codes.get(probe.label) != seen:
-            wrong.append(f"{probe.label}: filter {answer:#x} (wanted {probe.expect:#x}), errno {codes.get(probe.label)}")
+            wrong.append(f"{probe.label}: filter {answer:#x} (wanted {probe.expect:#x}), "
+                         f"errno {codes.get(probe.label)}")
     assert not wrong, wrong
 
 

@@ -233,7 +233,8 @@ def test_search_content_and_names(tmp_path: Path) -> None:
 
 # Patterns `re` cannot compile, each for another reason than a syntax error: a repeat count over
 # its limit (OverflowError), nesting deeper than its parser recurses (RecursionError).
-UNCOMPILABLE = {"a{1,99999999999}": "repetition number is too large", "x{99999999999}": "repetition number is too large",
+UNCOMPILABLE = {"a{1,99999999999}": "repetition number is too large",
+                "x{99999999999}": "repetition number is too large",
                 "(" * 100_000 + "a" + ")" * 100_000: "nested too deeply"}
 
 

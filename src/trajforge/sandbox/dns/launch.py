@@ -1,19 +1,20 @@
 """The DNS forwarder's start: the only part of it that runs as root, before any sample byte.
 
-service.py runs this as `nsenter --net=<namespace> python -I -S -c LAUNCH ...`. Already in
-the network namespace the forwarder serves, it makes every socket the forwarder will use (the
-UDP and TCP listeners; UDP sockets connected to the upstream resolver, marked with SO_MARK,
-which takes CAP_NET_ADMIN to set, so that a container's firewall can tell the forwarder's
-queries from a sample's; the UDP listener's receive buffer raised past the system's limit, which
-also takes it, so that the datagrams the samples' rates let through outlast a moment in which the
-forwarder does not get a CPU on a busy host). It raises its scheduling priority (NICE), then leaves the host's files behind: a mount namespace of its own
-whose root is an empty read-only tmpfs holding, read-only, only the interpreter's prefix, the
-system's libraries and the forwarder's source (`confine_files`). Then it gives up every
-privilege: supplementary groups, real, effective and saved uid and gid set to the forwarder's
-own id, the capability bounding, ambient, inheritable, permitted and effective sets emptied,
-no_new_privs; it checks all of that in /proc/self/status and only then execs the forwarder
-(forward.py) in a fresh `-I -S` interpreter, with an empty environment and no descriptor
-but those sockets. Any failure is one line on the control socket. Stdlib only.
+service.py runs this as `nsenter --net=<namespace> python -I -S -c LAUNCH ...`. Already in the
+network namespace the forwarder serves, it makes every socket the forwarder will use (the UDP
+and TCP listeners; UDP sockets connected to the upstream resolver, marked with SO_MARK, which
+takes CAP_NET_ADMIN to set, so that a container's firewall can tell the forwarder's queries from
+a sample's; the UDP listener's receive buffer raised past the system's limit, which also takes
+it, so that the datagrams the samples' rates let through outlast a moment in which the forwarder
+does not get a CPU on a busy host). It raises its scheduling priority (NICE), then leaves the
+host's files behind: a mount namespace of its own whose root is an empty read-only tmpfs
+holding, read-only, only the interpreter's prefix, the system's libraries and the forwarder's
+source (`confine_files`). Then it gives up every privilege: supplementary groups, real,
+effective and saved uid and gid set to the forwarder's own id, the capability bounding, ambient,
+inheritable, permitted and effective sets emptied, no_new_privs; it checks all of that in
+/proc/self/status and only then execs the forwarder (forward.py) in a fresh `-I -S` interpreter,
+with an empty environment and no descriptor but those sockets. Any failure is one line on the
+control socket. Stdlib only.
 """
 
 from __future__ import annotations

@@ -14,10 +14,10 @@ points of the row's absolute cwd (bound from the workspace, root_view.alias) and
 settings; then the process drops every privilege for good: real, effective and saved uid and
 gid become the sample's, the supplementary groups go, every capability set is emptied (the
 bounding set and no_new_privs are the zygote's, zygote.confine), it stops being dumpable, takes
-the sample's seccomp filter (seccomp.py), and seals its imports (guard.py). Only then does it read the sample's first request, as the
-sample's helper (helper.py), for the rest of its life. It exits when the runner closes the
-channel; the kernel then kills every process of its pid namespace, and the sandbox is gone:
-nothing of it is ever given to another sample. Stdlib and ctypes only: part of the zygote's
+the sample's seccomp filter (seccomp.py) and seals its imports (guard.py). Only then does it
+read the sample's first request, as the sample's helper (helper.py), for the rest of its life.
+It exits when the runner closes the channel; the kernel then kills every process of its pid
+namespace, and the sandbox is gone: nothing of it is ever given to another sample. Stdlib and ctypes only: part of the zygote's
 assembled source.
 """
 
