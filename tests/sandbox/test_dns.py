@@ -203,24 +203,29 @@ def test_one_client_holds_a_bounded_number_of_tcp_connections() -> None:
     asyncio.run(main())
 
 
-def mutant_source(root: Path) -> Path:
-    """A copy of the forwarder's source that also relays what it receives, unparsed, upstream."""
+def mutant_copy(root: Path) -> Path:
+    """A copy under `root` of what the forwarder loads, for a test to change (readable by its id)."""
     for rel in ("__init__.py", "sandbox/__init__.py", "sandbox/inside/__init__.py", "sandbox/inside/guard.py",
-                "sandbox/dns/__init__.py", "sandbox/dns/parse.py", "sandbox/dns/launch.py", "sandbox/dns/forward.py"):
+                "sandbox/dns/__init__.py", "sandbox/dns/parse.py", "sandbox/dns/fair.py", "sandbox/dns/launch.py",
+                "sandbox/dns/forward.py"):
         rel = f"trajforge/{rel}"
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(SRC / rel, root / rel)
-    forward = root / "trajforge/sandbox/dns/forward.py"
-    text = forward.read_text()
-    udp = "    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:\n"
-    tcp = "q = wire.parse_query(await reader.readexactly(size))"
-    assert text.count(udp) == 1 and text.count(tcp) == 1, "the mutation's anchors moved: update mutant_source"
-    text = text.replace(udp, udp + "        self.fwd.upstreams[0].sendto(data)\n")
-    text = text.replace(tcp, "data = await reader.readexactly(size); self.upstreams[0].sendto(data); "
-                             "q = wire.parse_query(data)")
-    forward.write_text(text)
     for d in (root, *root.rglob("*")):  # the forwarder's own id reads it
         d.chmod(0o755 if d.is_dir() else 0o644)
+    return root
+
+
+def mutant_source(root: Path) -> Path:
+    """A copy of the forwarder's source that also relays what it receives, unparsed, upstream."""
+    forward = mutant_copy(root) / "trajforge/sandbox/dns/forward.py"
+    text = forward.read_text()
+    udp = "    def _datagram(self, client: str, data: bytes, addr: tuple[str, int]) -> None:\n"
+    tcp = "                q = wire.parse_query(data)\n"
+    assert text.count(udp) == 1 and text.count(tcp) == 1, "the mutation's anchors moved: update mutant_source"
+    text = text.replace(udp, udp + "        self.upstreams[0].sendto(data)\n")
+    text = text.replace(tcp, "                self.upstreams[0].sendto(data)\n" + tcp)
+    forward.write_text(text)
     return root
 
 
@@ -321,7 +326,8 @@ def test_the_forwarder_loads_no_code_after_its_start() -> None:
     out = subprocess.run([sys.executable, "-I", "-S", "-c", boot, str(SRC)], check=False, capture_output=True,
                          text=True, timeout=60)
     names, refused = out.stdout.split("\n", 1)
-    assert names == ("['trajforge', 'trajforge.sandbox', 'trajforge.sandbox.dns', 'trajforge.sandbox.dns.forward', "
+    assert names == ("['trajforge', 'trajforge.sandbox', 'trajforge.sandbox.dns', 'trajforge.sandbox.dns.fair', "
+                     "'trajforge.sandbox.dns.forward', "
                      "'trajforge.sandbox.dns.parse', 'trajforge.sandbox.inside', 'trajforge.sandbox.inside.guard']")
     assert "loads no module after its start ('json' refused)" in refused, out
 

@@ -231,6 +231,47 @@ def test_search_content_and_names(tmp_path: Path) -> None:
     in_sandbox(tmp_path, body)
 
 
+# Patterns `re` cannot compile, each for another reason than a syntax error: a repeat count over
+# its limit (OverflowError), nesting deeper than its parser recurses (RecursionError).
+UNCOMPILABLE = {"a{1,99999999999}": "repetition number is too large",
+                "x{99999999999}": "repetition number is too large",
+                "(" * 100_000 + "a" + ")" * 100_000: "nested too deeply"}
+
+
+@pytest.mark.parametrize("pattern", list(UNCOMPILABLE), ids=["range", "count", "nesting"])
+def test_a_pattern_re_cannot_compile_is_an_error_result_and_no_traceback(
+        tmp_path: Path, pattern: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Through the agent's dispatch, which logs a traceback for whatever a tool raises: the model
+    gets a plain error naming the reason, and the run's log stays clean."""
+    from trajforge.agent.loop import call_tool
+    from trajforge.model.types import ToolCall
+
+    async def body(ctx: ToolContext) -> None:
+        (ctx.sandbox.workspace / "f.txt").write_text("aaa\n")
+        call_ = ToolCall("c1", SEARCH.name, json.dumps({"pattern": pattern}))
+        with caplog.at_level("DEBUG"):
+            res = await call_tool(call_, {SEARCH.name: SEARCH}, ctx)
+        assert res.failed, res.result
+        message = json.loads(res.result)["error"]
+        assert message.startswith("invalid regular expression") and UNCOMPILABLE[pattern] in message, message
+        assert len(message) < 500, message  # the pattern is shortened, not echoed whole
+        assert not caplog.records, [r.getMessage() for r in caplog.records]
+
+    in_sandbox(tmp_path, body)
+
+
+def test_the_matching_side_refuses_an_uncompilable_pattern_as_the_model_s_error() -> None:
+    """Where the matching runs (a helper whose Python may differ from the runner's), the same
+    patterns are a FileOpError the tool shows the model, not an "other" failure."""
+    from trajforge.sandbox.inside import fsops
+
+    for pattern, why in UNCOMPILABLE.items():
+        with pytest.raises(fsops.FileOpError, match=why) as err:
+            fsops.scan(iter([("f.txt", "f.txt", lambda: b"aaa\n")]), ".", pattern, target="content", glob=None,
+                       limit=5, max_files=10)
+        assert err.value.kind == "invalid_pattern"
+
+
 @pytest.mark.parametrize("tool", [READ, WRITE, PATCH, SEARCH])
 def test_schemas_name_required_arguments(tool: Any) -> None:
     params = tool.schema()["function"]["parameters"]

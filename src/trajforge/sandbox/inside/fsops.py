@@ -226,14 +226,28 @@ def _small_file(dir_fd: int, name: str, max_file: int) -> bytes | None:
         return None if st.st_size > max_file else raw.read(max_file + 1)
 
 
+def compile_pattern(pattern: str):  # type: ignore[no-untyped-def]
+    """search_files' regular expression compiled, or FileOpError("invalid_pattern") saying why. Not
+    only syntax errors: a repeat count over `re`'s limit (`a{1,99999999999}`) raises OverflowError,
+    nesting deeper than its parser recurses RecursionError, a pattern too large for memory
+    MemoryError; each is the model's to fix, never a failure of the tool."""
+    import re
+
+    try:
+        return re.compile(pattern)
+    except (re.error, OverflowError, RecursionError, MemoryError) as e:
+        why = {RecursionError: "nested too deeply", MemoryError: "too large to compile"}.get(type(e), str(e))
+        shown = repr(pattern) if len(pattern) <= 100 else f"{pattern[:100]!r}... ({len(pattern)} characters)"
+        raise FileOpError("invalid_pattern", f"invalid regular expression {shown}: {why}") from None
+
+
 def scan(entries, shown: str, pattern: str, *, target: str, glob: str | None, limit: int,  # type: ignore[no-untyped-def]
          max_files: int) -> tuple[list[str], bool]:
     """The matching of `search` over (path below `shown`, file name, read() -> bytes or None)."""
     import fnmatch
     import posixpath
-    import re
 
-    rx = re.compile(pattern)
+    rx = compile_pattern(pattern)
     found: list[str] = []
     seen = 0
     for sub, name, read_fn in entries:

@@ -6,8 +6,8 @@ crashed runner's leftovers swept once, each distinct image checked once (contain
 (zygote.py) that starts each container's file helper: a process in the container's mount
 namespace with the uid of the container's own process and no capability, so reads, writes and
 searches resolve exactly as the container sees its files (helper.py, fsops.py), at the cost of
-a message instead of an `exec`. With Podman, containers get its default seccomp profile with user
-namespaces refused (container_seccomp.py), and with either engine the capabilities of DROPPED_CAPS
+a message instead of an `exec`. With Podman, containers get trajforge's seccomp profile, as strict
+as Docker's default (container_seccomp.py), and with either engine the capabilities of DROPPED_CAPS
 are taken out of the engine's default set. Rootful Podman's containers get a user namespace, one
 range of unused host ids per run (`idmap`), so a sample that is root inside is no one on the host;
 the file helper then runs as the container process's host uid (zygote.op_enter). Also here: the
@@ -86,8 +86,8 @@ class ContainerBackend:
 
     @property
     def security(self) -> list[str]:
-        """`run` flags: with Podman, its default seccomp profile guarded against user namespaces
-        (container_seccomp.py), written once, at the first container; DROPPED_CAPS with both."""
+        """`run` flags: with Podman, trajforge's seccomp profile (container_seccomp.py), written once,
+        at the first container; DROPPED_CAPS with both."""
         if self._security is None:
             self._security = profile_flags(self.engine.kind) + [f"--cap-drop={c}" for c in DROPPED_CAPS]
         return self._security

@@ -15,6 +15,7 @@ from typing import Any
 
 from trajforge.sandbox.backends.container.container_backend import DROPPED_CAPS, ID_LOW
 from trajforge.sandbox.backends.container.container_engine import detect
+from trajforge.sandbox.backends.container.container_seccomp import PROFILE, applies
 from trajforge.sandbox.network import EgressSupport
 from trajforge.sandbox.sandbox_settings import SandboxSettings
 
@@ -40,7 +41,7 @@ class ContainerStatus:
             who = ("rootful Podman (the runner is root) in a user namespace per run: the image's root is an "
                    f"unused host uid (from {ID_LOW:,} up), never this host's root"
                    if os.geteuid() == 0 else "rootless Podman: the image's users map into your uid's user namespace")
-            seccomp = "the host's default profile with user namespaces refused"
+            seccomp = PROFILE if applies("podman") else "Podman's default profile"
         else:
             who = "as the Docker daemon maps it (a rootful daemon: the image's root is this host's uid 0)"
             seccomp = "Docker's default profile"
