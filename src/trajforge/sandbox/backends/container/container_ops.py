@@ -19,8 +19,10 @@ import asyncio
 import io
 import secrets
 import tarfile
+import tempfile
 from dataclasses import replace
 from pathlib import Path
+from typing import IO
 
 from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.sandbox.interface import ExecResult, Provider, SandboxError
@@ -120,10 +122,42 @@ async def stop_all(sb: ContainerSandbox, keep: set[int]) -> None:
 
 
 async def copy_in(sb: ContainerSandbox, source: Path, dest: str) -> None:
-    """The contents of host directory `source` into the container's directory `dest` (which must exist)."""
-    res = await sb.engine.run("cp", f"{source}/.", f"{_name(sb)}:{dest}", timeout=300)
-    if res.exit_code != 0:
-        raise SandboxError(f"cannot copy {source} into {dest} of container {sb.name}: {last_line(res)}")
+    """The contents of host directory `source` into the container's directory `dest` (which must exist),
+    owned by the container's root. On trajforge's root filesystem (rootfs.py) Podman writes an
+    archive's ids as host ids: a tar stream then carries the host id of the container's root."""
+    if sb.cp_shift is None:
+        res = await sb.engine.run("cp", f"{source}/.", f"{_name(sb)}:{dest}", timeout=300)
+        failed = last_line(res) if res.exit_code != 0 else ""
+    else:
+        with tempfile.TemporaryFile() as archive:
+            await asyncio.to_thread(_tar_owned, source, archive, sb.cp_shift)
+            proc = await asyncio.create_subprocess_exec(
+                *sb.engine.argv("cp", "--archive=false", "-", f"{_name(sb)}:{dest}"), stdin=archive,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env=sb.engine.env, cwd="/")
+            try:
+                async with asyncio.timeout(300):
+                    _, err = await proc.communicate()
+            except TimeoutError:
+                err = b"timed out"
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+        failed = last_line(ExecResult(proc.returncode, "", err.decode(errors="replace"))) if proc.returncode else ""
+    if failed:
+        raise SandboxError(f"cannot copy {source} into {dest} of container {sb.name}: {failed}")
+
+
+def _tar_owned(source: Path, archive: IO[bytes], owner: int) -> None:
+    """`source`'s contents as a tar archive (links kept as links) whose every entry is `owner`'s."""
+    def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = owner
+        info.uname = info.gname = ""
+        return info
+
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        tar.add(source, arcname=".", filter=owned)
+    archive.seek(0)
 
 
 async def read_file_out(sb: ContainerSandbox, path: str, limit: int) -> bytes | None:
