@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import secrets
 import tarfile
 import tempfile
@@ -123,14 +124,14 @@ async def stop_all(sb: ContainerSandbox, keep: set[int]) -> None:
 
 async def copy_in(sb: ContainerSandbox, source: Path, dest: str) -> None:
     """The contents of host directory `source` into the container's directory `dest` (which must exist),
-    owned by the container's root. On trajforge's root filesystem (rootfs.py) Podman writes an
-    archive's ids as host ids: a tar stream then carries the host id of the container's root."""
-    if sb.cp_shift is None:
+    owned by the container's user (as `podman cp` does). On trajforge's root filesystem (rootfs.py)
+    Podman writes an archive's ids as host ids: a tar stream then carries that user's host ids."""
+    if sb.cp_owner is None:
         res = await sb.engine.run("cp", f"{source}/.", f"{_name(sb)}:{dest}", timeout=300)
         failed = last_line(res) if res.exit_code != 0 else ""
     else:
         with tempfile.TemporaryFile() as archive:
-            await asyncio.to_thread(_tar_owned, source, archive, sb.cp_shift)
+            await asyncio.to_thread(_tar_owned, source, archive, sb.cp_owner)
             proc = await asyncio.create_subprocess_exec(
                 *sb.engine.argv("cp", "--archive=false", "-", f"{_name(sb)}:{dest}"), stdin=archive,
                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env=sb.engine.env, cwd="/")
@@ -148,15 +149,17 @@ async def copy_in(sb: ContainerSandbox, source: Path, dest: str) -> None:
         raise SandboxError(f"cannot copy {source} into {dest} of container {sb.name}: {failed}")
 
 
-def _tar_owned(source: Path, archive: IO[bytes], owner: int) -> None:
-    """`source`'s contents as a tar archive (links kept as links) whose every entry is `owner`'s."""
+def _tar_owned(source: Path, archive: IO[bytes], owner: tuple[int, int]) -> None:
+    """`source`'s contents (not itself: `dest` keeps its mode) as a tar archive, links kept as links,
+    every entry owned by `owner` (uid, gid)."""
     def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        info.uid = info.gid = owner
+        info.uid, info.gid = owner
         info.uname = info.gname = ""
         return info
 
     with tarfile.open(fileobj=archive, mode="w") as tar:
-        tar.add(source, arcname=".", filter=owned)
+        for entry in sorted(os.listdir(source)):
+            tar.add(source / entry, arcname=entry, filter=owned)
     archive.seek(0)
 
 

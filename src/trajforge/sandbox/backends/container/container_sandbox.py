@@ -98,9 +98,9 @@ class ContainerSandbox(Sandbox):
         self.network, self.memory, self.pids_limit, self.cpus = network, memory, pids_limit, cpus
         self.run_name = run_name or ""
         self.name: str | None = None
-        # The host id of the container's root when it runs on trajforge's root filesystem, whose ids
-        # Podman does not know: `podman cp` into it must carry host ids (container_ops.copy_in).
-        self.cp_shift: int | None = None
+        # On trajforge's root filesystem, whose ids Podman does not know, the host ids `podman cp`
+        # must write for a file to be the container's user's (container_ops.copy_in); else None.
+        self.cp_owner: tuple[int, int] | None = None
         self.allow = tuple(allow)
         # /tmp, /dev/shm and CPU from the engine; the disk image and the full-checks as for bwrap.
         self.limits = limits or ResourceLimits(memory=None, disk=None, tmp_size=None, shm_size=None, cpu_seconds=None)
@@ -162,11 +162,10 @@ class ContainerSandbox(Sandbox):
                     os.lchown(path, self.backend.idmap, self.backend.idmap)
         async with self.backend.creating:
             image = await self.backend.own_rootfs.mount(self.image, self._res.disk if self._res is not None else None)
-            if "--rootfs" in image:  # `podman cp` then writes host ids as they are (rootfs.py)
-                self.cp_shift = self.backend.idmap
+            self.cp_owner = image.cp_owner
             self.name = container_name()
             _live[self.name] = self.engine
-            res = await self.engine.run(*self._create_args(self.name, image), timeout=120)
+            res = await self.engine.run(*self._create_args(self.name, image.args), timeout=120)
         if res.exit_code != 0:
             raise SandboxError(f"cannot start a container from {self.image!r} ({self.engine.kind}): {last_line(res)}")
         await self._after_create()

@@ -29,8 +29,8 @@ filesystem unlimited (one warning a run; the README lists the cases).
 
 The cache: `<trajforge cache>/rootfs/<image ID>` (0700, root's: an image's setuid files keep their
 owners there), made under a temporary name and renamed, so a killed runner leaves at worst a
-`.tmp` directory (swept once its pid is gone) and an image mount the engine counts (freed when the
-image is removed). Each runner holds a shared lock on `<image ID>.lock` while it uses a copy; a
+`.tmp` directory and a `.mount` marker of the image mount it had (both undone by the next runner
+once its pid is gone). Each runner holds a shared lock on `<image ID>.lock` while it uses a copy; a
 copy whose image the engine no longer has is deleted by the next runner that can take the lock
 exclusively.
 """
@@ -61,8 +61,17 @@ _log = logging.getLogger("trajforge.sandbox")
 _warned: set[str] = set()
 # Errors of the mount calls that say the kernel or the cache's filesystem cannot idmap an overlay layer.
 _UNSUPPORTED = {errno.EINVAL, errno.EPERM, errno.ENOSYS, errno.EOPNOTSUPP}
-_LEFTOVER = re.compile(r"\.[0-9a-f]{64}\.(?:tmp|gone)-(\d+)-[0-9a-f]+")
+_LEFTOVER = re.compile(r"\.([0-9a-f]{64})\.(tmp|gone|mount)-(\d+)-[0-9a-f]+")
 _SELINUX_ENFORCE = Path("/sys/fs/selinux/enforce")
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerImage:
+    """What stands for the image in a sample's `run` arguments, and, for a container on trajforge's
+    root filesystem, the host ids that `podman cp` must write for files to be its user's."""
+
+    args: list[str]
+    cp_owner: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +97,38 @@ class ImageRoot:
             if key != "trajforge" and not key.startswith("trajforge."):
                 flags += ["--label", f"{key}={value}"]
         return flags
+
+
+    def user_ids(self) -> tuple[int, int]:
+        """The uid and gid of the image's USER (`name`, `uid`, `name:group`...) as its own /etc/passwd
+        and /etc/group say (0 for what they do not name), as `podman cp` gives copied files."""
+        user, _, group = self.user.partition(":")
+        uid, gid = _lookup(_rows(self.path, "etc/passwd"), user or "0")
+        if group:
+            gid = _lookup(_rows(self.path, "etc/group"), group)[0]
+        return uid, gid
+
+
+def _lookup(rows: list[list[str]], name: str) -> tuple[int, int]:
+    """(the id, the primary group: passwd only) of `name` in the rows of a passwd or group file."""
+    if name.isdigit():
+        return int(name), next((int(r[3]) for r in rows if len(r) > 3 and r[2] == name and r[3].isdigit()), int(name))
+    for row in rows:
+        if len(row) > 2 and row[0] == name and row[2].isdigit():
+            return int(row[2]), int(row[3]) if len(row) > 3 and row[3].isdigit() else int(row[2])
+    return 0, 0
+
+
+def _rows(root: Path, name: str) -> list[list[str]]:
+    """The colon-separated rows of the image's file `name`; none when it is missing or a link leads
+    out of the copy (resolved on the host, an image's link would name a host file)."""
+    real = Path(os.path.realpath(root / name))
+    if not real.is_relative_to(root.resolve()) or not real.is_file():
+        return []
+    try:
+        return [line.split(":") for line in real.read_text(encoding="utf-8", errors="replace").splitlines()]
+    except OSError:
+        return []
 
 
 def parse_inspect(text: str) -> tuple[str, tuple[str, ...], str, tuple[tuple[str, str], ...]]:
@@ -158,12 +199,19 @@ class RootfsCache:
         return ImageRoot(image_id, path, env, user, labels)
 
     async def _copy(self, image_id: str, path: Path) -> None:
+        token = f"{os.getpid()}-{secrets.token_hex(4)}"
+        # Says the engine counts a mount of the image for this runner: if it is killed before the
+        # unmount, the next runner's sweep unmounts it once (the window before the mount is a count
+        # taken from another runner's copy at worst: its copy then fails and is made again).
+        marker = path.with_name(f".{image_id}.mount-{token}")
+        marker.touch(0o600)
         mounted = await self.engine.run("image", "mount", image_id, timeout=300)
         source = mounted.stdout.strip()
         if mounted.exit_code != 0 or not source.startswith("/"):
+            marker.unlink()
             raise SandboxError(f"cannot read image {image_id[:12]}'s root filesystem ({self.engine.kind} image "
                                f"mount): {last_line(mounted)}")
-        tmp = path.with_name(f".{image_id}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+        tmp = path.with_name(f".{image_id}.tmp-{token}")
         try:
             proc = await asyncio.create_subprocess_exec(
                 "cp", "-a", "--", source, str(tmp), stdin=asyncio.subprocess.DEVNULL,
@@ -178,19 +226,27 @@ class RootfsCache:
                 if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):  # another runner made it first: fine
                     raise
         finally:
-            await self.engine.run("image", "unmount", image_id, timeout=120)
+            unmounted = await self.engine.run("image", "unmount", image_id, timeout=120)
+            if unmounted.exit_code == 0:
+                marker.unlink()
             if tmp.exists():
                 await asyncio.to_thread(shutil.rmtree, tmp, True)
 
     async def _sweep(self, where: Path) -> None:
-        """Delete what killed runners left (`.tmp`/`.gone` directories of dead pids) and the copies
-        of images the engine no longer has that no runner uses (exclusive lock taken)."""
+        """Undo what killed runners left (`.tmp`/`.gone` directories, `.mount` markers of dead pids)
+        and delete the copies of images the engine no longer has that no runner uses (exclusive lock)."""
         doomed: list[Path] = []
         present: set[str] | None = None
         for entry in os.scandir(where):
             leftover = _LEFTOVER.fullmatch(entry.name)
             if leftover is not None:
-                if not pid_alive(int(leftover.group(1))):
+                image_id, kind, pid = leftover.groups()
+                if pid_alive(int(pid)):
+                    continue
+                if kind == "mount":  # its image mount, counted by the engine
+                    await self.engine.run("image", "unmount", image_id, timeout=120)
+                    os.unlink(entry.path)
+                else:
                     doomed.append(Path(entry.path))
                 continue
             if not entry.name.endswith(".lock"):
@@ -265,14 +321,14 @@ class OwnRootfs:
         self.unusable: str | None = None
         self.worked = False
 
-    async def mount(self, image: str, disk: DiskImage | None) -> list[str]:
-        """The `run` arguments that stand for `image` (it is present): `--rootfs` with an overlay
-        on `disk` and the image's config, or just the image (the engine's layer, unlimited)."""
+    async def mount(self, image: str, disk: DiskImage | None) -> ContainerImage:
+        """What stands for `image` (present) in the `run` arguments: `--rootfs` with an overlay on
+        `disk` and the image's config, or just the image (the engine's layer, unlimited)."""
         why = self.unusable or _why_not(self.engine, disk)
         if why is not None:
             if disk is not None:  # without a disk nothing is limited anyway: nothing to say
                 _warn(why)
-            return [image]
+            return ContainerImage([image])
         assert disk is not None
         root = await self.cache.root(image)
         if self.idmap is not None and self.userns is None:
@@ -283,7 +339,7 @@ class OwnRootfs:
             except (OSError, SandboxError) as e:
                 self.unusable = str(e)
                 _warn(self.unusable)
-                return [image]
+                return ContainerImage([image])
         try:
             merged = await disk.attach_rootfs(root.path, self.userns, self.where)
         except SandboxError as e:
@@ -292,9 +348,11 @@ class OwnRootfs:
                 raise
             self.unusable = f"this kernel cannot mount an idmapped overlay of {root.path} ({cause})"
             _warn(self.unusable)
-            return [image]
+            return ContainerImage([image])
         self.worked = True
-        return [*root.flags, "--rootfs", str(merged)]
+        shift = self.idmap or 0
+        uid, gid = root.user_ids()
+        return ContainerImage([*root.flags, "--rootfs", str(merged)], (uid + shift, gid + shift))
 
     def close(self) -> None:
         self.cache.close()
