@@ -261,6 +261,35 @@ def test_sweep_removes_containers_of_dead_runners(busybox_image: str, podman: En
         subprocess.run([podman.binary, *podman.rm_args(name, mine)], env=podman.env, capture_output=True)
 
 
+def test_sweep_removes_storage_only_containers_of_dead_runners(busybox_image: str, podman: Engine) -> None:
+    """A create or removal cut short leaves a container in the engine's storage alone (`ps -a
+    --external`, no labels), which blocks `rmi` of its image: ours, by name, go with the sweep."""
+    if shutil.which("buildah") is None:  # what makes one on purpose (Podman's companion, same storage)
+        pytest.skip("buildah is not installed (apt-get install buildah)")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    name = container_name("storageonly").replace(f"-{os.getpid()}-", f"-{dead.pid}-")
+    mine, theirs = container_name("storagealive"), f"not-trajforge-{os.getpid()}"
+    try:
+        for n in (name, mine, theirs):
+            proc = subprocess.run(["buildah", "from", "--name", n, busybox_image], env=podman.env, capture_output=True,
+                                  text=True, timeout=120)
+            assert proc.returncode == 0, proc.stderr
+
+        def external() -> list[str]:
+            out = subprocess.run([podman.binary, "ps", "-a", "--external", "--format", "{{.Names}}"], env=podman.env,
+                                 capture_output=True, text=True, timeout=60)
+            return out.stdout.split()
+
+        assert {name, mine, theirs} <= set(external())
+        removed = asyncio.run(ContainerBackend(podman, max_creating=1, pull_timeout=10).sweep())
+        assert name in removed and mine not in removed and theirs not in removed
+        left = external()
+        assert name not in left and mine in left and theirs in left
+    finally:
+        subprocess.run([podman.binary, *podman.rm_args(name, mine, theirs)], env=podman.env, capture_output=True)
+
+
 CHILD = textwrap.dedent("""
     import asyncio, sys
     from pathlib import Path
