@@ -20,7 +20,7 @@ from tests.support.images import podman  # noqa: F401 (fixture)
 from tests.support.private_store import CONF, Store, mounts_beneath, private_store, wedge
 from tests.support.private_store import podman as run_podman
 from trajforge.sandbox.backends.container import storage
-from trajforge.sandbox.backends.container.container_engine import Engine, last_line
+from trajforge.sandbox.backends.container.container_engine import Engine, detect, last_line
 from trajforge.sandbox.interface import ExecResult
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounts need root")
@@ -103,8 +103,16 @@ def _doctor(store: Store, *flags: str) -> subprocess.CompletedProcess[str]:
 
 @needs_root
 @pytest.mark.parametrize("keep_running", [False, True], ids=["idle", "with-a-running-container"])
-def test_doctor_explains_a_wedged_storage_and_repair_frees_it(store: Store, tmp_path: Path, keep_running: bool) -> None:
+def test_doctor_explains_a_wedged_storage_and_repair_frees_it(store: Store, tmp_path: Path, keep_running: bool,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     layer = wedge(store, tmp_path, keep_running=keep_running)
+    if not keep_running:  # what a run says then: the engine's error, not the warning printed before it
+        monkeypatch.setenv(CONF, store.engine.env[CONF])
+        said = asyncio.run(detect("podman", refresh=True)).reasons["podman"]
+        monkeypatch.undo()
+        asyncio.run(detect("podman", refresh=True))  # the process's cached engine is the machine's again
+        assert said.startswith("`podman info` failed: Error: getting store info: unlinkat") and \
+            said.endswith(": device or resource busy") and "level=warning" not in said, said
     told = _doctor(store)  # its two podman commands leave the storage as wedged as they found it
     assert told.returncode == 0, told.stderr
     assert "storage WEDGED" in told.stdout and f"{layer} holds a mount" in told.stdout, told.stdout
