@@ -791,10 +791,10 @@ def test_a_container_s_own_filesystem_shares_the_sample_s_disk_limit(tmp_path: P
 def test_without_its_own_root_filesystem_the_container_s_filesystem_is_unbounded(
         tmp_path: Path, busybox_image: str, podman: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     """Mutation check: the test above fails when the container runs on the engine's layer."""
-    from trajforge.sandbox.backends.container.rootfs import OwnRootfs
+    from trajforge.sandbox.backends.container.rootfs import ContainerImage, OwnRootfs
 
-    async def engine_layer(self: OwnRootfs, image: str, disk: object) -> list[str]:
-        return [image]
+    async def engine_layer(self: OwnRootfs, image: str, disk: object) -> ContainerImage:
+        return ContainerImage([image])
 
     monkeypatch.setattr(OwnRootfs, "mount", engine_layer)
     with pytest.raises(AssertionError):
