@@ -9,8 +9,8 @@ child that only starts and closes a provider subtracted:
 - sample, one after another: the same N samples in turn;
 - command: N `true` in one sample.
 Needs a root runner for the bwrap settings (egress, cgroups, loop disks). With `--container IMAGE`
-(a local image), rootful Podman too, without and with the sample disk (its workspace and, since
-issue 37, the container's own layer on it: container_layer.py), over at most 20 samples and
+(a local image), rootful Podman too, without and with the sample disk (its workspace and the
+container's own filesystem on it: backends/container/rootfs.py), over at most 20 samples and
 commands (a container takes seconds); the engine's conmon and runtime are not the child's
 children, so their CPU is not in these figures, only the CLI calls' and the runner's.
 

@@ -5,6 +5,8 @@ spec's `status`: bwrap starts a probe sandbox, Podman answers `podman info`, the
 reach a daemon). The output names what `--sandbox auto` will use, the network modes and the
 per-sample limits and how each is enforced here. Exit status 0 when the auto choice works (it
 always can fall back to local), so scripts may rely on `--json` rather than the code.
+`--repair` first runs each backend's `repair` (its spec's capability: the container backend frees
+a wedged Podman storage) and prints every step; exit status 1 when something is still broken.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from trajforge.catalog.sandboxes import AUTO, SANDBOXES, NetworkMode, auto_order, image_backend
 from trajforge.sandbox.interface import BackendStatus
+from trajforge.registry import load
 from trajforge.sandbox.factory import backend_status
 from trajforge.sandbox.host.cgroups import hierarchies
 from trajforge.sandbox.host.disk import disk_usable, human
@@ -104,12 +107,30 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--container_engine", "--container-engine", choices=("auto", "podman", "docker"),
                         default="auto", help="engine to check (default: both)")
-    ns = parse_flags(parser, argv, [("json", "bool", ""), ("container_engine", "str", "")])
+    parser.add_argument("--repair", action="store_true",
+                        help="first mend what is broken on this host (a wedged container storage), saying each step")
+    ns = parse_flags(parser, argv, [("json", "bool", ""), ("container_engine", "str", ""), ("repair", "bool", "")])
+    mended = asyncio.run(repair()) if ns.repair else None
     report, statuses = asyncio.run(gather_report(ns.container_engine))
     report["euid"] = os.geteuid()
+    if mended is not None:
+        report["repair"] = {"healthy": mended[0], "steps": mended[1]}
     if ns.json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
+        if mended is not None:
+            print("repair:" if mended[1] else "repair: nothing to mend", *(f"  {line}" for line in mended[1]),
+                  sep="\n", end="\n\n")
         print(format_report(report, statuses))
-    return 0
+    return 0 if mended is None or mended[0] else 1
+
+
+async def repair() -> tuple[bool, list[str]]:
+    """Each backend's `repair`: (everything healthy afterwards, the steps taken and what is left)."""
+    healthy, lines = True, []
+    for spec in SANDBOXES.specs():
+        if spec.capabilities.repair is not None:
+            ok, said = await load(spec.capabilities.repair)()
+            healthy, lines = healthy and ok, [*lines, *(f"{spec.name}: {line}" for line in said)]
+    return healthy, lines
