@@ -4,7 +4,7 @@ Making a sandbox takes privileged work (namespaces, mounts, a cgroup, a loop-mou
 link): the pool does it before a sample asks, so a sample's first tool call finds one ready, and
 the work costs the run CPU but no sample any waiting. A `Prepared` sandbox is its first process
 (sandbox_init.py: pid 1 of its pid namespace, ready and waiting, holding nothing of the host),
-its channel, its uid, cgroup (cgroups.py), workspace (on a disk of its own, loopdisk.py, when the
+its channel, its uid (unique on the host while it lives: uids.py), cgroup (cgroups.py), workspace (on a disk of its own, loopdisk.py, when the
 workspace is size-limited) and network namespace (made by the zygote, in egress mode linked to
 the run's router). `take` hands one to a sample; `end` destroys it once the sample is over: its
 channel closed (the first process exits and the kernel kills its pid namespace), its cgroup,
@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import itertools
 import os
 import random
 import socket
@@ -40,14 +39,14 @@ from trajforge.sandbox.host.zygote_client import Zygote
 from trajforge.sandbox.process import DEFAULT_OUTPUT_CAP
 from trajforge.sandbox.backends.bwrap.prepared import Prepared
 from trajforge.sandbox.host.resources import sweep_leftovers
+from trajforge.sandbox.host.uids import SANDBOX_UIDS, sandbox_uids
 from trajforge.sandbox.sandbox_settings import ResourceLimits
 
 MAKING = 4  # sandboxes made at once: enough to keep the zygote, the disks' threads and the kernel busy
 THREADS = 16  # the pool's threads for calls that wait on the kernel (mounts, unmounts, cgroups)
 READY_TIMEOUT = 30.0
-# Sandbox uids come from a range no real account uses; a network link's index from 10.128.0.0/9's /30s.
-_UID_BASE, _UID_SPAN = 1_800_000_000, 200_000_000
-_LINKS = 1 << 21
+_LINKS = 1 << 21  # a network link's index: one of 10.128.0.0/9's /30s
+_UID_BASE = SANDBOX_UIDS[1]  # the lowest sandbox uid (the DNS forwarder's ids lie below: test_dns.py)
 T = TypeVar("T")
 
 
@@ -62,7 +61,6 @@ class SandboxPool:
         self.demand = demand
         self._ready: collections.deque[Prepared] = collections.deque()
         self._waiters: collections.deque[asyncio.Future[Prepared]] = collections.deque()
-        self._ids = itertools.count()
         self._links: set[int] = set()
         self._making = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -121,7 +119,8 @@ class SandboxPool:
 
     async def _make_one(self) -> None:
         try:
-            sandbox = await self._make(f"sb-{next(self._ids)}-{os.urandom(3).hex()}")
+            # No counter in the name: a sample without a disk sees it (its workspace's mount source).
+            sandbox = await self._make(f"sb-{os.urandom(6).hex()}")
         except Exception as e:  # the first waiter's failure, as its own making would have been
             waiter = self._first_waiter()
             if waiter is not None:
@@ -151,8 +150,8 @@ class SandboxPool:
     # --- making and destroying ---------------------------------------------------------------
     async def _make(self, name: str) -> Prepared:
         await sweep_leftovers()  # a killed runner's disks and cgroups, once per process
-        uid = _UID_BASE + random.randrange(_UID_SPAN)
-        sandbox = Prepared(name, uid, self.root / name)
+        # A uid no other sandbox on the host has while this one lives (host/uids.py).
+        sandbox = Prepared(name, sandbox_uids().take(), self.root / name)
         try:
             await self._workspace(sandbox)
             lim = self.limits
@@ -229,6 +228,8 @@ class SandboxPool:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(10):
                         await asyncio.shield(sandbox.exited)
+        if sandbox.exited is None or sandbox.exited.done():  # no process of it left: its uid is free
+            sandbox_uids().give_back(sandbox.uid)
         kept = None
         if keep and sandbox.workspace != Path() and os.path.isdir(sandbox.workspace):
             kept = await self._blocking(workspace.keep, sandbox.workspace, self.root)
