@@ -95,8 +95,9 @@ class SandboxPool:
             raise
 
     def wanted(self) -> int:
-        """Sandboxes to have ready or being made: the samples that may still want one."""
-        return max(self.demand(), sum(not w.done() for w in self._waiters))
+        """Sandboxes to have ready or being made: the samples that may still want one. (A waiter
+        leaves the deque as it is answered or cancelled, so its length counts those waiting.)"""
+        return max(self.demand(), len(self._waiters))
 
     def refill(self) -> None:
         """Start making sandboxes up to what is wanted, MAKING at a time; past it while
@@ -153,11 +154,8 @@ class SandboxPool:
         # A uid no other sandbox on the host has while this one lives (host/uids.py).
         sandbox = Prepared(name, sandbox_uids().take(), self.root / name)
         try:
-            await self._workspace(sandbox)
+            await self._blocking(self._workspace_and_group, sandbox, await self._workspace_disks())
             lim = self.limits
-            if self.cgroups is not None:
-                sandbox.group = await self._blocking(
-                    SampleGroup(self.cgroups, memory=lim.memory, cpus=lim.cpus, pids=self.nproc).create)
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             sandbox.channel = HelperChannel(ours, DEFAULT_OUTPUT_CAP)
             ready = sandbox.channel.expect(0)  # the first process's first frame says it is ready
@@ -178,21 +176,21 @@ class SandboxPool:
             raise
         return sandbox
 
-    async def _workspace(self, sandbox: Prepared) -> None:
-        """Its workspace: on a disk of its own when the workspace is size-limited; the sample's uid's."""
-        disks = await self._workspace_disks() if self.limits.disk else None
-
-        def make() -> None:  # a mount and a first write to a new filesystem: never on the event loop
-            if disks is not None:
-                sandbox.root, sandbox.disk = disks.mount(sandbox.name)
-                base = sandbox.root / loopdisk.WORKSPACES
-            else:
-                sandbox.root.mkdir(0o700)
-                base = sandbox.root
-            sandbox.workspace, _ = workspace.create_fresh(base, None)
-            os.chown(sandbox.workspace, sandbox.uid, sandbox.uid)
-
-        await self._blocking(make)
+    def _workspace_and_group(self, sandbox: Prepared, disks: loopdisk.Disks | None) -> None:
+        """Its workspace (on a disk of its own when the workspace is size-limited; the sample's
+        uid's) and its cgroup: mounts, a first write to a new filesystem, cgroup directories, in
+        one of the pool's threads (one hop from the event loop for all of it)."""
+        if disks is not None:
+            sandbox.root, sandbox.disk = disks.mount(sandbox.name)
+            base = sandbox.root / loopdisk.WORKSPACES
+        else:
+            sandbox.root.mkdir(0o700)
+            base = sandbox.root
+        sandbox.workspace, _ = workspace.create_fresh(base, None)
+        os.chown(sandbox.workspace, sandbox.uid, sandbox.uid)
+        lim = self.limits
+        if self.cgroups is not None:
+            sandbox.group = SampleGroup(self.cgroups, memory=lim.memory, cpus=lim.cpus, pids=self.nproc).create()
 
     async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
         """A blocking call in the pool's own threads: unmounts and cgroup removals wait on the kernel
@@ -207,10 +205,13 @@ class SandboxPool:
                 self._links.add(index)
                 return index
 
-    async def _workspace_disks(self) -> loopdisk.Disks:
+    async def _workspace_disks(self) -> loopdisk.Disks | None:
+        """The pool's disks, made at the first sandbox; None when the workspace has no size limit."""
+        if self._disks is not None or not self.limits.disk:
+            return self._disks
         async with self._disks_lock:
             if self._disks is None:
-                self._disks = await asyncio.to_thread(loopdisk.Disks(self.root, self.limits.disk or 0).create)
+                self._disks = await asyncio.to_thread(loopdisk.Disks(self.root, self.limits.disk).create)
             return self._disks
 
     async def end(self, sandbox: Prepared, *, keep: bool = False) -> Path | None:
@@ -233,17 +234,22 @@ class SandboxPool:
         kept = None
         if keep and sandbox.workspace != Path() and os.path.isdir(sandbox.workspace):
             kept = await self._blocking(workspace.keep, sandbox.workspace, self.root)
-        if sandbox.group is not None:
-            group, sandbox.group = sandbox.group, None
-            await self._blocking(group.remove)
         if sandbox.link is not None:
             self._links.discard(sandbox.link)
+        group, sandbox.group = sandbox.group, None
         disk, sandbox.disk = sandbox.disk, None
-        if disk is not None and self._disks is not None:
-            await self._blocking(self._disks.unmount, sandbox.root, disk)
-        elif sandbox.root.exists():
+        if group is not None or (disk is not None and self._disks is not None):
+            await self._blocking(self._release, sandbox.root, group, disk)
+        if disk is None and sandbox.root.exists():
             await workspace.remove(sandbox.root)
         return kept
+
+    def _release(self, root: Path, group: SampleGroup | None, disk: loopdisk.Region | None) -> None:
+        """Its cgroup and its disk gone, in one of the pool's threads (one hop for both)."""
+        if group is not None:
+            group.remove()
+        if disk is not None and self._disks is not None:
+            self._disks.unmount(root, disk)
 
     async def settle(self) -> None:
         """Until what is being made or destroyed in the background is done."""
