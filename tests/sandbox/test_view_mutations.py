@@ -32,10 +32,13 @@ def test_system_directories_bound_instead_of_overlaid_are_caught(tmp_path: Path,
 
 def test_the_template_s_device_nodes_instead_of_its_own_are_caught(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutant: bwrap's /dev in the template (binds of the host's nodes), bound into each sandbox."""
+    argv = bwrap_runtime.bwrap_argv
+    monkeypatch.setattr(bwrap_runtime, "bwrap_argv", lambda *args, **kwargs: argv(*args, **{**kwargs, "mounts": True}))
     mutate(monkeypatch, ('''                    if name not in _FRESH:''', '''                    if name == "dev":
                         self.mount(entry.path, new, None, _MS_BIND | _MS_REC)
                     elif name not in _FRESH:'''), ("        self._dev()\n", "        pass\n"),
-           ("        self._mqueue()\n", "        pass  # the template has no mount point for it\n"))
+           ("        self._mqueue()\n", "        pass  # bwrap's /dev has no mount point for it\n"))
     with pytest.raises(AssertionError):
         shared.test_a_sample_s_locks_never_land_on_an_inode_of_the_host(tmp_path)
     with pytest.raises(AssertionError):

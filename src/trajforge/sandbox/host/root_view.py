@@ -11,8 +11,9 @@ that root, no inode is shared with the host or with another sample:
   sample opens, locks (flock, fcntl) or watches (inotify) is the overlay's, so a lock taken in a
   sample never blocks a host program or another sample, and an open in one sample wakes no
   other's watch; `df /usr` shows the sandbox's small root, not the host's disk;
-- /dev is a tmpfs of its own with its own device nodes (null, zero, full, random, urandom, tty),
-  not binds of the host's;
+- /dev is a directory of that root with its own device nodes (null, zero, full, random,
+  urandom, tty), not binds of the host's (the root is mounted without nodev for them; a sample,
+  without CAP_MKNOD and unable to write to the root, can make none);
 - then a /proc of the sandbox's pid namespace (with bwrap's read-only parts), /dev/pts,
   /dev/mqueue, sized /tmp and /dev/shm, and the workspace at /workspace.
 `alias` binds the workspace's directory of an absolute row cwd at that path (`begin`, still
@@ -96,7 +97,7 @@ class RootView:
         directory a read-only overlay of its own over the template's, module doc; links
         recreated), made the root with pivot_root; the template's root, shared by every copy,
         is then detached."""
-        self.mount("tmpfs", _STAGE, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=1m,nr_inodes=4096")
+        self.mount("tmpfs", _STAGE, "tmpfs", _MS_NOSUID, "mode=0755,size=1m,nr_inodes=4096")  # nodes in /dev
         empty = _STAGE + _EMPTY
         os.mkdir(empty, 0o755)
         with os.scandir("/") as entries:
@@ -118,18 +119,18 @@ class RootView:
         os.chdir("/")
 
     def _dev(self) -> None:
-        """/dev: a tmpfs of this sandbox's own with its own device nodes and the usual links,
-        read-only once made (the mounts beneath it come after)."""
-        flags = _MS_NOSUID | _MS_NOEXEC  # no MS_NODEV: its nodes must work (a sample can make none)
-        self.mount("tmpfs", "/dev", "tmpfs", flags, "mode=0755,size=64k,nr_inodes=64")
-        for name, major, minor in _DEVICES:
-            os.mknod(f"/dev/{name}", 0o666 | stat.S_IFCHR, os.makedev(major, minor))
-            os.chmod(f"/dev/{name}", 0o666)  # past the umask
+        """/dev: its own device nodes and the usual links, on the sandbox's root (module doc), and
+        the mount points beneath it."""
+        umask = os.umask(0)  # the nodes' own modes, with no chmod after
+        try:
+            for name, major, minor in _DEVICES:
+                os.mknod(f"/dev/{name}", 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+        finally:
+            os.umask(umask)
         for name, target in _DEV_LINKS:
             os.symlink(target, f"/dev/{name}")
-        for name, mode in (("pts", 0o755), ("shm", 0o1777), ("mqueue", 0o1777)):
-            os.mkdir(f"/dev/{name}", mode)
-        self.mount(None, "/dev", None, _MS_REMOUNT | _MS_RDONLY | flags)
+        for name in ("pts", "shm", "mqueue"):
+            os.mkdir(f"/dev/{name}", 0o755)  # each with a filesystem of its own mounted over it
 
     def _mqueue(self) -> None:
         """The IPC namespace's POSIX queues, where the sample can list them. A kernel without

@@ -81,8 +81,10 @@ class RootRuntime:
         await self.zygote.request("template", pid=init)
 
     def pool(self, root: Path) -> SandboxPool:
-        root = Path(root)
-        pool = self._pools.get(root)
+        pool = self._pools.get(root)  # (twice a sample: the root as given, no new Path)
+        if pool is None:
+            root = Path(root)
+            pool = self._pools.get(root)
         if pool is None:
             pool = self._pools[root] = SandboxPool(
                 root, self.zygote, network=self.network, router=self.router.ns if self.router else None,
@@ -131,7 +133,7 @@ async def root_runtime(bwrap: str | None, network: NetworkMode, allow: Sequence[
     if bwrap is None:
         raise SandboxError(NOT_FOUND)
     layout = [(name, target) for name, target in host_layout() if name != ETC]  # the run's copy instead
-    argv = bwrap_argv(bwrap, layout=layout, binds=[], chdir="/", network=False, privileged=True,
+    argv = bwrap_argv(bwrap, layout=layout, binds=[], chdir="/", network=False, privileged=True, mounts=False,
                       extra=["--perms", "0755", "--tmpfs", f"/{ETC}", "--dir", WORKSPACE])
     resolv = resolv_conf() if network == NetworkMode.EGRESS else None  # the run's DNS forwarder
     return await RootRuntime(template_argv=argv, network=network, allow=allow, limits=limits, resolv=resolv,
