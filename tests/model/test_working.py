@@ -72,6 +72,25 @@ def test_the_clock_stands_still_while_any_wait_of_the_sample_is_in_progress() ->
     assert moved >= 0.1 and again >= 0.05  # the deadline moved out by exactly the time stood still
 
 
+def test_observers_hear_when_the_sample_starts_and_stops_waiting() -> None:
+    """Overlapping waits are one wait to an observer too (the sandbox pool's demand: lazy.py)."""
+    heard: list[bool] = []
+
+    async def scenario() -> None:
+        clock = working.WorkingClock()
+        clock.observe(heard.append)
+        clock.stop()
+        clock.stop()
+        clock.go()
+        assert heard == [True]
+        clock.go()
+        with working.bound(clock), working.waiting():
+            pass
+
+    asyncio.run(scenario())
+    assert heard == [True, False, True, False]
+
+
 def test_waiting_outside_a_sample_does_nothing() -> None:
     async def scenario() -> None:
         with working.waiting():

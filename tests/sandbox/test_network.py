@@ -147,8 +147,9 @@ def test_the_run_s_router_leaves_the_host_s_shared_mounts_alone(tmp_path: Path) 
 
 @needs_egress
 def test_egress_samples_resolve_through_slirp_and_the_run_leaves_no_file_behind(tmp_path: Path) -> None:
-    """The resolv.conf naming slirp's DNS forwarder comes to bwrap through a pipe: before, every
-    run left a /tmp/trajforge-net-* directory holding it."""
+    """The resolv.conf naming slirp's DNS forwarder is a file of the run's /etc, which lives in the
+    template's own tmpfs (etc_copy.py): before, every run left a /tmp/trajforge-net-* directory
+    holding it."""
     import tempfile
 
     def leftovers() -> set[str]:
@@ -160,11 +161,12 @@ def test_egress_samples_resolve_through_slirp_and_the_run_leaves_no_file_behind(
         await sb.start()
         try:
             out = await sb.exec("cat /etc/resolv.conf; echo x >> /etc/resolv.conf && echo wrote", timeout=30)
-            mounts = await sb.exec("grep resolv.conf /proc/self/mountinfo", timeout=30)
+            mounts = await sb.exec("grep -e resolv.conf -e ' /etc ' /proc/self/mountinfo", timeout=30)
         finally:
             await sb.close()
         assert "nameserver 10.0.2.3" in out.stdout and "wrote" not in out.stdout, out
-        assert mounts.stdout and "trajforge-net-" not in mounts.stdout, mounts  # not bound from a host file
+        assert "trajforge-net-" not in mounts.stdout and "resolv.conf" not in mounts.stdout, mounts  # no host file
+        assert " / /etc ro," in mounts.stdout and " overlay " in mounts.stdout, mounts  # the sandbox's own /etc
         assert leftovers() <= before
 
     asyncio.run(main())

@@ -34,6 +34,7 @@ from trajforge.sample.lower_settings import sandbox_settings, task_settings, too
 from trajforge.sample.trace import tracer
 from trajforge.sandbox.interface import Sandbox, SandboxLimitError
 from trajforge.sandbox.factory import SandboxProvider
+from trajforge.sandbox.lazy import LazySandbox
 from trajforge.sandbox.workspace import RunRoot
 from trajforge.tasks.oracle import ORACLE_MODEL
 from trajforge.tasks.run import TaskRun
@@ -214,6 +215,8 @@ class SampleWorker:
         try:
             ctx = ToolContext(sandbox, self.tool_settings, sample.identity)
             clock = working.WorkingClock()
+            if isinstance(sandbox, LazySandbox):  # parked at the gate or in a backoff: no sandbox made for it
+                clock.observe(sandbox.park)
             try:
                 async with asyncio.timeout(self.config.sample_wall_timeout) as wall:
                     async with asyncio.timeout(self._limit(task)) as limit, ctx.cleanup:

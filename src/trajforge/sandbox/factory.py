@@ -61,8 +61,9 @@ class SandboxProvider:
         self._state: dict[str, Any] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._closing = contextlib.AsyncExitStack()
-        # Sandboxes handed out to be made on first use and not made yet: the demand a backend
-        # that makes sandboxes ahead of time sizes its pool to (bwrap as root: sandbox_pool.py).
+        # Sandboxes handed out to be made on first use and not made yet, whose samples are not
+        # parked: the demand a backend that makes sandboxes ahead of time sizes its pool to
+        # (bwrap as root: sandbox_pool.py).
         self.waiting = 0
         self.draining = False
         self._on_drain: list[Callable[[], None]] = []
@@ -127,13 +128,14 @@ class SandboxProvider:
     def lazy(self, create: Callable[[], Awaitable[Sandbox]], *, image: str | None = None,
              root: Path | None = None) -> LazySandbox:
         """A sample's sandbox made by `create` at its first use (lazy.py), counted in `waiting`
-        until then; a backend with a `prepare(provider, root)` starts its run-level work now, in
-        the background (bwrap as root makes sandboxes ahead of time)."""
+        until then, except while its sample is parked (LazySandbox.park); a backend with a
+        `prepare(provider, root)` starts its run-level work now, in the background (bwrap as root
+        makes sandboxes ahead of time)."""
         self.waiting += 1
         if root is not None:
             self._prepare(image, root)
         self._demand_changed()
-        return LazySandbox(create, on_settled=self._settled)
+        return LazySandbox(create, demand=self._demand)
 
     def _prepare(self, image: str | None, root: Path) -> None:
         key = (image or "", root)
@@ -154,8 +156,8 @@ class SandboxProvider:
         for hook in self._on_demand:
             hook()
 
-    def _settled(self) -> None:
-        self.waiting -= 1
+    def _demand(self, delta: int) -> None:
+        self.waiting += delta
         self._demand_changed()
 
     def drain(self) -> None:
