@@ -2,7 +2,7 @@
 
 The flags are RunConfig's fields, each with its description as help (run_flags), and their parsing
 is shared by the commands that start a run: `trajforge run`,
-`python batch_runner.py` (trajforge.cli) and `trajforge scheduler` (commands.cluster). The
+`python batch_runner.py` (trajforge.cli) and `trajforge scheduler` (cli.cluster). The
 command layer chooses the executor (trajforge.executors) and hands it to the runner.
 """
 
@@ -33,7 +33,7 @@ _DEFAULT_WORDS = {"list_distributions": "off", "config": "none"}
 
 
 def _kind(field: FieldInfo) -> str:
-    """The flag kind (cmdline.Flag) of a RunConfig field, from its type."""
+    """The flag kind (cli.flags.Flag) of a RunConfig field, from its type."""
     types = [t for t in get_args(field.annotation) if t is not type(None)] or [field.annotation]
     base = get_origin(types[0]) or types[0]
     if base is bool:

@@ -1,13 +1,12 @@
-"""One validated run configuration: the RunConfig model.
+"""One validated run configuration: the RunConfig model, and the package that reads and checks it.
 
-This module owns what a run's settings are and which values are valid: RunConfig (field names are
-the flag names); its nested sections (`task_types`, `distributions`, `network`, `pricing`) and the
-wording of an unknown choice are config_sections.py's; the size strings of the sandbox limits (size_bytes, kept with the other value checks in
-trajforge.config.checks), and the wording of an unknown choice (`unknown_choice`, shared with the
-file reader). Reading a YAML file and merging defaults < file < command line, with errors
-that name the flag or file key, is trajforge.config.load's. It holds no run logic, and stays
-low: it imports the toolset catalog, the model's settings types, netpolicy and its single-value checks
-(trajforge.config.checks), never a layer above.
+RunConfig owns what a run's settings are and which values are valid (field names are the flag
+names). Beside it: sections.py, its nested sections (`task_types`, `distributions`, `network`,
+`pricing`) and the wording of an unknown choice; checks.py, the checks of single values that a
+Field constraint cannot state (run name, URL, sizes and `size_bytes`, the bounds of `tools:`,
+OneOf); load.py, reading a YAML file and merging defaults < file < command line, with errors that
+name the flag or file key. No run logic here, and it stays low: the model imports the catalog,
+the model layer's settings types and its own checks, never a layer above, and never its reader.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 
 class RunConfig(_Strict):
     """Every setting of a run. Field names are the flag names (SPEC section 2), and each flag's
-    --help is its field's description (commands/run.py builds the flags from the fields:
+    --help is its field's description (cli/run.py builds the flags from the fields:
     `{choices}` stands for the field's allowed values, FILE_ONLY marks a key with no flag).
 
     Immutable once validated: a value decided later (the sandbox `auto` resolves to, the local
@@ -229,7 +228,7 @@ class RunConfig(_Strict):
     @field_validator("tools")
     @classmethod
     def _tools_bounded(cls, v: ToolsConfig) -> ToolsConfig:
-        check_whole_numbers(v, [])  # catalog.tools_config bounds them from below; config_checks from above
+        check_whole_numbers(v, [])  # catalog.tools_config bounds them from below; config.checks from above
         return v
 
     @field_validator("fail_on_error")

@@ -25,7 +25,7 @@ class OneOf:
     """`Annotated[str, OneOf(names)]`: a field whose value is one of `names()`, asked at each
     validation, so a name registered after this module loaded (a plugin's, a test's) is accepted.
     A refusal reads like pydantic's own for a Literal (same type and `expected` context), so
-    config_load words it the same way. `shown`: the flag's help for the choices, when not just
+    config/load.py words it the same way. `shown`: the flag's help for the choices, when not just
     their names."""
 
     names: Callable[[], Sequence[str]]
@@ -71,7 +71,7 @@ TOOLS_MAX_OTHER = 1 << 53
 
 
 class OutOfRange(ValueError):
-    """A whole number inside a nested section above its bound; config_load names the key `path`."""
+    """A whole number inside a nested section above its bound; config/load.py names the key `path`."""
 
     def __init__(self, path: list[str], value: int, bound: int) -> None:
         super().__init__(f"{'.'.join(path)}: must be at most {bound}")

@@ -31,7 +31,7 @@ _PLAIN = {"int_parsing": "must be a whole number", "int_type": "must be a whole 
           "float_type": "must be a number", "string_type": "must be a string", "bool_parsing": "must be true or false",
           "bool_type": "must be true or false", "dict_type": "must be a mapping", "model_type": "must be a mapping",
           "list_type": "must be a list", "path_type": "must be a path", "string_too_short": "must not be empty",
-          # only the sandbox's size strings have a pattern (config_checks.SIZE_PATTERN, container_memory's)
+          # only the sandbox's size strings have a pattern (checks.SIZE_PATTERN, container_memory's)
           "string_pattern_mismatch": "must be a size: a number with an optional unit b, k, m, g or t (e.g. 512m, 4g)"}
 _BOUNDS = {"greater_than_equal": "at least", "greater_than": "greater than", "less_than_equal": "at most",
            "less_than": "less than"}

@@ -1,9 +1,9 @@
 """The nested sections of a run's configuration, and the wording of an unknown choice.
 
-RunConfig (config.py) holds these as `task_types`, `pricing`, `distributions` and `network`; each
+RunConfig (config/__init__.py) holds these as `task_types`, `pricing`, `distributions` and `network`; each
 section validates its own values. `unknown_choice` words a value that is not one of the allowed
-(with the closest name first), for RunConfig and the file reader (config_load) alike. A leaf
-beside config.py: it imports the toolset catalog and netpolicy, nothing above.
+(with the closest name first), for RunConfig and the file reader (config/load.py) alike. A leaf
+beside RunConfig: it imports the toolset catalog and netpolicy, nothing above.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class NetworkConfig(_Strict):
 
 
 class UnknownDistribution(ValueError):
-    """Raised by RunConfig's whole-model check; config_load pins it on the `distribution` key."""
+    """Raised by RunConfig's whole-model check; config/load.py pins it on the `distribution` key."""
 
     def __init__(self, value: str, allowed: list[str]) -> None:
         super().__init__(unknown_choice("distribution", value, allowed))

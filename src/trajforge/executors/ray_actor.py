@@ -6,7 +6,7 @@ Ray's node table and decides the actors of every live node: a node started by `t
 --pool_size N` offers N slots through the SLOT_RESOURCE resource and names itself with the
 WORKER_LABEL label; when no node offers slots, `num_workers` is split evenly over every node. The
 driver's side (keeping samples in flight, losses, re-planning) is executors.ray's; the names a
-node is started with are shared with commands.cluster, which starts the nodes.
+node is started with are shared with cli.cluster, which starts the nodes.
 """
 
 from __future__ import annotations

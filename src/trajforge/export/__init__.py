@@ -1,6 +1,6 @@
 """Exports of trajectories in the formats trainers and data tools load directly.
 
-`trajforge export INPUT --format F --output PATH` (export.export_command) reads a run directory or a
+`trajforge export INPUT --format F --output PATH` (trajforge.cli.export) reads a run directory or a
 trajectories file (export.source), keeps what the shared filters select (export.filters) and hands
 each record to the exporter of the format. Every format implements export.exporter.Exporter and is
 registered here, in FORMATS, and nowhere else: its spec's target is the exporter class, and its

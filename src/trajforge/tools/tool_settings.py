@@ -23,7 +23,7 @@ class ToolSettings:
     - sections: the config's `tools:` sections, one per toolset (catalog.tools_config.ToolsConfig).
     - model: the run's model settings, the defaults of the tools' own model endpoints
       (tools/aux_models.py: model, base_url, the explicit --api_key, retries, provider routing).
-    - network_allow: `network.allow`, the exceptions of the egress policy (tools/egress.py).
+    - network_allow: `network.allow`, the exceptions of the egress policy (tools/web/egress.py).
     - fetch_model_urls: False under --sandbox_network none; then no tool fetches a URL the model
       chose (web_extract, vision URLs, the browser are not offered).
     - tool_timeout: seconds one terminal command may run (--tool_timeout).

@@ -3,7 +3,7 @@
 In a user namespace of its own a process is root there and can mount, make network devices and
 reach kernel code that is otherwise root-only: a large attack surface, and the usual first step
 of a kernel escape. Nothing a tool-using agent runs needs one (Chromium runs with --no-sandbox,
-tools/browser.py). The root mode's zygote (zygote.py) installs this filter on itself when it
+tools/browser/toolset.py). The root mode's zygote (zygote.py) installs this filter on itself when it
 starts, so every sandbox it forks and every command of every sample inherits it; the
 zygote's and the sandboxes' own unshare and setns calls carry no CLONE_NEWUSER and pass. As in
 Docker's default profile:

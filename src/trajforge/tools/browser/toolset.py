@@ -4,8 +4,8 @@ build() finds a Chromium executable (Debian's `chromium` by default; nothing eve
 browser), starts Playwright's driver and launches Chromium headless, and returns the toolset;
 when Playwright or Chromium is missing it returns Unavailable with the reason, so the toolset is
 simply not offered. Playwright is imported inside build() so importing this module stays cheap.
-The per-sample contexts live in browser_session.py, the tools in browser_tools.py.
-Chromium reaches the network only through the run's egress proxy (tools/egress_proxy.py), so
+The per-sample contexts live in session.py, the tools in tools.py.
+Chromium reaches the network only through the run's egress proxy (tools/web/egress_proxy.py), so
 every request of every page is checked by the egress policy; WebRTC may not bypass it either.
 With `--sandbox_network none` the toolset is not offered (it would fetch model-chosen URLs).
 """
