@@ -13,8 +13,9 @@ A leaf: it imports nothing of trajforge.
 
 from __future__ import annotations
 
+import difflib
 import importlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -95,3 +96,10 @@ def words(names: Iterable[str], last: str = "or") -> str:
     if len(items) < 2:
         return "".join(items)
     return f"{', '.join(items[:-1])} {last} {items[-1]}"
+
+
+def did_you_mean(value: str, names: Iterable[str], shown: Callable[[str], str] = repr) -> str:
+    """'; did you mean X?' naming the one of `names` closest to `value` (a typo of it), or '' when
+    none is close: the one wording of that hint, for commands, flags, config keys and choices."""
+    close = difflib.get_close_matches(value, list(names), n=1)
+    return f"; did you mean {shown(close[0])}?" if close else ""

