@@ -15,7 +15,7 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic.fields import FieldInfo
 
 from trajforge import __version__
-from trajforge.cli.flags import Flag, Parser, add_flags, parse_flags
+from trajforge.cli.flags import Flag, Parser
 from trajforge.config import RunConfig
 from trajforge.config.checks import OneOf, run_name_problem
 from trajforge.config.load import build_config
@@ -24,9 +24,9 @@ from trajforge.registry import words
 
 # The flags that are not RunConfig fields, after the field they follow in --help.
 _NOT_FIELDS: dict[str, list[Flag]] = {
-    "num_workers": [("parallelism", "int", "same as --num_workers")],
-    "prefill_messages_file": [("list_distributions", "bool", "print every distribution and exit"),
-                              ("config", "path", "YAML config file; command-line flags override it")],
+    "num_workers": [Flag("parallelism", "int", "same as --num_workers")],
+    "prefill_messages_file": [Flag("list_distributions", "bool", "print every distribution and exit"),
+                              Flag("config", "path", "YAML config file; command-line flags override it")],
 }
 _ALIASES = {"parallelism": "num_workers"}  # shows that field's default
 _DEFAULT_WORDS = {"list_distributions": "off", "config": "none"}
@@ -56,7 +56,7 @@ def run_flags() -> list[Flag]:
     flags: list[Flag] = []
     for name, field in RunConfig.model_fields.items():
         if (field.json_schema_extra or {}).get("flag", True):  # type: ignore[union-attr]
-            flags.append((name, _kind(field), (field.description or "").replace("{choices}", _choices(field))))
+            flags.append(Flag(name, _kind(field), (field.description or "").replace("{choices}", _choices(field))))
         flags += _NOT_FIELDS.get(name, [])
     return flags
 
@@ -86,11 +86,10 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 
 def make_parser(prog: str, strict_required: bool = True) -> Parser:
-    parser = Parser(prog=prog, description="Run a tool-using agent over a JSONL dataset. Every flag also "
-                     "accepts --flag value and --flag-name spellings.", formatter_class=_HelpFormatter,
-                     argument_default=argparse.SUPPRESS)
-    add_flags(parser, run_flags(), lambda name: _default_text(name, strict_required))
-    parser.add_argument("--version", action="version", version=f"trajforge {__version__}")
+    parser = Parser(prog, "Run a tool-using agent over a JSONL dataset. Every flag also accepts --flag value and "
+                    "--flag-name spellings.", run_flags(), help_suffix=lambda name: _default_text(name, strict_required),
+                    version=f"trajforge {__version__}", formatter_class=_HelpFormatter,
+                    argument_default=argparse.SUPPRESS)
     return parser
 
 
@@ -101,7 +100,7 @@ def parse_run_args(argv: list[str], prog: str, *, strict_required: bool,
     `file_keys`: the --config file's mapping when the caller has read it already (the scheduler,
     which takes its `ray:` section out first); errors still name the file."""
     parser = make_parser(prog, strict_required)
-    values = vars(parse_flags(parser, argv, run_flags()))
+    values = vars(parser.parse(argv))
     config_file = values.pop("config", None)
     list_only = values.pop("list_distributions", False)
     config = build_config(values, config_file, file_keys)

@@ -1,4 +1,5 @@
-"""`trajforge doctor`: which sandbox backends work on this machine, and why the others do not.
+"""The report of `trajforge doctor` (the command: trajforge.cli.doctor): which sandbox backends
+work on this machine, and why the others do not.
 
 Every backend declared in trajforge.catalog.sandboxes gets a row, from its own real check (its
 spec's `status`: bwrap starts a probe sandbox, Podman answers `podman info`, the Docker CLI must
@@ -10,9 +11,6 @@ always can fall back to local), so scripts may rely on `--json` rather than the 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import sys
 from typing import Any
 
 from trajforge.catalog.sandboxes import AUTO, SANDBOXES, NetworkMode, auto_order, image_backend
@@ -95,21 +93,3 @@ def format_report(r: dict[str, Any], statuses: dict[str, BackendStatus]) -> str:
         if not statuses[spec.name].usable and spec.capabilities.enable:
             lines.append(f"to enable {spec.name}: {spec.capabilities.enable}")
     return "\n".join(lines)
-
-
-def main(argv: list[str]) -> int:
-    from trajforge.cli.flags import Parser, parse_flags
-
-    parser = Parser(prog="trajforge doctor", description="Show which sandbox backends work here.")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--container_engine", "--container-engine", choices=("auto", "podman", "docker"),
-                        default="auto", help="engine to check (default: both)")
-    ns = parse_flags(parser, argv, [("json", "bool", ""), ("container_engine", "str", "")])
-    report, statuses = asyncio.run(gather_report(ns.container_engine))
-    report["euid"] = os.geteuid()
-    if ns.json:
-        json.dump(report, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        print(format_report(report, statuses))
-    return 0
