@@ -193,6 +193,7 @@ OTHER_MEANINGS: dict[str, dict[str, str]] = {
                         "runner/preflight.py", "sample/outcome.py", "sample/worker.py")}
              | {"netpolicy.py": "`ip -j addr`'s key"},
     "ray": {"cli/cluster.py": "the Ray cluster commands are the ray executor's own (and their `ray:` section)",
+            "cli/__init__.py": "the module and pip extra the cluster commands need",
             "executors/ray_auth.py": "the ray executor's own module"},
     "run": {p: "not the subcommand: a run of trajforge, a path component"
             for p in ("export/card.py", "runner/progress.py", "view/server.py",

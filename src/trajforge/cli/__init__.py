@@ -17,7 +17,7 @@ from typing import NoReturn
 from trajforge import __version__, redact
 from trajforge.allocator import tune_allocator
 from trajforge.errors import TrajforgeError, UsageError
-from trajforge.registry import Registry, Spec, did_you_mean, load
+from trajforge.registry import NotInstalled, Registry, Spec, did_you_mean
 
 # A subcommand: a spec whose target is "module:function", the function taking argv and returning the
 # exit code. Adding one is one module (flags from trajforge.cli.flags) plus one line here; modules are
@@ -30,23 +30,24 @@ for _spec in (
     Spec("export", "trajforge.cli.export:main", "export trajectories for training"),
     Spec("doctor", "trajforge.cli.doctor:main", "show which sandbox backends work here"),
     Spec("compress", "trajforge.cli.compress:main", "compress trajectories to a token budget"),
-    Spec("scheduler", "trajforge.cli.cluster:scheduler_main", "start a Ray head and run a job on it"),
-    Spec("worker", "trajforge.cli.cluster:worker_main", "join a Ray head as a worker node"),
+    Spec("scheduler", "trajforge.cli.cluster:scheduler_main", "start a Ray head and run a job on it",
+         needs=("ray",), extra="ray"),
+    Spec("worker", "trajforge.cli.cluster:worker_main", "join a Ray head as a worker node", needs=("ray",), extra="ray"),
     Spec("view", "trajforge.cli.view:main", "browse a run's trajectories in a web page"),
 ):
     SUBCOMMANDS.register(_spec)
 
 
 def _subcommands() -> dict[str, Callable[[list[str]], int]]:
-    return {spec.name: _lazy(spec.target, spec.name) for spec in SUBCOMMANDS.specs()}
+    return {spec.name: _lazy(spec) for spec in SUBCOMMANDS.specs()}
 
 
-def _lazy(target: str, name: str) -> Callable[[list[str]], int]:
+def _lazy(spec: Spec[None]) -> Callable[[list[str]], int]:
     def call(argv: list[str]) -> int:
         try:
-            function = load(target)
-        except ModuleNotFoundError as e:
-            raise UsageError(f"'trajforge {name}' is not available: {e}") from None
+            function = spec.load()
+        except NotInstalled as e:
+            raise UsageError(f"'trajforge {spec.name}' is not available: {e}") from None
         return int(function(argv))
 
     return call

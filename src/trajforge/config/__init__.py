@@ -20,7 +20,7 @@ from trajforge.model.pricing import Price
 from trajforge.model.types import DEFAULT_MODEL, ModelSettings
 from trajforge.catalog.distributions import Distribution, all_distributions
 from trajforge.catalog.executors import EXECUTORS
-from trajforge.catalog.sandboxes import AUTO, OLD_NAMES, backend_choices, network_choices, network_help
+from trajforge.catalog.sandboxes import AUTO, OLD_NAMES, SANDBOXES, backend_choices, network_choices, network_help
 from trajforge.catalog.tools_config import ToolsConfig
 from trajforge.config.checks import CHECKED_FIELDS, PID_MAX, SIZE_PATTERN, OneOf, check_value, check_whole_numbers
 from trajforge.config.checks import size_bytes  # noqa: F401 -- sample.lower_settings reads sizes from here
@@ -128,7 +128,7 @@ class RunConfig(_Strict):
     keep_workspaces: bool = Field(False, description="keep each sample's workspace directory after it ends")
     retry_sandbox_limits: bool = Field(False, description="retry in-run a sample that hit its memory, /tmp, /dev/shm "
                                        "or disk limit (it would most likely hit it again)")
-    sandbox: Annotated[str, OneOf(backend_choices)] = Field(AUTO, description="{choices}")
+    sandbox: Annotated[str, OneOf(backend_choices, outside=SANDBOXES.outside)] = Field(AUTO, description="{choices}")
     # egress: own network namespace, internet only (sandbox/network.py); "on" is the old name of host.
     sandbox_network: Annotated[str, OneOf(network_choices, network_help)] = Field(AUTO, description="{choices}")
     network: NetworkConfig = Field(default_factory=NetworkConfig, json_schema_extra=FILE_ONLY)
@@ -164,7 +164,8 @@ class RunConfig(_Strict):
     local_instances: int = Field(1, ge=1, le=1_024, description="model instances of the local backend")
     fail_on_error: float = Field(1, gt=0, description="exit with code 3 when this many samples ended failed: a count "
                                  "(1, 2, ...) or a fraction of the samples (0 < x < 1)")
-    executor: Annotated[str, OneOf(EXECUTORS.names)] = Field(EXECUTORS.names()[0], description="{choices}")
+    executor: Annotated[str, OneOf(EXECUTORS.names, outside=EXECUTORS.outside)] = Field(EXECUTORS.names()[0],
+                                                                                        description="{choices}")
     ray_address: str | None = Field(None, description="Ray cluster address",
                                     json_schema_extra=shown("start a local Ray instance"))
     samples_per_prompt: int = Field(1, ge=1, le=10_000,

@@ -26,16 +26,21 @@ class OneOf:
     validation, so a name registered after this module loaded (a plugin's, a test's) is accepted.
     A refusal reads like pydantic's own for a Literal (same type and `expected` context), so
     config/load.py words it the same way. `shown`: the flag's help for the choices, when not just
-    their names."""
+    their names; `outside`: for a registry's names, its lookup of "module:ATTR" (a thing from outside
+    trajforge, trajforge.registry), which raises a ValueError saying why such a value names none."""
 
     names: Callable[[], Sequence[str]]
     shown: Callable[[], str] | None = None
+    outside: Callable[[str], object] | None = None
 
     def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
         return core_schema.no_info_before_validator_function(self.check, handler(source))
 
     def check(self, value: Any) -> Any:
         allowed = tuple(self.names())
+        if self.outside is not None and isinstance(value, str) and ":" in value and value not in allowed:
+            self.outside(value)
+            return value
         if value not in allowed:
             quoted = [f"'{n}'" for n in allowed]
             expected = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"

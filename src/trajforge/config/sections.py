@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from trajforge.catalog import toolset_names
+from trajforge.catalog import TOOLSETS, toolset_names
 from trajforge.registry import did_you_mean
 
 
@@ -57,7 +57,9 @@ class DistributionConfig(_Strict):
     @classmethod
     def _known_toolsets(cls, v: dict[str, float]) -> dict[str, float]:
         for name, p in v.items():
-            if name not in toolset_names():
+            if ":" in name and name not in toolset_names():
+                TOOLSETS.outside(name)  # a toolset from outside trajforge; a ValueError says why it is none
+            elif name not in toolset_names():
                 raise ValueError(unknown_choice("toolset", name, list(toolset_names())))
             if not 0 <= p <= 100:
                 raise ValueError(f"probability of {name!r} must be within 0..100, got {p:g}")

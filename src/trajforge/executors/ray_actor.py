@@ -15,12 +15,12 @@ import logging
 import os
 from typing import Any
 
+import ray  # an optional extra: the specs that import this module need it, checked first
 from pydantic import SecretStr
 
 from trajforge.allocator import tune_allocator
 from trajforge.config import RunConfig
 from trajforge.dataset import Sample
-from trajforge.errors import UsageError
 from trajforge.model import gate as model_gate
 from trajforge.model import spend
 from trajforge.model.factory import resolve_api_key
@@ -29,11 +29,6 @@ from trajforge.sample.gate_builder import gate_for
 from trajforge.sample.outcome import Outcome
 from trajforge.sample.worker import SampleWorker
 from trajforge.tools.tool import Unavailable
-
-try:
-    import ray
-except ImportError as e:  # Ray is an optional extra
-    raise UsageError(f"Ray is not installed ({e}); install it with: pip install 'trajforge[ray]'") from None
 
 SLOT_RESOURCE = "trajforge_slots"  # custom resource: session slots a node offers
 WORKER_LABEL = "trajforge-worker-id"  # node label naming the worker in statistics

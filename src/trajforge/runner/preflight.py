@@ -110,13 +110,8 @@ def check_network(config: RunConfig, settings: SandboxSettings) -> tuple[RunConf
 
 
 def check_executor(config: RunConfig) -> None:
-    spec = EXECUTORS[config.executor]
-    import importlib.util
-
-    for dep in spec.capabilities.needs:
-        if importlib.util.find_spec(dep) is None:
-            raise UsageError(f"--executor {spec.name}: {dep} is not installed; install it with: "
-                             f"pip install 'trajforge[{spec.capabilities.extra}]'")
+    if (why := EXECUTORS[config.executor].missing()) is not None:
+        raise UsageError(f"--executor {config.executor}: {why}")
 
 
 def load_input(config: RunConfig, cache: Path | None = None) -> RunRows:
