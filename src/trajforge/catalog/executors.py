@@ -21,7 +21,6 @@ class ExecutorCaps:
     in_process: bool  # samples run in this process: its workspaces, sandboxes and engine checks are here
 
 
-ExecutorSpec = Spec[ExecutorCaps]
 EXECUTORS: Registry[ExecutorCaps] = Registry("executor", ExecutorCaps)
 
 EXECUTORS.register(Spec("local", "trajforge.executors.local_executor:make", "in this process",
