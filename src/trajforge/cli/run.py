@@ -1,4 +1,4 @@
-"""`trajforge run`: the run flags (SPEC section 2) -> one validated RunConfig -> the runner.
+"""`trajforge run`: the run flags (the reference's batch_runner.py flags) -> one validated RunConfig -> the runner.
 
 The flags are RunConfig's fields, each with its description as help (run_flags), and their parsing
 is shared by the commands that start a run: `trajforge run`,

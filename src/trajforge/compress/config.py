@@ -1,4 +1,5 @@
-"""The compressor's settings: the reference's YAML layout (SPEC section 10), validated, plus CLI overrides.
+"""The compressor's settings: the reference's YAML layout (README, "Trajectory compressor"),
+validated, plus CLI overrides.
 
 Users of the reference already have `trajectory_compression.yaml` files, so the section and key
 names are theirs (`tokenizer.name`, `compression.target_max_tokens`, `protected_turns.*`,

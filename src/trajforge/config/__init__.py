@@ -41,9 +41,10 @@ ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 
 
 class RunConfig(_Strict):
-    """Every setting of a run. Field names are the flag names (SPEC section 2), and each flag's
-    --help is its field's description (cli/run.py builds the flags from the fields:
-    `{choices}` stands for the field's allowed values, FILE_ONLY marks a key with no flag).
+    """Every setting of a run. Field names are the flag names (those of the reference's
+    batch_runner.py), and each flag's --help is its field's description (cli/run.py builds the
+    flags from the fields: `{choices}` stands for the field's allowed values, FILE_ONLY marks a key
+    with no flag).
 
     Immutable once validated: a value decided later (the sandbox `auto` resolves to, the local
     model chosen for want of a key) makes a copy with model_copy(update=...)."""

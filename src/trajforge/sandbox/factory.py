@@ -47,7 +47,7 @@ _open: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SandboxProvider] = w
 
 def limits_for(settings: SandboxSettings, *, memory_cgroup: bool = False) -> Limits:
     """Per-process rlimits of sandboxed commands: CPU seconds, and the memory limit as an
-    address-space limit where no memory cgroup holds the whole sample (sandbox/resources.py)."""
+    address-space limit where no memory cgroup holds the whole sample (sandbox/host/resources.py)."""
     return replace(DEFAULT_LIMITS, cpu_seconds=settings.limits.cpu_seconds,
                    address_space_bytes=None if memory_cgroup else settings.limits.memory)
 

@@ -3,7 +3,7 @@
 Each toolset lives in its own module exposing `build(settings) -> Toolset | Unavailable`, where
 settings is the run's ToolSettings (tools/tool_settings.py); modules are imported only when a run
 samples their toolset, so heavy backends (Playwright) cost nothing otherwise. KNOWN_TOOLS is
-fixed (SPEC section 4) so every trajectory has the same stats schema.
+fixed (the built-in toolsets' tools, in one order) so every trajectory has the same stats schema.
 """
 
 from __future__ import annotations
