@@ -30,7 +30,7 @@ from trajforge.config import RunConfig
 from trajforge.dataset import Sample
 from trajforge.errors import TrajforgeError
 from trajforge.executors.ray_actor import SampleActor, plan_actors
-from trajforge.model.factory import resolve_api_key
+from trajforge.model.endpoint import resolve_api_key
 from trajforge.sample.outcome import Outcome, batch_number
 from trajforge.tools.tool import Unavailable
 

@@ -23,7 +23,7 @@ from trajforge.config import RunConfig
 from trajforge.dataset import Sample
 from trajforge.model import gate as model_gate
 from trajforge.model import spend
-from trajforge.model.factory import resolve_api_key
+from trajforge.model.endpoint import resolve_api_key
 from trajforge.redact import REGISTRY, run_secrets
 from trajforge.sample.gate_builder import gate_for
 from trajforge.sample.outcome import Outcome

@@ -6,7 +6,6 @@ bad input never alters an existing run directory and a run that could only fail 
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -80,8 +79,8 @@ def load_prefill(path: Path | None) -> list[dict[str, Any]] | None:
 
 def choose_model(config: RunConfig) -> RunConfig:
     """The config with the model the run will use (the bundled local one when no API is reachable)."""
-    from trajforge.model.client import DEFAULT_BASE_URL
-    from trajforge.model.factory import is_local_model, is_loopback, resolve_api_key, should_use_local
+    from trajforge.model.endpoint import NoKey, endpoint
+    from trajforge.model.factory import is_local_model, should_use_local
 
     settings = config.model_settings()
     named = "model" in config.model_fields_set  # a flag or a config file key, even the default's name
@@ -89,11 +88,13 @@ def choose_model(config: RunConfig) -> RunConfig:
         print("trajforge: no API key, no --base_url and no --model: using the bundled local model (--model "
               "local); set OPENROUTER_API_KEY or pass --base_url/--api_key to use an API", file=sys.stderr)
         return config.model_copy(update={"model": "local"})
-    url = settings.base_url or DEFAULT_BASE_URL
-    if not is_local_model(config.model) and not is_loopback(url) and resolve_api_key(settings.api_key, os.environ) is None:
-        instead = (f" (--model {config.model} was named, so the bundled local model does not stand in for it: "
-                   "pass --model local for that)") if named and settings.base_url is None else ""
-        raise UsageError(f"no API key for {url}: pass --api_key or set OPENROUTER_API_KEY / OPENAI_API_KEY{instead}")
+    if not is_local_model(config.model):
+        try:
+            endpoint(settings.base_url, api_key=settings.api_key)
+        except NoKey as e:
+            instead = (f" (--model {config.model} was named, so the bundled local model does not stand in for it: "
+                       "pass --model local for that)") if named and settings.base_url is None else ""
+            raise UsageError(f"{e}{instead}") from None
     return config
 
 
