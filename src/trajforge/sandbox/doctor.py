@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from trajforge.catalog.sandboxes import AUTO, SANDBOXES, NetworkMode, auto_order, image_backend
+from trajforge.catalog.sandboxes import AUTO, SANDBOXES, BackendSpec, NetworkMode, auto_order, image_backend
 from trajforge.sandbox.interface import BackendStatus
-from trajforge.sandbox.factory import backend_status
+from trajforge.sandbox.factory import backend_status, choose_auto
 from trajforge.sandbox.host.cgroups import hierarchies
 from trajforge.sandbox.host.disk import disk_usable, human
 from trajforge.sandbox.network import doctor_rows
@@ -28,8 +28,11 @@ async def gather_report(engine_choice: str = "auto") -> tuple[dict[str, Any], di
     specs = SANDBOXES.specs()
     found = await asyncio.gather(*(backend_status(spec, settings) for spec in specs))
     statuses: dict[str, BackendStatus] = {spec.name: status for spec, status in zip(specs, found)}
-    order = auto_order()
-    auto = next((s.name for s in order[:-1] if statuses[s.name].usable), order[-1].name)
+
+    async def probed(spec: BackendSpec) -> BackendStatus:
+        return statuses[spec.name]
+
+    auto, _ = await choose_auto(probed)
     images = statuses[image_backend().name]
     report = {
         **{name: status.doctor_row() for name, status in statuses.items()},
