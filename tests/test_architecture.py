@@ -35,8 +35,20 @@ def modules_under(package: str) -> list[Path]:
 
 
 def importers(package: str, target: str) -> list[str]:
+    allowed = SECTIONS if package == "config" else ()  # config collects the layers' sections, nothing else of them
     return sorted(str(p.relative_to(SRC)) for p in modules_under(package)
-                  if any(m == target or m.startswith(target + ".") for m in imports_of(p)))
+                  if any((m == target or m.startswith(target + ".")) and not _within(m, allowed) for m in imports_of(p)))
+
+
+def _within(module: str, homes: tuple[str, ...]) -> bool:
+    return any(module == h or module.startswith(h + ".") for h in homes)
+
+
+# Each layer's section of the run's configuration, declared beside its code and collected by
+# trajforge.config; each is a leaf below its layer (test_a_settings_section_imports_only_leaves).
+SECTIONS = ("trajforge.model.settings", "trajforge.tools.tool_settings", "trajforge.sandbox.sandbox_settings",
+            "trajforge.tasks.task_settings", "trajforge.verify.settings")
+LEAVES = ("trajforge.fields", "trajforge.catalog", "trajforge.registry", "trajforge.netpolicy", "trajforge.model.types")
 
 
 # (lower package, higher package it must never import)
@@ -79,6 +91,14 @@ FORBIDDEN = [
 @pytest.mark.parametrize(("package", "target"), FORBIDDEN)
 def test_imports_point_down(package: str, target: str) -> None:
     assert importers(package, target) == []
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_a_settings_section_imports_only_leaves(section: str) -> None:
+    """config imports each layer's section, so a section importing its layer's code (or config)
+    would pull that layer under config: of trajforge a section reads only the shared leaves."""
+    path = SRC.parent / (section.replace(".", "/") + ".py")
+    assert sorted(m for m in imports_of(path) if not _within(m, LEAVES)) == []
 
 
 def test_no_subcommand_imports_the_dispatcher() -> None:
@@ -183,7 +203,8 @@ def _registries() -> dict[str, Any]:
 # Files where a registered name is a word of another vocabulary, and which one.
 OTHER_MEANINGS: dict[str, dict[str, str]] = {
     "none": {p: "not a network mode: reasoning effort, verification method, an empty listing, a default's words"
-             for p in ("agent/loop.py", "config/__init__.py", "cli/run.py", "export/filters.py", "runner/preflight.py",
+             for p in ("agent/loop.py", "config/__init__.py", "model/settings.py", "cli/run.py", "export/filters.py",
+                       "runner/preflight.py",
                        "runner/verify_stats.py", "sample/trace.py", "tools/terminal.py", "verify/result.py",
                        "sandbox/backends/container/container_status.py")}
              | {"sandbox/backends/container/container_argv.py": "the engine's own `--network none`"},

@@ -219,7 +219,6 @@ def test_every_kind_says_what_is_not_installed_and_how_to_install_it(
     from trajforge.config import RunConfig
     from trajforge.errors import UsageError
     from trajforge.runner.preflight import check_executor
-    from trajforge.sample.lower_settings import tool_settings
     from trajforge.tools.toolsets import build_toolsets
 
     monkeypatch.setitem(EXECUTORS, "needy", Spec("needy", "tests.support.counting_executor:make", "",
@@ -234,7 +233,7 @@ def test_every_kind_says_what_is_not_installed_and_how_to_install_it(
                                                            needs=NEEDY, extra="needy"))
     monkeypatch.setitem(catalog.TOOLSETS, "undeclared", toolset("undeclared", ("shout",),
                                                                 "trajforge_test_absent_module.tools:build"))
-    ready, missing = asyncio.run(build_toolsets(["needy", "undeclared"], tool_settings(RunConfig())))
+    ready, missing = asyncio.run(build_toolsets(["needy", "undeclared"], RunConfig().tool_settings()))
     assert ready == {}
     assert [(u.toolset, u.reason) for u in missing] == [
         ("needy", NOT_INSTALLED), ("undeclared", "trajforge_test_absent_module is not installed")]

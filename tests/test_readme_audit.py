@@ -97,7 +97,7 @@ def test_the_local_model_stands_in_only_when_no_model_was_named(clean_env: dict[
     from trajforge.runner.preflight import choose_model
 
     config, _ = parse_run_args(["--dataset_file=x.jsonl"], "trajforge run", strict_required=False)
-    assert config is not None and choose_model(config).model == "local"
+    assert config is not None and choose_model(config) == "local"
 
 
 def test_the_exit_code_table_lists_every_code_a_run_exits_with() -> None:

@@ -17,7 +17,8 @@ from pydantic.fields import FieldInfo
 from trajforge import __version__
 from trajforge.cli.flags import Flag, Parser
 from trajforge.config import RunConfig
-from trajforge.config.checks import OneOf, run_name_problem
+from trajforge.config.checks import run_name_problem
+from trajforge.fields import OneOf
 from trajforge.config.load import build_config
 from trajforge.errors import UsageError
 from trajforge.registry import words
@@ -28,6 +29,7 @@ _NOT_FIELDS: dict[str, list[Flag]] = {
     "prefill_messages_file": [Flag("list_distributions", "bool", "print every distribution and exit"),
                               Flag("config", "path", "YAML config file; command-line flags override it")],
 }
+DEFAULT_BATCH_SIZE = 100  # `trajforge run` without --batch_size (batch_runner.py requires it)
 _ALIASES = {"parallelism": "num_workers"}  # shows that field's default
 _DEFAULT_WORDS = {"list_distributions": "off", "config": "none"}
 
@@ -67,7 +69,7 @@ FLAGS: list[Flag] = run_flags()  # as of import; make_parser and parse_run_args 
 def _default_text(name: str, strict_required: bool = True) -> str:
     field = RunConfig.model_fields.get(_ALIASES.get(name, name))
     if name == "batch_size":
-        word = "required" if strict_required else "100"
+        word = "required" if strict_required else str(DEFAULT_BATCH_SIZE)
     elif name == "run_name":
         word = "required" if strict_required else "the dataset file's name without extension"
     elif field is None:
@@ -125,7 +127,7 @@ def parse_run_args(argv: list[str], prog: str, *, strict_required: bool,
             flag = "--dataset_file" if config.dataset_file else "--tasks"
             raise UsageError(f"the run name taken from {flag}, {stem!r}, {problem}; give --run_name")
     if config.batch_size is None:
-        derived["batch_size"] = 100
+        derived["batch_size"] = DEFAULT_BATCH_SIZE
     return config.model_copy(update=derived), values
 
 

@@ -18,7 +18,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from trajforge.config import RunConfig, UnknownDistribution, suggest, unknown_choice
+from trajforge.config import RunConfig
+from trajforge.config.sections import UnknownDistribution, suggest, unknown_choice
 from trajforge.config.checks import OutOfRange
 from trajforge.errors import ConfigError, UsageError
 from trajforge.registry import did_you_mean

@@ -1,9 +1,10 @@
-"""The nested sections of a run's configuration, and the wording of an unknown choice.
+"""The run's nested sections of its configuration, and the wording of an unknown choice.
 
-RunConfig (config/__init__.py) holds these as `task_types`, `pricing`, `distributions` and `network`; each
-section validates its own values. `unknown_choice` words a value that is not one of the allowed
+RunConfig (config/__init__.py) holds these as `task_types` and `distributions`; each section
+validates its own values (the other layers' nested sections, `pricing`, `network` and `tools`,
+are declared in their own sections). `unknown_choice` words a value that is not one of the allowed
 (with the closest name first), for RunConfig and the file reader (config/load.py) alike. A leaf
-beside RunConfig: it imports the toolset catalog and netpolicy, nothing above.
+beside RunConfig: it imports the toolset catalog and the registry's wording, nothing above.
 """
 
 from __future__ import annotations
@@ -29,14 +30,6 @@ class TaskTypeConfig(_Strict):
     match: Literal["exact", "contains", "regex", "number"] | None = None
     rubric: str | None = Field(None, min_length=1)
     judge_threshold: float | None = Field(None, ge=0, le=1)
-
-
-class PriceConfig(_Strict):
-    """USD per million tokens of one model (config `pricing`), for providers that report no cost."""
-
-    prompt: float = Field(ge=0)
-    completion: float = Field(ge=0)
-    cached_prompt: float | None = Field(None, ge=0, description="default: the prompt price")
 
 
 class DistributionConfig(_Strict):
@@ -67,24 +60,6 @@ class DistributionConfig(_Strict):
             raise ValueError("a distribution needs at least one toolset")
         if not any(v.values()):
             raise ValueError("at least one toolset needs a probability above 0")
-        return v
-
-
-class NetworkConfig(_Strict):
-    """`network:` section. `allow`: CIDRs, addresses or host names that samples and the runner's
-    fetches on their behalf may reach although they are loopback/private/link-local/CGNAT
-    (netpolicy.py); host names only apply to the runner's fetches."""
-
-    allow: list[str] = Field(default_factory=list)
-
-    @field_validator("allow")
-    @classmethod
-    def _valid_entries(cls, v: list[str]) -> list[str]:
-        from trajforge.netpolicy import valid_allow_entry
-
-        for entry in v:
-            if not valid_allow_entry(entry):
-                raise ValueError(f"{entry!r} is neither a CIDR/address nor a host name")
         return v
 
 

@@ -22,9 +22,8 @@ import sys
 import time
 from typing import Any
 
-from trajforge.catalog.executors import EXECUTORS
-from trajforge.catalog.sandboxes import AUTO, image_backend
 from trajforge.config import RunConfig
+from trajforge.config.resolved import Resolved
 from trajforge.errors import FatalModelError, OutputError, UsageError
 from trajforge.jsonio import dumps
 from trajforge.redact import REGISTRY, hide_in_proc, run_secrets
@@ -41,18 +40,16 @@ from trajforge.runner.merge import calls_unknown_tools
 from trajforge.runner.monitor import RunMonitor
 from trajforge.sample.outcome import Outcome
 from trajforge.runner.preflight import (
-    check_container_images, check_executor, check_network, check_task_engine, choose_model, load_input, load_prefill,
-    refuse_contradictions,
+    check_container_images, check_executor, check_network, check_task_engine, choose_backend, choose_model, load_input,
+    load_prefill, refuse_contradictions,
 )
 from trajforge.runner.progress import Progress
-from trajforge.runner.report import failed_exit_code, finish, print_summary
+from trajforge.runner.report import ORACLE_MODEL, failed_exit_code, finish, print_summary
 from trajforge.runner.plan import plan
 from trajforge.runner.rollouts import RolloutScheduler, prior_passes
 from trajforge.runner.rows import RunRows
 from trajforge.runner.rundir import RunDir
 from trajforge.runner.stats import Totals
-from trajforge.sample.lower_settings import sandbox_settings
-from trajforge.sandbox.sandbox_settings import SandboxSettings
 from trajforge.verify.verifier import check_verification_settings
 
 log = logging.getLogger("trajforge")
@@ -80,15 +77,17 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
     # invocation did not (rows.idx)
     rows = load_input(config, run_path / rowcache.FILE if config.resume else None)
     if config.agent != "oracle":
-        config = choose_model(config)
-        check_prices(config)
+        model = choose_model(config)
+        check_prices(config, model)
     else:  # the oracle calls no model: no endpoint, key or price to check, and its records say "oracle"
-        config = config.model_copy(update={"model": "oracle"})
-    config, sandbox = check_network(config, sandbox_settings(config))  # the sandbox's settings, built once
+        model = ORACLE_MODEL
+    network, sandbox = check_network(config.sandbox_settings())
     check_executor(config)
     check_container_images(config, rows)
     check_task_engine(config)
     check_verification_settings(config, rows.path, rows.rubric, rows.verified)
+    backend, shown = choose_backend(config, sandbox, rows)
+    config = config.resolve(Resolved(model, backend, network))  # what the run decided, once
     rundir = RunDir(run_path)
     rundir.acquire(resume=config.resume, overwrite=config.overwrite)
     watcher = use_pidfd_child_watcher()
@@ -100,7 +99,7 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
         for msg in store.repair(rundir.path):
             print(f"trajforge: {msg}", file=sys.stderr)
         with tuned_collector():
-            return asyncio.run(_run(config, sandbox, rows, prefill, rundir, make_executor))
+            return asyncio.run(_run(config, shown, rows, prefill, rundir, make_executor))
     except UsageError:  # refused at the executor's start (_run): before any result was written
         refused = True
         raise
@@ -110,7 +109,7 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
         rundir.release(discard=refused)
 
 
-async def _run(config: RunConfig, sandbox_settings: SandboxSettings, rows: RunRows,
+async def _run(config: RunConfig, sandbox: str, rows: RunRows,
                prefill: list[dict[str, Any]] | None, rundir: RunDir, make_executor: ExecutorFactory) -> int:
     run_dir = rundir.path
     started_wall, t0 = time.time(), time.monotonic()
@@ -129,7 +128,6 @@ async def _run(config: RunConfig, sandbox_settings: SandboxSettings, rows: RunRo
               "record is missing or unreadable in the batch files: they run again", file=sys.stderr)
     if rows.skipped:
         print(f"trajforge: skipped {len(rows.skipped)} invalid dataset line(s)", file=sys.stderr)
-    config, sandbox = await _resolve_sandbox(config, sandbox_settings, rows)
     print(f"trajforge: run '{config.run_name}': {len(rows)} samples, "
           f"{len(rows) - len(todo)} already finished, {len(todo)} to run, sandbox {sandbox} -> {run_dir}",
           file=sys.stderr)
@@ -199,7 +197,7 @@ async def _run(config: RunConfig, sandbox_settings: SandboxSettings, rows: RunRo
     budget = budget_for(config, checkpoint.invocations, len(todo), (restored.spent, restored.samples))
     monitor = RunMonitor(getattr(executor, "gate", None), budget)
     progress.extra = monitor.progress_text
-    this_invocation = checkpoint.begin_invocation(started_wall, model=config.model, settings=used,
+    this_invocation = checkpoint.begin_invocation(started_wall, model=config.resolved.model, settings=used,
                                                   skipped_invalid=len(rows.skipped))
     if restored.samples:  # the next invocation's prior, like `spent`
         this_invocation.recovered_spent, this_invocation.recovered_samples = restored.spent, restored.samples
@@ -262,23 +260,3 @@ async def _run(config: RunConfig, sandbox_settings: SandboxSettings, rows: RunRo
             print(line, file=sys.stderr)
         return BUDGET_EXIT_CODE
     return failed_exit_code(config, stats)
-
-
-async def _resolve_sandbox(config: RunConfig, settings: SandboxSettings, rows: RunRows) -> tuple[RunConfig, str]:
-    """Decide `--sandbox auto` once, here, so the start line, config.json and statistics.json name
-    the backend the samples really use; a fallback to one that isolates less says why and how to
-    get isolation."""
-    if config.tasks is not None:
-        return config, f"{image_backend().name} (tasks)"
-    if not EXECUTORS[config.executor].capabilities.in_process:
-        return config, f"{config.sandbox} (chosen on each node)" if config.sandbox == AUTO else config.sandbox
-    from trajforge.sandbox.factory import resolve_backend
-
-    kind, passed = await resolve_backend(settings)
-    config = config.model_copy(update={"sandbox": kind})
-    for name, reason in passed:
-        print(f"trajforge: --sandbox auto: {name} is not usable here ({reason}), so commands run in the "
-              f"`{kind}` sandbox WITHOUT isolation from this host; run `trajforge doctor` to see how to get "
-              f"isolation, or pass --sandbox {kind} to accept it", file=sys.stderr)
-    runs_images = image_backend().name
-    return config, f"{kind} (rows with an image: {runs_images})" if rows.with_image and kind != runs_images else kind

@@ -1,19 +1,58 @@
-"""TaskSettings: what the task layer reads of the run (built by trajforge.sample.lower_settings, never RunConfig)."""
+"""The task layer's section of the run's configuration, and TaskSettings, what the task layer reads of it.
+
+TaskSection declares the flags of `--tasks` runs (trajforge.config collects it into RunConfig);
+`task_settings()` turns them into TaskSettings (caps in bytes), whose defaults are the section's.
+The task layer never sees RunConfig.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from trajforge.fields import SIZE_PATTERN, limit_bytes, shown
+
+
+class TaskSection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    agent: Literal["model", "oracle"] = Field(
+        "model", description="model, or oracle: run each task's solution/solve.sh instead of a model")
+    pass_threshold: float = Field(1.0, ge=-1e12, le=1e12, description="a task passes when its reward is at least this")
+    timeout_multiplier: float = Field(1.0, gt=0, le=1_000,
+                                      description="scales every task's agent, verifier and build timeouts")
+    task_max_cpus: float | None = Field(None, gt=0, le=100_000,
+                                        description="cap on the CPUs a task's [environment] asks for",
+                                        json_schema_extra=shown("no cap"))
+    task_max_memory: str | None = Field(None, pattern=SIZE_PATTERN,
+                                        description="cap on the memory a task's [environment] asks for (e.g. 8g)",
+                                        json_schema_extra=shown("no cap"))
+    task_max_storage: str | None = Field(None, pattern=SIZE_PATTERN,
+                                         description="cap on the storage a task's [environment] asks for (e.g. 20g)",
+                                         json_schema_extra=shown("no cap"))
+
+    def task_settings(self, build_log_dir: Path | None = None) -> TaskSettings:
+        """What the task layer reads; `build_log_dir`: where build logs go."""
+        return TaskSettings(agent=self.agent, pass_threshold=self.pass_threshold,
+                            timeout_multiplier=self.timeout_multiplier, max_cpus=self.task_max_cpus,
+                            max_memory=limit_bytes(self.task_max_memory), max_storage=limit_bytes(self.task_max_storage),
+                            build_log_dir=build_log_dir)
+
+
+_DEFAULT = TaskSection()  # the defaults below are the section's
 
 
 @dataclass(frozen=True, slots=True)
 class TaskSettings:
-    agent: str = "model"  # model | oracle
-    pass_threshold: float = 1.0  # a reward at least this passes
-    timeout_multiplier: float = 1.0  # scales agent, verifier and build timeouts
-    max_cpus: float | None = None  # caps on what a task's [environment] asks for
-    max_memory: int | None = None  # bytes
-    max_storage: int | None = None  # bytes
+    agent: str = _DEFAULT.agent  # model | oracle
+    pass_threshold: float = _DEFAULT.pass_threshold  # a reward at least this passes
+    timeout_multiplier: float = _DEFAULT.timeout_multiplier  # scales agent, verifier and build timeouts
+    max_cpus: float | None = _DEFAULT.task_max_cpus  # caps on what a task's [environment] asks for
+    max_memory: int | None = limit_bytes(_DEFAULT.task_max_memory)  # bytes
+    max_storage: int | None = limit_bytes(_DEFAULT.task_max_storage)  # bytes
     build_log_dir: Path | None = None  # None: the trajforge cache directory (Ray nodes)
 
     def scaled(self, seconds: float | None) -> float | None:

@@ -91,7 +91,7 @@ def make_judge_client(config: RunConfig, environ: Mapping[str, str] = os.environ
     """A client for the judge endpoint, with the run's retry policy. Raises UsageError."""
     from trajforge.model.factory import make_client
 
-    settings = settings_for(config.model_settings(), config.judge_model or config.model,
+    settings = settings_for(config.model_settings(), config.judge_model or config.resolved.model,
                             judge_endpoint(config, environ))
     return make_client(settings, environ)
 
