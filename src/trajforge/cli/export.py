@@ -40,7 +40,7 @@ FLAGS: list[Flag] = [
     Flag("dataset_file", "path", "dataset to read task types from when records carry none "
                                  "[default: the run's config.json dataset_file]"),
     Flag("sample_percent", "float", "keep about P%% of the samples, chosen by a hash of the sample identity and --seed"),
-    Flag("seed", "int", "seed of --sample_percent and --split [default: 42]"),
+    Flag("seed", "int", "seed of --sample_percent and --split", default=42),
     Flag("split", "str", "split by sample identity, e.g. train=0.95,test=0.05 (the output becomes a directory)"),
     Flag("reasoning", "str", "field (reasoning_content), inline (<think> in content) or drop [default: field]",
          choices=("field", "inline", "drop")),
@@ -76,7 +76,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Filters, Options]:
     split = tuple(parse_split(ns.split)) if ns.split else ()
     filters = Filters(only=ns.only or "all",  # type: ignore[arg-type]
                       min_tool_calls=ns.min_tool_calls or 0, task_type=ns.task_type,
-                      sample_percent=ns.sample_percent, seed=42 if ns.seed is None else ns.seed, split=split)
+                      sample_percent=ns.sample_percent, seed=ns.seed, split=split)
     options = Options(reasoning=reasoning, splits=tuple(n for n, _ in split),  # type: ignore[arg-type]
                       command=shlex.join(["trajforge", "export", *argv]))
     return ns, filters, options

@@ -33,7 +33,8 @@ class Flag:
 
     kind: "str" | "int" | "float" | "path" | "csv" (text, split by its user) | "port" (0-65535) |
     "bool" (a plain switch) | "switch" (`--x` alone is true; `--x false` turns a default-on
-    setting off). `choices`: the values allowed, refused with the others named; `positional`: an
+    setting off). `default`: its value when not given, which --help shows (unless the help says
+    it in words); `choices`: the values allowed, refused with the others named; `positional`: an
     argument without `--` (shown as `metavar`), given once."""
 
     name: str
@@ -97,7 +98,7 @@ class Parser(argparse.ArgumentParser):
         super().__init__(prog=prog, description=description, **kwargs)
         self.flags = [f if isinstance(f, Flag) else Flag(*f) for f in flags]
         for flag in self.flags:
-            self._add(flag, flag.help + help_suffix(flag.name))
+            self._add(flag, flag.help + _shown_default(flag) + help_suffix(flag.name))
         if version is not None:
             self.add_argument("--version", action="version", version=version)
 
@@ -138,6 +139,12 @@ class Parser(argparse.ArgumentParser):
             if flag.choices and value is not None and value not in flag.choices:
                 raise UsageError(f"--{flag.name}: invalid value {value!r}: must be one of {', '.join(flag.choices)}")
         return ns
+
+
+def _shown_default(flag: Flag) -> str:
+    if flag.default is None or flag.kind == "bool" or "[default" in flag.help:
+        return ""
+    return f" [default: {flag.default:g}]" if isinstance(flag.default, float) else f" [default: {flag.default}]"
 
 
 def _reject_unknown(unknown: list[str], names: list[str]) -> None:

@@ -23,8 +23,8 @@ from trajforge.view.server import Viewer, allowed_hosts, catch_up, make_app
 
 FLAGS = [Flag("source", "path", "a run directory (data/<run_name>) or a JSONL file of trajectories", positional=True,
               metavar="RUN_DIR_OR_JSONL"),
-         Flag("port", "port", "TCP port [default: 8765; 0 picks a free one]", default=8765),
-         Flag("host", "str", "address to listen on [default: 127.0.0.1]", default="127.0.0.1")]
+         Flag("port", "port", "TCP port (0 picks a free one)", default=8765),
+         Flag("host", "str", "address to listen on", default="127.0.0.1")]
 FIRST = 0.5  # seconds of indexing before the page is served (a first batch file); the rest is read behind it
 
 
