@@ -65,7 +65,8 @@ def _limits() -> dict[str, dict[str, Any]]:
         "sandbox_disk": {"default": human(d.disk or 0), "enforced_by": "loop-mounted ext4 image per sample (with rootful Podman "
                          "also holding the container's own filesystem)" if disk
                          is None else f"NOT enforced ({disk}); only RLIMIT_FSIZE 1 GiB per file"},
-        "sandbox_nproc": {"default": "512", "enforced_by": "RLIMIT_NPROC of the per-sample uid (root mode)"
+        "sandbox_nproc": {"default": str(SandboxSettings().nproc),
+                          "enforced_by": "RLIMIT_NPROC of the per-sample uid (root mode)"
                           + (f" and {group('pids', '')}" if cg is not None and cg.has("pids") else "")},
         "sandbox_cpu_seconds": {"default": f"{d.cpu_seconds}", "enforced_by": "RLIMIT_CPU per process"},
     }
