@@ -46,20 +46,27 @@ def ids_format(monkeypatch: pytest.MonkeyPatch) -> None:
                                                     export.FormatCaps()))
 
 
-def test_a_registered_toolset_and_output_run_end_to_end(tmp_path: Path, server: ScriptedServer,
-                                                        clean_env: dict[str, str], loud_toolset: None,
-                                                        lengths_output: None, ids_format: None,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def shout_run(tmp_path: Path, server: ScriptedServer, toolset: str, sandbox: str,
+              capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    """A one-row run whose one distribution offers `toolset` only, in `sandbox`: its one record."""
     server.handler = shout_policy
     ds = tmp_path / "ds.jsonl"
     ds.write_text(json.dumps({"prompt": "shout hello"}) + "\n")
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text("distributions:\n  loud_only:\n    toolsets: {loud: 100}\n")
-    code = cli.main(["run", f"--dataset_file={ds}", f"--config={cfg}", "--distribution=loud_only",
+    cfg.write_text(f"distributions:\n  only:\n    toolsets: {{'{toolset}': 100}}\n")
+    code = cli.main(["run", f"--dataset_file={ds}", f"--config={cfg}", "--distribution=only",
                      f"--output_dir={tmp_path / 'data'}", "--run_name=r", f"--base_url={server.url}",
-                     "--model=scripted-model", "--sandbox=local"])
+                     "--model=scripted-model", f"--sandbox={sandbox}"])
     assert code == 0, capsys.readouterr().err
     [record] = [json.loads(line) for line in (tmp_path / "data" / "r" / "trajectories.jsonl").read_text().splitlines()]
+    return record
+
+
+def test_a_registered_toolset_and_output_run_end_to_end(tmp_path: Path, server: ScriptedServer,
+                                                        clean_env: dict[str, str], loud_toolset: None,
+                                                        lengths_output: None, ids_format: None,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    record = shout_run(tmp_path, server, "loud", "local", capsys)
     assert record["toolsets_used"] == ["loud"]
     tool_turn = next(m for m in record["conversations"] if m["from"] == "tool")
     assert "HELLO" in tool_turn["value"]
@@ -169,17 +176,8 @@ def outside_things(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 def test_a_backend_toolset_and_format_from_outside_need_no_edit_of_trajforge(
         outside_things: Any, tmp_path: Path, server: ScriptedServer, clean_env: dict[str, str],
         capsys: pytest.CaptureFixture[str]) -> None:
-    server.handler = shout_policy
-    ds = tmp_path / "ds.jsonl"
-    ds.write_text(json.dumps({"prompt": "shout hello"}) + "\n")
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text("distributions:\n  theirs:\n    toolsets: {'outside_things:TOOLSET': 100}\n")
-    code = cli.main(["run", f"--dataset_file={ds}", f"--config={cfg}", "--distribution=theirs",
-                     f"--output_dir={tmp_path / 'data'}", "--run_name=r", f"--base_url={server.url}",
-                     "--model=scripted-model", "--sandbox=outside_things:BACKEND"])
-    assert code == 0, capsys.readouterr().err
+    record = shout_run(tmp_path, server, "outside_things:TOOLSET", "outside_things:BACKEND", capsys)
     run = tmp_path / "data" / "r"
-    [record] = [json.loads(line) for line in (run / "trajectories.jsonl").read_text().splitlines()]
     assert record["toolsets_used"] == ["outside_things:TOOLSET"]
     assert "HELLO" in next(m for m in record["conversations"] if m["from"] == "tool")["value"]
     assert len(outside_things.MADE) == 1  # the sample's sandbox was the outside backend's
