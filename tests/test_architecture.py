@@ -35,7 +35,7 @@ def modules_under(package: str) -> list[Path]:
 
 
 def importers(package: str, target: str) -> list[str]:
-    allowed = SECTIONS if package == "config" else ()  # config collects the layers' sections, nothing else of them
+    allowed = SECTIONS + SETTINGS if package == "config" else ()  # config collects the layers' sections, nothing else
     return sorted(str(p.relative_to(SRC)) for p in modules_under(package)
                   if any((m == target or m.startswith(target + ".")) and not _within(m, allowed) for m in imports_of(p)))
 
@@ -46,9 +46,11 @@ def _within(module: str, homes: tuple[str, ...]) -> bool:
 
 # Each layer's section of the run's configuration, declared beside its code and collected by
 # trajforge.config; each is a leaf below its layer (test_a_settings_section_imports_only_leaves).
-SECTIONS = ("trajforge.model.settings", "trajforge.tools.tool_settings", "trajforge.sandbox.sandbox_settings",
+SECTIONS = ("trajforge.model.settings", "trajforge.tools.tool_settings", "trajforge.sandbox.section",
             "trajforge.tasks.task_settings", "trajforge.verify.settings")
-LEAVES = ("trajforge.fields", "trajforge.catalog", "trajforge.registry", "trajforge.netpolicy", "trajforge.model.types")
+# The plain settings a section turns itself into, where they are a module of their own.
+SETTINGS = ("trajforge.model.types", "trajforge.sandbox.sandbox_settings")
+LEAVES = ("trajforge.fields", "trajforge.catalog", "trajforge.registry", "trajforge.netpolicy", *SETTINGS)
 
 
 # (lower package, higher package it must never import)
@@ -324,3 +326,16 @@ def test_a_new_thing_of_each_kind_shows_in_help_doctor_and_config_validation(
 
     assert asyncio.run(exec_in_plain()) == "plain\n"
     assert cli.main(["hello", "--greeting_name=ada"]) == 0 and capsys.readouterr().out == "hello ada\n"
+
+
+def test_the_bwrap_backend_imports_under_a_python_without_site_packages() -> None:
+    """An unprivileged runner may start the bwrap backend under the system's Python (tests/sandbox/
+    test_bwrap_user.py): the sandbox's settings stay plain dataclasses, its section (pydantic) apart."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+            "import trajforge.sandbox.backends.bwrap.bwrap_backend, trajforge.sandbox.backends.bwrap.bwrap_sandbox")
+    done = subprocess.run([sys.executable, "-S", "-c", code, str(SRC.parent)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr

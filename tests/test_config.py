@@ -356,7 +356,7 @@ def test_a_key_given_twice_stops_the_command_with_exit_2(tmp_path: Path, clean_e
 def test_each_layer_declares_its_section_and_the_config_collects_them_all() -> None:
     from trajforge.config import RunSection
     from trajforge.model.settings import ModelSection
-    from trajforge.sandbox.sandbox_settings import SandboxSection
+    from trajforge.sandbox.section import SandboxSection
     from trajforge.tasks.task_settings import TaskSection
     from trajforge.tools.tool_settings import ToolSection
     from trajforge.verify.settings import VerifySection
@@ -372,8 +372,9 @@ def test_each_layer_declares_its_section_and_the_config_collects_them_all() -> N
 
 
 def test_the_layers_settings_take_their_defaults_from_the_sections() -> None:
-    """ResourceLimits, ContainerSettings, SandboxSettings, TaskSettings and ModelSettings spell no
-    default of their own: built with none given, each equals what the default RunConfig hands down."""
+    """Each default is spelled once, in the settings a layer reads (ResourceLimits, ContainerSettings,
+    SandboxSettings, TaskSettings, ModelSettings) and shown by its section: built with none given,
+    each equals what the default RunConfig hands down."""
     import dataclasses
 
     from trajforge.model.types import ModelSettings

@@ -1,7 +1,7 @@
 """The vocabulary every settings section is written in: field types, sizes and bounds.
 
 Each layer declares its own section of the run's configuration beside its code (model/settings.py,
-tools/tool_settings.py, sandbox/sandbox_settings.py, tasks/task_settings.py, verify/settings.py)
+tools/tool_settings.py, sandbox/section.py, tasks/task_settings.py, verify/settings.py)
 and trajforge.config collects them into RunConfig; what those sections share is here, so none of
 them imports trajforge.config. A leaf: of trajforge it imports nothing.
 """
@@ -64,6 +64,14 @@ def size_bytes(text: str) -> int:
     """'4g' -> 4 GiB in bytes ('4' alone is bytes), the unit letters of docker/podman --memory."""
     unit = text[-1].lower() if text[-1].isalpha() else "b"
     return int(float(text.rstrip("bkmgtBKMGT") or 0) * _UNITS[unit])
+
+
+def size_text(size: int | None) -> str:
+    """A size in bytes as a user writes it, in the largest unit that divides it (4 << 30: '4g'); None: '0'."""
+    for unit in "tgmk":
+        if size and size % _UNITS[unit] == 0:
+            return f"{size // _UNITS[unit]}{unit}"
+    return str(size or 0)
 
 
 def limit_bytes(text: str | None) -> int | None:

@@ -3,7 +3,7 @@ that reads and checks it.
 
 Each layer declares its own section beside its code, with each setting's default, bounds and
 --help spelled there once: model/settings.py (ModelSection), tools/tool_settings.py (ToolSection),
-sandbox/sandbox_settings.py (SandboxSection), verify/settings.py (VerifySection),
+sandbox/section.py (SandboxSection), verify/settings.py (VerifySection),
 tasks/task_settings.py (TaskSection); the run's own settings are RunSection's, here. RunConfig
 inherits them all, so its field names (the flag names and --config keys) stay flat, and hands each
 layer the narrow settings it reads (model_settings, tool_settings, sandbox_settings,
@@ -35,7 +35,8 @@ from trajforge.config.sections import DistributionConfig, TaskTypeConfig, Unknow
 from trajforge.fields import FILE_ONLY, OneOf, shown
 from trajforge.model.settings import ModelSection
 from trajforge.model.types import ModelSettings
-from trajforge.sandbox.sandbox_settings import SandboxSection, SandboxSettings
+from trajforge.sandbox.sandbox_settings import SandboxSettings
+from trajforge.sandbox.section import SandboxSection
 from trajforge.tasks.task_settings import TaskSection
 from trajforge.tools.tool_settings import ToolSection, ToolSettings
 from trajforge.verify.settings import VerifySection

@@ -1,7 +1,7 @@
 """The task layer's section of the run's configuration, and TaskSettings, what the task layer reads of it.
 
 TaskSection declares the flags of `--tasks` runs (trajforge.config collects it into RunConfig);
-`task_settings()` turns them into TaskSettings (caps in bytes), whose defaults are the section's.
+`task_settings()` turns them into TaskSettings (caps in bytes), whose defaults the section shows.
 The task layer never sees RunConfig.
 """
 
@@ -16,13 +16,37 @@ from pydantic import BaseModel, ConfigDict, Field
 from trajforge.fields import SIZE_PATTERN, limit_bytes, shown
 
 
+@dataclass(frozen=True, slots=True)
+class TaskSettings:
+    agent: str = "model"  # model | oracle
+    pass_threshold: float = 1.0  # a reward at least this passes
+    timeout_multiplier: float = 1.0  # scales agent, verifier and build timeouts
+    max_cpus: float | None = None  # caps on what a task's [environment] asks for
+    max_memory: int | None = None  # bytes
+    max_storage: int | None = None  # bytes
+    build_log_dir: Path | None = None  # None: the trajforge cache directory (Ray nodes)
+
+    def scaled(self, seconds: float | None) -> float | None:
+        return None if seconds is None else seconds * self.timeout_multiplier
+
+    def capped(self, value: float | int | None, cap: float | int | None) -> float | int | None:
+        """A task's own limit, at most the run's cap; the cap alone when the task sets none."""
+        if cap is None:
+            return value
+        return cap if value is None else min(value, cap)
+
+
+_DEFAULT = TaskSettings()  # the one spelling of each default
+
+
 class TaskSection(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     agent: Literal["model", "oracle"] = Field(
-        "model", description="model, or oracle: run each task's solution/solve.sh instead of a model")
-    pass_threshold: float = Field(1.0, ge=-1e12, le=1e12, description="a task passes when its reward is at least this")
-    timeout_multiplier: float = Field(1.0, gt=0, le=1_000,
+        _DEFAULT.agent, description="model, or oracle: run each task's solution/solve.sh instead of a model")
+    pass_threshold: float = Field(_DEFAULT.pass_threshold, ge=-1e12, le=1e12,
+                                  description="a task passes when its reward is at least this")
+    timeout_multiplier: float = Field(_DEFAULT.timeout_multiplier, gt=0, le=1_000,
                                       description="scales every task's agent, verifier and build timeouts")
     task_max_cpus: float | None = Field(None, gt=0, le=100_000,
                                         description="cap on the CPUs a task's [environment] asks for",
@@ -40,26 +64,3 @@ class TaskSection(BaseModel):
                             timeout_multiplier=self.timeout_multiplier, max_cpus=self.task_max_cpus,
                             max_memory=limit_bytes(self.task_max_memory), max_storage=limit_bytes(self.task_max_storage),
                             build_log_dir=build_log_dir)
-
-
-_DEFAULT = TaskSection()  # the defaults below are the section's
-
-
-@dataclass(frozen=True, slots=True)
-class TaskSettings:
-    agent: str = _DEFAULT.agent  # model | oracle
-    pass_threshold: float = _DEFAULT.pass_threshold  # a reward at least this passes
-    timeout_multiplier: float = _DEFAULT.timeout_multiplier  # scales agent, verifier and build timeouts
-    max_cpus: float | None = _DEFAULT.task_max_cpus  # caps on what a task's [environment] asks for
-    max_memory: int | None = limit_bytes(_DEFAULT.task_max_memory)  # bytes
-    max_storage: int | None = limit_bytes(_DEFAULT.task_max_storage)  # bytes
-    build_log_dir: Path | None = None  # None: the trajforge cache directory (Ray nodes)
-
-    def scaled(self, seconds: float | None) -> float | None:
-        return None if seconds is None else seconds * self.timeout_multiplier
-
-    def capped(self, value: float | int | None, cap: float | int | None) -> float | int | None:
-        """A task's own limit, at most the run's cap; the cap alone when the task sets none."""
-        if cap is None:
-            return value
-        return cap if value is None else min(value, cap)
