@@ -49,7 +49,6 @@ CHILD = r'''
 import asyncio, json, os, sys, tempfile
 from pathlib import Path
 from trajforge.config import RunConfig
-from trajforge.sample.lower_settings import sandbox_settings
 from trajforge.sandbox.factory import SandboxProvider
 
 IMAGE = None
@@ -85,7 +84,7 @@ def split(p):
 async def main(fields, what, n):
     global IMAGE
     IMAGE = fields.pop("_image", None)
-    settings = sandbox_settings(RunConfig(**fields))
+    settings = RunConfig(**fields).sandbox_settings()
     with tempfile.TemporaryDirectory() as tmp:
         async with SandboxProvider(settings) as p:
             await one(p, Path(tmp))  # the runtime and one sandbox: the fixed cost

@@ -97,7 +97,7 @@ def test_the_local_model_stands_in_only_when_no_model_was_named(clean_env: dict[
     from trajforge.runner.preflight import choose_model
 
     config, _ = parse_run_args(["--dataset_file=x.jsonl"], "trajforge run", strict_required=False)
-    assert config is not None and choose_model(config).model == "local"
+    assert config is not None and choose_model(config) == "local"
 
 
 def test_the_exit_code_table_lists_every_code_a_run_exits_with() -> None:
@@ -122,7 +122,7 @@ def test_the_registration_table_names_one_registration_line_per_extension() -> N
     from trajforge.cli.run import run_flags
 
     # The flags' choices are the registries' names (no Literal kept in step by hand).
-    helps = {name: text for name, _, text in run_flags()}
+    helps = {f.name: f.help for f in run_flags()}
     assert helps["sandbox"] == ", ".join(["auto", *SANDBOXES][:-1]) + f" or {SANDBOXES.names()[-1]}"
     assert helps["executor"] == " or ".join(EXECUTORS)
     table = README[README.index("| to add | write | register in |"):]

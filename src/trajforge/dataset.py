@@ -105,12 +105,6 @@ def _check_row(obj: Any, host_cwd: bool = True) -> tuple[str | None, dict[str, A
     return None, fields
 
 
-def iter_rows(path: Path) -> Iterator[tuple[int, Any, str | None]]:
-    """Yield (line number, decoded object or None, problem) for every non-blank line."""
-    for lineno, obj, problem, _, _ in _rows(path, PassState()):
-        yield lineno, obj, problem
-
-
 @dataclass
 class PassState:
     """Where a streaming pass over the dataset stands after its last whole line (one that ends with

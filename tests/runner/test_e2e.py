@@ -6,7 +6,8 @@ import json
 import subprocess
 from pathlib import Path
 
-from tests.conftest import REPO, cli
+from tests.support.commands import run_trajforge
+from tests.conftest import REPO
 from tests.support.policies import echo_policy
 from tests.support.scripted_server import ScriptedServer
 from tests.support.run_state import statuses
@@ -18,7 +19,7 @@ def write_dataset(path: Path, prompts: list[str]) -> Path:
 
 
 def run_cli(tmp_path: Path, env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cli("run", *args), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    return run_trajforge("run", *args, cwd=tmp_path, env=env, timeout=timeout)
 
 
 def base_args(server: ScriptedServer, dataset: Path, run_name: str = "r", *extra: str) -> list[str]:

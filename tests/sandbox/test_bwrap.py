@@ -26,7 +26,6 @@ from tests.support.policies import prompt_command_policy
 from tests.support.scripted_server import ScriptedServer
 from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.config import RunConfig
-from trajforge.sample.lower_settings import sandbox_settings
 from trajforge.sandbox.interface import PathEscapeError
 from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox, bwrap_argv
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
@@ -278,7 +277,7 @@ def test_factory_picks_bwrap_by_default(tmp_path: Path) -> None:
             try:
                 from trajforge.sandbox.network import resolve_mode
 
-                mode = (await resolve_mode(sandbox_settings(cfg)))[0]  # auto: egress where it works here, else host
+                mode = (await resolve_mode(cfg.sandbox_settings()))[0]  # auto: egress where it works here, else host
                 assert isinstance(sb, BwrapSandbox) and sb.network == mode
                 res = await sb.exec("pwd; ls -d /workspace/app", timeout=10)
                 assert res.stdout == "/app\n/workspace/app\n"  # an absolute cwd is also mounted at its path

@@ -26,7 +26,6 @@ from tests.support.policies import prompt_command_policy
 from tests.support.sandboxes import create_sandbox
 from tests.support.scripted_server import ScriptedServer
 from trajforge.config import RunConfig
-from trajforge.sample.lower_settings import sandbox_settings
 from trajforge.sandbox.host.disk import disk_usable
 from trajforge.sandbox.interface import FileOpError, PathEscapeError, SandboxError, SandboxLimitError
 from trajforge.sandbox.backends.container.container_sandbox import ContainerSandbox
@@ -183,7 +182,7 @@ def test_missing_image_fails_the_sample_once_per_image(tmp_path: Path, busybox_i
 
     async def body() -> None:
         cfg = config(run_name=f"ctest-missing-{os.getpid()}")
-        async with SandboxProvider(sandbox_settings(cfg)) as provider:  # the run's: one image check each
+        async with SandboxProvider(cfg.sandbox_settings()) as provider:  # the run's: one image check each
             results = await asyncio.gather(
                 *(provider.create(cwd=None, image=MISSING_IMAGE, root=tmp_path) for _ in range(3)),
                 *(provider.create(cwd=None, image=busybox_image, root=tmp_path) for _ in range(2)),
@@ -225,7 +224,7 @@ def test_container_creation_is_bounded_by_max_sandboxes(tmp_path: Path, busybox_
 
     async def body() -> None:
         cfg = config(max_sandboxes=1, run_name=f"ctest-bound-{os.getpid()}")
-        async with SandboxProvider(sandbox_settings(cfg)) as provider:
+        async with SandboxProvider(cfg.sandbox_settings()) as provider:
             boxes = await asyncio.gather(*(provider.create(cwd=None, image=busybox_image, root=tmp_path)
                                            for _ in range(3)))
             try:
@@ -294,12 +293,11 @@ CHILD = textwrap.dedent("""
     import asyncio, sys
     from pathlib import Path
     from trajforge.config import RunConfig
-    from trajforge.sample.lower_settings import sandbox_settings
     from trajforge.sandbox.factory import SandboxProvider
 
     async def main():
         cfg = RunConfig(container_engine="podman", run_name=sys.argv[2])
-        async with SandboxProvider(sandbox_settings(cfg)) as provider:
+        async with SandboxProvider(cfg.sandbox_settings()) as provider:
             sb = await provider.create(cwd=None, image=sys.argv[1], root=Path(sys.argv[3]))
             try:
                 print("ready", sb.name, flush=True)
@@ -423,7 +421,7 @@ def test_file_operations_run_inside_the_container(tmp_path: Path, image_fixture:
         pytest.skip("the file helper needs a root runner")
 
     async def body() -> None:
-        provider = await SandboxProvider(sandbox_settings(config())).start()
+        provider = await SandboxProvider(config().sandbox_settings()).start()
         sb = ContainerSandbox(tmp_path, backend=await backend_for(provider), image=image, cwd="/app",
                               file_helper=helper)
         await sb.start()

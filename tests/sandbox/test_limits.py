@@ -18,8 +18,8 @@ import pytest
 from tests.conftest import cli
 from tests.support.policies import prompt_command_policy
 from tests.support.scripted_server import ScriptedServer
-from trajforge.config import RunConfig, size_bytes
-from trajforge.sample.lower_settings import sandbox_settings
+from trajforge.config import RunConfig
+from trajforge.fields import size_bytes
 from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 from trajforge.sandbox.factory import limits_for
@@ -45,7 +45,7 @@ MESSAGES = {"memory": "memory limit of 160 MiB (sandbox_memory)", "tmp": "filled
 
 def test_sizes_and_defaults_map_to_limits() -> None:
     assert size_bytes("4g") == 4 << 30 and size_bytes("256m") == 256 << 20 and size_bytes("1024") == 1024
-    cfg = sandbox_settings(RunConfig())
+    cfg = RunConfig().sandbox_settings()
     lim = cfg.limits
     assert (lim.memory, lim.tmp_size, lim.shm_size, lim.disk, lim.cpu_seconds) == (
         4 << 30, 1 << 30, 256 << 20, 10 << 30, 600)

@@ -28,7 +28,6 @@ from tests.support.policies import tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
 from tests.support.web_fixture import WebFixture
 from trajforge.config import RunConfig
-from trajforge.sample.lower_settings import sandbox_settings
 from trajforge.netpolicy import make_policy
 from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox, bwrap_argv
 from trajforge.sandbox.network import egress_support, ruleset
@@ -271,14 +270,13 @@ def test_auto_falls_back_to_host_with_a_note_and_explicit_egress_is_refused(monk
     from trajforge.sandbox import network
 
     monkeypatch.setitem(network._support, "bwrap", network.EgressSupport(False, "no slirp4netns here"))
-    mode, note = asyncio.run(network.resolve_mode(sandbox_settings(RunConfig())))
+    mode, note = asyncio.run(network.resolve_mode(RunConfig().sandbox_settings()))
     assert mode == "host" and note is not None and "no slirp4netns here" in note and "host" in note
     with pytest.raises(UsageError, match="egress is not available.*no slirp4netns here"):
-        asyncio.run(network.resolve_mode(sandbox_settings(RunConfig(sandbox_network="egress"))))
-    assert asyncio.run(network.resolve_mode(sandbox_settings(RunConfig(sandbox_network="none")))) == ("none", None)
-    cfg = RunConfig(sandbox_network="auto")
-    fixed, settings = check_network(cfg, sandbox_settings(cfg))
-    assert fixed.sandbox_network == "host" and settings.network == NetworkMode.HOST  # fixed for the whole run
+        asyncio.run(network.resolve_mode(RunConfig(sandbox_network="egress").sandbox_settings()))
+    assert asyncio.run(network.resolve_mode(RunConfig(sandbox_network="none").sandbox_settings())) == ("none", None)
+    mode, settings = check_network(RunConfig(sandbox_network="auto").sandbox_settings())
+    assert mode == "host" and settings.network == NetworkMode.HOST  # fixed for the whole run
 
 
 def test_explicit_egress_that_cannot_be_had_is_refused_before_any_work(

@@ -14,7 +14,6 @@ import pytest
 from trajforge.config import RunConfig
 from trajforge.model import working
 from trajforge.model.gate import ModelGate
-from trajforge.sample.lower_settings import sandbox_settings
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 from trajforge.sandbox.factory import SandboxProvider
 from trajforge.sandbox.interface import Sandbox
@@ -60,7 +59,7 @@ async def _sessions(p: SandboxProvider, root: Path, body) -> None:  # type: igno
 
 def test_samples_parked_at_the_gate_are_no_demand(tmp_path: Path) -> None:
     async def main() -> None:
-        async with SandboxProvider(sandbox_settings(RunConfig(sandbox="local"))) as p:
+        async with SandboxProvider(RunConfig(sandbox="local").sandbox_settings()) as p:
             async def body(admitted: list[int]) -> None:
                 assert p.waiting == CAP  # the four behind the cap want none
 
@@ -73,7 +72,7 @@ def test_samples_parked_at_the_gate_are_no_demand(tmp_path: Path) -> None:
 @pytest.mark.skipif(not STATUS.usable or STATUS.mode != "root", reason=f"needs root-mode bwrap ({STATUS.detail})")
 def test_the_pool_makes_sandboxes_for_the_samples_past_the_gate_only(tmp_path: Path) -> None:
     async def main() -> None:
-        settings = sandbox_settings(RunConfig(sandbox="bwrap", sandbox_network="none"))
+        settings = RunConfig(sandbox="bwrap", sandbox_network="none").sandbox_settings()
         async with SandboxProvider(settings) as p:
             async def body(admitted: list[int]) -> None:
                 await p._prepared[("", tmp_path)]  # the runtime is up and its pool sized to the demand

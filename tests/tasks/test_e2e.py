@@ -21,6 +21,7 @@ from pathlib import Path
 import atif
 import pytest
 
+from tests.support.commands import run_trajforge
 from tests.conftest import cli
 from tests.support.images import containers_with_label, podman  # noqa: F401 (fixture)
 from tests.support.policies import tool_messages, user_prompt
@@ -94,7 +95,7 @@ def model_tasks(root: Path, nonce: str) -> Path:
 
 
 def run(tmp_path: Path, env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cli("run", *args), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    return run_trajforge("run", *args, cwd=tmp_path, env=env, timeout=timeout)
 
 
 def records(run_dir: Path) -> dict[str, dict]:

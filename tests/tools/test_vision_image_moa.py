@@ -22,7 +22,6 @@ from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat,
 from tests.support.toolsets import run_with
 from tests.support.web_fixture import PNG, WebFixture, make_png
 from trajforge.config import RunConfig
-from trajforge.sample.lower_settings import tool_settings
 from trajforge.tools import image_gen, moa, vision
 from trajforge.tools.tool import ToolContext, Toolset, Unavailable
 from trajforge.tools.moa import DEFAULT_REFERENCE_MODELS
@@ -115,7 +114,7 @@ def test_vision_bad_images_are_error_results(tmp_path: Path, server: ScriptedSer
 
 def test_vision_unavailable_when_it_could_only_fail(server: ScriptedServer, clean_env: Any) -> None:
     def reason(cfg: RunConfig) -> str:
-        built = asyncio.run(vision.build(tool_settings(cfg)))
+        built = asyncio.run(vision.build(cfg.tool_settings()))
         assert isinstance(built, Unavailable) and built.toolset == "vision"
         return built.reason
 
@@ -184,7 +183,7 @@ def test_image_generate_failures(tmp_path: Path, server: ScriptedServer, clean_e
 
 
 def test_image_gen_needs_a_known_endpoint(clean_env: Any) -> None:
-    built = asyncio.run(image_gen.build(tool_settings(RunConfig.model_validate({"model": "m"}))))
+    built = asyncio.run(image_gen.build(RunConfig.model_validate({"model": "m"}).tool_settings()))
     assert isinstance(built, Unavailable) and "tools.image_gen.base_url" in built.reason
 
 
@@ -246,7 +245,7 @@ def test_moa_fails_cleanly_when_too_few_references_answer(tmp_path: Path, server
 
 def test_moa_default_models(server: ScriptedServer, clean_env: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     async def models(cfg: RunConfig) -> tuple[list[str], str]:
-        built = await moa.build(tool_settings(cfg))
+        built = await moa.build(cfg.tool_settings())
         assert isinstance(built, moa.MoaToolset)
         await built.aclose()
         return [m for m, _ in built.references], built.aggregator[0]

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.commands import run_trajforge
 from tests.conftest import cli
 from tests.support.policies import tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
@@ -156,7 +157,7 @@ def args(server: ScriptedServer, ds: Path, cfg: Path, name: str, *extra: str) ->
 
 
 def run(tmp_path: Path, env: dict[str, str], argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cli(*argv), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    return run_trajforge(*argv, cwd=tmp_path, env=env, timeout=600)
 
 
 def assert_figures(run_dir: Path, want: dict, *, keep_passed: bool) -> dict:

@@ -61,7 +61,7 @@ class BackendCaps:
 
 
 BackendSpec = Spec[BackendCaps]
-SANDBOXES: Registry[BackendCaps] = Registry("sandbox backend")
+SANDBOXES: Registry[BackendCaps] = Registry("sandbox backend", BackendCaps)
 
 SANDBOXES.register(Spec(
     "local", "trajforge.sandbox.backends.local.local_sandbox:make",

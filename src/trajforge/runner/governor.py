@@ -18,17 +18,18 @@ from trajforge.runner.budget import Budget
 from trajforge.runner.checkpoint_file import InvocationEntry
 
 
-def check_prices(config: RunConfig) -> None:
-    """Refuse a run with a cost limit whose model's calls cannot be costed (UsageError, exit 2)."""
+def check_prices(config: RunConfig, model: str) -> None:
+    """Refuse a run with a cost limit whose model (`model`, the one it will use) cannot be costed
+    (UsageError, exit 2)."""
     flags = [f for f in ("max_cost", "max_cost_per_sample") if getattr(config, f) is not None]
     if not flags:
         return
     settings = config.model_settings()
     url = settings.base_url or DEFAULT_BASE_URL
-    if not price_known(config.model, url, settings.pricing):
+    if not price_known(model, url, settings.pricing):
         raise UsageError(
-            f"--{flags[0]} needs the price of model {config.model!r}: {url} does not report the cost of "
-            f"its calls. Add it to the --config file: pricing: {{{json.dumps(config.model)}: {{prompt: USD_PER_MTOK, "
+            f"--{flags[0]} needs the price of model {model!r}: {url} does not report the cost of "
+            f"its calls. Add it to the --config file: pricing: {{{json.dumps(model)}: {{prompt: USD_PER_MTOK, "
             "completion: USD_PER_MTOK}}")
 
 

@@ -20,8 +20,6 @@ import sys
 import time
 from typing import Any
 
-from trajforge.catalog.executors import EXECUTORS
-from trajforge.catalog.sandboxes import AUTO, image_backend
 from trajforge.config import RunConfig
 from trajforge.errors import FatalModelError, OutputError
 from trajforge.redact import REGISTRY, Scrubber
@@ -43,16 +41,15 @@ from trajforge.runner.rows import RunRows
 from trajforge.runner.rundir import RunDir
 from trajforge.runner.stats import Totals
 from trajforge.sample.outcome import Outcome
-from trajforge.sandbox.sandbox_settings import SandboxSettings
 
 
 class Invocation:
     """One invocation: start, an outcome at a time, halt on an output error, finish."""
 
-    def __init__(self, config: RunConfig, sandbox_settings: SandboxSettings, rows: RunRows,
+    def __init__(self, config: RunConfig, sandbox: str, rows: RunRows,
                  prefill: list[dict[str, Any]] | None, rundir: RunDir, make_executor: ExecutorFactory, *,
                  scrubber: Scrubber = REGISTRY) -> None:
-        self.config, self.sandbox_settings, self.rows, self.prefill = config, sandbox_settings, rows, prefill
+        self.config, self.sandbox, self.rows, self.prefill = config, sandbox, rows, prefill
         self.rundir, self.run_dir, self.make_executor, self.scrubber = rundir, rundir.path, make_executor, scrubber
         self.keep_passed = config.keep == "passed"
         self.failures: list[OutputError] = []
@@ -100,10 +97,8 @@ class Invocation:
                 "record is missing or unreadable in the batch files: they run again")
         if rows.skipped:
             say(f"skipped {len(rows.skipped)} invalid dataset line(s)")
-        config, sandbox = await resolve_sandbox(config, self.sandbox_settings, rows)
-        self.config = config
         say(f"run '{config.run_name}': {len(rows)} samples, {len(rows) - len(todo)} already finished, "
-            f"{len(todo)} to run, sandbox {sandbox} -> {run_dir}")
+            f"{len(todo)} to run, sandbox {self.sandbox} -> {run_dir}")
         masked = config.masked()
         used = settings.shaping(masked)
         earlier = next((i.settings for i in reversed(checkpoint.invocations) if i.settings is not None), None)
@@ -130,7 +125,7 @@ class Invocation:
         self.budget = budget = budget_for(config, checkpoint.invocations, len(todo), (restored.spent, restored.samples))
         self.monitor = RunMonitor(getattr(executor, "gate", None), budget)
         self.progress.extra = self.monitor.progress_text
-        self.entry = checkpoint.begin_invocation(self.started_wall, model=config.model, settings=used,
+        self.entry = checkpoint.begin_invocation(self.started_wall, model=config.resolved.model, settings=used,
                                                  skipped_invalid=len(rows.skipped))
         if restored.samples:  # the next invocation's prior, like `spent`
             self.entry.recovered_spent, self.entry.recovered_samples = restored.spent, restored.samples
@@ -215,22 +210,3 @@ class Invocation:
 def say(message: str) -> None:
     print(f"trajforge: {message}", file=sys.stderr)
 
-
-async def resolve_sandbox(config: RunConfig, settings: SandboxSettings, rows: RunRows) -> tuple[RunConfig, str]:
-    """Decide `--sandbox auto` once, here, so the start line, config.json and statistics.json name
-    the backend the samples really use; a fallback to one that isolates less says why and how to
-    get isolation. The config with the backend chosen, and how the start line names it."""
-    if config.tasks is not None:
-        return config, f"{image_backend().name} (tasks)"
-    if not EXECUTORS[config.executor].capabilities.in_process:
-        return config, f"{config.sandbox} (chosen on each node)" if config.sandbox == AUTO else config.sandbox
-    from trajforge.sandbox.factory import resolve_backend
-
-    kind, passed = await resolve_backend(settings)
-    config = config.model_copy(update={"sandbox": kind})
-    for name, reason in passed:
-        say(f"--sandbox auto: {name} is not usable here ({reason}), so commands run in the "
-            f"`{kind}` sandbox WITHOUT isolation from this host; run `trajforge doctor` to see how to get "
-            f"isolation, or pass --sandbox {kind} to accept it")
-    runs_images = image_backend().name
-    return config, f"{kind} (rows with an image: {runs_images})" if rows.with_image and kind != runs_images else kind

@@ -50,7 +50,8 @@ def finish(config: RunConfig, rows: RunRows, run_dir: Path, checkpoint: Checkpoi
             totals.add_usage(entry.usage.model_dump() if entry.usage else {}, entry.api_calls)
     models, changed = history(checkpoint.invocations)
     stats = Statistics(
-        run_name=config.run_name, model=config.model, distribution=config.distribution, sandbox=config.sandbox,
+        run_name=config.run_name, model=config.resolved.model, distribution=config.distribution,
+        sandbox=config.resolved.backend,
         dataset_file=str(config.dataset_file or config.tasks), invocations=len(checkpoint.invocations), models=models,
         settings_changes=changed, skipped_invalid=len(rows.skipped),
         run=totals.figures(total=len(rows), seconds=sum(i.seconds for i in checkpoint.invocations),

@@ -30,7 +30,6 @@ from trajforge.errors import FatalModelError, SampleFailure, UsageError
 from trajforge.model import working
 from trajforge.model.types import ModelClient
 from trajforge.sample.outcome import Outcome, batch_number
-from trajforge.sample.lower_settings import sandbox_settings, task_settings, tool_settings
 from trajforge.sample.trace import tracer
 from trajforge.sandbox.interface import Sandbox, SandboxLimitError
 from trajforge.sandbox.factory import SandboxProvider
@@ -67,8 +66,8 @@ class SampleWorker:
                  worker_id: str = "local", workspace_root: Path | None = None,
                  build_log_dir: Path | None = None) -> None:
         self.config = config
-        self.tool_settings = tool_settings(config)
-        self.task_settings = task_settings(config, build_log_dir)
+        self.tool_settings = config.tool_settings()
+        self.task_settings = config.task_settings(build_log_dir)
         self.oracle = config.agent == "oracle"
         self.prefill = prefill
         self.worker_id = worker_id
@@ -94,7 +93,7 @@ class SampleWorker:
             why = "; ".join(f"{u.toolset}: {u.reason}" for u in self.unavailable)
             raise UsageError(f"--distribution {self.distribution.name}: none of its toolsets can be offered "
                              f"here ({why}); pick another distribution (see `trajforge distributions`)")
-        self.sandboxes = await SandboxProvider(sandbox_settings(self.config)).start()
+        self.sandboxes = await SandboxProvider(self.config.sandbox_settings()).start()
         if self._root_override is not None:
             self.workspace_root = self._root_override
             self.workspace_root.mkdir(parents=True, exist_ok=True)
