@@ -35,6 +35,7 @@ import resource, sys, time
 from pathlib import Path
 t0 = time.perf_counter()
 from trajforge.config import RunConfig
+from trajforge.run_layout import RunLayout
 from trajforge.runner.checkpoint import Checkpoint
 from trajforge.runner.plan import plan
 from trajforge.runner.rows import RunRows
@@ -42,8 +43,8 @@ t1 = time.perf_counter()
 run_dir, dataset_file = Path(sys.argv[1]), Path(sys.argv[2])
 rows = RunRows.read(RunConfig(dataset_file=dataset_file, run_name="resume-bench"))
 t2 = time.perf_counter()
-checkpoint = Checkpoint.load(run_dir / "checkpoint.json", "resume-bench")
-planned = plan(rows, run_dir, checkpoint)
+checkpoint = Checkpoint.load(RunLayout(run_dir), "resume-bench")
+planned = plan(rows, checkpoint)
 t3 = time.perf_counter()
 print(f"{len(rows)} {len(planned.todo)} {len(planned.problems)} {t1 - t0:.3f} {t2 - t1:.3f} {t3 - t2:.3f}")
 """

@@ -81,6 +81,18 @@ def test_imports_point_down(package: str, target: str) -> None:
     assert importers(package, target) == []
 
 
+@pytest.mark.parametrize("package", ["view", "export"])
+def test_readers_of_a_run_go_through_its_reader(package: str) -> None:
+    """The viewer and the exporter read a run through runner.reader (and trajforge.run_layout, a
+    leaf) only, so the runner's bookkeeping can change without them."""
+    door = "trajforge.runner.reader"
+    found = sorted(f"{p.relative_to(SRC)}: {m}" for p in modules_under(package) for m in imports_of(p)
+                   if (m == "trajforge.runner" or m.startswith("trajforge.runner.")) and m != door
+                   and not m.startswith(door + "."))
+    assert found == []
+    assert imports_of(SRC / "run_layout.py") == set()  # a leaf: the executors take their paths from it too
+
+
 def test_no_subcommand_imports_the_dispatcher() -> None:
     for spec in cli.SUBCOMMANDS.specs():
         name, module = spec.name, spec.target.partition(":")[0]

@@ -78,7 +78,7 @@ def test_a_kill_at_each_point_loses_nothing_and_counts_nothing_twice(tmp_path: P
     stats = json.loads((run / "statistics.json").read_text())
     assert stats["run"]["samples"]["finished"] == stats["merge"]["written"] == len(prompts)
     assert stats["merge"]["duplicates_ignored"] == 0
-    assert sorted(statuses(run).values()) == ["done"] * len(prompts) and len(state(run).done) == len(prompts)
+    assert sorted(statuses(run).values()) == ["done"] * len(prompts) and state(run).finished == len(prompts)
     # and the next resume finds nothing to do and changes nothing
     before = (run / "trajectories.jsonl").read_bytes()
     proc = run_cli(tmp_path, clean_env, *base_args(server, ds, "r", "--num_workers=2", "--resume"))

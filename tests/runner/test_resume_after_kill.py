@@ -24,6 +24,7 @@ from tests.support.run_state import outcomes, state, statuses
 from tests.support.policies import echo_policy
 from tests.support.scripted_server import ScriptedServer, with_usage
 from tests.runner.test_e2e import base_args, read_jsonl, run_cli, write_dataset
+from trajforge.run_layout import RunLayout
 from trajforge.runner.checkpoint import Checkpoint
 from trajforge.runner.recovery import missed_spend, record_cost, restore
 from trajforge.runner.store import scan
@@ -200,9 +201,9 @@ def test_restore_gives_unsaved_records_done_entries_and_charges_them_once(tmp_pa
     for n, ids in ((0, ["a", "b"]), (3, ["c"])):
         (tmp_path / f"batch_{n}.jsonl").write_text("".join(json.dumps(
             {"prompt_index": i, "sample_id": s, "usage": {"cost": 1.0}}) + "\n" for i, s in enumerate(ids)))
-    ckpt = Checkpoint(tmp_path / "checkpoint.json", "r")
+    ckpt = Checkpoint(RunLayout(tmp_path), "r")
     ckpt.begin_invocation(1.0).in_flight = {"b": 0.25}
-    refs = [ref for ref in scan(tmp_path) if ref.identity != "a"]
+    refs = [ref for ref in scan(RunLayout(tmp_path)) if ref.identity != "a"]
     restored = restore(ckpt, refs)
     assert (restored.samples, restored.spent) == (2, pytest.approx(0.75 + 1.0))
     assert {k: ckpt.status(k) for k in "abc"} == {"a": None, "b": "done", "c": "done"}

@@ -13,7 +13,7 @@ from pathlib import Path
 from tests.support.policies import echo_policy
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer
 from tests.runner.test_e2e import base_args, read_jsonl, run_cli, write_dataset
-from trajforge.runner import rowcache
+from trajforge.run_layout import RunLayout
 
 
 def test_rows_appended_to_the_dataset_are_appended_to_trajectories(tmp_path: Path, server: ScriptedServer,
@@ -25,7 +25,7 @@ def test_rows_appended_to_the_dataset_are_appended_to_trajectories(tmp_path: Pat
     run = tmp_path / "data" / "r"
     target = run / "trajectories.jsonl"
     before, inode = target.read_bytes(), target.stat().st_ino
-    assert (run / rowcache.FILE).exists()
+    assert RunLayout(run).rows_cache.exists()
     prompts = [*first, "say b0", "say a1", "say b1"]  # "say a1" again: a sample of its own
     write_dataset(ds, prompts)
     proc = run_cli(tmp_path, clean_env, *base_args(server, ds, "r", "--resume"))
@@ -58,8 +58,8 @@ def test_overwrite_starts_without_the_old_runs_state_files(tmp_path: Path, serve
     server.handler = handle
     ds = write_dataset(tmp_path / "ds.jsonl", ["say x"])
     assert run_cli(tmp_path, clean_env, *base_args(server, ds, "r")).returncode == 0
-    assert {"finished.idx", "journal.jsonl", rowcache.FILE} <= {p.name for p in run.iterdir()}
+    assert {p.name for p in RunLayout(run).state()} <= {p.name for p in run.iterdir()}
     seen.clear()
     assert run_cli(tmp_path, clean_env, *base_args(server, ds, "r", "--overwrite")).returncode == 0
-    assert seen and rowcache.FILE not in seen[0]  # the old one is gone; the new one is written at the end
+    assert seen and RunLayout(run).rows_cache.name not in seen[0]  # the old one is gone; the new one is written at the end
     assert len(read_jsonl(run / "trajectories.jsonl")) == 1

@@ -29,6 +29,7 @@ from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat,
 from trajforge.config import RunConfig
 from trajforge.dataset import load_dataset, split_rollout
 from trajforge.catalog.distributions import draw_toolsets
+from trajforge.run_layout import RunLayout
 from trajforge.runner.checkpoint import Checkpoint
 from trajforge.runner.rollouts import expand, passes_on_disk, prior_passes
 from trajforge.runner.rows import RunRows
@@ -227,9 +228,9 @@ def test_stop_after_one_pass_matches_the_ground_truth(tmp_path: Path, server: Sc
     # the passes a resume starts from, from the merge's figures, are those the batch files hold
     run_dir = tmp_path / "data" / "straight"
     rows = RunRows.read(RunConfig(dataset_file=ds, run_name="straight", sandbox="local", samples_per_prompt=N))
-    ckpt = Checkpoint.load(run_dir / "checkpoint.json", "straight")
+    ckpt = Checkpoint.load(RunLayout(run_dir), "straight")
     assert ckpt.merge is not None and rows.extends(ckpt.merge["dataset"])
-    known, on_disk = prior_passes(run_dir, rows, ckpt), passes_on_disk(run_dir)
+    known, on_disk = prior_passes(rows, ckpt), passes_on_disk(RunLayout(run_dir))
     samples = list(rows.todo())
     assert [known(s) for s in samples] == [on_disk.get(split_rollout(s.identity)[0], 0) for s in samples]
     assert sum(on_disk.values()) > 0

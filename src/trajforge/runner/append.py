@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from trajforge.errors import OutputError
+from trajforge.run_layout import RunLayout
+from trajforge.runner import store
 from trajforge.runner.finished import Finished
 from trajforge.runner.merge import Intake, MergeResult, merge_state
 from trajforge.runner.outputs import RUN_OUTPUTS
@@ -39,7 +41,7 @@ class Appended:
     state: dict[str, Any]  # the new merge state (runner.checkpoint keeps it)
 
 
-def append_new(run_dir: Path, state: dict[str, Any] | None, entries: Finished, rows: RunRows, totals: Totals, *,
+def append_new(layout: RunLayout, state: dict[str, Any] | None, entries: Finished, rows: RunRows, totals: Totals, *,
                keep_passed: bool, rewrite_limit: int = REWRITE_LIMIT) -> Appended | None:
     """Add to trajectories.jsonl the records of the index entries past the ones the last merge
     took (`entries`: the checkpoint's Finished); `totals` goes on from the figures of the records
@@ -51,9 +53,9 @@ def append_new(run_dir: Path, state: dict[str, Any] | None, entries: Finished, r
     --keep, a trajectories.jsonl that is not the one the state describes, another run output, or
     records that sort before ones already written while the file is under `rewrite_limit`.
     Raises OutputError."""
-    target = run_dir / "trajectories.jsonl"
+    target = layout.trajectories
     if state is None or rows.kept is not None or not rows.extends(state.get("dataset")) \
-            or state.get("keep_passed") != keep_passed or set(RUN_OUTPUTS) != {"trajectories.jsonl"}:
+            or state.get("keep_passed") != keep_passed or set(RUN_OUTPUTS) != {target.name}:
         return None
     try:
         st = target.stat()
@@ -70,14 +72,14 @@ def append_new(run_dir: Path, state: dict[str, Any] | None, entries: Finished, r
     try:
         with rows.reader() as dataset:
             extras: dict[int, tuple[int, dict[str, Any]]] = {}
-            for j, line in _read(run_dir, entries, new):
+            for j, line in store.read_at(layout, new, entries.location):
                 pos = where.get(entries.keys[j])
                 if pos is None:
                     stale += 1
                     continue
                 i = pos[0]
                 row = extras.get(i) or extras.setdefault(i, rows.extra(i, dataset))
-                taken = intake.take(line, i, row, f"entry {j} of finished.idx")
+                taken = intake.take(line, i, row, f"entry {j} of {layout.finished_index.name}")
                 if taken is not None:
                     kept.append((pos, j, None if taken[0] is line else taken[0]))
     except OSError as e:
@@ -87,7 +89,7 @@ def append_new(run_dir: Path, state: dict[str, Any] | None, entries: Finished, r
     late = sum(1 for pos, _, _ in kept if pos < last)
     if late and state["size"] < rewrite_limit:
         return None
-    size = _append(target, state["size"], _lines(run_dir, entries, kept))
+    size = _append(target, state["size"], _lines(layout, entries, kept))
     totals.verify.not_kept = state["not_kept"] + intake.not_kept
     result = MergeResult(state["written"] + len(kept), state["hallucinated"] + len(intake.hallucinated),
                          state["duplicates"], intake.problems, intake.hallucinated, state["stale"] + stale,
@@ -131,25 +133,9 @@ def _write_all(f: BinaryIO, data: bytes) -> None:
         view = view[f.write(view):]
 
 
-def _lines(run_dir: Path, entries: Finished, kept: list[tuple[tuple[int, int], int, bytes | None]]
+def _lines(layout: RunLayout, entries: Finished, kept: list[tuple[tuple[int, int], int, bytes | None]]
            ) -> Iterator[bytes]:
     """The lines to append, in `kept`'s order: read again from the batch files, one at a time."""
-    raw = _read(run_dir, entries, (j for _, j, fitted in kept if fitted is None))
+    raw = store.read_at(layout, (j for _, j, fitted in kept if fitted is None), entries.location)
     for _, _, fitted in kept:
         yield next(raw)[1] if fitted is None else fitted
-
-
-def _read(run_dir: Path, entries: Finished, which: Iterable[int]) -> Iterator[tuple[int, bytes]]:
-    """(entry, its record's line) for the index entries `which`, in that order."""
-    handles: dict[int, BinaryIO] = {}
-    try:
-        for j in which:
-            batch, offset, length = entries.location(j)
-            f = handles.get(batch)
-            if f is None:
-                f = handles[batch] = (run_dir / f"batch_{batch}.jsonl").open("rb")
-            f.seek(offset)
-            yield j, f.read(length)
-    finally:
-        for f in handles.values():
-            f.close()

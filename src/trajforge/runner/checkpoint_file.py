@@ -1,5 +1,4 @@
-"""The shape of a run's checkpoint.json (runner.checkpoint reads and writes it), and the names of
-the two files beside it.
+"""The shape of a run's checkpoint.json (runner.checkpoint reads and writes it).
 
 Every model allows fields it does not know (written by another version) and writes them back as
 they were. A version 1 file listed every sample, finished ones too: `plain_done` takes those out
@@ -13,8 +12,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 VERSION = 2
-INDEX_FILE = "finished.idx"
-JOURNAL_FILE = "journal.jsonl"
 
 
 class _Entry(BaseModel):

@@ -38,8 +38,9 @@ from trajforge.config import RunConfig
 from trajforge.jsonio import dumps
 from trajforge.redact import Scrubber
 from trajforge.registry import Registry
-from trajforge.runner.merge import HALLUCINATED, left_out
-from trajforge.sample.outcome import Outcome
+from trajforge.run_layout import RunLayout
+from trajforge.runner.merge import left_out
+from trajforge.sample.outcome import HALLUCINATED, Outcome
 
 if TYPE_CHECKING:
     from trajforge.runner.budget import Budget
@@ -96,6 +97,11 @@ class ListenerContext:
     config: RunConfig
     run_dir: Path
     scrubber: Scrubber  # for whatever else the listener writes or sends
+
+    @property
+    def layout(self) -> RunLayout:
+        """The run directory's paths (a listener may read it through runner.reader)."""
+        return RunLayout(self.run_dir)
 
 
 # Listeners beside the run's own, each made for every invocation; tests register theirs the same way.

@@ -19,7 +19,8 @@ from trajforge.config import RunConfig
 from trajforge.errors import UsageError
 from trajforge.jsonio import dumps
 from trajforge.redact import REGISTRY, hide_in_proc, run_secrets
-from trajforge.runner import rowcache, store
+from trajforge.run_layout import RunLayout
+from trajforge.runner import store
 from trajforge.runner.console import safe_std_streams
 from trajforge.runner.engine import ExecutorFactory
 from trajforge.runner.eventloop import tuned_collector, use_pidfd_child_watcher
@@ -53,10 +54,10 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
     assert (config.dataset_file or config.tasks) is not None and config.run_name is not None
     refuse_contradictions(config)
     prefill = load_prefill(config.prefill_messages_file)
-    run_path = config.output_dir / config.run_name
+    layout = RunLayout(config.output_dir / config.run_name)
     # one pass: every row validated, a few bytes of each kept; a resume reads only what the last
     # invocation did not (rows.idx)
-    rows = load_input(config, run_path / rowcache.FILE if config.resume else None)
+    rows = load_input(config, layout.rows_cache if config.resume else None)
     if config.agent != "oracle":
         config = choose_model(config)
         check_prices(config)
@@ -67,7 +68,7 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
     check_container_images(config, rows)
     check_task_engine(config)
     check_verification_settings(config, rows.path, rows.rubric, rows.verified)
-    rundir = RunDir(run_path)
+    rundir = RunDir(layout)
     rundir.acquire(resume=config.resume, overwrite=config.overwrite)
     watcher = use_pidfd_child_watcher()
     refused = False
@@ -75,7 +76,7 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
         leftovers = rundir.remove_leftovers()
         if leftovers:
             print(f"trajforge: removed {leftovers} temporary file(s) left by a killed run", file=sys.stderr)
-        for msg in store.repair(rundir.path):
+        for msg in store.repair(layout):
             print(f"trajforge: {msg}", file=sys.stderr)
         with tuned_collector():
             return asyncio.run(_invoke(config, sandbox, rows, prefill, rundir, make_executor))

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trajforge.run_layout import batch_number
 from trajforge.runner import recovery, store
 from trajforge.runner.checkpoint import Checkpoint
 from trajforge.runner.keys import key_of
@@ -29,7 +30,7 @@ class Plan:
     problems: list[str] = field(default_factory=list)
 
 
-def plan(rows: RunRows, run_dir: Path, checkpoint: Checkpoint) -> Plan:
+def plan(rows: RunRows, checkpoint: Checkpoint) -> Plan:
     """The samples still to run: those with no readable record in a batch file and not discarded
     before (failed ones are retried). Records the checkpoint lacks are put back into it
     (runner.recovery), with their spend. bench/resume_plan.py and bench/scale.py time this."""
@@ -38,9 +39,9 @@ def plan(rows: RunRows, run_dir: Path, checkpoint: Checkpoint) -> Plan:
     unsaved: list[store.LineRef] = []
     lost: set[int] = set()
     if checkpoint.needs_scan:
-        _scan_all(run_dir, checkpoint, problems, unreadable, unsaved, lost)
+        _scan_all(checkpoint, problems, unreadable, unsaved, lost)
     else:
-        _scan_tails(run_dir, checkpoint, problems, unreadable, unsaved, lost)
+        _scan_tails(checkpoint, problems, unreadable, unsaved, lost)
     restored = recovery.restore(checkpoint, unsaved)
     unreadable_keys = {key_of(i) for i in unreadable}
     discarded = {key_of(i) for i in checkpoint.discarded()}
@@ -59,12 +60,12 @@ def _key(rows: RunRows, i: int, r: int) -> int:
     return rollout_key(rows.keys[i], r)
 
 
-def _scan_all(run_dir: Path, checkpoint: Checkpoint, problems: list[str], unreadable: set[str],
-              unsaved: list[store.LineRef], lost: set[int]) -> None:
+def _scan_all(checkpoint: Checkpoint, problems: list[str], unreadable: set[str], unsaved: list[store.LineRef],
+              lost: set[int]) -> None:
     """Every batch file read whole: the index is rebuilt from what they hold."""
     said_done = set(checkpoint.legacy_done)
-    for path in store.batch_files(run_dir):
-        batch = store.batch_of(path)
+    for path in checkpoint.layout.batch_files():
+        batch = batch_number(path)
         end = 0
         for ref in store.scan_file(path, 0, problems, unreadable):
             end = ref.offset + ref.length
@@ -81,12 +82,12 @@ def _scan_all(run_dir: Path, checkpoint: Checkpoint, problems: list[str], unread
     checkpoint.needs_scan = True  # the rebuilt index is saved whole by the next compaction
 
 
-def _scan_tails(run_dir: Path, checkpoint: Checkpoint, problems: list[str], unreadable: set[str],
-                unsaved: list[store.LineRef], lost: set[int]) -> None:
+def _scan_tails(checkpoint: Checkpoint, problems: list[str], unreadable: set[str], unsaved: list[store.LineRef],
+                lost: set[int]) -> None:
     """Only what each batch file holds past what the checkpoint knows. A file that shrank (a line
     cut or removed by hand) or went away is read whole: its index entries are made anew from the
     records it still holds, and its samples without one are forgotten (they run again)."""
-    files = {store.batch_of(p): p for p in store.batch_files(run_dir)}
+    files = {batch_number(p): p for p in checkpoint.layout.batch_files()}
     done = checkpoint.done
     shrunk = {b for b, known in checkpoint.extents.items()
               if known and (b not in files or _size(files[b]) < known)}

@@ -18,10 +18,8 @@ stays uncounted beyond that partial spend.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import BinaryIO
 
 import orjson
 
@@ -66,25 +64,11 @@ def restore(checkpoint: Checkpoint, refs: list[store.LineRef]) -> Restored:
     if not refs:
         return Restored()
     in_flight = checkpoint.invocations[-1].in_flight if checkpoint.invocations else {}
-    costs = {ref.identity: record_cost(record) for ref, record in _read(refs)}
+    try:  # store.scan parsed each of these very lines as a whole record
+        costs = {ref.identity: record_cost(orjson.loads(line))
+                 for ref, line in store.read_at(checkpoint.layout, refs, store.LineRef.location)}
+    except OSError as e:
+        raise OutputError(e.filename, e, "read") from None
     for ref in refs:
-        checkpoint.finished(ref.identity, store.batch_of(ref.path), ref.offset, ref.length)
+        checkpoint.finished(ref.identity, ref.batch, ref.offset, ref.length)
     return Restored(len(refs), round(missed_spend(costs, in_flight), 8))
-
-
-def _read(refs: list[store.LineRef]) -> Iterable[tuple[store.LineRef, object]]:
-    handles: dict[Path, BinaryIO] = {}
-    try:
-        for ref in refs:
-            try:
-                f = handles.get(ref.path)
-                if f is None:
-                    f = handles[ref.path] = ref.path.open("rb")
-                f.seek(ref.offset)
-                line = f.read(ref.length)
-            except OSError as e:
-                raise OutputError(ref.path, e, "read") from None
-            yield ref, orjson.loads(line)  # store.scan parsed this very line as a whole record
-    finally:
-        for f in handles.values():
-            f.close()

@@ -1,4 +1,4 @@
-"""rows.idx: the last invocation's pass over the dataset, so a resume reads again only what changed.
+"""rows.idx (RunLayout.rows_cache): the last invocation's pass over the dataset, so a resume reads again only what changed.
 
 Validating a million rows costs several seconds (bench/RESULTS.md), and a resume that runs a
 thousand of them must not pay it each time. At the end of an invocation the rows the runner kept
@@ -39,7 +39,6 @@ from trajforge.errors import OutputError
 from trajforge.jsonio import atomic_write_bytes
 from trajforge.runner.keys import row_key
 
-FILE = "rows.idx"
 FORMAT = 2  # bump when the layout, the identities or the rows' checks change
 CHUNK = 1 << 20
 

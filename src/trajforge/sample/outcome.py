@@ -7,6 +7,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 FAILURE_CLASSES = ("rate_limit", "api_error", "timeout", "sandbox", "build", "model_error", "internal")
+# The discard reason of a finished record that called a tool it was not offered: the run's merge
+# drops it (trajforge.runner.merge), and the run's readers count it as discarded.
+HALLUCINATED = "hallucinated_tool"
 Status = Literal["done", "discarded", "failed"]
 
 

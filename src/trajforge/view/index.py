@@ -32,10 +32,7 @@ import orjson
 
 from trajforge.dataset import split_rollout
 from trajforge.export.source import as_record
-from trajforge.runner import store
-from trajforge.runner.checkpoint_file import JOURNAL_FILE
-from trajforge.runner.keys import key_of
-from trajforge.runner.stats import Totals
+from trajforge.runner.reader import HALLUCINATED, RunLayout, Totals, key_of
 from trajforge.tools.toolsets import KNOWN_TOOLS
 from trajforge.view.columns import BY_ID, BY_ID_AT_LINE, BY_LINE, OUTCOME, Columns
 from trajforge.view.dataset import DatasetRows, load_rows
@@ -77,6 +74,7 @@ class RunIndex(Lookup):
     def __init__(self, source: Path) -> None:
         self.source = source
         self.run_dir = source if source.is_dir() else None
+        self.layout = RunLayout(source) if self.run_dir is not None else None
         self.files: list[Path] = []
         self._pos: dict[Path, _FilePos] = {}
         self.records = Columns()
@@ -116,10 +114,10 @@ class RunIndex(Lookup):
 
     # -- sources -------------------------------------------------------------------------------
     def _sources(self) -> list[Path]:
-        if self.run_dir is None:
+        if self.layout is None:
             return [self.source]
-        files = store.batch_files(self.run_dir)
-        merged = self.run_dir / "trajectories.jsonl"
+        files = self.layout.batch_files()
+        merged = self.layout.trajectories
         return files or ([merged] if merged.exists() else [])
 
     def _reset(self) -> None:
@@ -226,8 +224,8 @@ class RunIndex(Lookup):
         entry = summarise(rec, key="", seq=len(self.records), file=file_id, offset=offset, length=len(line), used=used)
         stats = rec.get("tool_stats")
         if self.run_dir is not None and isinstance(stats, dict) and not stats.keys() <= _KNOWN:
-            entry.status, entry.reason = "discarded", "hallucinated_tool"
-            self.totals.discarded["hallucinated_tool"] += 1
+            entry.status, entry.reason = "discarded", HALLUCINATED
+            self.totals.discarded[HALLUCINATED] += 1
         else:
             if isinstance(stats, dict) and not stats.keys() <= self.totals.tools.keys():
                 for name in stats:  # statistics.json lists every tool a record names, zeros too
@@ -255,11 +253,11 @@ class RunIndex(Lookup):
 
     def _load_checkpoint(self) -> bool:
         """checkpoint.json with its journal (runner.checkpoint), read again when either changed."""
-        assert self.run_dir is not None
+        assert self.run_dir is not None and self.layout is not None
         sig = []
-        for name in ("checkpoint.json", JOURNAL_FILE):
+        for path in (self.layout.checkpoint, self.layout.journal):
             try:
-                st = (self.run_dir / name).stat()
+                st = path.stat()
                 sig.append((st.st_mtime_ns, st.st_size))
             except FileNotFoundError:
                 sig.append(None)
