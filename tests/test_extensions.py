@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
+from tests.support.run_state import read_records
 from trajforge import catalog, cli
 from trajforge.catalog import toolset
 from trajforge.registry import Spec
@@ -56,7 +57,7 @@ def test_a_registered_toolset_and_output_run_end_to_end(tmp_path: Path, server: 
                      f"--output_dir={tmp_path / 'data'}", "--run_name=r", f"--base_url={server.url}",
                      "--model=scripted-model", "--sandbox=local"])
     assert code == 0, capsys.readouterr().err
-    [record] = [json.loads(line) for line in (tmp_path / "data" / "r" / "trajectories.jsonl").read_text().splitlines()]
+    [record] = read_records(tmp_path / "data" / "r")
     assert record["toolsets_used"] == ["loud"]
     tool_turn = next(m for m in record["conversations"] if m["from"] == "tool")
     assert "HELLO" in tool_turn["value"]

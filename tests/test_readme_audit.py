@@ -13,7 +13,8 @@ import pytest
 from tests.conftest import REPO, cli
 from tests.support.policies import echo_policy, tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call, with_usage
-from tests.runner.test_e2e import base_args, read_jsonl, run_cli, write_dataset
+from tests.runner.test_e2e import base_args, run_cli, write_dataset
+from tests.support.run_state import read_records
 from trajforge.runner.console import SafeStream
 
 README = (REPO / "README.md").read_text()
@@ -44,7 +45,7 @@ def test_a_closed_standard_stream_never_stops_a_run(redirect: str, tmp_path: Pat
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr and "error" not in proc.stdout + proc.stderr
     run = tmp_path / "data" / "r"
-    assert len(read_jsonl(run / "trajectories.jsonl")) == 2 and (run / "statistics.json").is_file()
+    assert len(read_records(run)) == 2 and (run / "statistics.json").is_file()
     # Nothing meant for the closed stream went into a file that took its descriptor.
     assert all(b"progress" not in p.read_bytes() for p in run.iterdir() if p.is_file())
 

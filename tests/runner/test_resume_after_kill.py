@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import cli
-from tests.support.run_state import outcomes, state, statuses
+from tests.support.run_state import outcomes, read_batch_records, read_records, state, statuses
 from tests.support.policies import echo_policy
 from tests.support.scripted_server import ScriptedServer, with_usage
-from tests.runner.test_e2e import base_args, read_jsonl, run_cli, write_dataset
+from tests.runner.test_e2e import base_args, run_cli, write_dataset
 from trajforge.run_layout import RunLayout
 from trajforge.runner.checkpoint import Checkpoint
 from trajforge.runner.recovery import missed_spend, record_cost, restore
@@ -35,13 +35,7 @@ PRICED = "pricing:\n  scripted-model: {prompt: 10, completion: 100}\n"  # --max_
 
 def first_records(run: Path) -> dict[str, dict]:
     """The first whole record of every sample in the batch files (the one the merge keeps)."""
-    out: dict[str, dict] = {}
-    for batch in sorted(run.glob("batch_*.jsonl")):
-        for line in batch.read_bytes().splitlines(keepends=True):
-            if line.endswith(b"\n"):
-                rec = json.loads(line)
-                out.setdefault(rec["sample_id"], rec)
-    return out
+    return {rec["sample_id"]: rec for rec in read_batch_records(run)}
 
 
 def settled(run: Path) -> set[str]:
@@ -94,7 +88,7 @@ def test_samples_recorded_after_the_last_checkpoint_save_are_put_back_into_it(
     proc = run_cli(tmp_path, clean_env, *args, "--resume")
     assert proc.returncode == 0, proc.stderr[-2000:]
     ckpt = {k: (e.status, e.batch) for k, e in outcomes(run).items()}
-    records = read_jsonl(run / "trajectories.jsonl")
+    records = read_records(run)
     assert [r["prompt_index"] for r in records] == list(range(len(prompts)))
     assert {r["sample_id"] for r in records} - set(ckpt) == set(), "finished samples missing from the checkpoint"
     assert {r["sample_id"] for r in records} == set(ckpt)
@@ -142,7 +136,7 @@ def test_max_cost_and_statistics_count_what_a_killed_run_spent_on_records_it_nev
 
         more = run_cli(tmp_path, clean_env, *args, "--resume", "--max_cost=1000")
         assert more.returncode == 0, more.stderr[-2000:]
-        records = read_jsonl(run / "trajectories.jsonl")
+        records = read_records(run)
         assert [r["prompt_index"] for r in records] == list(range(len(prompts)))
         stats = json.loads((run / "statistics.json").read_text())["spend"]
         charged = len(srv.chat_requests()) * CALL_USD

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from tests.support.policies import echo_policy
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer
-from tests.runner.test_e2e import base_args, read_jsonl, run_cli, write_dataset
+from tests.runner.test_e2e import base_args, run_cli, write_dataset
+from tests.support.run_state import read_records
 from trajforge.run_layout import RunLayout
 
 
@@ -32,7 +33,7 @@ def test_rows_appended_to_the_dataset_are_appended_to_trajectories(tmp_path: Pat
     assert proc.returncode == 0, proc.stderr
     assert "9 samples, 6 already finished, 3 to run" in proc.stderr
     assert target.stat().st_ino == inode and target.read_bytes().startswith(before)  # appended, not rewritten
-    records = read_jsonl(target)
+    records = read_records(run)
     assert [r["conversations"][1]["value"] for r in records] == prompts
     assert [r["prompt_index"] for r in records] == list(range(9))
     assert len({r["sample_id"] for r in records}) == 9
@@ -42,7 +43,7 @@ def test_rows_appended_to_the_dataset_are_appended_to_trajectories(tmp_path: Pat
     (run / "checkpoint.json").write_text(json.dumps({**json.loads((run / "checkpoint.json").read_text()),
                                                      "merge": None}))
     assert run_cli(tmp_path, clean_env, *base_args(server, ds, "r", "--resume")).returncode == 0
-    assert target.stat().st_ino != inode and read_jsonl(target) == records
+    assert target.stat().st_ino != inode and read_records(run) == records
 
 
 def test_overwrite_starts_without_the_old_runs_state_files(tmp_path: Path, server: ScriptedServer,
@@ -62,4 +63,4 @@ def test_overwrite_starts_without_the_old_runs_state_files(tmp_path: Path, serve
     seen.clear()
     assert run_cli(tmp_path, clean_env, *base_args(server, ds, "r", "--overwrite")).returncode == 0
     assert seen and RunLayout(run).rows_cache.name not in seen[0]  # the old one is gone; the new one is written at the end
-    assert len(read_jsonl(run / "trajectories.jsonl")) == 1
+    assert len(read_records(run)) == 1

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+from tests.support.run_state import read_records
 
 from trajforge.runner import journal
 from trajforge.runner.checkpoint import Checkpoint
@@ -163,7 +164,7 @@ def test_an_append_whose_state_was_never_saved_is_made_again_not_twice(tmp_path:
                 f.write(b'{"torn": "' + b"x" * 10_000)
         out = append_new(RunLayout(tmp_path), state, ckpt.done, rows, Totals(), keep_passed=False)
         assert out is not None and out.result.written == 3 and out.state["entries"] == 3
-        got = [json.loads(line)["sample_id"] for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+        got = [r["sample_id"] for r in read_records(tmp_path)]
         assert got == ids
     other, _ = rows_of(tmp_path, 3, "q")
     assert append_new(RunLayout(tmp_path), {**state, "dataset": other.identity()}, ckpt.done, rows, Totals(),
@@ -182,5 +183,5 @@ def test_records_before_the_last_written_one_rewrite_a_small_file_and_are_append
     assert append_new(*args, keep_passed=False) is None  # small: rewritten in order
     out = append_new(*args, keep_passed=False, rewrite_limit=0)
     assert out is not None and out.state["out_of_order"] == 1
-    got = [json.loads(line)["sample_id"] for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    got = [r["sample_id"] for r in read_records(tmp_path)]
     assert got == [ids[0], ids[2], ids[1]]

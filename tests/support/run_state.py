@@ -13,12 +13,12 @@ from typing import Any
 from trajforge.runner.reader import RunReader, RunState, SampleEntry
 
 
-def records(run: Path) -> list[dict[str, Any]]:
+def read_records(run: Path) -> list[dict[str, Any]]:
     """trajectories.jsonl's records, in order."""
     return list(RunReader(run).records())
 
 
-def batch_records(run: Path) -> list[dict[str, Any]]:
+def read_batch_records(run: Path) -> list[dict[str, Any]]:
     """The first whole record of each sample in the batch files."""
     return list(RunReader(run).batch_records())
 
