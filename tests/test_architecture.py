@@ -196,7 +196,7 @@ def _registries() -> dict[str, Any]:
 OTHER_MEANINGS: dict[str, dict[str, str]] = {
     "none": {p: "not a network mode: reasoning effort, verification method, an empty listing, a default's words"
              for p in ("agent/loop.py", "config.py", "commands/run.py", "export/filters.py", "runner/preflight.py",
-                       "runner/verify_stats.py", "sample/trace.py", "tools/terminal.py", "verify/result.py",
+                       "runner/reporting/verify_stats.py", "sample/trace.py", "tools/terminal.py", "verify/result.py",
                        "sandbox/backends/container/container_status.py")}
              | {"sandbox/backends/container/container_argv.py": "the engine's own `--network none`"},
     "host": {"view/view_command.py": "the viewer's --host flag"},
@@ -207,7 +207,7 @@ OTHER_MEANINGS: dict[str, dict[str, str]] = {
     "ray": {"commands/cluster.py": "the Ray cluster commands are the ray executor's own (and their `ray:` section)",
             "executors/ray_auth.py": "the ray executor's own module"},
     "run": {p: "not the subcommand: a run of trajforge, a path component"
-            for p in ("export/card.py", "runner/progress.py", "view/server.py",
+            for p in ("export/card.py", "runner/reporting/progress.py", "view/server.py",
                       "sandbox/backends/bwrap/bwrap_layout.py", "sandbox/backends/container/container_argv.py")},
     "export": {"export/__init__.py": "the pip extra"},
     "file": {"sandbox/backends/container/seed_tar.py": "a tar member's kind"},

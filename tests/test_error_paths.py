@@ -21,7 +21,7 @@ from tests.support.policies import echo_policy, tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call
 from tests.support.run_state import read_records, statuses
 from tests.runner.test_e2e import base_args, run_cli, write_dataset
-from trajforge.runner.progress import Progress
+from trajforge.runner.reporting.progress import Progress
 
 
 def _can_mount() -> str | None:

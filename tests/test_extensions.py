@@ -15,7 +15,7 @@ from tests.support.run_state import read_records
 from trajforge import catalog, cli
 from trajforge.catalog import toolset
 from trajforge.registry import Spec
-from trajforge.runner import outputs
+from trajforge.runner.reporting import outputs
 
 
 @pytest.fixture

@@ -103,7 +103,7 @@ def test_the_local_model_stands_in_only_when_no_model_was_named(clean_env: dict[
 
 def test_the_exit_code_table_lists_every_code_a_run_exits_with() -> None:
     table = README[README.index("### Exit codes"):README.index("`--fail_on_error N`")]
-    from trajforge.runner.budget import BUDGET_EXIT_CODE
+    from trajforge.runner.scheduling.budget import BUDGET_EXIT_CODE
 
     codes = {int(m) for m in re.findall(r"^\| (\d+) \|", table, re.MULTILINE)}
     assert codes == {0, 1, 2, 3, BUDGET_EXIT_CODE, 130}
@@ -226,14 +226,14 @@ def test_cost_and_spent_are_labelled_and_small_budgets_keep_their_digits(
 
 
 def test_usd_keeps_two_significant_digits() -> None:
-    from trajforge.runner.figures import usd
+    from trajforge.runner.reporting.figures import usd
 
     assert [usd(x) for x in (0, 0.004, 0.00004, 1.5, 12.3456, 1234.5)] == \
         ["$0.00", "$0.0040", "$0.000040", "$1.5000", "$12.3456", "$1,234.50"]
 
 
 def test_pass_at_k_says_how_many_rows_it_averages() -> None:
-    from trajforge.runner.verify_stats import VerifyTotals, table_rows
+    from trajforge.runner.reporting.verify_stats import VerifyTotals, table_rows
 
     totals = VerifyTotals(k=2)
     for sample_id, index, verification in (("a", 0, {"method": "exact", "passed": True}),

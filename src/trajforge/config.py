@@ -189,7 +189,7 @@ class RunConfig(_Strict):
     task_types: dict[str, TaskTypeConfig] = Field(default_factory=dict, json_schema_extra=FILE_ONLY)
     distributions: dict[str, DistributionConfig] = Field(default_factory=dict, json_schema_extra=FILE_ONLY)
     tools: ToolsConfig = Field(default_factory=ToolsConfig, json_schema_extra=FILE_ONLY)
-    # Spend and load control (runner.budget, model.gate).
+    # Spend and load control (runner.scheduling.budget, model.gate).
     max_cost: float | None = Field(None, gt=0, description="USD budget of the whole run (all invocations): no new "
                                    "samples once reached, exit code 4", json_schema_extra=shown("no limit"))
     max_cost_per_sample: float | None = Field(None, gt=0, description="USD per sample: a sample reaching it ends as "

@@ -2,11 +2,11 @@
 
 A run directory (`--output_dir`/`--run_name`) holds:
 
-- the data: batch_N.jsonl, every record as it was written (runner.store);
+- the data: batch_N.jsonl, every record as it was written (runner.state.store);
 - what the end of each invocation makes from it: trajectories.jsonl (and any other run output,
-  runner.outputs) and statistics.json; config.json, the configuration of the last invocation;
-- the runner's bookkeeping: checkpoint.json, finished.idx and journal.jsonl (runner.checkpoint),
-  rows.idx (runner.rowcache), and .lock, held by the process running it (runner.rundir);
+  runner.reporting.outputs) and statistics.json; config.json, the configuration of the last invocation;
+- the runner's bookkeeping: checkpoint.json, finished.idx and journal.jsonl (runner.state.checkpoint),
+  rows.idx (runner.state.rowcache), and .lock, held by the process running it (runner.state.rundir);
 - what samples leave: workspaces/ (--keep_workspaces) and builds/ (image build logs).
 
 Temporary files of atomic writes are `.NAME.XXXX.tmp` beside their target (trajforge.jsonio).
@@ -70,7 +70,7 @@ class RunLayout:
         return self.root / "builds"
 
     def output(self, name: str) -> Path:
-        """A run output by its file name (runner.outputs.RUN_OUTPUTS)."""
+        """A run output by its file name (runner.reporting.outputs.RUN_OUTPUTS)."""
         return self.root / name
 
     def batch(self, n: int) -> Path:

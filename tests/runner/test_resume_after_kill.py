@@ -1,7 +1,7 @@
 """A run killed (SIGKILL) between writing records and saving its checkpoint, then resumed.
 
 Records reach the batch files as samples finish; the checkpoint's journal is committed about once a
-second (runner.checkpoint; tests.support.run_state reads it as the runner does). The
+second (runner.state.checkpoint; tests.support.run_state reads it as the runner does). The
 runner is killed at a moment when the batch files hold records the checkpoint does not know, the
 state every kill of a busy run leaves. The resume must put those samples back into the checkpoint
 (README: it holds the outcome of every finished sample) and count what they cost towards
@@ -25,9 +25,9 @@ from tests.support.policies import echo_policy
 from tests.support.scripted_server import ScriptedServer, with_usage
 from tests.runner.test_e2e import base_args, run_cli, write_dataset
 from trajforge.run_layout import RunLayout
-from trajforge.runner.checkpoint import Checkpoint
-from trajforge.runner.recovery import missed_spend, record_cost, restore
-from trajforge.runner.store import scan
+from trajforge.runner.state.checkpoint import Checkpoint
+from trajforge.runner.state.recovery import missed_spend, record_cost, restore
+from trajforge.runner.state.store import scan
 
 CALL_USD = 0.5  # what the priced server charges per call: $1 a sample (two calls)
 PRICED = "pricing:\n  scripted-model: {prompt: 10, completion: 100}\n"  # --max_cost needs a price

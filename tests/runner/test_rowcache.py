@@ -18,8 +18,8 @@ import pytest
 from trajforge.config import RunConfig
 from trajforge.errors import DatasetError
 from trajforge.run_layout import RunLayout
-from trajforge.runner import rowcache
-from trajforge.runner.rows import RunRows, Todo
+from trajforge.runner.state import rowcache
+from trajforge.runner.scheduling.rows import RunRows, Todo
 
 
 def write(path: Path, rows: list[object], *, end: bytes = b"\n") -> Path:
@@ -125,7 +125,7 @@ def test_a_sample_key_is_the_same_from_its_record_and_from_its_row_whatever_the_
     """A dataset row's identity, a task's (32 hex digits) and a hand-written one: the key a
     record's sample_id gives is the one the rows give that sample, rollouts included."""
     from trajforge.dataset import rollout_identity
-    from trajforge.runner.keys import key_of, rollout_key
+    from trajforge.runner.state.keys import key_of, rollout_key
 
     for row in ("0123456789abcdef01234567:3", "ab" * 16 + ":0", "hand-written"):
         assert len({key_of(rollout_identity(row, r)) for r in range(3)}) == 3

@@ -14,16 +14,16 @@ from pathlib import Path
 import pytest
 from tests.support.run_state import read_records
 
-from trajforge.runner import journal
-from trajforge.runner.checkpoint import Checkpoint
+from trajforge.runner.state import journal
+from trajforge.runner.state.checkpoint import Checkpoint
 from trajforge.run_layout import RunLayout
-from trajforge.runner.finished import Finished
-from trajforge.runner.keys import key_of
+from trajforge.runner.state.finished import Finished
+from trajforge.runner.state.keys import key_of
 from trajforge.config import RunConfig
-from trajforge.runner.append import append_new
-from trajforge.runner.merge import MergeResult, merge_state
-from trajforge.runner.rows import RunRows
-from trajforge.runner.stats import Totals
+from trajforge.runner.reporting.append import append_new
+from trajforge.runner.reporting.merge import MergeResult, merge_state
+from trajforge.runner.scheduling.rows import RunRows
+from trajforge.runner.reporting.stats import Totals
 from trajforge.sample.outcome import Outcome
 
 
@@ -96,7 +96,7 @@ def test_a_compaction_cut_at_any_point_reads_back_as_the_same_state(tmp_path: Pa
     def kill(*_a: object, **_k: object) -> None:
         raise Killed
     if cut == "after_index":  # finished.idx appended, checkpoint.json not written
-        monkeypatch.setattr("trajforge.runner.checkpoint.atomic_write_bytes", kill)
+        monkeypatch.setattr("trajforge.runner.state.checkpoint.atomic_write_bytes", kill)
     else:  # checkpoint.json written, the journal not rotated
         monkeypatch.setattr(journal.Journal, "rotate", kill)
     with pytest.raises(Killed):

@@ -31,9 +31,9 @@ from trajforge.config import RunConfig
 from trajforge.dataset import load_dataset, split_rollout
 from trajforge.catalog.distributions import draw_toolsets
 from trajforge.run_layout import RunLayout
-from trajforge.runner.checkpoint import Checkpoint
-from trajforge.runner.rollouts import expand, passes_on_disk, prior_passes
-from trajforge.runner.rows import RunRows
+from trajforge.runner.state.checkpoint import Checkpoint
+from trajforge.runner.scheduling.rollouts import expand, passes_on_disk, prior_passes
+from trajforge.runner.scheduling.rows import RunRows
 
 N = 4
 KINDS = ["pass"] * 10 + ["fail"] * 8 + ["mixed"] * 10 + ["hang"] * 4 + ["answer"] * 4 + ["answer_mixed"] * 4

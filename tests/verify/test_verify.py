@@ -14,7 +14,7 @@ from trajforge.config import RunConfig
 from trajforge.dataset import load_dataset, rollout_identity, split_rollout
 from trajforge.errors import DatasetError
 from trajforge.sample.outcome import Outcome
-from trajforge.runner.rollouts import RolloutScheduler, expand
+from trajforge.runner.scheduling.rollouts import RolloutScheduler, expand
 from trajforge.sandbox.interface import ExecResult
 from trajforge.verify.answer import last_number, matches, normalise, parse_number
 from trajforge.verify.check import check_part
@@ -263,7 +263,7 @@ def test_passes_on_disk_reads_the_verification_not_the_text(tmp_path: Path) -> N
     import orjson
 
     from trajforge.run_layout import RunLayout
-    from trajforge.runner.rollouts import passes_on_disk
+    from trajforge.runner.scheduling.rollouts import passes_on_disk
 
     def rec(sid: str, ok: bool, text: str = "hi", tools: dict | None = None) -> bytes:
         return orjson.dumps({"prompt_index": 0, "sample_id": sid, "conversations": [{"from": "gpt", "value": text}],

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trajforge.runner.stats import Totals
+from trajforge.runner.reporting.stats import Totals
 from trajforge.tools.toolsets import KNOWN_TOOLS
 from trajforge.view.conversation import display_turns, pair, parse_call, result_view
 from trajforge.view.index import RunIndex

@@ -1,7 +1,7 @@
 """One invocation of a run once its input is checked and its directory locked: `Invocation`.
 
-`start` plans what is left (runner.plan), starts the executor, records the invocation in the
-checkpoint and makes the outcome listeners (runner.listeners); the engine (runner.engine) then
+`start` plans what is left (runner.scheduling.plan), starts the executor, records the invocation in the
+checkpoint and makes the outcome listeners (runner.listeners); the engine (runner.scheduling.engine) then
 hands every sample's outcome to `on_outcome`, which scrubs and judges it once (`Ended.of`) and
 gives it to each listener in turn; `finish` closes them, merges, writes statistics.json and says
 the exit code.
@@ -10,7 +10,7 @@ A file of the run that cannot be written (disk full, read-only, I/O error) stops
 (`halt`): outcomes not yet written are dropped (those samples run again on --resume), what is
 written is kept, and the run ends with one line naming the file. The order of the end matters:
 batch files are closed and synced, the checkpoint is saved, then the merge and statistics are
-rebuilt from what is on disk (runner.report).
+rebuilt from what is on disk (runner.reporting.report).
 """
 
 from __future__ import annotations
@@ -25,23 +25,24 @@ from trajforge.catalog.sandboxes import AUTO, image_backend
 from trajforge.config import RunConfig
 from trajforge.errors import FatalModelError, OutputError
 from trajforge.redact import REGISTRY, Scrubber
-from trajforge.runner import settings, store
-from trajforge.runner.budget import BUDGET_EXIT_CODE
-from trajforge.runner.checkpoint import Checkpoint
-from trajforge.runner.engine import ExecutorFactory, run_engine
+from trajforge.runner.reporting import settings
+from trajforge.runner.state import store
+from trajforge.runner.scheduling.budget import BUDGET_EXIT_CODE
+from trajforge.runner.state.checkpoint import Checkpoint
+from trajforge.runner.scheduling.engine import ExecutorFactory, run_engine
 from trajforge.runner.eventloop import flush_periodically, install_signals, remove_signals
-from trajforge.runner.governor import budget_for
+from trajforge.runner.scheduling.governor import budget_for
 from trajforge.runner.listeners import (
     BatchFiles, CheckpointEntries, Ended, InvocationFigures, ListenerContext, OutcomeListener, ProgressLine, registered,
 )
-from trajforge.runner.monitor import RunMonitor
-from trajforge.runner.plan import plan
-from trajforge.runner.progress import Progress
-from trajforge.runner.report import failed_exit_code, finish, print_summary
-from trajforge.runner.rollouts import RolloutScheduler, prior_passes
-from trajforge.runner.rows import RunRows
-from trajforge.runner.rundir import RunDir
-from trajforge.runner.stats import Totals
+from trajforge.runner.reporting.monitor import RunMonitor
+from trajforge.runner.scheduling.plan import plan
+from trajforge.runner.reporting.progress import Progress
+from trajforge.runner.reporting.report import failed_exit_code, finish, print_summary
+from trajforge.runner.scheduling.rollouts import RolloutScheduler, prior_passes
+from trajforge.runner.scheduling.rows import RunRows
+from trajforge.runner.state.rundir import RunDir
+from trajforge.runner.reporting.stats import Totals
 from trajforge.sample.outcome import Outcome
 from trajforge.sandbox.sandbox_settings import SandboxSettings
 

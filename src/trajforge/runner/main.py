@@ -20,18 +20,18 @@ from trajforge.errors import UsageError
 from trajforge.jsonio import dumps
 from trajforge.redact import REGISTRY, hide_in_proc, run_secrets
 from trajforge.run_layout import RunLayout
-from trajforge.runner import store
+from trajforge.runner.state import store
 from trajforge.runner.console import safe_std_streams
-from trajforge.runner.engine import ExecutorFactory
+from trajforge.runner.scheduling.engine import ExecutorFactory
 from trajforge.runner.eventloop import tuned_collector, use_pidfd_child_watcher
-from trajforge.runner.governor import check_prices
+from trajforge.runner.scheduling.governor import check_prices
 from trajforge.runner.invocation import Invocation
 from trajforge.runner.preflight import (
     check_container_images, check_executor, check_network, check_task_engine, choose_model, load_input, load_prefill,
     refuse_contradictions,
 )
-from trajforge.runner.rows import RunRows
-from trajforge.runner.rundir import RunDir
+from trajforge.runner.scheduling.rows import RunRows
+from trajforge.runner.state.rundir import RunDir
 from trajforge.sample.lower_settings import sandbox_settings
 from trajforge.sandbox.sandbox_settings import SandboxSettings
 from trajforge.verify.verifier import check_verification_settings

@@ -4,7 +4,7 @@ The viewer, the exporter and the tests' helpers take what they read of a run fro
 nothing else of the runner (tests/test_architecture.py checks it), so the way the runner keeps
 its bookkeeping can change without them. A `RunReader` reads the run's records
 (trajectories.jsonl, or the batch files the way the merge takes them), its bookkeeping as the
-runner itself loads it (runner.checkpoint: the snapshot, its index and its journal, replayed by
+runner itself loads it (runner.state.checkpoint: the snapshot, its index and its journal, replayed by
 the one replay there is), its configuration and statistics, its dataset's rows (with the run's own
 rows.idx) and whether a process runs it now. Nothing here writes or locks: reading a live run
 never gets in its way.
@@ -26,20 +26,21 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from trajforge.run_layout import RunLayout
-from trajforge.runner import store
+from trajforge.runner.state import store
 
 if TYPE_CHECKING:
     from trajforge.config import RunConfig
-    from trajforge.runner.checkpoint import Checkpoint
-    from trajforge.runner.checkpoint_file import InvocationEntry, SampleEntry
-    from trajforge.runner.rows import RunRows
+    from trajforge.runner.state.checkpoint import Checkpoint
+    from trajforge.runner.state.checkpoint_file import InvocationEntry, SampleEntry
+    from trajforge.runner.scheduling.rows import RunRows
 
 # What readers compute as the runner does, imported when first asked for (`trajforge export` of
 # a file needs none of it, and a reader should start fast).
-_HANDED_ON = {"InvocationEntry": "trajforge.runner.checkpoint_file", "SampleEntry": "trajforge.runner.checkpoint_file",
-              "RunRows": "trajforge.runner.rows", "Totals": "trajforge.runner.stats",
-              "run_pace": "trajforge.runner.stats", "history": "trajforge.runner.settings",
-              "key_of": "trajforge.runner.keys", "HALLUCINATED": "trajforge.sample.outcome"}
+_HANDED_ON = {"InvocationEntry": "trajforge.runner.state.checkpoint_file",
+              "SampleEntry": "trajforge.runner.state.checkpoint_file", "RunRows": "trajforge.runner.scheduling.rows",
+              "Totals": "trajforge.runner.reporting.stats", "run_pace": "trajforge.runner.reporting.stats",
+              "history": "trajforge.runner.reporting.settings", "key_of": "trajforge.runner.state.keys",
+              "HALLUCINATED": "trajforge.sample.outcome"}
 __all__ = ["RunLayout", "RunReader", "RunState", *_HANDED_ON]
 
 
@@ -84,7 +85,7 @@ class RunReader:
             yield orjson.loads(line)
 
     def state(self, *, index: bool = True) -> RunState:
-        """The bookkeeping (runner.checkpoint). Without `index`, its finished samples are only
+        """The bookkeeping (runner.state.checkpoint). Without `index`, its finished samples are only
         those the journal added since the last snapshot (a million-sample run's index is not
         read). Raises RunStateError when the runner would refuse it."""
         ckpt = self._checkpoint(index)
@@ -95,7 +96,7 @@ class RunReader:
         """identity -> outcome of every sample that has one: finished ones (their identity read
         from their record; batch -1 for a version 1 checkpoint's), failed and discarded ones (a
         finished record that the merge dropped is discarded, not done)."""
-        from trajforge.runner.checkpoint_file import SampleEntry
+        from trajforge.runner.state.checkpoint_file import SampleEntry
 
         ckpt = self._checkpoint(True)
         where = (ckpt.done.location(i) for i in range(len(ckpt.done)))
@@ -106,7 +107,7 @@ class RunReader:
         return out
 
     def _checkpoint(self, index: bool) -> Checkpoint:
-        from trajforge.runner.checkpoint import Checkpoint
+        from trajforge.runner.state.checkpoint import Checkpoint
 
         return Checkpoint.load(self.layout, self.layout.root.name, index=index)
 
@@ -124,7 +125,7 @@ class RunReader:
     def rows(self, config: RunConfig) -> RunRows:
         """The dataset `config` names, as the runner holds it, taken from the run's rows.idx when
         the file still begins with the bytes it came from. Raises DatasetError."""
-        from trajforge.runner.rows import RunRows
+        from trajforge.runner.scheduling.rows import RunRows
 
         return RunRows.read(config, self.layout.rows_cache)
 

@@ -7,7 +7,7 @@ there (derived from the run directory and output_dir) and then relative to the c
 A dataset that is gone or no longer valid just leaves those fields empty. A run of `--tasks`
 reads its task directories the same way (trajforge.tasks.load).
 
-The rows are held as the runner holds them (runner.rows: a few bytes a row, read back by
+The rows are held as the runner holds them (runner.scheduling.rows: a few bytes a row, read back by
 offset), taken from the run's own rows.idx when the file has not changed since, so a
 million-row dataset costs ~30 MB and, usually, no pass over the file.
 """
@@ -26,7 +26,7 @@ from trajforge.errors import DatasetError
 from trajforge.runner.reader import RunReader, RunRows, key_of
 from trajforge.view.summary import PROMPT_CAP
 
-# config.json keys that decide which rows a dataset has (runner.rowcache.settings)
+# config.json keys that decide which rows a dataset has (runner.state.rowcache.settings)
 _ROW_SETTINGS = ("skip_invalid", "max_samples", "sandbox", "task_types", "check_timeout", "judge_threshold",
                  "samples_per_prompt", "agent")
 

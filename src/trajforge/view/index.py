@@ -9,11 +9,11 @@ and the rest comes in behind it (`behind` says how many bytes are left). While a
 the next pass), and reloads checkpoint.json when it changed, so a poll costs a few stat calls when
 nothing happened. A file that shrank or was replaced (`--overwrite`) makes it start over.
 
-Kept records follow the run's own merge rules (runner/merge.py), so the figures match
+Kept records follow the run's own merge rules (runner/reporting/merge.py), so the figures match
 statistics.json: the first record of an identity wins, and a record that called a tool that does
 not exist or was not offered counts as discarded (`hallucinated_tool`). Samples with no record
 (failed, discarded) come from the checkpoint: checkpoint.json and its journal, read as the runner
-reads them (runner.checkpoint); the dataset (view.dataset) gives their prompts and positions, and
+reads them (runner.state.checkpoint); the dataset (view.dataset) gives their prompts and positions, and
 the task types records do not carry.
 A JSONL file may also be an `openai` export: its lines are read back into the records they came
 from (export.source.as_record); a line that is neither is named as a problem, never shown as an
@@ -92,7 +92,7 @@ class RunIndex(Lookup):
         self._outcomes_made = 0  # times the outcomes were made: the order holds their numbers
         self.dataset: DatasetRows | None = None
         self.dataset_note: str | None = None
-        self._row_keys = array("Q")  # each record's row (runner.keys), for its task type in the dataset
+        self._row_keys = array("Q")  # each record's row (runner.state.keys), for its task type in the dataset
         self._typed = 0  # records whose task type the dataset was asked for
         self._rows_known: dict[str, Any] = {}  # identity -> dataset row, of samples without a record
 
@@ -252,7 +252,7 @@ class RunIndex(Lookup):
                 break
 
     def _load_checkpoint(self) -> bool:
-        """checkpoint.json with its journal (runner.checkpoint), read again when either changed."""
+        """checkpoint.json with its journal (runner.state.checkpoint), read again when either changed."""
         assert self.run_dir is not None and self.layout is not None
         sig = []
         for path in (self.layout.checkpoint, self.layout.journal):

@@ -118,7 +118,7 @@ class Lookup:
         return sum(float(i.get("seconds", 0.0)) for i in inv if isinstance(i, dict))
 
     def pace(self) -> tuple[int, float] | None:
-        """The run's throughput basis, as statistics.json takes it (runner.stats.run_pace)."""
+        """The run's throughput basis, as statistics.json takes it (runner.reporting.stats.run_pace)."""
         inv = self.checkpoint.get("invocations")
         if not isinstance(inv, list) or not inv:
             return None

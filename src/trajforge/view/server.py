@@ -47,7 +47,7 @@ async def catch_up(index: RunIndex, idle: asyncio.Event | None = None) -> None:
 
 
 def invocation_settings(invocations: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run's models and each change of settings between invocations (runner.settings), as
+    """The run's models and each change of settings between invocations (runner.reporting.settings), as
     statistics.json lists them: shown by the overview when a resume changed any."""
     from types import SimpleNamespace
 

@@ -3,18 +3,18 @@
 Batch files are the source of truth for kept trajectories; the checkpoint adds what they cannot
 say: discarded samples (final, never re-run) and failed ones (retried on resume), plus each
 invocation's settings, duration and spend for cumulative statistics and the budget, and the
-state of the incremental merge (runner.merge). Three files hold it, each read as a whole:
+state of the incremental merge (runner.reporting.merge). Three files hold it, each read as a whole:
 
 - checkpoint.json: a snapshot (version 2): failed and discarded samples, invocations, the merge
   state, how far each batch file is known, and how many entries of finished.idx it vouches for.
-- finished.idx (runner.finished): the location of every finished sample's record, 24 bytes each.
-- journal.jsonl (runner.journal): what changed since the snapshot, appended as committed groups
+- finished.idx (runner.state.finished): the location of every finished sample's record, 24 bytes each.
+- journal.jsonl (runner.state.journal): what changed since the snapshot, appended as committed groups
   at most about once a second while samples finish or spend grows, and at the end.
 
 So a save costs what changed, not the size of the run. `compact` folds the journal into a new
 snapshot (at the start and end of every invocation, and when the journal grows past a few MB).
 A run killed between two saves leaves records that neither file knows; the next start puts them
-back (runner.recovery). A checkpoint.json of version 1 (every sample listed, done ones too) is read
+back (runner.state.recovery). A checkpoint.json of version 1 (every sample listed, done ones too) is read
 as before and converted at the start of the next invocation. A file read back is validated as a
 whole (checkpoint_file.py): one of the wrong shape is refused like an unparsable one, with the file
 named, never half-used.
@@ -32,9 +32,9 @@ from pydantic import ValidationError
 from trajforge.errors import OutputError, RunStateError
 from trajforge.jsonio import atomic_write_bytes
 from trajforge.redact import REGISTRY
-from trajforge.runner import journal
+from trajforge.runner.state import journal
 from trajforge.run_layout import RunLayout
-from trajforge.runner.checkpoint_file import (
+from trajforge.runner.state.checkpoint_file import (
     VERSION,
     CheckpointFile,
     IndexRef,
@@ -43,8 +43,8 @@ from trajforge.runner.checkpoint_file import (
     SampleUsage,
     plain_done,
 )
-from trajforge.runner.finished import Finished
-from trajforge.runner.keys import key_of
+from trajforge.runner.state.finished import Finished
+from trajforge.runner.state.keys import key_of
 from trajforge.sample.outcome import Outcome
 
 COMPACT_BYTES = 8 << 20  # journal size past which a save compacts it
@@ -119,7 +119,7 @@ class Checkpoint:
         return ckpt
 
     def _apply(self, line: dict[str, Any]) -> None:
-        """One journal line (runner.journal), as `record`, `forget`... wrote it."""
+        """One journal line (runner.state.journal), as `record`, `forget`... wrote it."""
         if "done" in line:
             identity, batch = line["done"], int(line["batch"])
             self.samples.pop(identity, None)
@@ -208,7 +208,7 @@ class Checkpoint:
 
     def finished(self, identity: str, batch: int, offset: int, length: int, *, log: bool = True) -> None:
         """The sample's record is at `offset` (`length` bytes) in batch_<batch>.jsonl: it is done.
-        Also how runner.recovery puts back a record an invocation wrote but never saved here.
+        Also how runner.state.recovery puts back a record an invocation wrote but never saved here.
         `log` False: a full scan is rebuilding the index, which `compact` then saves whole."""
         if self.samples.pop(identity, None) is not None and not log:
             self._dirty = True
@@ -283,7 +283,7 @@ class Checkpoint:
     def compact(self) -> None:
         """Fold everything into a new snapshot: finished.idx first, then checkpoint.json, then an
         empty journal of the next generation. A kill between any two steps leaves a state that
-        loads as the same one (see runner.journal and runner.finished). Raises OutputError."""
+        loads as the same one (see runner.state.journal and runner.state.finished). Raises OutputError."""
         if self._current is not None:
             self._current.seconds = round(time.monotonic() - self._invocation_t0, 3)
         self.done.save(self.layout.finished_index)
@@ -294,7 +294,8 @@ class Checkpoint:
             samples=dict(sorted(self.samples.items())),  # in one order whatever order they ended in
             invocations=self.invocations, merge=self.merge)
         try:
-            atomic_write_bytes(self.layout.checkpoint, REGISTRY.bytes(body.model_dump_json(exclude_unset=True).encode()))
+            data = REGISTRY.bytes(body.model_dump_json(exclude_unset=True).encode())
+            atomic_write_bytes(self.layout.checkpoint, data)
         except OSError as e:
             raise OutputError(self.layout.checkpoint, e) from None
         self.generation += 1

@@ -37,7 +37,7 @@ class JsonlOutput:
 
 # Named by the file in the run directory; tests register their own the same way.
 RUN_OUTPUTS: Registry[None] = Registry("run output")
-RUN_OUTPUTS.register(Spec(TRAJECTORIES, "trajforge.runner.outputs:JsonlOutput", "the kept records as saved"))
+RUN_OUTPUTS.register(Spec(TRAJECTORIES, "trajforge.runner.reporting.outputs:JsonlOutput", "the kept records as saved"))
 
 
 @contextlib.contextmanager

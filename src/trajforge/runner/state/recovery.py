@@ -1,15 +1,15 @@
 """What a killed invocation finished but never saved in checkpoint.json, put back at the next start.
 
-Records are written to the batch files as samples finish; the checkpoint's journal is committed only
-every second or so (runner.checkpoint). A run killed between the two (SIGKILL, OOM, power) leaves finished samples whose records
-exist but that the checkpoint does not call finished, and whose spend is missing from the
-invocation's `spent`, the budget's prior. At the next start (`restore`), before any sample runs,
-each such sample gets a `done` entry and its record's cost is added to the new invocation's
-`recovered_spent`, so both reach the file at the first save and the next start finds nothing left
-to repair.
+Records are written to the batch files as samples finish; the checkpoint's journal is committed
+only every second or so (runner.state.checkpoint). A run killed between the two (SIGKILL, OOM,
+power) leaves finished samples whose records exist but that the checkpoint does not call
+finished, and whose spend is missing from the invocation's `spent`, the budget's prior. At the
+next start (`restore`), before any sample runs, each such sample gets a `done` entry and its
+record's cost is added to the new invocation's `recovered_spent`, so both reach the file at the
+first save and the next start finds nothing left to repair.
 
 A sample that was in flight at the last save already had part of its spend counted then: the
-killed invocation's `in_flight` says how much its current attempt had cost (runner.budget), and
+killed invocation's `in_flight` says how much its current attempt had cost (runner.scheduling.budget), and
 only the rest of the record's cost is added (`missed_spend`). What was spent after the last save
 on samples that left no record (failed, discarded, or killed mid-flight) is not known anywhere and
 stays uncounted beyond that partial spend.
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import orjson
 
 from trajforge.errors import OutputError
-from trajforge.runner import store
-from trajforge.runner.checkpoint import Checkpoint
+from trajforge.runner.state import store
+from trajforge.runner.state.checkpoint import Checkpoint
 
 
 @dataclass(frozen=True)

@@ -24,13 +24,13 @@ import orjson
 
 from trajforge.dataset import Sample, rollout_identity, split_rollout
 from trajforge.run_layout import RunLayout
-from trajforge.runner import store
-from trajforge.runner.checkpoint import Checkpoint
-from trajforge.runner.keys import key_of, rollout_key
-from trajforge.runner.merge import calls_unknown_tools
-from trajforge.runner.rows import RunRows
+from trajforge.runner.state import store
+from trajforge.runner.state.checkpoint import Checkpoint
+from trajforge.runner.state.keys import key_of, rollout_key
+from trajforge.runner.reporting.merge import calls_unknown_tools
+from trajforge.runner.scheduling.rows import RunRows
 from trajforge.sample.outcome import Outcome
-from trajforge.runner.stats import Totals
+from trajforge.runner.reporting.stats import Totals
 from trajforge.verify.result import passed
 
 

@@ -1,6 +1,6 @@
 """The whole merge: trajectories.jsonl written anew from the batch files.
 
-Most invocations append to the file instead (runner.append); this one runs when that cannot do:
+Most invocations append to the file instead (runner.reporting.append); this one runs when that cannot do:
 no state of an earlier merge, another dataset, another --keep, a file that is not the one the
 state describes.
 
@@ -28,11 +28,11 @@ import orjson
 from trajforge.catalog import known_tool_set
 from trajforge.errors import OutputError
 from trajforge.run_layout import RunLayout
-from trajforge.runner import store
-from trajforge.runner.keys import key_of
-from trajforge.runner.outputs import open_outputs
-from trajforge.runner.rows import RunRows
-from trajforge.runner.stats import Totals
+from trajforge.runner.state import store
+from trajforge.runner.state.keys import key_of
+from trajforge.runner.reporting.outputs import open_outputs
+from trajforge.runner.scheduling.rows import RunRows
+from trajforge.runner.reporting.stats import Totals
 from trajforge.sample.outcome import HALLUCINATED
 from trajforge.verify.result import passed
 
@@ -168,7 +168,7 @@ def _merge(layout: RunLayout, rows: RunRows, totals: Totals, keep_passed: bool) 
 
 def merge_state(result: MergeResult, totals: Totals, *, dataset: dict[str, Any], keep_passed: bool, entries: int,
                 inode: int, size: int, last: tuple[int, int], out_of_order: int = 0) -> dict[str, Any]:
-    """What the next merge needs to go on from this one (runner.append), kept in the checkpoint."""
+    """What the next merge needs to go on from this one (runner.reporting.append), kept in the checkpoint."""
     return {"dataset": dataset, "keep_passed": keep_passed, "entries": entries, "inode": inode, "size": size,
             "last": list(last), "written": result.written, "hallucinated": result.hallucinated,
             "duplicates": result.duplicates, "stale": result.stale, "not_kept": result.not_kept,

@@ -2,7 +2,7 @@
 
 An invocation that adds a thousand samples to a run of a million must not rewrite gigabytes:
 `append_new` adds the records of the samples finished since the last merge (the checkpoint's
-index, runner.finished, says where they are, in the order they finished) to the end of
+index, runner.state.finished, says where they are, in the order they finished) to the end of
 trajectories.jsonl, and the run's figures go on from those the last merge kept (its state, in the
 checkpoint). The file stays in dataset order while the new samples come after those already in
 it; when some come before (failed samples that a resume finished), a file under REWRITE_LIMIT is
@@ -25,12 +25,12 @@ from typing import Any, BinaryIO
 
 from trajforge.errors import OutputError
 from trajforge.run_layout import RunLayout
-from trajforge.runner import store
-from trajforge.runner.finished import Finished
-from trajforge.runner.merge import Intake, MergeResult, merge_state
-from trajforge.runner.outputs import RUN_OUTPUTS
-from trajforge.runner.rows import RunRows
-from trajforge.runner.stats import Totals
+from trajforge.runner.state import store
+from trajforge.runner.state.finished import Finished
+from trajforge.runner.reporting.merge import Intake, MergeResult, merge_state
+from trajforge.runner.reporting.outputs import RUN_OUTPUTS
+from trajforge.runner.scheduling.rows import RunRows
+from trajforge.runner.reporting.stats import Totals
 
 REWRITE_LIMIT = 256 << 20  # below this size a merge that would append out of order rewrites instead
 
@@ -38,7 +38,7 @@ REWRITE_LIMIT = 256 << 20  # below this size a merge that would append out of or
 @dataclass
 class Appended:
     result: MergeResult
-    state: dict[str, Any]  # the new merge state (runner.checkpoint keeps it)
+    state: dict[str, Any]  # the new merge state (runner.state.checkpoint keeps it)
 
 
 def append_new(layout: RunLayout, state: dict[str, Any] | None, entries: Finished, rows: RunRows, totals: Totals, *,

@@ -4,7 +4,7 @@ the exit code that failed samples give.
 The run's figures come from the records (through the merge: those merged before, kept in its
 state, plus the new ones) and the checkpoint, which alone knows the failed and discarded
 samples; the last invocation's come from its outcomes. They are
-kept typed (runner.figures.Statistics) and become JSON only where statistics.json is written.
+kept typed (runner.reporting.figures.Statistics) and become JSON only where statistics.json is written.
 """
 
 from __future__ import annotations
@@ -17,16 +17,18 @@ from trajforge.errors import OutputError
 from trajforge.jsonio import atomic_write_bytes, dumps_pretty
 from trajforge.redact import REGISTRY
 from trajforge.run_layout import RunLayout
-from trajforge.runner.checkpoint import Checkpoint
-from trajforge.runner.figures import ConcurrencyFigures, ConcurrencyNote, MergeFigures, SpendFigures, Statistics
-from trajforge.runner.keys import key_of
-from trajforge.runner.append import append_new
-from trajforge.runner.merge import MergeResult, merge, merge_state
+from trajforge.runner.state.checkpoint import Checkpoint
+from trajforge.runner.reporting.figures import (
+    ConcurrencyFigures, ConcurrencyNote, MergeFigures, SpendFigures, Statistics,
+)
+from trajforge.runner.state.keys import key_of
+from trajforge.runner.reporting.append import append_new
+from trajforge.runner.reporting.merge import MergeResult, merge, merge_state
 from trajforge.sample.outcome import HALLUCINATED
-from trajforge.runner.rollouts import skipped_solved
-from trajforge.runner.rows import RunRows
-from trajforge.runner.settings import history
-from trajforge.runner.stats import EXIT_SAMPLES_FAILED, Totals, render_table, run_pace, too_many_failed
+from trajforge.runner.scheduling.rollouts import skipped_solved
+from trajforge.runner.scheduling.rows import RunRows
+from trajforge.runner.reporting.settings import history
+from trajforge.runner.reporting.stats import EXIT_SAMPLES_FAILED, Totals, render_table, run_pace, too_many_failed
 
 ORACLE_MODEL = "oracle"  # the model name of --agent oracle runs (trajforge.tasks.oracle)
 
@@ -80,7 +82,7 @@ def finish(config: RunConfig, rows: RunRows, checkpoint: Checkpoint, invocation:
 
 
 def _merge(config: RunConfig, rows: RunRows, checkpoint: Checkpoint) -> tuple[MergeResult, Totals, dict[str, Any]]:
-    """The incremental merge when it can do (runner.append), else the whole one; the merge's
+    """The incremental merge when it can do (runner.reporting.append), else the whole one; the merge's
     result, the figures of the records, the merge's new state."""
     keep_passed = config.keep == "passed"
     totals = Totals()

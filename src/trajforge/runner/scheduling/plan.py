@@ -1,7 +1,7 @@
 """Resume planning: what is finished, what the batch files hold that the checkpoint lacks, what
 is left to run.
 
-The checkpoint (runner.checkpoint) knows where every record it saved is and how far into each
+The checkpoint (runner.state.checkpoint) knows where every record it saved is and how far into each
 batch file that goes, so only what lies beyond (the records a killed invocation wrote after its
 last save) is read and parsed; a million finished samples cost a set lookup each, never a parse.
 The checkpoint never vouches for a record that is gone: a batch file shorter than the checkpoint
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trajforge.run_layout import batch_number
-from trajforge.runner import recovery, store
-from trajforge.runner.checkpoint import Checkpoint
-from trajforge.runner.keys import key_of
-from trajforge.runner.rows import RunRows, Todo
+from trajforge.runner.state import recovery, store
+from trajforge.runner.state.checkpoint import Checkpoint
+from trajforge.runner.state.keys import key_of
+from trajforge.runner.scheduling.rows import RunRows, Todo
 
 
 @dataclass
@@ -33,7 +33,7 @@ class Plan:
 def plan(rows: RunRows, checkpoint: Checkpoint) -> Plan:
     """The samples still to run: those with no readable record in a batch file and not discarded
     before (failed ones are retried). Records the checkpoint lacks are put back into it
-    (runner.recovery), with their spend. bench/resume_plan.py and bench/scale.py time this."""
+    (runner.state.recovery), with their spend. bench/resume_plan.py and bench/scale.py time this."""
     problems: list[str] = []
     unreadable: set[str] = set()
     unsaved: list[store.LineRef] = []
@@ -55,7 +55,7 @@ def plan(rows: RunRows, checkpoint: Checkpoint) -> Plan:
 
 
 def _key(rows: RunRows, i: int, r: int) -> int:
-    from trajforge.runner.keys import rollout_key
+    from trajforge.runner.state.keys import rollout_key
 
     return rollout_key(rows.keys[i], r)
 
