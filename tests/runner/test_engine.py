@@ -7,6 +7,7 @@ import os
 import random
 import signal
 import subprocess
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -147,19 +148,26 @@ def test_torn_last_line_is_cut_not_glued(tmp_path: Path, server: ScriptedServer,
 
 
 def test_second_process_on_same_run_is_refused(tmp_path: Path, server: ScriptedServer, clean_env) -> None:
-    server.handler = echo_policy(turns=1, delay=1.0)
+    echo, release = echo_policy(turns=1), threading.Event()
+
+    def held(req: Recorded) -> Reply:  # the first run keeps its lock until the second one was refused
+        release.wait(120)
+        return echo(req)
+
+    server.handler = held
     ds = write_dataset(tmp_path / "ds.jsonl", ["say a", "say b"])
     args = base_args(server, ds)
     first = subprocess.Popen(cli("run", *args), cwd=tmp_path, env=clean_env, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 20
-        while not server.requests and time.monotonic() < deadline:
-            time.sleep(0.05)
+        deadline = time.monotonic() + 120
+        while not server.requests and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # its first model call: it holds the run's lock
         second = run_cli(tmp_path, clean_env, *args, "--resume")
         assert second.returncode != 0
         assert "another trajforge process" in second.stderr
     finally:
-        assert first.wait(60) == 0
+        release.set()
+        assert first.wait(120) == 0
 
 
 def test_interrupt_exits_130_and_resume_finishes(tmp_path: Path, server: ScriptedServer, clean_env) -> None:
@@ -167,7 +175,10 @@ def test_interrupt_exits_130_and_resume_finishes(tmp_path: Path, server: Scripte
     ds = write_dataset(tmp_path / "ds.jsonl", [f"say i{i}" for i in range(40)])
     args = base_args(server, ds, "r", "--num_workers=2")
     p = subprocess.Popen(cli("run", *args), cwd=tmp_path, env=clean_env, stderr=subprocess.PIPE, text=True)
-    time.sleep(2.5)
+    batch = tmp_path / "data" / "r" / "batch_0.jsonl"
+    deadline = time.monotonic() + 120
+    while p.poll() is None and time.monotonic() < deadline and not (batch.exists() and batch.read_bytes()):
+        time.sleep(0.05)  # a sample finished: the run is scheduling, its SIGINT handler installed
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
