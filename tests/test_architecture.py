@@ -103,6 +103,18 @@ def test_a_settings_section_imports_only_leaves(section: str) -> None:
     assert sorted(m for m in imports_of(path) if not _within(m, LEAVES)) == []
 
 
+@pytest.mark.parametrize("package", ["view", "export"])
+def test_readers_of_a_run_go_through_its_reader(package: str) -> None:
+    """The viewer and the exporter read a run through runner.reader (and trajforge.run_layout, a
+    leaf) only, so the runner's bookkeeping can change without them."""
+    door = "trajforge.runner.reader"
+    found = sorted(f"{p.relative_to(SRC)}: {m}" for p in modules_under(package) for m in imports_of(p)
+                   if (m == "trajforge.runner" or m.startswith("trajforge.runner.")) and m != door
+                   and not m.startswith(door + "."))
+    assert found == []
+    assert imports_of(SRC / "run_layout.py") == set()  # a leaf: the executors take their paths from it too
+
+
 def test_no_subcommand_imports_the_dispatcher() -> None:
     for spec in cli.SUBCOMMANDS.specs():
         name, module = spec.name, spec.target.partition(":")[0]
@@ -207,7 +219,7 @@ OTHER_MEANINGS: dict[str, dict[str, str]] = {
     "none": {p: "not a network mode: reasoning effort, verification method, an empty listing, a default's words"
              for p in ("agent/loop.py", "config/__init__.py", "model/settings.py", "cli/run.py", "export/filters.py",
                        "runner/preflight.py",
-                       "runner/verify_stats.py", "sample/trace.py", "tools/terminal.py", "verify/result.py",
+                       "runner/reporting/verify_stats.py", "sample/trace.py", "tools/terminal.py", "verify/result.py",
                        "sandbox/backends/container/container_status.py")}
              | {"sandbox/backends/container/container_argv.py": "the engine's own `--network none`"},
     "host": {"cli/view.py": "the viewer's --host flag"},
@@ -219,7 +231,7 @@ OTHER_MEANINGS: dict[str, dict[str, str]] = {
             "cli/__init__.py": "the module and pip extra the cluster commands need",
             "executors/ray_auth.py": "the ray executor's own module"},
     "run": {p: "not the subcommand: a run of trajforge, a path component"
-            for p in ("export/card.py", "runner/progress.py", "view/server.py",
+            for p in ("export/card.py", "runner/reporting/progress.py", "view/server.py",
                       "sandbox/backends/bwrap/bwrap_layout.py", "sandbox/backends/container/container_argv.py")},
     "export": {"export/__init__.py": "the pip extra"},
     "file": {"sandbox/backends/container/seed_tar.py": "a tar member's kind"},

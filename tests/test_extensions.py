@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
+from tests.support.run_state import read_records
 from trajforge import catalog, cli
 from trajforge.catalog import toolset
 from trajforge.registry import Spec
-from trajforge.runner import outputs
+from trajforge.runner.reporting import outputs
 
 
 @pytest.fixture
@@ -58,7 +59,7 @@ def shout_run(tmp_path: Path, server: ScriptedServer, toolset: str, sandbox: str
                      f"--output_dir={tmp_path / 'data'}", "--run_name=r", f"--base_url={server.url}",
                      "--model=scripted-model", f"--sandbox={sandbox}"])
     assert code == 0, capsys.readouterr().err
-    [record] = [json.loads(line) for line in (tmp_path / "data" / "r" / "trajectories.jsonl").read_text().splitlines()]
+    [record] = read_records(tmp_path / "data" / "r")
     return record
 
 

@@ -18,7 +18,8 @@ import pytest
 
 from tests.support.policies import echo_policy, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error
-from tests.runner.test_e2e import base_args, read_jsonl, run_cli, write_dataset
+from tests.runner.test_e2e import base_args, run_cli, write_dataset
+from tests.support.run_state import read_records
 from trajforge.model import working
 
 REFUSALS = 3  # 429s with Retry-After: 1 each sample hears first: at least 3 s of waiting, for certain
@@ -107,7 +108,7 @@ def test_retry_after_waits_do_not_count_against_the_sample_timeout(tmp_path: Pat
     proc = run_cli(tmp_path, clean_env, *base_args(server, ds, "r", "--num_workers=4", "--timeout=2"))
     assert proc.returncode == 0, proc.stderr
     run = tmp_path / "data" / "r"
-    records = read_jsonl(run / "trajectories.jsonl")
+    records = read_records(run)
     assert len(records) == len(prompts) and all(r["completed"] for r in records)
     for rec in records:
         timing = rec["timing"]

@@ -24,6 +24,7 @@ from tests.support.sandboxes import create_sandbox
 from tests.conftest import REPO, cli
 from tests.support.policies import prompt_command_policy
 from tests.support.scripted_server import ScriptedServer
+from tests.support.run_state import read_records
 from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.config import RunConfig
 from trajforge.sandbox.interface import PathEscapeError
@@ -308,8 +309,7 @@ def test_default_sandbox_contains_a_hostile_sample_end_to_end(tmp_path: Path, cl
         assert proc.returncode == 0, proc.stderr
         assert time.monotonic() - t0 < 120
         models_requests = [r for r in server.requests if r.path.endswith("/models")]
-    lines = (tmp_path / "data" / "hostile" / "trajectories.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in lines]
+    records = read_records(tmp_path / "data" / "hostile")
     outputs = {prompts[r["prompt_index"]]: r["conversations"][-1]["value"] for r in records}
     assert set(outputs) == set(prompts)
     assert "No such file" in outputs["cat /root/.bashrc"]

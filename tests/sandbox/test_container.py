@@ -25,6 +25,7 @@ from tests.support.images import (  # noqa: F401 (fixtures)
 from tests.support.policies import prompt_command_policy
 from tests.support.sandboxes import create_sandbox
 from tests.support.scripted_server import ScriptedServer
+from tests.support.run_state import read_records
 from trajforge.config import RunConfig
 from trajforge.sandbox.host.disk import disk_usable
 from trajforge.sandbox.interface import FileOpError, PathEscapeError, SandboxError, SandboxLimitError
@@ -397,7 +398,7 @@ def test_dataset_mixing_images_end_to_end(tmp_path: Path, busybox_image: str, po
                               cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 3, proc.stderr  # the missing-image row failed
     out = tmp_path / "data" / run_name
-    records = {r["prompt_index"]: r for r in map(json.loads, (out / "trajectories.jsonl").read_text().splitlines())}
+    records = {r["prompt_index"]: r for r in read_records(out)}
     assert sorted(records) == [0, 2]
     answer = records[0]["conversations"][-1]["value"]
     assert MARKER.strip() in answer and "/app" in answer

@@ -27,6 +27,7 @@ from tests.support.nettargets import Target, host_server, net_admin_reason, publ
 from tests.support.policies import tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
 from tests.support.web_fixture import WebFixture
+from tests.support.run_state import read_records
 from trajforge.config import RunConfig
 from trajforge.netpolicy import make_policy
 from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox, bwrap_argv
@@ -194,8 +195,7 @@ def run_hostile(tmp_path: Path, server: ScriptedServer, site: WebFixture, mode: 
             "--max_turns=20", "--tool_timeout=20"),
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
-    [record] = [json.loads(line) for line in
-                (tmp_path / "data" / f"net-{mode}" / "trajectories.jsonl").read_text().splitlines()]
+    [record] = read_records(tmp_path / "data" / f"net-{mode}")
     offered = [t["function"]["name"] for t in server.chat_requests()[0]["tools"]]
     return proc, record, offered
 
@@ -515,7 +515,7 @@ def test_a_sample_cannot_reach_another_sample_s_loopback_server(tmp_path: Path, 
                     "--sandbox=bwrap", "--num_workers=2", "--tool_timeout=30"),
                 cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
-    records = [json.loads(line) for line in (tmp_path / "data" / "pair" / "trajectories.jsonl").read_text().splitlines()]
+    records = read_records(tmp_path / "data" / "pair")
     outputs = {r["prompt_index"]: r["conversations"][-1]["value"] for r in records}
     assert "A-done" in outputs[0] and "B-done" in outputs[1]
     assert ("sample-a-secret" in outputs[1]) == (mode == "host"), outputs[1]

@@ -36,6 +36,7 @@ from tests.support.images import busybox_image, podman  # noqa: F401 (fixtures)
 from tests.support.policies import tool_messages
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
 from tests.support.web_fixture import make_png
+from tests.support.run_state import read_records
 from trajforge.config import RunConfig
 from trajforge.sandbox.interface import FileOpError, PathEscapeError, Sandbox
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
@@ -328,7 +329,7 @@ def test_a_run_under_fifo_swaps_exits_on_its_own(tmp_path: Path, server: Scripte
                           cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
     assert time.monotonic() - t0 < 200
-    records = [json.loads(line) for line in (tmp_path / "data" / "fifo" / "trajectories.jsonl").read_text().splitlines()]
+    records = read_records(tmp_path / "data" / "fifo")
     assert len(records) == 3
     for record in records:
         assert record["tool_stats"]["vision_analyze"]["count"] == VISION_CALLS

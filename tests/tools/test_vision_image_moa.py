@@ -21,6 +21,7 @@ from tests.conftest import cli
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call
 from tests.support.toolsets import run_with
 from tests.support.web_fixture import PNG, WebFixture, make_png
+from tests.support.run_state import read_records
 from trajforge.config import RunConfig
 from trajforge.tools import image_gen, moa, vision
 from trajforge.tools.tool import ToolContext, Toolset, Unavailable
@@ -297,8 +298,7 @@ def test_default_distribution_run_calls_each_tool_successfully(tmp_path: Path, s
     assert proc.returncode == 0, proc.stderr
     for name in ("web", "vision", "image_gen", "moa"):
         assert f"toolset '{name}' unavailable" not in proc.stderr
-    lines = (tmp_path / "data" / "acc" / "trajectories.jsonl").read_text().splitlines()
-    [record] = [json.loads(line) for line in lines]
+    [record] = read_records(tmp_path / "data" / "acc")
     for tool in ("web_search", "web_extract", "image_generate", "vision_analyze", "mixture_of_agents"):
         assert record["tool_stats"][tool] == {"count": 1, "success": 1, "failure": 0}, (tool, record["tool_stats"])
         assert record["tool_error_counts"][tool] == 0

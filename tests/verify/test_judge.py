@@ -10,6 +10,7 @@ from pathlib import Path
 from tests.support.commands import run_trajforge
 from tests.support.policies import echo_policy
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error
+from tests.support.run_state import read_records
 
 REPLIES = {
     "high": '{"score": 0.9, "reasoning": "mentions the token"}',
@@ -55,9 +56,8 @@ def run(tmp_path: Path, server: ScriptedServer, env: dict[str, str], *extra: str
 
 
 def records(tmp_path: Path) -> dict[str, dict]:
-    lines = (tmp_path / "data" / "j" / "trajectories.jsonl").read_text().splitlines()
-    return {json.loads(line)["conversations"][1]["value"].split("JUDGE=")[1].split()[0]: json.loads(line)
-            for line in lines}
+    return {r["conversations"][1]["value"].split("JUDGE=")[1].split()[0]: r
+            for r in read_records(tmp_path / "data" / "j")}
 
 
 def test_judge_scores_thresholds_and_errors(tmp_path: Path, server: ScriptedServer, clean_env) -> None:

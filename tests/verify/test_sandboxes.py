@@ -15,6 +15,7 @@ from tests.support.commands import run_trajforge
 from tests.support.images import MARKER, busybox_image, containers_with_label, podman  # noqa: F401 (fixtures)
 from tests.support.policies import prompt_command_policy
 from tests.support.scripted_server import ScriptedServer
+from tests.support.run_state import read_records
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 from trajforge.sandbox.backends.container.container_engine import Engine
 
@@ -31,8 +32,7 @@ def run(tmp_path: Path, server: ScriptedServer, env: dict[str, str], rows: list[
                          f"--base_url={server.url}", "--model=scripted", "--distribution=terminal_only",
                          "--check_timeout=60", *extra, cwd=tmp_path, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    lines = (tmp_path / "data" / name / "trajectories.jsonl").read_text().splitlines()
-    return {r["prompt_index"]: r for r in map(json.loads, lines)}
+    return {r["prompt_index"]: r for r in read_records(tmp_path / "data" / name)}
 
 
 @needs_bwrap

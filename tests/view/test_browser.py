@@ -26,6 +26,7 @@ from tests.conftest import REPO, cli
 from tests.support.commands import run_trajforge, user_env
 from tests.support.scripted_server import ScriptedServer
 from tests.support.view_policy import PROMPTS, TASK_TYPES, XSS, view_policy
+from tests.support.run_state import read_records
 
 pytestmark = pytest.mark.timeout(180)
 CHROMIUM = Path("/usr/bin/chromium")
@@ -314,7 +315,7 @@ def test_live_run_refreshes_overview_and_list(run_dir: Path, tmp_path: Path, vie
 def test_plain_jsonl_file_with_verification(run_dir: Path, tmp_path: Path, viewer_of, page) -> None:
     """A JSONL file that is not a run directory (here: verified records, as a compressor or an
     export would write them)."""
-    recs = [json.loads(line) for line in (run_dir / "trajectories.jsonl").read_text().splitlines()]
+    recs = read_records(run_dir)
     for i, rec in enumerate(recs):
         rec["verification"] = {"passed": i % 2 == 0, "score": 1.0 if i % 2 == 0 else 0.0, "method": "exact",
                                "detail": "expected <b>42</b>"}

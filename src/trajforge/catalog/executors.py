@@ -1,7 +1,7 @@
 """Where samples run, declared for config to read: EXECUTORS, one spec per executor.
 
 A spec's target is the executor's factory `make(config, prefill, run_dir)` (trajforge.executors
-builds it; it fits runner.engine.Executor). Its capabilities say what the runner's preflight and
+builds it; it fits runner.scheduling.engine.Executor). Its capabilities say what the runner's preflight and
 start line ask: whether samples run in this process (workspaces, the sandbox and task engine
 checked here) or on other hosts; the spec's `needs` and `extra`, the Python modules it needs beyond
 the base install (checked before a run starts).

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from trajforge.cli.flags import Flag, Parser
 from trajforge.errors import UsageError
+from trajforge.run_layout import BATCHES, RunLayout
 from trajforge.view.index import RunIndex
 from trajforge.view.dataset import load_rows
 from trajforge.view.server import Viewer, allowed_hosts, catch_up, make_app
@@ -28,19 +29,15 @@ FLAGS = [Flag("source", "path", "a run directory (data/<run_name>) or a JSONL fi
 FIRST = 0.5  # seconds of indexing before the page is served (a first batch file); the rest is read behind it
 
 
-def _is_run(path: Path) -> bool:
-    return any((path / n).exists() for n in ("checkpoint.json", "trajectories.jsonl")) \
-        or any(path.glob("batch_*.jsonl"))
-
-
 def open_source(path: Path) -> RunIndex:
     if not path.exists():
         raise UsageError(f"{path}: no such run directory or JSONL file")
-    if path.is_dir() and not _is_run(path):
-        runs = sorted(str(p) for p in path.iterdir() if p.is_dir() and _is_run(p))[:5]
+    layout = RunLayout(path)
+    if path.is_dir() and not layout.has_results():
+        runs = sorted(str(p) for p in path.iterdir() if p.is_dir() and RunLayout(p).has_results())[:5]
         hint = f"; runs inside it: {', '.join(runs)}" if runs else ""
-        raise UsageError(f"{path}: not a run directory (no batch_*.jsonl, checkpoint.json or trajectories.jsonl)"
-                         + hint)
+        raise UsageError(f"{path}: not a run directory (no {BATCHES}, {layout.checkpoint.name} or "
+                         f"{layout.trajectories.name})" + hint)
     index = RunIndex(path)
     try:
         index.refresh(FIRST)
@@ -91,7 +88,7 @@ async def _attach_dataset(index: RunIndex, idle: asyncio.Event) -> None:
 
 
 def _size(source: Path) -> int:
-    files = list(source.glob("batch_*.jsonl")) if source.is_dir() else [source]
+    files = RunLayout(source).batch_files() if source.is_dir() else [source]
     return sum(p.stat().st_size for p in files if p.is_file())
 
 

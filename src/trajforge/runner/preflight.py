@@ -17,7 +17,7 @@ from trajforge.errors import UsageError
 from trajforge.jsonio import loads
 from trajforge.registry import words
 from trajforge.sandbox.sandbox_settings import SandboxSettings
-from trajforge.runner.rows import RunRows
+from trajforge.runner.scheduling.rows import RunRows
 
 
 def contradictions(config: RunConfig) -> list[str]:
@@ -134,7 +134,7 @@ def check_executor(config: RunConfig) -> None:
 
 
 def load_input(config: RunConfig, cache: Path | None = None) -> RunRows:
-    """The run's samples: the dataset's rows (read in one pass, or on from `cache`: runner.rows),
+    """The run's samples: the dataset's rows (read in one pass, or on from `cache`: runner.scheduling.rows),
     or the tasks of --tasks (trajforge.tasks.load), held whole."""
     if config.tasks is not None:
         from trajforge.tasks.load import load_tasks

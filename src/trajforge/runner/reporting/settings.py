@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from trajforge.runner.figures import SettingsChange
+from trajforge.runner.reporting.figures import SettingsChange
 
 # config.json keys whose change makes the new samples different data (not how fast they come)
 SHAPING = ("model", "base_url", "distribution", "max_turns", "max_tokens", "reasoning_effort", "reasoning_disabled",

@@ -3,18 +3,18 @@
 Batch files are the source of truth for kept trajectories; the checkpoint adds what they cannot
 say: discarded samples (final, never re-run) and failed ones (retried on resume), plus each
 invocation's settings, duration and spend for cumulative statistics and the budget, and the
-state of the incremental merge (runner.merge). Three files hold it, each read as a whole:
+state of the incremental merge (runner.reporting.merge). Three files hold it, each read as a whole:
 
 - checkpoint.json: a snapshot (version 2): failed and discarded samples, invocations, the merge
   state, how far each batch file is known, and how many entries of finished.idx it vouches for.
-- finished.idx (runner.finished): the location of every finished sample's record, 24 bytes each.
-- journal.jsonl (runner.journal): what changed since the snapshot, appended as committed groups
+- finished.idx (runner.state.finished): the location of every finished sample's record, 24 bytes each.
+- journal.jsonl (runner.state.journal): what changed since the snapshot, appended as committed groups
   at most about once a second while samples finish or spend grows, and at the end.
 
 So a save costs what changed, not the size of the run. `compact` folds the journal into a new
 snapshot (at the start and end of every invocation, and when the journal grows past a few MB).
 A run killed between two saves leaves records that neither file knows; the next start puts them
-back (runner.recovery). A checkpoint.json of version 1 (every sample listed, done ones too) is read
+back (runner.state.recovery). A checkpoint.json of version 1 (every sample listed, done ones too) is read
 as before and converted at the start of the next invocation. A file read back is validated as a
 whole (checkpoint_file.py): one of the wrong shape is refused like an unparsable one, with the file
 named, never half-used.
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -33,10 +32,9 @@ from pydantic import ValidationError
 from trajforge.errors import OutputError, RunStateError
 from trajforge.jsonio import atomic_write_bytes
 from trajforge.redact import REGISTRY
-from trajforge.runner import journal
-from trajforge.runner.checkpoint_file import (
-    INDEX_FILE,
-    JOURNAL_FILE,
+from trajforge.runner.state import journal
+from trajforge.run_layout import RunLayout
+from trajforge.runner.state.checkpoint_file import (
     VERSION,
     CheckpointFile,
     IndexRef,
@@ -45,8 +43,8 @@ from trajforge.runner.checkpoint_file import (
     SampleUsage,
     plain_done,
 )
-from trajforge.runner.finished import Finished
-from trajforge.runner.keys import key_of
+from trajforge.runner.state.finished import Finished
+from trajforge.runner.state.keys import key_of
 from trajforge.sample.outcome import Outcome
 
 COMPACT_BYTES = 8 << 20  # journal size past which a save compacts it
@@ -55,7 +53,7 @@ SAVE_EVERY = 1.0  # seconds between two saves while outcomes arrive
 
 @dataclass
 class Checkpoint:
-    path: Path  # checkpoint.json; finished.idx and journal.jsonl are beside it
+    layout: RunLayout  # checkpoint.json, finished.idx and journal.jsonl
     run_name: str
     samples: dict[str, SampleEntry] = field(default_factory=dict)  # failed and discarded, by identity
     invocations: list[InvocationEntry] = field(default_factory=list)
@@ -76,12 +74,15 @@ class Checkpoint:
     _invocation_t0: float = 0.0
 
     @classmethod
-    def load(cls, path: Path, run_name: str) -> Checkpoint:
-        """The checkpoint at `path` with its index and journal (empty when there is none). Raises
-        RunStateError when the snapshot cannot be read or is not a checkpoint as a whole."""
-        ckpt = cls(path, run_name)
+    def load(cls, layout: RunLayout, run_name: str, *, index: bool = True) -> Checkpoint:
+        """The run's checkpoint with its index and journal (empty when there is none); without
+        `index`, `done` holds only what the journal adds (a reader that wants the outcomes of
+        samples with no record and the invocations need not read a million entries). Raises
+        RunStateError when the snapshot or the journal cannot be read or is not one as a whole."""
+        ckpt = cls(layout, run_name)
+        path = layout.checkpoint
+        way_out = "move it away to rebuild it from the batch files, then run again with --resume"
         if path.exists():
-            way_out = "move it away to rebuild it from the batch files, then run again with --resume"
             try:
                 data = orjson.loads(path.read_bytes())
             except (OSError, orjson.JSONDecodeError) as e:
@@ -98,23 +99,27 @@ class Checkpoint:
             ckpt.version = file.version
             ckpt.samples = {k: e for k, e in file.samples.items() if e.status != "done"}
             ckpt.legacy_done = legacy_done | {k for k, e in file.samples.items() if e.status == "done"}
-            if file.finished is not None:
-                done = Finished.read(path.parent / INDEX_FILE, file.finished.token, file.finished.entries)
+            if file.finished is not None and index:
+                done = Finished.read(layout.finished_index, file.finished.token, file.finished.entries)
                 if done is not None:
                     ckpt.done, ckpt.needs_scan = done, False
                     ckpt.extents = {int(b): n for b, n in file.extents.items()}
-        elif not (path.parent / JOURNAL_FILE).exists():
+        elif not layout.journal.exists():
             ckpt.needs_scan = False  # a new run, or one that never saved: the scan finds nothing to trust
-        replay = journal.read(path.parent / JOURNAL_FILE, ckpt.generation)
+        replay = journal.read(layout.journal, ckpt.generation)
         if replay is not None:
             ckpt._journal_end = replay.end
-            for group in replay.groups:
-                for line in group:
-                    ckpt._apply(line)
+            try:
+                for group in replay.groups:
+                    for line in group:
+                        ckpt._apply(line)
+            except (ValidationError, KeyError, TypeError, ValueError) as e:
+                raise RunStateError(f"{layout.journal}: not a trajforge journal ({str(e).splitlines()[0]}); "
+                                    f"{way_out}") from None
         return ckpt
 
     def _apply(self, line: dict[str, Any]) -> None:
-        """One journal line (runner.journal), as `record`, `forget`... wrote it."""
+        """One journal line (runner.state.journal), as `record`, `forget`... wrote it."""
         if "done" in line:
             identity, batch = line["done"], int(line["batch"])
             self.samples.pop(identity, None)
@@ -142,7 +147,7 @@ class Checkpoint:
 
     def _log(self, line: dict[str, Any]) -> None:
         if self._journal is None:
-            self._journal = journal.Journal(self.path.parent / JOURNAL_FILE, self.generation, self._journal_end)
+            self._journal = journal.Journal(self.layout.journal, self.generation, self._journal_end)
         self._journal.add(line)
         self._dirty = True
 
@@ -203,7 +208,7 @@ class Checkpoint:
 
     def finished(self, identity: str, batch: int, offset: int, length: int, *, log: bool = True) -> None:
         """The sample's record is at `offset` (`length` bytes) in batch_<batch>.jsonl: it is done.
-        Also how runner.recovery puts back a record an invocation wrote but never saved here.
+        Also how runner.state.recovery puts back a record an invocation wrote but never saved here.
         `log` False: a full scan is rebuilding the index, which `compact` then saves whole."""
         if self.samples.pop(identity, None) is not None and not log:
             self._dirty = True
@@ -278,10 +283,10 @@ class Checkpoint:
     def compact(self) -> None:
         """Fold everything into a new snapshot: finished.idx first, then checkpoint.json, then an
         empty journal of the next generation. A kill between any two steps leaves a state that
-        loads as the same one (see runner.journal and runner.finished). Raises OutputError."""
+        loads as the same one (see runner.state.journal and runner.state.finished). Raises OutputError."""
         if self._current is not None:
             self._current.seconds = round(time.monotonic() - self._invocation_t0, 3)
-        self.done.save(self.path.parent / INDEX_FILE)
+        self.done.save(self.layout.finished_index)
         body = CheckpointFile.model_construct(
             version=VERSION, run_name=self.run_name, updated=time.time(), journal=self.generation + 1,
             finished=IndexRef(token=self.done.token, entries=len(self.done)),
@@ -289,14 +294,15 @@ class Checkpoint:
             samples=dict(sorted(self.samples.items())),  # in one order whatever order they ended in
             invocations=self.invocations, merge=self.merge)
         try:
-            atomic_write_bytes(self.path, REGISTRY.bytes(body.model_dump_json(exclude_unset=True).encode()))
+            data = REGISTRY.bytes(body.model_dump_json(exclude_unset=True).encode())
+            atomic_write_bytes(self.layout.checkpoint, data)
         except OSError as e:
-            raise OutputError(self.path, e) from None
+            raise OutputError(self.layout.checkpoint, e) from None
         self.generation += 1
         self.legacy_done.clear()
         self.needs_scan = False
         if self._journal is None:
-            self._journal = journal.Journal(self.path.parent / JOURNAL_FILE, self.generation, None)
+            self._journal = journal.Journal(self.layout.journal, self.generation, None)
         self._journal.rotate(self.generation)
         self._journal_end = None
         self._last_save, self._dirty = time.monotonic(), False

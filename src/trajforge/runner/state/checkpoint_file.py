@@ -1,5 +1,4 @@
-"""The shape of a run's checkpoint.json (runner.checkpoint reads and writes it), and the names of
-the two files beside it.
+"""The shape of a run's checkpoint.json (runner.state.checkpoint reads and writes it).
 
 Every model allows fields it does not know (written by another version) and writes them back as
 they were. A version 1 file listed every sample, finished ones too: `plain_done` takes those out
@@ -13,8 +12,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 VERSION = 2
-INDEX_FILE = "finished.idx"
-JOURNAL_FILE = "journal.jsonl"
 
 
 class _Entry(BaseModel):
@@ -47,16 +44,16 @@ class InvocationEntry(_Entry):
     seconds: float = 0.0
     ran: int = 0  # samples it ended (kept up to date at every save, so a killed one says how many)
     interrupted: bool = False
-    spent: float = 0.0  # USD (runner.budget), the next invocation's prior spend
+    spent: float = 0.0  # USD (runner.scheduling.budget), the next invocation's prior spend
     spent_samples: int = 0  # samples whose spend that is
     # USD each sample in flight at the last save had spent on its current attempt, included in
-    # `spent`: if the run is killed before the next save, its record also holds it (runner.recovery)
+    # `spent`: if the run is killed before the next save, its record also holds it (runner.state.recovery)
     in_flight: dict[str, float] = {}
     # Spend of samples an earlier, killed invocation finished after its last save, found in the
-    # batch files when this one started (runner.recovery); part of the run's spend like `spent`
+    # batch files when this one started (runner.state.recovery); part of the run's spend like `spent`
     recovered_spent: float = 0.0
     recovered_samples: int = 0
-    # The model and the settings that shape its samples (runner.settings), and the dataset rows
+    # The model and the settings that shape its samples (runner.reporting.settings), and the dataset rows
     # --skip_invalid left out; written by invocations since version 2
     model: str | None = None
     settings: dict[str, Any] | None = None
@@ -77,7 +74,7 @@ class CheckpointFile(_Entry):
     extents: dict[str, int] = {}  # batch number -> bytes of its file whose records are all known
     samples: dict[str, SampleEntry] = {}  # version 2: failed and discarded samples only
     invocations: list[InvocationEntry] = []
-    merge: dict[str, Any] | None = None  # runner.merge's state
+    merge: dict[str, Any] | None = None  # runner.reporting.merge's state
 
 
 def plain_done(data: Any) -> set[str]:

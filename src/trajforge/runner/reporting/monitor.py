@@ -13,8 +13,10 @@ import time
 from collections.abc import Callable
 
 from trajforge.model.gate import GateSnapshot, ModelGate
-from trajforge.runner.budget import Budget
-from trajforge.runner.figures import ConcurrencyFigures, ConcurrencyNote, GatePoint, SeriesPoint, SpendFigures, usd
+from trajforge.runner.scheduling.budget import Budget
+from trajforge.runner.reporting.figures import (
+    ConcurrencyFigures, ConcurrencyNote, GatePoint, SeriesPoint, SpendFigures, usd,
+)
 
 MAX_POINTS = 720
 

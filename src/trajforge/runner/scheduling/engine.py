@@ -25,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 from trajforge.config import RunConfig
 from trajforge.dataset import Sample
 from trajforge.model import spend
-from trajforge.runner.budget import Budget
+from trajforge.runner.scheduling.budget import Budget
 from trajforge.sample.outcome import Outcome
 from trajforge.tools.tool import Unavailable
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from trajforge.runner.figures import usd
+from trajforge.runner.reporting.figures import usd
 from trajforge.sample.outcome import Outcome
 
 
@@ -31,7 +31,7 @@ class Progress:
         self._last_line = self._start
         self._bar: Any = None
         self._task: Any = None
-        self.extra: Callable[[], str] | None = None  # more status (runner.monitor: spend, model traffic)
+        self.extra: Callable[[], str] | None = None  # more status (runner.reporting.monitor: spend, model traffic)
 
     def __enter__(self) -> Progress:
         if self.live:
@@ -52,7 +52,7 @@ class Progress:
             self._emit()
 
     def update(self, o: Outcome, *, dropped: bool = False) -> None:
-        """`dropped`: a finished record the merge will drop (runner.merge.calls_unknown_tools),
+        """`dropped`: a finished record the merge will drop (runner.reporting.merge.calls_unknown_tools),
         counted as discarded here, as the end-of-run table counts it."""
         if o.status == "done" and not dropped:
             self.done += 1
@@ -62,7 +62,7 @@ class Progress:
                 self.cost += u.get("cost", 0.0)
         elif o.status == "failed":
             self.failed += 1
-        else:  # a dropped record's usage is not counted, as in the table (runner.report)
+        else:  # a dropped record's usage is not counted, as in the table (runner.reporting.report)
             self.discarded += 1
             if o.usage:
                 self.tokens += o.usage.get("prompt_tokens", 0) + o.usage.get("completion_tokens", 0)

@@ -20,23 +20,15 @@ from typing import Any
 from trajforge.errors import OutputError, RunStateError
 from trajforge.jsonio import atomic_write_bytes, dumps_pretty
 from trajforge.redact import REGISTRY
-from trajforge.runner import rowcache
-from trajforge.runner.checkpoint_file import INDEX_FILE, JOURNAL_FILE
-from trajforge.runner.store import batch_files
-
-RESULT_FILES = ("checkpoint.json", "trajectories.jsonl", "statistics.json", "config.json")
-# The rest of checkpoint.json's state (runner.checkpoint) and the dataset pass it keeps (runner.rowcache)
-STATE_FILES = (INDEX_FILE, JOURNAL_FILE, rowcache.FILE)
+from trajforge.run_layout import RunLayout
 
 
 class RunDir:
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, layout: RunLayout) -> None:
+        self.layout = layout
+        self.path = layout.root
         self._lock_fd: int | None = None
         self._made: list[Path] = []  # directories this invocation created, deepest last
-
-    def has_results(self) -> bool:
-        return bool(batch_files(self.path)) or any((self.path / f).exists() for f in RESULT_FILES[:2])
 
     def acquire(self, *, resume: bool, overwrite: bool) -> None:
         """Lock the directory, then check it may be used as asked. Raises RunStateError."""
@@ -45,7 +37,7 @@ class RunDir:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise RunStateError(f"{self.path}: cannot create run directory: {e.strerror or e}") from None
-        lock = self.path / ".lock"
+        lock = self.layout.lock
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
@@ -63,7 +55,7 @@ class RunDir:
         except OSError as e:
             self.release()
             raise OutputError(lock, e) from None
-        if self.has_results() and not resume:
+        if self.layout.has_results() and not resume:
             if not overwrite:
                 self.release()
                 raise RunStateError(f"{self.path} already holds results of run '{self.path.name}': "
@@ -71,17 +63,17 @@ class RunDir:
             self._wipe()
 
     def _wipe(self) -> None:
-        for p in batch_files(self.path):
+        for p in self.layout.batch_files():
             p.unlink()
-        for name in (*RESULT_FILES, *STATE_FILES):
-            (self.path / name).unlink(missing_ok=True)
-        shutil.rmtree(self.path / "workspaces", ignore_errors=True)
+        for p in (*self.layout.results(), *self.layout.state()):
+            p.unlink(missing_ok=True)
+        shutil.rmtree(self.layout.workspaces, ignore_errors=True)
 
     def remove_leftovers(self) -> int:
         """Delete temporary files of atomic writes (`.NAME.XXXX.tmp`) left by a killed process.
         Call with the lock held. Returns how many were removed."""
         removed = 0
-        for p in self.path.glob(".*.tmp"):
+        for p in self.layout.temporaries():
             try:
                 p.unlink()
                 removed += 1
@@ -92,7 +84,7 @@ class RunDir:
         return removed
 
     def save_config(self, masked: dict[str, Any]) -> None:
-        path = self.path / "config.json"
+        path = self.layout.config
         try:
             atomic_write_bytes(path, REGISTRY.bytes(dumps_pretty(masked)))
         except OSError as e:
@@ -101,8 +93,8 @@ class RunDir:
     def release(self, *, discard: bool = False) -> None:
         """Unlock; with `discard`, also remove the directories this invocation made if they hold
         nothing but the lock (a refused start)."""
-        if discard and self._lock_fd is not None and self._made and os.listdir(self.path) == [".lock"]:
-            (self.path / ".lock").unlink()
+        if discard and self._lock_fd is not None and self._made and os.listdir(self.path) == [self.layout.lock.name]:
+            self.layout.lock.unlink()
             for d in reversed(self._made):
                 try:
                     d.rmdir()  # only when empty: anything else in it is someone's

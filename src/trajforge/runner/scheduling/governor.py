@@ -14,8 +14,8 @@ from trajforge.config import RunConfig
 from trajforge.errors import UsageError
 from trajforge.model.client import DEFAULT_BASE_URL
 from trajforge.model.pricing import price_known
-from trajforge.runner.budget import Budget
-from trajforge.runner.checkpoint_file import InvocationEntry
+from trajforge.runner.scheduling.budget import Budget
+from trajforge.runner.state.checkpoint_file import InvocationEntry
 
 
 def check_prices(config: RunConfig, model: str) -> None:
@@ -36,5 +36,5 @@ def check_prices(config: RunConfig, model: str) -> None:
 def budget_for(config: RunConfig, invocations: Iterable[InvocationEntry], to_run: int,
                recovered: tuple[float, int] = (0.0, 0)) -> Budget:
     """This invocation's budget, continuing the spend that checkpoint.json recorded plus what the
-    batch files showed it lacked (`recovered`: USD, samples; runner.recovery)."""
+    batch files showed it lacked (`recovered`: USD, samples; runner.state.recovery)."""
     return Budget.from_invocations(config.max_cost, invocations, to_run, recovered)

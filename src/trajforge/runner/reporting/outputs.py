@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from trajforge.jsonio import atomic_writer
 from trajforge.registry import Registry, Spec
+from trajforge.run_layout import TRAJECTORIES, RunLayout
 
 
 class RunOutput(Protocol):
@@ -37,16 +37,16 @@ class JsonlOutput:
 
 # Named by the file in the run directory; tests register their own the same way.
 RUN_OUTPUTS: Registry[None] = Registry("run output")
-RUN_OUTPUTS.register(Spec("trajectories.jsonl", "trajforge.runner.outputs:JsonlOutput", "the kept records as saved"))
+RUN_OUTPUTS.register(Spec(TRAJECTORIES, "trajforge.runner.reporting.outputs:JsonlOutput", "the kept records as saved"))
 
 
 @contextlib.contextmanager
-def open_outputs(run_dir: Path) -> Iterator[list[RunOutput]]:
+def open_outputs(layout: RunLayout) -> Iterator[list[RunOutput]]:
     """Every registered output, open on its staged file; all are renamed into place when the block
     ends without an error."""
     with contextlib.ExitStack() as stack:
         outputs: list[RunOutput] = []
         for spec in RUN_OUTPUTS.specs():
-            stream = stack.enter_context(atomic_writer(run_dir / spec.name, buffering=1 << 20))
+            stream = stack.enter_context(atomic_writer(layout.output(spec.name), buffering=1 << 20))
             outputs.append(spec.load()(stream))
         yield outputs

@@ -1,7 +1,7 @@
 """finished.idx: where the record of every finished sample is, in 24 bytes a sample.
 
 The batch files are the truth about kept trajectories; this index saves reading them. An entry is
-three little-endian u64: the sample's key (runner.keys), its batch number << 32 | the record's
+three little-endian u64: the sample's key (runner.state.keys), its batch number << 32 | the record's
 length, and the record's byte offset in batch_<N>.jsonl. The file starts with 16 bytes: a magic
 string and a token; checkpoint.json names the token and how many entries it vouches for, so bytes
 appended after it (a compaction interrupted before its snapshot) are ignored, and a rewritten

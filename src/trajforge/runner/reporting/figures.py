@@ -1,6 +1,6 @@
 """The typed sections of statistics.json, and their one conversion to JSON (`to_json`).
 
-Built once at the end of an invocation (runner.report), by Totals.figures (samples, tools,
+Built once at the end of an invocation (runner.reporting.report), by Totals.figures (samples, tools,
 reasoning, tokens, cost), VerifyTotals.figures (verification) and RunMonitor (spend, concurrency);
 read back by the end-of-run table. Each record's `to_json` is the file's layout: the fields by
 name, in order, except where a record says otherwise (keys written only in some runs).
@@ -134,7 +134,7 @@ class VerifyFigures(Record):
 
 @dataclass(frozen=True, slots=True)
 class TaskGroupFigures(Record):
-    """A set of tasks (one, a category, a difficulty, all): runner.task_stats."""
+    """A set of tasks (one, a category, a difficulty, all): runner.reporting.task_stats."""
 
     tasks: int
     rollouts: int
@@ -260,7 +260,7 @@ class Statistics(Record):
     sandbox: str
     dataset_file: str
     invocations: int
-    models: list[str]  # every invocation's model, in order of first use (runner.settings)
+    models: list[str]  # every invocation's model, in order of first use (runner.reporting.settings)
     settings_changes: list[SettingsChange]
     skipped_invalid: int  # dataset rows --skip_invalid left out (this invocation's dataset)
     run: RunFigures

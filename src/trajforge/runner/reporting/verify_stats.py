@@ -1,4 +1,4 @@
-"""Verification statistics (pure aggregation over trajectory records), as runner.figures.VerifyFigures.
+"""Verification statistics (pure aggregation over trajectory records), as runner.reporting.figures.VerifyFigures.
 
 Counted per rollout record: passed, failed, errors by kind (a verification that could not run)
 and unverified (the row asks for nothing). The pass rate is passes / (passes + fails): errors
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trajforge.dataset import split_rollout
-from trajforge.runner.figures import PassAtK, RowFigures, TaskTypeFigures, VerifyFigures, usd
+from trajforge.runner.reporting.figures import PassAtK, RowFigures, TaskTypeFigures, VerifyFigures, usd
 from trajforge.verify.passk import mean_pass_at_k_counted
 from trajforge.verify.result import ERROR_KINDS
 
@@ -33,7 +33,7 @@ def _counts() -> array:
 @dataclass
 class VerifyTotals:
     """Rows are known by their prompt_index, the row's place in the dataset: the merge writes every
-    record with its place in the current one (runner.merge), so one index is one row. Per row,
+    record with its place in the current one (runner.reporting.merge), so one index is one row. Per row,
     rollouts, passes and verdicts are three arrays: 12 bytes a row, not a dict entry (a
     million-row run keeps these figures from one invocation to the next). A record without a
     usable prompt_index is a row of its own, by identity (`irregular`)."""
@@ -129,7 +129,7 @@ class VerifyTotals:
         )
 
     def state(self) -> dict[str, Any]:
-        """What the incremental merge keeps of these figures (runner.merge): `load_state` reads it."""
+        """What the incremental merge keeps of these figures (runner.reporting.merge): `load_state` reads it."""
         return {"passed": self.passed, "failed": self.failed, "unverified": self.unverified,
                 "errors": dict(self.errors), "by_type": self.by_type, "rollouts": _pack(self.rollouts),
                 "passes": _pack(self.passes), "verdicts": _pack(self.verdicts), "irregular": self.irregular,

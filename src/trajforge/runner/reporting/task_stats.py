@@ -1,4 +1,4 @@
-"""Task statistics (pure aggregation over the records of `--tasks` runs), as runner.figures.TaskFigures.
+"""Task statistics (pure aggregation over the records of `--tasks` runs), as runner.reporting.figures.TaskFigures.
 
 Per task (by name) and per `metadata.category` and `metadata.difficulty`: rollouts, rewards read
 (verdicts), mean reward, passes (reward >= --pass_threshold), verification errors, and pass@1 /
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from trajforge.runner.figures import TaskFigures, TaskGroupFigures
+from trajforge.runner.reporting.figures import TaskFigures, TaskGroupFigures
 from trajforge.verify.passk import mean_pass_at_k
 
 FULL_REWARD = 1.0

@@ -3,12 +3,12 @@
 A run of a million rows must not keep a million Sample objects (~600 MB, 6 s to build) to run the
 thousand that are left. `RunRows.read` reads the file once: every row is validated (dataset,
 verification and container checks, as before, all while the rows stream by) and only its key
-(runner.keys), occurrence number, line and byte offset are kept, with a digest of the file. The
+(runner.state.keys), occurrence number, line and byte offset are kept, with a digest of the file. The
 samples to run are then read back by offset (`Todo`), lazily and in order, so a fresh run of a
 million rows does not hold them all either.
 
 A resume reads even less: the rows of the last invocation's pass are in the run directory
-(runner.rowcache), and when the dataset file still begins with the bytes they came from, only
+(runner.state.rowcache), and when the dataset file still begins with the bytes they came from, only
 what follows is read. Rows taken from there are checked again when read back to run.
 """
 
@@ -31,8 +31,8 @@ from trajforge.dataset import (
     LoadedDataset, PassState, Sample, extra_at, iter_samples, listed, rollout_identity, sample_at, split_rollout,
 )
 from trajforge.errors import DatasetError
-from trajforge.runner import rowcache
-from trajforge.runner.keys import key_of, rollout_key, row_key
+from trajforge.runner.state import rowcache
+from trajforge.runner.state.keys import key_of, rollout_key, row_key
 from trajforge.verify.verifier import check_row_verification
 
 
@@ -175,7 +175,7 @@ class RunRows:
             self.occurrences[:n], self.task_type[:n], self.task_names))
 
     def identity(self) -> dict[str, Any]:
-        """What the incremental merge keeps of the dataset it merged against (runner.merge)."""
+        """What the incremental merge keeps of the dataset it merged against (runner.reporting.merge)."""
         return {"settings": self.places_by, "k": self.k, "bytes": self.size, "digest": self.whole}
 
     def extends(self, before: dict[str, Any] | None) -> bool:

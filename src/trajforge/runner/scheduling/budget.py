@@ -1,7 +1,7 @@
 """The run's spend: what it cost so far, what it will cost, and whether a sample may start.
 
 `--max_cost` holds over every invocation of a run: earlier invocations' spend comes from the
-checkpoint, plus what runner.recovery found in the batch files that a killed invocation never
+checkpoint, plus what runner.state.recovery found in the batch files that a killed invocation never
 saved there (`recovered`). A sample may start while the spend so far plus the projected spend of
 the samples in flight stays under the budget; once it does not, no sample starts again in this
 invocation (those in flight finish) and the run ends with BUDGET_EXIT_CODE. An in-flight sample is
@@ -18,8 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from trajforge.model.spend import SampleSpend
-from trajforge.runner.checkpoint_file import InvocationEntry
-from trajforge.runner.figures import usd
+from trajforge.runner.state.checkpoint_file import InvocationEntry
+from trajforge.runner.reporting.figures import usd
 
 BUDGET_EXIT_CODE = 4  # 0 ok, 1 fatal, 2 usage, 130 interrupted
 
@@ -48,7 +48,7 @@ class Budget:
     def from_invocations(cls, limit: float | None, invocations: Iterable[InvocationEntry], to_run: int,
                          recovered: tuple[float, int] = (0.0, 0)) -> Budget:
         """A budget continuing the spend recorded by earlier invocations (checkpoint.json), and
-        `recovered`: (USD, samples) that a killed one spent but never saved there (runner.recovery)."""
+        `recovered`: (USD, samples) that a killed one spent but never saved there (runner.state.recovery)."""
         prior = [(i.spent + i.recovered_spent, i.spent_samples + i.recovered_samples) for i in invocations]
         prior.append(recovered)
         return cls(limit, sum(p for p, _ in prior), sum(n for _, n in prior), to_run)
@@ -116,7 +116,7 @@ class Budget:
         """Write this invocation's spend into its checkpoint entry: the next invocation's prior.
         `spent` includes what samples in flight spent so far; `in_flight` says how much of that a
         record written before the next save would hold again, so a resume after a kill does not
-        count it twice (runner.recovery). Written only once there was something in flight."""
+        count it twice (runner.state.recovery). Written only once there was something in flight."""
         entry.spent, entry.spent_samples = round(self.spent_now, 8), self.ended
         flights = self.in_flight()
         if flights or entry.in_flight:

@@ -1,15 +1,15 @@
 """What a killed invocation finished but never saved in checkpoint.json, put back at the next start.
 
-Records are written to the batch files as samples finish; the checkpoint's journal is committed only
-every second or so (runner.checkpoint). A run killed between the two (SIGKILL, OOM, power) leaves finished samples whose records
-exist but that the checkpoint does not call finished, and whose spend is missing from the
-invocation's `spent`, the budget's prior. At the next start (`restore`), before any sample runs,
-each such sample gets a `done` entry and its record's cost is added to the new invocation's
-`recovered_spent`, so both reach the file at the first save and the next start finds nothing left
-to repair.
+Records are written to the batch files as samples finish; the checkpoint's journal is committed
+only every second or so (runner.state.checkpoint). A run killed between the two (SIGKILL, OOM,
+power) leaves finished samples whose records exist but that the checkpoint does not call
+finished, and whose spend is missing from the invocation's `spent`, the budget's prior. At the
+next start (`restore`), before any sample runs, each such sample gets a `done` entry and its
+record's cost is added to the new invocation's `recovered_spent`, so both reach the file at the
+first save and the next start finds nothing left to repair.
 
 A sample that was in flight at the last save already had part of its spend counted then: the
-killed invocation's `in_flight` says how much its current attempt had cost (runner.budget), and
+killed invocation's `in_flight` says how much its current attempt had cost (runner.scheduling.budget), and
 only the rest of the record's cost is added (`missed_spend`). What was spent after the last save
 on samples that left no record (failed, discarded, or killed mid-flight) is not known anywhere and
 stays uncounted beyond that partial spend.
@@ -18,16 +18,14 @@ stays uncounted beyond that partial spend.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import BinaryIO
 
 import orjson
 
 from trajforge.errors import OutputError
-from trajforge.runner import store
-from trajforge.runner.checkpoint import Checkpoint
+from trajforge.runner.state import store
+from trajforge.runner.state.checkpoint import Checkpoint
 
 
 @dataclass(frozen=True)
@@ -66,25 +64,11 @@ def restore(checkpoint: Checkpoint, refs: list[store.LineRef]) -> Restored:
     if not refs:
         return Restored()
     in_flight = checkpoint.invocations[-1].in_flight if checkpoint.invocations else {}
-    costs = {ref.identity: record_cost(record) for ref, record in _read(refs)}
+    try:  # store.scan parsed each of these very lines as a whole record
+        costs = {ref.identity: record_cost(orjson.loads(line))
+                 for ref, line in store.read_at(checkpoint.layout, refs, store.LineRef.location)}
+    except OSError as e:
+        raise OutputError(e.filename, e, "read") from None
     for ref in refs:
-        checkpoint.finished(ref.identity, store.batch_of(ref.path), ref.offset, ref.length)
+        checkpoint.finished(ref.identity, ref.batch, ref.offset, ref.length)
     return Restored(len(refs), round(missed_spend(costs, in_flight), 8))
-
-
-def _read(refs: list[store.LineRef]) -> Iterable[tuple[store.LineRef, object]]:
-    handles: dict[Path, BinaryIO] = {}
-    try:
-        for ref in refs:
-            try:
-                f = handles.get(ref.path)
-                if f is None:
-                    f = handles[ref.path] = ref.path.open("rb")
-                f.seek(ref.offset)
-                line = f.read(ref.length)
-            except OSError as e:
-                raise OutputError(ref.path, e, "read") from None
-            yield ref, orjson.loads(line)  # store.scan parsed this very line as a whole record
-    finally:
-        for f in handles.values():
-            f.close()

@@ -1,7 +1,7 @@
 """Run statistics (pure aggregation) and their table.
 
 `Totals` accumulates over trajectory records and outcomes, and gives its figures as a typed
-runner.figures.RunFigures (`figures`) or as their JSON (`as_dict`, for the viewer and the
+runner.reporting.figures.RunFigures (`figures`) or as their JSON (`as_dict`, for the viewer and the
 exporter). The run-wide figures are rebuilt at the end from every batch file plus the checkpoint,
 so a resumed run reports the whole run; the last invocation's figures come from the outcomes it
 produced.
@@ -14,12 +14,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trajforge.runner.figures import (
+from trajforge.runner.reporting.figures import (
     ReasoningFigures, RunFigures, SampleCounts, Statistics, TokenFigures, ToolFigures, usd,
 )
-from trajforge.runner.task_stats import TaskTotals
-from trajforge.runner.task_stats import table_rows as task_rows
-from trajforge.runner.verify_stats import VerifyTotals, table_rows
+from trajforge.runner.reporting.task_stats import TaskTotals
+from trajforge.runner.reporting.task_stats import table_rows as task_rows
+from trajforge.runner.reporting.verify_stats import VerifyTotals, table_rows
 from trajforge.sample.outcome import FAILURE_CLASSES
 
 
@@ -93,7 +93,7 @@ class Totals:
               "prompt_tokens", "completion_tokens", "reasoning_tokens", "cost")
 
     def state(self) -> dict[str, Any]:
-        """The figures of the records merged so far, as the incremental merge keeps them (runner.merge)."""
+        """The figures of the records merged so far, as the incremental merge keeps them (runner.reporting.merge)."""
         return {**{name: getattr(self, name) for name in self._STATE}, "discarded": dict(self.discarded),
                 "verify": self.verify.state()}
 

@@ -19,19 +19,18 @@ import re
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import BinaryIO
 
 import orjson
 
 from trajforge.dataset import Sample, rollout_identity, split_rollout
-from trajforge.runner import store
-from trajforge.runner.checkpoint import Checkpoint
-from trajforge.runner.keys import key_of, rollout_key
-from trajforge.runner.merge import calls_unknown_tools
-from trajforge.runner.rows import RunRows
+from trajforge.run_layout import RunLayout
+from trajforge.runner.state import store
+from trajforge.runner.state.checkpoint import Checkpoint
+from trajforge.runner.state.keys import key_of, rollout_key
+from trajforge.runner.reporting.merge import calls_unknown_tools
+from trajforge.runner.scheduling.rows import RunRows
 from trajforge.sample.outcome import Outcome
-from trajforge.runner.stats import Totals
+from trajforge.runner.reporting.stats import Totals
 from trajforge.verify.result import passed
 
 
@@ -46,43 +45,37 @@ def expand(samples: list[Sample], n: int) -> list[Sample]:
             for s in samples for k in range(n)]
 
 
-def passes_on_disk(run_dir: Path) -> Counter[str]:
+def passes_on_disk(layout: RunLayout) -> Counter[str]:
     """Passing records per row identity in the batch files (first record of a sample wins)."""
     seen: set[str] = set()
+
+    def firsts() -> Iterator[store.LineRef]:
+        for ref in store.scan(layout):
+            if ref.identity not in seen:
+                seen.add(ref.identity)
+                yield ref
+
     passes: Counter[str] = Counter()
-    handles: dict[Path, BinaryIO] = {}
-    try:
-        for ref in store.scan(run_dir):
-            if ref.identity in seen:
-                continue
-            seen.add(ref.identity)
-            f = handles.get(ref.path)
-            if f is None:
-                f = handles[ref.path] = ref.path.open("rb")
-            f.seek(ref.offset)
-            line = f.read(ref.length)
-            if not _MAYBE_PASSED.search(line):  # no pass anywhere in it: skip decoding (inside a JSON
-                continue  # string the quotes would be escaped, so only real structure matches)
-            try:
-                rec = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue
-            if counts_as_pass(rec):
-                passes[split_rollout(ref.identity)[0]] += 1
-    finally:
-        for f in handles.values():
-            f.close()
+    for ref, line in store.read_at(layout, firsts(), store.LineRef.location):
+        if not _MAYBE_PASSED.search(line):  # no pass anywhere in it: skip decoding (inside a JSON
+            continue  # string the quotes would be escaped, so only real structure matches)
+        try:
+            rec = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if counts_as_pass(rec):
+            passes[split_rollout(ref.identity)[0]] += 1
     return passes
 
 
-def prior_passes(run_dir: Path, rows: RunRows, checkpoint: Checkpoint) -> Callable[[Sample], int]:
+def prior_passes(rows: RunRows, checkpoint: Checkpoint) -> Callable[[Sample], int]:
     """Passing records of each row before this invocation, as the scheduler takes them: from the
     last merge's figures (per row, by index) and the records finished since (the index entries
     past the ones it took), so a million-record run is not read for them; from every batch file
     (`passes_on_disk`) when the merge's figures are not this dataset's."""
-    state = checkpoint.merge
+    state, layout = checkpoint.merge, checkpoint.layout
     if state is None or not rows.extends(state.get("dataset")) or state["entries"] > len(checkpoint.done):
-        by_row = passes_on_disk(run_dir)
+        by_row = passes_on_disk(layout)
         return lambda s: by_row.get(split_rollout(s.identity)[0], 0)
     merged = Totals()
     merged.verify.load_state(state["totals"]["verify"])
@@ -90,26 +83,13 @@ def prior_passes(run_dir: Path, rows: RunRows, checkpoint: Checkpoint) -> Callab
     done = checkpoint.done
     new = range(state["entries"], len(done))
     where = rows.positions({done.keys[j] for j in new})
-    handles: dict[int, BinaryIO] = {}
     try:
-        for j in new:
-            pos = where.get(done.keys[j])
-            if pos is None:
-                continue
-            batch, offset, length = done.location(j)
-            f = handles.get(batch)
-            if f is None:
-                f = handles[batch] = (run_dir / f"batch_{batch}.jsonl").open("rb")
-            f.seek(offset)
-            line = f.read(length)
+        for j, line in store.read_at(layout, (j for j in new if done.keys[j] in where), done.location):
             if _MAYBE_PASSED.search(line) and counts_as_pass(orjson.loads(line)):
-                since[pos[0]] += 1
+                since[where[done.keys[j]][0]] += 1
     except (OSError, orjson.JSONDecodeError):  # the merge at the end says what is wrong with the file
-        by_row = passes_on_disk(run_dir)
+        by_row = passes_on_disk(layout)
         return lambda s: by_row.get(split_rollout(s.identity)[0], 0)
-    finally:
-        for f in handles.values():
-            f.close()
     return lambda s: merged.verify.row_passes(s.index) + since[s.index]
 
 

@@ -4,37 +4,39 @@ the exit code that failed samples give.
 The run's figures come from the records (through the merge: those merged before, kept in its
 state, plus the new ones) and the checkpoint, which alone knows the failed and discarded
 samples; the last invocation's come from its outcomes. They are
-kept typed (runner.figures.Statistics) and become JSON only where statistics.json is written.
+kept typed (runner.reporting.figures.Statistics) and become JSON only where statistics.json is written.
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-
 from typing import Any
 
 from trajforge.config import RunConfig
 from trajforge.errors import OutputError
 from trajforge.jsonio import atomic_write_bytes, dumps_pretty
 from trajforge.redact import REGISTRY
-from trajforge.runner.checkpoint import Checkpoint
-from trajforge.runner.figures import ConcurrencyFigures, ConcurrencyNote, MergeFigures, SpendFigures, Statistics
-from trajforge.runner.keys import key_of
-from trajforge.runner.append import append_new
-from trajforge.runner.merge import HALLUCINATED, MergeResult, merge, merge_state
-from trajforge.runner.rollouts import skipped_solved
-from trajforge.runner.rows import RunRows
-from trajforge.runner.settings import history
-from trajforge.runner.stats import EXIT_SAMPLES_FAILED, Totals, render_table, run_pace, too_many_failed
+from trajforge.run_layout import RunLayout
+from trajforge.runner.state.checkpoint import Checkpoint
+from trajforge.runner.reporting.figures import (
+    ConcurrencyFigures, ConcurrencyNote, MergeFigures, SpendFigures, Statistics,
+)
+from trajforge.runner.state.keys import key_of
+from trajforge.runner.reporting.append import append_new
+from trajforge.runner.reporting.merge import MergeResult, merge, merge_state
+from trajforge.sample.outcome import HALLUCINATED
+from trajforge.runner.scheduling.rollouts import skipped_solved
+from trajforge.runner.scheduling.rows import RunRows
+from trajforge.runner.reporting.settings import history
+from trajforge.runner.reporting.stats import EXIT_SAMPLES_FAILED, Totals, render_table, run_pace, too_many_failed
 
 ORACLE_MODEL = "oracle"  # the model name of --agent oracle runs (trajforge.tasks.oracle)
 
 
-def finish(config: RunConfig, rows: RunRows, run_dir: Path, checkpoint: Checkpoint, invocation: Totals,
+def finish(config: RunConfig, rows: RunRows, checkpoint: Checkpoint, invocation: Totals,
            seconds: float, spend: SpendFigures, concurrency: ConcurrencyFigures | ConcurrencyNote) -> Statistics:
     """Merge the batch files into trajectories.jsonl, then write and return the run's statistics."""
-    result, totals, state = _merge(config, rows, run_dir, checkpoint)
+    result, totals, state = _merge(config, rows, checkpoint)
     for identity in result.hallucinated_ids:
         checkpoint.mark_discarded(identity, HALLUCINATED)
     checkpoint.set_merge(state)  # kept with the rest by the compaction at the end (runner.invocation)
@@ -72,7 +74,7 @@ def finish(config: RunConfig, rows: RunRows, run_dir: Path, checkpoint: Checkpoi
         print(f"trajforge: {state['out_of_order']} record(s) of trajectories.jsonl follow records that come after "
               "them in the dataset (appended by a resume, not rewritten: the README's Output section says how to "
               "get the order back)", file=sys.stderr)
-    path = run_dir / "statistics.json"
+    path = checkpoint.layout.statistics
     try:
         atomic_write_bytes(path, REGISTRY.bytes(dumps_pretty(stats.to_json())))
     except OSError as e:
@@ -80,21 +82,21 @@ def finish(config: RunConfig, rows: RunRows, run_dir: Path, checkpoint: Checkpoi
     return stats
 
 
-def _merge(config: RunConfig, rows: RunRows, run_dir: Path, checkpoint: Checkpoint
-           ) -> tuple[MergeResult, Totals, dict[str, Any]]:
-    """The incremental merge when it can do (runner.append), else the whole one; the merge's
+def _merge(config: RunConfig, rows: RunRows, checkpoint: Checkpoint) -> tuple[MergeResult, Totals, dict[str, Any]]:
+    """The incremental merge when it can do (runner.reporting.append), else the whole one; the merge's
     result, the figures of the records, the merge's new state."""
     keep_passed = config.keep == "passed"
     totals = Totals()
     totals.verify.k = config.samples_per_prompt
-    appended = append_new(run_dir, checkpoint.merge, checkpoint.done, rows, totals, keep_passed=keep_passed)
+    layout = checkpoint.layout
+    appended = append_new(layout, checkpoint.merge, checkpoint.done, rows, totals, keep_passed=keep_passed)
     if appended is not None:
         result, state = appended.result, appended.state
     else:
         totals = Totals()
         totals.verify.k = config.samples_per_prompt
-        result = merge(run_dir, rows, totals, keep_passed=keep_passed)
-        target = run_dir / "trajectories.jsonl"
+        result = merge(layout, rows, totals, keep_passed=keep_passed)
+        target = layout.trajectories
         try:
             st = target.stat()
         except OSError as e:
@@ -107,7 +109,7 @@ def _merge(config: RunConfig, rows: RunRows, run_dir: Path, checkpoint: Checkpoi
     return result, totals, state
 
 
-def print_summary(stats: Statistics, run_dir: Path) -> None:
+def print_summary(stats: Statistics, layout: RunLayout) -> None:
     from rich.console import Console
 
     console = Console(file=sys.stdout, width=100)
@@ -124,7 +126,7 @@ def print_summary(stats: Statistics, run_dir: Path) -> None:
                 console.print(f"  {name}: mean reward {reward}{errors}", highlight=False, markup=False)
         else:
             console.print(f"oracle: all {tasks.all.tasks} task(s) reach full reward", highlight=False)
-    console.print(f"trajectories: {run_dir / 'trajectories.jsonl'}  statistics: {run_dir / 'statistics.json'}")
+    console.print(f"trajectories: {layout.trajectories}  statistics: {layout.statistics}")
 
 
 def failed_exit_code(config: RunConfig, stats: Statistics) -> int:

@@ -1,6 +1,6 @@
 """The whole merge: trajectories.jsonl written anew from the batch files.
 
-Most invocations append to the file instead (runner.append); this one runs when that cannot do:
+Most invocations append to the file instead (runner.reporting.append); this one runs when that cannot do:
 no state of an earlier merge, another dataset, another --keep, a file that is not the one the
 state describes.
 
@@ -19,20 +19,21 @@ read or written raises OutputError naming it; the previous trajectories.jsonl th
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import orjson
 
 from trajforge.catalog import known_tool_set
 from trajforge.errors import OutputError
-from trajforge.runner import store
-from trajforge.runner.keys import key_of
-from trajforge.runner.outputs import open_outputs
-from trajforge.runner.rows import RunRows
-from trajforge.runner.stats import Totals
+from trajforge.run_layout import RunLayout
+from trajforge.runner.state import store
+from trajforge.runner.state.keys import key_of
+from trajforge.runner.reporting.outputs import open_outputs
+from trajforge.runner.scheduling.rows import RunRows
+from trajforge.runner.reporting.stats import Totals
+from trajforge.sample.outcome import HALLUCINATED
 from trajforge.verify.result import passed
 
 
@@ -48,7 +49,6 @@ class MergeResult:
     last: tuple[int, int] = (-1, 0)  # (row, rollout) of the last record written
 
 
-HALLUCINATED = "hallucinated_tool"  # the discard reason of a record that called a tool it was not offered
 NOT_KEPT = "not_kept"  # a record --keep passed leaves out (still counted in the statistics)
 
 
@@ -111,26 +111,25 @@ class Intake:
         return line, rec
 
 
-def merge(run_dir: Path, rows: RunRows, totals: Totals, *, keep_passed: bool = False) -> MergeResult:
-    """Write run_dir/trajectories.jsonl and add every record to `totals` (kept or, with
+def merge(layout: RunLayout, rows: RunRows, totals: Totals, *, keep_passed: bool = False) -> MergeResult:
+    """Write the run's trajectories.jsonl and add every record to `totals` (kept or, with
     `keep_passed`, left out because its verification did not pass). Raises OutputError."""
-    target = run_dir / "trajectories.jsonl"
+    target = layout.trajectories
     try:
-        return _merge(run_dir, rows, totals, keep_passed)
+        return _merge(layout, rows, totals, keep_passed)
     except OSError as e:
         if e.filename is not None and Path(e.filename) != target and not Path(e.filename).name.startswith("."):
             raise OutputError(e.filename, e, "read") from None
         raise OutputError(target, e) from None
 
 
-def _merge(run_dir: Path, rows: RunRows, totals: Totals, keep_passed: bool) -> MergeResult:
+def _merge(layout: RunLayout, rows: RunRows, totals: Totals, keep_passed: bool) -> MergeResult:
     problems: list[str] = []
     place = rows.places()  # key -> row * k + rollout, for every sample of the dataset
     seen: set[int] = set()
-    files: list[Path] = []
-    pos, fid, offsets, lengths = array("q"), array("I"), array("Q"), array("I")
+    pos, batch, offsets, lengths = array("q"), array("I"), array("Q"), array("I")
     duplicates = stale = 0
-    for ref in store.scan(run_dir, problems):
+    for ref in store.scan(layout, problems):
         key = key_of(ref.identity)
         if key in seen:
             duplicates += 1
@@ -140,10 +139,8 @@ def _merge(run_dir: Path, rows: RunRows, totals: Totals, keep_passed: bool) -> M
         if at is None:
             stale += 1  # finished for an earlier version of the dataset; kept in its batch file
             continue
-        if not files or files[-1] != ref.path:
-            files.append(ref.path)
         pos.append(at)
-        fid.append(len(files) - 1)
+        batch.append(ref.batch)
         offsets.append(ref.offset)
         lengths.append(ref.length)
     del seen, place
@@ -151,14 +148,14 @@ def _merge(run_dir: Path, rows: RunRows, totals: Totals, keep_passed: bool) -> M
     written = 0
     last = (-1, 0)
     intake = Intake(rows, totals, keep_passed, problems)
-    with open_outputs(run_dir) as outputs, rows.reader() as dataset:  # trajectories.jsonl and the others
-        lines = _read(files, ((fid[j], offsets[j], lengths[j]) for j in order))
+    with open_outputs(layout) as outputs, rows.reader() as dataset:  # trajectories.jsonl and the others
+        lines = store.read_at(layout, order, lambda j: (batch[j], offsets[j], lengths[j]))
         at, row = -1, (0, {})  # the row read last, (its line, its extra fields)
-        for j, line in zip(order, lines):
+        for j, line in lines:
             i, rollout = divmod(pos[j], rows.k)
             if at != i:
                 at, row = i, rows.extra(i, dataset)  # rows come in order: each read once
-            taken = intake.take(line, i, row, f"{files[fid[j]].name} at byte {offsets[j]}")
+            taken = intake.take(line, i, row, f"{layout.batch(batch[j]).name} at byte {offsets[j]}")
             if taken is None:
                 continue
             for out in outputs:
@@ -169,24 +166,9 @@ def _merge(run_dir: Path, rows: RunRows, totals: Totals, keep_passed: bool) -> M
                        intake.not_kept, last)
 
 
-def _read(files: list[Path], where: Iterable[tuple[int, int, int]]) -> Iterator[bytes]:
-    """The lines at (file, offset, length) of `where`, in that order."""
-    handles: dict[int, BinaryIO] = {}
-    try:
-        for n, offset, length in where:
-            f = handles.get(n)
-            if f is None:
-                f = handles[n] = files[n].open("rb")
-            f.seek(offset)
-            yield f.read(length)
-    finally:
-        for f in handles.values():
-            f.close()
-
-
 def merge_state(result: MergeResult, totals: Totals, *, dataset: dict[str, Any], keep_passed: bool, entries: int,
                 inode: int, size: int, last: tuple[int, int], out_of_order: int = 0) -> dict[str, Any]:
-    """What the next merge needs to go on from this one (runner.append), kept in the checkpoint."""
+    """What the next merge needs to go on from this one (runner.reporting.append), kept in the checkpoint."""
     return {"dataset": dataset, "keep_passed": keep_passed, "entries": entries, "inode": inode, "size": size,
             "last": list(last), "written": result.written, "hallucinated": result.hallucinated,
             "duplicates": result.duplicates, "stale": result.stale, "not_kept": result.not_kept,

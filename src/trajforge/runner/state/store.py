@@ -16,30 +16,17 @@ import os
 import re
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 import orjson
 
 from trajforge.errors import OutputError
+from trajforge.run_layout import RunLayout, batch_number
 
-BATCH_GLOB = "batch_*.jsonl"
-_BATCH_RE = re.compile(r"batch_(\d+)\.jsonl$")
 _HEAD_RE = re.compile(rb'^\{"prompt_index":(-?\d+),"sample_id":"([^"\\]+)"')
-
-
-def batch_files(run_dir: Path) -> list[Path]:
-    files = [p for p in run_dir.glob(BATCH_GLOB) if _BATCH_RE.search(p.name)]
-    return sorted(files, key=batch_of)
-
-
-def batch_of(path: Path) -> int:
-    """N of a batch_N.jsonl path (batch_files lists only such paths)."""
-    m = _BATCH_RE.search(path.name)
-    assert m is not None, path
-    return int(m.group(1))
 
 
 @dataclass(slots=True)
@@ -49,6 +36,14 @@ class LineRef:
     path: Path
     offset: int
     length: int
+
+    @property
+    def batch(self) -> int:
+        return batch_number(self.path)
+
+    def location(self) -> tuple[int, int, int]:
+        """(batch, offset, length), as store.read_at takes it."""
+        return self.batch, self.offset, self.length
 
 
 def read_head(line: bytes) -> tuple[int, str] | None:
@@ -63,13 +58,14 @@ def read_head(line: bytes) -> tuple[int, str] | None:
         return None
 
 
-def scan(run_dir: Path, problems: list[str] | None = None, unreadable: set[str] | None = None) -> Iterator[LineRef]:
+def scan(layout: RunLayout, problems: list[str] | None = None, unreadable: set[str] | None = None
+         ) -> Iterator[LineRef]:
     """Yield every complete record line of every batch file that parses as a whole record.
 
     `unreadable` collects the sample identities named by lines that do not (when their head is
     intact): those samples are not finished, whatever the checkpoint says. Raises OutputError
     when a batch file cannot be read."""
-    for path in batch_files(run_dir):
+    for path in layout.batch_files():
         yield from scan_file(path, 0, problems, unreadable)
 
 
@@ -115,10 +111,10 @@ def _scan_file(path: Path, offset: int, problems: list[str] | None, unreadable: 
                 problems.append(f"{where}:{lineno}: unreadable record{which} ignored ({len(line)} bytes)")
 
 
-def repair(run_dir: Path) -> list[str]:
+def repair(layout: RunLayout) -> list[str]:
     """Cut the torn last line of every batch file (a crash or a full disk mid-write), once, at start."""
     messages = []
-    for path in batch_files(run_dir):
+    for path in layout.batch_files():
         try:
             cut = cut_torn_tail(path)
         except OSError as e:
@@ -156,9 +152,35 @@ def cut_torn_tail(path: Path) -> int:
         return size - keep
 
 
+T = TypeVar("T")
+
+
+def read_at(layout: RunLayout, items: Iterable[T], where: Callable[[T], tuple[int, int, int]]
+            ) -> Iterator[tuple[T, bytes]]:
+    """(item, its line) for each of `items`, in that order: the line at `where(item)`, a (batch,
+    offset, length). Each batch file is opened once. Raises OSError, naming the file."""
+    handles: dict[int, BinaryIO] = {}
+    try:
+        for item in items:
+            batch, offset, length = where(item)
+            try:
+                f = handles.get(batch)
+                if f is None:
+                    f = handles[batch] = layout.batch(batch).open("rb")
+                f.seek(offset)
+                line = f.read(length)
+            except OSError as e:
+                e.filename = e.filename or str(layout.batch(batch))
+                raise
+            yield item, line
+    finally:
+        for f in handles.values():
+            f.close()
+
+
 class BatchStore:
-    def __init__(self, run_dir: Path, *, sync_interval: float = 2.0) -> None:
-        self.run_dir = run_dir
+    def __init__(self, layout: RunLayout, *, sync_interval: float = 2.0) -> None:
+        self.layout = layout
         self.sync_interval = sync_interval
         self._files: dict[int, BinaryIO] = {}
         self._sizes: dict[int, int] = {}
@@ -169,7 +191,7 @@ class BatchStore:
     def _open(self, batch_num: int) -> BinaryIO:
         f = self._files.get(batch_num)
         if f is None:
-            path = self.run_dir / f"batch_{batch_num}.jsonl"
+            path = self.layout.batch(batch_num)
             try:
                 if path.exists():
                     cut = cut_torn_tail(path)

@@ -2,7 +2,7 @@
 
 An invocation that adds a thousand samples to a run of a million must not rewrite gigabytes:
 `append_new` adds the records of the samples finished since the last merge (the checkpoint's
-index, runner.finished, says where they are, in the order they finished) to the end of
+index, runner.state.finished, says where they are, in the order they finished) to the end of
 trajectories.jsonl, and the run's figures go on from those the last merge kept (its state, in the
 checkpoint). The file stays in dataset order while the new samples come after those already in
 it; when some come before (failed samples that a resume finished), a file under REWRITE_LIMIT is
@@ -24,11 +24,13 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from trajforge.errors import OutputError
-from trajforge.runner.finished import Finished
-from trajforge.runner.merge import Intake, MergeResult, merge_state
-from trajforge.runner.outputs import RUN_OUTPUTS
-from trajforge.runner.rows import RunRows
-from trajforge.runner.stats import Totals
+from trajforge.run_layout import RunLayout
+from trajforge.runner.state import store
+from trajforge.runner.state.finished import Finished
+from trajforge.runner.reporting.merge import Intake, MergeResult, merge_state
+from trajforge.runner.reporting.outputs import RUN_OUTPUTS
+from trajforge.runner.scheduling.rows import RunRows
+from trajforge.runner.reporting.stats import Totals
 
 REWRITE_LIMIT = 256 << 20  # below this size a merge that would append out of order rewrites instead
 
@@ -36,10 +38,10 @@ REWRITE_LIMIT = 256 << 20  # below this size a merge that would append out of or
 @dataclass
 class Appended:
     result: MergeResult
-    state: dict[str, Any]  # the new merge state (runner.checkpoint keeps it)
+    state: dict[str, Any]  # the new merge state (runner.state.checkpoint keeps it)
 
 
-def append_new(run_dir: Path, state: dict[str, Any] | None, entries: Finished, rows: RunRows, totals: Totals, *,
+def append_new(layout: RunLayout, state: dict[str, Any] | None, entries: Finished, rows: RunRows, totals: Totals, *,
                keep_passed: bool, rewrite_limit: int = REWRITE_LIMIT) -> Appended | None:
     """Add to trajectories.jsonl the records of the index entries past the ones the last merge
     took (`entries`: the checkpoint's Finished); `totals` goes on from the figures of the records
@@ -51,9 +53,9 @@ def append_new(run_dir: Path, state: dict[str, Any] | None, entries: Finished, r
     --keep, a trajectories.jsonl that is not the one the state describes, another run output, or
     records that sort before ones already written while the file is under `rewrite_limit`.
     Raises OutputError."""
-    target = run_dir / "trajectories.jsonl"
+    target = layout.trajectories
     if state is None or rows.kept is not None or not rows.extends(state.get("dataset")) \
-            or state.get("keep_passed") != keep_passed or set(RUN_OUTPUTS) != {"trajectories.jsonl"}:
+            or state.get("keep_passed") != keep_passed or set(RUN_OUTPUTS) != {target.name}:
         return None
     try:
         st = target.stat()
@@ -70,14 +72,14 @@ def append_new(run_dir: Path, state: dict[str, Any] | None, entries: Finished, r
     try:
         with rows.reader() as dataset:
             extras: dict[int, tuple[int, dict[str, Any]]] = {}
-            for j, line in _read(run_dir, entries, new):
+            for j, line in store.read_at(layout, new, entries.location):
                 pos = where.get(entries.keys[j])
                 if pos is None:
                     stale += 1
                     continue
                 i = pos[0]
                 row = extras.get(i) or extras.setdefault(i, rows.extra(i, dataset))
-                taken = intake.take(line, i, row, f"entry {j} of finished.idx")
+                taken = intake.take(line, i, row, f"entry {j} of {layout.finished_index.name}")
                 if taken is not None:
                     kept.append((pos, j, None if taken[0] is line else taken[0]))
     except OSError as e:
@@ -87,7 +89,7 @@ def append_new(run_dir: Path, state: dict[str, Any] | None, entries: Finished, r
     late = sum(1 for pos, _, _ in kept if pos < last)
     if late and state["size"] < rewrite_limit:
         return None
-    size = _append(target, state["size"], _lines(run_dir, entries, kept))
+    size = _append(target, state["size"], _lines(layout, entries, kept))
     totals.verify.not_kept = state["not_kept"] + intake.not_kept
     result = MergeResult(state["written"] + len(kept), state["hallucinated"] + len(intake.hallucinated),
                          state["duplicates"], intake.problems, intake.hallucinated, state["stale"] + stale,
@@ -131,25 +133,9 @@ def _write_all(f: BinaryIO, data: bytes) -> None:
         view = view[f.write(view):]
 
 
-def _lines(run_dir: Path, entries: Finished, kept: list[tuple[tuple[int, int], int, bytes | None]]
+def _lines(layout: RunLayout, entries: Finished, kept: list[tuple[tuple[int, int], int, bytes | None]]
            ) -> Iterator[bytes]:
     """The lines to append, in `kept`'s order: read again from the batch files, one at a time."""
-    raw = _read(run_dir, entries, (j for _, j, fitted in kept if fitted is None))
+    raw = store.read_at(layout, (j for _, j, fitted in kept if fitted is None), entries.location)
     for _, _, fitted in kept:
         yield next(raw)[1] if fitted is None else fitted
-
-
-def _read(run_dir: Path, entries: Finished, which: Iterable[int]) -> Iterator[tuple[int, bytes]]:
-    """(entry, its record's line) for the index entries `which`, in that order."""
-    handles: dict[int, BinaryIO] = {}
-    try:
-        for j in which:
-            batch, offset, length = entries.location(j)
-            f = handles.get(batch)
-            if f is None:
-                f = handles[batch] = (run_dir / f"batch_{batch}.jsonl").open("rb")
-            f.seek(offset)
-            yield j, f.read(length)
-    finally:
-        for f in handles.values():
-            f.close()

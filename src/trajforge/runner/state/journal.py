@@ -1,6 +1,6 @@
 """journal.jsonl: the run's bookkeeping since the last snapshot, as appended groups of small lines.
 
-checkpoint.json is a snapshot, rewritten only when the journal is compacted (runner.checkpoint);
+checkpoint.json is a snapshot, rewritten only when the journal is compacted (runner.state.checkpoint);
 everything that happens in between is appended here, so saving costs what changed, not the size
 of the run. Lines are buffered and written as one group by `commit`, whose last line is the
 commit line (it carries the current invocation's entry); the group is then fsynced. A reader

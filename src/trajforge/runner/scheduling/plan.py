@@ -1,7 +1,7 @@
 """Resume planning: what is finished, what the batch files hold that the checkpoint lacks, what
 is left to run.
 
-The checkpoint (runner.checkpoint) knows where every record it saved is and how far into each
+The checkpoint (runner.state.checkpoint) knows where every record it saved is and how far into each
 batch file that goes, so only what lies beyond (the records a killed invocation wrote after its
 last save) is read and parsed; a million finished samples cost a set lookup each, never a parse.
 The checkpoint never vouches for a record that is gone: a batch file shorter than the checkpoint
@@ -15,10 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trajforge.runner import recovery, store
-from trajforge.runner.checkpoint import Checkpoint
-from trajforge.runner.keys import key_of
-from trajforge.runner.rows import RunRows, Todo
+from trajforge.run_layout import batch_number
+from trajforge.runner.state import recovery, store
+from trajforge.runner.state.checkpoint import Checkpoint
+from trajforge.runner.state.keys import key_of
+from trajforge.runner.scheduling.rows import RunRows, Todo
 
 
 @dataclass
@@ -29,18 +30,18 @@ class Plan:
     problems: list[str] = field(default_factory=list)
 
 
-def plan(rows: RunRows, run_dir: Path, checkpoint: Checkpoint) -> Plan:
+def plan(rows: RunRows, checkpoint: Checkpoint) -> Plan:
     """The samples still to run: those with no readable record in a batch file and not discarded
     before (failed ones are retried). Records the checkpoint lacks are put back into it
-    (runner.recovery), with their spend. bench/resume_plan.py and bench/scale.py time this."""
+    (runner.state.recovery), with their spend. bench/resume_plan.py and bench/scale.py time this."""
     problems: list[str] = []
     unreadable: set[str] = set()
     unsaved: list[store.LineRef] = []
     lost: set[int] = set()
     if checkpoint.needs_scan:
-        _scan_all(run_dir, checkpoint, problems, unreadable, unsaved, lost)
+        _scan_all(checkpoint, problems, unreadable, unsaved, lost)
     else:
-        _scan_tails(run_dir, checkpoint, problems, unreadable, unsaved, lost)
+        _scan_tails(checkpoint, problems, unreadable, unsaved, lost)
     restored = recovery.restore(checkpoint, unsaved)
     unreadable_keys = {key_of(i) for i in unreadable}
     discarded = {key_of(i) for i in checkpoint.discarded()}
@@ -54,17 +55,17 @@ def plan(rows: RunRows, run_dir: Path, checkpoint: Checkpoint) -> Plan:
 
 
 def _key(rows: RunRows, i: int, r: int) -> int:
-    from trajforge.runner.keys import rollout_key
+    from trajforge.runner.state.keys import rollout_key
 
     return rollout_key(rows.keys[i], r)
 
 
-def _scan_all(run_dir: Path, checkpoint: Checkpoint, problems: list[str], unreadable: set[str],
-              unsaved: list[store.LineRef], lost: set[int]) -> None:
+def _scan_all(checkpoint: Checkpoint, problems: list[str], unreadable: set[str], unsaved: list[store.LineRef],
+              lost: set[int]) -> None:
     """Every batch file read whole: the index is rebuilt from what they hold."""
     said_done = set(checkpoint.legacy_done)
-    for path in store.batch_files(run_dir):
-        batch = store.batch_of(path)
+    for path in checkpoint.layout.batch_files():
+        batch = batch_number(path)
         end = 0
         for ref in store.scan_file(path, 0, problems, unreadable):
             end = ref.offset + ref.length
@@ -81,12 +82,12 @@ def _scan_all(run_dir: Path, checkpoint: Checkpoint, problems: list[str], unread
     checkpoint.needs_scan = True  # the rebuilt index is saved whole by the next compaction
 
 
-def _scan_tails(run_dir: Path, checkpoint: Checkpoint, problems: list[str], unreadable: set[str],
-                unsaved: list[store.LineRef], lost: set[int]) -> None:
+def _scan_tails(checkpoint: Checkpoint, problems: list[str], unreadable: set[str], unsaved: list[store.LineRef],
+                lost: set[int]) -> None:
     """Only what each batch file holds past what the checkpoint knows. A file that shrank (a line
     cut or removed by hand) or went away is read whole: its index entries are made anew from the
     records it still holds, and its samples without one are forgotten (they run again)."""
-    files = {store.batch_of(p): p for p in store.batch_files(run_dir)}
+    files = {batch_number(p): p for p in checkpoint.layout.batch_files()}
     done = checkpoint.done
     shrunk = {b for b, known in checkpoint.extents.items()
               if known and (b not in files or _size(files[b]) < known)}

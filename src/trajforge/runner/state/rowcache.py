@@ -1,8 +1,9 @@
-"""rows.idx: the last invocation's pass over the dataset, so a resume reads again only what changed.
+"""rows.idx (RunLayout.rows_cache): the last invocation's pass over the dataset, so a resume reads
+again only what changed.
 
 Validating a million rows costs several seconds (bench/RESULTS.md), and a resume that runs a
 thousand of them must not pay it each time. At the end of an invocation the rows the runner kept
-(runner.rows: each valid row's key, byte offset, line and occurrence) are saved here with where
+(runner.scheduling.rows: each valid row's key, byte offset, line and occurrence) are saved here with where
 the pass stood after its last whole line (dataset.PassState), the blake2b digest of the dataset
 bytes up to there, and a digest of everything else that decides which rows are valid and what
 they are (`settings`). The next start with the same settings hashes as many bytes of the dataset
@@ -11,7 +12,7 @@ reads only the rest. Anything else (another file, an edited row, other settings 
 version, a torn or foreign file) is a miss, and the whole file is read as if there were no cache.
 
 Rows taken from here are not validated again by the pass; the runner checks again every such row
-it is about to run (runner.rows), when it reads it back, so a row that became invalid (a rule of
+it is about to run (runner.scheduling.rows), when it reads it back, so a row that became invalid (a rule of
 a newer version, a cwd that now leads somewhere else) never runs.
 
 Layout: one JSON line (the header, with the task types' names), then six little-endian arrays of
@@ -37,9 +38,8 @@ from trajforge.catalog.sandboxes import runs_on_host
 from trajforge.config import RunConfig
 from trajforge.errors import OutputError
 from trajforge.jsonio import atomic_write_bytes
-from trajforge.runner.keys import row_key
+from trajforge.runner.state.keys import row_key
 
-FILE = "rows.idx"
 FORMAT = 2  # bump when the layout, the identities or the rows' checks change
 CHUNK = 1 << 20
 
