@@ -21,10 +21,12 @@ BYTES = 32 << 20
 
 
 class RowGroups:
-    """Buffered rows of one output, flushed as one Arrow table (a row group) to `sink(table)`."""
+    """Buffered rows of one output, flushed as one Arrow table (a row group) to `sink(table)`;
+    `table(rows)` makes the table when the rows are not export.schema's."""
 
-    def __init__(self, sink: Any) -> None:
+    def __init__(self, sink: Any, table: Any = None) -> None:
         self.sink = sink
+        self.table = table
         self.rows: list[dict[str, Any]] = []
         self.numbers: list[int] = []
         self.size = 0
@@ -48,6 +50,10 @@ class RowGroups:
         from trajforge.export.schema import SCHEMA
 
         if not self.rows:
+            return
+        if self.table is not None:
+            self.sink(self.table(self.rows))
+            self.rows, self.numbers, self.size = [], [], 0
             return
         data = b"".join(orjson.dumps(row) + b"\n" for row in self.rows)
         try:
