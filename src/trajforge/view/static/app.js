@@ -185,6 +185,7 @@ async function renderOverview(main) {
     figs.append(figure('verification pass rate', v.pass_rate, pct(v.pass_rate) + ' of ' + fmt(v.verified), 'verification.pass_rate'));
     if (v.mean_score !== null) figs.append(figure('mean score', v.mean_score, v.mean_score.toFixed(3), 'verification.mean_score'));
   }
+  if (f.token_capture) figs.append(figure('prefix integrity', f.token_capture.prefix_integrity, pct(f.token_capture.prefix_integrity), 'token_capture.prefix_integrity'));
   if (f.tasks) figs.append(figure('mean reward', f.tasks.all.mean_reward, f.tasks.all.mean_reward == null ? '–' : f.tasks.all.mean_reward.toFixed(3), 'tasks.mean_reward'));
   const failed = Object.entries(s.failed_by_class).map(([k, v]) => ({label: k, value: v}));
   const discarded = Object.entries(s.discarded_by_reason).map(([k, v]) => ({label: k, value: v}));
