@@ -71,6 +71,15 @@ class RowGroups:
         self.rows, self.numbers, self.size = [], [], 0
 
 
+def close_quietly(writers: dict[str, Any]) -> None:
+    """Close an aborted export's writers; the staging directory, their files with it, is removed anyway."""
+    for w in writers.values():
+        try:
+            w.close()
+        except Exception:  # a writer that failed may fail again closing: nothing is kept of it
+            pass
+
+
 def add_row(groups: RowGroups, exporter: Exporter, item: Item) -> None:
     from trajforge.export.schema import row_of
 
@@ -104,11 +113,7 @@ class ParquetExporter(Exporter):
         return Summary({s: g.count for s, g in self.groups.items()}, files, self.drops())
 
     def abort(self) -> None:
-        for w in getattr(self, "writers", {}).values():
-            try:
-                w.close()
-            except Exception:  # the staging directory is removed anyway
-                pass
+        close_quietly(getattr(self, "writers", {}))
 
     def drops(self) -> list[str]:
         from trajforge.export.schema import DROPS

@@ -145,13 +145,11 @@ class TokensExporter(Exporter):
         return Summary({s: self.counts[s] for s in names}, files, self.drops(), rows=self.rows)
 
     def abort(self) -> None:
+        from trajforge.export.parquet import close_quietly
+
         if self.options.jsonl and hasattr(self, "files"):
             self.files.abort()
-        for w in getattr(self, "writers", {}).values():
-            try:
-                w.close()
-            except Exception:  # the staging directory is removed anyway
-                pass
+        close_quietly(getattr(self, "writers", {}))
 
     def drops(self) -> list[str]:
         out = ["the conversation text (the segments hold its tokens; --format openai has it)"]
