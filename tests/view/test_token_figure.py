@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -42,3 +43,11 @@ def test_the_overview_shows_the_run_s_prefix_integrity(captured_run: Path, viewe
     assert float(figure(page, "token_capture.prefix_integrity")) == 0.5
     assert page.locator('[data-fig="token_capture.prefix_integrity"] .v').inner_text() == "50.0%"
     shot(page, "overview-tokens")
+    # A sample: its segments and breaks, not its thousands of ids.
+    rec = json.loads((captured_run / "trajectories.jsonl").read_text().splitlines()[0])
+    key = urllib.parse.quote(rec["sample_id"])
+    with urllib.request.urlopen(v.url + f"api/sample?key={key}") as r:
+        assert json.loads(r.read())["record"]["tokens"] == {"segments": 2, "prefix_breaks": 1}
+    page.goto(v.url + f"#/sample?key={key}")
+    row = page.locator("table.meta tr", has_text="token ids")
+    assert row.locator("td").inner_text() == "2 segment(s), 1 prefix break(s)"

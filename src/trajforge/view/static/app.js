@@ -370,6 +370,8 @@ function metaTable(d) {
     ['tokens', fmt(e.tokens)], ['cost', money(e.cost)], ['attempts', e.attempts], ['message', e.message]];
   if (r.metadata) rows.push(['model', r.metadata.model], ['timestamp', r.metadata.timestamp]);
   if (r.api_calls !== undefined) rows.push(['API calls', r.api_calls]);
+  if (r.tokens) rows.push(['token ids', r.tokens.segments + ' segment(s), ' + r.tokens.prefix_breaks + ' prefix break(s)']);
+  else if (r.tokens_missing && r.tokens_missing !== 'not_requested') rows.push(['token ids', 'none (' + r.tokens_missing + ')']);
   if (r.toolsets_used) rows.push(['toolsets', r.toolsets_used.join(', ')]);
   if (r.usage) rows.push(['usage', Object.entries(r.usage).map(([k, v]) => k.replace(/_tokens$/, '') + ' ' + v).join(' · ')]);
   if (r.tool_stats) rows.push(['tool stats', Object.entries(r.tool_stats).map(([k, s]) => `${k} ${s.success}/${s.count} ok`).join(', ')]);
