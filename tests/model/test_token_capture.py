@@ -104,3 +104,27 @@ def test_a_policy_version_is_a_whole_number(bad: object) -> None:
 
     with pytest.raises(ValueError, match="whole number"):
         PolicyVersion().set(bad)  # type: ignore[arg-type]
+
+
+def test_a_retry_sent_after_an_update_carries_the_new_version() -> None:
+    from tests.support.scripted_server import http_error
+
+    holder: dict[str, OpenAIClient] = {}
+
+    def handler(req: object) -> object:
+        if len(server.requests) == 1:  # the first attempt fails, and new weights land before the retry
+            holder["c"].policy.set(9)
+            return http_error(503, "reloading weights")
+        return chat("hi")
+
+    async def go() -> object:
+        holder["c"] = OpenAIClient(ModelSettings(model="m", base_url=server.url, policy_version=8, max_retries=2),
+                                   "k", backoff_base=0.01, backoff_max=0.02)
+        try:
+            return await holder["c"].complete([{"role": "user", "content": "x"}], [])
+        finally:
+            await holder["c"].aclose()
+
+    with ScriptedServer(handler) as server:  # type: ignore[arg-type]
+        completion = asyncio.run(go())
+    assert len(server.requests) == 2 and completion.policy_version == 9  # type: ignore[attr-defined]

@@ -122,7 +122,6 @@ class OpenAIClient:
             body["tools"] = tools
             body["tool_choice"] = "auto"
         payload = orjson.dumps(body)  # once per call, not per attempt
-        version = self.policy.value  # the policy the call is sent under, whatever changes while it waits
         attempts = self._policy.attempts
         gate = model_gate.current()
         # Tokens the request may use, for a tokens-per-minute budget (~4 bytes of JSON per token);
@@ -132,7 +131,6 @@ class OpenAIClient:
             try:
                 completion = await self._attempt(payload, gate, estimate)
                 spend.charge(completion.usage)
-                completion.policy_version = version
                 return completion
             except _Retryable as failed:
                 if attempt + 1 >= attempts:
@@ -175,6 +173,7 @@ class OpenAIClient:
 
     async def _post(self, payload: bytes) -> Completion:
         timeout = self._settings.request_timeout
+        version = self.policy.value  # as the request leaves: a wait at the gate or a backoff may span an update
         try:
             async with asyncio.timeout(timeout):
                 reply = await self._transport.post(payload)
@@ -195,7 +194,9 @@ class OpenAIClient:
             # Scrubbed before it is cut: a key straddling the cut would otherwise leak its prefix.
             raise APIFailure(f"model API {self.base_url} returned invalid JSON: "
                              f"{self._scrub(raw.decode(errors='replace'))[:200]}") from exc
-        return self._completion(response)
+        completion = self._completion(response)
+        completion.policy_version = version
+        return completion
 
     def _status_error(self, status: int, headers: Mapping[str, str], body: bytes) -> Exception:
         detail = self._scrub(_error_detail(body))
