@@ -316,18 +316,15 @@ def test_any_gguf_path_works(tmp_path: Path) -> None:
     _assert_terminal_call(asyncio.run(main()))
 
 
-@pytest.mark.timeout(660)
 def test_batch_run_on_the_bundled_model_saves_trajectories_with_executed_tool_calls(tmp_path: Path, clean_env) -> None:
-    """The whole job through the real CLI: no server, no key, real model, real tool subprocesses.
-    Seeing its own earlier turns token for token (model.local_tokens), the 135M model often
-    repeats its call until the tool-round limit makes it answer: up to 4 calls a sample."""
+    """The whole job through the real CLI: no server, no key, real model, real tool subprocesses."""
     prompts = ["List the files in the current directory", "Print the current working directory",
                "Show the current date"]
     (tmp_path / "ds.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
     proc = subprocess.run(cli("run", "--dataset_file=ds.jsonl", "--batch_size=3", "--run_name=loc", "--model=local",
                               "--distribution=terminal_only", "--sandbox=local", "--num_workers=2", "--max_turns=4",
                               "--max_tokens=192"),
-                          cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=600)
+                          cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stderr
     records = [json.loads(line) for line in (tmp_path / "data/loc/trajectories.jsonl").read_text().splitlines()]
     assert sorted(r["prompt_index"] for r in records) == [0, 1, 2]
