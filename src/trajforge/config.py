@@ -165,7 +165,7 @@ class RunConfig(_Strict):
     local_instances: int = Field(1, ge=1, le=1_024, description="model instances of the local backend")
     capture_tokens: bool = Field(False, description="record every model call's token ids and logprobs, and build "
                                  "training segments: asks an OpenAI-compatible server for them (vLLM's "
-                                 "return_token_ids, logprobs); the local model's are always recorded")
+                                 "return_token_ids, logprobs); the local model's prompts then continue its ids")
     policy_version: int | None = Field(None, ge=0, le=(1 << 63) - 1, description="policy version stamped on every "
                                        "model call (each record's policy_versions)", json_schema_extra=shown("none"))
     fail_on_error: float = Field(1, gt=0, description="exit with code 3 when this many samples ended failed: a count "

@@ -135,7 +135,7 @@ def test_a_run_on_the_local_model_records_its_ids_in_one_segment_per_sample(tmp_
     (tmp_path / "ds.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
     proc = subprocess.run(cli("run", "--dataset_file=ds.jsonl", "--run_name=loc", "--model=local",
                               "--distribution=terminal_only", "--sandbox=local", "--num_workers=2", "--max_turns=3",
-                              "--max_tokens=128", "--policy_version=2"),
+                              "--max_tokens=128", "--policy_version=2", "--capture_tokens"),
                           cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "prefix integrity" in proc.stdout and "1.000" in proc.stdout  # as `make demo` shows it
@@ -164,7 +164,7 @@ def test_a_trimmed_conversation_starts_a_new_segment(monkeypatch: pytest.MonkeyP
     output = json.dumps({"output": "line of log output " * 25, "exit_code": 0})
 
     async def main() -> tuple[Segments, list[int]]:
-        client = LocalModelClient(ModelSettings(model="local", max_tokens=128))
+        client = LocalModelClient(ModelSettings(model="local", max_tokens=128, capture_tokens=True))
         messages: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."},
                                           {"role": "user", "content": "Read the log, one command at a time."}]
         segments, prompts = Segments(), []
@@ -192,3 +192,29 @@ def test_a_trimmed_conversation_starts_a_new_segment(monkeypatch: pytest.MonkeyP
     before = tokens["turns"][k - 1]
     # The break is the trim: the prompt lost old turns, so it is shorter than what it would extend.
     assert tokens["turns"][k]["prompt_tokens"] < before["prompt_tokens"] + before["completion_tokens"]
+
+
+def test_without_capture_tokens_the_local_model_records_no_ids_and_renders_prompts_whole() -> None:
+    from trajforge.model.local_format import to_chat_messages
+
+    async def main() -> tuple[list[Any], int]:
+        client = LocalModelClient(ModelSettings(model="local", max_tokens=96))
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "List the files here."}]
+        try:
+            first = await client.complete(messages, [TERMINAL])
+            messages.append({"role": "assistant", "content": first.content, "tool_calls": [
+                {"id": t.id, "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
+                for t in first.tool_calls]})
+            messages += [{"role": "tool", "tool_call_id": t.id, "content": "a.txt"} for t in first.tool_calls]
+            second = await client.complete(messages, [TERMINAL])
+            inst = await client._acquire()  # the loaded instance: the prompt as this backend always made it
+            client._release(inst)
+            return [first, second], len(inst.tokenize(inst.render(to_chat_messages(messages, [TERMINAL]))))
+        finally:
+            await client.aclose()
+
+    (first, second), whole = asyncio.run(main())
+    assert first.tool_calls  # the first turn must call a tool (local_format.choose_mode)
+    for c in (first, second):
+        assert c.tokens is None and c.tokens_missing == "not_requested"
+    assert second.usage.prompt_tokens == whole  # rendered and tokenized whole, as before token capture

@@ -12,8 +12,8 @@ a first run needs no API key, no server and no network. Prompt text, grammar and
 - a conversation longer than the context loses its oldest middle turns; if even the head does
   not fit, the sample fails with a ModelOutputError (never the run);
 - sampling is seeded from the prompt text, so the same conversation gives the same output;
-- every call reports its prompt's and its reply's token ids with their logprobs, and a
-  conversation's next prompt continues the ids of the last one (model.local_tokens).
+- under --capture_tokens, each call reports its token ids and logprobs, and prompts continue
+  token for token (model.local_tokens, which says why only then).
 
 Environment knobs: TRAJFORGE_LOCAL_N_CTX (default 4096), TRAJFORGE_LOCAL_THREADS (default: CPU
 count minus one, shared between instances), TRAJFORGE_LOCAL_MAX_TOOL_ROUNDS (default 3, see
@@ -40,7 +40,7 @@ from trajforge.model import working
 from trajforge.model.errors import APIFailure, ModelOutputError
 from trajforge.model.local_tokens import Continuation, Continuations, generate, prompt_ids
 from trajforge.model.policy import PolicyVersion
-from trajforge.model.types import Completion, ModelSettings, TokenCapture, ToolCall, Usage
+from trajforge.model.types import NOT_REQUESTED, Completion, ModelSettings, TokenCapture, ToolCall, Usage
 
 log = logging.getLogger(__name__)
 
@@ -129,10 +129,12 @@ class _Instance:
         add_bos = start and not (self.bos and text.startswith(self.bos))
         return self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
 
-    def prompt(self, chat: list[dict[str, str]], continuations: Continuations) -> array:
+    def prompt(self, chat: list[dict[str, str]], continuations: Continuations | None) -> array:
         """The prompt's ids: continuing the call that wrote the chat's last assistant turn, when
-        there was one (model.local_tokens)."""
-        return prompt_ids(chat, self.render, self.tokenize, self.eos, continuations.find(chat))
+        there was one and `continuations` remembers it (model.local_tokens); else the chat rendered
+        and tokenized whole."""
+        found = continuations.find(chat) if continuations is not None else None
+        return prompt_ids(chat, self.render, self.tokenize, self.eos, found)
 
     def grammar(self, text: str) -> Any:
         """A LlamaGrammar for `text`, parsed once by llama.cpp here: an invalid grammar would
@@ -193,7 +195,7 @@ class LocalModelClient:
         self._loaded = 0
         self._load_lock = threading.Lock()
         self._closed = False
-        self._continuations = Continuations()
+        self._continuations = Continuations() if settings.capture_tokens else None
         self.policy = PolicyVersion(settings.policy_version)
 
     async def _acquire(self) -> _Instance:
@@ -267,9 +269,11 @@ class LocalModelClient:
         reserve = min(self._max_tokens, inst.n_ctx // 4)
         chat, prompt = fit_to_context(fmt.to_chat_messages(messages, tools),
                                       lambda c: inst.prompt(c, self._continuations), inst.n_ctx - reserve)
+        capture = self._continuations is not None
         out = generate(inst.llm, prompt, max_tokens=min(self._max_tokens, inst.n_ctx - len(prompt)),
                        temperature=self._temperature, top_p=self._top_p, grammar=grammar,
-                       seed=(zlib.crc32(repr(chat).encode()) ^ self._seed) & 0x7FFFFFFF, stop=stop)
+                       seed=(zlib.crc32(repr(chat).encode()) ^ self._seed) & 0x7FFFFFFF, stop=stop,
+                       logprobs=capture)
         text_ids = out.ids[:-1] if out.closed else out.ids
         text = inst.llm.detokenize(list(text_ids), prev_tokens=list(prompt)).decode("utf-8", errors="ignore")
         parsed = fmt.parse_output(text)
@@ -277,18 +281,14 @@ class LocalModelClient:
         first = 1 + sum(len(m.get("tool_calls") or []) for m in messages if m.get("role") == "assistant")
         calls = [ToolCall(id=f"call_{i}", name=name, arguments=args)
                  for i, (name, args) in enumerate(parsed.tool_calls, start=first)]
-        # The assistant turn as the agent will send it back: the next call continues from its ids.
-        sent_back = {"role": "assistant", "content": parsed.content,
-                     "tool_calls": [{"id": c.id, "function": {"name": c.name, "arguments": c.arguments}} for c in calls]}
-        self._continuations.remember(chat + fmt.to_chat_messages([sent_back], []),
-                                     Continuation(prompt + out.ids, out.closed))
+        if self._continuations is not None:
+            self._continuations.remember_reply(chat, parsed.content, calls, Continuation(prompt + out.ids, out.closed))
         finish = "tool_calls" if calls else ("length" if out.length else "stop")
         reasoning_tokens = len(inst.llm.tokenize(parsed.reasoning.encode(), add_bos=False)) if parsed.reasoning else 0
-        return Completion(content=parsed.content, reasoning=parsed.reasoning, tool_calls=calls,
-                          finish_reason=finish,
-                          usage=Usage(prompt_tokens=len(prompt), completion_tokens=len(out.ids),
-                                      reasoning_tokens=reasoning_tokens, cost=0.0),
-                          tokens=TokenCapture(prompt, out.ids, out.logprobs), tokens_missing=None)
+        usage = Usage(prompt_tokens=len(prompt), completion_tokens=len(out.ids), reasoning_tokens=reasoning_tokens)
+        return Completion(content=parsed.content, reasoning=parsed.reasoning, tool_calls=calls, finish_reason=finish,
+                          usage=usage, tokens=TokenCapture(prompt, out.ids, out.logprobs) if capture else None,
+                          tokens_missing=None if capture else NOT_REQUESTED)
 
     async def aclose(self) -> None:
         """Free idle instances now; instances still generating are freed when they finish."""
