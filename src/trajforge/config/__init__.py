@@ -197,6 +197,9 @@ class RunConfig(TaskSection, VerifySection, SandboxSection, ToolSection, ModelSe
     def model_settings(self, model: str | None = None) -> ModelSettings:
         return ModelSection.model_settings(self, model or self.resolved.model)
 
+    def agent_model_settings(self, model: str | None = None) -> ModelSettings:
+        return ModelSection.agent_model_settings(self, model or self.resolved.model)
+
     def sandbox_settings(self, *, backend: str | None = None, network: str | None = None,
                          run_name: str | None = None) -> SandboxSettings:
         decided = self.resolved

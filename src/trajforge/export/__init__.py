@@ -20,6 +20,8 @@ from trajforge.registry import NotInstalled, Registry, Spec
 @dataclass(frozen=True, slots=True)
 class FormatCaps:
     directory: bool = False  # its output is a directory even without --split (its files are listed)
+    jsonl: bool = False  # --jsonl writes JSON lines instead of its own binary files
+    reasoning: bool = True  # --reasoning / --no_reasoning apply (its output holds the conversation's text)
 
 
 FORMATS: Registry[FormatCaps] = Registry("export format", FormatCaps)
@@ -31,6 +33,8 @@ for _spec in (
     Spec("hf", "trajforge.export.hf:HFExporter", "a Hugging Face dataset with its card", FormatCaps(directory=True),
          needs=("pyarrow", "datasets"), extra="export"),
     Spec("atif", "trajforge.export.atif:ATIFExporter", "ATIF trajectories JSONL", FormatCaps()),
+    Spec("tokens", "trajforge.export.tokens:TokensExporter", "token ids and loss masks for training (Parquet, "
+         "or JSONL)", FormatCaps(jsonl=True, reasoning=False), needs=("pyarrow",), extra="export"),
 ):
     FORMATS.register(_spec)
 

@@ -66,6 +66,12 @@ class ModelSection(BaseModel):
                              description="retries per model request on 429/5xx/timeouts")
     local_instances: int = Field(_DEFAULT["local_instances"], ge=1, le=1_024,
                                  description="model instances of the local backend")
+    capture_tokens: bool = Field(_DEFAULT["capture_tokens"], description="record every model call's token ids and "
+                                 "logprobs, and build training segments: asks an OpenAI-compatible server for them "
+                                 "(vLLM's return_token_ids, logprobs); the local model's prompts then continue its ids")
+    policy_version: int | None = Field(_DEFAULT["policy_version"], ge=0, le=(1 << 63) - 1,
+                                       description="policy version stamped on every model call (each record's "
+                                       "policy_versions)", json_schema_extra=shown("none"))
     # Load control of every model call of the run (model.gate, model.limiter).
     adaptive_concurrency: bool = Field(True, description="true/false: adapt requests in flight to 429s and latency, up "
                                        "to --num_workers", json_schema_extra=shown("true"))
@@ -95,3 +101,10 @@ class ModelSection(BaseModel):
             local_instances=self.local_instances,
             pricing={name: Price(p.prompt, p.completion, p.cached_prompt) for name, p in self.pricing.items()},
         )
+
+    def agent_model_settings(self, model: str | None = None) -> ModelSettings:
+        """The agent's own model client's settings: `model_settings`, plus what only the policy's
+        calls do (token capture, the policy version); the judge's and the tools' clients never ask
+        for ids."""
+        return dataclasses.replace(self.model_settings(model), capture_tokens=self.capture_tokens,
+                                   policy_version=self.policy_version)

@@ -85,7 +85,7 @@ class SampleWorker:
         from trajforge.model.factory import make_client
 
         if not self.oracle:  # the oracle runs each task's solution: no model, no tools
-            self.model = model or make_client(self.config.model_settings())
+            self.model = model or make_client(self.config.agent_model_settings())
             self.verifier = Verifier(self.config, self.model)
             wanted = [ts for ts, p in self.distribution.probabilities.items() if p > 0]
             self.toolsets, self.unavailable = await build_toolsets(wanted, self.tool_settings)

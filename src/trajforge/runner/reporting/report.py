@@ -29,6 +29,7 @@ from trajforge.runner.scheduling.rollouts import skipped_solved
 from trajforge.runner.scheduling.rows import RunRows
 from trajforge.runner.reporting.settings import history
 from trajforge.runner.reporting.stats import EXIT_SAMPLES_FAILED, Totals, render_table, run_pace, too_many_failed
+from trajforge.runner.reporting.token_stats import missing_note
 
 ORACLE_MODEL = "oracle"  # the model name of --agent oracle runs (trajforge.tasks.oracle)
 
@@ -67,6 +68,8 @@ def finish(config: RunConfig, rows: RunRows, checkpoint: Checkpoint, invocation:
     )
     for p in result.problems:
         print(f"trajforge: {p}", file=sys.stderr)
+    if (note := missing_note(stats.run.token_capture)) is not None:
+        print(f"trajforge: {note}", file=sys.stderr)
     if result.stale:
         print(f"trajforge: {result.stale} finished sample(s) are no longer in the dataset; they stay in their "
               "batch files but not in trajectories.jsonl", file=sys.stderr)
