@@ -14,7 +14,6 @@ from trajforge.agent.record import build_record
 from trajforge.config import RunConfig
 from trajforge.model.client import OpenAIClient
 from trajforge.model.types import ModelSettings
-from trajforge.sample.lower_settings import tool_settings
 from trajforge.sandbox.backends.local.local_sandbox import LocalSandbox
 from trajforge.tools import terminal
 from trajforge.tools.tool import ToolContext
@@ -32,7 +31,7 @@ def test_calls_after_a_new_policy_version_carry_it(tmp_path: Path) -> None:
         return reply
 
     async def go(url: str) -> SessionResult:
-        settings = tool_settings(RunConfig(tool_timeout=10))
+        settings = RunConfig(tool_timeout=10).tool_settings()
         tools = (await terminal.build(settings)).tools
         client["c"] = OpenAIClient(ModelSettings(model="m", base_url=url, capture_tokens=True, policy_version=7), "k")
         sb = LocalSandbox(tmp_path)

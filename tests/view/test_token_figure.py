@@ -14,7 +14,8 @@ import pytest
 from tests.conftest import cli
 from tests.support.scripted_server import ScriptedServer
 from tests.support.token_server import DROP_REASONING, TokenServer, terminal_policy
-from tests.view.test_browser import _env, browser, figure, page, shot, viewer_of  # noqa: F401  (fixtures)
+from tests.support.commands import user_env as _env
+from tests.view.test_browser import browser, figure, page, shot, viewer_of  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.timeout(180)
 
