@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
-from tests.support.commands import user_env as _env
+from tests.support.commands import user_env
 from tests.support.export_run import run_export
 from tests.support.policies import echo_policy
 from tests.support.scripted_server import ScriptedServer
@@ -31,7 +31,7 @@ def _run(tmp: Path, server: ScriptedServer, name: str, *extra: str) -> Path:
     proc = subprocess.run([sys.executable, "-m", "trajforge", "run", f"--dataset_file={ds}", f"--run_name={name}",
                            f"--base_url={server.url}", "--model=policy-model", "--distribution=terminal_only",
                            "--sandbox=local", "--samples_per_prompt=2", "--keep_no_reasoning", *extra],
-                          cwd=tmp, env=_env(), capture_output=True, text=True, timeout=180)
+                          cwd=tmp, env=user_env(), capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     return tmp / "data" / name
 
@@ -193,6 +193,6 @@ def test_the_readme_example_loads_the_export(runs: tuple[Path, Path, TokenServer
     (tmp_path / "data" / "my_run").symlink_to(runs[0], target_is_directory=True)
     words = command.split()
     ok(run_export(tmp_path, *words[2:]))
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=user_env(), capture_output=True, text=True,
                           timeout=120)
     assert ok(proc).strip(), "the example prints what it loaded"
