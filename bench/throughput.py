@@ -232,6 +232,17 @@ def one(args: argparse.Namespace, sandbox: str, tokens: bool = False) -> dict[st
     return row
 
 
+def token_costs(rows: list[dict[str, Any]], sandboxes: list[str]) -> dict[str, tuple[float, float, int]]:
+    """Per sandbox: the median CPU ms per trajectory with --capture_tokens, without, and the number of pairs."""
+    out = {}
+    for sandbox in sandboxes:
+        plain = [r for r in rows if r["sandbox"] == sandbox]
+        ids = [r for r in rows if r["sandbox"] == sandbox + "+tokens"]
+        cpu, base_cpu = (statistics.median(x["cpu_ms_per_traj"] for x in rs) for rs in (ids, plain))
+        out[sandbox] = (cpu, base_cpu, len(ids))
+    return out
+
+
 def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for workers, prompts, latency in SWEEP:
@@ -256,7 +267,7 @@ def cache_bytecode() -> None:
     compileall.compile_dir(str(REPO / "src" / "trajforge"), quiet=1)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=2000)
     ap.add_argument("--turns", type=int, default=1, help="tool turns per prompt (LLM calls = turns + 1)")
@@ -281,7 +292,7 @@ def main() -> None:
                                                           "the medians (CPU varies +-10%% between identical runs here)")
     ap.add_argument("--tokens", action="store_true", help="run each sandbox without and with --capture_tokens "
                                                           "(the server then returns ids) and compare their CPU")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     cache_bytecode()
     if args.sweep:
         print(f"machine: {machine()}")
@@ -325,11 +336,8 @@ def main() -> None:
                 eff, base_eff = (statistics.median(x["efficiency"] for x in rs) for rs in (mine, theirs))
                 print(f"{sandbox} vs {base}, medians of {len(mine)}: CPU per trajectory {cpu:.2f} vs {base_cpu:.2f} ms "
                       f"(x{cpu / base_cpu:.2f}), efficiency {eff:.2f} vs {base_eff:.2f}")
-    for sandbox in sandboxes if args.tokens else []:
-        plain = [r for r in rows if r["sandbox"] == sandbox]
-        ids = [r for r in rows if r["sandbox"] == sandbox + "+tokens"]
-        cpu, base_cpu = (statistics.median(x["cpu_ms_per_traj"] for x in rs) for rs in (ids, plain))
-        print(f"{sandbox}: --capture_tokens vs without, medians of {len(ids)}: CPU per trajectory {cpu:.2f} vs "
+    for sandbox, (cpu, base_cpu, n) in token_costs(rows, sandboxes if args.tokens else []).items():
+        print(f"{sandbox}: --capture_tokens vs without, medians of {n}: CPU per trajectory {cpu:.2f} vs "
               f"{base_cpu:.2f} ms (x{cpu / base_cpu:.3f}); each pair ran one after the other")
     for floor in floors:
         mine = [r for r in rows if r["sandbox"] == floor]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -72,6 +73,30 @@ def test_the_tokens_scenario_gets_ids_in_one_segment_per_trajectory(tmp_path: Pa
                                                 sandbox="local", batch_size=4, workdir=tmp_path / "plain"))
     assert again["errors"] == 0
     assert throughput.check_output(tmp_path / "plain" / "out" / "bench", 2, 1, tokens=True)[0] == 2
+
+
+def test_the_tokens_option_runs_both_variants_and_reports_what_capture_costs(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`throughput.py --tokens` (how bench/RESULTS.md's capture figure is measured): each sandbox
+    without and with --capture_tokens, both checked, and the medians' ratio printed."""
+    throughput.main(["--tokens", "--sandbox=local", "--prompts=4", "--turns=1", "--latency=0.05",
+                     "--num_workers=2", "--batch_size=4"])
+    out = capsys.readouterr().out
+    table = out.splitlines()[1:4]
+    assert [line.split()[0] for line in table] == ["sandbox", "local", "local+tokens"]
+    assert [line.split()[-1] for line in table[1:]] == ["0", "0"], out  # errors: every record checked, ids too
+    m = re.search(r"^local: --capture_tokens vs without, medians of 1: CPU per trajectory ([\d.]+) vs ([\d.]+) ms "
+                  r"\(x([\d.]+)\)", out, re.M)
+    assert m is not None, out
+    ids, plain, ratio = map(float, m.groups())
+    assert ids > 0 and plain > 0 and ratio == pytest.approx(ids / plain, abs=0.01)
+
+
+def test_token_costs_compares_medians_per_sandbox() -> None:
+    rows = [{"sandbox": s, "cpu_ms_per_traj": c} for s, c in
+            [("local", 4.0), ("local+tokens", 4.2), ("local", 5.0), ("local+tokens", 4.6), ("local", 9.0),
+             ("local+tokens", 4.4), ("auto", 20.0), ("auto+tokens", 21.0)]]
+    assert throughput.token_costs(rows, ["local", "auto"]) == {"local": (4.4, 5.0, 3), "auto": (21.0, 20.0, 1)}
 
 
 @pytest.mark.parametrize("mode", ["loop", "helper"])

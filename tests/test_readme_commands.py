@@ -39,6 +39,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.conftest import REPO, cli
+from tests.support.commands import make_recipe
 from tests.support.policies import echo_policy
 from tests.support.scripted_server import ScriptedServer
 from trajforge.model.endpoint import is_loopback
@@ -121,9 +122,7 @@ def _program_words(cmd: Command) -> list[str]:
 
 def _make_recipe(cmd: Command) -> list[str]:
     """What `make TARGET` runs, from make's own dry run, with this interpreter's venv."""
-    proc = subprocess.run(["make", "-n", "-f", str(REPO / "Makefile"), *_program_words(cmd)[1:],
-                           f"VENV={sys.prefix}", "STAMP="], cwd=REPO, capture_output=True, text=True, timeout=60)
-    return shlex.split(proc.stdout.replace("\\\n", " "), comments=True) if proc.returncode == 0 else []
+    return make_recipe(*_program_words(cmd)[1:])
 
 
 def _listening(url: str) -> bool:

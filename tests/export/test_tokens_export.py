@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
-from tests.support.commands import user_env as _env
+from tests.support.commands import user_env
 from tests.support.export_run import run_export
 from tests.support.policies import echo_policy
 from tests.support.scripted_server import ScriptedServer
-from tests.support.token_server import TokenServer, terminal_policy
+from tests.support.token_server import TokenServer, check_segment, terminal_policy
 
 ROWS = [{"prompt": "say alpha", "expected": "Done"}, {"prompt": "say beta", "expected": "nothing like it"},
         {"prompt": "say gamma"}]
@@ -31,7 +31,7 @@ def _run(tmp: Path, server: ScriptedServer, name: str, *extra: str) -> Path:
     proc = subprocess.run([sys.executable, "-m", "trajforge", "run", f"--dataset_file={ds}", f"--run_name={name}",
                            f"--base_url={server.url}", "--model=policy-model", "--distribution=terminal_only",
                            "--sandbox=local", "--samples_per_prompt=2", "--keep_no_reasoning", *extra],
-                          cwd=tmp, env=_env(), capture_output=True, text=True, timeout=180)
+                          cwd=tmp, env=user_env(), capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     return tmp / "data" / name
 
@@ -74,17 +74,7 @@ def test_each_row_is_a_segment_of_the_ids_the_server_reported(runs: tuple[Path, 
         rec = records[row["sample_id"]]
         prompt = rec["conversations"][1]["value"]
         # Both rollouts of a prompt got the same scripted replies: any one of its calls per turn will do.
-        calls = {c["turn"]: c for c in ts.calls if c["prompt"] == prompt}
-        last = calls[row["turns"][-1]]
-        assert row["input_ids"] == last["prompt_ids"] + last["completion_ids"]
-        mask = [0] * len(row["input_ids"])
-        logprobs: list[float | None] = [None] * len(row["input_ids"])
-        for t in row["turns"]:
-            start, n = len(calls[t]["prompt_ids"]), len(calls[t]["completion_ids"])
-            assert row["input_ids"][start:start + n] == calls[t]["completion_ids"]
-            mask[start:start + n] = [1] * n
-            logprobs[start:start + n] = calls[t]["logprobs"]
-        assert row["loss_mask"] == mask and row["logprobs"] == logprobs
+        check_segment(row, {c["turn"]: c for c in ts.calls if c["prompt"] == prompt})
         assert row["turns"] == [0, 1, 2] and row["segment"] == 0 and row["prefix_breaks"] == 0
         assert row["policy_versions"] == [3, 3, 3] and row["model"] == "policy-model"
         assert row["row_id"] == row["sample_id"].split("#")[0] and row["rollout"] == rec["rollout"]
@@ -193,6 +183,6 @@ def test_the_readme_example_loads_the_export(runs: tuple[Path, Path, TokenServer
     (tmp_path / "data" / "my_run").symlink_to(runs[0], target_is_directory=True)
     words = command.split()
     ok(run_export(tmp_path, *words[2:]))
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=user_env(), capture_output=True, text=True,
                           timeout=120)
     assert ok(proc).strip(), "the example prints what it loaded"

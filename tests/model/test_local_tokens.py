@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import cli
+from tests.support.commands import make_recipe
 from trajforge.agent.segments import Segments
 from trajforge.model.local_model import LocalModelClient
 from trajforge.model.local_tokens import Continuation, Continuations, prompt_ids
@@ -127,18 +128,27 @@ def check_local_segment(seg: dict[str, Any], turns: list[dict[str, int]]) -> Non
     assert max(diffs) < 0.5 and mean < 0.05, (max(diffs), mean)
 
 
+def demo_run_flags() -> list[str]:
+    """The run flags of `make demo`, without its dataset and run name."""
+    recipe = make_recipe("demo")
+    assert "run" in recipe, recipe
+    flags = recipe[recipe.index("run") + 1:]
+    assert {"--model=local", "--capture_tokens"} <= set(flags), "make demo runs the local model with its ids"
+    return [f for f in flags if not f.startswith(("--dataset_file=", "--run_name="))]
+
+
 @pytest.mark.timeout(900)
 def test_a_run_on_the_local_model_records_its_ids_in_one_segment_per_sample(tmp_path: Path, clean_env) -> None:
+    """`make demo`'s run (its flags, on two prompts, in the local sandbox and with shorter replies)."""
     from tests.support.token_server import vocab
 
     prompts = ["List the files in the current directory", "Print the current working directory"]
     (tmp_path / "ds.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
-    proc = subprocess.run(cli("run", "--dataset_file=ds.jsonl", "--run_name=loc", "--model=local",
-                              "--distribution=terminal_only", "--sandbox=local", "--num_workers=2", "--max_turns=3",
-                              "--max_tokens=128", "--policy_version=2", "--capture_tokens"),
+    proc = subprocess.run(cli("run", *demo_run_flags(), "--dataset_file=ds.jsonl", "--run_name=loc",
+                              "--sandbox=local", "--max_turns=3", "--max_tokens=128", "--policy_version=2"),
                           cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    assert "prefix integrity" in proc.stdout and "1.000" in proc.stdout  # as `make demo` shows it
+    assert "prefix integrity" in proc.stdout and "1.000" in proc.stdout  # the figure `make demo` ends with
     records = [json.loads(x) for x in (tmp_path / "data/loc/trajectories.jsonl").read_text().splitlines()]
     assert len(records) == 2
     for rec in records:

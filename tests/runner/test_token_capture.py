@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import cli
 from tests.support.policies import echo_policy
 from tests.support.scripted_server import ScriptedServer
-from tests.support.token_server import DROP_REASONING, TokenServer, terminal_policy
+from tests.support.token_server import DROP_REASONING, TokenServer, check_segment, terminal_policy
 
 
 def run(tmp_path: Path, env: dict[str, str], server: ScriptedServer, prompts: list[str], *extra: str,
@@ -45,26 +45,14 @@ def server_calls(ts: TokenServer, rec: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def check_segments_against_the_server(rec: dict[str, Any], calls: list[dict[str, Any]]) -> None:
-    """Each segment's input_ids are the ids the server reported for the segment's last prompt
-    followed by that call's completion; loss_mask is 1 on exactly the completions' tokens, and
-    the logprobs are the server's, in place."""
+    """Each segment of the record against the server's replies (check_segment), and each call's
+    lengths in `tokens.turns` as the server counted them."""
     tokens = rec["tokens"]
     for seg in tokens["segments"]:
-        last = calls[seg["turns"][-1]]
-        assert seg["input_ids"] == last["prompt_ids"] + last["completion_ids"]
-        expected_mask = [0] * len(seg["input_ids"])
-        expected_logprobs: list[float | None] = [None] * len(seg["input_ids"])
         for t in seg["turns"]:
-            call = calls[t]
-            start = tokens["turns"][t]["prompt_tokens"]
-            assert start == len(call["prompt_ids"]) and tokens["turns"][t]["completion_tokens"] == len(
-                call["completion_ids"])
-            assert seg["input_ids"][:start] == call["prompt_ids"]  # every call of the segment saw its prefix
-            assert seg["input_ids"][start:start + len(call["completion_ids"])] == call["completion_ids"]
-            expected_mask[start:start + len(call["completion_ids"])] = [1] * len(call["completion_ids"])
-            expected_logprobs[start:start + len(call["logprobs"])] = call["logprobs"]
-        assert seg["loss_mask"] == expected_mask
-        assert seg["logprobs"] == expected_logprobs
+            assert tokens["turns"][t]["prompt_tokens"] == len(calls[t]["prompt_ids"])
+            assert tokens["turns"][t]["completion_tokens"] == len(calls[t]["completion_ids"])
+        check_segment(seg, calls)
 
 
 def test_segments_are_the_ids_the_server_reported(tmp_path: Path, clean_env: dict[str, str]) -> None:

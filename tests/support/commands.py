@@ -2,12 +2,14 @@
 
 The one way the tests start the command in a process of its own (`run_trajforge`), its argv
 (`trajforge_argv`, for a Popen that a test drives itself) and the environment it gets by default
-(`user_env`: this one without the model API keys a developer's shell may hold).
+(`user_env`: this one without the model API keys a developer's shell may hold), and what a
+`make` target runs (`make_recipe`).
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -19,6 +21,14 @@ API_KEY_VARS = ("OPENROUTER_API_KEY", "OPENAI_API_KEY")
 
 def trajforge_argv(*args: object) -> list[str]:
     return [sys.executable, "-m", "trajforge", *map(str, args)]
+
+
+def make_recipe(*words: str) -> list[str]:
+    """The words of what `make WORDS` would run (make's own dry run), with this interpreter's venv;
+    [] when make refuses."""
+    proc = subprocess.run(["make", "-n", "-f", str(REPO / "Makefile"), *words, f"VENV={sys.prefix}", "STAMP="],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    return shlex.split(proc.stdout.replace("\\\n", " "), comments=True) if proc.returncode == 0 else []
 
 
 def user_env() -> dict[str, str]:

@@ -170,3 +170,23 @@ class TokenServer:
         self.calls.append({"prompt": prompt, "turn": turn, "prompt_ids": prompt_ids,
                            "completion_ids": completion_ids, "logprobs": logprobs, "sent": asked})
         return reply
+
+
+def check_segment(seg: dict[str, Any], calls: Any) -> None:
+    """A segment (a record's, or a row of the tokens export) against the server's replies, `calls[t]`
+    for the sample's call t: its input_ids are the ids the server reported for the segment's last
+    prompt followed by that call's completion, every call of the segment saw its prefix, loss_mask is
+    1 on exactly the completions' tokens, and the logprobs are the server's, in place."""
+    last = calls[seg["turns"][-1]]
+    assert seg["input_ids"] == last["prompt_ids"] + last["completion_ids"]
+    mask = [0] * len(seg["input_ids"])
+    logprobs: list[float | None] = [None] * len(seg["input_ids"])
+    for t in seg["turns"]:
+        call = calls[t]
+        start, n = len(call["prompt_ids"]), len(call["completion_ids"])
+        assert seg["input_ids"][:start] == call["prompt_ids"]
+        assert seg["input_ids"][start:start + n] == call["completion_ids"]
+        mask[start:start + n] = [1] * n
+        logprobs[start:start + len(call["logprobs"])] = call["logprobs"]
+    assert seg["loss_mask"] == mask
+    assert seg["logprobs"] == logprobs

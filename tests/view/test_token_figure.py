@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import cli
 from tests.support.scripted_server import ScriptedServer
 from tests.support.token_server import DROP_REASONING, TokenServer, terminal_policy
-from tests.support.commands import user_env as _env
+from tests.support.commands import user_env
 from tests.view.test_browser import browser, figure, page, shot, viewer_of  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.timeout(180)
@@ -27,7 +27,7 @@ def captured_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with ScriptedServer(TokenServer(terminal_policy(turns=2, reasoning_at=(1,)), template=DROP_REASONING)) as srv:
         proc = subprocess.run(cli("run", "--dataset_file=ds.jsonl", "--run_name=t", f"--base_url={srv.url}",
                                   "--model=policy", "--distribution=terminal_only", "--sandbox=local",
-                                  "--capture_tokens"), cwd=root, env=_env(), capture_output=True, text=True,
+                                  "--capture_tokens"), cwd=root, env=user_env(), capture_output=True, text=True,
                               timeout=120)
     assert proc.returncode == 0, proc.stderr
     return root / "data" / "t"

@@ -79,14 +79,23 @@ class Exporter(ABC):
         return ["reasoning (--no_reasoning)"] if self.options.reasoning == "drop" else []
 
 
+def split_paths(output: Path, splits: tuple[str, ...], suffix: str) -> dict[str, Path]:
+    """Each split's output file, `<dir>/<split><suffix>`, or the output file itself without splits."""
+    return {s: (output / f"{s}{suffix}" if s else output) for s in splits or ("",)}
+
+
+def file_names(paths: dict[str, Path], root: Path) -> list[str]:
+    """The files of `split_paths`, as the summary lists them (relative to the output)."""
+    return [str(p.relative_to(root)) if p != root else p.name for p in paths.values()]
+
+
 class SplitFiles:
-    """One binary output file per split (`<dir>/<split><suffix>`), or the output file itself."""
+    """One binary output file per split (`split_paths`)."""
 
     def __init__(self, output: Path, splits: tuple[str, ...], suffix: str) -> None:
-        names = splits or ("",)
-        self.paths = {s: (output / f"{s}{suffix}" if s else output) for s in names}
+        self.paths = split_paths(output, splits, suffix)
         self.files: dict[str, BinaryIO] = {s: p.open("wb", buffering=1 << 20) for s, p in self.paths.items()}
-        self.counts = dict.fromkeys(names, 0)
+        self.counts = dict.fromkeys(self.paths, 0)
 
     def write(self, split: str | None, data: bytes) -> None:
         self.files[split or ""].write(data)
@@ -101,7 +110,7 @@ class SplitFiles:
             f.close()
 
     def names(self, root: Path) -> list[str]:
-        return [str(p.relative_to(root)) if p != root else p.name for p in self.paths.values()]
+        return file_names(self.paths, root)
 
 
 # What an export directory may hold; anything else means the directory is not ours to replace.

@@ -14,7 +14,7 @@ from pathlib import Path
 from trajforge.export import card
 from trajforge.export.exporter import Exporter, Item, Summary
 from trajforge.export.filters import passed
-from trajforge.export.parquet import RowGroups, add_row
+from trajforge.export.parquet import SplitWriters, add_row
 from trajforge.runner.reader import Totals
 
 
@@ -32,14 +32,13 @@ class HFExporter(Exporter):
         self.scratch = output / ".arrow"
         self.scratch.mkdir()
         names = self.options.splits or ("train",)
-        self.paths = {s: self.scratch / f"{s}.arrow" for s in names}
-        self.writers = {s: pa.ipc.new_stream(str(p), SCHEMA) for s, p in self.paths.items()}
-        self.groups = {s: RowGroups(w.write_table) for s, w in self.writers.items()}
+        self.out = SplitWriters({s: self.scratch / f"{s}.arrow" for s in names},
+                                lambda p: pa.ipc.new_stream(str(p), SCHEMA))
         self.totals = Totals()
         self.verified = [0, 0]
 
     def write(self, item: Item) -> None:
-        add_row(self.groups[item.split or "train"], self, item)
+        add_row(self.out.groups[item.split or "train"], self, item)
         self.totals.add_record(item.record)
         verdict = passed(item.record)
         if verdict is not None:
@@ -51,14 +50,11 @@ class HFExporter(Exporter):
 
         from trajforge.export.schema import SCHEMA, doc_table
 
-        for groups in self.groups.values():
-            groups.flush()
-        for w in self.writers.values():
-            w.close()
+        self.out.close()
         datasets.disable_progress_bars()  # the export prints its own one-line summary
         features = datasets.Features.from_arrow_schema(SCHEMA)
         parts = {s: datasets.Dataset.from_file(str(p), info=datasets.DatasetInfo(features=features))
-                 for s, p in self.paths.items()}
+                 for s, p in self.out.paths.items()}
         # An empty split must still get one (empty) shard, or load_from_disk cannot read it back.
         shards = {s: 1 for s, d in parts.items() if d.num_rows == 0}
         if self.options.splits:
@@ -66,8 +62,8 @@ class HFExporter(Exporter):
         else:
             parts["train"].save_to_disk(str(self.root), num_shards=shards.get("train"))
         del parts  # release the memory maps before the scratch files go
-        counts = {s: g.count for s, g in self.groups.items()} if self.options.splits else \
-            {"": self.groups["train"].count}
+        counts = {s: g.count for s, g in self.out.groups.items()} if self.options.splits else \
+            {"": self.out.groups["train"].count}
         src = self.options.source
         text = card.render(
             name=src.run_dir.name if src and src.run_dir else (src.path.stem if src else self.root.name),
@@ -81,11 +77,8 @@ class HFExporter(Exporter):
         return Summary(counts, files, self.drops())
 
     def abort(self) -> None:
-        for w in getattr(self, "writers", {}).values():
-            try:
-                w.close()
-            except Exception:  # scratch is removed below anyway
-                pass  # the staging directory, scratch files included, is removed by the caller
+        if hasattr(self, "out"):
+            self.out.abort()
 
     def drops(self) -> list[str]:
         from trajforge.export.schema import DROPS

@@ -13,9 +13,10 @@ from typing import Any
 
 import orjson
 
-from trajforge.export.exporter import Exporter, Item, Summary
+from trajforge.export.exporter import Exporter, Item, Summary, file_names, split_paths
 from trajforge.export.convert import ConversionError, to_openai
 
+SUFFIX = ".parquet"
 ROWS = 1000
 BYTES = 32 << 20
 
@@ -71,13 +72,36 @@ class RowGroups:
         self.rows, self.numbers, self.size = [], [], 0
 
 
-def close_quietly(writers: dict[str, Any]) -> None:
-    """Close an aborted export's writers; the staging directory, their files with it, is removed anyway."""
-    for w in writers.values():
-        try:
+class SplitWriters:
+    """One Arrow writer per split, `open_writer(path)` for each of `paths`, fed by its RowGroups
+    (`table` as RowGroups takes it)."""
+
+    def __init__(self, paths: dict[str, Path], open_writer: Any, table: Any = None) -> None:
+        self.paths = paths
+        self.writers = {s: open_writer(p) for s, p in paths.items()}
+        self.groups = {s: RowGroups(w.write_table, table) for s, w in self.writers.items()}
+
+    def close(self) -> None:
+        for groups in self.groups.values():
+            groups.flush()
+        for w in self.writers.values():
             w.close()
-        except Exception:  # a writer that failed may fail again closing: nothing is kept of it
-            pass
+
+    def abort(self) -> None:
+        """Close an aborted export's writers; the staging directory, their files with it, is removed anyway."""
+        for w in self.writers.values():
+            try:
+                w.close()
+            except Exception:  # a writer that failed may fail again closing: nothing is kept of it
+                pass
+
+
+def parquet_writers(output: Path, splits: tuple[str, ...], schema: Any, table: Any = None) -> SplitWriters:
+    """A zstd Parquet file per split (export.exporter.split_paths)."""
+    import pyarrow.parquet as pq
+
+    return SplitWriters(split_paths(output, splits, SUFFIX),
+                        lambda p: pq.ParquetWriter(p, schema, compression="zstd"), table)
 
 
 def add_row(groups: RowGroups, exporter: Exporter, item: Item) -> None:
@@ -88,32 +112,25 @@ def add_row(groups: RowGroups, exporter: Exporter, item: Item) -> None:
 
 
 class ParquetExporter(Exporter):
-    suffix = ".parquet"
+    suffix = SUFFIX
 
     def open(self, output: Path) -> None:
-        import pyarrow.parquet as pq
-
         from trajforge.export.schema import SCHEMA
 
         self.root = output
-        names = self.options.splits or ("",)
-        self.paths = {s: (output / f"{s}{self.suffix}" if s else output) for s in names}
-        self.writers = {s: pq.ParquetWriter(p, SCHEMA, compression="zstd") for s, p in self.paths.items()}
-        self.groups = {s: RowGroups(w.write_table) for s, w in self.writers.items()}
+        self.out = parquet_writers(output, self.options.splits, SCHEMA)
 
     def write(self, item: Item) -> None:
-        add_row(self.groups[item.split or ""], self, item)
+        add_row(self.out.groups[item.split or ""], self, item)
 
     def close(self) -> Summary:
-        for groups in self.groups.values():
-            groups.flush()
-        for w in self.writers.values():
-            w.close()
-        files = [str(p.relative_to(self.root)) if p != self.root else p.name for p in self.paths.values()]
-        return Summary({s: g.count for s, g in self.groups.items()}, files, self.drops())
+        self.out.close()
+        counts = {s: g.count for s, g in self.out.groups.items()}
+        return Summary(counts, file_names(self.out.paths, self.root), self.drops())
 
     def abort(self) -> None:
-        close_quietly(getattr(self, "writers", {}))
+        if hasattr(self, "out"):
+            self.out.abort()
 
     def drops(self) -> list[str]:
         from trajforge.export.schema import DROPS

@@ -18,7 +18,7 @@ from typing import Any
 from trajforge.agent.segments import POLICY_VERSIONS, TOKENS, TOKENS_MISSING
 from trajforge.dataset import split_rollout
 from trajforge.export.convert import ConversionError
-from trajforge.export.exporter import Exporter, Item, SplitFiles, Summary
+from trajforge.export.exporter import Exporter, Item, SplitFiles, Summary, file_names
 from trajforge.export.filters import passed, verification_of
 from trajforge.jsonio import dumps
 
@@ -99,18 +99,15 @@ class TokensExporter(Exporter):
         self.counts: Counter[str] = Counter()  # trajectories exported, per split
         self.rows = 0
         self.without: Counter[str] = Counter()  # trajectories left out, by why they have no ids
-        names = self.options.splits or ("",)
-        self.paths = {s: (output / f"{s}{self.suffix}" if s else output) for s in names}
         if self.options.jsonl:
             self.files = SplitFiles(output, self.options.splits, self.suffix)
+            self.paths = self.files.paths
             return
-        import pyarrow.parquet as pq
-
-        from trajforge.export.parquet import RowGroups
+        from trajforge.export.parquet import parquet_writers
 
         self.schema = schema()
-        self.writers = {s: pq.ParquetWriter(p, self.schema, compression="zstd") for s, p in self.paths.items()}
-        self.groups = {s: RowGroups(w.write_table, self._table) for s, w in self.writers.items()}
+        self.out = parquet_writers(output, self.options.splits, self.schema, self._table)
+        self.paths = self.out.paths
 
     def _table(self, rows: list[dict[str, Any]]) -> Any:
         import pyarrow as pa
@@ -130,26 +127,21 @@ class TokensExporter(Exporter):
             if self.options.jsonl:
                 self.files.files[split].write(dumps(row) + b"\n")
             else:
-                self.groups[split].add(row, item.number, 8 * len(row["input_ids"]))
+                self.out.groups[split].add(row, item.number, 8 * len(row["input_ids"]))
 
     def close(self) -> Summary:
         if self.options.jsonl:
             self.files.close()
         else:
-            for groups in self.groups.values():
-                groups.flush()
-            for w in self.writers.values():
-                w.close()
-        names = self.options.splits or ("",)
-        files = [str(p.relative_to(self.root)) if p != self.root else p.name for p in self.paths.values()]
-        return Summary({s: self.counts[s] for s in names}, files, self.drops(), rows=self.rows)
+            self.out.close()
+        return Summary({s: self.counts[s] for s in self.paths}, file_names(self.paths, self.root), self.drops(),
+                       rows=self.rows)
 
     def abort(self) -> None:
-        from trajforge.export.parquet import close_quietly
-
-        if self.options.jsonl and hasattr(self, "files"):
+        if hasattr(self, "files"):
             self.files.abort()
-        close_quietly(getattr(self, "writers", {}))
+        if hasattr(self, "out"):
+            self.out.abort()
 
     def drops(self) -> list[str]:
         out = ["the conversation text (the segments hold its tokens; --format openai has it)"]
