@@ -81,6 +81,20 @@ def test_imports_point_down(package: str, target: str) -> None:
     assert importers(package, target) == []
 
 
+@pytest.mark.parametrize("package", ["tasks", "runner", "executors", "export", "view", "sample", "agent", "tools",
+                                     "verify", "commands"])
+def test_the_sandbox_interface_is_the_only_door_into_a_sandbox(package: str) -> None:
+    """Nothing outside sandbox/ imports a backend: a backend is reached through sandbox/interface.py
+    (Sandbox, ImageSandbox, ImageStore) and the run's provider, whatever it is."""
+    assert importers(package, "trajforge.sandbox.backends") == []
+
+
+def test_no_module_outside_the_sandbox_package_imports_a_backend() -> None:
+    outside = [p for p in SRC.rglob("*.py") if SRC / "sandbox" not in p.parents]
+    assert sorted(str(p.relative_to(SRC)) for p in outside
+                  if any(m.startswith("trajforge.sandbox.backends") for m in imports_of(p))) == []
+
+
 def test_no_subcommand_imports_the_dispatcher() -> None:
     for spec in cli.SUBCOMMANDS.specs():
         name, module = spec.name, spec.target.partition(":")[0]

@@ -87,7 +87,7 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
     config, sandbox = check_network(config, sandbox_settings(config))  # the sandbox's settings, built once
     check_executor(config)
     check_container_images(config, rows)
-    check_task_engine(config)
+    check_task_engine(config, sandbox)
     check_verification_settings(config, rows.path, rows.rubric, rows.verified)
     rundir = RunDir(run_path)
     rundir.acquire(resume=config.resume, overwrite=config.overwrite)

@@ -23,15 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trajforge.errors import SampleFailure
-from trajforge.sandbox.interface import Provider, SandboxError
-from trajforge.sandbox.backends.container.container_backend import ContainerBackend, backend_for
-from trajforge.sandbox.backends.container.container_engine import cache_dir
-from trajforge.sandbox.backends.container.image_build import BuildOutcome, build_image, image_config, image_present, log_tail
+from trajforge.sandbox.cache_dir import cache_dir
+from trajforge.sandbox.interface import BuildOutcome, ImageStore, Provider, SandboxError
 from trajforge.tasks.task_settings import TaskSettings
 from trajforge.task_spec import TaskSpec
 
 TAG_PREFIX = "localhost/trajforge-task-env"
 DEFAULT_WORKDIR = "/app"
+LOG_TAIL_LINES = 15
+LOG_TAIL_CHARS = 2000
 
 
 class BuildError(SampleFailure):
@@ -53,8 +53,8 @@ def tag_for(environment_hash: str) -> str:
 class TaskImages:
     """The run's task images (one per process, held by the sandbox provider)."""
 
-    def __init__(self, backend: ContainerBackend, settings: TaskSettings) -> None:
-        self.backend, self.engine, self.settings = backend, backend.engine, settings
+    def __init__(self, store: ImageStore, settings: TaskSettings) -> None:
+        self.store, self.settings = store, settings
         self.log_dir = settings.build_log_dir or cache_dir() / "build-logs"
         self._builds: dict[str, asyncio.Task[BuildOutcome | None]] = {}
         self._workdirs: dict[str, str] = {}
@@ -63,7 +63,7 @@ class TaskImages:
     async def image_for(self, spec: TaskSpec) -> TaskImage:
         """The task's image, built or checked; raises BuildError or SandboxError."""
         if spec.docker_image is not None:
-            await self.backend.images.ensure(spec.docker_image)
+            await self.store.ensure(spec.docker_image)
             image = spec.docker_image
         else:
             assert spec.environment_hash is not None
@@ -88,25 +88,25 @@ class TaskImages:
         """None: the image was there already (nothing built)."""
         assert spec.environment_hash is not None
         tag = tag_for(spec.environment_hash)
-        if await image_present(self.engine, tag):
+        if await self.store.inspect(tag) is not None:
             return None
         async with _host_lock(spec.environment_hash):
-            if await image_present(self.engine, tag):  # another process built it meanwhile
+            if await self.store.inspect(tag) is not None:  # another process built it meanwhile
                 return None
             timeout = self.settings.scaled(spec.build_timeout)
             assert timeout is not None
-            outcome = await build_image(self.engine, context=spec.environment_dir, tag=tag, timeout=timeout,
-                                        log=self.log_path(spec.environment_hash),
-                                        labels={"trajforge.task-env": spec.environment_hash})
+            outcome = await self.store.build(context=spec.environment_dir, tag=tag, timeout=timeout,
+                                             log=self.log_path(spec.environment_hash),
+                                             labels={"trajforge.task-env": spec.environment_hash}, build_args={})
         if outcome.ok:
             self.built.append(spec.environment_hash)
         return outcome
 
     async def _workdir(self, image: str) -> str:
         if image not in self._workdirs:
-            config = await image_config(self.engine, image)
+            config = await self.store.inspect(image)
             if config is None:
-                raise SandboxError(f"cannot inspect image {image!r} ({self.engine.kind})")
+                raise SandboxError(f"cannot inspect image {image!r} ({self.store.kind})")
             workdir = config.workdir.rstrip("/")
             self._workdirs[image] = workdir if workdir.startswith("/") else DEFAULT_WORKDIR
         return self._workdirs[image]
@@ -132,11 +132,23 @@ class _host_lock:
         os.close(self.fd)  # closing drops the lock
 
 
+def log_tail(log: Path) -> str:
+    """The last lines of a build log, for a failure message."""
+    try:
+        with log.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8 * LOG_TAIL_CHARS))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip("\n").splitlines()[-LOG_TAIL_LINES:])[-LOG_TAIL_CHARS:]
+
+
 async def task_images(provider: Provider, settings: TaskSettings) -> TaskImages:
     """The run's TaskImages; SandboxError when no container engine works here."""
-    backend = await backend_for(provider)
+    store = await provider.image_store()
 
     async def make() -> TaskImages:
-        return TaskImages(backend, settings)
+        return TaskImages(store, settings)
 
     return await provider.state("tasks.images", make)

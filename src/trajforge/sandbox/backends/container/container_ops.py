@@ -1,170 +1,177 @@
-"""What task environments need of a started container beyond the Sandbox interface.
+"""The container backend's ImageSandbox: a sample's container with the runner's own operations.
 
-Hidden tests run in the agent's container after the agent (trajforge.tasks.verify), which needs
-operations no tool may have, each through the engine CLI on a started ContainerSandbox:
-- `make_container`: a sample's container with limits of its own (a task's cpus, memory, storage,
-  network), where container.make takes the run's;
-- `pids` / `stop_all`: the processes running now, and SIGSTOP then SIGKILL of every process but a
-  given set (the container's init and `sleep infinity`), pass after pass until one finds none;
-- `exec_as`: a command as another user with an environment and a working directory, its process
-  group killed inside at the timeout (container_argv's wrappers);
-- `copy_in` / `read_file_out`: a host directory into the container, and one regular file out (as
-  the engine's tar stream: a symbolic link is never followed, whatever the sample made of the path).
+Task environments (trajforge.tasks) run the solution and the hidden tests in a sample's
+container after the agent, which needs operations no tool may have (sandbox/interface.py's
+ImageSandbox), each through the engine CLI on a started ContainerSandbox:
+- `make`: a sample's container, with a task's own limits (SampleResources: cpus, memory, storage,
+  network) where given, else the run's;
+- `stop_processes`: SIGSTOP then SIGKILL of every process but the container's own (its init and
+  `sleep infinity`, there before the sample's first command), pass after pass until one finds
+  none, from the host (from_host.py: nothing of the container runs, whatever it replaced);
+- `fresh_dirs` / `remove`: directories removed and made anew (the tests', the logs'), from the host;
+- `upload` / `download` / `download_tree`: a host directory into the container (the engine's
+  `cp`), one regular file out (read from the host, no link followed) and a tree out (the engine's
+  tar stream, links kept as links, checked entry by entry: seed_tar.py);
+- `changes`: the engine's diff of the container's own filesystem against its image.
 These are the engine's own operations, not the sample's: paths are the container's, unrestricted.
 """
 
 from __future__ import annotations
 
 import asyncio
-import io
-import secrets
-import tarfile
+import contextlib
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
 from trajforge.catalog.sandboxes import NetworkMode
-from trajforge.sandbox.interface import ExecResult, Provider, SandboxError
-from trajforge.sandbox.backends.container.container_sandbox import ContainerSandbox, _engine_failed
-from trajforge.sandbox.backends.container.container_argv import EXEC_WRAP, KILL_WRAP
+from trajforge.sandbox.interface import (
+    Change, Copied, ImageSandbox, Provider, SampleResources, SandboxError, SandboxSpoiled, Stopped,
+)
+from trajforge.sandbox.backends.container import from_host
+from trajforge.sandbox.backends.container.container_sandbox import ContainerSandbox
+from trajforge.sandbox.backends.container.container_argv import pid_files
 from trajforge.sandbox.backends.container.container_backend import backend_for
 from trajforge.sandbox.backends.container.container_engine import last_line
-from trajforge.sandbox.process import run_argv
-
-ROOT = "0:0"
-_STOP_PASSES = 50
-# Every process of the container but those in $1 (and the script itself): SIGSTOP all of a pass
-# first, so none can fork while its siblings die, then SIGKILL them; zombies are skipped (their
-# parent or the init reaps them). Exit 0 once a pass found nothing left, 1 if they kept coming.
-_STOP_ALL = (
-    'keep=" 1 $$ $1 "; n=0; while [ $n -lt ' + str(_STOP_PASSES) + ' ]; do n=$((n+1)); found=""; '
-    'for d in /proc/[0-9]*; do p=${d#/proc/}; case "$keep" in *" $p "*) continue;; esac; '
-    'read -r st 2>/dev/null < "$d/stat" || continue; st=${st##*) }; [ "${st%% *}" = Z ] && continue; '
-    'kill -STOP "$p" 2>/dev/null && found="$found $p"; done; [ -z "$found" ] && exit 0; '
-    'for p in $found; do kill -KILL "$p" 2>/dev/null; done; done; exit 1'
-)
+from trajforge.sandbox.backends.container.seed_tar import copy_tree_out
 
 
-async def make_container(provider: Provider, *, image: str, cwd: str, root: Path, memory: int | None = None,
-                         cpus: float | None = None, disk: int | None = None,
-                         network_none: bool = False) -> ContainerSandbox:
-    """An unstarted container sandbox like container.make's, with these limits instead of the run's
-    (None: the run's): memory in bytes, CPUs, the workspace disk in bytes, no network at all."""
+async def make(provider: Provider, *, cwd: str | None, image: str | None, root: Path,
+               resources: SampleResources | None = None) -> ContainerTaskSandbox:
+    """An unstarted container sandbox (the spec's `make`): a row's image, or the run's
+    `container_image`; with `resources`, those limits instead of the run's (None: the run's)."""
     settings, run = provider.settings, provider.settings.container
+    image = image or run.image
+    if image is None:
+        raise SandboxError("--sandbox container needs an image: give the row an `image` field or set "
+                           "`container_image` in the config file")
+    r = resources or SampleResources()
     backend = await backend_for(provider)
     limits = provider.sample_limits()
-    if disk is not None:
-        limits = replace(limits, disk=disk)
-    return ContainerSandbox(
-        root, backend=backend, image=image, cwd=cwd, network=NetworkMode.NONE if network_none else await provider.network_mode(),
-        allow=settings.allow, limits=limits, memory=str(memory) if memory is not None else run.memory,
-        pids_limit=run.pids_limit, cpus=cpus if cpus is not None else run.cpus, run_name=run.run_name,
-        keep=settings.keep_workspaces,
+    if r.disk is not None:
+        limits = replace(limits, disk=r.disk)
+    sb = ContainerTaskSandbox(
+        root, backend=backend, image=image, cwd=cwd, allow=settings.allow, limits=limits,
+        network=NetworkMode.NONE if r.network_none else await provider.network_mode(),
+        memory=str(r.memory) if r.memory is not None else run.memory, pids_limit=run.pids_limit,
+        cpus=r.cpus if r.cpus is not None else run.cpus, run_name=run.run_name, keep=settings.keep_workspaces,
     )
+    sb.seeded = sb.seeded and r.seed
+    return sb
 
 
-def _name(sb: ContainerSandbox) -> str:
-    if sb.name is None:
-        raise SandboxError("the container of this sample is gone")
-    return sb.name
+class ContainerTaskSandbox(ContainerSandbox, ImageSandbox):
+    """A sample's container with the runner's own operations (the module doc)."""
 
+    _init: int | None = None  # host pid of the container's init, once asked
+    _refused: int | None = 0  # forks its process limit refused, at the last stop_processes
 
-async def exec_as(sb: ContainerSandbox, command: str, *, timeout: float, user: str | None = None,
-                  env: tuple[tuple[str, str], ...] = (), workdir: str | None = None,
-                  output_cap: int = 1 << 20) -> ExecResult:
-    """`sh -c command` (bash when the image has it) as `user` (None: the image's USER) with `env`,
-    in `workdir` (default: the sample's working directory). At the timeout, or when cancelled, its
-    process group is killed inside the container."""
-    name, exec_id = _name(sb), secrets.token_hex(6)
-    flags = ["--user", user] if user else []
-    for key, value in env:
-        flags += ["-e", f"{key}={value}"]
-    argv = sb.engine.argv("exec", *flags, "-w", workdir or sb.cwd, name, "sh", "-c", EXEC_WRAP, "sh", exec_id,
-                          command)
-    try:
-        res = await run_argv(argv, timeout=timeout, cwd="/", env=sb.engine.env, output_cap=output_cap)
-    except BaseException:
-        await asyncio.shield(_kill(sb, exec_id))
-        raise
-    if res.timed_out:
-        await _kill(sb, exec_id)
-    elif _engine_failed(res):
-        raise SandboxError(f"{sb.engine.kind} exec in container {name} failed: {last_line(res)}")
-    return res
+    def _name(self) -> str:
+        if self.name is None:
+            raise SandboxError("the container of this sample is gone")
+        return self.name
 
+    async def _init_pid(self) -> int:
+        """The host pid of the container's init; SandboxSpoiled when the container no longer runs
+        (only its own processes can stop it: the runner has not)."""
+        if self._init is not None and from_host.pid_ns(self._init) is not None:
+            return self._init
+        res = await self.engine.run("inspect", "--format", "{{.State.Pid}} {{.State.Running}}", self._name(),
+                                    timeout=60)
+        pid, _, running = res.stdout.strip().partition(" ")
+        if res.exit_code != 0:
+            raise SandboxError(f"cannot inspect container {self.name} ({self.engine.kind}): {last_line(res)}")
+        if running != "true" or not pid.isdigit() or pid == "0":
+            raise SandboxSpoiled("the sample's container stopped before the runner's next step: only its own "
+                                 "processes could stop it (its main process was killed, or it ran out of memory)")
+        if from_host.pid_ns(pid) is None:
+            raise SandboxError(f"the processes of container {self.name} are not on this host ({self.engine.kind} "
+                               "elsewhere): the runner cannot act on them from outside")
+        self._init = int(pid)
+        return self._init
 
-async def _kill(sb: ContainerSandbox, exec_id: str) -> None:
-    if sb.name is not None:
-        await sb.engine.run("exec", "--user", ROOT, sb.name, "sh", "-c", KILL_WRAP, "sh", exec_id, timeout=30)
+    async def stop_processes(self) -> Stopped:
+        init = await self._init_pid()
+        killed = await from_host.stop_all(init, has_init=bool(self.backend.init_flag))
+        refused = from_host.forks_refused(init)
+        note = None
+        if refused and self._refused is not None and refused > self._refused:
+            note = (f"the sample's processes had reached the container's limit of {self.pids_limit} ({refused} forks "
+                    f"refused: a fork bomb?); the {killed} left were stopped from the host")
+        self._refused = refused
+        return Stopped(killed, note)
 
+    async def _kill_inside(self, exec_id: str) -> None:
+        """A command's process group, at its timeout or cancellation: from the host (the group id the
+        command's wrapper wrote is read there, never followed through a link); where the container's
+        processes are not on this host, with a command inside as before."""
+        try:
+            init = await self._init_pid()
+        except SandboxSpoiled:
+            return  # the container has stopped: nothing of it runs
+        except SandboxError:
+            await super()._kill_inside(exec_id)
+            return
+        for path in pid_files(exec_id):
+            try:
+                data = await asyncio.to_thread(from_host.read_file, init, path, 64)
+            except (ValueError, SandboxError):
+                continue
+            if data is not None and data.strip().isdigit():
+                await from_host.kill_group(init, int(data))
+                with contextlib.suppress(OSError, SandboxError):
+                    await asyncio.to_thread(from_host.remove, init, path)
 
-async def root_sh(sb: ContainerSandbox, script: str, *args: str, timeout: float = 60) -> ExecResult:
-    """A sh script as the container's root, outside any wrapper (short administrative steps)."""
-    res = await sb.engine.run("exec", "--user", ROOT, "-w", "/", _name(sb), "sh", "-c", script, "sh", *args,
-                              timeout=timeout)
-    if res.timed_out or _engine_failed(res):
-        raise SandboxError(f"{sb.engine.kind} exec in container {sb.name} failed: {last_line(res)}")
-    return res
+    async def fresh_dirs(self, dirs: Mapping[str, int]) -> None:
+        init = await self._init_pid()
+        try:
+            await asyncio.to_thread(from_host.fresh_dirs, init, dirs)
+        except OSError as e:
+            raise SandboxSpoiled(f"cannot make {', '.join(dirs)} anew in the container: {e.strerror or e} "
+                                 f"({os.fsdecode(e.filename) if e.filename else 'the container root'})") from None
 
+    async def remove(self, path: str) -> None:
+        init = await self._init_pid()
+        try:
+            await asyncio.to_thread(from_host.remove, init, path)
+        except OSError as e:
+            raise SandboxSpoiled(f"cannot remove {path} in the container: {e.strerror or e}") from None
 
-async def pids(sb: ContainerSandbox) -> set[int]:
-    """The processes of the container now (the listing shell itself left out)."""
-    res = await root_sh(sb, 'for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" = $$ ] || echo "$p"; done')
-    return {int(p) for p in res.stdout.split() if p.isdigit()}
+    async def upload(self, source: Path, path: str) -> None:
+        res = await self.engine.run("cp", f"{source}/.", f"{self._name()}:{path}", timeout=300)
+        if res.exit_code != 0:
+            why = last_line(res)
+            cls = SandboxSpoiled if "no space left" in why.lower() else SandboxError
+            raise cls(f"cannot copy {source} into {path} of container {self.name}: {why}")
 
+    async def download(self, path: str, limit: int) -> bytes | None:
+        return await asyncio.to_thread(from_host.read_file, await self._init_pid(), path, limit)
 
-async def stop_all(sb: ContainerSandbox, keep: set[int]) -> None:
-    """Kill every process of the container but `keep`; SandboxError when some keep coming back."""
-    res = await root_sh(sb, _STOP_ALL, " ".join(map(str, sorted(keep))), timeout=120)
-    if res.exit_code != 0:
-        raise SandboxError(f"could not stop every process of container {sb.name} in {_STOP_PASSES} passes")
+    async def download_tree(self, path: str, dest: Path, limit: int) -> Copied | None:
+        return await copy_tree_out(self.engine.argv("cp", f"{self._name()}:{path.rstrip('/')}/.", "-"),
+                                   self.engine.env, dest, limit=limit, what=f"{path} of container {self.name}",
+                                   timeout=600)
 
+    async def changes(self, wanted: Callable[[str], bool]) -> list[Change] | None:
+        """The engine's diff, read line by line (it may list every file of a large install)."""
+        proc = await asyncio.create_subprocess_exec(*self.engine.argv("diff", self._name()),
+                                                    stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.DEVNULL, env=self.engine.env, cwd="/")
+        assert proc.stdout is not None
+        found = []
+        try:
+            async with asyncio.timeout(300):
+                async for raw in proc.stdout:
+                    kind, _, path = raw.decode(errors="replace").rstrip("\n").partition(" ")
+                    if kind in ("A", "C", "D") and path.startswith("/") and wanted(path):
+                        found.append(Change(kind, path))
+                code = await proc.wait()
+        except BaseException:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            raise
+        return found if code == 0 else None
 
-async def copy_in(sb: ContainerSandbox, source: Path, dest: str) -> None:
-    """The contents of host directory `source` into the container's directory `dest` (which must exist)."""
-    res = await sb.engine.run("cp", f"{source}/.", f"{_name(sb)}:{dest}", timeout=300)
-    if res.exit_code != 0:
-        raise SandboxError(f"cannot copy {source} into {dest} of container {sb.name}: {last_line(res)}")
-
-
-async def read_file_out(sb: ContainerSandbox, path: str, limit: int) -> bytes | None:
-    """The bytes of the container's regular file `path` (at most `limit`); None when there is none.
-    ValueError when it is something else (a link, a directory) or larger than `limit`."""
-    argv = sb.engine.argv("cp", f"{_name(sb)}:{path}", "-")
-    proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                                                env=sb.engine.env, cwd="/")
-    assert proc.stdout is not None and proc.stderr is not None
-    try:
-        async with asyncio.timeout(60):
-            chunks, size, too_big = [], 0, False
-            while chunk := await proc.stdout.read(1 << 16):
-                size += len(chunk)
-                if size > limit + (64 << 10):  # the tar stream's headers and padding aside
-                    too_big = True
-                    proc.kill()
-                    break
-                chunks.append(chunk)
-            data = b"".join(chunks)
-            err = await proc.stderr.read()
-            code = await proc.wait()
-    except BaseException:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        raise
-    if too_big:
-        raise ValueError(f"larger than {limit} bytes")
-    if code != 0:
-        text = err.decode(errors="replace").lower()
-        if "no such file" in text or "could not find" in text or "does not exist" in text:
-            return None
-        raise SandboxError(f"cannot read {path} from container {sb.name}: {err.decode(errors='replace')[-300:]}")
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-        member = next(iter(tar), None)
-        if member is None or not member.isfile():
-            raise ValueError("not a regular file" if member is not None else "empty archive")
-        if member.size > limit:
-            raise ValueError(f"larger than {limit} bytes")
-        f = tar.extractfile(member)
-        return f.read() if f is not None else b""
 

@@ -33,17 +33,18 @@ import os
 import posixpath
 import secrets
 import shlex
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
 from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.sandbox import workspace
-from trajforge.sandbox.interface import ExecResult, Job, PathEscapeError, Provider, Sandbox, SandboxError
+from trajforge.sandbox.interface import ExecResult, Job, PathEscapeError, Sandbox, SandboxError
 from trajforge.sandbox.channel import HelperChannel
 from trajforge.sandbox.backends.container.container_argv import (
-    EXEC_WRAP, ID_RANGE, JOB_LOG_BYTES, KILL_WRAP, SPAWN_WRAP, WORKSPACE, cpu_prefix, run_args,
+    EXEC_WRAP, ID_RANGE, JOB_LOG_BYTES, KILL_WRAP, SPAWN_WRAP, TOOL_ENV, WORKSPACE, cpu_prefix, run_args,
 )
-from trajforge.sandbox.backends.container.container_backend import ContainerBackend, _live, backend_for, kill_exec_monitors
+from trajforge.sandbox.backends.container.container_backend import ContainerBackend, _live, kill_exec_monitors
 from trajforge.sandbox.backends.container.container_files import ContainerFiles
 from trajforge.sandbox.backends.container.container_layer import layered, run_container
 from trajforge.sandbox.backends.container.container_engine import container_name, last_line
@@ -57,21 +58,6 @@ def _engine_failed(res: ExecResult) -> bool:
     """Podman exits 125 for its own errors; the Docker CLI reports the daemon's with this prefix."""
     err = res.stderr.lstrip()
     return (res.exit_code == 125 and err.startswith("Error")) or err.startswith("Error response from daemon")
-
-
-async def make(provider: Provider, *, cwd: str | None, image: str | None, root: Path) -> ContainerSandbox:
-    """A row with an image always runs in a container (the image is never silently ignored)."""
-    settings, run = provider.settings, provider.settings.container
-    image = image or run.image
-    if image is None:
-        raise SandboxError("--sandbox container needs an image: give the row an `image` field or set "
-                           "`container_image` in the config file")
-    backend = await backend_for(provider)
-    return ContainerSandbox(
-        root, backend=backend, image=image, cwd=cwd, network=await provider.network_mode(),
-        allow=settings.allow, limits=provider.sample_limits(), memory=run.memory, pids_limit=run.pids_limit,
-        cpus=run.cpus, run_name=run.run_name, keep=settings.keep_workspaces,
-    )
 
 
 class ContainerSandbox(Sandbox):
@@ -180,9 +166,11 @@ class ContainerSandbox(Sandbox):
         if self.backend.idmap is not None:  # the image's owners as the container's user namespace sees them
             await asyncio.to_thread(workspace.shift_owners, self.workspace, self.backend.idmap, ID_RANGE)
 
-    def _exec_args(self, command: str, cwd: str | None, *flags: str) -> tuple[list[str], str]:
+    def _exec_args(self, command: str, cwd: str | None, *flags: str,
+                   env: Mapping[str, str] | None = None) -> tuple[list[str], str]:
         """(exec arguments, command): the command first enters its working directory, made if the
-        model removed it (the mount point itself, the -w, always exists), on its first line."""
+        model removed it (the mount point itself, the -w, always exists), on its first line. `env`:
+        its variables (None: the tools' TERM and PAGER)."""
         if self.name is None:
             raise SandboxError("the container of this sample is gone")
         where = self.cwd if not cwd else posixpath.normpath(posixpath.join(self.cwd, cwd))
@@ -191,11 +179,13 @@ class ContainerSandbox(Sandbox):
         if where != self.mount_at:
             q = shlex.quote(where)
             command = f"mkdir -p {q} 2>/dev/null; cd {q} || exit 125; {command}"
-        return ["exec", *flags, "-w", self.mount_at, "-e", "TERM=dumb", "-e", "PAGER=cat", self.name], command
+        variables = [f"{k}={v}" for k, v in (TOOL_ENV if env is None else env).items()]
+        return ["exec", *flags, "-w", self.mount_at, *[a for v in variables for a in ("-e", v)], self.name], command
 
-    async def exec(self, command: str, *, timeout: float, cwd: str | None = None) -> ExecResult:
+    async def exec(self, command: str, *, timeout: float, cwd: str | None = None, user: str | None = None,
+                   env: Mapping[str, str] | None = None) -> ExecResult:
         exec_id = secrets.token_hex(6)
-        args, command = self._exec_args(self._cpu_prefix(command), cwd)
+        args, command = self._exec_args(self._cpu_prefix(command), cwd, *(["--user", user] if user else []), env=env)
         argv = self.engine.argv(*args, "sh", "-c", EXEC_WRAP, "sh", exec_id, command)
         try:
             res = await self._run(argv, timeout)
@@ -219,8 +209,8 @@ class ContainerSandbox(Sandbox):
             raise SandboxError(f"cannot run {self.engine.kind} exec: {e}") from e
 
     async def _kill_inside(self, exec_id: str) -> None:
-        if self.name is not None:
-            await self.engine.run("exec", self.name, "sh", "-c", KILL_WRAP, "sh", exec_id, timeout=30)
+        if self.name is not None:  # as root: the command may run as any user
+            await self.engine.run("exec", "--user", "0:0", self.name, "sh", "-c", KILL_WRAP, "sh", exec_id, timeout=30)
 
     async def spawn(self, command: str, *, cwd: str | None = None) -> Job:
         from trajforge.sandbox.backends.local.local_sandbox import anonymous_file

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from trajforge.sandbox.backends.container.container_engine import cache_dir
+from trajforge.sandbox.cache_dir import cache_dir
 
 # Where Podman looks for its default profile: the administrator's first.
 DEFAULT_PROFILES = ("/etc/containers/seccomp.json", "/usr/share/containers/seccomp.json")

@@ -37,7 +37,7 @@ import tempfile
 from pathlib import Path
 from typing import IO
 
-from trajforge.sandbox.interface import SandboxError
+from trajforge.sandbox.interface import Copied, SandboxError
 
 
 class _Guard:
@@ -152,3 +152,78 @@ async def copy_out(argv: list[str], env: dict[str, str], dest: Path, *, limit: i
         why = str(error) if error is not None else said.splitlines()[-1][:300] if said else f"exit {proc.returncode}"
         raise SandboxError(f"cannot read {what}: {why}")
     return got  # False: an empty directory
+
+
+class _Capped:
+    """The guard of a copy that keeps what fits: regular files past `limit` bytes are left out (counted)."""
+
+    def __init__(self, limit: int, what: str) -> None:
+        self.guard = _Guard(1 << 62, what)
+        self.limit, self.kept, self.left_out, self.left_out_bytes = limit, 0, 0, 0
+        self.dropped: set[str] = set()
+
+    def __call__(self, member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+        if member.islnk() and member.linkname in self.dropped:
+            return None  # a hard link to a file left out
+        if member.isreg() and self.kept + member.size > self.limit:
+            self.left_out += 1
+            self.left_out_bytes += member.size
+            self.dropped.add(member.name)
+            return None
+        kept = self.guard(member, dest)
+        if kept is not None and kept.isreg():
+            self.kept += kept.size
+        return kept
+
+
+def _drain_capped(proc: subprocess.Popen[bytes], dest: Path, cap: _Capped) -> BaseException | None:
+    assert proc.stdout is not None
+    try:
+        if proc.stdout.peek(1):
+            with tarfile.open(fileobj=proc.stdout, mode="r|*") as tar:
+                for member in tar:  # one by one: a file left out is read past, not kept in memory
+                    tar.extract(member, dest, numeric_owner=True, filter=cap)
+            while proc.stdout.read(1 << 16):
+                pass
+        return None
+    except BaseException as e:  # noqa: BLE001 (handed to the caller)
+        if proc.poll() is None:
+            proc.kill()
+        return e
+    finally:
+        proc.stdout.close()
+        proc.wait()
+
+
+async def copy_tree_out(argv: list[str], env: dict[str, str], dest: Path, *, limit: int, what: str,
+                        timeout: float) -> Copied | None:
+    """Run `argv` (an engine's `cp CTR:DIR/. -`) and unpack its archive into `dest` as `unpack`
+    would, keeping files until `limit` bytes and leaving out (counting) those past it; None when
+    the engine wrote nothing (no such directory). SandboxError for a refused or broken archive,
+    a failure partway, or `timeout` seconds passed."""
+    cap = _Capped(limit, what)
+    with tempfile.TemporaryFile() as err:
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=env,
+                                    cwd="/")
+        except OSError as e:
+            raise SandboxError(f"cannot read {what}: {e}") from e
+        work = asyncio.ensure_future(asyncio.to_thread(_drain_capped, proc, dest, cap))
+        try:
+            error = await asyncio.wait_for(asyncio.shield(work), timeout)
+        except BaseException as e:
+            if proc.poll() is None:
+                proc.kill()
+            if isinstance(e, TimeoutError):
+                raise SandboxError(f"cannot read {what}: copying it out took over {timeout:g}s") from None
+            raise
+        err.seek(0)
+        said = err.read(100_000).decode(errors="replace").strip()
+    if isinstance(error, SandboxError):
+        raise error
+    if proc.returncode != 0 and error is None and cap.kept == 0 and cap.left_out == 0:
+        return None
+    if proc.returncode != 0 or error is not None:
+        why = str(error) if error is not None else said.splitlines()[-1][:300] if said else f"exit {proc.returncode}"
+        raise SandboxError(f"cannot read {what}: {why}")
+    return Copied(cap.kept, cap.left_out, cap.left_out_bytes)
