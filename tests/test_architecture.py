@@ -218,6 +218,8 @@ OTHER_MEANINGS: dict[str, dict[str, str]] = {
     "web": {"tools/web_search.py": "a search provider's JSON key"},
     "sharegpt": {p: "the sharegpt format's conversion and schema" for p in ("export/convert.py", "export/schema.py")},
     "image_gen": {"catalog/distributions.py": "a distribution of that name"},
+    "tasks": {p: "not the subcommand: statistics' task figures (`run.tasks`)"
+              for p in ("runner/figures.py", "view/dataset.py")},
 }
 
 

@@ -135,6 +135,6 @@ def test_a_backend_that_runs_images_runs_a_harbor_task(tmp_path: Path, relay_bac
     [record] = [json.loads(line) for line in (tmp_path / "data" / "r" / "trajectories.jsonl").read_text().splitlines()]
     assert (record["verification"]["reward"], record["verification"]["passed"]) == (1.0, True)
     calls = relay_backend.CALLS
-    assert {"store.inspect", "store.build", "make", "start", "fresh_dirs", "upload", "exec", "stop_processes",
-            "download", "close"} <= set(calls), calls
-    assert calls.index("store.build") < calls.index("make") < calls.index("exec") < calls.index("close")
+    assert {"store.inspect", "store.build", "make", "start", "fresh_dirs", "upload", "run", "stop_processes",
+            "download", "changes", "close"} <= set(calls), calls
+    assert calls.index("store.build") < calls.index("make") < calls.index("run") < calls.index("close")

@@ -34,6 +34,7 @@ for _spec in (
     Spec("scheduler", "trajforge.commands.cluster:scheduler_main", "start a Ray head and run a job on it"),
     Spec("worker", "trajforge.commands.cluster:worker_main", "join a Ray head as a worker node"),
     Spec("view", "trajforge.view.view_command:main", "browse a run's trajectories in a web page"),
+    Spec("tasks", "trajforge.commands.task_images:main", "prune the task images this user built"),
 ):
     SUBCOMMANDS.register(_spec)
 

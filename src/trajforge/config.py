@@ -71,6 +71,10 @@ class RunConfig(_Strict):
     task_max_storage: str | None = Field(None, pattern=SIZE_PATTERN,
                                          description="cap on the storage a task's [environment] asks for (e.g. 20g)",
                                          json_schema_extra=shown("no cap"))
+    verifier: Literal["default", "sealed"] = Field(
+        "default", description="default: a task's tests run in the agent's container; sealed: in a fresh container "
+        "of its image with only the agent's outputs (also a task's [verifier] isolation = \"sealed\")")
+    rebuild: bool = Field(False, description="build every task's image anew, whatever the cache holds")
     batch_size: int | None = Field(None, ge=1, le=1_000_000,
                                    description="prompts per batch: one batch_N.jsonl per batch")
     run_name: str | None = Field(None, min_length=1, description="run name: output goes to <output_dir>/<run_name>/")
@@ -173,8 +177,9 @@ class RunConfig(_Strict):
     # at most samples_per_prompt (_passes_within_rollouts), so bounded like it
     stop_after_passes: int | None = Field(None, ge=1, description="start no more rollouts of a row once this many have "
                                           "passed verification", json_schema_extra=shown("run every rollout"))
-    keep: Literal["all", "passed"] = Field("all",
-                                           description="{choices}: which trajectories go into trajectories.jsonl")
+    keep: Literal["all", "passed", "untampered", "passed_untampered"] = Field(
+        "all", description="{choices}: which trajectories go into trajectories.jsonl (untampered: no task "
+        "sample whose agent changed what its tests depend on, verification.tampered)")
     check_timeout: float = Field(300.0, gt=0, description="seconds a row's check command may run")
     judge_model: str | None = Field(None, min_length=1, description="model grading rows that have a rubric",
                                     json_schema_extra=shown("the run's --model"))

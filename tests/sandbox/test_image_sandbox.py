@@ -179,6 +179,21 @@ def test_a_container_its_sample_stopped_is_the_samples_doing(tmp_path: Path, pod
     run(body, tmp_path)
 
 
+def test_only_the_containers_own_init_is_acted_on(tmp_path: Path, podman: object, task_base: str) -> None:
+    """The engine's pid is used only when it is the container's: in a pid namespace of its own,
+    in a cgroup named after the container (a remote engine's pid may be anything here)."""
+    async def body(sb: ImageSandbox) -> None:
+        init = await sb._init_pid()  # type: ignore[attr-defined]
+        res = await sb.engine.run("inspect", "--format", "{{.Id}}", sb.name)  # type: ignore[attr-defined]
+        cid = res.stdout.strip()
+        assert from_host.is_init_of(init, cid)
+        assert not from_host.is_init_of(init, "0" * 64)  # another container's id
+        assert not from_host.is_init_of(os.getpid(), cid)  # the runner's own namespace: never
+        assert not from_host.is_init_of(1, cid)
+
+    run(body, tmp_path)
+
+
 # ---- mutation checks: each guard taken out, its test must fail ----
 
 def test_taking_the_inits_children_for_the_containers_processes_lets_the_loop_live(

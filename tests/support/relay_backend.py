@@ -8,7 +8,7 @@ not exist on a RelaySandbox and would fail.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,11 @@ class RelaySandbox(ImageSandbox):
     async def close(self) -> None:
         CALLS.append("close")
         await self.inner.close()
+
+    async def run(self, argv: Sequence[str], *, timeout: float, user: str | None = None,
+                  env: Mapping[str, str] | None = None) -> ExecResult:
+        CALLS.append("run")
+        return await self.inner.run(argv, timeout=timeout, user=user, env=env)
 
     async def upload(self, source: Path, path: str) -> None:
         CALLS.append("upload")

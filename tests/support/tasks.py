@@ -8,7 +8,9 @@ context makes its image new to this session (so a test sees it built), or shared
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,8 +38,17 @@ def _base_module():  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def task_base(podman: Engine) -> Iterator[str]:
-    """The example tasks' base image, imported once per session."""
-    yield _base_module().build(podman.binary, podman.env)
+    """The example tasks' base image, imported when this host has none made by this script: an
+    import makes a new image id, and a task image's cache key holds its base's id, so a base
+    imported anew under a test suite running beside this one would make its task images built anew."""
+    module = _base_module()
+    digest = hashlib.sha256((EXAMPLES / "base_image.py").read_bytes()).hexdigest()[:16]
+    found = subprocess.run([podman.binary, "image", "inspect", "--format", '{{index .Config.Labels "trajforge.test-base"}}',
+                            module.TAG], env=podman.env, capture_output=True, text=True, timeout=60)
+    if found.returncode == 0 and found.stdout.strip() == digest:
+        yield module.TAG
+    else:
+        yield module.build(podman.binary, podman.env, label=f"trajforge.test-base={digest}")
 
 
 def write_task(root: Path, name: str, *, test_sh: str, instruction: str | None = None, toml: str = "",

@@ -135,9 +135,10 @@ def test_a_model_run_of_tasks(tmp_path: Path, server: ScriptedServer, clean_env:
     assert (sleepy["end_reason"], sleepy["partial"], sleepy["completed"]) == ("agent_timeout", True, False)
     assert sleepy["verification"]["reward"] == 0.25 and "never" not in tool_outputs(sleepy)
 
-    # The verifier's timeout is an error, never a pass or a fail, and what it left running is stopped.
+    # The verifier's timeout in the agent's own container (default mode) is a fail with reward 0 naming
+    # it (the agent could have caused it: trajforge.failures), and what it left running is stopped.
     slow = recs["slow-verifier"]["verification"]
-    assert (slow["passed"], slow["reward"], slow["error"]) == (None, None, "verifier_timeout")
+    assert (slow["passed"], slow["reward"], slow["error"], slow["failure"]) == (False, 0.0, None, "verifier_timeout")
     assert "1 s timeout" in slow["detail"]["tests"]["message"]  # 2 s times --timeout_multiplier 0.5
 
     # WORKDIR, limits (memory capped by --task_max_memory), no network, no tests during the run.
@@ -171,9 +172,9 @@ def test_a_model_run_of_tasks(tmp_path: Path, server: ScriptedServer, clean_env:
     assert len(shared) == 1 and shared[0].read_text().count(" build -t ") == 1
     stats = json.loads((run_dir / "statistics.json").read_text())
     assert stats["run"]["samples"]["failed_by_class"]["build"] == 2
-    assert stats["run"]["verification"]["errors_by_kind"]["verifier_timeout"] == 1
+    assert stats["run"]["verification"]["failures_by_kind"] == {"verifier_timeout": 1}
     per_task = stats["run"]["tasks"]["per_task"]
-    assert per_task["limits"]["mean_reward"] == 0.5 and per_task["slow-verifier"]["errors"] == 1
+    assert per_task["limits"]["mean_reward"] == 0.5 and per_task["slow-verifier"]["failures"] == 1
     assert containers_with_label(podman, "trajforge.run=first") == []
 
     # A second run of the same tasks builds nothing: every image is found by its content hash.

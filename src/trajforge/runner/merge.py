@@ -33,7 +33,7 @@ from trajforge.runner.keys import key_of
 from trajforge.runner.outputs import open_outputs
 from trajforge.runner.rows import RunRows
 from trajforge.runner.stats import Totals
-from trajforge.verify.result import passed
+from trajforge.verify.result import passed, tampered
 
 
 @dataclass
@@ -66,12 +66,13 @@ def fit(rec: dict[str, Any], line: bytes, index: int, dataset_line: int, extra: 
 @dataclass
 class Intake:
     """What both merges do with each record of the current dataset: the corrupt-entry filter, the
-    fit to the dataset, the figures, and --keep passed."""
+    fit to the dataset, the figures, and --keep (passed, untampered)."""
 
     rows: RunRows
     totals: Totals
     keep_passed: bool
     problems: list[str] = field(default_factory=list)
+    keep_untampered: bool = False
     hallucinated: list[str] = field(default_factory=list)  # identities whose record the filter dropped
     not_kept: int = 0
 
@@ -90,25 +91,27 @@ class Intake:
             return None
         line = fit(rec, line, i, *row)
         self.totals.add_record(rec, self.rows.task_type_of(i), typed=True)
-        if self.keep_passed and not passed(rec):
+        if (self.keep_passed and not passed(rec)) or (self.keep_untampered and tampered(rec)):
             self.not_kept += 1
             return None
         return line, rec
 
 
-def merge(run_dir: Path, rows: RunRows, totals: Totals, *, keep_passed: bool = False) -> MergeResult:
+def merge(run_dir: Path, rows: RunRows, totals: Totals, *, keep_passed: bool = False,
+          keep_untampered: bool = False) -> MergeResult:
     """Write run_dir/trajectories.jsonl and add every record to `totals` (kept or, with
-    `keep_passed`, left out because its verification did not pass). Raises OutputError."""
+    `keep_passed`, left out because its verification did not pass; with `keep_untampered`,
+    because its agent tampered with what its tests depend on). Raises OutputError."""
     target = run_dir / "trajectories.jsonl"
     try:
-        return _merge(run_dir, rows, totals, keep_passed)
+        return _merge(run_dir, rows, totals, keep_passed, keep_untampered)
     except OSError as e:
         if e.filename is not None and Path(e.filename) != target and not Path(e.filename).name.startswith("."):
             raise OutputError(e.filename, e, "read") from None
         raise OutputError(target, e) from None
 
 
-def _merge(run_dir: Path, rows: RunRows, totals: Totals, keep_passed: bool) -> MergeResult:
+def _merge(run_dir: Path, rows: RunRows, totals: Totals, keep_passed: bool, keep_untampered: bool) -> MergeResult:
     problems: list[str] = []
     place = rows.places()  # key -> row * k + rollout, for every sample of the dataset
     seen: set[int] = set()
@@ -135,7 +138,7 @@ def _merge(run_dir: Path, rows: RunRows, totals: Totals, keep_passed: bool) -> M
     order = sorted(range(len(pos)), key=pos.__getitem__)
     written = 0
     last = (-1, 0)
-    intake = Intake(rows, totals, keep_passed, problems)
+    intake = Intake(rows, totals, keep_passed, problems, keep_untampered)
     with open_outputs(run_dir) as outputs, rows.reader() as dataset:  # trajectories.jsonl and the others
         lines = _read(files, ((fid[j], offsets[j], lengths[j]) for j in order))
         at, row = -1, (0, {})  # the row read last, (its line, its extra fields)

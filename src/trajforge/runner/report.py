@@ -83,16 +83,17 @@ def _merge(config: RunConfig, rows: RunRows, run_dir: Path, checkpoint: Checkpoi
            ) -> tuple[MergeResult, Totals, dict[str, Any]]:
     """The incremental merge when it can do (runner.append), else the whole one; the merge's
     result, the figures of the records, the merge's new state."""
-    keep_passed = config.keep == "passed"
+    keep_passed, keep_untampered = config.keep in ("passed", "passed_untampered"), "untampered" in config.keep
     totals = Totals()
     totals.verify.k = config.samples_per_prompt
-    appended = append_new(run_dir, checkpoint.merge, checkpoint.done, rows, totals, keep_passed=keep_passed)
+    appended = None if keep_untampered else \
+        append_new(run_dir, checkpoint.merge, checkpoint.done, rows, totals, keep_passed=keep_passed)
     if appended is not None:
         result, state = appended.result, appended.state
     else:
         totals = Totals()
         totals.verify.k = config.samples_per_prompt
-        result = merge(run_dir, rows, totals, keep_passed=keep_passed)
+        result = merge(run_dir, rows, totals, keep_passed=keep_passed, keep_untampered=keep_untampered)
         target = run_dir / "trajectories.jsonl"
         try:
             st = target.stat()

@@ -11,7 +11,7 @@ from pathlib import Path
 from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.config import RunConfig, size_bytes
 from trajforge.sandbox.sandbox_settings import ContainerSettings, ResourceLimits, SandboxSettings
-from trajforge.tasks.task_settings import TaskSettings
+from trajforge.tasks.task_settings import OUTPUTS_CAP, TaskSettings
 from trajforge.tools.tool_settings import ToolSettings
 
 
@@ -39,12 +39,16 @@ def sandbox_settings(config: RunConfig) -> SandboxSettings:
                            container=container)
 
 
-def task_settings(config: RunConfig, build_log_dir: Path | None = None) -> TaskSettings:
-    """What the task layer reads of the run (tasks/task_settings.py); `build_log_dir`: where build logs go."""
+def task_settings(config: RunConfig, run_dir: Path | None = None) -> TaskSettings:
+    """What the task layer reads of the run (tasks/task_settings.py); `run_dir`: the run directory,
+    when this process writes it (build logs go to its builds/, verifier logs to its verifier_logs/)."""
     def size(text: str | None) -> int | None:
         return size_bytes(text) or None if text else None
 
     return TaskSettings(agent=config.agent, pass_threshold=config.pass_threshold,
                         timeout_multiplier=config.timeout_multiplier, max_cpus=config.task_max_cpus,
                         max_memory=size(config.task_max_memory), max_storage=size(config.task_max_storage),
-                        build_log_dir=build_log_dir)
+                        build_log_dir=run_dir / "builds" if run_dir is not None else None,
+                        verifier_log_dir=run_dir / "verifier_logs" if run_dir is not None else None,
+                        verifier=config.verifier, rebuild=config.rebuild,
+                        outputs_cap=size(config.sandbox_disk) or OUTPUTS_CAP)

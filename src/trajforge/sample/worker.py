@@ -64,10 +64,11 @@ class _WallTimeout(Exception):
 class SampleWorker:
     def __init__(self, config: RunConfig, *, prefill: list[dict[str, Any]] | None = None,
                  worker_id: str = "local", workspace_root: Path | None = None,
-                 build_log_dir: Path | None = None) -> None:
+                 run_dir: Path | None = None) -> None:
+        """run_dir: the run directory when this process can write it (build and verifier logs go there)."""
         self.config = config
         self.tool_settings = tool_settings(config)
-        self.task_settings = task_settings(config, build_log_dir)
+        self.task_settings = task_settings(config, run_dir)
         self.oracle = config.agent == "oracle"
         self.prefill = prefill
         self.worker_id = worker_id
@@ -258,6 +259,7 @@ class SampleWorker:
                 ephemeral_system_prompt=self.config.ephemeral_system_prompt, prefill=self.prefill,
                 trace=trace, limits=SpendLimits(self.config.max_tokens_per_sample, self.config.max_cost_per_sample),
                 time_limit=task.time_limit if task is not None else None,
+                spoiled=(lambda e: task.agent_broke(sandbox, e)) if task is not None else None,  # type: ignore[arg-type]
             )
         if self._verifies(session):
             with working.waiting():

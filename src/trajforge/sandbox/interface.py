@@ -21,7 +21,7 @@ backend: tasks/ speaks only to these.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -57,7 +57,11 @@ class SandboxLimitError(SandboxError):
 class SandboxSpoiled(SandboxError):
     """The sample itself broke what a runner's step after it needed (it stopped its own container,
     filled its disk, made a path the runner resets unremovable): a caller that scores the sample
-    (task verification) scores it as a failure, naming this, rather than as an error."""
+    (task verification) scores it as a failure of `kind` (trajforge.failures' table), not an error."""
+
+    def __init__(self, message: str, *, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 @dataclass(slots=True)
@@ -206,8 +210,17 @@ class ImageSandbox(Sandbox):
     image: str
 
     @abstractmethod
+    async def run(self, argv: Sequence[str], *, timeout: float, user: str | None = None,
+                  env: Mapping[str, str] | None = None) -> ExecResult:
+        """Program `argv` of the sandbox (a task's `bash /tests/test.sh`) in its working directory, as
+        `user` (None: the image's USER) with `env`, and no shell of the sandbox in between (exec
+        wraps commands in its `sh`); at the timeout, or cancelled, every process of the sample is
+        stopped (stop_processes)."""
+
+    @abstractmethod
     async def upload(self, source: Path, path: str) -> None:
-        """Copy the contents of host directory `source` into the sandbox's directory `path` (which must exist)."""
+        """Copy the contents of host directory `source` into the sandbox's directory `path`, made
+        (with its parents) where missing."""
 
     @abstractmethod
     async def download(self, path: str, limit: int) -> bytes | None:

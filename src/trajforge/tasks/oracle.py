@@ -31,7 +31,7 @@ async def run_oracle(sb: ImageSandbox, spec: TaskSpec, settings: TaskSettings) -
     await sb.fresh_dirs({SOLUTION: 0o755})
     await sb.upload(spec.solution_dir, SOLUTION)
     limit = settings.scaled(spec.agent_timeout)
-    res = await sb.exec(f"{COMMAND} 2>&1", timeout=limit or NO_LIMIT, env=dict(spec.solution_env))
+    res = await sb.run(COMMAND.split(), timeout=limit or NO_LIMIT, env=dict(spec.solution_env))
     await sb.stop_processes()  # what the solution left running is the agent's part: it ends with it
     await sb.remove(SOLUTION)
     output = REGISTRY.text(clip_output(res.stdout + res.stderr))

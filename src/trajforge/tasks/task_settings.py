@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+OUTPUTS_CAP = 10 << 30  # bytes of the agent's outputs the sealed verifier copies, without a sandbox disk limit
+
 
 @dataclass(frozen=True, slots=True)
 class TaskSettings:
@@ -15,6 +17,10 @@ class TaskSettings:
     max_memory: int | None = None  # bytes
     max_storage: int | None = None  # bytes
     build_log_dir: Path | None = None  # None: the trajforge cache directory (Ray nodes)
+    verifier_log_dir: Path | None = None  # None: the trajforge cache directory (Ray nodes)
+    verifier: str = "default"  # default | sealed (--verifier): where a task's tests run
+    rebuild: bool = False  # build every task image anew
+    outputs_cap: int = OUTPUTS_CAP  # bytes of the agent's outputs the sealed verifier copies
 
     def scaled(self, seconds: float | None) -> float | None:
         return None if seconds is None else seconds * self.timeout_multiplier

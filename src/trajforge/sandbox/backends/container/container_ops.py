@@ -5,6 +5,8 @@ container after the agent, which needs operations no tool may have (sandbox/inte
 ImageSandbox), each through the engine CLI on a started ContainerSandbox:
 - `make`: a sample's container, with a task's own limits (SampleResources: cpus, memory, storage,
   network) where given, else the run's;
+- `run`: a program of the image (`bash /tests/test.sh`) through the engine's `exec`, no shell of
+  the container in between, everything of the sample stopped from the host at its timeout;
 - `stop_processes`: SIGSTOP then SIGKILL of every process but the container's own (its init and
   `sleep infinity`, there before the sample's first command), pass after pass until one finds
   none, from the host (from_host.py: nothing of the container runs, whatever it replaced);
@@ -20,21 +22,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
-from collections.abc import Callable, Mapping
+import posixpath
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.sandbox.interface import (
-    Change, Copied, ImageSandbox, Provider, SampleResources, SandboxError, SandboxSpoiled, Stopped,
+    Change, Copied, ExecResult, ImageSandbox, Provider, SampleResources, SandboxError, SandboxSpoiled, Stopped,
 )
 from trajforge.sandbox.backends.container import from_host
-from trajforge.sandbox.backends.container.container_sandbox import ContainerSandbox
+from trajforge.sandbox.backends.container.container_sandbox import ContainerSandbox, _engine_failed
 from trajforge.sandbox.backends.container.container_argv import pid_files
 from trajforge.sandbox.backends.container.container_backend import backend_for
 from trajforge.sandbox.backends.container.container_engine import last_line
 from trajforge.sandbox.backends.container.seed_tar import copy_tree_out
+from trajforge.sandbox.process import run_argv
+
+RUN_OUTPUT_CAP = 1 << 20  # bytes kept per stream of a runner's own program (the tests')
 
 
 async def make(provider: Provider, *, cwd: str | None, image: str | None, root: Path,
@@ -61,6 +68,17 @@ async def make(provider: Provider, *, cwd: str | None, image: str | None, root: 
     return sb
 
 
+def _stopped() -> SandboxSpoiled:
+    return SandboxSpoiled("the sample's container stopped before the runner's next step: only its own processes "
+                          "could stop it (its main process was killed, or it ran out of memory)",
+                          kind="container_stopped")
+
+
+def _full_or(e: OSError, kind: str) -> str:
+    """disk_full when the sample's disk is full, else `kind`."""
+    return "disk_full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else kind
+
+
 class ContainerTaskSandbox(ContainerSandbox, ImageSandbox):
     """A sample's container with the runner's own operations (the module doc)."""
 
@@ -77,23 +95,36 @@ class ContainerTaskSandbox(ContainerSandbox, ImageSandbox):
         (only its own processes can stop it: the runner has not)."""
         if self._init is not None and from_host.pid_ns(self._init) is not None:
             return self._init
-        res = await self.engine.run("inspect", "--format", "{{.State.Pid}} {{.State.Running}}", self._name(),
-                                    timeout=60)
-        pid, _, running = res.stdout.strip().partition(" ")
-        if res.exit_code != 0:
-            raise SandboxError(f"cannot inspect container {self.name} ({self.engine.kind}): {last_line(res)}")
-        if running != "true" or not pid.isdigit() or pid == "0":
-            raise SandboxSpoiled("the sample's container stopped before the runner's next step: only its own "
-                                 "processes could stop it (its main process was killed, or it ran out of memory)")
-        if from_host.pid_ns(pid) is None:
-            raise SandboxError(f"the processes of container {self.name} are not on this host ({self.engine.kind} "
-                               "elsewhere): the runner cannot act on them from outside")
-        self._init = int(pid)
-        return self._init
+        for last in (False, True):
+            res = await self.engine.run("inspect", "--format", "{{.State.Pid}} {{.State.Running}} {{.Id}}",
+                                        self._name(), timeout=60)
+            pid, running, cid = (res.stdout.split() + ["", "", ""])[:3]
+            if res.exit_code != 0:
+                raise SandboxError(f"cannot inspect container {self.name} ({self.engine.kind}): {last_line(res)}")
+            if running != "true" or not pid.isdigit() or pid == "0":
+                raise _stopped()
+            if from_host.is_init_of(pid, cid):
+                self._init = int(pid)
+                return self._init
+            if not last and not os.path.exists(f"/proc/{pid}"):  # its init exiting as we looked
+                await self.engine.run("wait", self._name(), timeout=10)
+        raise SandboxError(f"the processes of container {self.name} are not on this host ({self.engine.kind} "
+                           "elsewhere): the runner cannot act on them from outside")
+
+    @contextlib.asynccontextmanager
+    async def _from_host(self) -> AsyncIterator[int]:
+        """The init's host pid for a step done from the host; its init ending meanwhile is the container stopping."""
+        init = await self._init_pid()
+        try:
+            yield init
+        except from_host.Gone:
+            if await from_host.ended(init):  # exiting as we looked: its command was killed from inside
+                raise _stopped() from None
+            raise
 
     async def stop_processes(self) -> Stopped:
-        init = await self._init_pid()
-        killed = await from_host.stop_all(init, has_init=bool(self.backend.init_flag))
+        async with self._from_host() as init:
+            killed = await from_host.stop_all(init, has_init=bool(self.backend.init_flag))
         refused = from_host.forks_refused(init)
         note = None
         if refused and self._refused is not None and refused > self._refused:
@@ -119,34 +150,84 @@ class ContainerTaskSandbox(ContainerSandbox, ImageSandbox):
             except (ValueError, SandboxError):
                 continue
             if data is not None and data.strip().isdigit():
-                await from_host.kill_group(init, int(data))
-                with contextlib.suppress(OSError, SandboxError):
+                with contextlib.suppress(OSError, SandboxError):  # SandboxError: the container stopped meanwhile
+                    await from_host.kill_group(init, int(data))
                     await asyncio.to_thread(from_host.remove, init, path)
 
-    async def fresh_dirs(self, dirs: Mapping[str, int]) -> None:
-        init = await self._init_pid()
+    async def run(self, argv: Sequence[str], *, timeout: float, user: str | None = None,
+                  env: Mapping[str, str] | None = None) -> ExecResult:
+        flags = ["--user", user] if user else []
+        for key, value in (env or {}).items():
+            flags += ["-e", f"{key}={value}"]
+        cmd = self.engine.argv("exec", *flags, "-w", self.cwd, self._name(), *argv)
         try:
-            await asyncio.to_thread(from_host.fresh_dirs, init, dirs)
+            res = await run_argv(cmd, timeout=timeout, cwd="/", env=self.engine.env, output_cap=RUN_OUTPUT_CAP)
+        except BaseException:  # cancelled: nothing it started may outlive the call
+            await asyncio.shield(self.stop_processes())
+            raise
+        if res.timed_out:
+            await self.stop_processes()
+        elif _engine_failed(res):
+            raise SandboxError(f"{self.engine.kind} exec in container {self.name} failed: {last_line(res)}")
+        return res
+
+    async def fresh_dirs(self, dirs: Mapping[str, int]) -> None:
+        try:
+            async with self._from_host() as init:
+                await asyncio.to_thread(from_host.fresh_dirs, init, dirs)
         except OSError as e:
             raise SandboxSpoiled(f"cannot make {', '.join(dirs)} anew in the container: {e.strerror or e} "
-                                 f"({os.fsdecode(e.filename) if e.filename else 'the container root'})") from None
+                                 f"({os.fsdecode(e.filename) if e.filename else 'the container root'})",
+                                 kind=_full_or(e, "reset_failed")) from None
 
     async def remove(self, path: str) -> None:
-        init = await self._init_pid()
         try:
-            await asyncio.to_thread(from_host.remove, init, path)
+            async with self._from_host() as init:
+                await asyncio.to_thread(from_host.remove, init, path)
         except OSError as e:
-            raise SandboxSpoiled(f"cannot remove {path} in the container: {e.strerror or e}") from None
+            raise SandboxSpoiled(f"cannot remove {path} in the container: {e.strerror or e}",
+                                 kind=_full_or(e, "reset_failed")) from None
 
     async def upload(self, source: Path, path: str) -> None:
-        res = await self.engine.run("cp", f"{source}/.", f"{self._name()}:{path}", timeout=300)
+        inside = self._in_workspace(path)
+        if inside is not None:  # a host directory: copied there as it is (owners too: the run's id map)
+            await self._copy_in_workspace(source, inside)
+            return
+        try:  # the directory, made where missing (no link followed), the container root's
+            async with self._from_host() as init:
+                await asyncio.to_thread(from_host.make_dirs, init, path)
+        except OSError as e:
+            raise SandboxSpoiled(f"cannot make {path} in the container: {e.strerror or e}",
+                                 kind=_full_or(e, "reset_failed")) from None
+        res = await self.engine.run("cp", f"{source}/.", f"{self._name()}:{path}", timeout=600)
         if res.exit_code != 0:
-            why = last_line(res)
-            cls = SandboxSpoiled if "no space left" in why.lower() else SandboxError
-            raise cls(f"cannot copy {source} into {path} of container {self.name}: {why}")
+            why = f"cannot copy {source} into {path} of container {self.name}: {last_line(res)}"
+            if "no space left" in why.lower():
+                raise SandboxSpoiled(why, kind="disk_full")
+            raise SandboxError(why)
+
+    def _in_workspace(self, path: str) -> Path | None:
+        """The host directory of container path `path` when it is the workspace or beneath it."""
+        norm = posixpath.normpath(path)
+        if self.workspace is None or not (norm == self.mount_at or norm.startswith(self.mount_at.rstrip("/") + "/")):
+            return None
+        return self.workspace / posixpath.relpath(norm, self.mount_at)
+
+    async def _copy_in_workspace(self, source: Path, dest: Path) -> None:
+        dest.mkdir(parents=True, exist_ok=True)
+        proc = await asyncio.create_subprocess_exec("cp", "-a", "--", f"{source}/.", str(dest),
+                                                    stdin=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        _, err = await proc.communicate()
+        if proc.returncode != 0:
+            why = err.decode(errors="replace").strip()[-300:]
+            raise SandboxSpoiled(f"cannot copy {source} into the workspace: {why}", kind="disk_full") \
+                if "No space left" in why else SandboxError(f"cannot copy {source} into the workspace: {why}")
+        if self._res is not None:
+            self._res.check()  # the workspace disk's limit: SandboxLimitError when it is full
 
     async def download(self, path: str, limit: int) -> bytes | None:
-        return await asyncio.to_thread(from_host.read_file, await self._init_pid(), path, limit)
+        async with self._from_host() as init:
+            return await asyncio.to_thread(from_host.read_file, init, path, limit)
 
     async def download_tree(self, path: str, dest: Path, limit: int) -> Copied | None:
         return await copy_tree_out(self.engine.argv("cp", f"{self._name()}:{path.rstrip('/')}/.", "-"),

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import errno
 import os
+import select
 import shutil
 import signal
 import stat
@@ -35,6 +36,10 @@ from dataclasses import dataclass
 
 from trajforge.sandbox.host.cgroups import ROOT as CGROUP_ROOT
 from trajforge.sandbox.interface import SandboxError
+
+class Gone(SandboxError):
+    """The container's init is no longer there (the container stopped) or not on this host."""
+
 
 STOP_PASSES = 50
 EXIT_WAIT = 10.0  # seconds a pass waits for the processes it killed to exit
@@ -65,11 +70,25 @@ def pid_ns(pid: int | str) -> str | None:
         return None
 
 
+def is_init_of(pid: int | str, container_id: str) -> bool:
+    """Whether host process `pid` is in a pid namespace of its own (never the runner's) and in a
+    cgroup named after `container_id`: the container's, not a process that merely has its pid
+    (an engine on another host reports pids of that host)."""
+    ns = pid_ns(pid)
+    if ns is None or ns == pid_ns("self") or len(container_id) < 12:
+        return False
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
+            return container_id in f.read()
+    except OSError:
+        return False
+
+
 def members(init: int) -> list[Proc]:
     """Every process in the pid namespace of `init` (the container's init included)."""
     ns = pid_ns(init)
     if ns is None:
-        raise SandboxError(f"the container's init (host pid {init}) is gone or not on this host")
+        raise Gone(f"the container's init (host pid {init}) is gone or not on this host")
     found = []
     for entry in os.scandir("/proc"):
         if entry.name.isdigit() and pid_ns(entry.name) == ns:
@@ -88,6 +107,19 @@ def own(init: int, procs: list[Proc], has_init: bool) -> set[int]:
         if children:
             keep.add(min(children, key=lambda p: (p.start, p.pid)).pid)
     return keep
+
+
+async def ended(pid: int, timeout: float = EXIT_WAIT) -> bool:
+    """Whether process `pid` has exited (or does within `timeout` seconds: one found exiting)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return True
+    try:
+        await _exited([fd], timeout)
+        return bool(select.select([fd], [], [], 0)[0])
+    finally:
+        os.close(fd)
 
 
 def _open_same(proc: Proc, ns: str) -> int | None:
@@ -141,7 +173,7 @@ async def _kill(procs: list[Proc], ns: str) -> int:
 def _ns_of_init(init: int) -> str:
     ns = pid_ns(init)
     if ns is None:
-        raise SandboxError(f"the container's init (host pid {init}) is gone or not on this host")
+        raise Gone(f"the container's init (host pid {init}) is gone or not on this host")
     return ns
 
 
@@ -242,10 +274,10 @@ class _Root:
         try:
             self.fd = os.open(f"/proc/{init}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as e:
-            raise SandboxError(f"cannot open the container's root from the host: {e.strerror or e}") from None
+            raise Gone(f"cannot open the container's root from the host: {e.strerror or e}") from None
         if before is None or _stat(init) != before:
             os.close(self.fd)
-            raise SandboxError("the container's init ended while its root was being opened")
+            raise Gone("the container's init ended while its root was being opened")
 
     def __enter__(self) -> _Root:
         return self
@@ -321,6 +353,29 @@ def fresh_dirs(init: int, dirs: Mapping[str, int]) -> None:
             if stat.S_IMODE(st.st_mode) != mode or (st.st_uid, st.st_gid) != (uid, gid) or children:
                 raise SandboxError(f"/{rel} is not as it was just made (mode {stat.S_IMODE(st.st_mode):o}, owner "
                                    f"{st.st_uid}:{st.st_gid}, {len(children)} entries)")
+
+
+def make_dirs(init: int, path: str) -> None:
+    """Make directory `path` and its missing parents (0755, the container root's); an existing one
+    is left as it is. Raises OSError where a component is not a directory (a link included)."""
+    uid, gid = root_ids(init)
+    with _Root(init) as root:
+        fd = os.dup(root.fd)
+        try:
+            for part in _rel(path).split("/"):
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    made = True
+                except FileExistsError:
+                    made = False
+                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+                if made:
+                    os.fchown(fd, uid, gid)
+                    os.fchmod(fd, 0o755)
+        finally:
+            os.close(fd)
 
 
 def remove(init: int, path: str) -> None:
