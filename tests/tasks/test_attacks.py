@@ -272,3 +272,43 @@ def test_tasks_prune_removes_only_what_this_user_built(tmp_path: Path, clean_env
     finally:
         for tag in tags.values():
             subprocess.run([podman.binary, "rmi", "-f", tag], env=podman.env, capture_output=True, timeout=120)
+
+
+def test_the_build_cache_follows_its_base_and_trusts_no_tag(tmp_path: Path, clean_env: dict[str, str],
+                                                            podman: Engine, task_base: str) -> None:
+    """A cached task image is used only while its base is the same image and its label carries the
+    key: a base changed under the same tag, or an impostor under the task image's tag, is built
+    over; --rebuild builds anyway."""
+    base = f"localhost/trajforge-test-cachebase:{uuid.uuid4().hex[:12]}"
+    engine = lambda *a: subprocess.run([podman.binary, *a], env=podman.env, capture_output=True, text=True,  # noqa: E731
+                                       timeout=300)
+    assert engine("tag", task_base, base).returncode == 0
+    task = write_task(tmp_path / "t", "cached", dockerfile=f"FROM {base}\nWORKDIR /app\n",
+                      test_sh="echo 1 > /logs/verifier/reward.txt\n", solve_sh="true\n")
+
+    def run(name: str, *extra: str) -> bool:
+        """Whether the run built the task's image."""
+        proc = subprocess.run(cli("run", "--tasks", str(task), "--agent", "oracle", "--run_name", name,
+                                  "--container_engine", "podman", *extra), cwd=tmp_path, env=clean_env,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert records(tmp_path / "data" / name)["cached"]["verification"]["reward"] == 1.0
+        return any((tmp_path / "data" / name / "builds").glob("*.log"))
+
+    try:
+        assert run("first") and not run("again")
+        # The base changes under its tag: a new key, a new build.
+        (tmp_path / "base2").mkdir()
+        (tmp_path / "base2" / "Dockerfile").write_text(f"FROM {task_base}\nLABEL changed=yes\n")
+        assert engine("build", "-q", "-t", base, str(tmp_path / "base2")).returncode == 0
+        assert run("new-base") and not run("new-base-again")
+        # An impostor under the task image's tag, without the key's label: built over.
+        log = next((tmp_path / "data" / "new-base" / "builds").glob("*.log")).read_text()
+        tag = re.search(r" build -t (\S+) ", log).group(1)  # type: ignore[union-attr]
+        assert engine("tag", task_base, tag).returncode == 0
+        assert run("impostor")
+        info = engine("image", "inspect", "--format", '{{index .Config.Labels "trajforge.task-env"}}', tag)
+        assert info.stdout.strip() and tag.endswith(info.stdout.strip()[:32])
+        assert run("rebuilt", "--rebuild")
+    finally:
+        engine("rmi", base)

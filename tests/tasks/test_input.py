@@ -226,3 +226,38 @@ def test_the_readmes_failure_table_is_trajforge_failures() -> None:
     assert failures.failure_class("build").becomes == failures.FAILED
     assert set(failures.verification_kinds("sealed")) >= set(failures.verification_kinds("default")) - {
         "container_stopped", "reset_failed"}
+
+
+def test_the_build_key_reads_every_base_a_dockerfile_builds_from() -> None:
+    from trajforge.tasks.build_key import base_images
+
+    dockerfile = ("# syntax=docker/dockerfile:1\nARG BASE=debian:12\nARG TAG\nFROM --platform=linux/amd64 ${BASE} AS build\n"
+                  "RUN make \\\n  all\nFROM build AS test\nfrom $BASE\nFROM scratch\nFROM python:${TAG:-3.11}-slim\n"
+                  "ARG AFTER=x\nFROM busybox\n")
+    assert base_images(dockerfile, {}) == ["debian:12", "python:3.11-slim", "busybox"]
+    assert base_images(dockerfile, {"BASE": "ubuntu:24.04", "TAG": "3.12"}) == \
+        ["ubuntu:24.04", "python:3.12-slim", "busybox"]
+
+
+def test_the_tamper_report_keeps_what_tests_depend_on_outside_the_outputs() -> None:
+    from trajforge.sandbox.interface import Change
+    from trajforge.tasks.tamper import report, wanted
+
+    changes = [Change(k, p) for k, p in [
+        ("C", "/usr"), ("C", "/usr/bin"), ("C", "/usr/bin/python3"), ("A", "/usr/local/bin/pytest"),
+        ("C", "/usr/lib/python3/dist-packages"), ("A", "/usr/lib/python3/dist-packages/zz.pth"),
+        ("A", "/usr/lib/python3/dist-packages/newpkg"), ("A", "/usr/lib/python3/dist-packages/newpkg/x.py"),
+        ("C", "/usr/lib/python3/dist-packages/pytest/__init__.py"), ("A", "/usr/lib/python3.11/json/evil.py"),
+        ("A", "/conftest.py"), ("A", "/pytest.ini"), ("C", "/etc/ld.so.preload"), ("A", "/root/.bashrc"),
+        ("A", "/usr/lib/x86_64-linux-gnu/libnew.so.1"), ("C", "/usr/lib/x86_64-linux-gnu/libc.so.6"),
+        ("A", "/root/model/weights.bin"), ("C", "/etc/hostname"), ("A", "/var/log/x"), ("A", "/etc/env.sh"),
+    ]]
+    got = {(t["change"], t["path"]) for t in report(changes, ("/root/model",), extra=("/etc/env.sh",))}
+    assert got == {("C", "/usr/bin/python3"), ("A", "/usr/local/bin/pytest"),
+                   ("A", "/usr/lib/python3/dist-packages/zz.pth"),
+                   ("C", "/usr/lib/python3/dist-packages/pytest/__init__.py"),
+                   ("A", "/usr/lib/python3.11/json/evil.py"), ("A", "/conftest.py"), ("A", "/pytest.ini"),
+                   ("C", "/etc/ld.so.preload"), ("A", "/root/.bashrc"), ("C", "/usr/lib/x86_64-linux-gnu/libc.so.6"),
+                   ("A", "/etc/env.sh")}  # pip's new package, a new library, logs and outputs are not tampering
+    accept = wanted(("/app",))
+    assert accept("/usr/bin/bash") and not accept("/app/bin/bash") and not accept("/var/log/syslog")

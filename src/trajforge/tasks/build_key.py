@@ -45,7 +45,8 @@ def _lines(text: str) -> list[str]:
 
 
 def _fill(word: str, values: Mapping[str, str]) -> str:
-    return _VAR.sub(lambda m: values.get(m.group(1) or m.group(3), m.group(2) or ""), word)
+    """$NAME and ${NAME} filled in; ${NAME:-word} is `word` when NAME is unset or empty."""
+    return _VAR.sub(lambda m: values.get(m.group(1) or m.group(3)) or m.group(2) or "", word)
 
 
 def base_images(dockerfile: str, build_args: Mapping[str, str]) -> list[str]:
