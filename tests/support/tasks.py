@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO
+from tests.support.policies import tool_messages, user_prompt
+from tests.support.scripted_server import Recorded, Reply, chat, tool_call
 from trajforge.sandbox.backends.container.container_engine import Engine
 
 EXAMPLES = REPO / "examples" / "tasks"
@@ -77,3 +80,23 @@ def write_task(root: Path, name: str, *, test_sh: str, instruction: str | None =
 
 
 REWARD_IF = 'if {cond}; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi\n'
+
+
+def task_name(body: dict) -> str:
+    """The name of the task (written by `write_task`) a model request is about."""
+    m = re.match(r"task (\S+):", user_prompt(body))
+    assert m, user_prompt(body)
+    return m.group(1)
+
+
+def scripted_agent(commands: dict[str, list[str]]) -> Callable[[Recorded], Reply]:
+    """A scripted-server policy playing an agent on tasks written by `write_task`: each task's
+    terminal commands in order (by the name in its instruction), then an answer."""
+    def policy(req: Recorded) -> Reply:
+        done = len(tool_messages(req.body))
+        todo = commands[task_name(req.body)]
+        if done < len(todo):
+            return chat(None, tool_calls=[tool_call("terminal", {"command": todo[done]})], reasoning="Next step.")
+        return chat("Finished.", reasoning="That is all.")
+
+    return policy

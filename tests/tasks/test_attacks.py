@@ -28,14 +28,11 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import cli
 from tests.support.images import podman  # noqa: F401 (fixture)
-from tests.support.policies import tool_messages, user_prompt
 from tests.support.python_image import python_base  # noqa: F401 (fixture)
-from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
-from tests.support.tasks import EXAMPLES, task_base, write_task  # noqa: F401 (fixture)
+from tests.support.scripted_server import ScriptedServer
+from tests.support.tasks import EXAMPLES, scripted_agent, task_base, write_task  # noqa: F401 (fixture)
 from trajforge.sandbox.backends.container.container_engine import Engine
 from trajforge.sandbox.host.disk import disk_usable
 
@@ -77,18 +74,7 @@ TAMPERED = {"conftest": "/conftest.py", "pth": f"{SITE}/zz.pth", "python": "/usr
             "bash": "/usr/bin/bash", "sh": "/usr/bin/dash"}
 
 
-def task_name(body: dict) -> str:
-    m = re.match(r"task (\S+):", user_prompt(body))
-    assert m, user_prompt(body)
-    return m.group(1)
-
-
-def agent_policy(req: Recorded) -> Reply:
-    done = len(tool_messages(req.body))
-    commands = COMMANDS[task_name(req.body)]
-    if done < len(commands):
-        return chat(None, tool_calls=[tool_call("terminal", {"command": commands[done]})], reasoning="Next step.")
-    return chat("Finished.", reasoning="That is all.")
+agent_policy = scripted_agent(COMMANDS)
 
 
 def attack_tasks(root: Path, nonce: str) -> Path:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import time
@@ -23,9 +22,11 @@ import pytest
 
 from tests.conftest import cli
 from tests.support.images import containers_with_label, podman  # noqa: F401 (fixture)
-from tests.support.policies import tool_messages, user_prompt
+from tests.support.policies import tool_messages
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
-from tests.support.tasks import EXAMPLES, REWARD_IF, task_base, write_task  # noqa: F401 (fixture)
+from tests.support.tasks import (  # noqa: F401 (fixture)
+    EXAMPLES, REWARD_IF, scripted_agent, task_base, task_name, write_task,
+)
 from trajforge.sandbox.backends.container.container_engine import Engine
 
 MARK = "SECRET" + "-TESTS-7c1e"  # in the cheat tasks' test files; never spelled whole in a command
@@ -54,18 +55,7 @@ COMMANDS = {
 }
 
 
-def task_name(body: dict) -> str:
-    m = re.match(r"task (\S+):", user_prompt(body))
-    assert m, user_prompt(body)
-    return m.group(1)
-
-
-def agent_policy(req: Recorded) -> Reply:
-    done = len(tool_messages(req.body))
-    commands = COMMANDS[task_name(req.body)]
-    if done < len(commands):
-        return chat(None, tool_calls=[tool_call("terminal", {"command": commands[done]})], reasoning="Next step.")
-    return chat("Finished.", reasoning="That is all.")
+agent_policy = scripted_agent(COMMANDS)
 
 
 def model_tasks(root: Path, nonce: str) -> Path:

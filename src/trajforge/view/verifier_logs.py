@@ -43,8 +43,9 @@ def _read(root: Path, rel: str) -> tuple[str, bool] | None:
 
 def verifier_logs(run_dir: Path | None, record: dict[str, Any]) -> list[dict[str, Any]]:
     """[{"name", "text", "truncated"}] of the record's kept verifier logs (none without a run directory)."""
-    v = record.get("verification")
-    logs = v.get("detail", {}).get("tests", {}).get("logs") if isinstance(v, dict) else None
+    logs: Any = record
+    for key in ("verification", "detail", "tests", "logs"):  # any of them may be missing, or another type
+        logs = logs.get(key) if isinstance(logs, dict) else None
     if run_dir is None or not isinstance(logs, dict) or not isinstance(logs.get("dir"), str):
         return []
     out = []

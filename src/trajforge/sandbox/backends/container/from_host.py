@@ -31,7 +31,7 @@ import select
 import shutil
 import signal
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from trajforge.sandbox.host.cgroups import ROOT as CGROUP_ROOT
@@ -177,24 +177,32 @@ def _ns_of_init(init: int) -> str:
     return ns
 
 
-async def stop_all(init: int, *, has_init: bool, passes: int = STOP_PASSES) -> int:
-    """Kill every process of the container but its own; SandboxError when some are still alive after
-    `passes`. Returns how many were killed."""
+async def _passes(init: int, chosen: Callable[[Proc], bool], *, has_init: bool, passes: int) -> tuple[int, bool]:
+    """Kill the container's processes that `chosen` picks (never its own, never a zombie), pass after
+    pass until a pass finds none: (how many were killed, whether none is left)."""
     ns = _ns_of_init(init)
     keep: set[int] | None = None
     killed = 0
-    for _ in range(passes):
+    for _ in range(passes + 1):
         procs = members(init)
         if keep is None:
             keep = own(init, procs, has_init)
-        targets = [p for p in procs if p.pid not in keep and p.state != "Z"]
+        targets = [p for p in procs if p.pid not in keep and p.state != "Z" and chosen(p)]
         if not targets:
-            return killed
+            return killed, True
+        if _ == passes:
+            break
         killed += await _kill(targets, ns)
-    left = [p.pid for p in members(init) if p.pid not in (keep or set()) and p.state != "Z"]
-    if left:
-        raise SandboxError(f"{len(left)} process(es) of the container were still alive after {passes} passes of "
-                           "SIGSTOP and SIGKILL")
+    return killed, False
+
+
+async def stop_all(init: int, *, has_init: bool, passes: int = STOP_PASSES) -> int:
+    """Kill every process of the container but its own; SandboxError when some are still alive after
+    `passes`. Returns how many were killed."""
+    killed, done = await _passes(init, lambda p: True, has_init=has_init, passes=passes)
+    if not done:
+        raise SandboxError(f"processes of the container were still alive after {passes} passes of SIGSTOP and "
+                           "SIGKILL")
     return killed
 
 
@@ -213,18 +221,7 @@ def _group(pid: int) -> int | None:
 async def kill_group(init: int, pgid: int, *, passes: int = STOP_PASSES) -> int:
     """Kill process group `pgid` (as the container numbers it) of the container, pass after pass
     until none of it is left; the container's own processes never. How many were killed."""
-    ns = _ns_of_init(init)
-    keep: set[int] | None = None
-    killed = 0
-    for _ in range(passes):
-        procs = members(init)
-        if keep is None:
-            keep = own(init, procs, True)
-        targets = [p for p in procs if p.pid not in keep and p.state != "Z" and _group(p.pid) == pgid]
-        if not targets:
-            break
-        killed += await _kill(targets, ns)
-    return killed
+    return (await _passes(init, lambda p: _group(p.pid) == pgid, has_init=True, passes=passes))[0]
 
 
 def forks_refused(init: int) -> int | None:
