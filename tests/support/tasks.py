@@ -13,6 +13,7 @@ import importlib.util
 import re
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -52,6 +53,17 @@ def task_base(podman: Engine) -> Iterator[str]:
         yield module.TAG
     else:
         yield module.build(podman.binary, podman.env, label=f"trajforge.test-base={digest}")
+
+
+@pytest.fixture
+def pinned_base(podman: Engine, task_base: str) -> Iterator[str]:
+    """The example base under a tag of this test's own: a task image's cache key holds its base's
+    id, and a test suite beside this one may import the example base anew meanwhile."""
+    tag = f"localhost/trajforge-test-pinned-base:{uuid.uuid4().hex[:12]}"
+    subprocess.run([podman.binary, "tag", task_base, tag], env=podman.env, check=True, capture_output=True,
+                   timeout=60)
+    yield tag
+    subprocess.run([podman.binary, "untag", tag, tag], env=podman.env, capture_output=True, timeout=60)
 
 
 def write_task(root: Path, name: str, *, test_sh: str, instruction: str | None = None, toml: str = "",

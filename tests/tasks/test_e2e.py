@@ -25,7 +25,7 @@ from tests.support.images import containers_with_label, podman  # noqa: F401 (fi
 from tests.support.policies import tool_messages
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
 from tests.support.tasks import (  # noqa: F401 (fixture)
-    EXAMPLES, REWARD_IF, scripted_agent, task_base, task_name, write_task,
+    EXAMPLES, REWARD_IF, pinned_base, scripted_agent, task_base, task_name, write_task,
 )
 from trajforge.sandbox.backends.container.container_engine import Engine
 
@@ -58,8 +58,9 @@ COMMANDS = {
 agent_policy = scripted_agent(COMMANDS)
 
 
-def model_tasks(root: Path, nonce: str) -> Path:
-    """The tasks of the model run; `nonce` makes their images new to this test."""
+def model_tasks(root: Path, nonce: str, base: str) -> Path:
+    """The tasks of the model run; `nonce` makes their images new to this test, `base` is what they
+    build FROM (the example base, pinned by this test)."""
     out_ok = REWARD_IF.format(cond="[ -f /app/out.txt ]")
     for name in ("solve", "cheat-plant", "cheat-link"):
         write_task(root, name, nonce=f"{nonce}-{name}", test_sh=out_ok, test_files={"secret.txt": MARK + "\n"})
@@ -80,6 +81,8 @@ def model_tasks(root: Path, nonce: str) -> Path:
                f"RUN echo build-output-{nonce} && exit 3\n", test_sh=out_ok)
     write_task(root, "build-slow", dockerfile=f"FROM localhost/trajforge-example-base:latest\nRUN sleep 20 # {nonce}\n",
                toml="[environment]\nbuild_timeout_sec = 2\n", test_sh=out_ok)
+    for dockerfile in root.glob("*/environment/Dockerfile"):
+        dockerfile.write_text(dockerfile.read_text().replace("localhost/trajforge-example-base:latest", base))
     return root
 
 
@@ -96,9 +99,9 @@ def tool_outputs(rec: dict) -> str:
 
 
 def test_a_model_run_of_tasks(tmp_path: Path, server: ScriptedServer, clean_env: dict[str, str], podman: Engine,
-                              task_base: str) -> None:
+                              pinned_base: str) -> None:
     server.handler = agent_policy
-    tasks = model_tasks(tmp_path / "tasks", uuid.uuid4().hex)
+    tasks = model_tasks(tmp_path / "tasks", uuid.uuid4().hex, pinned_base)
     args = ["--tasks", str(tasks), "--base_url", server.url, "--model", "scripted", "--distribution",
             "terminal_only", "--num_workers", "4", "--container_engine", "podman", "--timeout_multiplier", "0.5",
             "--task_max_memory", "256m"]
