@@ -298,3 +298,20 @@ def test_the_build_cache_follows_its_base_and_trusts_no_tag(tmp_path: Path, clea
         assert run("rebuilt", "--rebuild")
     finally:
         engine("rmi", base)
+
+
+def test_a_task_asks_for_its_own_sealed_verifier_and_names_its_outputs(tmp_path: Path, clean_env: dict[str, str],
+                                                                       podman: Engine, task_base: str) -> None:
+    """task.toml's [verifier] isolation = "sealed" and outputs: only those paths reach the tests."""
+    check = ('[ "$(cat /root/result/out.txt)" = done ] && [ ! -e /app/scratch.txt ] && [ ! -e /etc/agent-was-here ] '
+             '&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n')
+    task = write_task(tmp_path / "t", "outputs", test_sh=check,
+                      toml='[verifier]\nisolation = "sealed"\noutputs = ["/root/result"]\n',
+                      solve_sh="mkdir -p /root/result && echo done > /root/result/out.txt && echo x > /app/scratch.txt"
+                               " && touch /etc/agent-was-here\n")
+    proc = subprocess.run(cli("run", "--tasks", str(task), "--agent", "oracle", "--run_name", "o",
+                              "--container_engine", "podman"), cwd=tmp_path, env=clean_env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    v = records(tmp_path / "data" / "o")["outputs"]["verification"]
+    assert (v["isolation"], v["reward"]) == ("sealed", 1.0), v

@@ -229,9 +229,10 @@ class ImageSandbox(Sandbox):
 
     @abstractmethod
     async def download_tree(self, path: str, dest: Path, limit: int) -> Copied | None:
-        """The tree at `path` into host directory `dest` (which must exist), links copied as links
-        and never followed, device files and FIFOs left out, files in the archive's order until
-        `limit` bytes (those past it left out, and counted); None when there is no such directory."""
+        """The tree at `path` into host directory `dest` (which must exist), the runner's, links
+        copied as links and never followed, device files and FIFOs left out, files in the archive's
+        order until `limit` bytes (those past it left out, and counted); None when there is no such
+        directory."""
 
     @abstractmethod
     async def stop_processes(self) -> Stopped:

@@ -18,7 +18,10 @@ bind-mounted host directory.
 Killing what runs inside. Killing the `podman exec` client does not stop the process in the
 container, so every command runs under a small sh wrapper (container_argv.py, with the `run`
 command line; the exec'd process leads its own process group): foreground commands record their
-group id under /dev/shm (or /tmp) and, on timeout or cancellation, a second exec kills that group; background commands (`spawn`) keep
+group id under /dev/shm (or /tmp) and, on timeout or cancellation, that group is killed (from the
+host by container_ops.ContainerTaskSandbox, which reads the id there: a second exec would need
+the container's `sh` and a free process slot; by a second exec where its processes are not on
+this host); background commands (`spawn`) keep
 the client's stdin open and a watchdog inside kills the group when it closes, i.e. when the
 client is killed by the process tool. close() removes the container (`rm -f`), which ends
 everything else. Containers carry labels and an owner (host, pid) in their name: leftovers of

@@ -169,7 +169,8 @@ async def copy_out(argv: list[str], env: dict[str, str], dest: Path, *, limit: i
 
 
 class _Capped:
-    """The guard of a copy that keeps what fits: regular files past `limit` bytes are left out (counted)."""
+    """The guard of a copy that keeps what fits: regular files past `limit` bytes are left out
+    (counted); what is kept is the runner's."""
 
     def __init__(self, limit: int, what: str) -> None:
         self.guard = _Guard(1 << 62, what)
@@ -187,7 +188,9 @@ class _Capped:
         kept = self.guard(member, dest)
         if kept is not None and kept.isreg():
             self.kept += kept.size
-        return kept
+        # The runner's own files: an owner of the container's user namespace would mean nothing on
+        # the host, and the engine could not map it back on the way into another container.
+        return kept.replace(uid=os.getuid(), gid=os.getgid(), uname="", gname="", deep=False) if kept else None
 
 
 def _unpack_capped(stream: IO[bytes], dest: Path, cap: _Capped) -> None:
