@@ -179,6 +179,22 @@ def test_a_container_its_sample_stopped_is_the_samples_doing(tmp_path: Path, pod
     run(body, tmp_path)
 
 
+def test_commands_as_another_user_with_their_own_variables(tmp_path: Path, podman: object, task_base: str) -> None:
+    """exec(user=, env=): the variables given and the image's, not the tools' (TERM=dumb, PAGER); run()
+    the same without a shell of trajforge's between."""
+    async def body(sb: ImageSandbox) -> None:
+        res = await sb.exec('id -u; echo "$GREETING ${PAGER-no pager} $TERM"', timeout=30, user="1000",
+                            env={"GREETING": "hi there"})
+        assert res.stdout.startswith("1000\nhi there no pager ") and "dumb" not in res.stdout, res
+        assert (await sb.exec("echo $PAGER $TERM", timeout=30)).stdout == "cat dumb\n"  # a tool's command
+        res = await sb.run(["id", "-un"], timeout=30, user="tester")
+        assert (res.exit_code, res.stdout) == (0, "tester\n"), res
+        res = await sb.run(["sleep", "30"], timeout=1)
+        assert res.timed_out and len(alive(sb)) == 2  # past its timeout, everything of the sample is stopped
+
+    run(body, tmp_path)
+
+
 def test_only_the_containers_own_init_is_acted_on(tmp_path: Path, podman: object, task_base: str) -> None:
     """The engine's pid is used only when it is the container's: in a pid namespace of its own,
     in a cgroup named after the container (a remote engine's pid may be anything here)."""
