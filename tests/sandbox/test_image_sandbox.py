@@ -20,7 +20,6 @@ import pytest
 from tests.support.images import podman  # noqa: F401 (fixture)
 from tests.support.tasks import task_base  # noqa: F401 (fixture)
 from trajforge.config import RunConfig
-from trajforge.sample.lower_settings import sandbox_settings
 from trajforge.sandbox.backends.container import from_host
 from trajforge.sandbox.factory import SandboxProvider
 from trajforge.sandbox.interface import ImageSandbox, SampleResources, SandboxError, SandboxSpoiled
@@ -58,8 +57,8 @@ def alive(sb: ImageSandbox) -> set[tuple[int, str]]:
 
 def run(body: Any, tmp_path: Path, **config: Any) -> Any:
     """`body(sb)` with a started ImageSandbox of the example base image, closed after."""
-    settings = sandbox_settings(RunConfig(container_engine="podman", sandbox_network="none",  # type: ignore[arg-type]
-                                          run_name=f"isb-{os.getpid()}", **config))
+    settings = RunConfig(container_engine="podman", sandbox_network="none",  # type: ignore[arg-type]
+                         run_name=f"isb-{os.getpid()}", **config).sandbox_settings()
 
     async def main() -> Any:
         async with SandboxProvider(settings) as provider:

@@ -14,6 +14,7 @@ from trajforge.config import RunConfig
 from trajforge.dataset import Sample
 from trajforge.model import gate as model_gate
 from trajforge.model.types import ModelClient
+from trajforge.run_layout import RunLayout
 from trajforge.sample.gate_builder import gate_for
 from trajforge.sample.outcome import Outcome
 from trajforge.sample.worker import SampleWorker
@@ -47,5 +48,5 @@ class LocalExecutor:
 
 def make(config: RunConfig, prefill: list[dict[str, Any]] | None, run_dir: Path) -> LocalExecutor:
     """The spec's target (trajforge.catalog.executors.EXECUTORS)."""
-    ws = run_dir / "workspaces" if config.keep_workspaces else None
+    ws = RunLayout(run_dir).workspaces if config.keep_workspaces else None
     return LocalExecutor(config, prefill=prefill, workspace_root=ws, run_dir=run_dir)

@@ -5,7 +5,7 @@ context (environment/: names, contents, link targets, every mode bit and owner: 
 with metadata), the image id of every base it builds FROM (each resolved through the image store,
 so a base image that changed under the same tag makes a new key), and the build arguments
 ([environment].build_args). The key is the image's tag (`localhost/trajforge-task-env:<key>`) and
-its label `trajforge.task-env`, and both are checked before a cached image is used: an image
+its build-key label (environment.LABEL), and both are checked before a cached image is used: an image
 tagged so by anyone who can write to the image store, without the label, is built over.
 
 `base_images` reads the FROM lines of a Dockerfile (pure): continuation lines joined, comments

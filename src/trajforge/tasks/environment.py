@@ -3,12 +3,12 @@
 The tag of a build is `localhost/trajforge-task-env:<key>`, its key covering the build context
 with every mode bit and owner, the image id of each base it builds FROM and its build arguments
 (tasks/build_key.py): tasks whose builds would be identical share one image, and an image
-already in the engine's storage, tagged with the key and carrying it as its `trajforge.task-env`
-label, is not built again, in this run or a later one; `--rebuild` builds every key of the run
+already in the engine's storage, tagged with the key and carrying it as its build-key label
+(LABEL), is not built again, in this run or a later one; `--rebuild` builds every key of the run
 once anyway. Within a run each context is built at most once (every sample of it awaits the same
 build); across processes of one host (Ray actors, two runs) a lock file per key in the trajforge
 cache directory makes the second wait for the first and then find the image. Each image built
-also carries `trajforge.task-env.user`, the uid that built it, which `trajforge tasks prune` goes by.
+also carries its builder's uid (USER_LABEL), which `trajforge tasks prune` goes by.
 
 A build's whole output goes to `<run>/builds/<hash>.log` (the hash of environment/). A build that
 fails or passes `build_timeout_sec` (times `--timeout_multiplier`) fails the samples of those

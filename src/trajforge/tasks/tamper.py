@@ -1,7 +1,7 @@
 """The tamper report: what an agent changed, outside its outputs, of what a task's tests depend on (pure).
 
-After the agent stops, the sandbox's own list of changes against its image (the engine's
-filesystem diff: ImageSandbox.changes) is read through RULES, in order: the first rule whose
+After the agent stops, the sandbox's own list of changes against its image (ImageSandbox.changes:
+the container's overlay read from the host, or the engine's filesystem diff) is read through RULES, in order: the first rule whose
 pattern matches a path decides whether that change counts, and why. Only the leaves of the list
 count (a directory listed because something beneath it changed says nothing of its own). The
 agent's outputs (its working directory, a mount the diff never lists, and [verifier].outputs)

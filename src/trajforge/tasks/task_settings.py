@@ -1,9 +1,19 @@
-"""TaskSettings: what the task layer reads of the run (built by trajforge.sample.lower_settings, never RunConfig)."""
+"""The task layer's section of the run's configuration, and TaskSettings, what the task layer reads of it.
+
+TaskSection declares the flags of `--tasks` runs (trajforge.config collects it into RunConfig);
+`task_settings()` turns them into TaskSettings (caps in bytes), whose defaults the section shows.
+The task layer never sees RunConfig.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from trajforge.fields import SIZE_PATTERN, limit_bytes, shown
 
 OUTPUTS_CAP = 10 << 30  # bytes of the agent's outputs the sealed verifier copies, without a sandbox disk limit
 
@@ -30,3 +40,41 @@ class TaskSettings:
         if cap is None:
             return value
         return cap if value is None else min(value, cap)
+
+
+_DEFAULT = TaskSettings()  # the one spelling of each default
+
+
+class TaskSection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    agent: Literal["model", "oracle"] = Field(
+        _DEFAULT.agent, description="model, or oracle: run each task's solution/solve.sh instead of a model")
+    pass_threshold: float = Field(_DEFAULT.pass_threshold, ge=-1e12, le=1e12,
+                                  description="a task passes when its reward is at least this")
+    timeout_multiplier: float = Field(_DEFAULT.timeout_multiplier, gt=0, le=1_000,
+                                      description="scales every task's agent, verifier and build timeouts")
+    task_max_cpus: float | None = Field(None, gt=0, le=100_000,
+                                        description="cap on the CPUs a task's [environment] asks for",
+                                        json_schema_extra=shown("no cap"))
+    task_max_memory: str | None = Field(None, pattern=SIZE_PATTERN,
+                                        description="cap on the memory a task's [environment] asks for (e.g. 8g)",
+                                        json_schema_extra=shown("no cap"))
+    task_max_storage: str | None = Field(None, pattern=SIZE_PATTERN,
+                                         description="cap on the storage a task's [environment] asks for (e.g. 20g)",
+                                         json_schema_extra=shown("no cap"))
+    verifier: Literal["default", "sealed"] = Field(
+        _DEFAULT.verifier, description="default: a task's tests run in the agent's container; sealed: in a fresh "
+        "container of its image with only the agent's outputs (also a task's [verifier] isolation = \"sealed\")")
+    rebuild: bool = Field(_DEFAULT.rebuild, description="build every task's image anew, whatever the cache holds")
+
+    def task_settings(self, build_log_dir: Path | None = None, verifier_log_dir: Path | None = None,
+                      outputs_cap: int | None = None) -> TaskSettings:
+        """What the task layer reads; `build_log_dir` / `verifier_log_dir`: where build and verifier
+        logs go (the run directory's, when this process writes it); `outputs_cap`: the sample's disk
+        limit, which bounds what the sealed verifier copies (None: OUTPUTS_CAP)."""
+        return TaskSettings(agent=self.agent, pass_threshold=self.pass_threshold,
+                            timeout_multiplier=self.timeout_multiplier, max_cpus=self.task_max_cpus,
+                            max_memory=limit_bytes(self.task_max_memory), max_storage=limit_bytes(self.task_max_storage),
+                            build_log_dir=build_log_dir, verifier_log_dir=verifier_log_dir, verifier=self.verifier,
+                            rebuild=self.rebuild, outputs_cap=outputs_cap or OUTPUTS_CAP)

@@ -14,7 +14,9 @@ ImageSandbox), each through the engine CLI on a started ContainerSandbox:
 - `upload` / `download` / `download_tree`: a host directory into the container (the engine's
   `cp`), one regular file out (read from the host, no link followed) and a tree out (the engine's
   tar stream, links kept as links, checked entry by entry: seed_tar.py);
-- `changes`: the engine's diff of the container's own filesystem against its image.
+- `changes`: what the container changed of its own filesystem against its image: on trajforge's
+  root filesystem its overlay's upper directory read from the host (overlay_diff.py), else the
+  engine's diff.
 These are the engine's own operations, not the sample's: paths are the container's, unrestricted.
 """
 
@@ -25,9 +27,12 @@ import contextlib
 import errno
 import os
 import posixpath
+import tarfile
+import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import IO
 
 from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.sandbox.interface import (
@@ -38,6 +43,7 @@ from trajforge.sandbox.backends.container.container_sandbox import ContainerSand
 from trajforge.sandbox.backends.container.container_argv import pid_files
 from trajforge.sandbox.backends.container.container_backend import backend_for
 from trajforge.sandbox.backends.container.container_engine import last_line
+from trajforge.sandbox.backends.container.overlay_diff import overlay_changes
 from trajforge.sandbox.backends.container.seed_tar import copy_tree_out
 from trajforge.sandbox.process import run_argv
 
@@ -199,12 +205,36 @@ class ContainerTaskSandbox(ContainerSandbox, ImageSandbox):
         except OSError as e:
             raise SandboxSpoiled(f"cannot make {path} in the container: {e.strerror or e}",
                                  kind=_full_or(e, "reset_failed")) from None
-        res = await self.engine.run("cp", f"{source}/.", f"{self._name()}:{path}", timeout=600)
-        if res.exit_code != 0:
-            why = f"cannot copy {source} into {path} of container {self.name}: {last_line(res)}"
+        failed = await self._engine_copy(source, path)
+        if failed:
+            why = f"cannot copy {source} into {path} of container {self.name}: {failed}"
             if "no space left" in why.lower():
                 raise SandboxSpoiled(why, kind="disk_full")
             raise SandboxError(why)
+
+    async def _engine_copy(self, source: Path, dest: str) -> str:
+        """The contents of host directory `source` into the container's directory `dest` with the
+        engine's `cp`, owned by the container's user as `podman cp` makes them; on trajforge's root
+        filesystem (rootfs.py) Podman writes an archive's ids as host ids, so a tar stream then
+        carries that user's host ids (cp_owner). The engine's error, or "" once copied."""
+        if self.cp_owner is None:
+            res = await self.engine.run("cp", f"{source}/.", f"{self._name()}:{dest}", timeout=600)
+            return last_line(res) if res.exit_code != 0 else ""
+        with tempfile.TemporaryFile() as archive:
+            await asyncio.to_thread(_tar_owned, source, archive, self.cp_owner)
+            proc = await asyncio.create_subprocess_exec(
+                *self.engine.argv("cp", "--archive=false", "-", f"{self._name()}:{dest}"), stdin=archive,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env=self.engine.env, cwd="/")
+            try:
+                async with asyncio.timeout(600):
+                    _, err = await proc.communicate()
+            except TimeoutError:
+                err = b"timed out"
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+        return last_line(ExecResult(proc.returncode or 0, "", err.decode(errors="replace"))) if proc.returncode else ""
 
     def _in_workspace(self, path: str) -> Path | None:
         """The host directory of container path `path` when it is the workspace or beneath it."""
@@ -235,7 +265,11 @@ class ContainerTaskSandbox(ContainerSandbox, ImageSandbox):
                                    timeout=600)
 
     async def changes(self, wanted: Callable[[str], bool]) -> list[Change] | None:
-        """The engine's diff, read line by line (it may list every file of a large install)."""
+        """On trajforge's root filesystem, its upper directory read from the host (overlay_diff.py);
+        else the engine's diff, read line by line (it may list every file of a large install)."""
+        disk = self._res.disk if self._res is not None else None
+        if disk is not None and disk.layers is not None:
+            return await asyncio.to_thread(overlay_changes, *disk.layers, wanted)
         proc = await asyncio.create_subprocess_exec(*self.engine.argv("diff", self._name()),
                                                     stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                                                     stderr=asyncio.subprocess.DEVNULL, env=self.engine.env, cwd="/")
@@ -256,3 +290,15 @@ class ContainerTaskSandbox(ContainerSandbox, ImageSandbox):
         return found if code == 0 else None
 
 
+def _tar_owned(source: Path, archive: IO[bytes], owner: tuple[int, int]) -> None:
+    """`source`'s contents (not itself: `dest` keeps its mode) as a tar archive, links kept as links,
+    every entry owned by `owner` (uid, gid)."""
+    def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid, info.gid = owner
+        info.uname = info.gname = ""
+        return info
+
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        for entry in sorted(os.listdir(source)):
+            tar.add(source / entry, arcname=entry, filter=owned)
+    archive.seek(0)
