@@ -28,6 +28,8 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import cli
 from tests.support.images import podman  # noqa: F401 (fixture)
 from tests.support.python_image import python_base  # noqa: F401 (fixture)
@@ -260,17 +262,22 @@ def test_tasks_prune_removes_only_what_this_user_built(tmp_path: Path, clean_env
             subprocess.run([podman.binary, "rmi", "-f", tag], env=podman.env, capture_output=True, timeout=120)
 
 
+@pytest.mark.timeout(1200)  # thirteen oracle runs, eight of them building
 def test_the_build_cache_follows_its_base_and_trusts_no_tag(tmp_path: Path, clean_env: dict[str, str],
                                                             podman: Engine, task_base: str) -> None:
-    """A cached task image is used only while its base is the same image and its label carries the
-    key: a base changed under the same tag, or an impostor under the task image's tag, is built
-    over; --rebuild builds anyway."""
+    """A cached task image is used only while its base is the same image, its context has the same
+    bytes, mode bits and owners, its build arguments are the same and its label carries the key: a
+    base changed under the same tag, a file's mode or owner changed, another build argument, or an
+    impostor under the task image's tag, is built over; --rebuild builds anyway."""
     base = f"localhost/trajforge-test-cachebase:{uuid.uuid4().hex[:12]}"
     engine = lambda *a: subprocess.run([podman.binary, *a], env=podman.env, capture_output=True, text=True,  # noqa: E731
                                        timeout=300)
     assert engine("tag", task_base, base).returncode == 0
-    task = write_task(tmp_path / "t", "cached", dockerfile=f"FROM {base}\nWORKDIR /app\n",
-                      test_sh="echo 1 > /logs/verifier/reward.txt\n", solve_sh="true\n")
+    task = write_task(tmp_path / "t", "cached", dockerfile=f"FROM {base}\nARG GREETING=hi\nCOPY data.txt /data.txt\n"
+                      "WORKDIR /app\n", test_sh="echo 1 > /logs/verifier/reward.txt\n", solve_sh="true\n",
+                      files={"data.txt": "the same bytes throughout\n"})
+    data = task / "environment" / "data.txt"
+    os.chmod(data, 0o644)
 
     def run(name: str, *extra: str) -> bool:
         """Whether the run built the task's image."""
@@ -296,6 +303,16 @@ def test_the_build_cache_follows_its_base_and_trusts_no_tag(tmp_path: Path, clea
         info = engine("image", "inspect", "--format", '{{index .Config.Labels "trajforge.task-env"}}', tag)
         assert info.stdout.strip() and tag.endswith(info.stdout.strip()[:32])
         assert run("rebuilt", "--rebuild")
+        # What a COPY carries beside the bytes: a mode bit, then the owner.
+        os.chmod(data, 0o640)
+        assert run("mode") and not run("mode-again")
+        if os.geteuid() == 0:  # (only root gives a file away)
+            os.chown(data, 4242, 4242)
+            assert run("owner") and not run("owner-again")
+        # Another build argument.
+        with (task / "task.toml").open("a") as f:
+            f.write('[environment]\nbuild_args = { GREETING = "hello" }\n')
+        assert run("argument") and not run("argument-again")
     finally:
         engine("rmi", base)
 
