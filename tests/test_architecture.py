@@ -234,8 +234,8 @@ OTHER_MEANINGS: dict[str, dict[str, str]] = {
              for p in ("agent/loop.py", "config/__init__.py", "model/settings.py", "cli/run.py", "export/filters.py",
                        "runner/preflight.py",
                        "runner/reporting/verify_stats.py", "sample/trace.py", "tools/terminal.py", "verify/result.py",
-                       "sandbox/backends/container/container_status.py")}
-             | {"sandbox/backends/container/container_argv.py": "the engine's own `--network none`"},
+                       "sandbox/backends/container/status.py")}
+             | {"sandbox/backends/container/argv.py": "the engine's own `--network none`"},
     "host": {"cli/view.py": "the viewer's --host flag"},
     "local": {p: "the bundled local model, or a worker's id in statistics"
               for p in ("compress/pipeline.py", "model/factory.py", "model/local_model.py", "model/pricing.py",
@@ -246,7 +246,7 @@ OTHER_MEANINGS: dict[str, dict[str, str]] = {
             "executors/ray_auth.py": "the ray executor's own module"},
     "run": {p: "not the subcommand: a run of trajforge, a path component"
             for p in ("export/card.py", "runner/reporting/progress.py", "view/server.py",
-                      "sandbox/backends/bwrap/bwrap_layout.py", "sandbox/backends/container/container_argv.py")},
+                      "sandbox/backends/bwrap/bwrap_layout.py", "sandbox/backends/container/argv.py")},
     "export": {"export/__init__.py": "the pip extra"},
     "file": {"sandbox/backends/container/seed_tar.py": "a tar member's kind"},
     "terminal": {"tasks/oracle.py": "the terminal tool, which the oracle's record calls"},

@@ -20,7 +20,7 @@ from tests.support.images import (  # noqa: F401 (fixtures)
 from tests.support.sandboxes import create_sandbox
 from trajforge.config import RunConfig
 from trajforge.sandbox.interface import ImageSandbox
-from trajforge.sandbox.backends.container.container_engine import Engine
+from trajforge.sandbox.backends.container.engine import Engine
 from trajforge.sandbox.backends.container.rootfs import ImageRoot, RootfsCache, parse_inspect
 from trajforge.sandbox.host.disk import disk_usable
 

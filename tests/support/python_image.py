@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.tasks import _base_module
-from trajforge.sandbox.backends.container.container_engine import Engine
+from trajforge.sandbox.backends.container.engine import Engine
 
 TAG = "localhost/trajforge-test-python:latest"
 PYTHON = Path("/usr/bin/python3.11")

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trajforge.sandbox.backends.container import container_ops, image_build
+from trajforge.sandbox.backends.container import image_build, image_sandbox
 from trajforge.sandbox.interface import (
     BuildOutcome, Change, Copied, ExecResult, ImageInfo, ImageSandbox, Job, Provider, SampleResources, Stopped,
 )
@@ -103,7 +103,7 @@ class RelaySandbox(ImageSandbox):
 async def make(provider: Provider, *, cwd: str | None, image: str | None, root: Path,
                resources: SampleResources | None = None) -> RelaySandbox:
     CALLS.append("make")
-    return RelaySandbox(await container_ops.make(provider, cwd=cwd, image=image, root=root, resources=resources))
+    return RelaySandbox(await image_sandbox.make(provider, cwd=cwd, image=image, root=root, resources=resources))
 
 
 class RelayStore:

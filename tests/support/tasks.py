@@ -22,7 +22,7 @@ import pytest
 from tests.conftest import REPO
 from tests.support.policies import tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, chat, tool_call
-from trajforge.sandbox.backends.container.container_engine import Engine
+from trajforge.sandbox.backends.container.engine import Engine
 
 EXAMPLES = REPO / "examples" / "tasks"
 

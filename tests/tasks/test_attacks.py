@@ -35,7 +35,7 @@ from tests.support.images import podman  # noqa: F401 (fixture)
 from tests.support.python_image import python_base  # noqa: F401 (fixture)
 from tests.support.scripted_server import ScriptedServer
 from tests.support.tasks import EXAMPLES, scripted_agent, task_base, write_task  # noqa: F401 (fixture)
-from trajforge.sandbox.backends.container.container_engine import Engine
+from trajforge.sandbox.backends.container.engine import Engine
 from trajforge.sandbox.host.disk import disk_usable
 
 DOCKERFILE = "FROM localhost/trajforge-test-python:latest\nWORKDIR /app\n"

@@ -29,7 +29,7 @@ from tests.support.tasks import (  # noqa: F401 (fixture)
     EXAMPLES, REWARD_IF, pinned_base, scripted_agent, task_base, task_name, write_task,
 )
 from tests.support.run_state import read_batch_records, read_records
-from trajforge.sandbox.backends.container.container_engine import Engine
+from trajforge.sandbox.backends.container.engine import Engine
 
 MARK = "SECRET" + "-TESTS-7c1e"  # in the cheat tasks' test files; never spelled whole in a command
 TRAJ_OPEN, TRAJ_CLOSE = "=== trajectory ===", "=== end ==="

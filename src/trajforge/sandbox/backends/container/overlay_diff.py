@@ -5,7 +5,7 @@ container wrote: a file or directory there is added (A) or changed (C, when the 
 the lower directory, has that path too); a whiteout (a character device 0:0) is a deletion (D);
 an opaque directory (xattr trusted.overlay.opaque = y) was made anew, hiding what the image had
 in it (each such entry a D). The engine's `diff` says the same of a container on its own layer
-(container_ops.ContainerTaskSandbox.changes). Pure reading of two host directories: the walk
+(image_sandbox.ContainerTaskSandbox.changes). Pure reading of two host directories: the walk
 never follows a link (the sample made them), and reads no file's content.
 """
 

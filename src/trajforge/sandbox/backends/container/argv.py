@@ -1,8 +1,8 @@
 """What the container engine is told for one sample: the `run` command line and the sh wrappers.
 
-Pure strings and lists (container_sandbox.py runs them): `run_args` is the one place to add a `run`
+Pure strings and lists (sandbox.py runs them): `run_args` is the one place to add a `run`
 option. Every `exec` runs its command under a small sh wrapper, because killing the engine's exec
-client does not stop the process inside (container_sandbox.py's module doc): EXEC_WRAP records the
+client does not stop the process inside (sandbox.py's module doc): EXEC_WRAP records the
 command's process group under /dev/shm (or /tmp) for KILL_WRAP; SPAWN_WRAP (background jobs) keeps
 the client's stdin and kills the group when it closes. Each picks bash when the image has it.
 """

@@ -39,10 +39,10 @@ from trajforge.sandbox.interface import (
     Change, Copied, ExecResult, ImageSandbox, Provider, SampleResources, SandboxError, SandboxSpoiled, Stopped,
 )
 from trajforge.sandbox.backends.container import from_host
-from trajforge.sandbox.backends.container.container_sandbox import ContainerSandbox, _engine_failed
-from trajforge.sandbox.backends.container.container_argv import pid_files
-from trajforge.sandbox.backends.container.container_backend import backend_for
-from trajforge.sandbox.backends.container.container_engine import last_line
+from trajforge.sandbox.backends.container.sandbox import ContainerSandbox, _engine_failed
+from trajforge.sandbox.backends.container.argv import pid_files
+from trajforge.sandbox.backends.container.backend import backend_for
+from trajforge.sandbox.backends.container.engine import last_line
 from trajforge.sandbox.backends.container.overlay_diff import overlay_changes
 from trajforge.sandbox.backends.container.seed_tar import copy_tree_out
 from trajforge.sandbox.process import run_argv

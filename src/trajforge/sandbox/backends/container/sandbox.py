@@ -7,19 +7,19 @@ limits (plus /tmp, /dev/shm, CPU and a size-limited disk for the workspace and, 
 Podman, the container's own filesystem: resources.py, rootfs.py), the network
 of `--sandbox_network` (network.py), and only the image's own environment (the
 engine CLI never passes the runner's); with rootful Podman, in a user namespace
-(container_backend.py: the workspace's directories and the seeded files are then shifted to its
+(backend.py: the workspace's directories and the seeded files are then shifted to its
 ids). Commands run with `exec`. Creation is bounded by
 `--max_sandboxes`, separately from model concurrency; the image is checked once per run
-(container_images.py). File operations go through a helper in the container's mount namespace when the
-runner is root (container_backend.file_helper), else one `exec` of a sh script each
-(container_files.py): either way paths resolve in the container's own view, never through the
+(images.py). File operations go through a helper in the container's mount namespace when the
+runner is root (backend.file_helper), else one `exec` of a sh script each
+(files.py): either way paths resolve in the container's own view, never through the
 bind-mounted host directory.
 
 Killing what runs inside. Killing the `podman exec` client does not stop the process in the
-container, so every command runs under a small sh wrapper (container_argv.py, with the `run`
+container, so every command runs under a small sh wrapper (argv.py, with the `run`
 command line; the exec'd process leads its own process group): foreground commands record their
 group id under /dev/shm (or /tmp) and, on timeout or cancellation, that group is killed (from the
-host by container_ops.ContainerTaskSandbox, which reads the id there: a second exec would need
+host by image_sandbox.ContainerTaskSandbox, which reads the id there: a second exec would need
 the container's `sh` and a free process slot; by a second exec where its processes are not on
 this host); background commands (`spawn`) keep
 the client's stdin open and a watchdog inside kills the group when it closes, i.e. when the
@@ -44,12 +44,12 @@ from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.sandbox import workspace
 from trajforge.sandbox.interface import ExecResult, Job, PathEscapeError, Sandbox, SandboxError
 from trajforge.sandbox.channel import HelperChannel
-from trajforge.sandbox.backends.container.container_argv import (
+from trajforge.sandbox.backends.container.argv import (
     EXEC_WRAP, ID_RANGE, JOB_LOG_BYTES, KILL_WRAP, SPAWN_WRAP, TOOL_ENV, WORKSPACE, cpu_prefix, run_args,
 )
-from trajforge.sandbox.backends.container.container_backend import ContainerBackend, _live, kill_exec_monitors
-from trajforge.sandbox.backends.container.container_files import ContainerFiles
-from trajforge.sandbox.backends.container.container_engine import container_name, last_line
+from trajforge.sandbox.backends.container.backend import ContainerBackend, _live, kill_exec_monitors
+from trajforge.sandbox.backends.container.files import ContainerFiles
+from trajforge.sandbox.backends.container.engine import container_name, last_line
 from trajforge.sandbox.backends.local.local_sandbox import LocalJob
 from trajforge.sandbox.dns.service import DnsForwarder
 from trajforge.sandbox.process import DEFAULT_OUTPUT_CAP, Limits, make_preexec
@@ -69,7 +69,7 @@ class ContainerSandbox(Sandbox):
                  output_cap: int = DEFAULT_OUTPUT_CAP, allow: tuple[str, ...] | list[str] = (),
                  limits: ResourceLimits | None = None, file_helper: bool = True) -> None:
         """file_helper: file operations through a helper in the container's mount namespace (root
-        runner); otherwise, or when it cannot start, one `exec` of a sh script each (container_files.py)."""
+        runner); otherwise, or when it cannot start, one `exec` of a sh script each (files.py)."""
         # An absolute cwd is where the workspace is mounted; a relative one is a directory in it.
         self.seeded = bool(cwd and cwd.startswith("/"))  # the image's content at cwd is copied in
         self.mount_at = (posixpath.normpath(cwd) or "/") if self.seeded and cwd else WORKSPACE
@@ -88,7 +88,7 @@ class ContainerSandbox(Sandbox):
         self.run_name = run_name or ""
         self.name: str | None = None
         # On trajforge's root filesystem, whose ids Podman does not know, the host ids `podman cp`
-        # must write for a file to be the container's user's (container_ops.ContainerTaskSandbox.upload); else None.
+        # must write for a file to be the container's user's (image_sandbox.ContainerTaskSandbox.upload); else None.
         self.cp_owner: tuple[int, int] | None = None
         self.allow = tuple(allow)
         # /tmp, /dev/shm and CPU from the engine; the disk image and the full-checks as for bwrap.
