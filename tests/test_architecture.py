@@ -95,6 +95,20 @@ def test_imports_point_down(package: str, target: str) -> None:
     assert importers(package, target) == []
 
 
+@pytest.mark.parametrize("package", ["tasks", "runner", "executors", "export", "view", "sample", "agent", "tools",
+                                     "verify", "cli"])
+def test_the_sandbox_interface_is_the_only_door_into_a_sandbox(package: str) -> None:
+    """Nothing outside sandbox/ imports a backend: a backend is reached through sandbox/interface.py
+    (Sandbox, ImageSandbox, ImageStore) and the run's provider, whatever it is."""
+    assert importers(package, "trajforge.sandbox.backends") == []
+
+
+def test_no_module_outside_the_sandbox_package_imports_a_backend() -> None:
+    outside = [p for p in SRC.rglob("*.py") if SRC / "sandbox" not in p.parents]
+    assert sorted(str(p.relative_to(SRC)) for p in outside
+                  if any(m.startswith("trajforge.sandbox.backends") for m in imports_of(p))) == []
+
+
 @pytest.mark.parametrize("section", SECTIONS)
 def test_a_settings_section_imports_only_leaves(section: str) -> None:
     """config imports each layer's section, so a section importing its layer's code (or config)
@@ -220,8 +234,8 @@ OTHER_MEANINGS: dict[str, dict[str, str]] = {
              for p in ("agent/loop.py", "config/__init__.py", "model/settings.py", "cli/run.py", "export/filters.py",
                        "runner/preflight.py",
                        "runner/reporting/verify_stats.py", "sample/trace.py", "tools/terminal.py", "verify/result.py",
-                       "sandbox/backends/container/container_status.py")}
-             | {"sandbox/backends/container/container_argv.py": "the engine's own `--network none`"},
+                       "sandbox/backends/container/status.py")}
+             | {"sandbox/backends/container/argv.py": "the engine's own `--network none`"},
     "host": {"cli/view.py": "the viewer's --host flag"},
     "local": {p: "the bundled local model, or a worker's id in statistics"
               for p in ("compress/pipeline.py", "model/factory.py", "model/local_model.py", "model/pricing.py",
@@ -232,12 +246,14 @@ OTHER_MEANINGS: dict[str, dict[str, str]] = {
             "executors/ray_auth.py": "the ray executor's own module"},
     "run": {p: "not the subcommand: a run of trajforge, a path component"
             for p in ("export/card.py", "runner/reporting/progress.py", "view/server.py",
-                      "sandbox/backends/bwrap/bwrap_layout.py", "sandbox/backends/container/container_argv.py")},
+                      "sandbox/backends/bwrap/bwrap_layout.py", "sandbox/backends/container/argv.py")},
     "export": {"export/__init__.py": "the pip extra"},
     "file": {"sandbox/backends/container/seed_tar.py": "a tar member's kind"},
     "terminal": {"tasks/oracle.py": "the terminal tool, which the oracle's record calls"},
     "sharegpt": {p: "the sharegpt format's conversion and schema" for p in ("export/convert.py", "export/schema.py")},
     "image_gen": {"catalog/distributions.py": "a distribution of that name"},
+    "tasks": {p: "not the subcommand: statistics' task figures (`run.tasks`)"
+              for p in ("runner/reporting/figures.py", "view/dataset.py")},
     "tokens": {p: "not the export format: token counts (a figure, a metric's key), or the record's field of "
                   "captured token ids (agent/segments.py spells it for everyone else)"
                for p in ("agent/segments.py", "compress/metrics.py", "export/card.py", "view/columns.py",

@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
+from tests.support.images import podman  # noqa: F401 (fixture)
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
+from tests.support.tasks import task_base  # noqa: F401 (fixture)
 from tests.support.run_state import read_records
 from trajforge import catalog, cli
 from trajforge.catalog import toolset
@@ -117,6 +119,36 @@ def test_the_command_layer_chooses_the_executor_from_the_registry(tmp_path: Path
                      "--model=scripted-model", "--sandbox=local"])
     assert code == 0, capsys.readouterr().err
     assert len(counting_executor.PROCESSED) == 3
+
+
+@pytest.fixture
+def relay_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trajforge.catalog.sandboxes import SANDBOXES, BackendCaps, NetworkMode
+
+    monkeypatch.setitem(SANDBOXES, "relay", Spec("relay", "tests.support.relay_backend:make", "relays to containers",
+                                                 BackendCaps(networks=frozenset(NetworkMode), images=True,
+                                                             image_store="tests.support.relay_backend:store")))
+
+
+def test_a_backend_that_runs_images_runs_a_harbor_task(tmp_path: Path, relay_backend: None, podman: object,
+                                                        task_base: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A registered backend that runs images gets the task's build, its sandbox, the oracle and the
+    tests: the task layer reaches it through the interface alone (every call is a RelaySandbox's)."""
+    from tests.support import relay_backend
+    from tests.support.tasks import REWARD_IF, write_task
+
+    task = write_task(tmp_path / "tasks", "relayed", nonce=str(tmp_path), solve_sh="echo done > /app/out.txt\n",
+                      test_sh=REWARD_IF.format(cond="[ \"$(cat /app/out.txt)\" = done ]"))
+    relay_backend.CALLS.clear()
+    code = cli.main(["run", f"--tasks={task}", "--agent=oracle", "--sandbox=relay", "--sandbox_network=none",
+                     f"--output_dir={tmp_path / 'data'}", "--run_name=r", "--container_engine=podman"])
+    assert code == 0, capsys.readouterr().err
+    [record] = [json.loads(line) for line in (tmp_path / "data" / "r" / "trajectories.jsonl").read_text().splitlines()]
+    assert (record["verification"]["reward"], record["verification"]["passed"]) == (1.0, True)
+    calls = relay_backend.CALLS
+    assert {"store.inspect", "store.build", "make", "start", "fresh_dirs", "upload", "run", "stop_processes",
+            "download", "changes", "close"} <= set(calls), calls
+    assert calls.index("store.build") < calls.index("make") < calls.index("run") < calls.index("close")
 
 
 # ---- things from outside trajforge, and the one check of what a thing needs installed ----

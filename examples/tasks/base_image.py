@@ -86,10 +86,13 @@ def rootfs() -> bytes:
     return buf.getvalue()
 
 
-def build(binary: str, env: dict[str, str] | None = None, tag: str = TAG) -> str:
-    """Import the image with the engine CLI at `binary`; returns its tag."""
-    proc = subprocess.run([binary, "import", "--change", "ENV PATH=/usr/bin:/bin", "--change", "WORKDIR /app",
-                           "-", tag], input=rootfs(), env=env, capture_output=True, timeout=600)
+def build(binary: str, env: dict[str, str] | None = None, tag: str = TAG, label: str | None = None) -> str:
+    """Import the image with the engine CLI at `binary` (`label`: a LABEL it carries); returns its tag."""
+    changes = ["--change", "ENV PATH=/usr/bin:/bin", "--change", "WORKDIR /app"]
+    if label is not None:
+        changes += ["--change", f"LABEL {label}"]
+    proc = subprocess.run([binary, "import", *changes, "-", tag], input=rootfs(), env=env, capture_output=True,
+                          timeout=600)
     if proc.returncode != 0:
         raise SystemExit(f"error: {binary} import failed: {proc.stderr.decode(errors='replace').strip()}")
     return tag

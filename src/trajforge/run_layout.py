@@ -7,7 +7,8 @@ A run directory (`--output_dir`/`--run_name`) holds:
   runner.reporting.outputs) and statistics.json; config.json, the configuration of the last invocation;
 - the runner's bookkeeping: checkpoint.json, finished.idx and journal.jsonl (runner.state.checkpoint),
   rows.idx (runner.state.rowcache), and .lock, held by the process running it (runner.state.rundir);
-- what samples leave: workspaces/ (--keep_workspaces) and builds/ (image build logs).
+- what samples leave: workspaces/ (--keep_workspaces), builds/ (image build logs) and verifier_logs/
+  (what a task's tests wrote to /logs/verifier, capped per sample).
 
 Temporary files of atomic writes are `.NAME.XXXX.tmp` beside their target (trajforge.jsonio).
 A leaf: it imports nothing of trajforge, so the runner, the executors, the viewer, the exporter
@@ -68,6 +69,10 @@ class RunLayout:
     @property
     def builds(self) -> Path:
         return self.root / "builds"
+
+    @property
+    def verifier_logs(self) -> Path:
+        return self.root / "verifier_logs"
 
     def output(self, name: str) -> Path:
         """A run output by its file name (runner.reporting.outputs.RUN_OUTPUTS)."""

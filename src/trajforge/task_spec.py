@@ -4,15 +4,17 @@ The format (Harbor's task directory, used by Terminal-Bench 2.0 and others):
 
     my-task/
       task.toml          [task] name, description; [metadata] free-form; [agent] timeout_sec;
-                         [verifier] timeout_sec, env, user; [environment] build_timeout_sec, cpus,
-                         memory ("2G") / memory_mb, storage ("10G") / storage_mb, allow_internet,
-                         docker_image (prebuilt, instead of a build), workdir
+                         [verifier] timeout_sec, env, user, isolation ("sealed"), outputs;
+                         [environment] build_timeout_sec, cpus, memory ("2G") / memory_mb,
+                         storage ("10G") / storage_mb, allow_internet, docker_image (prebuilt,
+                         instead of a build), workdir, build_args
       instruction.md     the agent's instruction (its first user message)
       environment/       build context with a Dockerfile: the agent's container and starting state
       tests/test.sh      the verifier (+ helper files); never visible to the agent
       solution/solve.sh  optional reference solution (`--agent oracle`)
 
-Keys this module does not know are ignored, as Harbor ignores them; features that would change what
+[verifier].isolation, [verifier].outputs and [environment].build_args are trajforge's own (Harbor
+ignores keys it does not know). Keys this module does not know are ignored, as Harbor ignores them; features that would change what
 a task means and that trajforge does not run (multi-step tasks, a separate verifier container,
 several containers) are a named problem rather than a silently different task. Every problem is
 `TaskProblem(path, message)`; the loader lists them like bad dataset lines.
@@ -27,6 +29,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from trajforge.failures import MODES
 
 DEFAULT_AGENT_TIMEOUT: float | None = None  # Harbor: none; the run's --timeout still bounds a sample
 DEFAULT_VERIFIER_TIMEOUT = 600.0
@@ -60,6 +64,8 @@ class TaskSpec:
     verifier_timeout: float = DEFAULT_VERIFIER_TIMEOUT
     verifier_env: tuple[tuple[str, str], ...] = ()
     verifier_user: str | None = None
+    verifier_isolation: str | None = None  # "default" | "sealed" ([verifier].isolation); None: the run's --verifier
+    verifier_outputs: tuple[str, ...] = ()  # absolute paths the sealed verifier gets; (): the agent's workdir
     solution_env: tuple[tuple[str, str], ...] = ()
     build_timeout: float = DEFAULT_BUILD_TIMEOUT
     cpus: float | None = None
@@ -68,6 +74,7 @@ class TaskSpec:
     allow_internet: bool | None = None  # None: not said (the run's default network)
     docker_image: str | None = None  # prebuilt image instead of environment/
     workdir: str | None = None  # [environment].workdir: overrides the image's WORKDIR
+    build_args: tuple[tuple[str, str], ...] = ()  # [environment].build_args: --build-arg of its build
     environment_hash: str | None = None  # content hash of environment/ (None with docker_image)
     has_solution: bool = False
 
@@ -163,6 +170,20 @@ class _Table:
             out.append((name, str(value)))
         return tuple(out)
 
+    def choice(self, key: str, choices: tuple[str, ...]) -> str | None:
+        v = self.raw.get(key)
+        if v is not None and v not in choices:
+            raise self._bad(key, " or ".join(repr(c) for c in choices))
+        return v
+
+    def paths(self, key: str) -> tuple[str, ...]:
+        """A list of absolute paths, none `/` itself and none with `..`."""
+        v = self.raw.get(key, [])
+        if not isinstance(v, list) or not all(isinstance(p, str) and p.startswith("/") and p.strip("/")
+                                                and ".." not in p.split("/") for p in v):
+            raise self._bad(key, "a list of absolute paths (not / itself, no ..)")
+        return tuple(p.rstrip("/") for p in v)
+
     def size(self, key: str) -> int | None:
         """`memory = "2G"` or `memory_mb = 2048`, in bytes; both given must agree."""
         text, mb = self.raw.get(key), self.number(f"{key}_mb")
@@ -212,6 +233,8 @@ def build_spec(task_dir: Path, data: dict[str, Any], instruction: str, environme
         metadata=_jsonable(metadata), agent_timeout=agent.number("timeout_sec"),
         verifier_timeout=verifier.number("timeout_sec") or DEFAULT_VERIFIER_TIMEOUT,
         verifier_env=verifier.env("env"), verifier_user=verifier.user("user"), solution_env=solution.env("env"),
+        verifier_isolation=verifier.choice("isolation", MODES), verifier_outputs=verifier.paths("outputs"),
+        build_args=env.env("build_args"),
         build_timeout=env.number("build_timeout_sec") or DEFAULT_BUILD_TIMEOUT, cpus=env.number("cpus"),
         memory=env.size("memory"), storage=env.size("storage"), allow_internet=env.flag("allow_internet"),
         docker_image=env.text("docker_image"), workdir=workdir, environment_hash=environment_hash,

@@ -29,11 +29,11 @@ from tests.support.run_state import read_records
 from trajforge.config import RunConfig
 from trajforge.sandbox.host.disk import disk_usable
 from trajforge.sandbox.interface import FileOpError, PathEscapeError, SandboxError, SandboxLimitError
-from trajforge.sandbox.backends.container.container_sandbox import ContainerSandbox
-from trajforge.sandbox.backends.container.container_backend import ContainerBackend, backend_for
-from trajforge.sandbox.backends.container.container_engine import Engine, container_name, detect
+from trajforge.sandbox.backends.container.sandbox import ContainerSandbox
+from trajforge.sandbox.backends.container.backend import ContainerBackend, backend_for
+from trajforge.sandbox.backends.container.engine import Engine, container_name, detect
 from trajforge.sandbox.factory import SandboxProvider
-from trajforge.sandbox.backends.container.container_images import ImageChecker
+from trajforge.sandbox.backends.container.images import ImageChecker
 
 
 def config(**kw: object) -> RunConfig:
@@ -147,7 +147,7 @@ def test_timeout_and_cancellation_kill_the_process_inside(tmp_path: Path, busybo
             proc = await sb.spawn("exit 5")
             assert await proc.wait(30) == 5
             # A job's log lives on the host, outside the container's limits: it is capped.
-            from trajforge.sandbox.backends.container import container_sandbox as container_mod
+            from trajforge.sandbox.backends.container import sandbox as container_mod
 
             monkeypatch.setattr(container_mod, "JOB_LOG_BYTES", 2 << 20)
             proc = await sb.spawn("while :; do echo 0123456789abcdef0123456789abcdef; done")
@@ -482,7 +482,7 @@ def test_file_operations_run_inside_the_container(tmp_path: Path, image_fixture:
 
 
 def test_a_container_sample_cannot_make_a_user_namespace(tmp_path: Path, busybox_image: str, podman: Engine) -> None:
-    """Podman's default profile allows it; trajforge's profile (container_seccomp.py, all of whose
+    """Podman's default profile allows it; trajforge's profile (container/seccomp.py, all of whose
     refusals tests/sandbox/test_seccomp.py makes) does not, and everything else a shell does still
     works."""
     async def body() -> None:
@@ -572,7 +572,7 @@ def test_a_container_sample_has_no_raw_sockets_device_nodes_or_file_capabilities
     """The hostile sample, as the container's root: it cannot forge packets (raw ICMP socket), make
     a device node or give a file capabilities, and none of DROPPED_CAPS is even in its bounding set
     (so no exec of anything can regain one). What tasks do as root still works."""
-    from trajforge.sandbox.backends.container.container_backend import DROPPED_CAPS
+    from trajforge.sandbox.backends.container.backend import DROPPED_CAPS
 
     bits = {"NET_RAW": 13, "MKNOD": 27, "SETFCAP": 31, "SETPCAP": 8, "AUDIT_WRITE": 29}
     assert set(bits) == set(DROPPED_CAPS)
@@ -597,7 +597,7 @@ def test_a_container_sample_has_no_raw_sockets_device_nodes_or_file_capabilities
 
 
 def test_run_args_carry_the_workspace_limits_network_and_engine_flags() -> None:
-    from trajforge.sandbox.backends.container.container_argv import cpu_prefix, run_args
+    from trajforge.sandbox.backends.container.argv import cpu_prefix, run_args
     from trajforge.sandbox.host.resources import ResourceLimits
 
     limits = ResourceLimits(memory=None, disk=None, tmp_size=1 << 20, shm_size=2 << 20, cpu_seconds=7)

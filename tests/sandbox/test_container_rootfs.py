@@ -19,8 +19,8 @@ from tests.support.images import (  # noqa: F401 (fixtures)
 )
 from tests.support.sandboxes import create_sandbox
 from trajforge.config import RunConfig
-from trajforge.sandbox.backends.container.container_engine import Engine
-from trajforge.sandbox.backends.container.container_ops import copy_in, root_sh
+from trajforge.sandbox.interface import ImageSandbox
+from trajforge.sandbox.backends.container.engine import Engine
 from trajforge.sandbox.backends.container.rootfs import ImageRoot, RootfsCache, parse_inspect
 from trajforge.sandbox.host.disk import disk_usable
 
@@ -155,8 +155,8 @@ def test_a_container_on_its_own_root_gets_the_image_s_config_and_copied_files_ar
             labels = await podman.run("inspect", "--format", "{{index .Config.Labels \"org.example.task\"}} "
                                       "{{index .Config.Labels \"trajforge\"}}", sb.name)
             assert labels.stdout.strip() == "count 1", labels
-            await root_sh(sb, "mkdir -p /opt/in && chmod 755 /opt/in")  # on the root filesystem, root's
-            await copy_in(sb, source, "/opt/in")
+            assert isinstance(sb, ImageSandbox)
+            await sb.upload(source, "/opt/in")  # made on the root filesystem first, 0755 and root's
             res = await sb.exec("stat -c '%u:%g %a %n' /opt/in /opt/in/sub /opt/in/sub/t.txt; cat /opt/in/sub/t.txt",
                                 timeout=30)
             assert res.stdout == ("0:0 755 /opt/in\n1000:1000 755 /opt/in/sub\n1000:1000 644 /opt/in/sub/t.txt\n"

@@ -298,8 +298,8 @@ def test_the_forwarder_holds_no_privilege_and_nothing_of_the_host() -> None:
 
 def test_forwarder_ids_are_no_sample_s() -> None:
     from trajforge.sandbox.backends.bwrap import sandbox_pool
-    from trajforge.sandbox.backends.container import container_backend
-    from trajforge.sandbox.backends.container.container_argv import ID_RANGE
+    from trajforge.sandbox.backends.container import backend as container_backend
+    from trajforge.sandbox.backends.container.argv import ID_RANGE
 
     lo, span = dns_service.FORWARDER_IDS
     containers_end = container_backend.ID_LOW + container_backend._ID_SLOTS * ID_RANGE

@@ -20,7 +20,7 @@ from tests.support.images import podman  # noqa: F401 (fixture)
 from tests.support.private_store import CONF, Store, mounts_beneath, private_store, wedge
 from tests.support.private_store import podman as run_podman
 from trajforge.sandbox.backends.container import storage
-from trajforge.sandbox.backends.container.container_engine import Engine, detect, last_line
+from trajforge.sandbox.backends.container.engine import Engine, detect, last_line
 from trajforge.sandbox.interface import ExecResult
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounts need root")

@@ -43,7 +43,7 @@ from tests.support.private_store import CONF, Store, private_store
 from tests.support.private_store import podman as run_podman
 from tests.support.scripted_server import ScriptedServer
 from trajforge.sandbox.backends.container import storage
-from trajforge.sandbox.backends.container.container_engine import Engine
+from trajforge.sandbox.backends.container.engine import Engine
 from trajforge.sandbox.host.disk import disk_usable
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or disk_usable() is not None,

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from trajforge.sandbox import process
-from trajforge.sandbox.backends.local import tagkill
+from trajforge.sandbox.host import tagkill
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs Linux /proc")
 

@@ -40,7 +40,7 @@ from tests.support.run_state import read_records
 from trajforge.config import RunConfig
 from trajforge.sandbox.interface import FileOpError, PathEscapeError, Sandbox
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
-from trajforge.sandbox.backends.container.container_sandbox import ContainerSandbox
+from trajforge.sandbox.backends.container.sandbox import ContainerSandbox
 from trajforge.sandbox.factory import SandboxProvider
 from trajforge.tools import files, image_gen, vision
 from trajforge.tools.tool import ToolContext, Toolset

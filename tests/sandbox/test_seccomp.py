@@ -1,4 +1,4 @@
-"""The samples' seccomp filters (sandbox/host/seccomp.py, container_seccomp.py): at least as strict as
+"""The samples' seccomp filters (sandbox/host/seccomp.py, container/seccomp.py): at least as strict as
 Docker's default profile, io_uring included.
 
 Before, the filter refused only user namespaces and keyrings: io_uring_setup, pidfd_open,
@@ -126,7 +126,7 @@ def test_the_readme_lists_every_refused_call() -> None:
 
 
 def test_the_container_profile_is_the_sample_s_filter_as_oci_json() -> None:
-    from trajforge.sandbox.backends.container.container_seccomp import container_profile
+    from trajforge.sandbox.backends.container.seccomp import container_profile
 
     profile = container_profile()
     assert profile["defaultAction"] == "SCMP_ACT_ERRNO" and profile["defaultErrnoRet"] == REFUSED_ERRNO
@@ -339,7 +339,7 @@ def test_the_user_mode_test_fails_with_the_filter_samples_had_before() -> None:
 @needs_x86_64
 def test_the_container_test_fails_with_io_uring_allowed(tmp_path: Path, busybox_image: str, podman: Any,  # noqa: F811
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from trajforge.sandbox.backends.container import container_seccomp
+    from trajforge.sandbox.backends.container import seccomp as container_seccomp
 
     real = container_seccomp.container_profile
 

@@ -26,7 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repository's root
 
 from tests.support.crash_at import hold  # noqa: E402
-from trajforge.sandbox.backends.container.container_engine import Engine  # noqa: E402
+from trajforge.sandbox.backends.container.engine import Engine  # noqa: E402
 from trajforge.sandbox.host import disk  # noqa: E402
 from trajforge.sandbox.host.disk import DiskImage  # noqa: E402
 

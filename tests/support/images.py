@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from trajforge.sandbox.backends.container.container_engine import Engine, detect
+from trajforge.sandbox.backends.container.engine import Engine, detect
 
 TEST_IMAGE = "localhost/trajforge-test-busybox:latest"
 MARKER = "trajforge test image marker 7f3a\n"

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tests.support.images import build_test_image
-from trajforge.sandbox.backends.container.container_engine import Engine
+from trajforge.sandbox.backends.container.engine import Engine
 
 CONF = "CONTAINERS_STORAGE_CONF"
 

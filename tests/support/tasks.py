@@ -8,15 +8,21 @@ context makes its image new to this session (so a test sees it built), or shared
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import re
+import subprocess
 import sys
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO
-from trajforge.sandbox.backends.container.container_engine import Engine
+from tests.support.policies import tool_messages, user_prompt
+from tests.support.scripted_server import Recorded, Reply, chat, tool_call
+from trajforge.sandbox.backends.container.engine import Engine
 
 EXAMPLES = REPO / "examples" / "tasks"
 
@@ -36,8 +42,28 @@ def _base_module():  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def task_base(podman: Engine) -> Iterator[str]:
-    """The example tasks' base image, imported once per session."""
-    yield _base_module().build(podman.binary, podman.env)
+    """The example tasks' base image, imported when this host has none made by this script: an
+    import makes a new image id, and a task image's cache key holds its base's id, so a base
+    imported anew under a test suite running beside this one would make its task images built anew."""
+    module = _base_module()
+    digest = hashlib.sha256((EXAMPLES / "base_image.py").read_bytes()).hexdigest()[:16]
+    found = subprocess.run([podman.binary, "image", "inspect", "--format", '{{index .Config.Labels "trajforge.test-base"}}',
+                            module.TAG], env=podman.env, capture_output=True, text=True, timeout=60)
+    if found.returncode == 0 and found.stdout.strip() == digest:
+        yield module.TAG
+    else:
+        yield module.build(podman.binary, podman.env, label=f"trajforge.test-base={digest}")
+
+
+@pytest.fixture
+def pinned_base(podman: Engine, task_base: str) -> Iterator[str]:
+    """The example base under a tag of this test's own: a task image's cache key holds its base's
+    id, and a test suite beside this one may import the example base anew meanwhile."""
+    tag = f"localhost/trajforge-test-pinned-base:{uuid.uuid4().hex[:12]}"
+    subprocess.run([podman.binary, "tag", task_base, tag], env=podman.env, check=True, capture_output=True,
+                   timeout=60)
+    yield tag
+    subprocess.run([podman.binary, "untag", tag, tag], env=podman.env, capture_output=True, timeout=60)
 
 
 def write_task(root: Path, name: str, *, test_sh: str, instruction: str | None = None, toml: str = "",
@@ -66,3 +92,23 @@ def write_task(root: Path, name: str, *, test_sh: str, instruction: str | None =
 
 
 REWARD_IF = 'if {cond}; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi\n'
+
+
+def task_name(body: dict) -> str:
+    """The name of the task (written by `write_task`) a model request is about."""
+    m = re.match(r"task (\S+):", user_prompt(body))
+    assert m, user_prompt(body)
+    return m.group(1)
+
+
+def scripted_agent(commands: dict[str, list[str]]) -> Callable[[Recorded], Reply]:
+    """A scripted-server policy playing an agent on tasks written by `write_task`: each task's
+    terminal commands in order (by the name in its instruction), then an answer."""
+    def policy(req: Recorded) -> Reply:
+        done = len(tool_messages(req.body))
+        todo = commands[task_name(req.body)]
+        if done < len(todo):
+            return chat(None, tool_calls=[tool_call("terminal", {"command": todo[done]})], reasoning="Next step.")
+        return chat("Finished.", reasoning="That is all.")
+
+    return policy

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import time
@@ -24,11 +23,13 @@ import pytest
 from tests.support.commands import run_trajforge
 from tests.conftest import cli
 from tests.support.images import containers_with_label, podman  # noqa: F401 (fixture)
-from tests.support.policies import tool_messages, user_prompt
+from tests.support.policies import tool_messages
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
-from tests.support.tasks import EXAMPLES, REWARD_IF, task_base, write_task  # noqa: F401 (fixture)
+from tests.support.tasks import (  # noqa: F401 (fixture)
+    EXAMPLES, REWARD_IF, pinned_base, scripted_agent, task_base, task_name, write_task,
+)
 from tests.support.run_state import read_batch_records, read_records
-from trajforge.sandbox.backends.container.container_engine import Engine
+from trajforge.sandbox.backends.container.engine import Engine
 
 MARK = "SECRET" + "-TESTS-7c1e"  # in the cheat tasks' test files; never spelled whole in a command
 TRAJ_OPEN, TRAJ_CLOSE = "=== trajectory ===", "=== end ==="
@@ -56,22 +57,12 @@ COMMANDS = {
 }
 
 
-def task_name(body: dict) -> str:
-    m = re.match(r"task (\S+):", user_prompt(body))
-    assert m, user_prompt(body)
-    return m.group(1)
+agent_policy = scripted_agent(COMMANDS)
 
 
-def agent_policy(req: Recorded) -> Reply:
-    done = len(tool_messages(req.body))
-    commands = COMMANDS[task_name(req.body)]
-    if done < len(commands):
-        return chat(None, tool_calls=[tool_call("terminal", {"command": commands[done]})], reasoning="Next step.")
-    return chat("Finished.", reasoning="That is all.")
-
-
-def model_tasks(root: Path, nonce: str) -> Path:
-    """The tasks of the model run; `nonce` makes their images new to this test."""
+def model_tasks(root: Path, nonce: str, base: str) -> Path:
+    """The tasks of the model run; `nonce` makes their images new to this test, `base` is what they
+    build FROM (the example base, pinned by this test)."""
     out_ok = REWARD_IF.format(cond="[ -f /app/out.txt ]")
     for name in ("solve", "cheat-plant", "cheat-link"):
         write_task(root, name, nonce=f"{nonce}-{name}", test_sh=out_ok, test_files={"secret.txt": MARK + "\n"})
@@ -92,6 +83,8 @@ def model_tasks(root: Path, nonce: str) -> Path:
                f"RUN echo build-output-{nonce} && exit 3\n", test_sh=out_ok)
     write_task(root, "build-slow", dockerfile=f"FROM localhost/trajforge-example-base:latest\nRUN sleep 20 # {nonce}\n",
                toml="[environment]\nbuild_timeout_sec = 2\n", test_sh=out_ok)
+    for dockerfile in root.glob("*/environment/Dockerfile"):
+        dockerfile.write_text(dockerfile.read_text().replace("localhost/trajforge-example-base:latest", base))
     return root
 
 
@@ -108,9 +101,9 @@ def tool_outputs(rec: dict) -> str:
 
 
 def test_a_model_run_of_tasks(tmp_path: Path, server: ScriptedServer, clean_env: dict[str, str], podman: Engine,
-                              task_base: str) -> None:
+                              pinned_base: str) -> None:
     server.handler = agent_policy
-    tasks = model_tasks(tmp_path / "tasks", uuid.uuid4().hex)
+    tasks = model_tasks(tmp_path / "tasks", uuid.uuid4().hex, pinned_base)
     args = ["--tasks", str(tasks), "--base_url", server.url, "--model", "scripted", "--distribution",
             "terminal_only", "--num_workers", "4", "--container_engine", "podman", "--timeout_multiplier", "0.5",
             "--task_max_memory", "256m"]
@@ -137,9 +130,10 @@ def test_a_model_run_of_tasks(tmp_path: Path, server: ScriptedServer, clean_env:
     assert (sleepy["end_reason"], sleepy["partial"], sleepy["completed"]) == ("agent_timeout", True, False)
     assert sleepy["verification"]["reward"] == 0.25 and "never" not in tool_outputs(sleepy)
 
-    # The verifier's timeout is an error, never a pass or a fail, and what it left running is stopped.
+    # The verifier's timeout in the agent's own container (default mode) is a fail with reward 0 naming
+    # it (the agent could have caused it: trajforge.failures), and what it left running is stopped.
     slow = recs["slow-verifier"]["verification"]
-    assert (slow["passed"], slow["reward"], slow["error"]) == (None, None, "verifier_timeout")
+    assert (slow["passed"], slow["reward"], slow["error"], slow["failure"]) == (False, 0.0, None, "verifier_timeout")
     assert "1 s timeout" in slow["detail"]["tests"]["message"]  # 2 s times --timeout_multiplier 0.5
 
     # WORKDIR, limits (memory capped by --task_max_memory), no network, no tests during the run.
@@ -173,9 +167,9 @@ def test_a_model_run_of_tasks(tmp_path: Path, server: ScriptedServer, clean_env:
     assert len(shared) == 1 and shared[0].read_text().count(" build -t ") == 1
     stats = json.loads((run_dir / "statistics.json").read_text())
     assert stats["run"]["samples"]["failed_by_class"]["build"] == 2
-    assert stats["run"]["verification"]["errors_by_kind"]["verifier_timeout"] == 1
+    assert stats["run"]["verification"]["failures_by_kind"] == {"verifier_timeout": 1}
     per_task = stats["run"]["tasks"]["per_task"]
-    assert per_task["limits"]["mean_reward"] == 0.5 and per_task["slow-verifier"]["errors"] == 1
+    assert per_task["limits"]["mean_reward"] == 0.5 and per_task["slow-verifier"]["failures"] == 1
     assert containers_with_label(podman, "trajforge.run=first") == []
 
     # A second run of the same tasks builds nothing: every image is found by its content hash.

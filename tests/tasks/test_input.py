@@ -11,7 +11,7 @@ from pathlib import Path
 import atif
 import pytest
 
-from tests.conftest import cli
+from tests.conftest import REPO, cli
 from tests.support.tasks import EXAMPLES, write_task
 from trajforge.agent.atif import document, messages_of
 from trajforge.agent.loop import SessionResult, ToolResult, Turn
@@ -160,12 +160,22 @@ def test_reward_files() -> None:
     assert (ok["passed"], ok["reward"], ok["error"], ok["score"]) == (False, 0.9, None, 0.9)
     assert verification(parse_txt(b"0.9"), threshold=0.5, exit_code=1, timed_out=False, seconds=1,
                         output="")["passed"] is True  # a reward written counts, whatever the exit code
+    # No reward: in default mode the agent had the tests' container, so it is a fail with reward 0 and
+    # the kind named; in sealed mode it is the tests' own error, with no verdict (trajforge.failures).
     crashed = verification(None, threshold=1.0, exit_code=2, timed_out=False, seconds=1, output="boom")
-    assert (crashed["passed"], crashed["error"], crashed["reward"]) == (None, "verifier_crashed", None)
-    assert verification(None, threshold=1.0, exit_code=0, timed_out=False, seconds=1, output="")["error"] == \
-        "reward_missing"
-    assert verification(parse_txt(b"1"), threshold=1.0, exit_code=None, timed_out=True, seconds=9,
-                        output="")["error"] == "verifier_timeout"
+    assert (crashed["passed"], crashed["error"], crashed["failure"], crashed["reward"], crashed["score"]) == \
+        (False, None, "verifier_crashed", 0.0, 0.0)
+    assert "scored 0: agent's doing in default mode" in crashed["detail"]["tests"]["message"]
+    crashed = verification(None, threshold=1.0, exit_code=2, timed_out=False, seconds=1, output="boom", mode="sealed")
+    assert (crashed["passed"], crashed["error"], crashed["reward"], "failure" in crashed) == \
+        (None, "verifier_crashed", None, False)
+    for mode, key in (("default", "failure"), ("sealed", "error")):
+        assert verification(None, threshold=1.0, exit_code=0, timed_out=False, seconds=1, output="",
+                             mode=mode)[key] == "reward_missing"
+        assert verification(parse_txt(b"1"), threshold=1.0, exit_code=None, timed_out=True, seconds=9, output="",
+                            mode=mode)[key] == "verifier_timeout"
+        assert verification(parse_json(b'{"a": 1, "b": 2}'), threshold=1.0, exit_code=0, timed_out=False,
+                            seconds=1, output="", mode=mode)[key] == "reward_invalid"
     long = verification(None, threshold=1, exit_code=0, timed_out=False, seconds=1, output="x" * 100_000)
     assert len(long["detail"]["tests"]["output"]) < 33_000
 
@@ -201,3 +211,53 @@ def test_examples_have_no_stray_directories() -> None:
     assert sorted(p.name for p in EXAMPLES.iterdir() if p.is_dir()) == ["count-lines", "hello-world",
                                                                         "wrong-solution"]
     assert shutil.which("bash") is not None
+
+
+def test_the_readmes_failure_table_is_trajforge_failures() -> None:
+    from trajforge import failures
+
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("<!-- failure-table -->"):readme.index("<!-- /failure-table -->")]
+    rows = [[c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+            for line in table.splitlines()[3:] if line.strip().startswith("|")]
+    assert rows == [[r.name, r.stage, r.mode or "any", r.cause, r.becomes, r.when] for r in failures.TABLE]
+    assert failures.failure_class("verifier_crashed", "default").becomes == failures.REWARD_0
+    assert failures.failure_class("verifier_crashed", "sealed").becomes == failures.ERROR
+    assert failures.failure_class("build").becomes == failures.FAILED
+    assert set(failures.verification_kinds("sealed")) >= set(failures.verification_kinds("default")) - {
+        "container_stopped", "reset_failed"}
+
+
+def test_the_build_key_reads_every_base_a_dockerfile_builds_from() -> None:
+    from trajforge.tasks.build_key import base_images
+
+    dockerfile = ("# syntax=docker/dockerfile:1\nARG BASE=debian:12\nARG TAG\nFROM --platform=linux/amd64 ${BASE} AS build\n"
+                  "RUN make \\\n  all\nFROM build AS test\nfrom $BASE\nFROM scratch\nFROM python:${TAG:-3.11}-slim\n"
+                  "ARG AFTER=x\nFROM busybox\n")
+    assert base_images(dockerfile, {}) == ["debian:12", "python:3.11-slim", "busybox"]
+    assert base_images(dockerfile, {"BASE": "ubuntu:24.04", "TAG": "3.12"}) == \
+        ["ubuntu:24.04", "python:3.12-slim", "busybox"]
+
+
+def test_the_tamper_report_keeps_what_tests_depend_on_outside_the_outputs() -> None:
+    from trajforge.sandbox.interface import Change
+    from trajforge.tasks.tamper import report, wanted
+
+    changes = [Change(k, p) for k, p in [
+        ("C", "/usr"), ("C", "/usr/bin"), ("C", "/usr/bin/python3"), ("A", "/usr/local/bin/pytest"),
+        ("C", "/usr/lib/python3/dist-packages"), ("A", "/usr/lib/python3/dist-packages/zz.pth"),
+        ("A", "/usr/lib/python3/dist-packages/newpkg"), ("A", "/usr/lib/python3/dist-packages/newpkg/x.py"),
+        ("C", "/usr/lib/python3/dist-packages/pytest/__init__.py"), ("A", "/usr/lib/python3.11/json/evil.py"),
+        ("A", "/conftest.py"), ("A", "/pytest.ini"), ("C", "/etc/ld.so.preload"), ("A", "/root/.bashrc"),
+        ("A", "/usr/lib/x86_64-linux-gnu/libnew.so.1"), ("C", "/usr/lib/x86_64-linux-gnu/libc.so.6"),
+        ("A", "/root/model/weights.bin"), ("C", "/etc/hostname"), ("A", "/var/log/x"), ("A", "/etc/env.sh"),
+    ]]
+    got = {(t["change"], t["path"]) for t in report(changes, ("/root/model",), extra=("/etc/env.sh",))}
+    assert got == {("C", "/usr/bin/python3"), ("A", "/usr/local/bin/pytest"),
+                   ("A", "/usr/lib/python3/dist-packages/zz.pth"),
+                   ("C", "/usr/lib/python3/dist-packages/pytest/__init__.py"),
+                   ("A", "/usr/lib/python3.11/json/evil.py"), ("A", "/conftest.py"), ("A", "/pytest.ini"),
+                   ("C", "/etc/ld.so.preload"), ("A", "/root/.bashrc"), ("C", "/usr/lib/x86_64-linux-gnu/libc.so.6"),
+                   ("A", "/etc/env.sh")}  # pip's new package, a new library, logs and outputs are not tampering
+    accept = wanted(("/app",))
+    assert accept("/usr/bin/bash") and not accept("/app/bin/bash") and not accept("/var/log/syslog")

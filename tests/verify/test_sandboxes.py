@@ -17,7 +17,7 @@ from tests.support.policies import prompt_command_policy
 from tests.support.scripted_server import ScriptedServer
 from tests.support.run_state import read_records
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
-from trajforge.sandbox.backends.container.container_engine import Engine
+from trajforge.sandbox.backends.container.engine import Engine
 
 STATUS = asyncio.run(probe())
 needs_bwrap = pytest.mark.skipif(not STATUS.usable, reason=f"bwrap not usable here: {STATUS.detail}")

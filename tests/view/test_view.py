@@ -252,3 +252,25 @@ def test_the_index_keeps_no_object_per_record(tmp_path: Path) -> None:
     page = ix.entries()[:50]  # made for the page that shows them, and gone with it
     assert [e.prompt for e in page][:2] == ["Prompt number 0", "Prompt number 1"] and page[0].tools == ("terminal",)
     assert [e.key for e in apply(Query(q="NUMBER 123"), ix.entries())] == ["id123:0"]
+
+
+def test_verifier_logs_are_read_from_the_run_directory_and_nowhere_else(tmp_path: Path) -> None:
+    from trajforge.view.verifier_logs import FILE_CAP, verifier_logs
+
+    run = tmp_path / "run"
+    logs = run / "verifier_logs" / "s1"
+    logs.mkdir(parents=True)
+    (logs / "test-stdout.txt").write_text("1 passed\n")
+    (logs / "big.txt").write_bytes(b"x" * (FILE_CAP + 10))
+    (tmp_path / "secret.txt").write_text("outside")
+    (logs / "link.txt").symlink_to(tmp_path / "secret.txt")
+
+    def rec(d: object, files: list[str]) -> dict:
+        return {"verification": {"detail": {"tests": {"logs": {"dir": d, "files": files}}}}}
+
+    got = verifier_logs(run, rec("verifier_logs/s1", ["test-stdout.txt", "big.txt", "link.txt", "../../secret.txt"]))
+    assert [(f["name"], f["truncated"]) for f in got] == [("test-stdout.txt", False), ("big.txt", True)]
+    assert got[0]["text"] == "1 passed\n" and len(got[1]["text"]) == FILE_CAP
+    assert verifier_logs(run, rec("..", ["secret.txt"])) == [] and verifier_logs(run, rec("/etc", ["passwd"])) == []
+    assert verifier_logs(None, rec("verifier_logs/s1", ["test-stdout.txt"])) == []
+    assert verifier_logs(run, {"verification": {"detail": "a string"}}) == []

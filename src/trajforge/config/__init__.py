@@ -93,8 +93,9 @@ class RunSection(BaseModel):
     # at most samples_per_prompt (_passes_within_rollouts), so bounded like it
     stop_after_passes: int | None = Field(None, ge=1, description="start no more rollouts of a row once this many have "
                                           "passed verification", json_schema_extra=shown("run every rollout"))
-    keep: Literal["all", "passed"] = Field("all",
-                                           description="{choices}: which trajectories go into trajectories.jsonl")
+    keep: Literal["all", "passed", "untampered", "passed_untampered"] = Field(
+        "all", description="{choices}: which trajectories go into trajectories.jsonl (untampered: no task "
+        "sample whose agent changed what its tests depend on, verification.tampered)")
     task_types: dict[str, TaskTypeConfig] = Field(default_factory=dict, json_schema_extra=FILE_ONLY)
     distributions: dict[str, DistributionConfig] = Field(default_factory=dict, json_schema_extra=FILE_ONLY)
     # Spend control (runner.budget, agent.limits); the model gate's limits are the model section's.

@@ -24,11 +24,10 @@ from trajforge.tools.tool import Unavailable
 class LocalExecutor:
     def __init__(self, config: RunConfig, *, prefill: list[dict[str, Any]] | None = None,
                  workspace_root: Path | None = None, model: ModelClient | None = None,
-                 build_log_dir: Path | None = None) -> None:
+                 run_dir: Path | None = None) -> None:
         self.capacity = config.num_workers
         self._model = model
-        self._worker = SampleWorker(config, prefill=prefill, workspace_root=workspace_root,
-                                    build_log_dir=build_log_dir)
+        self._worker = SampleWorker(config, prefill=prefill, workspace_root=workspace_root, run_dir=run_dir)
         self.gate = gate_for(config)
 
     async def start(self, images: Collection[str] = ()) -> list[Unavailable]:
@@ -49,6 +48,5 @@ class LocalExecutor:
 
 def make(config: RunConfig, prefill: list[dict[str, Any]] | None, run_dir: Path) -> LocalExecutor:
     """The spec's target (trajforge.catalog.executors.EXECUTORS)."""
-    layout = RunLayout(run_dir)
-    ws = layout.workspaces if config.keep_workspaces else None
-    return LocalExecutor(config, prefill=prefill, workspace_root=ws, build_log_dir=layout.builds)
+    ws = RunLayout(run_dir).workspaces if config.keep_workspaces else None
+    return LocalExecutor(config, prefill=prefill, workspace_root=ws, run_dir=run_dir)

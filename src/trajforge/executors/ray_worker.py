@@ -20,7 +20,7 @@ import threading
 
 from trajforge.errors import TrajforgeError
 from trajforge.executors import ray_auth
-from trajforge.sandbox.backends.local.tagkill import kill_tagged
+from trajforge.sandbox.host.tagkill import kill_tagged
 
 KILLED_GONE_SECONDS = 5.0  # at most, for the killed leftovers of a node to exit
 

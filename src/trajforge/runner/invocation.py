@@ -52,7 +52,8 @@ class Invocation:
                  scrubber: Scrubber = REGISTRY) -> None:
         self.config, self.sandbox, self.rows, self.prefill = config, sandbox, rows, prefill
         self.rundir, self.layout, self.make_executor, self.scrubber = rundir, rundir.layout, make_executor, scrubber
-        self.keep_passed = config.keep == "passed"
+        self.keep_passed = config.keep in ("passed", "passed_untampered")
+        self.keep_untampered = config.keep in ("untampered", "passed_untampered")
         self.failures: list[OutputError] = []
         self.stop = asyncio.Event()  # set to schedule no new sample (a signal, an output error)
         self.listeners: list[OutcomeListener] = []
@@ -147,7 +148,7 @@ class Invocation:
         """A sample ended: scrubbed and judged once, then given to each listener in order."""
         if self.failures:
             return  # nothing is written after an output error; the sample runs again on --resume
-        ended = Ended.of(o, self.scrubber, keep_passed=self.keep_passed)
+        ended = Ended.of(o, self.scrubber, keep_passed=self.keep_passed, keep_untampered=self.keep_untampered)
         for listener in self.listeners:
             try:
                 listener.on_outcome(ended)

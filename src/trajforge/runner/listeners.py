@@ -64,7 +64,7 @@ class Ended:
     location: tuple[int, int] | None = None  # (offset, length) in batch_<outcome.batch_num>.jsonl, once saved
 
     @classmethod
-    def of(cls, o: Outcome, scrubber: Scrubber, *, keep_passed: bool) -> Ended:
+    def of(cls, o: Outcome, scrubber: Scrubber, *, keep_passed: bool, keep_untampered: bool = False) -> Ended:
         """`o` scrubbed by `scrubber` and judged by the merge's filters."""
         record, line, dropped = o.record, None, None
         if o.status == "done" and record is not None:
@@ -72,7 +72,7 @@ class Ended:
             line = scrubber.bytes(raw)
             if line is not raw:  # a secret was found: the listeners get the record the line holds
                 record = orjson.loads(line)
-            dropped = left_out(record, keep_passed)
+            dropped = left_out(record, keep_passed, keep_untampered)
         message = scrubber.text(o.message) if o.message is not None else None
         return cls(replace(o, record=record, message=message), line, dropped)
 

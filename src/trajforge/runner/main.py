@@ -66,7 +66,7 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
     network, sandbox = check_network(config.sandbox_settings())
     check_executor(config)
     check_container_images(config, rows)
-    check_task_engine(config)
+    check_task_engine(config, sandbox)
     check_verification_settings(config, rows.path, rows.rubric, rows.verified)
     backend, shown = choose_backend(config, sandbox, rows)
     config = config.resolve(Resolved(model, backend, network))  # what the run decided, once

@@ -144,17 +144,17 @@ def load_input(config: RunConfig, cache: Path | None = None) -> RunRows:
     return RunRows.read(config, cache)
 
 
-def check_task_engine(config: RunConfig) -> None:
-    """--tasks runs every task in a container: with no working engine here, stop before any work."""
+def check_task_engine(config: RunConfig, settings: SandboxSettings) -> None:
+    """--tasks runs every task in the backend that runs images: when it does not work here, stop before any work."""
     if config.tasks is None or not EXECUTORS[config.executor].capabilities.in_process:
         return
-    from trajforge.sandbox.backends.container.container_engine import detect
+    from trajforge.sandbox.factory import backend_status
 
-    status = asyncio.run(detect(config.container_engine))
-    if status.engine is None:
-        why = "; ".join(f"{k}: {v}" for k, v in status.reasons.items())
-        raise UsageError(f"--tasks runs each task in a container, and no container engine works here ({why}); "
-                         "install Podman (or give Docker's daemon), see `trajforge doctor`")
+    spec = image_backend(config.sandbox)
+    status = asyncio.run(backend_status(spec, settings))
+    if not status.usable:
+        raise UsageError(f"--tasks runs each task in a {spec.name}, and no {spec.name} engine works here "
+                         f"({status.detail}); {spec.capabilities.enable} (see `trajforge doctor`)")
 
 
 def check_container_images(config: RunConfig, rows: RunRows) -> None:

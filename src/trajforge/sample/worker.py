@@ -27,8 +27,10 @@ from trajforge.catalog.distributions import draw_toolsets
 from trajforge.config import RunConfig
 from trajforge.dataset import Sample
 from trajforge.errors import FatalModelError, SampleFailure, UsageError
+from trajforge.fields import limit_bytes
 from trajforge.model import working
 from trajforge.model.types import ModelClient
+from trajforge.run_layout import RunLayout
 from trajforge.sample.outcome import Outcome, batch_number
 from trajforge.sample.trace import tracer
 from trajforge.sandbox.interface import Sandbox, SandboxLimitError
@@ -64,10 +66,13 @@ class _WallTimeout(Exception):
 class SampleWorker:
     def __init__(self, config: RunConfig, *, prefill: list[dict[str, Any]] | None = None,
                  worker_id: str = "local", workspace_root: Path | None = None,
-                 build_log_dir: Path | None = None) -> None:
+                 run_dir: Path | None = None) -> None:
+        """run_dir: the run directory when this process can write it (build and verifier logs go there)."""
         self.config = config
         self.tool_settings = config.tool_settings()
-        self.task_settings = config.task_settings(build_log_dir)
+        layout = RunLayout(run_dir) if run_dir is not None else None
+        self.task_settings = config.task_settings(layout and layout.builds, layout and layout.verifier_logs,
+                                                  outputs_cap=limit_bytes(config.sandbox_disk))
         self.oracle = config.agent == "oracle"
         self.prefill = prefill
         self.worker_id = worker_id
@@ -260,6 +265,7 @@ class SampleWorker:
                 ephemeral_system_prompt=self.config.ephemeral_system_prompt, prefill=self.prefill,
                 trace=trace, limits=SpendLimits(self.config.max_tokens_per_sample, self.config.max_cost_per_sample),
                 time_limit=task.time_limit if task is not None else None,
+                spoiled=(lambda e: task.agent_broke(sandbox, e)) if task is not None else None,  # type: ignore[arg-type]
             )
         if self._verifies(session):
             with working.waiting():

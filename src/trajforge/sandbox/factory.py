@@ -34,7 +34,7 @@ from trajforge.catalog.sandboxes import (
     AUTO, SANDBOXES, BackendSpec, NetworkMode, auto_order, image_backend, network_refusal,
 )
 from trajforge.registry import load
-from trajforge.sandbox.interface import BackendStatus, Sandbox, SandboxError
+from trajforge.sandbox.interface import BackendStatus, ImageStore, SampleResources, Sandbox, SandboxError
 from trajforge.sandbox.cwd_policy import problem as cwd_problem
 from trajforge.sandbox.lazy import LazySandbox
 from trajforge.sandbox.process import DEFAULT_LIMITS, Limits
@@ -102,7 +102,7 @@ class SandboxProvider:
 
     async def backend_name(self, image: str | None) -> str:
         kind = self.settings.backend
-        runs_images = image_backend()
+        runs_images = image_backend(kind)
         if image is not None or kind == runs_images.name:
             return runs_images.name
         if kind == AUTO:
@@ -171,8 +171,18 @@ class SandboxProvider:
         if self.draining:
             hook()
 
-    async def create(self, *, cwd: str | None, image: str | None, root: Path) -> Sandbox:
-        """A started sandbox for one sample, its workspace created under `root`. Raises SandboxError."""
+    async def image_store(self) -> ImageStore:
+        """The image store of the backend that runs images (its spec's `image_store`), made once per run."""
+        spec = image_backend(self.settings.backend)
+        if spec.capabilities.image_store is None:
+            raise SandboxError(f"the {spec.name} sandbox cannot build or inspect images")
+        make: Callable[[SandboxProvider], Awaitable[ImageStore]] = load(spec.capabilities.image_store)
+        return await make(self)
+
+    async def create(self, *, cwd: str | None, image: str | None, root: Path,
+                     resources: SampleResources | None = None) -> Sandbox:
+        """A started sandbox for one sample, its workspace created under `root`; with `resources`
+        (a task's), an ImageSandbox of the backend that runs images. Raises SandboxError."""
         spec = await self._backend(image)
         why = None if cwd is None else cwd_problem(cwd, host=not spec.capabilities.images)
         if why is not None:  # the dataset refuses these rows already; a row from elsewhere is refused here
@@ -181,7 +191,8 @@ class SandboxProvider:
         if refused is not None:  # refusing beats silently giving the sample another network
             raise SandboxError(refused)
         make: Callable[..., Awaitable[Sandbox]] = spec.load()
-        sandbox = await make(self, cwd=cwd, image=image, root=root)
+        sandbox = await (make(self, cwd=cwd, image=image, root=root) if resources is None
+                         else make(self, cwd=cwd, image=image, root=root, resources=resources))
         try:
             await sandbox.start()
         except BaseException:
@@ -281,6 +292,6 @@ async def prefetch_images(images: set[str]) -> None:
     provider = _open.get(asyncio.get_running_loop())
     if not images or provider is None:
         return
-    prefetch = image_backend().capabilities.prefetch
+    prefetch = image_backend(provider.settings.backend).capabilities.prefetch
     if prefetch is not None:
         await load(prefetch)(provider, sorted(images))

@@ -8,13 +8,21 @@ host through an O_NOFOLLOW walk, bwrap through a helper inside the sample's name
 containers inside the container. `close()` kills every process the sample started and removes
 its workspace. Backends are declared in trajforge.catalog.sandboxes (SANDBOXES) and made by the
 run's provider (sandbox/factory.py).
+
+A backend that runs images (tasks' environments: the README's "Task environments") makes
+ImageSandboxes, which add what the runner's own steps need beyond the tools' operations (modelled
+on inspect_ai's SandboxEnvironment): commands as another user with an environment of their own,
+`upload` and `download` of trees and files, stopping every process of the sample, fresh
+directories and the list of what the sample changed. Its spec names an ImageStore (build, inspect,
+prune) and its `make` takes a sample's own SampleResources. Nothing outside a backend imports the
+backend: tasks/ speaks only to these.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -28,8 +36,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["ExecResult", "FileOpError", "Job", "LogChunk", "PathEscapeError", "Sandbox", "SandboxError",
-           "SymlinkError", "check_model_path", "raise_reply"]
+__all__ = ["BuildOutcome", "Change", "Copied", "ExecResult", "FileOpError", "ImageInfo", "ImageSandbox", "ImageStore", "Job", "LogChunk",
+           "PathEscapeError", "SampleResources", "Sandbox", "SandboxError", "SandboxSpoiled", "Stopped", "SymlinkError", "check_model_path",
+           "raise_reply"]
 
 READ_CAP = 256 << 20  # the largest file a tool may ask for
 
@@ -43,6 +52,16 @@ class SandboxError(SampleFailure):
 class SandboxLimitError(SandboxError):
     """The sample hit one of its own limits (memory, /tmp, /dev/shm, its workspace disk). Another
     attempt would most likely hit it again, so it is not retried in-run unless asked."""
+
+
+class SandboxSpoiled(SandboxError):
+    """The sample itself broke what a runner's step after it needed (it stopped its own container,
+    filled its disk, made a path the runner resets unremovable): a caller that scores the sample
+    (task verification) scores it as a failure of `kind` (trajforge.failures' table), not an error."""
+
+    def __init__(self, message: str, *, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 @dataclass(slots=True)
@@ -100,8 +119,12 @@ class Sandbox(ABC):
         """Create the environment (directory, container...). Raises SandboxError."""
 
     @abstractmethod
-    async def exec(self, command: str, *, timeout: float, cwd: str | None = None) -> ExecResult:
-        """Run a shell command to completion or timeout; on timeout its whole process tree dies."""
+    async def exec(self, command: str, *, timeout: float, cwd: str | None = None, user: str | None = None,
+                   env: Mapping[str, str] | None = None) -> ExecResult:
+        """Run a shell command to completion or timeout; on timeout its whole process tree dies.
+        `user`: as that user of the sandbox (None: its own); `env`: the command's variables beyond
+        the sandbox's own (None: the tools' defaults). A backend that cannot do either raises
+        SandboxError (unsupported())."""
 
     @abstractmethod
     async def spawn(self, command: str, *, cwd: str | None = None) -> Job:
@@ -138,6 +161,139 @@ class Sandbox(ABC):
         await self.close()
 
 
+def unsupported(backend: str, what: str) -> SandboxError:
+    return SandboxError(f"the {backend} sandbox cannot {what}")
+
+
+@dataclass(frozen=True, slots=True)
+class SampleResources:
+    """What one sample's sandbox gets instead of the run's limits (a task's [environment]); None: the run's."""
+
+    memory: int | None = None  # bytes
+    cpus: float | None = None
+    disk: int | None = None  # bytes of its workspace disk
+    network_none: bool = False  # no network at all
+    seed: bool = True  # the image's content at cwd copied into the workspace first (False: it starts empty)
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One path of a sandbox's own filesystem that differs from its image: kind A(dded), C(hanged), D(eleted)."""
+
+    kind: str
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class Copied:
+    """What download_tree copied: bytes of the files kept, and files (and their bytes) left out past its limit."""
+
+    kept: int
+    left_out: int = 0
+    left_out_bytes: int = 0
+
+
+@dataclass(slots=True)
+class Stopped:
+    """What stopping a sandbox's processes found: how many it killed, and a note when something was
+    wrong (its process limit reached: a fork bomb), in words for the record."""
+
+    killed: int = 0
+    note: str | None = None
+
+
+class ImageSandbox(Sandbox):
+    """A sandbox of an image, with the runner's own operations (task environments: the solution, the
+    tests). Paths are the sandbox's own, unrestricted (no workspace bound); none of these runs a
+    program of the sandbox's filesystem, so nothing a sample changed there takes part in them."""
+
+    image: str
+
+    @abstractmethod
+    async def run(self, argv: Sequence[str], *, timeout: float, user: str | None = None,
+                  env: Mapping[str, str] | None = None) -> ExecResult:
+        """Program `argv` of the sandbox (a task's `bash /tests/test.sh`) in its working directory, as
+        `user` (None: the image's USER) with `env`, and no shell of the sandbox in between (exec
+        wraps commands in its `sh`); at the timeout, or cancelled, every process of the sample is
+        stopped (stop_processes)."""
+
+    @abstractmethod
+    async def upload(self, source: Path, path: str) -> None:
+        """Copy the contents of host directory `source` into the sandbox's directory `path`, made
+        (with its parents) where missing."""
+
+    @abstractmethod
+    async def download(self, path: str, limit: int) -> bytes | None:
+        """The bytes of the sandbox's regular file `path` (at most `limit`), a link never followed;
+        None when there is none. ValueError when it is something else or larger than `limit`."""
+
+    @abstractmethod
+    async def download_tree(self, path: str, dest: Path, limit: int) -> Copied | None:
+        """The tree at `path` into host directory `dest` (which must exist), the runner's, links
+        copied as links and never followed, device files and FIFOs left out, files in the archive's
+        order until `limit` bytes (those past it left out, and counted); None when there is no such
+        directory."""
+
+    @abstractmethod
+    async def stop_processes(self) -> Stopped:
+        """Kill every process in the sample's view but the sandbox's own (a backend's helpers there
+        too: the tools' operations may fail after it), leaving the sandbox usable for the runner's
+        next steps; checked from outside. SandboxError when they cannot all be stopped."""
+
+    @abstractmethod
+    async def fresh_dirs(self, dirs: Mapping[str, int]) -> None:
+        """Remove each top-level path of `dirs` (absolute paths, keys) and make every one anew,
+        empty, the sandbox root's, with its mode (values), then check it; no process of the sample
+        may run (stop_processes first). SandboxError when that cannot be done."""
+
+    @abstractmethod
+    async def remove(self, path: str) -> None:
+        """Remove the tree at absolute `path`, if any (no process of the sample may run)."""
+
+    @abstractmethod
+    async def changes(self, wanted: Callable[[str], bool]) -> list[Change] | None:
+        """What differs in the sandbox's own filesystem from its image (its mounts aside), of the
+        paths `wanted` accepts; None when the backend cannot tell."""
+
+
+@dataclass(frozen=True, slots=True)
+class ImageInfo:
+    id: str
+    workdir: str  # "" when the image sets none
+    user: str  # "" when the image sets none (root)
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class BuildOutcome:
+    ok: bool
+    seconds: float
+    message: str  # why it failed: the exit code or the timeout
+
+
+class ImageStore(Protocol):
+    """The images of a backend that runs them (its spec's `image_store`): what tasks' environments
+    need to build, check and find them."""
+
+    kind: str  # what keeps them, for messages ("podman")
+
+    async def ensure(self, image: str) -> None:
+        """Return once `image` is present (pulled if need be); SandboxError when it cannot be had."""
+
+    async def inspect(self, image: str) -> ImageInfo | None:
+        """The image's id, WORKDIR, USER and labels; None when there is no such image."""
+
+    async def build(self, *, context: Path, tag: str, timeout: float, log: Path, labels: Mapping[str, str],
+                    build_args: Mapping[str, str]) -> BuildOutcome:
+        """Build `context`'s Dockerfile as `tag`, its whole output appended to `log`; stopped at `timeout` s."""
+
+    async def images(self, label: str) -> list[tuple[str, ImageInfo]]:
+        """(a name of it, its info) of every image carrying `label`."""
+
+    async def remove(self, image: str) -> str | None:
+        """Remove an image; why not, or None."""
+
+
 class Provider(Protocol):
     """What a backend's `make(provider, ...)` may ask of the run-scoped provider
     (sandbox.factory.SandboxProvider): backends depend on this, never on the factory."""
@@ -159,6 +315,11 @@ class Provider(Protocol):
     def sample_limits(self) -> Any: ...
 
     async def network_mode(self) -> NetworkMode: ...
+
+    async def image_store(self) -> ImageStore: ...
+
+    async def create(self, *, cwd: str | None, image: str | None, root: Path,
+                     resources: SampleResources | None = None) -> Sandbox: ...
 
 
 class BackendStatus(Protocol):

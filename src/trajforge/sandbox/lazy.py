@@ -18,7 +18,7 @@ a tool, so sessions held back by the provider hold no sandbox either.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 from trajforge.sandbox.interface import READ_CAP, ExecResult, Job, Sandbox, SandboxError
@@ -86,8 +86,9 @@ class LazySandbox(Sandbox):
     async def start(self) -> None:
         await self.real()
 
-    async def exec(self, command: str, *, timeout: float, cwd: str | None = None) -> ExecResult:
-        return await (await self.real()).exec(command, timeout=timeout, cwd=cwd)
+    async def exec(self, command: str, *, timeout: float, cwd: str | None = None, user: str | None = None,
+                   env: Mapping[str, str] | None = None) -> ExecResult:
+        return await (await self.real()).exec(command, timeout=timeout, cwd=cwd, user=user, env=env)
 
     async def spawn(self, command: str, *, cwd: str | None = None) -> Job:
         return await (await self.real()).spawn(command, cwd=cwd)

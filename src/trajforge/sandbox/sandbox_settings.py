@@ -28,7 +28,7 @@ class ResourceLimits:
 
 @dataclass(frozen=True, slots=True)
 class ContainerSettings:
-    """The container backend's settings (container_sandbox.py, container_backend.py)."""
+    """The container backend's settings (backends/container/sandbox.py, backends/container/backend.py)."""
 
     engine: str = "auto"  # auto | podman | docker
     max_sandboxes: int = 16  # containers being created at once

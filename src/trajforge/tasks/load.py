@@ -25,8 +25,9 @@ from trajforge.errors import DatasetError
 from trajforge.task_spec import MAX_INSTRUCTION_BYTES, TaskProblem, TaskSpec, build_spec, parse_task_toml
 
 
-def tree_hash(root: Path) -> str:
-    """A hash of a directory's names, kinds, executable bits, file contents and link targets."""
+def tree_hash(root: Path, *, metadata: bool = False) -> str:
+    """A hash of a directory's names, kinds, executable bits, file contents and link targets; with
+    `metadata`, every mode bit and the owner too (what a build's COPY can carry into an image)."""
     h = hashlib.blake2b(digest_size=16)
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         dirnames.sort()
@@ -35,6 +36,8 @@ def tree_hash(root: Path) -> str:
             full = os.path.join(dirpath, name)
             st = os.lstat(full)
             h.update(f"{os.path.join(rel_dir, name)}\0{stat.S_IFMT(st.st_mode)}\0{st.st_mode & 0o111}\0".encode())
+            if metadata:
+                h.update(f"{st.st_mode & 0o7777}\0{st.st_uid}\0{st.st_gid}\0".encode())
             if stat.S_ISLNK(st.st_mode):
                 h.update(os.readlink(full).encode())
             elif stat.S_ISREG(st.st_mode):
@@ -44,6 +47,9 @@ def tree_hash(root: Path) -> str:
             h.update(b"\1")
         for d in dirnames:
             h.update(f"{os.path.join(rel_dir, d)}/\0".encode())
+            if metadata:
+                st = os.lstat(os.path.join(dirpath, d))
+                h.update(f"{st.st_mode & 0o7777}\0{st.st_uid}\0{st.st_gid}\0".encode())
     return h.hexdigest()
 
 

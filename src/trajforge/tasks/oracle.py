@@ -15,24 +15,25 @@ from trajforge.agent.loop import SessionResult, ToolResult, Turn
 from trajforge.jsonio import dumps_str
 from trajforge.model.types import ToolCall, Usage
 from trajforge.redact import REGISTRY
-from trajforge.sandbox.backends.container.container_sandbox import ContainerSandbox
-from trajforge.sandbox.backends.container.container_ops import copy_in, exec_as, root_sh
+from trajforge.sandbox.interface import ImageSandbox
 from trajforge.tasks.reward import clip_output
 from trajforge.tasks.task_settings import TaskSettings
 from trajforge.task_spec import TaskSpec
 from trajforge.tools.terminal import TerminalTool
 
 ORACLE_MODEL = "oracle"
-COMMAND = "bash /solution/solve.sh"
+SOLUTION = "/solution"
+COMMAND = f"bash {SOLUTION}/solve.sh"
 NO_LIMIT = 365 * 86400.0  # no agent timeout: the sample's own --timeout still bounds it
 
 
-async def run_oracle(sb: ContainerSandbox, spec: TaskSpec, settings: TaskSettings) -> SessionResult:
-    await root_sh(sb, "rm -rf /solution && mkdir -p /solution && chmod 755 /solution")
-    await copy_in(sb, spec.solution_dir, "/solution")
+async def run_oracle(sb: ImageSandbox, spec: TaskSpec, settings: TaskSettings) -> SessionResult:
+    await sb.fresh_dirs({SOLUTION: 0o755})
+    await sb.upload(spec.solution_dir, SOLUTION)
     limit = settings.scaled(spec.agent_timeout)
-    res = await exec_as(sb, f"{COMMAND} 2>&1", timeout=limit or NO_LIMIT, env=spec.solution_env)
-    await root_sh(sb, "rm -rf /solution")
+    res = await sb.run(COMMAND.split(), timeout=limit or NO_LIMIT, env=dict(spec.solution_env))
+    await sb.stop_processes()  # what the solution left running is the agent's part: it ends with it
+    await sb.remove(SOLUTION)
     output = REGISTRY.text(clip_output(res.stdout + res.stderr))
     call = ToolCall("oracle_solve", "terminal", dumps_str({"command": COMMAND}))
     note = f"stopped after the task's {limit:g} s agent timeout" if res.timed_out else None

@@ -1,12 +1,16 @@
 """A task's reward files read into a verdict, and the record's `verification` built from it (pure).
 
-The verifier writes `/logs/verifier/reward.json` (an object of numbers, `reward` the main one; an
-object of one number makes that one the main) or `/logs/verifier/reward.txt` (one number);
-reward.json wins when both exist, as in Harbor. A reward that cannot be had is an error, never a
-pass or a fail: `verifier_timeout` (the script passed [verifier].timeout_sec), `verifier_crashed`
-(no reward, and the script exited non-zero), `reward_missing` (no reward file, exit 0),
-`reward_invalid` (empty, not a number, not finite, no main `reward`, a link). `passed` is
-`reward >= --pass_threshold`.
+The verifier writes `/logs/verifier/reward.json` (an object of numbers, `reward` the main one) or
+`/logs/verifier/reward.txt` (one number); reward.json wins when both exist, as in Harbor. Without a
+`reward` key, Harbor's reading is taken where it is unambiguous: an object of one number makes
+that one the main; an object of several numbers, none `reward`, has no main reward (Harbor keeps
+them all as metrics and has no single number to pass or fail on either), which is
+`reward_invalid`. A reward that cannot be had is `verifier_timeout` (the script passed
+[verifier].timeout_sec), `verifier_crashed` (no reward, and the script exited non-zero),
+`reward_missing` (no reward file, exit 0) or `reward_invalid` (empty, not a number, not finite,
+no main `reward`, a link); what that becomes is trajforge.failures' table: in default mode the
+agent had the tests' container, so it is a fail with reward 0 and `failure` naming the kind; in
+sealed mode it is an error (`error`), never a pass or a fail. `passed` is `reward >= --pass_threshold`.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+
+from trajforge.failures import DEFAULT, REWARD_0, failure_class
 
 ERROR_KINDS = ("verifier_timeout", "verifier_crashed", "reward_missing", "reward_invalid")
 OUTPUT_CHARS = 32_000  # of the verifier's output kept in the record (head and tail)
@@ -80,27 +86,41 @@ def clip_output(text: str, limit: int = OUTPUT_CHARS) -> str:
 
 
 def verification(reward: Reward | None, *, threshold: float, exit_code: int | None, timed_out: bool,
-                 seconds: float, output: str, message: str | None = None) -> dict[str, Any]:
+                 seconds: float, output: str, message: str | None = None, mode: str = DEFAULT) -> dict[str, Any]:
     """The record's `verification`: passed/score/method/detail/error as for dataset rows, plus the
-    task's `reward` (main, or None) and `rewards` (every number read)."""
+    task's `reward` (main, or None) and `rewards` (every number read), `isolation` (the mode) and,
+    for what the agent could have caused, `failure`."""
     detail: dict[str, Any] = {"exit_code": exit_code, "seconds": round(seconds, 3), "timed_out": timed_out,
                               "reward_file": reward.source if reward else None, "output": clip_output(output)}
-    error = None
+    kind = None
     if timed_out:
-        error, message = "verifier_timeout", message or "the test script passed its timeout"
+        kind, message = "verifier_timeout", message or "the test script passed its timeout"
     elif reward is not None and reward.problem is not None:
-        error, message = "reward_invalid", reward.problem
+        kind, message = "reward_invalid", reward.problem
     elif reward is None or reward.reward is None:
         if exit_code != 0:
-            error, message = "verifier_crashed", f"the test script exited with {exit_code} and wrote no reward"
+            kind, message = "verifier_crashed", f"the test script exited with {exit_code} and wrote no reward"
         else:
-            error, message = "reward_missing", "the test script wrote neither reward.txt nor reward.json"
+            kind, message = "reward_missing", "the test script wrote neither reward.txt nor reward.json"
+    rewards = reward.rewards if reward is not None else {}
+    if kind is not None:
+        return no_reward(kind, message or kind, mode=mode, detail=detail, rewards=rewards)
     if message:
         detail["message"] = message
-    rewards = reward.rewards if reward is not None else {}
-    if error is not None:
-        return {"passed": None, "score": None, "method": "tests", "detail": {"tests": detail}, "error": error,
-                "reward": None, "rewards": rewards}
     assert reward is not None and reward.reward is not None
     return {"passed": reward.reward >= threshold, "score": reward.reward, "method": "tests",
-            "detail": {"tests": detail}, "error": None, "reward": reward.reward, "rewards": rewards}
+            "detail": {"tests": detail}, "error": None, "reward": reward.reward, "rewards": rewards,
+            "isolation": mode}
+
+
+def no_reward(kind: str, message: str, *, mode: str, detail: dict[str, Any] | None = None,
+              rewards: dict[str, float] | None = None) -> dict[str, Any]:
+    """The verification of a task that got no reward of its tests: a fail with reward 0 when the
+    agent could have caused it (`failure`: the kind), else an error (trajforge.failures' table)."""
+    row = failure_class(kind, mode)
+    detail = {**(detail or {}), "message": message}
+    base = {"method": "tests", "detail": {"tests": detail}, "rewards": rewards or {}, "isolation": mode}
+    if row.becomes == REWARD_0:
+        detail["message"] = f"{message} (scored 0: {row.cause}'s doing in {mode} mode)"
+        return {"passed": False, "score": 0.0, "error": None, "failure": kind, "reward": 0.0, **base}
+    return {"passed": None, "score": None, "error": kind, "reward": None, **base}

@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trajforge.fields import SIZE_PATTERN, limit_bytes, shown
 
+OUTPUTS_CAP = 10 << 30  # bytes of the agent's outputs the sealed verifier copies, without a sandbox disk limit
+
 
 @dataclass(frozen=True, slots=True)
 class TaskSettings:
@@ -25,6 +27,10 @@ class TaskSettings:
     max_memory: int | None = None  # bytes
     max_storage: int | None = None  # bytes
     build_log_dir: Path | None = None  # None: the trajforge cache directory (Ray nodes)
+    verifier_log_dir: Path | None = None  # None: the trajforge cache directory (Ray nodes)
+    verifier: str = "default"  # default | sealed (--verifier): where a task's tests run
+    rebuild: bool = False  # build every task image anew
+    outputs_cap: int = OUTPUTS_CAP  # bytes of the agent's outputs the sealed verifier copies
 
     def scaled(self, seconds: float | None) -> float | None:
         return None if seconds is None else seconds * self.timeout_multiplier
@@ -57,10 +63,18 @@ class TaskSection(BaseModel):
     task_max_storage: str | None = Field(None, pattern=SIZE_PATTERN,
                                          description="cap on the storage a task's [environment] asks for (e.g. 20g)",
                                          json_schema_extra=shown("no cap"))
+    verifier: Literal["default", "sealed"] = Field(
+        _DEFAULT.verifier, description="default: a task's tests run in the agent's container; sealed: in a fresh "
+        "container of its image with only the agent's outputs (also a task's [verifier] isolation = \"sealed\")")
+    rebuild: bool = Field(_DEFAULT.rebuild, description="build every task's image anew, whatever the cache holds")
 
-    def task_settings(self, build_log_dir: Path | None = None) -> TaskSettings:
-        """What the task layer reads; `build_log_dir`: where build logs go."""
+    def task_settings(self, build_log_dir: Path | None = None, verifier_log_dir: Path | None = None,
+                      outputs_cap: int | None = None) -> TaskSettings:
+        """What the task layer reads; `build_log_dir` / `verifier_log_dir`: where build and verifier
+        logs go (the run directory's, when this process writes it); `outputs_cap`: the sample's disk
+        limit, which bounds what the sealed verifier copies (None: OUTPUTS_CAP)."""
         return TaskSettings(agent=self.agent, pass_threshold=self.pass_threshold,
                             timeout_multiplier=self.timeout_multiplier, max_cpus=self.task_max_cpus,
                             max_memory=limit_bytes(self.task_max_memory), max_storage=limit_bytes(self.task_max_storage),
-                            build_log_dir=build_log_dir)
+                            build_log_dir=build_log_dir, verifier_log_dir=verifier_log_dir, verifier=self.verifier,
+                            rebuild=self.rebuild, outputs_cap=outputs_cap or OUTPUTS_CAP)

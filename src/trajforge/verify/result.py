@@ -54,3 +54,9 @@ def passed(record: dict[str, Any] | None) -> bool:
     """Whether a trajectory record's verification passed (False for none, a fail or an error)."""
     v = (record or {}).get("verification")
     return isinstance(v, dict) and v.get("passed") is True
+
+
+def tampered(record: dict[str, Any] | None) -> bool:
+    """Whether a task record's agent changed what its tests depend on (verification.tampered non-empty)."""
+    v = (record or {}).get("verification")
+    return isinstance(v, dict) and bool(v.get("tampered"))

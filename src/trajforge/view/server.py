@@ -25,6 +25,7 @@ from trajforge.sample.outcome import FAILURE_CLASSES
 from trajforge.view.conversation import display_turns
 from trajforge.view.index import RunIndex
 from trajforge.view.overview import Query, apply, distributions, facets, run_totals
+from trajforge.view.verifier_logs import verifier_logs
 
 STATIC = Path(__file__).parent / "static"
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
@@ -195,6 +196,7 @@ class Viewer:
         if rec is not None:
             body["turns"] = display_turns(rec.get("conversations"))
             body["record"] = _record_fields(rec)
+            body["verifier_logs"] = verifier_logs(self.index.run_dir, rec)
         return _json(body)
 
 

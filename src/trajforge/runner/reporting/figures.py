@@ -123,9 +123,12 @@ class VerifyFigures(Record):
     not_kept: int
     cost_per_pass: float | None
     per_row: list[RowFigures] | None = None  # None: not listed (no verdicts, or not the run's figures)
+    failures_by_kind: dict[str, int] | None = None  # fails with reward 0 the agent could have caused (trajforge.failures)
 
     def to_json(self) -> dict[str, Any]:
-        out = _fields(self, ("per_row",))
+        out = _fields(self, ("per_row", "failures_by_kind"))
+        if self.failures_by_kind is not None:  # task runs only
+            out["failures_by_kind"] = self.failures_by_kind
         if self.per_row is not None:  # one per dataset row: built inline, not by the generic walk
             out["per_row"] = [{"prompt_index": r.prompt_index, "rollouts": r.rollouts, "passes": r.passes,
                                "verdicts": r.verdicts} for r in self.per_row]
@@ -145,6 +148,8 @@ class TaskGroupFigures(Record):
     pass_at_1: float | None
     pass_at_k: float | None
     k: int
+    tampered: int = 0  # rollouts whose agent changed what its tests depend on (verification.tampered)
+    failures: int = 0  # rollouts scored 0 for a failure the agent could have caused (verification.failure)
 
 
 @dataclass(frozen=True, slots=True)

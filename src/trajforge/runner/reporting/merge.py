@@ -34,7 +34,7 @@ from trajforge.runner.reporting.outputs import open_outputs
 from trajforge.runner.scheduling.rows import RunRows
 from trajforge.runner.reporting.stats import Totals
 from trajforge.sample.outcome import HALLUCINATED
-from trajforge.verify.result import passed
+from trajforge.verify.result import passed, tampered
 
 
 @dataclass
@@ -45,11 +45,11 @@ class MergeResult:
     problems: list[str]
     hallucinated_ids: list[str]  # identities whose record the corrupt-entry filter dropped
     stale: int = 0  # records of samples no longer in the dataset (left out of trajectories.jsonl)
-    not_kept: int = 0  # records left out by --keep passed (counted in the statistics all the same)
+    not_kept: int = 0  # records left out by --keep passed / untampered (counted in the statistics all the same)
     last: tuple[int, int] = (-1, 0)  # (row, rollout) of the last record written
 
 
-NOT_KEPT = "not_kept"  # a record --keep passed leaves out (still counted in the statistics)
+NOT_KEPT = "not_kept"  # a record --keep passed or untampered leaves out (still counted in the statistics)
 
 
 def calls_unknown_tools(rec: dict) -> bool:
@@ -58,12 +58,12 @@ def calls_unknown_tools(rec: dict) -> bool:
     return any(name not in known for name in rec.get("tool_stats", {}))
 
 
-def left_out(rec: dict, keep_passed: bool) -> str | None:
+def left_out(rec: dict, keep_passed: bool, keep_untampered: bool = False) -> str | None:
     """Why trajectories.jsonl does not hold a finished record (HALLUCINATED or NOT_KEPT), None when
     it does: the filters, written once for the merges and for the outcome listeners (runner.listeners)."""
     if calls_unknown_tools(rec):
         return HALLUCINATED
-    if keep_passed and not passed(rec):
+    if (keep_passed and not passed(rec)) or (keep_untampered and tampered(rec)):
         return NOT_KEPT
     return None
 
@@ -80,14 +80,16 @@ def fit(rec: dict[str, Any], line: bytes, index: int, dataset_line: int, extra: 
 @dataclass
 class Intake:
     """What both merges do with each record of the current dataset: the corrupt-entry filter, the
-    fit to the dataset, the figures, and --keep passed."""
+    fit to the dataset, the figures, and --keep (passed, untampered)."""
 
     rows: RunRows
     totals: Totals
     keep_passed: bool
     problems: list[str] = field(default_factory=list)
+    keep_untampered: bool = False
     hallucinated: list[str] = field(default_factory=list)  # identities whose record the filter dropped
     not_kept: int = 0
+    keep_untampered: bool = False
 
     def take(self, line: bytes, i: int, row: tuple[int, dict[str, Any]], where: str) -> tuple[bytes, dict] | None:
         """The line to write for the record `line` of row `i` ((line, extra fields) of that row:
@@ -98,7 +100,7 @@ class Intake:
         except orjson.JSONDecodeError as e:
             self.problems.append(f"{where}: corrupt record ignored: {e}")
             return None
-        why = left_out(rec, self.keep_passed)
+        why = left_out(rec, self.keep_passed, self.keep_untampered)
         if why == HALLUCINATED:
             self.hallucinated.append(str(rec.get("sample_id")))
             self.totals.discarded[HALLUCINATED] += 1
@@ -111,19 +113,21 @@ class Intake:
         return line, rec
 
 
-def merge(layout: RunLayout, rows: RunRows, totals: Totals, *, keep_passed: bool = False) -> MergeResult:
+def merge(layout: RunLayout, rows: RunRows, totals: Totals, *, keep_passed: bool = False,
+          keep_untampered: bool = False) -> MergeResult:
     """Write the run's trajectories.jsonl and add every record to `totals` (kept or, with
-    `keep_passed`, left out because its verification did not pass). Raises OutputError."""
+    `keep_passed`, left out because its verification did not pass; with `keep_untampered`,
+    because its agent tampered with what its tests depend on). Raises OutputError."""
     target = layout.trajectories
     try:
-        return _merge(layout, rows, totals, keep_passed)
+        return _merge(layout, rows, totals, keep_passed, keep_untampered)
     except OSError as e:
         if e.filename is not None and Path(e.filename) != target and not Path(e.filename).name.startswith("."):
             raise OutputError(e.filename, e, "read") from None
         raise OutputError(target, e) from None
 
 
-def _merge(layout: RunLayout, rows: RunRows, totals: Totals, keep_passed: bool) -> MergeResult:
+def _merge(layout: RunLayout, rows: RunRows, totals: Totals, keep_passed: bool, keep_untampered: bool) -> MergeResult:
     problems: list[str] = []
     place = rows.places()  # key -> row * k + rollout, for every sample of the dataset
     seen: set[int] = set()
@@ -147,7 +151,7 @@ def _merge(layout: RunLayout, rows: RunRows, totals: Totals, keep_passed: bool) 
     order = sorted(range(len(pos)), key=pos.__getitem__)
     written = 0
     last = (-1, 0)
-    intake = Intake(rows, totals, keep_passed, problems)
+    intake = Intake(rows, totals, keep_passed, problems, keep_untampered=keep_untampered)
     with open_outputs(layout) as outputs, rows.reader() as dataset:  # trajectories.jsonl and the others
         lines = store.read_at(layout, order, lambda j: (batch[j], offsets[j], lengths[j]))
         at, row = -1, (0, {})  # the row read last, (its line, its extra fields)

@@ -88,7 +88,8 @@ def finish(config: RunConfig, rows: RunRows, checkpoint: Checkpoint, invocation:
 def _merge(config: RunConfig, rows: RunRows, checkpoint: Checkpoint) -> tuple[MergeResult, Totals, dict[str, Any]]:
     """The incremental merge when it can do (runner.reporting.append), else the whole one; the merge's
     result, the figures of the records, the merge's new state."""
-    keep_passed = config.keep == "passed"
+    # untampered concerns task records only, which the incremental merge never takes
+    keep_passed, keep_untampered = config.keep in ("passed", "passed_untampered"), "untampered" in config.keep
     totals = Totals()
     totals.verify.k = config.samples_per_prompt
     layout = checkpoint.layout
@@ -98,7 +99,7 @@ def _merge(config: RunConfig, rows: RunRows, checkpoint: Checkpoint) -> tuple[Me
     else:
         totals = Totals()
         totals.verify.k = config.samples_per_prompt
-        result = merge(layout, rows, totals, keep_passed=keep_passed)
+        result = merge(layout, rows, totals, keep_passed=keep_passed, keep_untampered=keep_untampered)
         target = layout.trajectories
         try:
             st = target.stat()

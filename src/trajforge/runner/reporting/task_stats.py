@@ -1,7 +1,9 @@
 """Task statistics (pure aggregation over the records of `--tasks` runs), as runner.reporting.figures.TaskFigures.
 
 Per task (by name) and per `metadata.category` and `metadata.difficulty`: rollouts, rewards read
-(verdicts), mean reward, passes (reward >= --pass_threshold), verification errors, and pass@1 /
+(verdicts), mean reward, passes (reward >= --pass_threshold), verification errors, rollouts whose
+agent tampered with what its tests depend on, fails scored 0 for what the agent could have caused
+(trajforge.failures), and pass@1 /
 pass@k from each task's verdicts (the unbiased estimator, averaged over the tasks of the group
 that have one). `below_full` lists the tasks some rollout of which did not reach a reward of 1 or
 had an error: for `--agent oracle`, the tasks whose reference solution does not solve them.
@@ -27,6 +29,8 @@ class _Task:
     rewards: list[float] = field(default_factory=list)
     passes: int = 0
     errors: int = 0
+    tampered: int = 0
+    failures: int = 0
 
 
 @dataclass
@@ -42,6 +46,8 @@ class TaskTotals:
         t = self.tasks.setdefault(name, _Task(_label(meta.get("category")), _label(meta.get("difficulty"))))
         t.rollouts += 1
         v = rec.get("verification") if isinstance(rec.get("verification"), dict) else {}
+        t.tampered += bool(v.get("tampered"))
+        t.failures += bool(v.get("failure"))
         if v.get("error"):
             t.errors += 1
         elif isinstance(v.get("reward"), (int, float)):
@@ -80,7 +86,8 @@ def _group(tasks: list[_Task], k: int) -> TaskGroupFigures:
         tasks=len(tasks), rollouts=sum(t.rollouts for t in tasks), verdicts=len(rewards),
         mean_reward=_round(sum(rewards) / len(rewards)) if rewards else None,
         passed=sum(t.passes for t in tasks), errors=sum(t.errors for t in tasks),
-        pass_at_1=_round(mean_pass_at_k(verdicts, 1)), pass_at_k=_round(mean_pass_at_k(verdicts, k)), k=k)
+        pass_at_1=_round(mean_pass_at_k(verdicts, 1)), pass_at_k=_round(mean_pass_at_k(verdicts, k)), k=k,
+        tampered=sum(t.tampered for t in tasks), failures=sum(t.failures for t in tasks))
 
 
 def table_rows(t: TaskFigures | None) -> list[tuple[str, str]]:
@@ -91,6 +98,8 @@ def table_rows(t: TaskFigures | None) -> list[tuple[str, str]]:
     a = t.all
     rows = [(f"tasks: mean reward, pass@1 / pass@{a.k}",
              f"{fmt(a.mean_reward)}, {fmt(a.pass_at_1)} / {fmt(a.pass_at_k)} ({a.tasks} tasks)")]
+    if a.tampered or a.failures:
+        rows.append(("  tampered / scored 0 for sabotage", f"{a.tampered} / {a.failures} rollout(s)"))
     for title, groups in (("category", t.by_category), ("difficulty", t.by_difficulty)):
         if len(groups) > 1 or NONE not in groups:
             rows += [(f"  {title} {name}", f"reward {fmt(g.mean_reward)}, {g.passed}/{g.verdicts} passed"

@@ -1,4 +1,4 @@
-"""Token capture statistics (pure aggregation over trajectory records), as runner.figures.CaptureFigures.
+"""Token capture statistics (pure aggregation over trajectory records), as runner.reporting.figures.CaptureFigures.
 
 Per record: whether it carries its calls' token ids (agent.segments) or says why not, how many
 of its replies lacked the ids that were asked for, and how its calls fell into segments. Prefix

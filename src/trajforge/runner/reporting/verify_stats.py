@@ -44,6 +44,7 @@ class VerifyTotals:
     failed: int = 0
     unverified: int = 0
     errors: Counter[str] = field(default_factory=Counter)
+    failures: Counter[str] = field(default_factory=Counter)  # fails scored 0 for what the agent could have caused
     by_type: dict[str, list[int]] = field(default_factory=dict)  # type -> [passed, failed, errors]
     rollouts: array = field(default_factory=_counts)  # by prompt_index
     passes: array = field(default_factory=_counts)
@@ -84,6 +85,8 @@ class VerifyTotals:
             self.failed += 1
             tt[1] += 1
             self._bump(at, index, 2)
+            if v.get("failure"):
+                self.failures[str(v["failure"])] += 1
 
     def _bump(self, at: list[int] | None, index: int, which: int) -> None:
         if at is not None:
@@ -126,6 +129,7 @@ class VerifyTotals:
             not_kept=self.not_kept,
             cost_per_pass=round(cost / self.passed, 8) if self.passed else None,
             per_row=[RowFigures(*r) for r in self.rows()] if listed else None,
+            failures_by_kind=dict(sorted(self.failures.items())) or None,
         )
 
     def state(self) -> dict[str, Any]:
@@ -133,7 +137,7 @@ class VerifyTotals:
         return {"passed": self.passed, "failed": self.failed, "unverified": self.unverified,
                 "errors": dict(self.errors), "by_type": self.by_type, "rollouts": _pack(self.rollouts),
                 "passes": _pack(self.passes), "verdicts": _pack(self.verdicts), "irregular": self.irregular,
-                "not_kept": self.not_kept}
+                "not_kept": self.not_kept, "failures": dict(self.failures)}
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.passed, self.failed, self.unverified = state["passed"], state["failed"], state["unverified"]
@@ -141,6 +145,7 @@ class VerifyTotals:
         self.rollouts, self.passes = _unpack(state["rollouts"]), _unpack(state["passes"])
         self.verdicts, self.irregular = _unpack(state["verdicts"]), state["irregular"]
         self.not_kept = state["not_kept"]
+        self.failures = Counter(state.get("failures", {}))  # absent from a state written before
 
 
 def _pack(arr: array) -> str:

@@ -189,6 +189,7 @@ class DiskImage:
         self.point = workspace.with_name(f"{workspace.name}.disk")  # beside it: no sample sees it
         self.mounts: list[Path] = []  # the disk and the workspace's bind: unmounted last first
         self.rootfs: Path | None = None  # the container's root filesystem, while mounted
+        self.layers: tuple[Path, Path] | None = None  # its (lower, upper) directories, while mounted
 
     async def mount(self) -> None:
         try:
@@ -251,14 +252,14 @@ class DiskImage:
             with contextlib.suppress(OSError):
                 merged.rmdir()
             raise SandboxError(f"cannot mount the container's filesystem on the sample's disk: {e}") from e
-        self.rootfs = merged
+        self.rootfs, self.layers = merged, (lower, top / "upper")
         _rootfs.add(merged)
         return merged
 
     def detach_rootfs(self) -> None:
         """After the engine removed the container (or at the sample's end): lazily, as the
         container may still run on it when its removal failed."""
-        rootfs, self.rootfs = self.rootfs, None
+        rootfs, self.rootfs, self.layers = self.rootfs, None, None
         if rootfs is not None:
             _rootfs.discard(rootfs)
             unmount_lazily(rootfs)

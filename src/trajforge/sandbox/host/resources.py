@@ -53,7 +53,7 @@ def tmpfs_full(path: str, size: int | None) -> bool:
 
 
 class Resources:
-    """The limits of one root-mode container sample beside the engine's (container_sandbox.py): its
+    """The limits of one root-mode container sample beside the engine's (backends/container/sandbox.py): its
     workspace disk, and the checks of /tmp and /dev/shm."""
 
     def __init__(self, limits: ResourceLimits) -> None:

@@ -154,7 +154,7 @@ _SC_TABLES = {
 # What a sample may call, its arguments aside (SYSCALLS_CHECKED): what Docker's default profile allows a
 # container without added capabilities (io_uring excepted: it refuses it too), less pidfd_open,
 # name_to_handle_at and process_vm_readv/writev (ptrace stays: a debugger's); with the names of the
-# 32-bit entries, for containers' profiles (container_seccomp.py), and uprobe beside uretprobe: both
+# 32-bit entries, for containers' profiles (backends/container/seccomp.py), and uprobe beside uretprobe: both
 # serve the kernel's own probes, and the kernel passes them through every filter (Linux 6.13, 6.16).
 SYSCALLS_ALLOWED = frozenset("""
     _llseek _newselect accept accept4 access adjtimex alarm arch_prctl arm_fadvise64_64 arm_sync_file_range

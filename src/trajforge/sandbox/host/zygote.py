@@ -12,7 +12,7 @@ script, started once per run by the runtime, bwrap_runtime.py) does the privileg
 - `op_sandbox`: a sandbox, made before any sample wants it (sandbox_pool.py): the zygote unshares a new
   pid namespace for its next child and forks it, so the child is pid 1 there; the child builds
   the sandbox as root and later serves one sample, unprivileged (sandbox_init.py).
-- `op_enter`: a file helper in every namespace of a container (container_sandbox.py), as the
+- `op_enter`: a file helper in every namespace of a container (backends/container/sandbox.py), as the
   container's uid and without any capability.
 
 The zygote itself runs nothing of a sample and reads no path a sample can write: its requests
@@ -174,7 +174,7 @@ class Zygote(Namespaces):
 
     def op_enter(self, req: dict, channel: int) -> dict:
         """Fork a file helper into every namespace of the container whose process is `pid`, with
-        that process's uid and gid and no capability (container_sandbox.py): the container's own view
+        that process's uid and gid and no capability (backends/container/sandbox.py): the container's own view
         of its files, network and processes, nothing of the host. The fork joins them and forks
         the helper (pid namespaces take effect for children), then exits: the helper lives on in
         the container, as one of its processes, until the runner closes its channel."""

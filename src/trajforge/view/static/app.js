@@ -137,9 +137,9 @@ function histo(title, bins, id) {
 // Rewards of a --tasks run: every task, then per metadata category and difficulty.
 function taskTable(t) {
   const num = (x) => x == null ? '–' : x.toFixed(3);
-  const head = el('tr', {}, ['', 'tasks', 'rollouts', 'mean reward', 'passed', 'errors', 'pass@1', 'pass@' + t.all.k].map((h) => el('th', {text: h})));
+  const head = el('tr', {}, ['', 'tasks', 'rollouts', 'mean reward', 'passed', 'errors', 'tampered', 'pass@1', 'pass@' + t.all.k].map((h) => el('th', {text: h})));
   const row = (label, g) => el('tr', {'data-task-row': label}, [label, fmt(g.tasks), fmt(g.rollouts), num(g.mean_reward),
-    g.passed + ' / ' + g.verdicts, fmt(g.errors), num(g.pass_at_1), num(g.pass_at_k)].map((v) => el('td', {text: v})));
+    g.passed + ' / ' + g.verdicts, fmt(g.errors), fmt(g.tampered || 0), num(g.pass_at_1), num(g.pass_at_k)].map((v) => el('td', {text: v})));
   const rows = [row('all tasks', t.all)];
   for (const [name, g] of Object.entries(t.by_category)) rows.push(row('category ' + name, g));
   for (const [name, g] of Object.entries(t.by_difficulty)) rows.push(row('difficulty ' + name, g));
@@ -147,17 +147,27 @@ function taskTable(t) {
   return el('section', {class: 'chart', id: 'tasks'}, el('h3', {text: 'Rewards by task'}), el('table', {class: 'samples'}, head, ...rows));
 }
 
-// A task's verification: reward, the metrics of reward.json, or the error; the test script's output.
-function verifyView(v) {
-  const state = v.error ? 'error: ' + v.error : v.passed ? 'passed' : 'failed';
+// A task's verification: reward, the metrics of reward.json, or the error; what the agent tampered
+// with; the test script's output and the files it wrote under /logs/verifier/.
+function verifyView(v, logs) {
+  const state = v.error ? 'error: ' + v.error : v.failure ? 'failed (' + v.failure + ')' : v.passed ? 'passed' : 'failed';
   const reward = v.reward != null ? ' · reward ' + v.reward : '';
+  const mode = v.isolation ? ' · ' + v.isolation + ' verifier' : '';
   const box = el('section', {class: 'turn verify ' + (v.passed ? 'pass' : 'fail'), id: 'verification'},
-    el('div', {class: 'th', text: 'Verification: ' + state + reward}));
+    el('div', {class: 'th', text: 'Verification: ' + state + reward + mode}));
   if (v.rewards && Object.keys(v.rewards).length > 1)
     box.append(el('p', {class: 'rewards', text: Object.entries(v.rewards).map(([k, x]) => k + ' ' + x).join(' · ')}));
   const tests = v.detail && v.detail.tests;
   if (tests && tests.message) box.append(el('p', {class: 'warn-text', text: tests.message}));
+  if (tests && tests.stopped) box.append(el('p', {class: 'warn-text', text: tests.stopped}));
+  if (v.tampered && v.tampered.length) {
+    const more = v.tampered_count ? ' (' + v.tampered_count + ' in all)' : '';
+    box.append(el('div', {class: 'th', id: 'tampered', text: 'Tampered: the agent changed what its tests depend on' + more}),
+      el('ul', {class: 'tampered'}, ...v.tampered.map((t) => el('li', {text: t.change + ' ' + t.path + ' — ' + t.what}))));
+  }
   if (tests && tests.output) box.append(el('div', {class: 'th', text: 'Test output (exit ' + tests.exit_code + ', ' + tests.seconds + ' s)'}), folded(tests.output, 'text verifier-output'));
+  for (const f of logs || [])
+    box.append(el('div', {class: 'th', text: '/logs/verifier/' + f.name + (f.truncated ? ' (first 256 KB)' : '')}), folded(f.text, 'text verifier-log'));
   return box;
 }
 
@@ -378,7 +388,8 @@ function metaTable(d) {
   if (r.task) rows.push(['task', r.task.name + ' (' + r.task.path + ')'], ['task metadata', JSON.stringify(r.task.metadata)]);
   if (r.verification && r.verification.method === 'tests') {
     const v = r.verification;
-    rows.push(['reward', v.reward == null ? 'none (' + v.error + ')' : String(v.reward) + (v.passed ? ' · passed' : ' · failed')]);
+    rows.push(['reward', v.reward == null ? 'none (' + v.error + ')' : String(v.reward) + (v.passed ? ' · passed' : ' · failed') + (v.failure ? ' (' + v.failure + ')' : '')]);
+    if (v.tampered && v.tampered.length) rows.push(['tampered', (v.tampered_count || v.tampered.length) + ' change(s) to what the tests depend on']);
   } else if (r.verification) {
     const v = r.verification;
     rows.push(['verification', (v.passed ? 'passed' : 'failed') + (v.score != null ? ' · score ' + v.score : '') + (v.method ? ' · ' + v.method : '')]);
@@ -399,7 +410,7 @@ async function renderSample(main, params) {
   for (const t of d.turns || []) turns.append(turnView(t, t.kind === 'gpt' ? ++n : n));
   if (!d.turns) turns.append(el('p', {class: 'muted', text: 'No trajectory was saved for this sample.'}));
   if (d.record && d.record.verification && d.record.verification.method === 'tests') {
-    turns.append(verifyView(d.record.verification));
+    turns.append(verifyView(d.record.verification, d.verifier_logs));
   } else if (d.record && d.record.verification) {
     const v = d.record.verification;
     turns.append(el('section', {class: 'turn verify ' + (v.passed ? 'pass' : 'fail')}, el('div', {class: 'th', text: 'Verification: ' + (v.passed ? 'passed' : 'failed')})));

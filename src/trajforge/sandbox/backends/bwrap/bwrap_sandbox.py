@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from trajforge.sandbox import workspace
-from trajforge.sandbox.interface import ExecResult, Job, Sandbox, SandboxError
+from trajforge.sandbox.interface import ExecResult, Job, Sandbox, SandboxError, unsupported
 from trajforge.sandbox.backends.bwrap.bwrap_layout import (
     NOT_FOUND, SYSTEM_DIRS, WORKSPACE, bwrap_argv, find_bwrap, host_layout, resolv_conf_target, sample_mounts,
     shell_config,
@@ -150,7 +150,10 @@ class BwrapSandbox(Sandbox):
             raise SandboxError("the bwrap sandbox of this sample is gone")
         return self._channel
 
-    async def exec(self, command: str, *, timeout: float, cwd: str | None = None) -> ExecResult:
+    async def exec(self, command: str, *, timeout: float, cwd: str | None = None, user: str | None = None,
+                   env: Mapping[str, str] | None = None) -> ExecResult:
+        if user is not None or env is not None:  # its helper runs commands as the sample, with the sample's variables
+            raise unsupported("bwrap", "run a command as another user or with variables of its own")
         res = await self._live().exec(command, timeout=timeout, cwd=cwd)
         if self._sandbox is not None:  # a hit limit ends the sample (SandboxError)
             self._sandbox.check(self.sample_limits)

@@ -1,46 +1,74 @@
-"""Building a container image from a build context with the run's engine, and reading an image's config.
+"""The container backend's ImageStore (its spec's `image_store`): building, inspecting and removing images.
 
 Used by task environments (trajforge.tasks.environment), which decide what to build and when;
 this module only runs the engine: `build` with its whole output in a log file (never in memory:
 a build may print megabytes), killed with its process group at the timeout, and `image inspect`
-for the WORKDIR and USER a container of the image starts with. The engine's environment is
-Engine.env, so no key of the runner reaches a build (a Dockerfile's RUN lines are the task
-author's code).
+for the id, WORKDIR, USER and labels of an image. The engine's environment is Engine.env, so no
+key of the runner reaches a build (a Dockerfile's RUN lines are the task author's code).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 
-from trajforge.sandbox.backends.container.container_engine import Engine
+from trajforge.sandbox.backends.container.backend import ContainerBackend, backend_for
+from trajforge.sandbox.backends.container.engine import Engine, last_line
+from trajforge.sandbox.interface import BuildOutcome, ImageInfo, Provider
 
-LOG_TAIL_LINES = 15
-LOG_TAIL_CHARS = 2000
+class ContainerImages:
+    """The run's images, by its engine (one per run: `store`)."""
+
+    def __init__(self, backend: ContainerBackend) -> None:
+        self.backend, self.engine, self.kind = backend, backend.engine, backend.engine.kind
+
+    async def ensure(self, image: str) -> None:
+        await self.backend.images.ensure(image)
+
+    async def inspect(self, image: str) -> ImageInfo | None:
+        return await image_info(self.engine, image)
+
+    async def build(self, *, context: Path, tag: str, timeout: float, log: Path, labels: Mapping[str, str],
+                    build_args: Mapping[str, str]) -> BuildOutcome:
+        return await build_image(self.engine, context=context, tag=tag, timeout=timeout, log=log, labels=labels,
+                                 build_args=build_args)
+
+    async def images(self, label: str) -> list[tuple[str, ImageInfo]]:
+        res = await self.engine.run("images", "--filter", f"label={label}", "--format", "{{.ID}}", timeout=120)
+        found = []
+        for image_id in dict.fromkeys(res.stdout.split()) if res.exit_code == 0 else ():
+            info = await image_info(self.engine, image_id)
+            if info is not None:
+                found.append((image_id, info))
+        return found
+
+    async def remove(self, image: str) -> str | None:
+        res = await self.engine.run("rmi", image, timeout=300)
+        return None if res.exit_code == 0 else last_line(res)
 
 
-@dataclass(frozen=True, slots=True)
-class BuildOutcome:
-    ok: bool
-    seconds: float
-    message: str  # why it failed: the exit code or the timeout
+async def store(provider: Provider) -> ContainerImages:
+    """The run's ContainerImages (the spec's `image_store`); SandboxError when no engine works here."""
+    backend = await backend_for(provider)
 
+    async def make() -> ContainerImages:
+        return ContainerImages(backend)
 
-@dataclass(frozen=True, slots=True)
-class ImageConfig:
-    workdir: str  # "" when the image sets none
-    user: str  # "" when the image sets none (root)
+    return await provider.state("container.images", make)
 
 
 async def build_image(engine: Engine, *, context: Path, tag: str, timeout: float, log: Path,
-                      labels: dict[str, str] | None = None) -> BuildOutcome:
+                      labels: Mapping[str, str] | None = None, build_args: Mapping[str, str] | None = None
+                      ) -> BuildOutcome:
     """`engine build -t tag context` (its Dockerfile), output appended to `log`; killed after `timeout` s."""
     argv = engine.argv("build", "-t", tag, "-f", str(context / "Dockerfile"),
-                       *[f"--label={k}={v}" for k, v in (labels or {}).items()], str(context))
+                       *[f"--label={k}={v}" for k, v in (labels or {}).items()],
+                       *[f"--build-arg={k}={v}" for k, v in (build_args or {}).items()], str(context))
     log.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with log.open("ab") as out:
@@ -75,28 +103,17 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def log_tail(log: Path) -> str:
-    """The last lines of a build log, for a failure message."""
-    try:
-        with log.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 8 * LOG_TAIL_CHARS))
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.rstrip("\n").splitlines()[-LOG_TAIL_LINES:])[-LOG_TAIL_CHARS:]
-
-
-async def image_present(engine: Engine, image: str) -> bool:
-    res = await engine.run("image", "inspect", "--format", "{{.Id}}", image, timeout=60)
-    return res.exit_code == 0
-
-
-async def image_config(engine: Engine, image: str) -> ImageConfig | None:
-    """The image's WORKDIR and USER; None when it cannot be inspected."""
-    res = await engine.run("image", "inspect", "--format", "{{.Config.WorkingDir}}\t{{.Config.User}}", image,
+async def image_info(engine: Engine, image: str) -> ImageInfo | None:
+    """The image's id, WORKDIR, USER and labels; None when it cannot be inspected."""
+    res = await engine.run("image", "inspect", "--format",
+                           '{{.Id}}\t{{.Config.WorkingDir}}\t{{.Config.User}}\t{{json .Config.Labels}}', image,
                            timeout=60)
     if res.exit_code != 0:
         return None
-    workdir, _, user = res.stdout.rstrip("\n").partition("\t")
-    return ImageConfig(workdir.strip(), user.strip())
+    image_id, workdir, user, labels = (res.stdout.rstrip("\n").split("\t", 3) + ["", "", ""])[:4]
+    try:
+        parsed = json.loads(labels or "null") or {}
+    except ValueError:
+        parsed = {}
+    return ImageInfo(image_id.strip(), workdir.strip(), user.strip(),
+                     {str(k): str(v) for k, v in parsed.items()} if isinstance(parsed, dict) else {})

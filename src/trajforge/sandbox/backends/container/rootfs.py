@@ -21,7 +21,7 @@ the image's config: its ENV, USER and labels are passed as flags (`ImageRoot.fla
 directory is the sample's cwd and the entrypoint `sleep infinity`, as always). Podman does not
 know the user namespace's ids of such a container: the files it makes for it (/etc/hosts,
 /etc/resolv.conf, /etc/hostname) are readable inside but no one's there, and `podman cp` into it
-writes the archive's ids as host ids (container_ops.copy_in shifts them).
+writes the archive's ids as host ids (ContainerTaskSandbox.upload shifts them, image_sandbox.py).
 
 Elsewhere (Docker, rootless Podman, no loop devices, SELinux enforcing, a kernel or filesystem
 without idmapped overlay layers) a container runs on the engine's layer as before, its own
@@ -50,8 +50,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from trajforge.sandbox.backends.container.container_argv import ID_RANGE
-from trajforge.sandbox.backends.container.container_engine import Engine, cache_dir, last_line
+from trajforge.sandbox.backends.container.argv import ID_RANGE
+from trajforge.sandbox.backends.container.engine import Engine, cache_dir, last_line
 from trajforge.sandbox.host.disk import DiskImage, pid_alive, rootfs_dir
 from trajforge.sandbox.host.idmap import UserNamespace
 from trajforge.sandbox.interface import SandboxError

@@ -34,10 +34,11 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from trajforge.sandbox.interface import SandboxError
+from trajforge.sandbox.interface import Copied, SandboxError
 
 
 class _Guard:
@@ -97,12 +98,12 @@ def unpack(stream: IO[bytes], dest: Path, *, limit: int, what: str) -> int:
         return len(tar.members)
 
 
-def _drain(proc: subprocess.Popen[bytes], dest: Path, limit: int, what: str) -> BaseException | None:
-    """In a thread: unpack the process's output; the error that stopped it, if any."""
+def _drain(proc: subprocess.Popen[bytes], unpacker: Callable[[IO[bytes]], object]) -> BaseException | None:
+    """In a thread: unpack the process's output with `unpacker`; the error that stopped it, if any."""
     assert proc.stdout is not None
     try:
         if proc.stdout.peek(1):  # no output at all: the engine failed (no such directory)
-            unpack(proc.stdout, dest, limit=limit, what=what)
+            unpacker(proc.stdout)
             while proc.stdout.read(1 << 16):  # the archive's padding: the engine exits 0 having written it
                 pass
         return None
@@ -115,40 +116,102 @@ def _drain(proc: subprocess.Popen[bytes], dest: Path, limit: int, what: str) -> 
         proc.wait()
 
 
-async def copy_out(argv: list[str], env: dict[str, str], dest: Path, *, limit: int, what: str,
-                   timeout: float) -> bool:
-    """Run `argv` (an engine's `cp CTR:DIR/. -`) and unpack its archive into `dest`, in a thread.
-    False, as before, when the engine failed without writing anything (no such directory) or the
-    directory is empty; SandboxError when it is too large, refused, broken, failed partway or not
-    read within `timeout` seconds. On a timeout or cancellation the process is killed, which ends the
-    thread's read. `dest` is removed whenever no seed comes of it."""
+async def _stream(argv: list[str], env: dict[str, str], unpacker: Callable[[IO[bytes]], object], *, what: str,
+                  timeout: float, dest: Path | None = None) -> tuple[BaseException | None, int, str]:
+    """Run `argv` and unpack its output in a thread: (the error that stopped the unpacking, the exit
+    status, the last of its stderr). On a timeout or cancellation the process is killed, which ends
+    the thread's read (and `dest`, when given, is removed once it has)."""
     with tempfile.TemporaryFile() as err:
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=env,
                                     cwd="/")
         except OSError as e:
             raise SandboxError(f"cannot read {what}: {e}") from e
-        work = asyncio.ensure_future(asyncio.to_thread(_drain, proc, dest, limit, what))
+        work = asyncio.ensure_future(asyncio.to_thread(_drain, proc, unpacker))
         try:
             error = await asyncio.wait_for(asyncio.shield(work), timeout)
         except BaseException as e:
             if proc.poll() is None:
                 proc.kill()
-            work.add_done_callback(lambda _: shutil.rmtree(dest, ignore_errors=True))
+            if dest is not None:
+                work.add_done_callback(lambda _: shutil.rmtree(dest, ignore_errors=True))
             if isinstance(e, TimeoutError):
                 raise SandboxError(f"cannot read {what}: copying it out took over {timeout:g}s") from None
             raise
         err.seek(0)
         said = err.read(100_000).decode(errors="replace").strip()
+    return error, proc.returncode, said
+
+
+def _why(error: BaseException | None, said: str, code: int) -> str:
+    return str(error) if error is not None else said.splitlines()[-1][:300] if said else f"exit {code}"
+
+
+async def copy_out(argv: list[str], env: dict[str, str], dest: Path, *, limit: int, what: str,
+                   timeout: float) -> bool:
+    """Run `argv` (an engine's `cp CTR:DIR/. -`) and unpack its archive into `dest`, in a thread.
+    False, as before, when the engine failed without writing anything (no such directory) or the
+    directory is empty; SandboxError when it is too large, refused, broken, failed partway or not
+    read within `timeout` seconds. `dest` is removed whenever no seed comes of it."""
+    error, code, said = await _stream(argv, env, lambda out: unpack(out, dest, limit=limit, what=what), what=what,
+                                      timeout=timeout, dest=dest)
     with os.scandir(dest) as entries:
         got = next(entries, None) is not None
-    if error is not None or proc.returncode != 0 or not got:
+    if error is not None or code != 0 or not got:
         shutil.rmtree(dest, ignore_errors=True)
     if isinstance(error, SandboxError):
         raise error
-    if proc.returncode != 0 and not got:
+    if code != 0 and not got:
         return False  # no such directory in the image (or not one)
-    if proc.returncode != 0 or error is not None:
-        why = str(error) if error is not None else said.splitlines()[-1][:300] if said else f"exit {proc.returncode}"
-        raise SandboxError(f"cannot read {what}: {why}")
+    if code != 0 or error is not None:
+        raise SandboxError(f"cannot read {what}: {_why(error, said, code)}")
     return got  # False: an empty directory
+
+
+class _Capped:
+    """The guard of a copy that keeps what fits: regular files past `limit` bytes are left out
+    (counted); what is kept is the runner's."""
+
+    def __init__(self, limit: int, what: str) -> None:
+        self.guard = _Guard(1 << 62, what)
+        self.limit, self.kept, self.left_out, self.left_out_bytes = limit, 0, 0, 0
+        self.dropped: set[str] = set()
+
+    def __call__(self, member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+        if member.islnk() and member.linkname in self.dropped:
+            return None  # a hard link to a file left out
+        if member.isreg() and self.kept + member.size > self.limit:
+            self.left_out += 1
+            self.left_out_bytes += member.size
+            self.dropped.add(member.name)
+            return None
+        kept = self.guard(member, dest)
+        if kept is not None and kept.isreg():
+            self.kept += kept.size
+        # The runner's own files: an owner of the container's user namespace would mean nothing on
+        # the host, and the engine could not map it back on the way into another container.
+        return kept.replace(uid=os.getuid(), gid=os.getgid(), uname="", gname="", deep=False) if kept else None
+
+
+def _unpack_capped(stream: IO[bytes], dest: Path, cap: _Capped) -> None:
+    with tarfile.open(fileobj=stream, mode="r|*") as tar:
+        for member in tar:  # one by one: a file left out is read past, not kept in memory
+            tar.extract(member, dest, numeric_owner=True, filter=cap)
+
+
+async def copy_tree_out(argv: list[str], env: dict[str, str], dest: Path, *, limit: int, what: str,
+                        timeout: float) -> Copied | None:
+    """Run `argv` (an engine's `cp CTR:DIR/. -`) and unpack its archive into `dest` as `unpack`
+    would, keeping files until `limit` bytes and leaving out (counting) those past it; None when
+    the engine wrote nothing (no such directory). SandboxError for a refused or broken archive,
+    a failure partway, or `timeout` seconds passed."""
+    cap = _Capped(limit, what)
+    error, code, said = await _stream(argv, env, lambda out: _unpack_capped(out, dest, cap), what=what,
+                                      timeout=timeout)
+    if isinstance(error, SandboxError):
+        raise error
+    if code != 0 and error is None and cap.kept == 0 and cap.left_out == 0:
+        return None
+    if code != 0 or error is not None:
+        raise SandboxError(f"cannot read {what}: {_why(error, said, code)}")
+    return Copied(cap.kept, cap.left_out, cap.left_out_bytes)

@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trajforge.sandbox.backends.container.container_engine import engine_env, last_line
+from trajforge.sandbox.backends.container.engine import engine_env, last_line
 from trajforge.sandbox.process import SAFE_PATH, run_argv
 
 _BUSY = re.compile(r"unlinkat (\S+?): device or resource busy")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-# A container job's log is capped at the same size (backends/container/container_argv.py), which
+# A container job's log is capped at the same size (backends/container/argv.py), which
 # imports from this backend, not the other way round.
 JOB_LOG_BYTES = 64 << 20
 _CHUNK = 1 << 16

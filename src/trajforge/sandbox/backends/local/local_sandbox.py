@@ -20,6 +20,7 @@ import asyncio
 import os
 import secrets
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from trajforge.sandbox import workspace
@@ -31,6 +32,7 @@ from trajforge.sandbox.interface import (
     Provider,
     Sandbox,
     SandboxError,
+    unsupported,
 )
 from trajforge.sandbox.process import (
     DEFAULT_LIMITS,
@@ -46,7 +48,7 @@ from trajforge.sandbox.process import (
 from trajforge.sandbox.backends.local.joblog import LogRelay
 from trajforge.sandbox.backends.local.reaper import Cgroups, SampleCgroup
 from trajforge.sandbox.search_child import search_in_child
-from trajforge.sandbox.backends.local.tagkill import kill_tagged
+from trajforge.sandbox.host.tagkill import kill_tagged
 
 TAG_VAR = "TRAJFORGE_SANDBOX"
 
@@ -91,13 +93,17 @@ class LocalSandbox(Sandbox):
         os.makedirs(path, exist_ok=True)
         return path
 
-    async def exec(self, command: str, *, timeout: float, cwd: str | None = None) -> ExecResult:
+    async def exec(self, command: str, *, timeout: float, cwd: str | None = None, user: str | None = None,
+                   env: Mapping[str, str] | None = None) -> ExecResult:
         self._check_open()
+        if user is not None:
+            raise unsupported("local", "run a command as another user")
         host_cwd = self._host_cwd(cwd)
         try:
             return await run_argv(
                 [SHELL, "-c", self._limits_prefix + command], timeout=timeout, cwd=host_cwd,
-                env=self.env, preexec_fn=self._preexec, output_cap=self.output_cap,
+                env=self.env if env is None else {**self.env, **env}, preexec_fn=self._preexec,
+                output_cap=self.output_cap,
             )
         except OSError as e:
             if e.filename is not None and os.fsdecode(e.filename) == str(host_cwd):  # the sample's doing

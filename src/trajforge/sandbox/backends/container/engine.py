@@ -21,6 +21,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trajforge.sandbox.cache_dir import cache_dir
 from trajforge.sandbox.interface import ExecResult
 from trajforge.sandbox.process import SAFE_PATH, run_argv
 
@@ -63,11 +64,6 @@ def engine_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env.setdefault("PATH", SAFE_PATH)
     env.update(extra or {})
     return env
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "trajforge"
 
 
 def podman_conf_text(nofile: int, nproc: int, runtime: str | None) -> str:

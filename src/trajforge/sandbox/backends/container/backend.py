@@ -1,13 +1,13 @@
 """What the container samples of one run share: the engine, image checks, creation limit, file helpers.
 
 One ContainerBackend per run, held by the provider (`backend_for`): the engine detected and a
-crashed runner's leftovers swept once, each distinct image checked once (container_images.py),
+crashed runner's leftovers swept once, each distinct image checked once (images.py),
 `--max_sandboxes` bounding container creation, and, when the runner is root, a zygote
 (zygote.py) that starts each container's file helper: a process in the container's mount
 namespace with the uid of the container's own process and no capability, so reads, writes and
 searches resolve exactly as the container sees its files (helper.py, fsops.py), at the cost of
 a message instead of an `exec`. With Podman, containers get trajforge's seccomp profile, as strict
-as Docker's default (container_seccomp.py), and with either engine the capabilities of DROPPED_CAPS
+as Docker's default (seccomp.py), and with either engine the capabilities of DROPPED_CAPS
 are taken out of the engine's default set. Rootful Podman's containers get a user namespace, one
 range of unused host ids per run (`idmap`), so a sample that is root inside is no one on the host;
 the file helper then runs as the container process's host uid (zygote.op_enter). Also here: the
@@ -28,11 +28,11 @@ import subprocess
 from trajforge.sandbox.interface import Provider, SandboxError
 from trajforge.sandbox.backends.bwrap.bwrap_start import helper_source
 from trajforge.sandbox.channel import HelperChannel
-from trajforge.sandbox.backends.container.container_argv import ID_RANGE
-from trajforge.sandbox.backends.container.container_seccomp import profile_flags
-from trajforge.sandbox.backends.container.container_engine import Engine, detect, owner_dead
+from trajforge.sandbox.backends.container.argv import ID_RANGE
+from trajforge.sandbox.backends.container.seccomp import profile_flags
+from trajforge.sandbox.backends.container.engine import Engine, detect, owner_dead
 from trajforge.sandbox.host.zygote_client import Zygote
-from trajforge.sandbox.backends.container.container_images import ImageChecker
+from trajforge.sandbox.backends.container.images import ImageChecker
 from trajforge.sandbox.backends.container.rootfs import OwnRootfs
 from trajforge.sandbox.host.cgroups import ROOT
 from trajforge.sandbox.host.disk import detach_all_now
@@ -88,7 +88,7 @@ class ContainerBackend:
 
     @property
     def security(self) -> list[str]:
-        """`run` flags: with Podman, trajforge's seccomp profile (container_seccomp.py), written once,
+        """`run` flags: with Podman, trajforge's seccomp profile (seccomp.py), written once,
         at the first container; DROPPED_CAPS with both."""
         if self._security is None:
             self._security = profile_flags(self.engine.kind) + [f"--cap-drop={c}" for c in DROPPED_CAPS]

@@ -1,8 +1,8 @@
 """What the container engine is told for one sample: the `run` command line and the sh wrappers.
 
-Pure strings and lists (container_sandbox.py runs them): `run_args` is the one place to add a `run`
+Pure strings and lists (sandbox.py runs them): `run_args` is the one place to add a `run`
 option. Every `exec` runs its command under a small sh wrapper, because killing the engine's exec
-client does not stop the process inside (container_sandbox.py's module doc): EXEC_WRAP records the
+client does not stop the process inside (sandbox.py's module doc): EXEC_WRAP records the
 command's process group under /dev/shm (or /tmp) for KILL_WRAP; SPAWN_WRAP (background jobs) keeps
 the client's stdin and kills the group when it closes. Each picks bash when the image has it.
 """
@@ -18,15 +18,22 @@ from trajforge.sandbox.host.resources import ResourceLimits
 ID_RANGE = 65536  # ids of a container's user namespace: 0 to 65535 inside
 
 WORKSPACE = "/workspace"
+TOOL_ENV = {"TERM": "dumb", "PAGER": "cat"}  # what the tools' commands get beyond the image's environment
 JOB_LOG_BYTES = 64 << 20  # a background job's log, kept on the host (the model reads 50 KB a poll)
 _SHELL_PICK = 'if command -v bash >/dev/null 2>&1; then bash -c "$2"{r}; else sh -c "$2"{r}; fi; rc=$?; '
-_PIDFILES = '"/dev/shm/.trajforge-$1" "/tmp/.trajforge-$1"'
+_PIDFILE_DIRS = ("/dev/shm", "/tmp")
+_PIDFILES = " ".join(f'"{d}/.trajforge-$1"' for d in _PIDFILE_DIRS)
 EXEC_WRAP = ('for d in /dev/shm /tmp; do [ -d "$d" ] && [ -w "$d" ] && { echo $$ > "$d/.trajforge-$1"; break; }; '
              'done 2>/dev/null; ' + _SHELL_PICK.format(r="") + f'rm -f {_PIDFILES} 2>/dev/null; exit $rc')
 KILL_WRAP = f'for f in {_PIDFILES}; do [ -f "$f" ] && kill -9 -"$(cat "$f")" 2>/dev/null; rm -f "$f"; done; true'
 # fd 3 keeps the client's stdin: an async list in a non-interactive shell gets /dev/null otherwise.
 SPAWN_WRAP = ('exec 3<&0; (cat <&3 >/dev/null 2>&1; kill -9 -$$ 2>/dev/null) & '
               + _SHELL_PICK.format(r=" </dev/null 3<&-") + 'kill $! 2>/dev/null; exit $rc')
+
+
+def pid_files(exec_id: str) -> list[str]:
+    """Where EXEC_WRAP may have written the process group of command `exec_id`."""
+    return [f"{d}/.trajforge-{exec_id}" for d in _PIDFILE_DIRS]
 
 
 def run_args(*, name: str, run_name: str, workspace: str, mount_at: str, cwd: str, image: list[str],

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from trajforge.sandbox.backends.container.container_engine import cache_dir
+from trajforge.sandbox.cache_dir import cache_dir
 from trajforge.sandbox.host import seccomp
 
 PROFILE = "trajforge's (as strict as Docker's default, io_uring, user namespaces and keyrings refused)"

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trajforge.sandbox.interface import SandboxError
-from trajforge.sandbox.backends.container.container_engine import Engine, container_name, last_line
+from trajforge.sandbox.backends.container.engine import Engine, container_name, last_line
 from trajforge.sandbox.backends.container.seed_tar import copy_out
 from trajforge.sandbox.workspace import RunRoot
 

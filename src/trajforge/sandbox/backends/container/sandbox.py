@@ -7,18 +7,21 @@ limits (plus /tmp, /dev/shm, CPU and a size-limited disk for the workspace and, 
 Podman, the container's own filesystem: resources.py, rootfs.py), the network
 of `--sandbox_network` (network.py), and only the image's own environment (the
 engine CLI never passes the runner's); with rootful Podman, in a user namespace
-(container_backend.py: the workspace's directories and the seeded files are then shifted to its
+(backend.py: the workspace's directories and the seeded files are then shifted to its
 ids). Commands run with `exec`. Creation is bounded by
 `--max_sandboxes`, separately from model concurrency; the image is checked once per run
-(container_images.py). File operations go through a helper in the container's mount namespace when the
-runner is root (container_backend.file_helper), else one `exec` of a sh script each
-(container_files.py): either way paths resolve in the container's own view, never through the
+(images.py). File operations go through a helper in the container's mount namespace when the
+runner is root (backend.file_helper), else one `exec` of a sh script each
+(files.py): either way paths resolve in the container's own view, never through the
 bind-mounted host directory.
 
 Killing what runs inside. Killing the `podman exec` client does not stop the process in the
-container, so every command runs under a small sh wrapper (container_argv.py, with the `run`
+container, so every command runs under a small sh wrapper (argv.py, with the `run`
 command line; the exec'd process leads its own process group): foreground commands record their
-group id under /dev/shm (or /tmp) and, on timeout or cancellation, a second exec kills that group; background commands (`spawn`) keep
+group id under /dev/shm (or /tmp) and, on timeout or cancellation, that group is killed (from the
+host by image_sandbox.ContainerTaskSandbox, which reads the id there: a second exec would need
+the container's `sh` and a free process slot; by a second exec where its processes are not on
+this host); background commands (`spawn`) keep
 the client's stdin open and a watchdog inside kills the group when it closes, i.e. when the
 client is killed by the process tool. close() removes the container (`rm -f`), which ends
 everything else. Containers carry labels and an owner (host, pid) in their name: leftovers of
@@ -33,19 +36,20 @@ import os
 import posixpath
 import secrets
 import shlex
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
 from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.sandbox import workspace
-from trajforge.sandbox.interface import ExecResult, Job, PathEscapeError, Provider, Sandbox, SandboxError
+from trajforge.sandbox.interface import ExecResult, Job, PathEscapeError, Sandbox, SandboxError
 from trajforge.sandbox.channel import HelperChannel
-from trajforge.sandbox.backends.container.container_argv import (
-    EXEC_WRAP, ID_RANGE, JOB_LOG_BYTES, KILL_WRAP, SPAWN_WRAP, WORKSPACE, cpu_prefix, run_args,
+from trajforge.sandbox.backends.container.argv import (
+    EXEC_WRAP, ID_RANGE, JOB_LOG_BYTES, KILL_WRAP, SPAWN_WRAP, TOOL_ENV, WORKSPACE, cpu_prefix, run_args,
 )
-from trajforge.sandbox.backends.container.container_backend import ContainerBackend, _live, backend_for, kill_exec_monitors
-from trajforge.sandbox.backends.container.container_files import ContainerFiles
-from trajforge.sandbox.backends.container.container_engine import container_name, last_line
+from trajforge.sandbox.backends.container.backend import ContainerBackend, _live, kill_exec_monitors
+from trajforge.sandbox.backends.container.files import ContainerFiles
+from trajforge.sandbox.backends.container.engine import container_name, last_line
 from trajforge.sandbox.backends.local.local_sandbox import LocalJob
 from trajforge.sandbox.dns.service import DnsForwarder
 from trajforge.sandbox.process import DEFAULT_OUTPUT_CAP, Limits, make_preexec
@@ -58,21 +62,6 @@ def _engine_failed(res: ExecResult) -> bool:
     return (res.exit_code == 125 and err.startswith("Error")) or err.startswith("Error response from daemon")
 
 
-async def make(provider: Provider, *, cwd: str | None, image: str | None, root: Path) -> ContainerSandbox:
-    """A row with an image always runs in a container (the image is never silently ignored)."""
-    settings, run = provider.settings, provider.settings.container
-    image = image or run.image
-    if image is None:
-        raise SandboxError("--sandbox container needs an image: give the row an `image` field or set "
-                           "`container_image` in the config file")
-    backend = await backend_for(provider)
-    return ContainerSandbox(
-        root, backend=backend, image=image, cwd=cwd, network=await provider.network_mode(),
-        allow=settings.allow, limits=provider.sample_limits(), memory=run.memory, pids_limit=run.pids_limit,
-        cpus=run.cpus, run_name=run.run_name, keep=settings.keep_workspaces,
-    )
-
-
 class ContainerSandbox(Sandbox):
     def __init__(self, root: Path, *, backend: ContainerBackend, image: str, cwd: str | None = None,
                  network: NetworkMode = NetworkMode.HOST, memory: str | None = None, pids_limit: int | None = None,
@@ -80,7 +69,7 @@ class ContainerSandbox(Sandbox):
                  output_cap: int = DEFAULT_OUTPUT_CAP, allow: tuple[str, ...] | list[str] = (),
                  limits: ResourceLimits | None = None, file_helper: bool = True) -> None:
         """file_helper: file operations through a helper in the container's mount namespace (root
-        runner); otherwise, or when it cannot start, one `exec` of a sh script each (container_files.py)."""
+        runner); otherwise, or when it cannot start, one `exec` of a sh script each (files.py)."""
         # An absolute cwd is where the workspace is mounted; a relative one is a directory in it.
         self.seeded = bool(cwd and cwd.startswith("/"))  # the image's content at cwd is copied in
         self.mount_at = (posixpath.normpath(cwd) or "/") if self.seeded and cwd else WORKSPACE
@@ -99,7 +88,7 @@ class ContainerSandbox(Sandbox):
         self.run_name = run_name or ""
         self.name: str | None = None
         # On trajforge's root filesystem, whose ids Podman does not know, the host ids `podman cp`
-        # must write for a file to be the container's user's (container_ops.copy_in); else None.
+        # must write for a file to be the container's user's (image_sandbox.ContainerTaskSandbox.upload); else None.
         self.cp_owner: tuple[int, int] | None = None
         self.allow = tuple(allow)
         # /tmp, /dev/shm and CPU from the engine; the disk image and the full-checks as for bwrap.
@@ -183,9 +172,11 @@ class ContainerSandbox(Sandbox):
         if self.backend.idmap is not None:  # the image's owners as the container's user namespace sees them
             await asyncio.to_thread(workspace.shift_owners, self.workspace, self.backend.idmap, ID_RANGE)
 
-    def _exec_args(self, command: str, cwd: str | None, *flags: str) -> tuple[list[str], str]:
+    def _exec_args(self, command: str, cwd: str | None, *flags: str,
+                   env: Mapping[str, str] | None = None) -> tuple[list[str], str]:
         """(exec arguments, command): the command first enters its working directory, made if the
-        model removed it (the mount point itself, the -w, always exists), on its first line."""
+        model removed it (the mount point itself, the -w, always exists), on its first line. `env`:
+        its variables (None: the tools' TERM and PAGER)."""
         if self.name is None:
             raise SandboxError("the container of this sample is gone")
         where = self.cwd if not cwd else posixpath.normpath(posixpath.join(self.cwd, cwd))
@@ -194,11 +185,13 @@ class ContainerSandbox(Sandbox):
         if where != self.mount_at:
             q = shlex.quote(where)
             command = f"mkdir -p {q} 2>/dev/null; cd {q} || exit 125; {command}"
-        return ["exec", *flags, "-w", self.mount_at, "-e", "TERM=dumb", "-e", "PAGER=cat", self.name], command
+        variables = [f"{k}={v}" for k, v in (TOOL_ENV if env is None else env).items()]
+        return ["exec", *flags, "-w", self.mount_at, *[a for v in variables for a in ("-e", v)], self.name], command
 
-    async def exec(self, command: str, *, timeout: float, cwd: str | None = None) -> ExecResult:
+    async def exec(self, command: str, *, timeout: float, cwd: str | None = None, user: str | None = None,
+                   env: Mapping[str, str] | None = None) -> ExecResult:
         exec_id = secrets.token_hex(6)
-        args, command = self._exec_args(self._cpu_prefix(command), cwd)
+        args, command = self._exec_args(self._cpu_prefix(command), cwd, *(["--user", user] if user else []), env=env)
         argv = self.engine.argv(*args, "sh", "-c", EXEC_WRAP, "sh", exec_id, command)
         try:
             res = await self._run(argv, timeout)
@@ -222,8 +215,8 @@ class ContainerSandbox(Sandbox):
             raise SandboxError(f"cannot run {self.engine.kind} exec: {e}") from e
 
     async def _kill_inside(self, exec_id: str) -> None:
-        if self.name is not None:
-            await self.engine.run("exec", self.name, "sh", "-c", KILL_WRAP, "sh", exec_id, timeout=30)
+        if self.name is not None:  # as root: the command may run as any user
+            await self.engine.run("exec", "--user", "0:0", self.name, "sh", "-c", KILL_WRAP, "sh", exec_id, timeout=30)
 
     async def spawn(self, command: str, *, cwd: str | None = None) -> Job:
         from trajforge.sandbox.backends.local.local_sandbox import anonymous_file

@@ -13,9 +13,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from trajforge.sandbox.backends.container.container_backend import DROPPED_CAPS, ID_LOW
-from trajforge.sandbox.backends.container.container_engine import detect
-from trajforge.sandbox.backends.container.container_seccomp import PROFILE, applies
+from trajforge.sandbox.backends.container.backend import DROPPED_CAPS, ID_LOW
+from trajforge.sandbox.backends.container.engine import detect
+from trajforge.sandbox.backends.container.seccomp import PROFILE, applies
 from trajforge.sandbox.backends.container.storage import StorageReport, storage_report
 from trajforge.sandbox.network import EgressSupport
 from trajforge.sandbox.sandbox_settings import SandboxSettings
