@@ -202,6 +202,10 @@ OTHER_MEANINGS: dict[str, dict[str, str]] = {
     "terminal": {"tasks/oracle.py": "the terminal tool, which the oracle's record calls"},
     "sharegpt": {p: "the sharegpt format's conversion and schema" for p in ("export/convert.py", "export/schema.py")},
     "image_gen": {"catalog/distributions.py": "a distribution of that name"},
+    "tokens": {p: "not the export format: token counts (a figure, a metric's key), or the record's field of "
+                  "captured token ids (agent/segments.py spells it for everyone else)"
+               for p in ("agent/segments.py", "compress/metrics.py", "export/card.py", "view/columns.py",
+                         "view/conversation.py", "view/overview.py", "view/summary.py")},
 }
 
 
@@ -271,7 +275,7 @@ def test_a_new_thing_of_each_kind_shows_in_help_doctor_and_config_validation(
     run_help = " ".join(capsys.readouterr().out.split())
     assert "auto, local, bwrap, container or plain" in run_help and "local, ray or counting" in run_help
     assert cli.main(["export", "--help"]) == 0
-    assert "openai, sharegpt, parquet, hf, atif, ids" in " ".join(capsys.readouterr().out.split())
+    assert "openai, sharegpt, parquet, hf, atif, tokens, ids" in " ".join(capsys.readouterr().out.split())
     # config validation: accepted, and listed when a name is wrong
     config = build_config({"sandbox": "plain", "executor": "counting"})
     assert (config.sandbox, config.executor) == ("plain", "counting")

@@ -80,9 +80,10 @@ VALUES: dict[str, tuple[str, object]] = {
     "task_max_cpus": ("2", 2.0),
     "task_max_memory": ("8g", "8g"),
     "task_max_storage": ("20g", "20g"),
+    "policy_version": ("7", 7),
 }
 BOOLS = ["resume", "overwrite", "verbose", "reasoning_disabled", "skip_invalid", "keep_no_reasoning",
-         "keep_workspaces", "retry_sandbox_limits"]
+         "keep_workspaces", "retry_sandbox_limits", "capture_tokens"]
 # tested on their own below; tasks and agent (exclusive with --dataset_file) in tests/tasks/test_input.py
 SPECIAL = ["parallelism", "list_distributions", "config", "tasks", "agent"]
 SPEC_FLAGS = ["dataset_file", "batch_size", "run_name", "distribution", "model", "base_url", "api_key", "max_turns",

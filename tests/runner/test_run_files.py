@@ -62,7 +62,7 @@ def dataset(path: Path) -> Path:
     return path
 
 
-CHECKPOINT_MAPS = {"samples", "extents", "tools", "irregular", "by_type"}
+CHECKPOINT_MAPS = {"samples", "extents", "tools", "irregular", "by_type", "missing"}
 CHECKPOINT = [  # version 2: done samples are in finished.idx; the merge's state keeps the records' figures
     "version:int", "run_name:str", "updated:float", "journal:int", "finished.token:str", "finished.entries:int",
     "extents{}:int", "samples{}.status:str", "samples{}.batch:int", "samples{}.attempts:int", "samples{}.reason:str",
@@ -88,7 +88,9 @@ CHECKPOINT = [  # version 2: done samples are in finished.idx; the merge's state
     "merge.totals.reasoning_tokens:int", "merge.totals.cost:float", "merge.totals.verify.passed:int",
     "merge.totals.verify.failed:int", "merge.totals.verify.unverified:int", "merge.totals.verify.by_type{}[]:int",
     "merge.totals.verify.rollouts:str", "merge.totals.verify.passes:str", "merge.totals.verify.verdicts:str",
-    "merge.totals.verify.not_kept:int",
+    "merge.totals.verify.not_kept:int", "merge.totals.capture.captured:int", "merge.totals.capture.calls:int",
+    "merge.totals.capture.continuing:int", "merge.totals.capture.segments:int",
+    "merge.totals.capture.missing_calls:int", "merge.totals.capture.missing{}:int",
 ]
 STATS_MAPS = {"tools", "failed_by_class", "discarded_by_reason", "errors_by_kind", "by_task_type", "per_worker"}
 

@@ -41,6 +41,7 @@ FLAGS: list[Flag] = [
     ("split", "str", "split by sample identity, e.g. train=0.95,test=0.05 (the output becomes a directory)"),
     ("reasoning", "str", "field (reasoning_content), inline (<think> in content) or drop [default: field]"),
     ("no_reasoning", "bool", "same as --reasoning drop"),
+    ("jsonl", "bool", "write JSON lines instead of Parquet ({jsonl_formats})"),
     ("overwrite", "bool", "replace an existing output (a directory only if it holds nothing but export files)"),
 ]
 
@@ -48,7 +49,8 @@ FLAGS: list[Flag] = [
 def flags() -> list[Flag]:
     """FLAGS with the formats of the registry as it is now (a plugin's format included)."""
     names = {"formats": ", ".join(FORMATS),
-             "directories": words([s.name for s in FORMATS.specs() if s.capabilities.directory], "and")}
+             "directories": words([s.name for s in FORMATS.specs() if s.capabilities.directory], "and"),
+             "jsonl_formats": words([s.name for s in FORMATS.specs() if s.capabilities.jsonl], "and")}
     return [(flag, kind, text.format(**names)) for flag, kind, text in FLAGS]
 
 
@@ -78,6 +80,13 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Filters, Options]:
         if ns.reasoning not in (None, "drop"):
             raise UsageError(f"--no_reasoning contradicts --reasoning {ns.reasoning}")
         reasoning = "drop"
+    caps = FORMATS[ns.format].capabilities
+    if ns.jsonl and not caps.jsonl:
+        raise UsageError(f"--jsonl: --format {ns.format} has one output format; --jsonl applies to "
+                         f"{words([s.name for s in FORMATS.specs() if s.capabilities.jsonl])}")
+    if not caps.reasoning and (ns.reasoning is not None or ns.no_reasoning):
+        raise UsageError(f"--{'no_reasoning' if ns.no_reasoning else 'reasoning'}: --format {ns.format} exports the "
+                         "token ids the model saw and wrote, reasoning included: they cannot drop or move it")
     if ns.sample_percent is not None and not 0 < ns.sample_percent <= 100:
         raise UsageError(f"--sample_percent: invalid value {ns.sample_percent:g}: must be more than 0 and at most 100")
     if ns.min_tool_calls is not None and ns.min_tool_calls < 0:
@@ -87,7 +96,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Filters, Options]:
                       min_tool_calls=ns.min_tool_calls or 0, task_type=ns.task_type,
                       sample_percent=ns.sample_percent, seed=42 if ns.seed is None else ns.seed, split=split)
     options = Options(reasoning=reasoning, splits=tuple(n for n, _ in split),  # type: ignore[arg-type]
-                      command=shlex.join(["trajforge", "export", *argv]))
+                      command=shlex.join(["trajforge", "export", *argv]), jsonl=bool(ns.jsonl))
     return ns, filters, options
 
 
@@ -145,6 +154,8 @@ def _report(ns: argparse.Namespace, src: Source, summary: Summary, total: int, l
         print("  left out: " + ", ".join(f"{n} {why}" for why, n in left_out.most_common()))
     if no_verification:
         print("  note: no record carries a verification result, so --only passed keeps none")
+    if summary.rows is not None:
+        print(f"  rows: {summary.rows} (a trajectory may give several, or none)")
     if len(summary.counts) > 1 or "" not in summary.counts:
         print("  splits: " + ", ".join(f"{s} {n}" for s, n in summary.counts.items()))
     if FORMATS[ns.format].capabilities.directory or len(summary.files) > 1:

@@ -163,6 +163,11 @@ class RunConfig(_Strict):
     image_pull_timeout: float = Field(300.0, gt=0, description="seconds to pull one missing image",
                                       json_schema_extra=FILE_ONLY)
     local_instances: int = Field(1, ge=1, le=1_024, description="model instances of the local backend")
+    capture_tokens: bool = Field(False, description="record every model call's token ids and logprobs, and build "
+                                 "training segments: asks an OpenAI-compatible server for them (vLLM's "
+                                 "return_token_ids, logprobs); the local model's prompts then continue its ids")
+    policy_version: int | None = Field(None, ge=0, le=(1 << 63) - 1, description="policy version stamped on every "
+                                       "model call (each record's policy_versions)", json_schema_extra=shown("none"))
     fail_on_error: float = Field(1, gt=0, description="exit with code 3 when this many samples ended failed: a count "
                                  "(1, 2, ...) or a fraction of the samples (0 < x < 1)")
     executor: Annotated[str, OneOf(EXECUTORS.names)] = Field(EXECUTORS.names()[0], description="{choices}")
@@ -212,7 +217,7 @@ class RunConfig(_Strict):
                      "judge_threshold", "temperature", "top_p", "max_cost", "max_cost_per_sample",
                      "max_tokens_per_sample", "max_requests_per_minute", "max_tokens_per_minute", "fail_on_error",
                      "sandbox_cpu_seconds", "sandbox_cpus", "pass_threshold", "timeout_multiplier", "task_max_cpus",
-                     mode="before")
+                     "policy_version", mode="before")
     @classmethod
     def _no_bool_numbers(cls, v: Any) -> Any:
         # pydantic's lax mode reads True as 1; `max_turns: yes` in a config file is a mistake.

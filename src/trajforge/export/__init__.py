@@ -23,6 +23,8 @@ class FormatCaps:
     needs: tuple[str, ...] = ()  # Python modules beyond the base install
     extra: str | None = None  # the pip extra that installs them
     directory: bool = False  # its output is a directory even without --split (its files are listed)
+    jsonl: bool = False  # --jsonl writes JSON lines instead of its own binary files
+    reasoning: bool = True  # --reasoning / --no_reasoning apply (its output holds the conversation's text)
 
 
 FORMATS: Registry[FormatCaps] = Registry("export format")
@@ -33,6 +35,8 @@ for _spec in (
     Spec("hf", "trajforge.export.hf:HFExporter", "a Hugging Face dataset with its card",
          FormatCaps(("pyarrow", "datasets"), "export", directory=True)),
     Spec("atif", "trajforge.export.atif:ATIFExporter", "ATIF trajectories JSONL", FormatCaps()),
+    Spec("tokens", "trajforge.export.tokens:TokensExporter", "token ids and loss masks for training (Parquet, "
+         "or JSONL)", FormatCaps(("pyarrow",), "export", jsonl=True, reasoning=False)),
 ):
     FORMATS.register(_spec)
 

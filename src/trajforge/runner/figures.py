@@ -159,6 +159,20 @@ class TaskFigures(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class CaptureFigures(Record):
+    """Token capture: samples with their calls' token ids, those without (by reason) and how their
+    calls fell into training segments (runner.token_stats)."""
+
+    samples_captured: int
+    samples_without: dict[str, int]
+    replies_without_ids: int  # replies that lacked the ids asked for
+    calls: int
+    segments: int
+    prefix_breaks: int
+    prefix_integrity: float | None  # calls that extended their segment / calls after a sample's first
+
+
+@dataclass(frozen=True, slots=True)
 class RunFigures(Record):
     """The figures of a set of samples: the whole run's, or the last invocation's."""
 
@@ -174,11 +188,13 @@ class RunFigures(Record):
     throughput_samples_per_minute: float | None = None
     per_worker: dict[str, int] | None = None  # written only when samples were counted by worker
     tasks: TaskFigures | None = None  # written only for runs of tasks
+    token_capture: CaptureFigures | None = None  # written only when some record has token ids or lacks asked-for ones
 
     def to_json(self) -> dict[str, Any]:
         skip: tuple[str, ...] = () if self.duration_seconds is not None else ("duration_seconds",
                                                                              "throughput_samples_per_minute")
         skip += () if self.per_worker else ("per_worker",)
+        skip += () if self.token_capture is not None else ("token_capture",)
         return _fields(self, skip if self.tasks is not None else (*skip, "tasks"))
 
 

@@ -27,6 +27,7 @@ from trajforge.runner.rollouts import skipped_solved
 from trajforge.runner.rows import RunRows
 from trajforge.runner.settings import history
 from trajforge.runner.stats import EXIT_SAMPLES_FAILED, Totals, render_table, run_pace, too_many_failed
+from trajforge.runner.token_stats import missing_note
 
 ORACLE_MODEL = "oracle"  # the model name of --agent oracle runs (trajforge.tasks.oracle)
 
@@ -64,6 +65,8 @@ def finish(config: RunConfig, rows: RunRows, run_dir: Path, checkpoint: Checkpoi
     )
     for p in result.problems:
         print(f"trajforge: {p}", file=sys.stderr)
+    if (note := missing_note(stats.run.token_capture)) is not None:
+        print(f"trajforge: {note}", file=sys.stderr)
     if result.stale:
         print(f"trajforge: {result.stale} finished sample(s) are no longer in the dataset; they stay in their "
               "batch files but not in trajectories.jsonl", file=sys.stderr)

@@ -19,6 +19,8 @@ from trajforge.runner.figures import (
 )
 from trajforge.runner.task_stats import TaskTotals
 from trajforge.runner.task_stats import table_rows as task_rows
+from trajforge.runner.token_stats import CaptureTotals
+from trajforge.runner.token_stats import table_rows as capture_rows
 from trajforge.runner.verify_stats import VerifyTotals, table_rows
 from trajforge.sample.outcome import FAILURE_CLASSES
 
@@ -64,6 +66,7 @@ class Totals:
     per_worker: Counter[str] = field(default_factory=Counter)
     verify: VerifyTotals = field(default_factory=VerifyTotals)
     tasks: TaskTotals = field(default_factory=TaskTotals)
+    capture: CaptureTotals = field(default_factory=CaptureTotals)
 
     def add_usage(self, u: dict[str, Any], api_calls: int) -> None:
         self.api_calls += api_calls
@@ -88,6 +91,7 @@ class Totals:
         self.turns_with_reasoning += int(r.get("turns_with_reasoning", 0))
         self.verify.add(rec, task_type, typed=typed)
         self.tasks.add(rec)
+        self.capture.add(rec)
 
     _STATE = ("finished", "completed", "partial", "tools", "assistant_turns", "turns_with_reasoning", "api_calls",
               "prompt_tokens", "completion_tokens", "reasoning_tokens", "cost")
@@ -95,13 +99,14 @@ class Totals:
     def state(self) -> dict[str, Any]:
         """The figures of the records merged so far, as the incremental merge keeps them (runner.merge)."""
         return {**{name: getattr(self, name) for name in self._STATE}, "discarded": dict(self.discarded),
-                "verify": self.verify.state()}
+                "verify": self.verify.state(), "capture": self.capture.state()}
 
     def load_state(self, state: dict[str, Any]) -> None:
         for name in self._STATE:
             setattr(self, name, state[name])
         self.discarded = Counter(state["discarded"])
         self.verify.load_state(state["verify"])
+        self.capture.load_state(state.get("capture"))
 
     def figures(self, *, total: int | None = None, seconds: float | None = None,
                 pace: tuple[int, float] | None = None) -> RunFigures:
@@ -131,6 +136,7 @@ class Totals:
             throughput_samples_per_minute=rate,  # None: no time at all
             per_worker=dict(sorted(self.per_worker.items())) if self.per_worker else None,
             tasks=self.tasks.figures(self.verify.k),
+            token_capture=self.capture.figures(),
         )
 
     def as_dict(self, *, total: int | None = None, seconds: float | None = None,
@@ -163,6 +169,7 @@ def render_table(stats: Statistics) -> Any:
               else f"{run.throughput_samples_per_minute:.1f} samples/min")]
     rows += table_rows(run.verification)
     rows += task_rows(run.tasks)
+    rows += capture_rows(run.token_capture)
     last = stats.last_invocation
     if stats.invocations > 1:
         ls = last.samples

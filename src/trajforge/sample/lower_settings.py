@@ -6,13 +6,22 @@ object, built here once per process from the run's configuration.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.config import RunConfig, size_bytes
+from trajforge.model.types import ModelSettings
 from trajforge.sandbox.sandbox_settings import ContainerSettings, ResourceLimits, SandboxSettings
 from trajforge.tasks.task_settings import TaskSettings
 from trajforge.tools.tool_settings import ToolSettings
+
+
+def agent_model_settings(config: RunConfig) -> ModelSettings:
+    """The agent's own model client's settings: the run's, plus what only the policy's calls do
+    (token capture, the policy version); the judge's and the tools' clients never ask for ids."""
+    return dataclasses.replace(config.model_settings(), capture_tokens=config.capture_tokens,
+                               policy_version=config.policy_version)
 
 
 def tool_settings(config: RunConfig) -> ToolSettings:

@@ -30,7 +30,7 @@ from trajforge.errors import FatalModelError, SampleFailure, UsageError
 from trajforge.model import working
 from trajforge.model.types import ModelClient
 from trajforge.sample.outcome import Outcome, batch_number
-from trajforge.sample.lower_settings import sandbox_settings, task_settings, tool_settings
+from trajforge.sample.lower_settings import agent_model_settings, sandbox_settings, task_settings, tool_settings
 from trajforge.sample.trace import tracer
 from trajforge.sandbox.interface import Sandbox, SandboxLimitError
 from trajforge.sandbox.factory import SandboxProvider
@@ -85,7 +85,7 @@ class SampleWorker:
         from trajforge.model.factory import make_client
 
         if not self.oracle:  # the oracle runs each task's solution: no model, no tools
-            self.model = model or make_client(self.config.model_settings())
+            self.model = model or make_client(agent_model_settings(self.config))
             self.verifier = Verifier(self.config, self.model)
             wanted = [ts for ts, p in self.distribution.probabilities.items() if p > 0]
             self.toolsets, self.unavailable = await build_toolsets(wanted, self.tool_settings)

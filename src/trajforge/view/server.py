@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from trajforge.agent.segments import TOKENS
 from trajforge.sample.outcome import FAILURE_CLASSES
 from trajforge.view.conversation import display_turns
 from trajforge.view.index import RunIndex
@@ -207,8 +208,12 @@ class Viewer:
 
 
 def _record_fields(rec: dict[str, Any]) -> dict[str, Any]:
-    """The record without its conversation; per-tool figures only for tools it used."""
+    """The record without its conversation; per-tool figures only for tools it used; of its
+    token ids, how many segments and breaks (the page shows those, not thousands of ids)."""
     out = {k: v for k, v in rec.items() if k != "conversations"}
+    tokens = out.get(TOKENS)
+    if isinstance(tokens, dict):
+        out[TOKENS] = {"segments": len(tokens.get("segments") or ()), "prefix_breaks": tokens.get("prefix_breaks")}
     if isinstance(out.get("tool_stats"), dict):
         out["tool_stats"] = {n: s for n, s in out["tool_stats"].items() if isinstance(s, dict) and s.get("count")}
     if isinstance(out.get("tool_error_counts"), dict):
