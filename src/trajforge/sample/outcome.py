@@ -6,7 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-FAILURE_CLASSES = ("rate_limit", "api_error", "timeout", "sandbox", "build", "model_error", "internal")
+from trajforge.failures import SAMPLE_CLASSES
+
+FAILURE_CLASSES = SAMPLE_CLASSES  # the sample stage of trajforge.failures.TABLE
 Status = Literal["done", "discarded", "failed"]
 
 
