@@ -35,8 +35,22 @@ def modules_under(package: str) -> list[Path]:
 
 
 def importers(package: str, target: str) -> list[str]:
+    allowed = SECTIONS + SETTINGS if package == "config" else ()  # config collects the layers' sections, nothing else
     return sorted(str(p.relative_to(SRC)) for p in modules_under(package)
-                  if any(m == target or m.startswith(target + ".") for m in imports_of(p)))
+                  if any((m == target or m.startswith(target + ".")) and not _within(m, allowed) for m in imports_of(p)))
+
+
+def _within(module: str, homes: tuple[str, ...]) -> bool:
+    return any(module == h or module.startswith(h + ".") for h in homes)
+
+
+# Each layer's section of the run's configuration, declared beside its code and collected by
+# trajforge.config; each is a leaf below its layer (test_a_settings_section_imports_only_leaves).
+SECTIONS = ("trajforge.model.settings", "trajforge.tools.tool_settings", "trajforge.sandbox.section",
+            "trajforge.tasks.task_settings", "trajforge.verify.settings")
+# The plain settings a section turns itself into, where they are a module of their own.
+SETTINGS = ("trajforge.model.types", "trajforge.sandbox.sandbox_settings")
+LEAVES = ("trajforge.fields", "trajforge.catalog", "trajforge.registry", "trajforge.netpolicy", *SETTINGS)
 
 
 # (lower package, higher package it must never import)
@@ -79,6 +93,26 @@ FORBIDDEN = [
 @pytest.mark.parametrize(("package", "target"), FORBIDDEN)
 def test_imports_point_down(package: str, target: str) -> None:
     assert importers(package, target) == []
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_a_settings_section_imports_only_leaves(section: str) -> None:
+    """config imports each layer's section, so a section importing its layer's code (or config)
+    would pull that layer under config: of trajforge a section reads only the shared leaves."""
+    path = SRC.parent / (section.replace(".", "/") + ".py")
+    assert sorted(m for m in imports_of(path) if not _within(m, LEAVES)) == []
+
+
+@pytest.mark.parametrize("package", ["view", "export"])
+def test_readers_of_a_run_go_through_its_reader(package: str) -> None:
+    """The viewer and the exporter read a run through runner.reader (and trajforge.run_layout, a
+    leaf) only, so the runner's bookkeeping can change without them."""
+    door = "trajforge.runner.reader"
+    found = sorted(f"{p.relative_to(SRC)}: {m}" for p in modules_under(package) for m in imports_of(p)
+                   if (m == "trajforge.runner" or m.startswith("trajforge.runner.")) and m != door
+                   and not m.startswith(door + "."))
+    assert found == []
+    assert imports_of(SRC / "run_layout.py") == set()  # a leaf: the executors take their paths from it too
 
 
 def test_no_subcommand_imports_the_dispatcher() -> None:
@@ -183,8 +217,9 @@ def _registries() -> dict[str, Any]:
 # Files where a registered name is a word of another vocabulary, and which one.
 OTHER_MEANINGS: dict[str, dict[str, str]] = {
     "none": {p: "not a network mode: reasoning effort, verification method, an empty listing, a default's words"
-             for p in ("agent/loop.py", "config/__init__.py", "cli/run.py", "export/filters.py", "runner/preflight.py",
-                       "runner/verify_stats.py", "sample/trace.py", "tools/terminal.py", "verify/result.py",
+             for p in ("agent/loop.py", "config/__init__.py", "model/settings.py", "cli/run.py", "export/filters.py",
+                       "runner/preflight.py",
+                       "runner/reporting/verify_stats.py", "sample/trace.py", "tools/terminal.py", "verify/result.py",
                        "sandbox/backends/container/container_status.py")}
              | {"sandbox/backends/container/container_argv.py": "the engine's own `--network none`"},
     "host": {"cli/view.py": "the viewer's --host flag"},
@@ -193,9 +228,10 @@ OTHER_MEANINGS: dict[str, dict[str, str]] = {
                         "runner/preflight.py", "sample/outcome.py", "sample/worker.py")}
              | {"netpolicy.py": "`ip -j addr`'s key"},
     "ray": {"cli/cluster.py": "the Ray cluster commands are the ray executor's own (and their `ray:` section)",
+            "cli/__init__.py": "the module and pip extra the cluster commands need",
             "executors/ray_auth.py": "the ray executor's own module"},
     "run": {p: "not the subcommand: a run of trajforge, a path component"
-            for p in ("export/card.py", "runner/progress.py", "view/server.py",
+            for p in ("export/card.py", "runner/reporting/progress.py", "view/server.py",
                       "sandbox/backends/bwrap/bwrap_layout.py", "sandbox/backends/container/container_argv.py")},
     "export": {"export/__init__.py": "the pip extra"},
     "file": {"sandbox/backends/container/seed_tar.py": "a tar member's kind"},
@@ -205,7 +241,8 @@ OTHER_MEANINGS: dict[str, dict[str, str]] = {
     "tokens": {p: "not the export format: token counts (a figure, a metric's key), or the record's field of "
                   "captured token ids (agent/segments.py spells it for everyone else)"
                for p in ("agent/segments.py", "compress/metrics.py", "export/card.py", "view/columns.py",
-                         "view/conversation.py", "view/overview.py", "view/summary.py")},
+                         "view/conversation.py", "view/overview.py", "view/summary.py")}
+              | {"sandbox/dns/fair.py": "a client's token bucket"},
 }
 
 
@@ -306,3 +343,16 @@ def test_a_new_thing_of_each_kind_shows_in_help_doctor_and_config_validation(
 
     assert asyncio.run(exec_in_plain()) == "plain\n"
     assert cli.main(["hello", "--greeting_name=ada"]) == 0 and capsys.readouterr().out == "hello ada\n"
+
+
+def test_the_bwrap_backend_imports_under_a_python_without_site_packages() -> None:
+    """An unprivileged runner may start the bwrap backend under the system's Python (tests/sandbox/
+    test_bwrap_user.py): the sandbox's settings stay plain dataclasses, its section (pydantic) apart."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+            "import trajforge.sandbox.backends.bwrap.bwrap_backend, trajforge.sandbox.backends.bwrap.bwrap_sandbox")
+    done = subprocess.run([sys.executable, "-S", "-c", code, str(SRC.parent)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr

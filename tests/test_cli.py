@@ -113,7 +113,7 @@ def spelled(name: str, value: str, style: str) -> list[str]:
 
 
 def test_every_flag_is_known_and_covered_by_this_test() -> None:
-    names = [f for f, _, _ in FLAGS]
+    names = [f.name for f in FLAGS]
     assert len(names) == len(set(names))
     assert set(SPEC_FLAGS) <= set(names)
     assert set(names) == set(VALUES) | set(BOOLS) | set(SPECIAL)
@@ -260,7 +260,7 @@ def test_help_documents_every_flag_with_its_default(prog: str, strict: bool,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     parser = make_parser(prog, strict)
     documented = {a.dest: a.help or "" for a in parser._actions if a.dest not in ("help", "version")}
-    assert set(documented) == {f for f, _, _ in FLAGS}
+    assert set(documented) == {f.name for f in FLAGS}
     for dest, text in documented.items():
         assert "[default: " in text or text.endswith("(required)"), dest
     entry = main if prog == "trajforge run" else batch_runner_main
@@ -305,7 +305,7 @@ def test_batch_runner_from_the_repo_root_lists_distributions(clean_env: dict[str
 def test_batch_runner_help_and_usage_errors(tmp_path: Path, clean_env: dict[str, str]) -> None:
     proc = run(batch_runner("--help"), tmp_path, clean_env)
     assert proc.returncode == 0 and "usage: batch_runner.py" in proc.stdout
-    assert all(f"--{name}" in proc.stdout for name, _, _ in FLAGS)
+    assert all(f"--{f.name}" in proc.stdout for f in FLAGS)
     proc = run(batch_runner("--dataset_file=d.jsonl", "--batch_size=0", "--run_name=r"), tmp_path, clean_env)
     assert proc.returncode == 2 and proc.stderr == "error: --batch_size: invalid value 0: must be at least 1\n"
     proc = run(batch_runner("--dataset_file=d.jsonl", "--batch_size=4"), tmp_path, clean_env)

@@ -11,7 +11,7 @@ from tests.conftest import REPO
 from trajforge.failures import (
     AGENT, DROPPED, ERROR, FAILED, PARTIAL, REWARD_0, SAMPLE_CLASSES, TABLE, failure_class, masks, rollout_class,
 )
-from trajforge.runner.stats import Totals
+from trajforge.runner.reporting.stats import Totals
 from trajforge.sample.outcome import FAILURE_CLASSES
 
 

@@ -41,7 +41,7 @@ import pytest
 from tests.conftest import REPO, cli
 from tests.support.policies import echo_policy
 from tests.support.scripted_server import ScriptedServer
-from trajforge.model.factory import is_loopback
+from trajforge.model.endpoint import is_loopback
 
 README = REPO / "README.md"
 NOT_COMMANDS = {"yaml", "yml", "json", "jsonl", "toml", "python", "py", "text", "txt", "ini", "csv"}

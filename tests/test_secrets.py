@@ -21,6 +21,7 @@ from tests.support.images import busybox_image, podman  # noqa: F401 (fixtures)
 from tests.support.policies import tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call
 from tests.runner.test_e2e import base_args, write_dataset
+from tests.support.run_state import read_records
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 
 BWRAP = asyncio.run(probe())
@@ -94,7 +95,7 @@ def test_no_key_in_the_run_directory_or_the_output(tmp_path: Path, server: Scrip
         assert b"SeCrEt" not in f.read_bytes(), f
     assert b"SeCrEt" not in out + err
     # the hunt really happened, and the failure message was kept (scrubbed), not dropped
-    record = json.loads((run / "trajectories.jsonl").read_text().splitlines()[0])
+    record = read_records(run)[0]
     assert "I found:" in record["conversations"][-1]["value"]
     failed = [e for e in json.loads((run / "checkpoint.json").read_text())["samples"].values()
               if e["status"] == "failed"]

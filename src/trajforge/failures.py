@@ -4,7 +4,7 @@ table (tests/test_failures.py checks they agree) and anything that hands results
 (the rollout service: trajforge.service). A leaf: it imports nothing of trajforge.
 
 Four causes. `infrastructure`: the provider, the engine, the host, trajforge itself; `task`: the
-task's own build or tests; `run`: a limit the run's settings put on a sample (a budget); `agent`:
+task's own build or tests; `budget`: a limit the run's settings put on a sample (a budget); `agent`:
 the sample's own actions (the policy's). What a failure becomes follows from who could have
 caused it, never from what the message says:
 - `failed`: the sample has no record (it is retried in-run where that can help, and by
@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-AGENT, TASK, INFRASTRUCTURE, RUN = "agent", "task", "infrastructure", "run"
+AGENT, TASK, INFRASTRUCTURE, BUDGET = "agent", "task", "infrastructure", "budget"
 FAILED, ERROR, REWARD_0, PARTIAL, DROPPED = "failed", "error", "reward 0", "partial", "dropped"
 DEFAULT, SEALED = "default", "sealed"  # task verification modes
 MODES = (DEFAULT, SEALED)
@@ -47,7 +47,7 @@ class FailureClass:
     name: str
     stage: str  # SAMPLE (no record), VERIFICATION (of the record), END (its end_reason), FILTER (left out)
     mode: str | None  # the verification mode it applies to; None: any
-    cause: str  # AGENT, TASK, INFRASTRUCTURE or RUN
+    cause: str  # AGENT, TASK, INFRASTRUCTURE or BUDGET
     becomes: str  # FAILED, ERROR, REWARD_0, PARTIAL or DROPPED
     when: str
 
@@ -87,8 +87,8 @@ TABLE: tuple[FailureClass, ...] = (
                  "the judge's calls failed after the client's retries"),
     FailureClass("judge_invalid", VERIFICATION, None, INFRASTRUCTURE, ERROR, "the judge's reply held no valid score"),
     # how the agent's session ended, when not with an answer
-    FailureClass("max_tokens_per_sample", END, None, RUN, PARTIAL, "the sample's --max_tokens_per_sample budget"),
-    FailureClass("max_cost_per_sample", END, None, RUN, PARTIAL, "the sample's --max_cost_per_sample budget"),
+    FailureClass("max_tokens_per_sample", END, None, BUDGET, PARTIAL, "the sample's --max_tokens_per_sample budget"),
+    FailureClass("max_cost_per_sample", END, None, BUDGET, PARTIAL, "the sample's --max_cost_per_sample budget"),
     FailureClass("max_turns", END, None, AGENT, PARTIAL, "the agent used --max_turns without answering"),
     FailureClass("length", END, None, AGENT, PARTIAL, "a reply was cut at max_tokens or the context's end"),
     FailureClass("max_tool_output", END, None, AGENT, PARTIAL, "the sample's tool results passed 16 M characters"),

@@ -172,7 +172,7 @@ def test_killed_actor_mid_run_loses_nothing(tmp_path: Path, server: ScriptedServ
     from trajforge.config import RunConfig
     from trajforge.dataset import load_dataset
     from trajforge.executors.ray import RayExecutor
-    from trajforge.runner.engine import run_engine
+    from trajforge.runner.scheduling.engine import run_engine
     from trajforge.sample.outcome import Outcome
 
     for key in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED", "RAY_TMPDIR"):

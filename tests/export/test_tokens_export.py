@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
-from tests.support.export_run import _env, run_export
+from tests.support.commands import user_env as _env
+from tests.support.export_run import run_export
 from tests.support.policies import echo_policy
 from tests.support.scripted_server import ScriptedServer
 from tests.support.token_server import TokenServer, terminal_policy

@@ -208,9 +208,9 @@ def test_a_run_made_by_the_version_1_code_resumes_and_keeps_what_it_held(
 def test_keys_written_only_in_some_runs() -> None:
     """What the run above does not show: figures without a duration (the exporter's), a duration of
     no time, and the monitor without a gate of its own (Ray): a note, and points of spend only."""
-    from trajforge.runner.budget import Budget
-    from trajforge.runner.monitor import RunMonitor
-    from trajforge.runner.stats import Totals
+    from trajforge.runner.scheduling.budget import Budget
+    from trajforge.runner.reporting.monitor import RunMonitor
+    from trajforge.runner.reporting.stats import Totals
 
     untimed = Totals().as_dict(total=3)
     assert not {"duration_seconds", "throughput_samples_per_minute", "per_worker"} & untimed.keys()

@@ -329,7 +329,6 @@ def test_the_pool_makes_sandboxes_ahead_for_the_demand_and_trims_when_the_run_dr
     before they ask; once no new sample will start, ready ones beyond the demand go, and the
     run's close has nothing left to do."""
     from trajforge.config import RunConfig
-    from trajforge.sample.lower_settings import sandbox_settings
     from trajforge.sandbox.interface import Sandbox
     from trajforge.sandbox.factory import SandboxProvider
 
@@ -337,7 +336,7 @@ def test_the_pool_makes_sandboxes_ahead_for_the_demand_and_trims_when_the_run_dr
         return {p.name for p in tmp_path.glob(".slots.*/sb-*") if p.is_dir()}
 
     async def main() -> None:
-        async with SandboxProvider(sandbox_settings(RunConfig(sandbox="bwrap", sandbox_network="none"))) as p:
+        async with SandboxProvider(RunConfig(sandbox="bwrap", sandbox_network="none").sandbox_settings()) as p:
             async def create() -> Sandbox:
                 return await p.create(cwd=None, image=None, root=tmp_path)
 

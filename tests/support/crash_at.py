@@ -26,10 +26,11 @@ from typing import Any
 import orjson
 
 from trajforge.redact import REGISTRY
-from trajforge.runner import append, journal, report
+from trajforge.runner.reporting import append, report
+from trajforge.runner.state import journal
 from trajforge.runner import invocation
-from trajforge.runner.finished import Finished
-from trajforge.runner.store import BatchStore
+from trajforge.runner.state.finished import Finished
+from trajforge.runner.state.store import BatchStore
 
 
 def hold(point: str) -> None:

@@ -15,7 +15,6 @@ from trajforge.catalog.sandboxes import NetworkMode
 import pytest
 
 from trajforge.config import RunConfig
-from trajforge.sample.lower_settings import tool_settings
 from trajforge.sandbox.inside import safe_fs
 from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
@@ -30,7 +29,7 @@ def in_sandbox(tmp_path: Path, body: Callable[[ToolContext], Coroutine[Any, Any,
                sandbox_cls: type[LocalSandbox] = LocalSandbox) -> None:
     async def main() -> None:
         async with sandbox_cls(tmp_path, cwd=cwd) as sandbox:
-            await body(ToolContext(sandbox=sandbox, settings=tool_settings(RunConfig())))
+            await body(ToolContext(sandbox=sandbox, settings=RunConfig().tool_settings()))
 
     asyncio.run(main())
 
@@ -462,7 +461,7 @@ BWRAP = asyncio.run(probe())
 def test_bwrap_root_mode_files_written_by_tools_belong_to_the_sandbox(tmp_path: Path) -> None:
     async def main() -> None:
         async with BwrapSandbox(tmp_path, network=NetworkMode.NONE) as sb:
-            ctx = ToolContext(sandbox=sb, settings=tool_settings(RunConfig()))
+            ctx = ToolContext(sandbox=sb, settings=RunConfig().tool_settings())
             assert (await call(WRITE, ctx, path="new/dir/f.txt", content="one\n"))["success"]
             res = await sb.exec("echo two >> new/dir/f.txt && stat -c %u new new/dir new/dir/f.txt", timeout=10)
             assert res.exit_code == 0 and res.stdout.split() == [str(sb.uid)] * 3, res

@@ -26,7 +26,6 @@ import pytest
 from tests.support.toolsets import run_with
 from tests.support.web_fixture import BRAVE_KEY, TAVILY_KEY, WebFixture
 from trajforge.config import RunConfig
-from trajforge.sample.lower_settings import tool_settings
 from trajforge.tools.web import content as web_content
 from trajforge.tools.web import pdf as pdf_text
 from trajforge.tools.web import toolset as web
@@ -64,7 +63,7 @@ async def call(toolset: web.WebToolset, name: str, args: dict[str, Any], ctx: To
 # --- provider choice -------------------------------------------------------------------------
 
 def test_no_provider_means_unavailable_with_how_to_fix() -> None:
-    built = asyncio.run(web.build(tool_settings(config()), {}))
+    built = asyncio.run(web.build(config().tool_settings(), {}))
     assert isinstance(built, Unavailable)
     assert built.toolset == "web"
     assert "no search provider configured" in built.reason
@@ -88,7 +87,7 @@ def test_provider_choice_order_and_explicit_provider_reasons() -> None:
 
 def test_registry_builds_web_once_and_reports_unavailable(site: WebFixture) -> None:
     async def main() -> None:
-        ready, missing = await build_toolsets(["web"], tool_settings(config(searxng_url=site.base)))
+        ready, missing = await build_toolsets(["web"], config(searxng_url=site.base).tool_settings())
         assert missing == [] and [t.name for t in ready["web"].tools] == ["web_search", "web_extract"]
         await ready["web"].aclose()
 

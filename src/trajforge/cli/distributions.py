@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trajforge.cli.flags import Parser, add_flags, parse_flags
+from trajforge.cli.flags import Flag, Parser
 from trajforge.config import RunConfig
 from trajforge.config.load import build_config
 
-FLAGS = [("config", "path", "YAML config file with custom distributions")]
+FLAGS = [Flag("config", "path", "YAML config file with custom distributions")]
 
 
 def print_distributions(config: RunConfig) -> int:
@@ -19,7 +19,6 @@ def print_distributions(config: RunConfig) -> int:
 
 
 def main(argv: list[str]) -> int:
-    parser = Parser(prog="trajforge distributions", description="List the toolset distributions.")
-    add_flags(parser, FLAGS)
-    config_file: Path | None = parse_flags(parser, argv, FLAGS).config
+    config_file: Path | None = Parser("trajforge distributions", "List the toolset distributions.",
+                                      FLAGS).parse(argv).config
     return print_distributions(build_config({}, config_file))

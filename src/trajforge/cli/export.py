@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from trajforge.cli.flags import Flag, Parser, add_flags, parse_flags
+from trajforge.cli.flags import Flag, Parser
 from trajforge.errors import UsageError
 from trajforge.export import FORMATS, exporter_class
 from trajforge.export.exporter import Item, Options, Summary, check_output, staged
@@ -29,20 +29,24 @@ from trajforge.registry import words
 PROG = "trajforge export"
 # (flag, kind, help)
 FLAGS: list[Flag] = [
-    ("format", "str", "output format: {formats} (required)"),
-    ("output", "path", "output file, or directory for {directories} and with --split (required)"),
-    ("only", "str", "keep only completed samples, only verified samples that passed, or all [default: all]"),
-    ("min_tool_calls", "int", "keep samples with at least N tool calls [default: 0]"),
-    ("task_type", "str", "keep samples of this task type"),
-    ("dataset_file", "path", "dataset to read task types from when records carry none "
-                             "[default: the run's config.json dataset_file]"),
-    ("sample_percent", "float", "keep about P%% of the samples, chosen by a hash of the sample identity and --seed"),
-    ("seed", "int", "seed of --sample_percent and --split [default: 42]"),
-    ("split", "str", "split by sample identity, e.g. train=0.95,test=0.05 (the output becomes a directory)"),
-    ("reasoning", "str", "field (reasoning_content), inline (<think> in content) or drop [default: field]"),
-    ("no_reasoning", "bool", "same as --reasoning drop"),
-    ("jsonl", "bool", "write JSON lines instead of Parquet ({jsonl_formats})"),
-    ("overwrite", "bool", "replace an existing output (a directory only if it holds nothing but export files)"),
+    Flag("input", "path", "a run directory (its trajectories.jsonl) or a trajectories / openai export JSONL file",
+         positional=True, metavar="RUN_DIR_OR_JSONL"),
+    Flag("format", "str", "output format: {formats} (required)", required=True),
+    Flag("output", "path", "output file, or directory for {directories} and with --split (required)", required=True),
+    Flag("only", "str", "keep only completed samples, only verified samples that passed, or all [default: all]",
+         choices=("completed", "passed", "all")),
+    Flag("min_tool_calls", "int", "keep samples with at least N tool calls [default: 0]"),
+    Flag("task_type", "str", "keep samples of this task type"),
+    Flag("dataset_file", "path", "dataset to read task types from when records carry none "
+                                 "[default: the run's config.json dataset_file]"),
+    Flag("sample_percent", "float", "keep about P%% of the samples, chosen by a hash of the sample identity and --seed"),
+    Flag("seed", "int", "seed of --sample_percent and --split", default=42),
+    Flag("split", "str", "split by sample identity, e.g. train=0.95,test=0.05 (the output becomes a directory)"),
+    Flag("reasoning", "str", "field (reasoning_content), inline (<think> in content) or drop [default: field]",
+         choices=("field", "inline", "drop")),
+    Flag("no_reasoning", "bool", "same as --reasoning drop"),
+    Flag("jsonl", "bool", "write JSON lines instead of Parquet ({jsonl_formats})"),
+    Flag("overwrite", "bool", "replace an existing output (a directory only if it holds nothing but export files)"),
 ]
 
 
@@ -51,31 +55,18 @@ def flags() -> list[Flag]:
     names = {"formats": ", ".join(FORMATS),
              "directories": words([s.name for s in FORMATS.specs() if s.capabilities.directory], "and"),
              "jsonl_formats": words([s.name for s in FORMATS.specs() if s.capabilities.jsonl], "and")}
-    return [(flag, kind, text.format(**names)) for flag, kind, text in FLAGS]
+    return [dataclasses.replace(f, help=f.help.format(**names)) for f in FLAGS]
 
 
 def make_parser() -> Parser:
-    parser = Parser(prog=PROG, description="Export trajectories for training: "
-                    f"{words([s.help for s in FORMATS.specs()])}.")
-    parser.add_argument("input", type=Path, metavar="RUN_DIR_OR_JSONL",
-                        help="a run directory (its trajectories.jsonl) or a trajectories / openai export JSONL file")
-    add_flags(parser, flags())
-    return parser
-
-
-def _choice(flag: str, value: str, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise UsageError(f"--{flag}: invalid value {value!r}: must be one of {', '.join(allowed)}")
-    return value
+    return Parser(PROG, f"Export trajectories for training: {words([s.help for s in FORMATS.specs()])}.", flags())
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, Filters, Options]:
-    ns = parse_flags(make_parser(), argv, flags())
-    for flag in ("format", "output"):
-        if getattr(ns, flag) is None:
-            raise UsageError(f"missing required flag --{flag}")
-    _choice("format", ns.format, tuple(FORMATS))
-    reasoning = _choice("reasoning", ns.reasoning or "field", ("field", "inline", "drop"))
+    ns = make_parser().parse(argv)
+    if ns.format not in FORMATS:
+        raise UsageError(f"--format: invalid value {ns.format!r}: must be one of {', '.join(FORMATS)}")
+    reasoning = ns.reasoning or "field"
     if ns.no_reasoning:
         if ns.reasoning not in (None, "drop"):
             raise UsageError(f"--no_reasoning contradicts --reasoning {ns.reasoning}")
@@ -92,9 +83,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Filters, Options]:
     if ns.min_tool_calls is not None and ns.min_tool_calls < 0:
         raise UsageError(f"--min_tool_calls: invalid value {ns.min_tool_calls}: must be 0 or more")
     split = tuple(parse_split(ns.split)) if ns.split else ()
-    filters = Filters(only=_choice("only", ns.only or "all", ("completed", "passed", "all")),  # type: ignore[arg-type]
+    filters = Filters(only=ns.only or "all",  # type: ignore[arg-type]
                       min_tool_calls=ns.min_tool_calls or 0, task_type=ns.task_type,
-                      sample_percent=ns.sample_percent, seed=42 if ns.seed is None else ns.seed, split=split)
+                      sample_percent=ns.sample_percent, seed=ns.seed, split=split)
     options = Options(reasoning=reasoning, splits=tuple(n for n, _ in split),  # type: ignore[arg-type]
                       command=shlex.join(["trajforge", "export", *argv]), jsonl=bool(ns.jsonl))
     return ns, filters, options

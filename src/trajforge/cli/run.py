@@ -1,8 +1,8 @@
-"""`trajforge run`: the run flags (SPEC section 2) -> one validated RunConfig -> the runner.
+"""`trajforge run`: the run flags (the reference's batch_runner.py flags) -> one validated RunConfig -> the runner.
 
 The flags are RunConfig's fields, each with its description as help (run_flags), and their parsing
 is shared by the commands that start a run: `trajforge run`,
-`python batch_runner.py` (trajforge.cli) and `trajforge scheduler` (commands.cluster). The
+`python batch_runner.py` (trajforge.cli) and `trajforge scheduler` (cli.cluster). The
 command layer chooses the executor (trajforge.executors) and hands it to the runner.
 """
 
@@ -15,25 +15,27 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic.fields import FieldInfo
 
 from trajforge import __version__
-from trajforge.cli.flags import Flag, Parser, add_flags, parse_flags
+from trajforge.cli.flags import Flag, Parser
 from trajforge.config import RunConfig
-from trajforge.config.checks import OneOf, run_name_problem
+from trajforge.config.checks import run_name_problem
+from trajforge.fields import OneOf
 from trajforge.config.load import build_config
 from trajforge.errors import UsageError
 from trajforge.registry import words
 
 # The flags that are not RunConfig fields, after the field they follow in --help.
 _NOT_FIELDS: dict[str, list[Flag]] = {
-    "num_workers": [("parallelism", "int", "same as --num_workers")],
-    "prefill_messages_file": [("list_distributions", "bool", "print every distribution and exit"),
-                              ("config", "path", "YAML config file; command-line flags override it")],
+    "num_workers": [Flag("parallelism", "int", "same as --num_workers")],
+    "prefill_messages_file": [Flag("list_distributions", "bool", "print every distribution and exit"),
+                              Flag("config", "path", "YAML config file; command-line flags override it")],
 }
+DEFAULT_BATCH_SIZE = 100  # `trajforge run` without --batch_size (batch_runner.py requires it)
 _ALIASES = {"parallelism": "num_workers"}  # shows that field's default
 _DEFAULT_WORDS = {"list_distributions": "off", "config": "none"}
 
 
 def _kind(field: FieldInfo) -> str:
-    """The flag kind (cmdline.Flag) of a RunConfig field, from its type."""
+    """The flag kind (cli.flags.Flag) of a RunConfig field, from its type."""
     types = [t for t in get_args(field.annotation) if t is not type(None)] or [field.annotation]
     base = get_origin(types[0]) or types[0]
     if base is bool:
@@ -56,7 +58,7 @@ def run_flags() -> list[Flag]:
     flags: list[Flag] = []
     for name, field in RunConfig.model_fields.items():
         if (field.json_schema_extra or {}).get("flag", True):  # type: ignore[union-attr]
-            flags.append((name, _kind(field), (field.description or "").replace("{choices}", _choices(field))))
+            flags.append(Flag(name, _kind(field), (field.description or "").replace("{choices}", _choices(field))))
         flags += _NOT_FIELDS.get(name, [])
     return flags
 
@@ -67,7 +69,7 @@ FLAGS: list[Flag] = run_flags()  # as of import; make_parser and parse_run_args 
 def _default_text(name: str, strict_required: bool = True) -> str:
     field = RunConfig.model_fields.get(_ALIASES.get(name, name))
     if name == "batch_size":
-        word = "required" if strict_required else "100"
+        word = "required" if strict_required else str(DEFAULT_BATCH_SIZE)
     elif name == "run_name":
         word = "required" if strict_required else "the dataset file's name without extension"
     elif field is None:
@@ -86,11 +88,10 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 
 def make_parser(prog: str, strict_required: bool = True) -> Parser:
-    parser = Parser(prog=prog, description="Run a tool-using agent over a JSONL dataset. Every flag also "
-                     "accepts --flag value and --flag-name spellings.", formatter_class=_HelpFormatter,
-                     argument_default=argparse.SUPPRESS)
-    add_flags(parser, run_flags(), lambda name: _default_text(name, strict_required))
-    parser.add_argument("--version", action="version", version=f"trajforge {__version__}")
+    parser = Parser(prog, "Run a tool-using agent over a JSONL dataset. Every flag also accepts --flag value and "
+                    "--flag-name spellings.", run_flags(), help_suffix=lambda name: _default_text(name, strict_required),
+                    version=f"trajforge {__version__}", formatter_class=_HelpFormatter,
+                    argument_default=argparse.SUPPRESS)
     return parser
 
 
@@ -101,7 +102,7 @@ def parse_run_args(argv: list[str], prog: str, *, strict_required: bool,
     `file_keys`: the --config file's mapping when the caller has read it already (the scheduler,
     which takes its `ray:` section out first); errors still name the file."""
     parser = make_parser(prog, strict_required)
-    values = vars(parse_flags(parser, argv, run_flags()))
+    values = vars(parser.parse(argv))
     config_file = values.pop("config", None)
     list_only = values.pop("list_distributions", False)
     config = build_config(values, config_file, file_keys)
@@ -126,7 +127,7 @@ def parse_run_args(argv: list[str], prog: str, *, strict_required: bool,
             flag = "--dataset_file" if config.dataset_file else "--tasks"
             raise UsageError(f"the run name taken from {flag}, {stem!r}, {problem}; give --run_name")
     if config.batch_size is None:
-        derived["batch_size"] = 100
+        derived["batch_size"] = DEFAULT_BATCH_SIZE
     return config.model_copy(update=derived), values
 
 

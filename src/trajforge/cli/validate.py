@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-from trajforge.cli.flags import Parser, add_flags, parse_flags
+from trajforge.cli.flags import Flag, Parser
 from trajforge.errors import UsageError
 
-FLAGS = [("dataset_file", "path", "JSONL dataset path (required)"),
-         ("skip_invalid", "bool", "skip (and count) invalid lines instead of stopping at the first")]
+FLAGS = [Flag("dataset_file", "path", "JSONL dataset path (required)", required=True),
+         Flag("skip_invalid", "bool", "skip (and count) invalid lines instead of stopping at the first")]
 
 
 def main(argv: list[str]) -> int:
-    parser = Parser(prog="trajforge validate", description="Check a dataset file and report problems.")
-    add_flags(parser, FLAGS)
-    ns = parse_flags(parser, argv, FLAGS)
-    if ns.dataset_file is None:
-        raise UsageError("missing required flag --dataset_file")
+    ns = Parser("trajforge validate", "Check a dataset file and report problems.", FLAGS).parse(argv)
     if str(ns.dataset_file) in ("", "."):  # `--dataset_file=` arrives as Path('.'), as for `run`
         raise UsageError("--dataset_file: is empty (or '.'): give the path of a file")
     from trajforge.dataset import load_dataset

@@ -7,7 +7,6 @@ with the URL is printed. SIGINT / SIGTERM stop the server cleanly (exit 0). Bad 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import signal
 import sys
@@ -16,28 +15,29 @@ from pathlib import Path
 
 from aiohttp import web
 
-from trajforge.cli.flags import Parser, parse_flags
+from trajforge.cli.flags import Flag, Parser
 from trajforge.errors import UsageError
+from trajforge.run_layout import BATCHES, RunLayout
 from trajforge.view.index import RunIndex
 from trajforge.view.dataset import load_rows
 from trajforge.view.server import Viewer, allowed_hosts, catch_up, make_app
 
+FLAGS = [Flag("source", "path", "a run directory (data/<run_name>) or a JSONL file of trajectories", positional=True,
+              metavar="RUN_DIR_OR_JSONL"),
+         Flag("port", "port", "TCP port (0 picks a free one)", default=8765),
+         Flag("host", "str", "address to listen on", default="127.0.0.1")]
 FIRST = 0.5  # seconds of indexing before the page is served (a first batch file); the rest is read behind it
-
-
-def _is_run(path: Path) -> bool:
-    return any((path / n).exists() for n in ("checkpoint.json", "trajectories.jsonl")) \
-        or any(path.glob("batch_*.jsonl"))
 
 
 def open_source(path: Path) -> RunIndex:
     if not path.exists():
         raise UsageError(f"{path}: no such run directory or JSONL file")
-    if path.is_dir() and not _is_run(path):
-        runs = sorted(str(p) for p in path.iterdir() if p.is_dir() and _is_run(p))[:5]
+    layout = RunLayout(path)
+    if path.is_dir() and not layout.has_results():
+        runs = sorted(str(p) for p in path.iterdir() if p.is_dir() and RunLayout(p).has_results())[:5]
         hint = f"; runs inside it: {', '.join(runs)}" if runs else ""
-        raise UsageError(f"{path}: not a run directory (no batch_*.jsonl, checkpoint.json or trajectories.jsonl)"
-                         + hint)
+        raise UsageError(f"{path}: not a run directory (no {BATCHES}, {layout.checkpoint.name} or "
+                         f"{layout.trajectories.name})" + hint)
     index = RunIndex(path)
     try:
         index.refresh(FIRST)
@@ -87,25 +87,14 @@ async def _attach_dataset(index: RunIndex, idle: asyncio.Event) -> None:
     await catch_up(index, idle)  # the records read so far get their task types
 
 
-def _port(text: str) -> int:
-    if not text.isdigit() or int(text) > 65535:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a port number 0-65535")
-    return int(text)
-
-
 def _size(source: Path) -> int:
-    files = list(source.glob("batch_*.jsonl")) if source.is_dir() else [source]
+    files = RunLayout(source).batch_files() if source.is_dir() else [source]
     return sum(p.stat().st_size for p in files if p.is_file())
 
 
 def main(argv: list[str]) -> int:
-    parser = Parser(prog="trajforge view", description="Browse a run directory (live or finished) or a "
-                     "trajectories JSONL file in a local web page, read-only.")
-    parser.add_argument("source", type=Path, metavar="RUN_DIR_OR_JSONL",
-                        help="a run directory (data/<run_name>) or a JSONL file of trajectories")
-    parser.add_argument("--port", type=_port, default=8765, help="TCP port [default: 8765; 0 picks a free one]")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on [default: 127.0.0.1]")
-    ns = parse_flags(parser, argv, [("port", "int", ""), ("host", "str", "")])
+    ns = Parser("trajforge view", "Browse a run directory (live or finished) or a trajectories JSONL file in a "
+                "local web page, read-only.", FLAGS).parse(argv)
     t0 = time.monotonic()
     if ns.source.exists() and (size := _size(ns.source)) > 100_000_000:
         print(f"trajforge view: indexing {size / 1e6:,.0f} MB of trajectories (the page opens once the first "

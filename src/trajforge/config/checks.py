@@ -2,7 +2,8 @@
 
 trajforge.config's validators call these, so a value that could only fail later (or do damage,
 like a run name of `..` whose --overwrite empties the current directory) is refused before any
-work, with the rest of the configuration's errors. A leaf: it imports nothing of trajforge.
+work, with the rest of the configuration's errors. Of trajforge it imports only the sections'
+vocabulary (trajforge.fields).
 """
 
 from __future__ import annotations
@@ -12,47 +13,15 @@ from pathlib import PurePath
 from typing import Any
 from urllib.parse import urlsplit
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from pydantic import BaseModel
+from pydantic_core import PydanticCustomError
 
-from pydantic import BaseModel, GetCoreSchemaHandler
-from pydantic_core import PydanticCustomError, core_schema
-
-
-
-@dataclass(frozen=True, slots=True)
-class OneOf:
-    """`Annotated[str, OneOf(names)]`: a field whose value is one of `names()`, asked at each
-    validation, so a name registered after this module loaded (a plugin's, a test's) is accepted.
-    A refusal reads like pydantic's own for a Literal (same type and `expected` context), so
-    config_load words it the same way. `shown`: the flag's help for the choices, when not just
-    their names."""
-
-    names: Callable[[], Sequence[str]]
-    shown: Callable[[], str] | None = None
-
-    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
-        return core_schema.no_info_before_validator_function(self.check, handler(source))
-
-    def check(self, value: Any) -> Any:
-        allowed = tuple(self.names())
-        if value not in allowed:
-            quoted = [f"'{n}'" for n in allowed]
-            expected = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
-            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
-        return value
-
+from trajforge.fields import SIZE_MAX, SIZE_MAX_TEXT, SIZE_PATTERN, size_bytes
 
 NAME_MAX = 255  # bytes of one path component on Linux file systems
 SIZE_FIELDS = ("sandbox_memory", "sandbox_tmp_size", "sandbox_shm_size", "sandbox_disk", "container_memory",
                "task_max_memory", "task_max_storage")
 CHECKED_FIELDS = ("run_name", "base_url", "judge_base_url", "dataset_file", "prefill_messages_file", *SIZE_FIELDS)
-SIZE_PATTERN = r"^[0-9]+(\.[0-9]+)?[bkmgtBKMGT]?$"
-# A size beyond what any host has (16 TiB, also ext4's largest file: the sandbox's disk image) failed
-# only once a sample started, or crashed making the disk image (an integer beyond 64 bits).
-SIZE_MAX, SIZE_MAX_TEXT = 16 << 40, "16t"
-_UNITS = {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-PID_MAX = 4_194_304  # Linux's ceiling on process ids (PID_MAX_LIMIT): the bound of process limits
 
 # Upper bounds of the whole numbers of the `tools:` section (trajforge.catalog.tools_config declares the
 # lower ones). Each is far above any real use; what they stop is a value so large it crashes the run
@@ -71,17 +40,11 @@ TOOLS_MAX_OTHER = 1 << 53
 
 
 class OutOfRange(ValueError):
-    """A whole number inside a nested section above its bound; config_load names the key `path`."""
+    """A whole number inside a nested section above its bound; config/load.py names the key `path`."""
 
     def __init__(self, path: list[str], value: int, bound: int) -> None:
         super().__init__(f"{'.'.join(path)}: must be at most {bound}")
         self.path, self.value, self.bound = path, value, bound
-
-
-def size_bytes(text: str) -> int:
-    """'4g' -> 4 GiB in bytes ('4' alone is bytes), the unit letters of docker/podman --memory."""
-    unit = text[-1].lower() if text[-1].isalpha() else "b"
-    return int(float(text.rstrip("bkmgtBKMGT") or 0) * _UNITS[unit])
 
 
 def run_name_problem(name: str) -> str | None:

@@ -11,7 +11,6 @@ so of trajforge it imports that model, its checks' OutOfRange and the error tree
 
 from __future__ import annotations
 
-import difflib
 import re
 from pathlib import Path, PurePath
 from typing import Any
@@ -19,9 +18,11 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from trajforge.config import RunConfig, UnknownDistribution, suggest, unknown_choice
+from trajforge.config import RunConfig
+from trajforge.config.sections import UnknownDistribution, suggest, unknown_choice
 from trajforge.config.checks import OutOfRange
 from trajforge.errors import ConfigError, UsageError
+from trajforge.registry import did_you_mean
 
 _NESTED_PARALLELISM = {"max_workers": "num_workers", "batch_size": "batch_size", "timeout": "timeout",
                        "samples_per_prompt": "samples_per_prompt"}
@@ -31,7 +32,7 @@ _PLAIN = {"int_parsing": "must be a whole number", "int_type": "must be a whole 
           "float_type": "must be a number", "string_type": "must be a string", "bool_parsing": "must be true or false",
           "bool_type": "must be true or false", "dict_type": "must be a mapping", "model_type": "must be a mapping",
           "list_type": "must be a list", "path_type": "must be a path", "string_too_short": "must not be empty",
-          # only the sandbox's size strings have a pattern (config_checks.SIZE_PATTERN, container_memory's)
+          # only the sandbox's size strings have a pattern (checks.SIZE_PATTERN, container_memory's)
           "string_pattern_mismatch": "must be a size: a number with an optional unit b, k, m, g or t (e.g. 512m, 4g)"}
 _BOUNDS = {"greater_than_equal": "at least", "greater_than": "greater than", "less_than_equal": "at most",
            "less_than": "less than"}
@@ -147,8 +148,8 @@ def _describe(e: ValidationError, flags: dict[str, str], config_file: Path | Non
         top = parts[0]
         if "expected" in err.get("ctx", {}):
             choices = re.findall(r"'([^']*)'", err["ctx"]["expected"])
-            close = difflib.get_close_matches(value, choices, n=1) if isinstance(value, str) else []
-            msg = f"must be one of {err['ctx']['expected']}" + (f"; did you mean {close[0]!r}?" if close else "")
+            hint = did_you_mean(value, choices) if isinstance(value, str) else ""
+            msg = f"must be one of {err['ctx']['expected']}{hint}"
         elif err["type"] in _BOUNDS:
             bound = next(iter(err["ctx"].values()))
             msg = f"must be {_BOUNDS[err['type']]} {f'{bound:g}' if isinstance(bound, float) else bound}"

@@ -1,19 +1,20 @@
-"""The nested sections of a run's configuration, and the wording of an unknown choice.
+"""The run's nested sections of its configuration, and the wording of an unknown choice.
 
-RunConfig (config.py) holds these as `task_types`, `pricing`, `distributions` and `network`; each
-section validates its own values. `unknown_choice` words a value that is not one of the allowed
-(with the closest name first), for RunConfig and the file reader (config_load) alike. A leaf
-beside config.py: it imports the toolset catalog and netpolicy, nothing above.
+RunConfig (config/__init__.py) holds these as `task_types` and `distributions`; each section
+validates its own values (the other layers' nested sections, `pricing`, `network` and `tools`,
+are declared in their own sections). `unknown_choice` words a value that is not one of the allowed
+(with the closest name first), for RunConfig and the file reader (config/load.py) alike. A leaf
+beside RunConfig: it imports the toolset catalog and the registry's wording, nothing above.
 """
 
 from __future__ import annotations
 
-import difflib
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from trajforge.catalog import toolset_names
+from trajforge.catalog import TOOLSETS, toolset_names
+from trajforge.registry import did_you_mean
 
 
 class _Strict(BaseModel):
@@ -29,14 +30,6 @@ class TaskTypeConfig(_Strict):
     match: Literal["exact", "contains", "regex", "number"] | None = None
     rubric: str | None = Field(None, min_length=1)
     judge_threshold: float | None = Field(None, ge=0, le=1)
-
-
-class PriceConfig(_Strict):
-    """USD per million tokens of one model (config `pricing`), for providers that report no cost."""
-
-    prompt: float = Field(ge=0)
-    completion: float = Field(ge=0)
-    cached_prompt: float | None = Field(None, ge=0, description="default: the prompt price")
 
 
 class DistributionConfig(_Strict):
@@ -57,7 +50,9 @@ class DistributionConfig(_Strict):
     @classmethod
     def _known_toolsets(cls, v: dict[str, float]) -> dict[str, float]:
         for name, p in v.items():
-            if name not in toolset_names():
+            if ":" in name and name not in toolset_names():
+                TOOLSETS.outside(name)  # a toolset from outside trajforge; a ValueError says why it is none
+            elif name not in toolset_names():
                 raise ValueError(unknown_choice("toolset", name, list(toolset_names())))
             if not 0 <= p <= 100:
                 raise ValueError(f"probability of {name!r} must be within 0..100, got {p:g}")
@@ -68,26 +63,8 @@ class DistributionConfig(_Strict):
         return v
 
 
-class NetworkConfig(_Strict):
-    """`network:` section. `allow`: CIDRs, addresses or host names that samples and the runner's
-    fetches on their behalf may reach although they are loopback/private/link-local/CGNAT
-    (netpolicy.py); host names only apply to the runner's fetches."""
-
-    allow: list[str] = Field(default_factory=list)
-
-    @field_validator("allow")
-    @classmethod
-    def _valid_entries(cls, v: list[str]) -> list[str]:
-        from trajforge.netpolicy import valid_allow_entry
-
-        for entry in v:
-            if not valid_allow_entry(entry):
-                raise ValueError(f"{entry!r} is neither a CIDR/address nor a host name")
-        return v
-
-
 class UnknownDistribution(ValueError):
-    """Raised by RunConfig's whole-model check; config_load pins it on the `distribution` key."""
+    """Raised by RunConfig's whole-model check; config/load.py pins it on the `distribution` key."""
 
     def __init__(self, value: str, allowed: list[str]) -> None:
         super().__init__(unknown_choice("distribution", value, allowed))
@@ -96,9 +73,7 @@ class UnknownDistribution(ValueError):
 
 def suggest(value: str, allowed: list[str]) -> str:
     """'; did you mean 'x'? (allowed: a, b)': the closest name first, for typos."""
-    close = difflib.get_close_matches(value, allowed, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"{hint} (allowed: {', '.join(allowed)})"
+    return f"{did_you_mean(value, allowed)} (allowed: {', '.join(allowed)})"
 
 
 def unknown_choice(what: str, value: str, allowed: list[str]) -> str:

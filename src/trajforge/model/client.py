@@ -38,7 +38,7 @@ from trajforge.model.policy import PolicyVersion
 from trajforge.model.pricing import call_usage
 from trajforge.model.retry import RetryPolicy, backoff_delay, parse_retry_after  # noqa: F401  (re-exported)
 from trajforge.model.token_capture import REQUEST_FIELDS, from_reply
-from trajforge.model.transport import TransportError, make_transport
+from trajforge.model.transport import AiohttpTransport, Transport, TransportError
 from trajforge.model.types import DEFAULT_BASE_URL, NOT_RETURNED, Completion, ModelSettings, ToolCall
 
 log = logging.getLogger(__name__)
@@ -90,12 +90,11 @@ class OpenAIClient:
     cap, so the runner's concurrency limit is the only one. The request body is encoded once per
     call with orjson and the reply decoded with orjson (the SDK's `chat.completions.create` spent
     more CPU per call on its TypedDict transform and pydantic models than the rest of a trajectory).
-    `transport`: "auto", "aiohttp" or "sdk" (model.transport).
     """
 
     def __init__(self, settings: ModelSettings, api_key: str, *, backoff_base: float = 1.0,
                  backoff_max: float = 30.0, retry_after_cap: float = 60.0,
-                 rng: random.Random | None = None, transport: str = "auto") -> None:
+                 rng: random.Random | None = None) -> None:
         self.model_name = settings.model
         self.base_url = settings.base_url or DEFAULT_BASE_URL
         self._settings = settings
@@ -106,7 +105,7 @@ class OpenAIClient:
         # The body fields of every request; extra_body is merged at the top level, as the SDK does.
         self._fields = {k: v for k, v in self._options.items() if k != "extra_body"}
         self._fields.update(self._options.get("extra_body", {}))
-        self._transport = make_transport(self.base_url, api_key, settings.request_timeout, transport)
+        self._transport: Transport = AiohttpTransport(self.base_url, api_key, settings.request_timeout)
         self._price = (settings.pricing or {}).get(settings.model)
         self.policy = PolicyVersion(settings.policy_version)
 

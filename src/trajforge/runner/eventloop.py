@@ -21,9 +21,9 @@ import sys
 from collections.abc import Callable, Iterator
 
 from trajforge.errors import OutputError
-from trajforge.runner import store
-from trajforge.runner.checkpoint import Checkpoint
-from trajforge.runner.progress import Progress
+from trajforge.runner.state import store
+from trajforge.runner.state.checkpoint import Checkpoint
+from trajforge.runner.reporting.progress import Progress
 
 
 def use_pidfd_child_watcher() -> bool:

@@ -1,7 +1,7 @@
 """One invocation of a run once its input is checked and its directory locked: `Invocation`.
 
-`start` plans what is left (runner.plan), starts the executor, records the invocation in the
-checkpoint and makes the outcome listeners (runner.listeners); the engine (runner.engine) then
+`start` plans what is left (runner.scheduling.plan), starts the executor, records the invocation in the
+checkpoint and makes the outcome listeners (runner.listeners); the engine (runner.scheduling.engine) then
 hands every sample's outcome to `on_outcome`, which scrubs and judges it once (`Ended.of`) and
 gives it to each listener in turn; `finish` closes them, merges, writes statistics.json and says
 the exit code.
@@ -10,7 +10,7 @@ A file of the run that cannot be written (disk full, read-only, I/O error) stops
 (`halt`): outcomes not yet written are dropped (those samples run again on --resume), what is
 written is kept, and the run ends with one line naming the file. The order of the end matters:
 batch files are closed and synced, the checkpoint is saved, then the merge and statistics are
-rebuilt from what is on disk (runner.report).
+rebuilt from what is on disk (runner.reporting.report).
 """
 
 from __future__ import annotations
@@ -20,40 +20,38 @@ import sys
 import time
 from typing import Any
 
-from trajforge.catalog.executors import EXECUTORS
-from trajforge.catalog.sandboxes import AUTO, image_backend
 from trajforge.config import RunConfig
 from trajforge.errors import FatalModelError, OutputError
 from trajforge.redact import REGISTRY, Scrubber
-from trajforge.runner import rowcache, settings, store
-from trajforge.runner.budget import BUDGET_EXIT_CODE
-from trajforge.runner.checkpoint import Checkpoint
-from trajforge.runner.engine import ExecutorFactory, run_engine
+from trajforge.runner.reporting import settings
+from trajforge.runner.state import store
+from trajforge.runner.scheduling.budget import BUDGET_EXIT_CODE
+from trajforge.runner.state.checkpoint import Checkpoint
+from trajforge.runner.scheduling.engine import ExecutorFactory, run_engine
 from trajforge.runner.eventloop import flush_periodically, install_signals, remove_signals
-from trajforge.runner.governor import budget_for
+from trajforge.runner.scheduling.governor import budget_for
 from trajforge.runner.listeners import (
     BatchFiles, CheckpointEntries, Ended, InvocationFigures, ListenerContext, OutcomeListener, ProgressLine, registered,
 )
-from trajforge.runner.monitor import RunMonitor
-from trajforge.runner.plan import plan
-from trajforge.runner.progress import Progress
-from trajforge.runner.report import failed_exit_code, finish, print_summary
-from trajforge.runner.rollouts import RolloutScheduler, prior_passes
-from trajforge.runner.rows import RunRows
-from trajforge.runner.rundir import RunDir
-from trajforge.runner.stats import Totals
+from trajforge.runner.reporting.monitor import RunMonitor
+from trajforge.runner.scheduling.plan import plan
+from trajforge.runner.reporting.progress import Progress
+from trajforge.runner.reporting.report import failed_exit_code, finish, print_summary
+from trajforge.runner.scheduling.rollouts import RolloutScheduler, prior_passes
+from trajforge.runner.scheduling.rows import RunRows
+from trajforge.runner.state.rundir import RunDir
+from trajforge.runner.reporting.stats import Totals
 from trajforge.sample.outcome import Outcome
-from trajforge.sandbox.sandbox_settings import SandboxSettings
 
 
 class Invocation:
     """One invocation: start, an outcome at a time, halt on an output error, finish."""
 
-    def __init__(self, config: RunConfig, sandbox_settings: SandboxSettings, rows: RunRows,
+    def __init__(self, config: RunConfig, sandbox: str, rows: RunRows,
                  prefill: list[dict[str, Any]] | None, rundir: RunDir, make_executor: ExecutorFactory, *,
                  scrubber: Scrubber = REGISTRY) -> None:
-        self.config, self.sandbox_settings, self.rows, self.prefill = config, sandbox_settings, rows, prefill
-        self.rundir, self.run_dir, self.make_executor, self.scrubber = rundir, rundir.path, make_executor, scrubber
+        self.config, self.sandbox, self.rows, self.prefill = config, sandbox, rows, prefill
+        self.rundir, self.layout, self.make_executor, self.scrubber = rundir, rundir.layout, make_executor, scrubber
         self.keep_passed = config.keep == "passed"
         self.failures: list[OutputError] = []
         self.stop = asyncio.Event()  # set to schedule no new sample (a signal, an output error)
@@ -82,10 +80,10 @@ class Invocation:
     async def start(self) -> None:
         """Plan, start the executor and record this invocation. A refused start (UsageError from
         the executor or a listener) leaves no result behind."""
-        config, rows, run_dir = self.config, self.rows, self.run_dir
+        config, rows, layout = self.config, self.rows, self.layout
         self.started_wall, self.t0 = time.time(), time.monotonic()
-        self.checkpoint = checkpoint = Checkpoint.load(run_dir / "checkpoint.json", config.run_name or "")
-        planned = plan(rows, run_dir, checkpoint)
+        self.checkpoint = checkpoint = Checkpoint.load(layout, config.run_name or "")
+        planned = plan(rows, checkpoint)
         self.todo = todo = planned.todo
         restored = planned.restored
         rows.check_cached(todo, config.skip_invalid)  # the rows to run that this invocation did not validate
@@ -100,10 +98,8 @@ class Invocation:
                 "record is missing or unreadable in the batch files: they run again")
         if rows.skipped:
             say(f"skipped {len(rows.skipped)} invalid dataset line(s)")
-        config, sandbox = await resolve_sandbox(config, self.sandbox_settings, rows)
-        self.config = config
         say(f"run '{config.run_name}': {len(rows)} samples, {len(rows) - len(todo)} already finished, "
-            f"{len(todo)} to run, sandbox {sandbox} -> {run_dir}")
+            f"{len(todo)} to run, sandbox {self.sandbox} -> {layout.root}")
         masked = config.masked()
         used = settings.shaping(masked)
         earlier = next((i.settings for i in reversed(checkpoint.invocations) if i.settings is not None), None)
@@ -111,14 +107,14 @@ class Invocation:
             say(f"this invocation runs with other settings than the previous one: {settings.describe(diff)} "
                 "(the run's records will mix them; statistics.json lists each change)")
 
-        self.batch_store = store.BatchStore(run_dir)
+        self.batch_store = store.BatchStore(layout)
         self.totals = Totals()
         self.totals.verify.k = config.samples_per_prompt
         todo.seen = self.totals.verify.task_types  # filled as the samples are handed out
         self.totals.verify.per_row = False
         self.progress = Progress(len(rows), already=len(rows) - len(todo))
-        extra = registered(ListenerContext(config, run_dir, self.scrubber))
-        self.executor = executor = self.make_executor(config, self.prefill, run_dir)
+        extra = registered(ListenerContext(config, layout.root, self.scrubber))
+        self.executor = executor = self.make_executor(config, self.prefill, layout.root)
         if todo:  # before the checkpoint records this invocation: a refused start leaves no results behind
             try:
                 for u in await executor.start({s.image for s in todo if s.image} if rows.with_image else set()):
@@ -130,7 +126,7 @@ class Invocation:
         self.budget = budget = budget_for(config, checkpoint.invocations, len(todo), (restored.spent, restored.samples))
         self.monitor = RunMonitor(getattr(executor, "gate", None), budget)
         self.progress.extra = self.monitor.progress_text
-        self.entry = checkpoint.begin_invocation(self.started_wall, model=config.model, settings=used,
+        self.entry = checkpoint.begin_invocation(self.started_wall, model=config.resolved.model, settings=used,
                                                  skipped_invalid=len(rows.skipped))
         if restored.samples:  # the next invocation's prior, like `spent`
             self.entry.recovered_spent, self.entry.recovered_samples = restored.spent, restored.samples
@@ -142,7 +138,7 @@ class Invocation:
     async def _work(self) -> bool:
         """Every sample left, through the engine; True when a stop cut it short."""
         config = self.config
-        passes = prior_passes(self.run_dir, self.rows, self.checkpoint) if config.stop_after_passes else None
+        passes = prior_passes(self.rows, self.checkpoint) if config.stop_after_passes else None
         source = RolloutScheduler.build(self.todo, config.stop_after_passes, passes, on_skip=self.progress.skip)
         return await run_engine(source, self.executor, self.on_outcome, lambda s: config.retry_limit(s.task_type),
                                 self.stop, budget=self.budget)
@@ -194,12 +190,12 @@ class Invocation:
         if self.failures:
             checkpoint.close()
             raise self.failures[0]  # trajectories.jsonl and statistics.json of the last good end stay as they are
-        stats = finish(config, self.rows, self.run_dir, checkpoint, self.totals, self.seconds, self.monitor.spend(),
+        stats = finish(config, self.rows, checkpoint, self.totals, self.seconds, self.monitor.spend(),
                        self.monitor.concurrency())
         checkpoint.compact()  # the merge's state with the rest: the next start reads a snapshot, no journal
         checkpoint.close()
-        self.rows.save_cache(self.run_dir / rowcache.FILE)  # after the merge: a kill before it only costs a longer start
-        print_summary(stats, self.run_dir)
+        self.rows.save_cache(self.layout.rows_cache)  # after the merge: a kill before it only costs a longer start
+        print_summary(stats, self.layout)
         if self.fatal is not None:
             print(f"error: {self.fatal}", file=sys.stderr)
             return 1
@@ -215,22 +211,3 @@ class Invocation:
 def say(message: str) -> None:
     print(f"trajforge: {message}", file=sys.stderr)
 
-
-async def resolve_sandbox(config: RunConfig, settings: SandboxSettings, rows: RunRows) -> tuple[RunConfig, str]:
-    """Decide `--sandbox auto` once, here, so the start line, config.json and statistics.json name
-    the backend the samples really use; a fallback to one that isolates less says why and how to
-    get isolation. The config with the backend chosen, and how the start line names it."""
-    if config.tasks is not None:
-        return config, f"{image_backend().name} (tasks)"
-    if not EXECUTORS[config.executor].capabilities.in_process:
-        return config, f"{config.sandbox} (chosen on each node)" if config.sandbox == AUTO else config.sandbox
-    from trajforge.sandbox.factory import resolve_backend
-
-    kind, passed = await resolve_backend(settings)
-    config = config.model_copy(update={"sandbox": kind})
-    for name, reason in passed:
-        say(f"--sandbox auto: {name} is not usable here ({reason}), so commands run in the "
-            f"`{kind}` sandbox WITHOUT isolation from this host; run `trajforge doctor` to see how to get "
-            f"isolation, or pass --sandbox {kind} to accept it")
-    runs_images = image_backend().name
-    return config, f"{kind} (rows with an image: {runs_images})" if rows.with_image and kind != runs_images else kind

@@ -10,14 +10,14 @@ output error (disk full) none sees anything more (runner.invocation).
 What a listener gets is an `Ended`, which only `Ended.of` makes: the outcome with its record and
 message already scrubbed of the run's secrets (trajforge.redact), the record's saved line, and
 the verdict of the filters that decide whether trajectories.jsonl will hold it (a call to a tool
-that was not offered, --keep passed: runner.merge.left_out), judged once for every listener. So
+that was not offered, --keep passed: runner.reporting.merge.left_out), judged once for every listener. So
 a new listener cannot leak a key by forgetting to scrub, nor stream a record the merge will drop.
 Each registered listener is also given the scrubber (`ListenerContext.scrubber`) for anything
 else it writes.
 
 A listener hears the outcomes of the invocation it was made for, once each. A killed invocation's
 records that its checkpoint never saved are put back from the batch files at the next start
-(runner.recovery) without being heard again (its listeners may have heard them already): a
+(runner.state.recovery) without being heard again (its listeners may have heard them already): a
 consumer that must miss none after a kill reads them from the run directory.
 
 Adding one is a module with `make(context: ListenerContext) -> OutcomeListener | None` (None: it
@@ -38,16 +38,17 @@ from trajforge.config import RunConfig
 from trajforge.jsonio import dumps
 from trajforge.redact import Scrubber
 from trajforge.registry import Registry
-from trajforge.runner.merge import HALLUCINATED, left_out
-from trajforge.sample.outcome import Outcome
+from trajforge.run_layout import RunLayout
+from trajforge.runner.reporting.merge import left_out
+from trajforge.sample.outcome import HALLUCINATED, Outcome
 
 if TYPE_CHECKING:
-    from trajforge.runner.budget import Budget
-    from trajforge.runner.checkpoint import Checkpoint
-    from trajforge.runner.checkpoint_file import InvocationEntry
-    from trajforge.runner.progress import Progress
-    from trajforge.runner.stats import Totals
-    from trajforge.runner.store import BatchStore
+    from trajforge.runner.scheduling.budget import Budget
+    from trajforge.runner.state.checkpoint import Checkpoint
+    from trajforge.runner.state.checkpoint_file import InvocationEntry
+    from trajforge.runner.reporting.progress import Progress
+    from trajforge.runner.reporting.stats import Totals
+    from trajforge.runner.state.store import BatchStore
 
 log = logging.getLogger("trajforge")
 
@@ -58,7 +59,8 @@ class Ended:
 
     outcome: Outcome  # its record and message scrubbed
     line: bytes | None  # a done outcome's record as its batch file holds it: JSON, scrubbed, ending in a newline
-    dropped: str | None  # why trajectories.jsonl will not hold the record (runner.merge.left_out); None: it will
+    # why trajectories.jsonl will not hold the record (runner.reporting.merge.left_out); None: it will
+    dropped: str | None
     location: tuple[int, int] | None = None  # (offset, length) in batch_<outcome.batch_num>.jsonl, once saved
 
     @classmethod
@@ -96,6 +98,11 @@ class ListenerContext:
     config: RunConfig
     run_dir: Path
     scrubber: Scrubber  # for whatever else the listener writes or sends
+
+    @property
+    def layout(self) -> RunLayout:
+        """The run directory's paths (a listener may read it through runner.reader)."""
+        return RunLayout(self.run_dir)
 
 
 # Listeners beside the run's own, each made for every invocation; tests register theirs the same way.

@@ -16,23 +16,24 @@ import sys
 from typing import Any
 
 from trajforge.config import RunConfig
+from trajforge.config.resolved import Resolved
 from trajforge.errors import UsageError
 from trajforge.jsonio import dumps
 from trajforge.redact import REGISTRY, hide_in_proc, run_secrets
-from trajforge.runner import rowcache, store
+from trajforge.run_layout import RunLayout
+from trajforge.runner.state import store
 from trajforge.runner.console import safe_std_streams
-from trajforge.runner.engine import ExecutorFactory
+from trajforge.runner.scheduling.engine import ExecutorFactory
 from trajforge.runner.eventloop import tuned_collector, use_pidfd_child_watcher
-from trajforge.runner.governor import check_prices
+from trajforge.runner.scheduling.governor import check_prices
 from trajforge.runner.invocation import Invocation
 from trajforge.runner.preflight import (
-    check_container_images, check_executor, check_network, check_task_engine, choose_model, load_input, load_prefill,
-    refuse_contradictions,
+    check_container_images, check_executor, check_network, check_task_engine, choose_backend, choose_model, load_input,
+    load_prefill, refuse_contradictions,
 )
-from trajforge.runner.rows import RunRows
-from trajforge.runner.rundir import RunDir
-from trajforge.sample.lower_settings import sandbox_settings
-from trajforge.sandbox.sandbox_settings import SandboxSettings
+from trajforge.runner.reporting.report import ORACLE_MODEL
+from trajforge.runner.scheduling.rows import RunRows
+from trajforge.runner.state.rundir import RunDir
 from trajforge.verify.verifier import check_verification_settings
 
 
@@ -53,21 +54,23 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
     assert (config.dataset_file or config.tasks) is not None and config.run_name is not None
     refuse_contradictions(config)
     prefill = load_prefill(config.prefill_messages_file)
-    run_path = config.output_dir / config.run_name
+    layout = RunLayout(config.output_dir / config.run_name)
     # one pass: every row validated, a few bytes of each kept; a resume reads only what the last
     # invocation did not (rows.idx)
-    rows = load_input(config, run_path / rowcache.FILE if config.resume else None)
+    rows = load_input(config, layout.rows_cache if config.resume else None)
     if config.agent != "oracle":
-        config = choose_model(config)
-        check_prices(config)
+        model = choose_model(config)
+        check_prices(config, model)
     else:  # the oracle calls no model: no endpoint, key or price to check, and its records say "oracle"
-        config = config.model_copy(update={"model": "oracle"})
-    config, sandbox = check_network(config, sandbox_settings(config))  # the sandbox's settings, built once
+        model = ORACLE_MODEL
+    network, sandbox = check_network(config.sandbox_settings())
     check_executor(config)
     check_container_images(config, rows)
     check_task_engine(config)
     check_verification_settings(config, rows.path, rows.rubric, rows.verified)
-    rundir = RunDir(run_path)
+    backend, shown = choose_backend(config, sandbox, rows)
+    config = config.resolve(Resolved(model, backend, network))  # what the run decided, once
+    rundir = RunDir(layout)
     rundir.acquire(resume=config.resume, overwrite=config.overwrite)
     watcher = use_pidfd_child_watcher()
     refused = False
@@ -75,10 +78,10 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
         leftovers = rundir.remove_leftovers()
         if leftovers:
             print(f"trajforge: removed {leftovers} temporary file(s) left by a killed run", file=sys.stderr)
-        for msg in store.repair(rundir.path):
+        for msg in store.repair(layout):
             print(f"trajforge: {msg}", file=sys.stderr)
         with tuned_collector():
-            return asyncio.run(_invoke(config, sandbox, rows, prefill, rundir, make_executor))
+            return asyncio.run(_invoke(config, shown, rows, prefill, rundir, make_executor))
     except UsageError:  # refused at the invocation's start (Invocation.start): before any result was written
         refused = True
         raise
@@ -88,6 +91,6 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
         rundir.release(discard=refused)
 
 
-async def _invoke(config: RunConfig, sandbox: SandboxSettings, rows: RunRows, prefill: list[dict[str, Any]] | None,
+async def _invoke(config: RunConfig, shown: str, rows: RunRows, prefill: list[dict[str, Any]] | None,
                   rundir: RunDir, make_executor: ExecutorFactory) -> int:
-    return await Invocation(config, sandbox, rows, prefill, rundir, make_executor).run()
+    return await Invocation(config, shown, rows, prefill, rundir, make_executor).run()

@@ -26,7 +26,7 @@ from trajforge.model.retry import RetryPolicy
 from trajforge.netpolicy import Policy, make_policy
 from trajforge.sandbox.interface import FileOpError, PathEscapeError
 from trajforge.tools.web import fetch
-from trajforge.tools.aux_models import ToolUnavailable, endpoint_key, endpoint_url
+from trajforge.tools.aux_models import ToolUnavailable, tool_endpoint
 from trajforge.tools.web.egress import policy_for
 from trajforge.tools.tool import Tool, ToolContext, Toolset, Unavailable, error, ok
 from trajforge.catalog.tools_config import ImageGenSettings
@@ -159,11 +159,11 @@ async def build(run: ToolSettings) -> ImageGenToolset | Unavailable:
     if not (settings.base_url or run.model.base_url):
         return Unavailable("image_gen", "no images endpoint configured: set tools.image_gen.base_url (an "
                                         "OpenAI-compatible API serving /images/generations) or --base_url")
-    base_url = endpoint_url(run, settings.base_url)
     try:
-        key = endpoint_key(run, "image_gen", settings.base_url, settings.api_key_env)
+        at = tool_endpoint(run, "image_gen", settings.base_url, settings.api_key_env)
     except ToolUnavailable as e:
         return Unavailable("image_gen", str(e))
+    base_url, key = at.url, at.key
     # The SDK's own retries are off: the one policy (model.retry) retries, as for every model call.
     api = AsyncOpenAI(api_key=key, base_url=base_url, timeout=settings.timeout, max_retries=0)
     return ImageGenToolset(settings, api, base_url, key, RetryPolicy(run.model.max_retries).for_tool(),

@@ -20,6 +20,7 @@ import orjson
 from aiohttp import web
 
 from trajforge.agent.segments import TOKENS
+from trajforge.runner.reader import RunReader, history
 from trajforge.sample.outcome import FAILURE_CLASSES
 from trajforge.view.conversation import display_turns
 from trajforge.view.index import RunIndex
@@ -47,11 +48,9 @@ async def catch_up(index: RunIndex, idle: asyncio.Event | None = None) -> None:
 
 
 def invocation_settings(invocations: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run's models and each change of settings between invocations (runner.settings), as
+    """The run's models and each change of settings between invocations (runner.reporting.settings), as
     statistics.json lists them: shown by the overview when a resume changed any."""
     from types import SimpleNamespace
-
-    from trajforge.runner.settings import history
 
     models, changed = history([SimpleNamespace(model=i.get("model"), settings=i.get("settings"))
                                for i in invocations])
@@ -101,21 +100,12 @@ class Viewer:
             self._cache[key] = (self.index.generation, value)
         return value
 
-    def _run_file(self, name: str) -> dict[str, Any]:
-        if self.index.run_dir is None:
-            return {}
-        try:
-            data = orjson.loads((self.index.run_dir / name).read_bytes())
-        except (OSError, orjson.JSONDecodeError):
-            return {}
-        return data if isinstance(data, dict) else {}
-
     def _stats_signature(self) -> tuple[int, int] | None:
         """statistics.json is written after the last batch line and checkpoint save: its own
         change must redraw the overview too."""
         try:
-            st = (self.index.run_dir / "statistics.json").stat()  # type: ignore[operator]
-        except (OSError, TypeError):
+            st = self.index.layout.statistics.stat()  # type: ignore[union-attr]
+        except (OSError, AttributeError):
             return None
         return st.st_mtime_ns, st.st_size
 
@@ -125,7 +115,8 @@ class Viewer:
         live = ix.live()
 
         def build() -> dict[str, Any]:
-            stats, config = self._run_file("statistics.json"), self._run_file("config.json")
+            reader = RunReader(ix.run_dir) if ix.run_dir is not None else None
+            stats, config = (reader.statistics(), reader.config()) if reader is not None else ({}, {})
             total = (stats.get("run") or {}).get("samples", {}).get("total")
             if ix.dataset is not None and (total is None or live):
                 total = len(ix.dataset)  # statistics.json, if any, is an earlier invocation's

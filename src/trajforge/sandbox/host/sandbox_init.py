@@ -87,8 +87,11 @@ class SandboxInit:
             _signal.signal(getattr(_signal, name), _signal.SIG_IGN)
         _signal.set_wakeup_fd(-1)  # the zygote's wake-up pipe is not ours
         for procs in req.get("cgroups", ()):  # every command it starts inherits them
-            with open(procs, "w") as f:
-                f.write("0")
+            fd = os.open(procs, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
         tree = checked(libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, req["workspace"].encode(),
                                     _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC | _AT_SYMLINK_NOFOLLOW), "open_tree")
         if net >= 0:

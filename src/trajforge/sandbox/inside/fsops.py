@@ -272,37 +272,3 @@ def scan(entries, shown: str, pattern: str, *, target: str, glob: str | None, li
                     return found, True
                 found.append(f"{display}:{num}: {line.strip()[:300]}")
     return found, False
-
-
-def tree_state(root: str, most: int = 32) -> list | None:
-    """The entries beneath `root` with their type, mode, owner and extended attribute names
-    (root's own first), without following a link; None past `most` entries or where one cannot
-    be read. A fresh workspace holds at most its cwd's directories: anything larger is a sample
-    that left files."""
-    out: list = []
-    stack = [""]
-    try:
-        out.append(_entry_state("", root))
-        while stack:
-            rel = stack.pop()
-            with os.scandir(os.path.join(root, rel) if rel else root) as it:
-                for entry in it:
-                    name = os.path.join(rel, entry.name) if rel else entry.name
-                    out.append(_entry_state(name, entry.path))
-                    if len(out) > most:
-                        return None
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append(name)
-    except OSError:
-        return None
-    out.sort()
-    return out
-
-
-def _entry_state(name: str, path: str) -> tuple:
-    st = os.lstat(path)
-    try:
-        attrs = sorted(os.listxattr(path, follow_symlinks=False))
-    except OSError:  # a file system without them
-        attrs = []
-    return (name, st.st_mode, st.st_uid, st.st_gid, tuple(attrs))

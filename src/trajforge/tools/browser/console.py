@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-KEEP = 200  # messages held per document (and per sample, browser_session.py)
+KEEP = 200  # messages held per document (and per sample, session.py)
 TEXT_CHARS = 1000  # of a message's text and of its page's URL
 READ_CHARS = 512 << 10  # one read's JSON: newest messages first, until this much
 READER = "__trajforge_console"

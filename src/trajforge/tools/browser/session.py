@@ -1,6 +1,6 @@
 """The run's Chromium and each sample's private browser context.
 
-One Chromium process serves the whole run (BrowserBackend, started by tools/browser.py build()
+One Chromium process serves the whole run (BrowserBackend, started by toolset.py's build()
 and closed by the toolset's aclose()). Each sample gets its own BrowserContext (cookies,
 storage, cache) and page, created lazily on the sample's first browser tool call, kept in
 `ctx.state["browser"]` and closed by the sample's cleanup stack, so no two samples ever share
@@ -51,7 +51,7 @@ class BrowserBackend:
         self.browser = browser
         self.settings = settings
         self.slots = asyncio.Semaphore(settings.max_contexts)
-        self.policy: Policy | None = None  # the egress policy its proxy enforces (tools/browser.py)
+        self.policy: Policy | None = None  # the egress policy its proxy enforces (toolset.py)
 
     def session(self, ctx: ToolContext) -> BrowserSession:
         """This sample's session, registered for cleanup the first time it is asked for."""

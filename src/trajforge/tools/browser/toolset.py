@@ -2,10 +2,11 @@
 
 build() finds a Chromium executable (Debian's `chromium` by default; nothing ever downloads a
 browser), starts Playwright's driver and launches Chromium headless, and returns the toolset;
-when Playwright or Chromium is missing it returns Unavailable with the reason, so the toolset is
-simply not offered. Playwright is imported inside build() so importing this module stays cheap.
-The per-sample contexts live in browser_session.py, the tools in browser_tools.py.
-Chromium reaches the network only through the run's egress proxy (tools/egress_proxy.py), so
+when Chromium is missing it returns Unavailable with the reason, so the toolset is simply not
+offered (so is it without Playwright, its spec's `needs`). Playwright is imported inside build()
+so importing this module stays cheap.
+The per-sample contexts live in session.py, the tools in tools.py.
+Chromium reaches the network only through the run's egress proxy (tools/web/egress_proxy.py), so
 every request of every page is checked by the egress policy; WebRTC may not bypass it either.
 With `--sandbox_network none` the toolset is not offered (it would fetch model-chosen URLs).
 """
@@ -73,14 +74,11 @@ async def build(run: ToolSettings) -> BrowserToolset | Unavailable:
     if executable is None:
         where = f" at {settings.executable_path}" if settings.executable_path else ""
         return Unavailable(NAME, f"Chromium not found{where}: {NOT_FOUND}")
-    try:
-        from playwright.async_api import Error as PlaywrightError
-        from playwright.async_api import async_playwright
+    # Playwright is the spec's `needs` (trajforge.catalog), checked before this module loads.
+    from playwright.async_api import Error as PlaywrightError
+    from playwright.async_api import async_playwright
 
-        from trajforge.tools.browser.session import BrowserBackend
-    except ImportError as e:
-        return Unavailable(NAME, f"Playwright is not installed ({e}): pip install playwright")
-
+    from trajforge.tools.browser.session import BrowserBackend
     from trajforge.tools.web.egress import policy_for
     from trajforge.tools.web.egress_proxy import EgressProxy
 

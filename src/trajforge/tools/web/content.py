@@ -11,7 +11,7 @@ neither the tool's nor the sample's timeout can cancel, and it runs in the runne
 every sandbox limit. So every conversion bounds its own work by what it returns (about max_chars),
 never by the size or shape of the document: JSON stops encoding at max_chars, HTML conversion
 past a few times max_chars or a CPU budget, PDF text extraction at max_chars, a page cap or a CPU
-budget (pdf_text.py). Those bounds are what make the thread safe.
+budget (pdf.py). Those bounds are what make the thread safe.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The egress policy of the runner's own fetches of model-chosen URLs (web_extract, vision and
-image downloads, every request of the browser through tools/egress_proxy.py).
+image downloads, every request of the browser through tools/web/egress_proxy.py).
 
 These fetches run in the runner, outside any sandbox, so without a check a model could read the
 runner's loopback services, the cloud metadata service (169.254.169.254) or the private network.

@@ -4,7 +4,7 @@ Chromium is started with `--proxy-server` pointing here and `--proxy-bypass-list
 (so even localhost goes through the proxy), hence every request of every page (navigations,
 subresources, redirects, fetch/XHR, websockets) reaches the network only through this proxy.
 Chromium does not resolve names itself when it uses a proxy; the proxy resolves, checks each
-address with the policy (tools/egress.py) and connects to a checked address, so DNS rebinding
+address with the policy (egress.py) and connects to a checked address, so DNS rebinding
 and redirects to private addresses are refused like the first request. Two request forms:
 CONNECT host:port (https, wss: a tunnel), and absolute-form `GET http://host/...` (http, ws),
 forwarded on a fresh upstream connection with `Connection: close` both ways. Refusals answer 403 with

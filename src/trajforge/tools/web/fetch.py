@@ -5,7 +5,7 @@ one wall-clock deadline for the whole exchange (a server that drips bytes cannot
 past it), and a byte cap enforced while streaming so a huge response is never held in memory.
 Failures become FetchError with a message fit for the model; nothing here raises httpx errors.
 
-Clients for model-chosen URLs are made with a `policy` (tools/egress.py): every connection,
+Clients for model-chosen URLs are made with a `policy` (tools/web/egress.py): every connection,
 redirects included, goes only to addresses the run's egress policy allows, checked after DNS
 resolution; a refusal comes back to the model saying why.
 """
