@@ -34,6 +34,7 @@ for _spec in (
          needs=("ray",), extra="ray"),
     Spec("worker", "trajforge.cli.cluster:worker_main", "join a Ray head as a worker node", needs=("ray",), extra="ray"),
     Spec("view", "trajforge.cli.view:main", "browse a run's trajectories in a web page"),
+    Spec("serve", "trajforge.cli.serve:main", "serve rollouts of groups to an RL trainer over HTTP"),
 ):
     SUBCOMMANDS.register(_spec)
 

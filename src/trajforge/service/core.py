@@ -1,0 +1,271 @@
+"""The rollout service: groups in, each group out as soon as all of its rollouts ended.
+
+It is `run`'s engine run again and again on one run directory: an accepted group's row is
+appended to the service's dataset (RunLayout.service_rows) once per rollout, and while any group
+is open the service runs an invocation of the run over that dataset (runner.main.invoke, with
+--resume after the first), which runs what is not finished yet: new rollouts, and failed ones
+again. The service hears each rollout's end through its outcome listener (service.listener), so
+what it streams passed the same scrubbing and filters as trajectories.jsonl. Groups submitted
+while an invocation runs wait for the next one.
+
+A rollout becomes, for a trainer (trajforge.failures.rollout_class):
+- `scored`: a result of the policy, with its reward (a wrong answer, max_turns, a cut reply);
+- `masked`: its end cannot be blamed on the policy (the sandbox did not start, provider errors
+  after retries, a check that could not run, a budget): never a reward, the failure class named.
+  A failed rollout runs again up to `retry_masked` times before it is delivered masked;
+- `dropped`: the run's filters leave it out of trajectories.jsonl (a tool that was not offered,
+  --keep): no record.
+
+The state (service.store) is in the run directory, so `--resume` after any kill goes on with the
+open groups and streams the finished, unacked ones again; acked ones never come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from trajforge.config import RunConfig
+from trajforge.dataset import checked_row
+from trajforge.errors import UsageError
+from trajforge.failures import masks, rollout_class
+from trajforge.jsonio import dumps
+from trajforge.redact import REGISTRY
+from trajforge.run_layout import RunLayout
+from trajforge.runner.listeners import Ended
+from trajforge.runner.main import invoke
+from trajforge.runner.scheduling.engine import Executor, ExecutorFactory
+from trajforge.service import listener
+from trajforge.service.store import ServiceStore
+
+log = logging.getLogger("trajforge")
+SCORED, MASKED, DROPPED = "scored", "masked", "dropped"
+MAX_GROUP_SIZE = 1024  # rollouts of one group
+
+
+class BadGroups(ValueError):
+    """A submission that `run` would refuse: the message names the row and the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A finished group as a consumer gets it."""
+
+    id: str
+    cursor: int
+    body: dict[str, Any]
+
+
+class RolloutService:
+    """The engine as a long-lived service on one run directory. Use `async with`."""
+
+    def __init__(self, config: RunConfig, make_executor: ExecutorFactory, *, retry_masked: int = 0,
+                 resume: bool = False) -> None:
+        assert config.run_name is not None
+        self.layout = RunLayout(config.output_dir / config.run_name)
+        if self.layout.root.exists() and any(self.layout.root.iterdir()) and not resume:
+            if not config.overwrite:
+                raise UsageError(f"{self.layout.root} already holds a run: pass --resume to go on with its "
+                                 "groups, or --overwrite to start over")
+        self.layout.root.mkdir(parents=True, exist_ok=True)
+        if not resume:
+            for path in (self.layout.service_state, self.layout.service_rows):
+                path.unlink(missing_ok=True)
+        self.config = config.model_copy(update={"dataset_file": self.layout.service_rows, "samples_per_prompt": 1})
+        self.make_executor = make_executor
+        self.retry_masked = retry_masked
+        self.store = ServiceStore(self.layout.service_state)
+        self.keep_passed = config.keep == "passed"
+        self.policy_version: int | None = self.store.get("policy_version", config.policy_version)
+        self.executor: Executor | None = None
+        self.finished = asyncio.Condition()
+        self.stop = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._loop: asyncio.Task[None] | None = None
+        self.invocations = 0
+        self.running = False
+        self.unpushed: dict[str, int] = {}
+
+    # ---- life ----
+    async def __aenter__(self) -> RolloutService:
+        listener.ATTACHED[self.layout.root.resolve()] = self.on_ended
+        self._loop = asyncio.create_task(self._generate(), name="rollout-service")
+        if self.store.open_indices():
+            self._wake.set()  # a resumed service goes on with its open groups
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Start no new rollout, let the running invocation end (its rollouts in flight get its
+        grace period), end every stream. Idempotent."""
+        self.stop.set()
+        self._wake.set()
+        await self._notify()
+        if self._loop is not None:
+            await self._loop
+            self._loop = None
+        if listener.ATTACHED.pop(self.layout.root.resolve(), None) is not None:
+            self.store.close()
+
+    async def _generate(self) -> None:
+        """An invocation of the run while any group is open; each one ends when its dataset is done."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self.stop.is_set():
+                return
+            before = len(self.store.open_indices())
+            if not before:
+                continue
+            self._write_dataset()
+            resume = self.layout.has_results()
+            config = self.config.model_copy(update={"resume": resume, "overwrite": False,
+                                                    "policy_version": self.policy_version})
+            self.running = True
+            try:
+                code = await invoke(config, self._executor_of, self.stop)
+            except Exception:  # a run-fatal problem (bad key, disk full): said, and the open groups wait
+                log.exception("the rollout service's invocation failed")
+                code = 1
+            finally:
+                self.running, self.executor = False, None
+                self.invocations += 1
+            after = len(self.store.open_indices())
+            if self.stop.is_set():
+                return
+            if after and after < before:
+                self._wake.set()  # failed rollouts to run again (--retry_masked)
+            elif after:
+                log.warning("the rollout service's invocation ended %d rollout(s) short (exit code %d); "
+                            "they wait for the next group", after, code)
+
+    def _executor_of(self, config: RunConfig, prefill: list[dict[str, Any]] | None, run_dir: Path) -> Executor:
+        self.executor = self.make_executor(config, prefill, run_dir)
+        return self.executor
+
+    def _write_dataset(self) -> None:
+        """The service's dataset from its store: each group's row once per rollout, in sample order
+        (the file only grows, so the run's rows.idx stays valid)."""
+        path = self.layout.service_rows
+        lines = [row for row, n in self.store.db.execute("SELECT row, n FROM groups ORDER BY seq")
+                 for _ in range(n)]
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        os.replace(tmp, path)
+
+    # ---- requests ----
+    def submit(self, rows: Sequence[Any], n: int) -> list[str]:
+        """Validate every row as `run` does, then accept them all (one group each) or none."""
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_GROUP_SIZE:
+            raise BadGroups(f"field 'n' must be a whole number from 1 to {MAX_GROUP_SIZE}, not {n!r}")
+        if not isinstance(rows, list) or not rows:
+            raise BadGroups("field 'rows' must be a non-empty list of dataset rows")
+        host_cwd = self.config.sandbox != "container"
+        lines = []
+        for i, row in enumerate(rows):
+            problem, _, _ = checked_row(row, host_cwd)
+            if problem is not None:
+                raise BadGroups(f"rows[{i}]: {problem}")
+            lines.append(dumps(row))
+        if self.stop.is_set():
+            raise BadGroups("the service is stopping")
+        groups = [(uuid.uuid4().hex, line, n) for line in lines]
+        self.store.add_groups(groups)
+        self._wake.set()
+        return [g[0] for g in groups]
+
+    def set_policy(self, version: int, in_flight: str = "continue") -> None:
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise BadGroups(f"field 'version' must be a whole number of 0 or more, not {version!r}")
+        if in_flight != "continue":
+            raise BadGroups(f"field 'in_flight': only 'continue' is supported, not {in_flight!r}")
+        self.policy_version = version
+        self.store.put("policy_version", version)
+        policy = getattr(self.executor, "policy", None)
+        if policy is not None:
+            policy.set(version)  # calls sent from now on carry it (model.policy)
+
+    def ack(self, ids: Sequence[str]) -> int:
+        return self.store.ack(ids)
+
+    def cancel(self, gid: str) -> bool:
+        return self.store.cancel(gid)
+
+    def status(self) -> dict[str, Any]:
+        counts = self.store.counts()
+        return {"queued": counts["queued"], "finished_unacked": counts["finished"], "acked": counts["acked"],
+                "cancelled": counts["cancelled"], "open_rollouts": len(self.store.open_indices()),
+                "running": self.running, "invocations": self.invocations, "policy_version": self.policy_version,
+                "not_pushed": dict(self.unpushed)}
+
+    async def stream(self, cursor: int = 0, *, follow: bool = True) -> AsyncIterator[Finished]:
+        """Finished, unacked groups past `cursor`, in the order they finished; with `follow`, then
+        each one as it finishes, until the service stops."""
+        while True:
+            async with self.finished:
+                found = list(self.store.finished_after(cursor))
+                if not found:
+                    if not follow or self.stop.is_set():
+                        return
+                    await self.finished.wait()
+                    continue
+            for gid, at in found:
+                group = self.store.group(gid)
+                if group is not None and group["state"] == "finished":
+                    yield Finished(gid, at, group)
+                cursor = at
+
+    # ---- the listener's side ----
+    def on_ended(self, ended: Ended) -> None:
+        """A rollout of the running invocation ended (scrubbed and judged: runner.listeners.Ended)."""
+        o = ended.outcome
+        slot = self.store.slot(o.index)
+        if slot is None:
+            return  # a cancelled group's, or one settled already
+        if o.status == "failed" and slot.attempts < self.retry_masked:
+            self.store.note_attempt(o.index)
+            return  # failed rollouts run again in the next invocation
+        gid = self.store.settle(o.index, rollout_result(ended, slot.k, slot.attempts + 1, self.keep_passed))
+        if gid is not None:
+            asyncio.get_running_loop().create_task(self._notify())
+
+    async def _notify(self) -> None:
+        async with self.finished:
+            self.finished.notify_all()
+
+
+def rollout_result(ended: Ended, k: int, runs: int, keep_passed: bool) -> dict[str, Any]:
+    """What a consumer gets of one rollout: its status for a trainer, and the record when
+    trajectories.jsonl holds it."""
+    o = ended.outcome
+    reason = ended.dropped if o.status == "done" else o.reason
+    row = rollout_class(o.status, reason, o.record)
+    record = o.record if ended.kept else None
+    if o.status != "done" or ended.dropped is not None:
+        status = MASKED if o.status == "failed" else DROPPED
+    else:
+        status = MASKED if row is not None and masks(row) else SCORED
+    verification = (record or {}).get("verification") or {}
+    reward = verification.get("score") if status == SCORED else None
+    versions = (record or {}).get("policy_versions")
+    return {"k": k, "status": status, "failure": row.name if row is not None else None,
+            "reward": reward, "passed": verification.get("passed") if status == SCORED else None,
+            "runs": runs, "message": o.message, "policy_versions": versions, "record": record}
+
+
+def dumps_group(finished: Finished) -> bytes:
+    body = dict(finished.body)
+    body["cursor"] = finished.cursor
+    rollouts = body["rollouts"]
+    body["usable"] = sum(1 for r in rollouts if r and r["status"] == SCORED)
+    return orjson.dumps(REGISTRY.value(body)) + b"\n"
