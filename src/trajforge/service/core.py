@@ -43,6 +43,7 @@ from trajforge.run_layout import RunLayout
 from trajforge.runner.listeners import Ended
 from trajforge.runner.main import invoke
 from trajforge.runner.scheduling.engine import Executor, ExecutorFactory
+from trajforge.sample.outcome import Outcome
 from trajforge.service import listener
 from trajforge.service.store import ServiceStore
 
@@ -99,8 +100,34 @@ class RolloutService:
         listener.ATTACHED[self.layout.root.resolve()] = self.on_ended
         self._loop = asyncio.create_task(self._generate(), name="rollout-service")
         if self.store.open_indices():
+            self._recover()
             self._wake.set()  # a resumed service goes on with its open groups
         return self
+
+    def _recover(self) -> None:
+        """Rollouts that a killed service's run saved but the service never heard of (the kill
+        came between the checkpoint's commit and the listener's) are settled from the run's files,
+        through the same `Ended` as a live one; the rest run again."""
+        if not self.layout.has_results():
+            return
+        from trajforge.runner.reader import RunReader
+
+        self._write_dataset()
+        reader = RunReader(self.layout.root)
+        rows = reader.rows(self.config.model_copy(update={"resume": True}))
+        outcomes = reader.outcomes()
+        wanted = {rows.sample(i).identity: i for i in self.store.open_indices()}
+        heard = {identity: outcomes[identity] for identity in wanted if identity in outcomes}
+        records = {r["sample_id"]: r for r in reader.batch_records() if r.get("sample_id") in heard}
+        for identity, entry in heard.items():
+            if entry.status == "failed":
+                continue  # it runs again
+            record = records.get(identity) if entry.status == "done" else None
+            if entry.status == "done" and record is None:
+                continue
+            o = Outcome(wanted[identity], identity, entry.batch, entry.status, record=record, reason=entry.reason,
+                        message=entry.message, attempts=entry.attempts)
+            self.on_ended(Ended.of(o, REGISTRY, keep_passed=self.keep_passed))
 
     async def __aexit__(self, *_: object) -> None:
         await self.close()
