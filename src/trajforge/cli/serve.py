@@ -25,7 +25,8 @@ FLAGS = [Flag("host", "str", "address to listen on (not loopback: needs --token)
          Flag("token", "str", "the bearer token every request must carry (required off loopback)", default=None),
          Flag("retry_masked", "int", "run a masked (failed) rollout again up to M times before delivering it",
               default=0),
-         Flag("max_body", "int", "the largest request body, in bytes", default=8 << 20)]
+         Flag("max_body", "int", "the largest request body, in bytes", default=8 << 20),
+         Flag("push", "str", "also send each finished group to atropos=URL (an Atropos API server)", default=None)]
 
 
 def is_loopback(host: str) -> bool:
@@ -61,7 +62,8 @@ async def _serve(config, make_executor, ns) -> int:  # type: ignore[no-untyped-d
     from trajforge.service.core import RolloutService
     from trajforge.service.http import make_app
 
-    service = RolloutService(config, make_executor, retry_masked=ns.retry_masked, resume=config.resume)
+    service = RolloutService(config, make_executor, retry_masked=ns.retry_masked, resume=config.resume,
+                              push=ns.push)
     async with service:
         runner = web.AppRunner(make_app(service, token=ns.token, max_body=ns.max_body), access_log=None,
                                handle_signals=False)

@@ -45,6 +45,7 @@ from trajforge.runner.main import invoke
 from trajforge.runner.scheduling.engine import Executor, ExecutorFactory
 from trajforge.sample.outcome import Outcome
 from trajforge.service import listener
+from trajforge.service.atropos import AtroposPush
 from trajforge.service.store import ServiceStore
 
 log = logging.getLogger("trajforge")
@@ -69,7 +70,8 @@ class RolloutService:
     """The engine as a long-lived service on one run directory. Use `async with`."""
 
     def __init__(self, config: RunConfig, make_executor: ExecutorFactory, *, retry_masked: int = 0,
-                 resume: bool = False) -> None:
+                 resume: bool = False, push: str | None = None) -> None:
+        """`push`: `atropos=URL` sends each finished group to that Atropos API server (service.atropos)."""
         assert config.run_name is not None
         self.layout = RunLayout(config.output_dir / config.run_name)
         if self.layout.root.exists() and any(self.layout.root.iterdir()) and not resume:
@@ -93,12 +95,23 @@ class RolloutService:
         self._loop: asyncio.Task[None] | None = None
         self.invocations = 0
         self.running = False
-        self.unpushed: dict[str, int] = {}
+        self.unpushed: dict[str, int] = {}  # groups not pushed, by why
+        self.pusher: AtroposPush | None = None
+        self._push_task: asyncio.Task[None] | None = None
+        if push is not None:
+            kind, _, url = push.partition("=")
+            if kind != "atropos" or not url.startswith(("http://", "https://")):
+                raise UsageError(f"--push {push}: expected atropos=URL (http:// or https://)")
+            self.pusher = AtroposPush(url, self.store.note_pushed, self.unpushed)
 
     # ---- life ----
     async def __aenter__(self) -> RolloutService:
         listener.ATTACHED[self.layout.root.resolve()] = self.on_ended
         self._loop = asyncio.create_task(self._generate(), name="rollout-service")
+        if self.pusher is not None:
+            self._push_task = asyncio.create_task(self.pusher.run(self.stop), name="atropos-push")
+            for gid, cursor in self.store.unpushed():
+                self._push(gid, cursor)
         if self.store.open_indices():
             self._recover()
             self._wake.set()  # a resumed service goes on with its open groups
@@ -141,6 +154,9 @@ class RolloutService:
         if self._loop is not None:
             await self._loop
             self._loop = None
+        if self._push_task is not None:
+            self._push_task.cancel()
+            self._push_task = None
         if listener.ATTACHED.pop(self.layout.root.resolve(), None) is not None:
             self.store.close()
 
@@ -265,6 +281,13 @@ class RolloutService:
         gid = self.store.settle(o.index, rollout_result(ended, slot.k, slot.attempts + 1, self.keep_passed))
         if gid is not None:
             asyncio.get_running_loop().create_task(self._notify())
+            if self.pusher is not None:
+                self._push(gid, self.store.group(gid)["cursor"])  # type: ignore[index]
+
+    def _push(self, gid: str, cursor: int) -> None:
+        group = self.store.group(gid)
+        assert self.pusher is not None and group is not None
+        self.pusher.queue.put_nowait(orjson.loads(dumps_group(Finished(gid, cursor, group))))
 
     async def _notify(self) -> None:
         async with self.finished:

@@ -27,6 +27,7 @@ CREATE TABLE IF NOT EXISTS groups (
 CREATE TABLE IF NOT EXISTS rollouts (
     idx INTEGER PRIMARY KEY, gid TEXT NOT NULL, k INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
     result TEXT);
+CREATE TABLE IF NOT EXISTS pushed (gid TEXT PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
@@ -122,6 +123,14 @@ class ServiceStore:
         with self._tx():
             return sum(self.db.execute("UPDATE groups SET state = ? WHERE id = ? AND state = ?",
                                        (ACKED, gid, FINISHED)).rowcount for gid in ids)
+
+    def note_pushed(self, gid: str) -> None:
+        self.db.execute("INSERT OR IGNORE INTO pushed VALUES (?)", (gid,))
+
+    def unpushed(self) -> list[tuple[str, int]]:
+        """(id, cursor) of finished groups (acked or not) not yet pushed, in the order they finished."""
+        return self.db.execute("SELECT id, cursor FROM groups WHERE cursor IS NOT NULL AND state IN (?, ?) "
+                               "AND id NOT IN (SELECT gid FROM pushed) ORDER BY cursor", (FINISHED, ACKED)).fetchall()
 
     def cancel(self, gid: str) -> bool:
         return self.db.execute("UPDATE groups SET state = ? WHERE id = ? AND state = ?",
