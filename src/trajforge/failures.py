@@ -67,6 +67,8 @@ TABLE: tuple[FailureClass, ...] = (
                  "the sandbox could not be made or the engine failed"),
     FailureClass("build", SAMPLE, None, TASK, FAILED, "the task's image did not build"),
     FailureClass("internal", SAMPLE, None, INFRASTRUCTURE, FAILED, "a bug of trajforge"),
+    FailureClass("stale", SAMPLE, None, BUDGET, FAILED,
+                 "the rollout service's max_staleness: its group would have mixed too many policy versions"),
     *_verifier("verifier_timeout", "the tests passed [verifier].timeout_sec"),
     *_verifier("verifier_crashed", "the tests wrote no reward and exited non-zero"),
     *_verifier("reward_missing", "the tests wrote no reward and exited 0"),
@@ -115,6 +117,7 @@ def verification_kinds(mode: str) -> tuple[str, ...]:
 
 
 SAMPLE_CLASSES = tuple(r.name for r in TABLE if r.stage == SAMPLE)
+STALE = "stale"
 
 
 def masks(row: FailureClass) -> bool:

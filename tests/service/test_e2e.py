@@ -115,7 +115,7 @@ def test_fifty_groups_of_eight_through_a_kill_a_dropped_connection_and_two_polic
 def test_the_embedded_model_serves_groups(tmp_path: Path) -> None:
     pytest.importorskip("llama_cpp")
     with ScriptedServer(policy) as unused:  # the Service helper names a model server: the local model ignores it
-        service = Service(unused, tmp_path, "--model=local", "--max_turns=1", "--max_tokens=16", "--policy_version=4",
+        service = Service(unused, tmp_path, "--model=local", "--max_turns=1", "--max_tokens=16", "--policy_version=4", "--keep_no_reasoning",
                           "--num_workers=2")
         try:
             _, made = service.request("POST", "/groups", {"rows": [{"prompt": "Say hi.", "check": "true"}], "n": 2})

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import sys
 import urllib.error
 import urllib.request
@@ -37,6 +38,8 @@ def policy(req: Recorded) -> Reply:
     prompt, auth = user_prompt(req.body), req.headers.get("Authorization", "")
     if prompt == "flaky":
         return http_error(500, "the provider is down")
+    if prompt == "hang":  # a reply that comes after the test is over (the service's stop cancels it)
+        return Reply(body=chat("late").body, delay=600)
     if tool_messages(req.body):
         return echo_policy(turns=1)(req)
     if prompt == "leak":
@@ -200,5 +203,39 @@ def test_the_service_refuses_what_it_must(server: ScriptedServer, tmp_path: Path
         status, body = service.request("POST", "/groups", {"rows": [{"prompt": "ok"}], "n": 2, "model": "x"})
         assert status == 422 and "unknown field 'model'" in body["error"]
         assert service.request("GET", "/status")[1]["queued"] == 0  # no half-made group
+        _, made = service.request("POST", "/groups", {"rows": [{"prompt": "hang"}, {"prompt": "say a"}], "n": 1})
+        assert service.request("DELETE", f"/groups/{made['ids'][0]}") == (200, {"cancelled": made["ids"][0]})
+        assert service.request("DELETE", "/groups/nosuchgroup")[0] == 404
+        (group,) = service.take(1)
+        assert group["id"] == made["ids"][1]
+        shown = service.request("GET", "/status")[1]
+        assert (shown["cancelled"], shown["finished_unacked"], shown["queued"]) == (1, 1, 0)
     finally:
         assert service.stop() == 0
+
+
+def test_max_staleness_starts_no_rollout_that_would_mix_more_versions_into_its_group(tmp_path: Path) -> None:
+    started = threading.Event()
+    seen: list[str] = []
+
+    def slow(req: Recorded) -> Reply:  # the first two rollouts are in flight when the policy changes
+        seen.append(user_prompt(req.body))
+        if len(seen) >= 2:
+            started.set()
+        return Reply(body=chat("done").body, delay=1.0) if not tool_messages(req.body) else policy(req)
+
+    with ScriptedServer(slow) as server:
+        service = Service(server, tmp_path, "--max_staleness=1", "--num_workers=2", "--policy_version=0",
+                          "--keep_no_reasoning")
+        try:
+            _, made = service.request("POST", "/groups", {"rows": [{"prompt": "say a", "check": "true"}], "n": 4})
+            assert started.wait(120)
+            assert service.request("POST", "/policy", {"version": 1})[0] == 200
+            (group,) = service.take(1)
+            shown = service.request("GET", "/status")[1]
+        finally:
+            assert service.stop() == 0
+    statuses = [(r["status"], r["failure"]) for r in group["rollouts"]]
+    assert statuses == [("scored", None)] * 2 + [("masked", "stale")] * 2
+    assert all(r["reward"] is None for r in group["rollouts"][2:])
+    assert (shown["max_staleness"], shown["held_stale"]) == (1, 2)

@@ -26,6 +26,8 @@ FLAGS = [Flag("host", "str", "address to listen on (not loopback: needs --token)
          Flag("retry_masked", "int", "run a masked (failed) rollout again up to M times before delivering it",
               default=0),
          Flag("max_body", "int", "the largest request body, in bytes", default=8 << 20),
+         Flag("max_staleness", "int", "start no rollout whose group's rollouts would start under more than K "
+              "policy versions (it is masked as stale)", default=None),
          Flag("push", "str", "also send each finished group to atropos=URL (an Atropos API server)", default=None)]
 
 
@@ -44,8 +46,8 @@ def main(argv: list[str]) -> int:
     if not is_loopback(ns.host) and not ns.token:
         raise UsageError(f"--host {ns.host} is not loopback: pass --token so that only holders of it can use "
                          "the service")
-    if ns.retry_masked < 0 or ns.max_body < 1:
-        raise UsageError("--retry_masked must be 0 or more and --max_body 1 or more")
+    if ns.retry_masked < 0 or ns.max_body < 1 or (ns.max_staleness is not None and ns.max_staleness < 1):
+        raise UsageError("--retry_masked must be 0 or more, --max_body and --max_staleness 1 or more")
     if any(a.lstrip("-").replace("-", "_").startswith("dataset_file") for a in rest):
         raise UsageError("--dataset_file: the service's groups arrive over HTTP (POST /v1/groups)")
     config, _ = parse_run_args(["--dataset_file=service_rows.jsonl", *rest], "trajforge serve",
@@ -63,7 +65,7 @@ async def _serve(config, make_executor, ns) -> int:  # type: ignore[no-untyped-d
     from trajforge.service.http import make_app
 
     service = RolloutService(config, make_executor, retry_masked=ns.retry_masked, resume=config.resume,
-                              push=ns.push)
+                              push=ns.push, max_staleness=ns.max_staleness)
     async with service:
         runner = web.AppRunner(make_app(service, token=ns.token, max_body=ns.max_body), access_log=None,
                                handle_signals=False)

@@ -36,14 +36,15 @@ import orjson
 from trajforge.config import RunConfig
 from trajforge.dataset import checked_row
 from trajforge.errors import UsageError
-from trajforge.failures import masks, rollout_class
+from trajforge.failures import STALE, masks, rollout_class
 from trajforge.jsonio import dumps
 from trajforge.redact import REGISTRY
 from trajforge.run_layout import RunLayout
 from trajforge.runner.listeners import Ended
 from trajforge.runner.main import invoke
 from trajforge.runner.scheduling.engine import Executor, ExecutorFactory
-from trajforge.sample.outcome import Outcome
+from trajforge.dataset import Sample
+from trajforge.sample.outcome import Outcome, batch_number
 from trajforge.service import listener
 from trajforge.service.atropos import AtroposPush
 from trajforge.service.store import ServiceStore
@@ -70,8 +71,10 @@ class RolloutService:
     """The engine as a long-lived service on one run directory. Use `async with`."""
 
     def __init__(self, config: RunConfig, make_executor: ExecutorFactory, *, retry_masked: int = 0,
-                 resume: bool = False, push: str | None = None) -> None:
-        """`push`: `atropos=URL` sends each finished group to that Atropos API server (service.atropos)."""
+                 resume: bool = False, push: str | None = None, max_staleness: int | None = None) -> None:
+        """`push`: `atropos=URL` sends each finished group to that Atropos API server (service.atropos).
+        `max_staleness K`: a rollout whose start would make its group's rollouts start under more
+        than K policy versions is not started (it is masked as `stale`)."""
         assert config.run_name is not None
         self.layout = RunLayout(config.output_dir / config.run_name)
         if self.layout.root.exists() and any(self.layout.root.iterdir()) and not resume:
@@ -96,6 +99,9 @@ class RolloutService:
         self.invocations = 0
         self.running = False
         self.unpushed: dict[str, int] = {}  # groups not pushed, by why
+        self.max_staleness = max_staleness
+        self.started_under: dict[str, set[int | None]] = {}  # group -> the versions its rollouts started under
+        self.held_stale = 0  # rollouts not started: they would have mixed too many versions
         self.pusher: AtroposPush | None = None
         self._push_task: asyncio.Task[None] | None = None
         if push is not None:
@@ -194,7 +200,25 @@ class RolloutService:
 
     def _executor_of(self, config: RunConfig, prefill: list[dict[str, Any]] | None, run_dir: Path) -> Executor:
         self.executor = self.make_executor(config, prefill, run_dir)
-        return self.executor
+        return StalenessGate(self.executor, self) if self.max_staleness is not None else self.executor
+
+    def stale(self, idx: int) -> str | None:
+        """Why the rollout at `idx` must not start now (max_staleness), or None: it starts, under
+        the current version."""
+        slot = self.store.slot(idx)
+        if slot is None or self.max_staleness is None:
+            return None
+        versions = self.started_under.get(slot.gid)
+        if versions is None:  # a resumed service: what its settled rollouts ran under
+            group = self.store.group(slot.gid) or {"rollouts": []}
+            versions = self.started_under[slot.gid] = {
+                (r["policy_versions"] or [None])[0] for r in group["rollouts"] if r and r["record"]}
+        if too_stale(versions, self.policy_version, self.max_staleness):
+            self.held_stale += 1
+            return (f"max_staleness {self.max_staleness}: its group started under policy versions "
+                    f"{sorted(v for v in versions if v is not None)}, the policy is at {self.policy_version}")
+        versions.add(self.policy_version)
+        return None
 
     def _write_dataset(self) -> None:
         """The service's dataset from its store: each group's row once per rollout, in sample order
@@ -234,7 +258,7 @@ class RolloutService:
             raise BadGroups(f"field 'in_flight': only 'continue' is supported, not {in_flight!r}")
         self.policy_version = version
         self.store.put("policy_version", version)
-        policy = getattr(self.executor, "policy", None)
+        policy = getattr(self.executor, "policy", None)  # the run's own executor, under any gate
         if policy is not None:
             policy.set(version)  # calls sent from now on carry it (model.policy)
 
@@ -249,7 +273,8 @@ class RolloutService:
         return {"queued": counts["queued"], "finished_unacked": counts["finished"], "acked": counts["acked"],
                 "cancelled": counts["cancelled"], "open_rollouts": len(self.store.open_indices()),
                 "running": self.running, "invocations": self.invocations, "policy_version": self.policy_version,
-                "not_pushed": dict(self.unpushed)}
+                "not_pushed": dict(self.unpushed), "max_staleness": self.max_staleness,
+                "held_stale": self.held_stale}
 
     async def stream(self, cursor: int = 0, *, follow: bool = True) -> AsyncIterator[Finished]:
         """Finished, unacked groups past `cursor`, in the order they finished; with `follow`, then
@@ -292,6 +317,41 @@ class RolloutService:
     async def _notify(self) -> None:
         async with self.finished:
             self.finished.notify_all()
+
+
+def too_stale(started: set[int | None], current: int | None, k: int) -> bool:
+    """Whether a rollout starting under `current` makes its group's start versions more than `k`."""
+    return len(started | {current}) > k
+
+
+class StalenessGate:
+    """The run's executor, but a rollout whose group would mix too many policy versions is not
+    started: it ends at once as failed (`stale`), masked like any failure the policy did not cause."""
+
+    def __init__(self, inner: Executor, service: RolloutService) -> None:
+        self.inner, self.service = inner, service
+        self.capacity = inner.capacity
+        self.gate = getattr(inner, "gate", None)  # the run's monitor reads the model gate from its executor
+
+    @property
+    def policy(self) -> Any:
+        return getattr(self.inner, "policy", None)
+
+    async def start(self, images: Any = ()) -> Any:
+        return await self.inner.start(images)
+
+    async def process(self, sample: Sample, attempt: int) -> Outcome:
+        why = self.service.stale(sample.index)
+        if why is None:
+            return await self.inner.process(sample, attempt)
+        return Outcome(sample.index, sample.identity, batch_number(sample.index, self.service.config.batch_size),
+                       "failed", reason=STALE, message=why, retryable=False)
+
+    def drain(self) -> None:
+        self.inner.drain()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 def rollout_result(ended: Ended, k: int, runs: int, keep_passed: bool) -> dict[str, Any]:
