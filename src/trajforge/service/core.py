@@ -60,11 +60,11 @@ class BadGroups(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """A finished group as a consumer gets it."""
+    """A finished group as a consumer gets it: `line`, its JSON (id, cursor, n, usable, row, rollouts)."""
 
     id: str
     cursor: int
-    body: dict[str, Any]
+    line: bytes
 
 
 class RolloutService:
@@ -288,9 +288,7 @@ class RolloutService:
                     await self.finished.wait()
                     continue
             for gid, at in found:
-                group = self.store.group(gid)
-                if group is not None and group["state"] == "finished":
-                    yield Finished(gid, at, group)
+                yield Finished(gid, at, self.store.group_line(gid, at, REGISTRY.bytes))
                 cursor = at
 
     # ---- the listener's side ----
@@ -303,16 +301,16 @@ class RolloutService:
         if o.status == "failed" and slot.attempts < self.retry_masked:
             self.store.note_attempt(o.index)
             return  # failed rollouts run again in the next invocation
-        gid = self.store.settle(o.index, rollout_result(ended, slot.k, slot.attempts + 1, self.keep_passed))
+        result = rollout_result(ended, slot.k, slot.attempts + 1, self.keep_passed)
+        gid = self.store.settle(o.index, result, result["status"] == SCORED)
         if gid is not None:
             asyncio.get_running_loop().create_task(self._notify())
             if self.pusher is not None:
                 self._push(gid, self.store.group(gid)["cursor"])  # type: ignore[index]
 
     def _push(self, gid: str, cursor: int) -> None:
-        group = self.store.group(gid)
-        assert self.pusher is not None and group is not None
-        self.pusher.queue.put_nowait(orjson.loads(dumps_group(Finished(gid, cursor, group))))
+        assert self.pusher is not None
+        self.pusher.queue.put_nowait(orjson.loads(self.store.group_line(gid, cursor, REGISTRY.bytes)))
 
     async def _notify(self) -> None:
         async with self.finished:
@@ -371,11 +369,3 @@ def rollout_result(ended: Ended, k: int, runs: int, keep_passed: bool) -> dict[s
     return {"k": k, "status": status, "failure": row.name if row is not None else None,
             "reward": reward, "passed": verification.get("passed") if status == SCORED else None,
             "runs": runs, "message": o.message, "policy_versions": versions, "record": record}
-
-
-def dumps_group(finished: Finished) -> bytes:
-    body = dict(finished.body)
-    body["cursor"] = finished.cursor
-    rollouts = body["rollouts"]
-    body["usable"] = sum(1 for r in rollouts if r and r["status"] == SCORED)
-    return orjson.dumps(REGISTRY.value(body)) + b"\n"

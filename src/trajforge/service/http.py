@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from trajforge.service.core import BadGroups, RolloutService, dumps_group
+from trajforge.service.core import BadGroups, RolloutService
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -68,7 +68,7 @@ def make_app(service: RolloutService, *, token: str | None, max_body: int) -> we
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
         async for finished in service.stream(cursor, follow=follow):
-            await response.write(dumps_group(finished))
+            await response.write(finished.line)
         await response.write_eof()
         return response
 

@@ -20,7 +20,7 @@ import orjson
 from trajforge.config import RunConfig
 from trajforge.config.load import build_config
 from trajforge.runner.scheduling.engine import ExecutorFactory
-from trajforge.service.core import RolloutService, dumps_group
+from trajforge.service.core import RolloutService
 
 # the service's dataset is its own (RunLayout.service_rows): a placeholder until the service names it
 _PLACEHOLDER = "service_rows.jsonl"
@@ -55,7 +55,7 @@ class Rollouts:
         async for finished in self.service.stream(0):
             if finished.id not in waiting:
                 continue
-            yield orjson.loads(dumps_group(finished))
+            yield orjson.loads(finished.line)
             self.service.ack([finished.id])
             waiting.discard(finished.id)
             if not waiting:
