@@ -239,3 +239,27 @@ def test_max_staleness_starts_no_rollout_that_would_mix_more_versions_into_its_g
     assert statuses == [("scored", None)] * 2 + [("masked", "stale")] * 2
     assert all(r["reward"] is None for r in group["rollouts"][2:])
     assert (shown["max_staleness"], shown["held_stale"]) == (1, 2)
+
+
+def test_a_policy_change_with_restart_runs_the_rollouts_in_flight_again_under_the_new_version(tmp_path: Path) -> None:
+    started = threading.Event()
+    seen: list[str] = []
+
+    def slow(req: Recorded) -> Reply:  # two calls of 4 s each: a rollout in flight outlives the 5 s grace
+        seen.append(user_prompt(req.body))
+        if len(seen) >= 2:
+            started.set()
+        return Reply(body=echo_policy(turns=1)(req).body, delay=4.0)
+
+    with ScriptedServer(slow) as server:
+        service = Service(server, tmp_path, "--num_workers=2", "--policy_version=0")
+        try:
+            service.request("POST", "/groups", {"rows": [{"prompt": "say a", "check": "true"}], "n": 2})
+            assert started.wait(120)
+            assert service.request("POST", "/policy", {"version": 1, "in_flight": "restart"})[0] == 200
+            (group,) = service.take(1)
+            bad = service.request("POST", "/policy", {"version": 2, "in_flight": "later"})
+        finally:
+            assert service.stop() == 0
+    assert [(r["status"], r["policy_versions"]) for r in group["rollouts"]] == [("scored", [1, 1])] * 2
+    assert bad[0] == 422 and "'continue' or 'restart'" in bad[1]["error"]

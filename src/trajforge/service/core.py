@@ -95,6 +95,8 @@ class RolloutService:
         self.finished = asyncio.Condition()
         self.stop = asyncio.Event()
         self._wake = asyncio.Event()
+        self._cycle_stop: asyncio.Event | None = None  # the running invocation's stop
+        self._restart = False
         self._loop: asyncio.Task[None] | None = None
         self.invocations = 0
         self.running = False
@@ -181,22 +183,31 @@ class RolloutService:
             config = self.config.model_copy(update={"resume": resume, "overwrite": False,
                                                     "policy_version": self.policy_version})
             self.running = True
+            # this invocation's stop: the service's, or a policy change with in_flight "restart"
+            cycle = self._cycle_stop = asyncio.Event()
+            relay = asyncio.create_task(self._relay(cycle))
             try:
-                code = await invoke(config, self._executor_of, self.stop)
+                code = await invoke(config, self._executor_of, cycle)
             except Exception:  # a run-fatal problem (bad key, disk full): said, and the open groups wait
                 log.exception("the rollout service's invocation failed")
                 code = 1
             finally:
-                self.running, self.executor = False, None
+                relay.cancel()
+                self.running, self.executor, self._cycle_stop = False, None, None
                 self.invocations += 1
             after = len(self.store.open_indices())
+            restarted, self._restart = self._restart, False
             if self.stop.is_set():
                 return
-            if after and after < before:
+            if restarted or (after and after < before):
                 self._wake.set()  # failed rollouts to run again (--retry_masked)
             elif after:
                 log.warning("the rollout service's invocation ended %d rollout(s) short (exit code %d); "
                             "they wait for the next group", after, code)
+
+    async def _relay(self, cycle: asyncio.Event) -> None:
+        await self.stop.wait()
+        cycle.set()
 
     def _executor_of(self, config: RunConfig, prefill: list[dict[str, Any]] | None, run_dir: Path) -> Executor:
         self.executor = self.make_executor(config, prefill, run_dir)
@@ -254,13 +265,18 @@ class RolloutService:
     def set_policy(self, version: int, in_flight: str = "continue") -> None:
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise BadGroups(f"field 'version' must be a whole number of 0 or more, not {version!r}")
-        if in_flight != "continue":
-            raise BadGroups(f"field 'in_flight': only 'continue' is supported, not {in_flight!r}")
+        if in_flight not in ("continue", "restart"):
+            raise BadGroups(f"field 'in_flight' must be 'continue' or 'restart', not {in_flight!r}")
         self.policy_version = version
         self.store.put("policy_version", version)
         policy = getattr(self.executor, "policy", None)  # the run's own executor, under any gate
         if policy is not None:
             policy.set(version)  # calls sent from now on carry it (model.policy)
+        if in_flight == "restart" and self._cycle_stop is not None:
+            # the running invocation stops: rollouts in flight get its stop's grace, the rest are
+            # cancelled, unsaved, and run again from the start in the next one, under `version`
+            self._restart = True
+            self._cycle_stop.set()
 
     def ack(self, ids: Sequence[str]) -> int:
         return self.store.ack(ids)
