@@ -8,7 +8,8 @@ by default, `--sandbox=local`) over the same `--groups` rows with `--n` rollouts
 and acking the groups until all came. Figures: wall (for the service: from its start until the
 last group arrived), groups per minute, CPU per rollout (user+sys of the process and everything it
 reaped, os.wait4), the time from the POST to the first group and one rollout's nominal duration
-(its LLM calls x latency). The load average is printed beside them.
+(its LLM calls x latency) and the median of the service's rollouts' own wall time (their
+records' timing.wall_s: under this load and concurrency). The load average is printed beside them.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ async def with_run(args: argparse.Namespace, url: str, work: Path) -> dict[str, 
     cpu = await wait4(proc)
     wall = time.monotonic() - t0
     errors, _ = check_output(work / "out" / "bench", args.groups * args.n, 1)
-    return {"how": "trajforge run", "wall_s": wall, "cpu_s": cpu, "first_group_s": None, "errors": errors,
+    return {"rollout_s": None, "how": "trajforge run", "wall_s": wall, "cpu_s": cpu, "first_group_s": None, "errors": errors,
             "exit": proc.returncode}
 
 
@@ -90,7 +91,9 @@ async def with_service(args: argparse.Namespace, url: str, work: Path) -> dict[s
     proc.terminate()
     cpu = await cpu_task
     errors, _ = check_output(work / "out" / "bench", args.groups * args.n, 1)
-    return {"how": "trajforge serve", "wall_s": wall, "cpu_s": cpu, "first_group_s": first, "errors": errors,
+    walls = sorted(json.loads(x)["timing"]["wall_s"]
+                   for x in (work / "out" / "bench" / "trajectories.jsonl").read_text().splitlines())
+    return {"rollout_s": walls[len(walls) // 2], "how": "trajforge serve", "wall_s": wall, "cpu_s": cpu, "first_group_s": first, "errors": errors,
             "exit": proc.returncode}
 
 
@@ -110,12 +113,14 @@ async def main(args: argparse.Namespace) -> None:
             rows.append(result)
     print(f"{args.groups} groups x {args.n} rollouts, latency {args.latency} s, --num_workers {args.num_workers}, "
           f"one rollout's nominal duration {rollout_s:.2f} s")
-    print("| how | load before | wall s | groups/min | CPU ms / rollout | first group s | errors | exit |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| how | load before | wall s | groups/min | CPU ms / rollout | first group s | median rollout wall s "
+          "| errors | exit |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         first = "-" if r["first_group_s"] is None else f"{r['first_group_s']:.2f}"
+        own = "-" if r["rollout_s"] is None else f"{r['rollout_s']:.2f}"
         print(f"| {r['how']} | {r['load_before']:.2f} | {r['wall_s']:.2f} | {r['groups_per_min']:.0f} | "
-              f"{r['cpu_ms_per_rollout']:.2f} | {first} | {r['errors']} | {r['exit']} |")
+              f"{r['cpu_ms_per_rollout']:.2f} | {first} | {own} | {r['errors']} | {r['exit']} |")
 
 
 if __name__ == "__main__":

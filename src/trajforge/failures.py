@@ -40,12 +40,15 @@ DEFAULT, SEALED = "default", "sealed"  # task verification modes
 MODES = (DEFAULT, SEALED)
 # stages: where in a sample's life the row applies
 SAMPLE, VERIFICATION, END, FILTER = "sample", "verification", "end", "filter"
+SERVICE = "service"  # a rollout the rollout service did not start (its failure is no exception of a sample's)
 
 
 @dataclass(frozen=True, slots=True)
 class FailureClass:
     name: str
-    stage: str  # SAMPLE (no record), VERIFICATION (of the record), END (its end_reason), FILTER (left out)
+    # SAMPLE (no record), SERVICE (not started: no record), VERIFICATION (of the record), END (its
+    # end_reason), FILTER (left out)
+    stage: str
     mode: str | None  # the verification mode it applies to; None: any
     cause: str  # AGENT, TASK, INFRASTRUCTURE or BUDGET
     becomes: str  # FAILED, ERROR, REWARD_0, PARTIAL or DROPPED
@@ -67,7 +70,7 @@ TABLE: tuple[FailureClass, ...] = (
                  "the sandbox could not be made or the engine failed"),
     FailureClass("build", SAMPLE, None, TASK, FAILED, "the task's image did not build"),
     FailureClass("internal", SAMPLE, None, INFRASTRUCTURE, FAILED, "a bug of trajforge"),
-    FailureClass("stale", SAMPLE, None, BUDGET, FAILED,
+    FailureClass("stale", SERVICE, None, BUDGET, FAILED,
                  "the rollout service's max_staleness: its group would have mixed too many policy versions"),
     *_verifier("verifier_timeout", "the tests passed [verifier].timeout_sec"),
     *_verifier("verifier_crashed", "the tests wrote no reward and exited non-zero"),
@@ -138,7 +141,7 @@ def rollout_class(status: str, reason: str | None, record: Mapping[str, Any] | N
     failure class or discard reason (or the filter that leaves a done record out); `record`: a done
     sample's record. An unknown failure class counts as `internal` (masked)."""
     if status == "failed":
-        return _named(reason, SAMPLE) or failure_class("internal")
+        return _named(reason, SAMPLE) or _named(reason, SERVICE) or failure_class("internal")
     if reason is not None:  # discarded, or a done record a filter leaves out
         return _named(reason, FILTER)
     record = record or {}

@@ -56,8 +56,11 @@ def main(argv: list[str]) -> int:
     if ns.token:
         REGISTRY.add(ns.token)
     from trajforge.executors import make_executor
+    from trajforge.runner.eventloop import tuned_collector, use_pidfd_child_watcher
 
-    return asyncio.run(_serve(config, make_executor, ns))
+    use_pidfd_child_watcher()  # as `run` does: the loop reaps tool processes without a thread each
+    with tuned_collector():
+        return asyncio.run(_serve(config, make_executor, ns))
 
 
 async def _serve(config, make_executor, ns) -> int:  # type: ignore[no-untyped-def]

@@ -33,6 +33,7 @@ from typing import Any
 
 import orjson
 
+from trajforge.catalog.sandboxes import runs_on_host
 from trajforge.config import RunConfig
 from trajforge.dataset import checked_row
 from trajforge.errors import UsageError
@@ -248,7 +249,7 @@ class RolloutService:
             raise BadGroups(f"field 'n' must be a whole number from 1 to {MAX_GROUP_SIZE}, not {n!r}")
         if not isinstance(rows, list) or not rows:
             raise BadGroups("field 'rows' must be a non-empty list of dataset rows")
-        host_cwd = self.config.sandbox != "container"
+        host_cwd = runs_on_host(self.config.sandbox)  # as the run's rows are judged
         lines = []
         for i, row in enumerate(rows):
             problem, _, _ = checked_row(row, host_cwd)
