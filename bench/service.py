@@ -29,7 +29,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from server import BenchServer  # noqa: E402
-from throughput import REPO, check_output, write_dataset  # noqa: E402
+from throughput import _PROFILED, REPO, check_output, write_dataset  # noqa: E402
 
 FLAGS = ["--model=bench", "--distribution=terminal_only", "--sandbox=local", "--batch_size=100",
          "--output_dir=out", "--api_key=bench"]
@@ -66,7 +66,8 @@ async def with_service(args: argparse.Namespace, url: str, work: Path) -> dict[s
     write_dataset(dataset, args.groups)
     rows = [json.loads(x) for x in dataset.read_text().splitlines()]
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "trajforge", "serve", "--port=0", "--run_name=bench",
+    prefix = [sys.executable, "-c", _PROFILED, args.profile] if args.profile else [sys.executable, "-m", "trajforge"]
+    proc = subprocess.Popen([*prefix, "serve", "--port=0", "--run_name=bench",
                              f"--base_url={url}", f"--num_workers={args.num_workers}", *FLAGS],
                             cwd=work, env=env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     cpu_task = asyncio.ensure_future(wait4(proc))
@@ -130,4 +131,5 @@ if __name__ == "__main__":
     ap.add_argument("--latency", type=float, default=0.5)
     ap.add_argument("--num_workers", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--profile", help="write a cProfile of the service to this file (inflates its CPU figures)")
     asyncio.run(main(ap.parse_args()))

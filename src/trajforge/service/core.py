@@ -318,8 +318,7 @@ class RolloutService:
         if o.status == "failed" and slot.attempts < self.retry_masked:
             self.store.note_attempt(o.index)
             return  # failed rollouts run again in the next invocation
-        result = rollout_result(ended, slot.k, slot.attempts + 1, self.keep_passed)
-        gid = self.store.settle(o.index, result, result["status"] == SCORED)
+        gid = self.store.settle(o.index, *rollout_result(ended, slot.k, slot.attempts + 1))
         if gid is not None:
             asyncio.get_running_loop().create_task(self._notify())
             if self.pusher is not None:
@@ -369,9 +368,9 @@ class StalenessGate:
         await self.inner.aclose()
 
 
-def rollout_result(ended: Ended, k: int, runs: int, keep_passed: bool) -> dict[str, Any]:
-    """What a consumer gets of one rollout: its status for a trainer, and the record when
-    trajectories.jsonl holds it."""
+def rollout_result(ended: Ended, k: int, runs: int) -> tuple[bytes, bool]:
+    """What a consumer gets of one rollout, as JSON: its status for a trainer, and the record when
+    trajectories.jsonl holds it (the line the batch file got, not encoded again); whether it is scored."""
     o = ended.outcome
     reason = ended.dropped if o.status == "done" else o.reason
     row = rollout_class(o.status, reason, o.record)
@@ -383,6 +382,8 @@ def rollout_result(ended: Ended, k: int, runs: int, keep_passed: bool) -> dict[s
     verification = (record or {}).get("verification") or {}
     reward = verification.get("score") if status == SCORED else None
     versions = (record or {}).get("policy_versions")
-    return {"k": k, "status": status, "failure": row.name if row is not None else None,
-            "reward": reward, "passed": verification.get("passed") if status == SCORED else None,
-            "runs": runs, "message": o.message, "policy_versions": versions, "record": record}
+    head = orjson.dumps({"k": k, "status": status, "failure": row.name if row is not None else None,
+                         "reward": reward, "passed": verification.get("passed") if status == SCORED else None,
+                         "runs": runs, "message": o.message, "policy_versions": versions})
+    line = ended.line.rstrip(b"\n") if record is not None and ended.line is not None else b"null"
+    return b"".join((head[:-1], b',"record":', line, b"}")), status == SCORED

@@ -26,7 +26,8 @@ CREATE TABLE IF NOT EXISTS groups (
     first INTEGER NOT NULL, state TEXT NOT NULL, cursor INTEGER UNIQUE, payload TEXT);
 CREATE TABLE IF NOT EXISTS rollouts (
     idx INTEGER PRIMARY KEY, gid TEXT NOT NULL, k INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
-    result TEXT, scored INTEGER NOT NULL DEFAULT 0);
+    result BLOB, scored INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS rollouts_of_group ON rollouts (gid);
 CREATE TABLE IF NOT EXISTS pushed (gid TEXT PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
@@ -88,12 +89,11 @@ class ServiceStore:
     def note_attempt(self, idx: int) -> None:
         self.db.execute("UPDATE rollouts SET attempts = attempts + 1 WHERE idx = ?", (idx,))
 
-    def settle(self, idx: int, result: dict[str, Any], scored: bool) -> str | None:
-        """The rollout's final result; when it was its group's last, the group finishes (its id)."""
+    def settle(self, idx: int, result: bytes, scored: bool) -> str | None:
+        """The rollout's final result (JSON); when it was its group's last, the group finishes (its id)."""
         with self._tx():
-            self.db.execute("UPDATE rollouts SET attempts = attempts + 1, result = ?, scored = ? WHERE idx = ?",
-                            (orjson.dumps(result).decode(), int(scored), idx))
-            gid = self.db.execute("SELECT gid FROM rollouts WHERE idx = ?", (idx,)).fetchone()[0]
+            gid = self.db.execute("UPDATE rollouts SET attempts = attempts + 1, result = ?, scored = ? WHERE idx = ? "
+                                  "RETURNING gid", (result, int(scored), idx)).fetchone()[0]
             left = self.db.execute("SELECT COUNT(*) FROM rollouts WHERE gid = ? AND result IS NULL", (gid,)).fetchone()
             if left[0]:
                 return None
@@ -122,7 +122,7 @@ class ServiceStore:
         results = self.db.execute("SELECT result, scored FROM rollouts WHERE gid = ? ORDER BY k", (gid,)).fetchall()
         head = orjson.dumps({"id": gid, "cursor": cursor, "n": n, "usable": sum(r[1] for r in results)})
         return b"".join((head[:-1], b',"row":', scrub(row.encode()), b',"rollouts":[',
-                         b",".join(r[0].encode() for r in results), b"]}\n"))
+                         b",".join(r[0] for r in results), b"]}\n"))
 
     def finished_after(self, cursor: int) -> Iterator[tuple[str, int]]:
         """(id, cursor) of finished, unacked groups past `cursor`, in the order they finished."""
