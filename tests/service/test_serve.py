@@ -212,6 +212,18 @@ def test_the_service_refuses_what_it_must(server: ScriptedServer, tmp_path: Path
         assert (shown["cancelled"], shown["finished_unacked"], shown["queued"]) == (1, 1, 0)
     finally:
         assert service.stop() == 0
+    again = subprocess.run([sys.executable, "-m", "trajforge", "serve", "--port=0", f"--output_dir={tmp_path}",
+                            "--run_name=svc", f"--base_url={server.url}", "--model=m", "--api_key=k"],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert again.returncode == 2 and "pass --resume to go on with its groups, or --overwrite" in again.stderr
+    fresh = Service(server, tmp_path, "--overwrite", token="right-token")
+    try:
+        _, made = fresh.request("POST", "/groups", {"rows": [{"prompt": "say b", "check": "true"}], "n": 2})
+        (group,) = fresh.take(1)
+        assert (group["id"], group["cursor"]) == (made["ids"][0], 1)  # the old service's groups are gone
+    finally:
+        assert fresh.stop() == 0
+    assert (tmp_path / "svc" / "trajectories.jsonl").read_text().count("\n") == 2
 
 
 def test_max_staleness_starts_no_rollout_that_would_mix_more_versions_into_its_group(tmp_path: Path) -> None:

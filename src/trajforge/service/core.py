@@ -87,6 +87,7 @@ class RolloutService:
             for path in (self.layout.service_state, self.layout.service_rows):
                 path.unlink(missing_ok=True)
         self.config = config.model_copy(update={"dataset_file": self.layout.service_rows, "samples_per_prompt": 1})
+        self._fresh = not resume
         self.make_executor = make_executor
         self.retry_masked = retry_masked
         self.store = ServiceStore(self.layout.service_state)
@@ -180,8 +181,10 @@ class RolloutService:
             if not before:
                 continue
             self._write_dataset()
-            resume = self.layout.has_results()
-            config = self.config.model_copy(update={"resume": resume, "overwrite": False,
+            # the first invocation of a new service starts the run afresh (--overwrite: over an old one's)
+            resume, overwrite = (False, self.config.overwrite) if self._fresh else (self.layout.has_results(), False)
+            self._fresh = False
+            config = self.config.model_copy(update={"resume": resume, "overwrite": overwrite,
                                                     "policy_version": self.policy_version})
             self.running = True
             # this invocation's stop: the service's, or a policy change with in_flight "restart"
