@@ -67,9 +67,12 @@ def make_app(service: RolloutService, *, token: str | None, max_body: int) -> we
         follow = request.query.get("follow", "1") not in ("0", "false")
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
-        async for finished in service.stream(cursor, follow=follow):
-            await response.write(finished.line)
-        await response.write_eof()
+        try:
+            async for finished in service.stream(cursor, follow=follow):
+                await response.write(finished.line)
+            await response.write_eof()
+        except ConnectionResetError:  # the consumer went: what it did not ack comes again on its next stream
+            pass
         return response
 
     async def ack(request: web.Request) -> web.Response:
