@@ -154,6 +154,8 @@ def test_groups_stream_as_they_finish_with_what_the_run_keeps_and_masked_ones_ne
         assert sorted(g["id"] for g in left) == sorted(made["ids"][4:])
         status, shown = service.request("GET", "/status")
         assert (shown["finished_unacked"], shown["acked"], shown["queued"]) == (2, 4, 0)
+        assert shown["spent"] == 0.0  # the scripted model has no price
+        assert shown["model"] is None or shown["model"]["in_flight"] == 0  # the invocation may still be merging
     finally:
         assert service.stop() == 0
     kept = (tmp_path / "svc" / "trajectories.jsonl").read_text()

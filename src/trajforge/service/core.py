@@ -106,6 +106,7 @@ class RolloutService:
         self.max_staleness = max_staleness
         self.started_under: dict[str, set[int | None]] = {}  # group -> the versions its rollouts started under
         self.held_stale = 0  # rollouts not started: they would have mixed too many versions
+        self.spent = 0.0  # USD, by this service's life
         self.pusher: AtroposPush | None = None
         self._push_task: asyncio.Task[None] | None = None
         if push is not None:
@@ -294,7 +295,16 @@ class RolloutService:
                 "cancelled": counts["cancelled"], "open_rollouts": len(self.store.open_indices()),
                 "running": self.running, "invocations": self.invocations, "policy_version": self.policy_version,
                 "not_pushed": dict(self.unpushed), "max_staleness": self.max_staleness,
-                "held_stale": self.held_stale}
+                "held_stale": self.held_stale, "spent": round(self.spent, 6), "model": self._model()}
+
+    def _model(self) -> dict[str, int] | None:
+        """The running invocation's model calls (its gate: in flight, 429/503 replies), if one runs."""
+        gate = getattr(self.executor, "gate", None)
+        if gate is None:
+            return None
+        snap = gate.snapshot()
+        return {"in_flight": snap.in_flight, "limit": snap.limit, "requests": snap.requests,
+                "overloaded": snap.overloaded}
 
     async def stream(self, cursor: int = 0, *, follow: bool = True) -> AsyncIterator[Finished]:
         """Finished, unacked groups past `cursor`, in the order they finished; with `follow`, then
@@ -315,6 +325,7 @@ class RolloutService:
     def on_ended(self, ended: Ended) -> None:
         """A rollout of the running invocation ended (scrubbed and judged: runner.listeners.Ended)."""
         o = ended.outcome
+        self.spent += o.cost  # the sample's every model call, failed attempts too (runner.scheduling.engine)
         slot = self.store.slot(o.index)
         if slot is None:
             return  # a cancelled group's, or one settled already
