@@ -77,6 +77,11 @@ class RolloutService:
         `max_staleness K`: a rollout whose start would make its group's rollouts start under more
         than K policy versions is not started (it is masked as `stale`)."""
         assert config.run_name is not None
+        push_url = None
+        if push is not None:
+            kind, _, push_url = push.partition("=")
+            if kind != "atropos" or not push_url.startswith(("http://", "https://")):
+                raise UsageError(f"--push {push}: expected atropos=URL (http:// or https://)")
         self.layout = RunLayout(config.output_dir / config.run_name)
         if self.layout.root.exists() and any(self.layout.root.iterdir()) and not resume:
             if not config.overwrite:
@@ -109,11 +114,9 @@ class RolloutService:
         self.spent = 0.0  # USD, by this service's life
         self.pusher: AtroposPush | None = None
         self._push_task: asyncio.Task[None] | None = None
-        if push is not None:
-            kind, _, url = push.partition("=")
-            if kind != "atropos" or not url.startswith(("http://", "https://")):
-                raise UsageError(f"--push {push}: expected atropos=URL (http:// or https://)")
-            self.pusher = AtroposPush(url, self.store.note_pushed, self.unpushed)
+        if push_url is not None:
+            self.pusher = AtroposPush(push_url, self.store.note_pushed, self.unpushed)
+        self.error: str | None = None  # why the last invocation failed (a run-fatal problem), until one ends well
 
     # ---- life ----
     async def __aenter__(self) -> RolloutService:
@@ -193,9 +196,11 @@ class RolloutService:
             relay = asyncio.create_task(self._relay(cycle))
             try:
                 code = await invoke(config, self._executor_of, cycle)
-            except Exception:  # a run-fatal problem (bad key, disk full): said, and the open groups wait
+            except Exception as e:  # a run-fatal problem (bad key, disk full): said, and the open groups wait
                 log.exception("the rollout service's invocation failed")
-                code = 1
+                self.error, code = REGISTRY.text(f"{type(e).__name__}: {e}"), 1
+            else:
+                self.error = None
             finally:
                 relay.cancel()
                 self.running, self.executor, self._cycle_stop = False, None, None
@@ -295,7 +300,8 @@ class RolloutService:
                 "cancelled": counts["cancelled"], "open_rollouts": len(self.store.open_indices()),
                 "running": self.running, "invocations": self.invocations, "policy_version": self.policy_version,
                 "not_pushed": dict(self.unpushed), "max_staleness": self.max_staleness,
-                "held_stale": self.held_stale, "spent": round(self.spent, 6), "model": self._model()}
+                "held_stale": self.held_stale, "spent": round(self.spent, 6), "model": self._model(),
+                "error": self.error}
 
     def _model(self) -> dict[str, int] | None:
         """The running invocation's model calls (its gate: in flight, 429/503 replies), if one runs."""
