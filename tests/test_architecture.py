@@ -236,7 +236,7 @@ OTHER_MEANINGS: dict[str, dict[str, str]] = {
                        "runner/reporting/verify_stats.py", "sample/trace.py", "tools/terminal.py", "verify/result.py",
                        "sandbox/backends/container/status.py")}
              | {"sandbox/backends/container/argv.py": "the engine's own `--network none`"},
-    "host": {"cli/view.py": "the viewer's --host flag"},
+    "host": {"cli/view.py": "the viewer's --host flag", "cli/serve.py": "the rollout service's --host flag"},
     "local": {p: "the bundled local model, or a worker's id in statistics"
               for p in ("compress/pipeline.py", "model/factory.py", "model/local_model.py", "model/pricing.py",
                         "runner/preflight.py", "sample/outcome.py", "sample/worker.py")}
@@ -258,7 +258,8 @@ OTHER_MEANINGS: dict[str, dict[str, str]] = {
                   "captured token ids (agent/segments.py spells it for everyone else)"
                for p in ("agent/segments.py", "compress/metrics.py", "export/card.py", "view/columns.py",
                          "view/conversation.py", "view/overview.py", "view/summary.py")}
-              | {"sandbox/dns/fair.py": "a client's token bucket"},
+              | {"sandbox/dns/fair.py": "a client's token bucket",
+                 "service/atropos.py": "Atropos' ScoredData field of token ids"},
 }
 
 

@@ -53,6 +53,8 @@ TIMEOUT = 1500 if SLOW else 180  # per command; `make demo` alone takes ~10 min 
 SKIP: list[tuple[str, str]] = [
     (r"^make test\b", "runs the whole test suite, this test included"),
     (r"^trajforge view\b", "serves a web page until stopped (tests/view/test_browser.py drives it)"),
+    (r"^trajforge serve\b", "serves until stopped (tests/service/test_readme_service.py runs it and its curls)"),
+    (r"^curl .*127\.0\.0\.1:8780/", "talks to `trajforge serve` (tests/service/test_readme_service.py runs it)"),
 ]
 DATASET_FLAGS = {"--dataset_file", "--dataset-file"}
 HOSTED_PREFIXES = ("anthropic/", "openai/", "google/", "meta-llama/", "mistralai/", "x-ai/", "deepseek/", "qwen/")

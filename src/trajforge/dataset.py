@@ -105,6 +105,16 @@ def _check_row(obj: Any, host_cwd: bool = True) -> tuple[str | None, dict[str, A
     return None, fields
 
 
+def checked_row(obj: Any, host_cwd: bool = True) -> tuple[str | None, dict[str, Any], VerifySpec | None]:
+    """(problem, run fields, verification) of one decoded row, judged as `run` judges a dataset's
+    line (the rollout service's groups too)."""
+    problem, fields = _check_row(obj, host_cwd)
+    if problem is not None:
+        return problem, fields, None
+    problem, verify = parse_row(obj)
+    return problem, fields, verify
+
+
 @dataclass
 class PassState:
     """Where a streaming pass over the dataset stands after its last whole line (one that ends with
@@ -185,9 +195,7 @@ def iter_samples(path: Path, problems: list[str], *, skip_invalid: bool = False,
     for lineno, obj, problem, offset, whole in _rows(path, state, digest):
         rows += 1
         if problem is None:
-            problem, fields = _check_row(obj, host_cwd)
-        if problem is None:
-            problem, verify = parse_row(obj)
+            problem, fields, verify = checked_row(obj, host_cwd)
         if problem is not None:
             problems.append(f"{path}:{lineno}: {problem}")
         elif max_samples is None or count < max_samples:  # past it: still validated, so a bad file is reported whole

@@ -74,6 +74,16 @@ class RunLayout:
     def verifier_logs(self) -> Path:
         return self.root / "verifier_logs"
 
+    @property
+    def service_rows(self) -> Path:
+        """The rollout service's dataset: every accepted group's row, once per rollout, appended."""
+        return self.root / "service_rows.jsonl"
+
+    @property
+    def service_state(self) -> Path:
+        """The rollout service's groups, their rollouts, the stream's cursor and the acks (sqlite3)."""
+        return self.root / "service.sqlite"
+
     def output(self, name: str) -> Path:
         """A run output by its file name (runner.reporting.outputs.RUN_OUTPUTS)."""
         return self.root / name

@@ -92,7 +92,7 @@ CHECKPOINT = [  # version 2: done samples are in finished.idx; the merge's state
     "merge.totals.capture.continuing:int", "merge.totals.capture.segments:int",
     "merge.totals.capture.missing_calls:int", "merge.totals.capture.missing{}:int",
 ]
-STATS_MAPS = {"tools", "failed_by_class", "discarded_by_reason", "errors_by_kind", "by_task_type", "per_worker"}
+STATS_MAPS = {"tools", "failed_by_class", "discarded_by_reason", "masked_by_class", "errors_by_kind", "by_task_type", "per_worker"}
 
 
 def figures(at: str, total: str, per_row: bool, per_worker: bool, ran: bool = True) -> list[str]:
@@ -101,7 +101,8 @@ def figures(at: str, total: str, per_row: bool, per_worker: bool, ran: bool = Tr
     lines = [
         f"samples.total:{total}", "samples.finished:int", "samples.completed:int", "samples.partial:int",
         "samples.failed:int", "samples.failed_by_class{}:int", "samples.discarded:int",
-        "samples.discarded_by_reason{}:int", "tools{}.count:int", "tools{}.success:int", "tools{}.failure:int",
+        "samples.discarded_by_reason{}:int", "samples.masked:int", "samples.masked_by_class{}:int",
+        "tools{}.count:int", "tools{}.success:int", "tools{}.failure:int",
         "tools{}.success_rate:float|null", "tools{}.failure_rate:float|null", "reasoning.assistant_turns:int",
         "reasoning.with_reasoning:int", "reasoning.without_reasoning:int", "reasoning.coverage:float",
         "api_calls:int", "tokens.prompt:int", "tokens.completion:int", "tokens.reasoning:int", "tokens.total:int",

@@ -35,6 +35,7 @@ for _spec in (
     Spec("worker", "trajforge.cli.cluster:worker_main", "join a Ray head as a worker node", needs=("ray",), extra="ray"),
     Spec("view", "trajforge.cli.view:main", "browse a run's trajectories in a web page"),
     Spec("tasks", "trajforge.cli.task_images:main", "prune the task images this user built"),
+    Spec("serve", "trajforge.cli.serve:main", "serve rollouts of groups to an RL trainer over HTTP"),
 ):
     SUBCOMMANDS.register(_spec)
 

@@ -17,6 +17,7 @@ from trajforge.model.types import ModelClient
 from trajforge.run_layout import RunLayout
 from trajforge.sample.gate_builder import gate_for
 from trajforge.sample.outcome import Outcome
+from trajforge.model.policy import PolicyVersion
 from trajforge.sample.worker import SampleWorker
 from trajforge.tools.tool import Unavailable
 
@@ -38,6 +39,11 @@ class LocalExecutor:
     async def process(self, sample: Sample, attempt: int) -> Outcome:
         with model_gate.bound(self.gate):
             return await self._worker.process(sample, attempt=attempt)
+
+    @property
+    def policy(self) -> PolicyVersion | None:
+        """The version the model client stamps its calls with (model.policy), once started."""
+        return getattr(self._worker.model, "policy", None)
 
     def drain(self) -> None:
         self._worker.drain()

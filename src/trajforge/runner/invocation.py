@@ -49,13 +49,16 @@ class Invocation:
 
     def __init__(self, config: RunConfig, sandbox: str, rows: RunRows,
                  prefill: list[dict[str, Any]] | None, rundir: RunDir, make_executor: ExecutorFactory, *,
-                 scrubber: Scrubber = REGISTRY) -> None:
+                 scrubber: Scrubber = REGISTRY, stop: asyncio.Event | None = None) -> None:
         self.config, self.sandbox, self.rows, self.prefill = config, sandbox, rows, prefill
         self.rundir, self.layout, self.make_executor, self.scrubber = rundir, rundir.layout, make_executor, scrubber
         self.keep_passed = config.keep in ("passed", "passed_untampered")
         self.keep_untampered = config.keep in ("untampered", "passed_untampered")
         self.failures: list[OutputError] = []
-        self.stop = asyncio.Event()  # set to schedule no new sample (a signal, an output error)
+        # set to schedule no new sample (a signal, an output error, the caller: the rollout service);
+        # a caller that passes its own stop owns SIGINT/SIGTERM too (they set that stop)
+        self.stop = stop if stop is not None else asyncio.Event()
+        self.own_signals = stop is None
         self.listeners: list[OutcomeListener] = []
         self.fatal: FatalModelError | None = None
         self.interrupted = False
@@ -132,7 +135,8 @@ class Invocation:
         if restored.samples:  # the next invocation's prior, like `spent`
             self.entry.recovered_spent, self.entry.recovered_samples = restored.spent, restored.samples
         checkpoint.compact()  # what planning found, and a journal that starts empty
-        install_signals(self.stop, self.batch_store, checkpoint)
+        if self.own_signals:
+            install_signals(self.stop, self.batch_store, checkpoint)
         self.listeners = [BatchFiles(self.batch_store), CheckpointEntries(checkpoint, self.entry, budget),
                           InvocationFigures(self.totals), ProgressLine(self.progress), *extra]
 
@@ -172,7 +176,8 @@ class Invocation:
         """Scheduling is over: the executor goes, then every listener is closed in order (the batch
         files synced, the checkpoint's last save), whatever failed before."""
         self.monitor.tick()
-        remove_signals()  # the merge below is safe to interrupt: every file it writes is atomic
+        if self.own_signals:
+            remove_signals()  # the merge below is safe to interrupt: every file it writes is atomic
         await self.executor.aclose()
         self.entry.interrupted = self.interrupted
         for listener in self.listeners:

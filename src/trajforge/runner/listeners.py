@@ -37,7 +37,7 @@ import orjson
 from trajforge.config import RunConfig
 from trajforge.jsonio import dumps
 from trajforge.redact import Scrubber
-from trajforge.registry import Registry
+from trajforge.registry import Registry, Spec
 from trajforge.run_layout import RunLayout
 from trajforge.runner.reporting.merge import left_out
 from trajforge.sample.outcome import HALLUCINATED, Outcome
@@ -107,6 +107,8 @@ class ListenerContext:
 
 # Listeners beside the run's own, each made for every invocation; tests register theirs the same way.
 OUTCOME_LISTENERS: Registry[None] = Registry("outcome listener")
+OUTCOME_LISTENERS.register(Spec("service", "trajforge.service.listener:make",
+                               "the rollout service's groups (trajforge serve, trajforge.Rollouts)"))
 
 
 def registered(context: ListenerContext) -> list[OutcomeListener]:

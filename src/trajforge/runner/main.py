@@ -47,6 +47,46 @@ def run(config: RunConfig, make_executor: ExecutorFactory) -> int:
 
 
 def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
+    config, shown, rows, prefill, rundir = _prepare(config)
+    rundir.acquire(resume=config.resume, overwrite=config.overwrite)
+    watcher = use_pidfd_child_watcher()
+    refused = False
+    try:
+        _tidy(rundir)
+        with tuned_collector():
+            return asyncio.run(_invoke(config, shown, rows, prefill, rundir, make_executor))
+    except UsageError:  # refused at the invocation's start (Invocation.start): before any result was written
+        refused = True
+        raise
+    finally:
+        if watcher:  # in-process callers (tests, notebooks) get the default back for their own loops
+            asyncio.set_child_watcher(None)
+        rundir.release(discard=refused)
+
+
+async def invoke(config: RunConfig, make_executor: ExecutorFactory, stop: asyncio.Event | None = None) -> int:
+    """One invocation of the run `config` describes, in the caller's running event loop (the
+    rollout service runs one after another as groups arrive): the same checks, directory lock and
+    Invocation as `run`. Its secrets are registered like `run`'s. `stop`: set by the caller to
+    start no new sample (and by SIGINT/SIGTERM while the invocation runs)."""
+    secrets = run_secrets(config)
+    REGISTRY.add(*secrets)
+    # the checks run event loops of their own (asyncio.run): a thread of theirs keeps the caller's going
+    config, shown, rows, prefill, rundir = await asyncio.to_thread(_prepare, config)
+    rundir.acquire(resume=config.resume, overwrite=config.overwrite)
+    refused = False
+    try:
+        _tidy(rundir)
+        return await _invoke(config, shown, rows, prefill, rundir, make_executor, stop)
+    except UsageError:
+        refused = True
+        raise
+    finally:
+        rundir.release(discard=refused)
+
+
+def _prepare(config: RunConfig) -> tuple[RunConfig, str, RunRows, list[dict[str, Any]] | None, RunDir]:
+    """Every check before the run directory is touched, and what the run decided."""
     logging.basicConfig(level=logging.INFO if config.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     if config.verbose:
@@ -70,27 +110,18 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
     check_verification_settings(config, rows.path, rows.rubric, rows.verified)
     backend, shown = choose_backend(config, sandbox, rows)
     config = config.resolve(Resolved(model, backend, network))  # what the run decided, once
-    rundir = RunDir(layout)
-    rundir.acquire(resume=config.resume, overwrite=config.overwrite)
-    watcher = use_pidfd_child_watcher()
-    refused = False
-    try:
-        leftovers = rundir.remove_leftovers()
-        if leftovers:
-            print(f"trajforge: removed {leftovers} temporary file(s) left by a killed run", file=sys.stderr)
-        for msg in store.repair(layout):
-            print(f"trajforge: {msg}", file=sys.stderr)
-        with tuned_collector():
-            return asyncio.run(_invoke(config, shown, rows, prefill, rundir, make_executor))
-    except UsageError:  # refused at the invocation's start (Invocation.start): before any result was written
-        refused = True
-        raise
-    finally:
-        if watcher:  # in-process callers (tests, notebooks) get the default back for their own loops
-            asyncio.set_child_watcher(None)
-        rundir.release(discard=refused)
+    return config, shown, rows, prefill, RunDir(layout)
+
+
+def _tidy(rundir: RunDir) -> None:
+    """What a killed invocation left behind, once the directory is locked."""
+    leftovers = rundir.remove_leftovers()
+    if leftovers:
+        print(f"trajforge: removed {leftovers} temporary file(s) left by a killed run", file=sys.stderr)
+    for msg in store.repair(rundir.layout):
+        print(f"trajforge: {msg}", file=sys.stderr)
 
 
 async def _invoke(config: RunConfig, shown: str, rows: RunRows, prefill: list[dict[str, Any]] | None,
-                  rundir: RunDir, make_executor: ExecutorFactory) -> int:
-    return await Invocation(config, shown, rows, prefill, rundir, make_executor).run()
+                  rundir: RunDir, make_executor: ExecutorFactory, stop: asyncio.Event | None = None) -> int:
+    return await Invocation(config, shown, rows, prefill, rundir, make_executor, stop=stop).run()

@@ -55,6 +55,10 @@ class SampleCounts(Record):
     failed_by_class: dict[str, int]
     discarded: int
     discarded_by_reason: dict[str, int]
+    # what a trainer masks (trajforge.failures): failed samples, and finished ones whose end or
+    # verification cannot be blamed on the policy (a budget, a check that could not run)
+    masked: int
+    masked_by_class: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)

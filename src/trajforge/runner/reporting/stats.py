@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from trajforge.failures import TABLE, masks, rollout_class
 from trajforge.runner.reporting.figures import (
     ReasoningFigures, RunFigures, SampleCounts, Statistics, TokenFigures, ToolFigures, usd,
 )
@@ -55,6 +56,7 @@ class Totals:
     partial: int = 0
     failed: Counter[str] = field(default_factory=Counter)
     discarded: Counter[str] = field(default_factory=Counter)
+    masked: Counter[str] = field(default_factory=Counter)  # finished records a trainer masks, by class
     tools: dict[str, list[int]] = field(default_factory=dict)  # name -> [count, success, failure]
     assistant_turns: int = 0
     turns_with_reasoning: int = 0
@@ -89,6 +91,9 @@ class Totals:
         r = rec.get("reasoning") or {}
         self.assistant_turns += int(r.get("total_assistant_turns", 0))
         self.turns_with_reasoning += int(r.get("turns_with_reasoning", 0))
+        row = rollout_class("done", None, rec)
+        if row is not None and masks(row):
+            self.masked[row.name] += 1
         self.verify.add(rec, task_type, typed=typed)
         self.tasks.add(rec)
         self.capture.add(rec)
@@ -99,12 +104,13 @@ class Totals:
     def state(self) -> dict[str, Any]:
         """The figures of the records merged so far, as the incremental merge keeps them (runner.reporting.merge)."""
         return {**{name: getattr(self, name) for name in self._STATE}, "discarded": dict(self.discarded),
-                "verify": self.verify.state(), "capture": self.capture.state()}
+                "masked": dict(self.masked), "verify": self.verify.state(), "capture": self.capture.state()}
 
     def load_state(self, state: dict[str, Any]) -> None:
         for name in self._STATE:
             setattr(self, name, state[name])
         self.discarded = Counter(state["discarded"])
+        self.masked = Counter(state.get("masked", {}))  # absent from a merge state written before it
         self.verify.load_state(state["verify"])
         self.capture.load_state(state.get("capture"))
 
@@ -122,6 +128,8 @@ class Totals:
                 total=total, finished=self.finished, completed=self.completed, partial=self.partial,
                 failed=sum(self.failed.values()), failed_by_class={c: self.failed.get(c, 0) for c in FAILURE_CLASSES},
                 discarded=sum(self.discarded.values()), discarded_by_reason=dict(sorted(self.discarded.items())),
+                masked=sum(self.failed.values()) + sum(self.masked.values()),
+                masked_by_class={r.name: n for r in TABLE if (n := self.failed[r.name] + self.masked[r.name])},
             ),
             tools={name: ToolFigures(c, s, f, round(s / c, 4) if c else None, round(f / c, 4) if c else None)
                    for name, (c, s, f) in sorted(self.tools.items())},
@@ -159,6 +167,9 @@ def render_table(stats: Statistics) -> Any:
     ]
     rows += [(f"  failed: {k}", v) for k, v in s.failed_by_class.items() if v]
     rows += [(f"  discarded: {k}", v) for k, v in s.discarded_by_reason.items() if v]
+    if s.masked > s.failed:  # finished samples a trainer masks too (trajforge.failures)
+        by_class = ", ".join(f"{k} {v}" for k, v in s.masked_by_class.items())
+        rows.append(("masked for a trainer", f"{s.masked} ({by_class})"))
     cov = "-" if run.reasoning.coverage is None else f"{100 * run.reasoning.coverage:.1f}%"
     rows += [("reasoning coverage", cov), ("api calls", run.api_calls),
              ("tokens (prompt/completion)", f"{run.tokens.prompt} / {run.tokens.completion}"),

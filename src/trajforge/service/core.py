@@ -1,0 +1,409 @@
+"""The rollout service: groups in, each group out as soon as all of its rollouts ended.
+
+It is `run`'s engine run again and again on one run directory: an accepted group's row is
+appended to the service's dataset (RunLayout.service_rows) once per rollout, and while any group
+is open the service runs an invocation of the run over that dataset (runner.main.invoke, with
+--resume after the first), which runs what is not finished yet: new rollouts, and failed ones
+again. The service hears each rollout's end through its outcome listener (service.listener), so
+what it streams passed the same scrubbing and filters as trajectories.jsonl. Groups submitted
+while an invocation runs wait for the next one.
+
+A rollout becomes, for a trainer (trajforge.failures.rollout_class):
+- `scored`: a result of the policy, with its reward (a wrong answer, max_turns, a cut reply);
+- `masked`: its end cannot be blamed on the policy (the sandbox did not start, provider errors
+  after retries, a check that could not run, a budget): never a reward, the failure class named.
+  A failed rollout runs again up to `retry_masked` times before it is delivered masked;
+- `dropped`: the run's filters leave it out of trajectories.jsonl (a tool that was not offered,
+  --keep): no record.
+
+The state (service.store) is in the run directory, so `--resume` after any kill goes on with the
+open groups and streams the finished, unacked ones again; acked ones never come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from trajforge.catalog.sandboxes import runs_on_host
+from trajforge.config import RunConfig
+from trajforge.dataset import checked_row
+from trajforge.errors import UsageError
+from trajforge.failures import STALE, masks, rollout_class
+from trajforge.jsonio import dumps
+from trajforge.redact import REGISTRY
+from trajforge.run_layout import RunLayout
+from trajforge.runner.listeners import Ended
+from trajforge.runner.main import invoke
+from trajforge.runner.scheduling.engine import Executor, ExecutorFactory
+from trajforge.dataset import Sample
+from trajforge.sample.outcome import Outcome, batch_number
+from trajforge.service import listener
+from trajforge.service.atropos import AtroposPush
+from trajforge.service.store import ServiceStore
+
+log = logging.getLogger("trajforge")
+SCORED, MASKED, DROPPED = "scored", "masked", "dropped"
+MAX_GROUP_SIZE = 1024  # rollouts of one group
+
+
+class BadGroups(ValueError):
+    """A submission that `run` would refuse: the message names the row and the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A finished group as a consumer gets it: `line`, its JSON (id, cursor, n, usable, row, rollouts)."""
+
+    id: str
+    cursor: int
+    line: bytes
+
+
+class RolloutService:
+    """The engine as a long-lived service on one run directory. Use `async with`."""
+
+    def __init__(self, config: RunConfig, make_executor: ExecutorFactory, *, retry_masked: int = 0,
+                 resume: bool = False, push: str | None = None, max_staleness: int | None = None) -> None:
+        """`push`: `atropos=URL` sends each finished group to that Atropos API server (service.atropos).
+        `max_staleness K`: a rollout whose start would make its group's rollouts start under more
+        than K policy versions is not started (it is masked as `stale`)."""
+        assert config.run_name is not None
+        push_url = None
+        if push is not None:
+            kind, _, push_url = push.partition("=")
+            if kind != "atropos" or not push_url.startswith(("http://", "https://")):
+                raise UsageError(f"--push {push}: expected atropos=URL (http:// or https://)")
+        self.layout = RunLayout(config.output_dir / config.run_name)
+        if self.layout.root.exists() and any(self.layout.root.iterdir()) and not resume:
+            if not config.overwrite:
+                raise UsageError(f"{self.layout.root} already holds a run: pass --resume to go on with its "
+                                 "groups, or --overwrite to start over")
+        self.layout.root.mkdir(parents=True, exist_ok=True)
+        if not resume:
+            for path in (self.layout.service_state, self.layout.service_rows):
+                path.unlink(missing_ok=True)
+        self.config = config.model_copy(update={"dataset_file": self.layout.service_rows, "samples_per_prompt": 1})
+        self._fresh = not resume
+        self.make_executor = make_executor
+        self.retry_masked = retry_masked
+        self.store = ServiceStore(self.layout.service_state)
+        self.keep_passed = config.keep == "passed"
+        self.policy_version: int | None = self.store.get("policy_version", config.policy_version)
+        self.executor: Executor | None = None
+        self.finished = asyncio.Condition()
+        self.stop = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._cycle_stop: asyncio.Event | None = None  # the running invocation's stop
+        self._restart = False
+        self._loop: asyncio.Task[None] | None = None
+        self.invocations = 0
+        self.running = False
+        self.unpushed: dict[str, int] = {}  # groups not pushed, by why
+        self.max_staleness = max_staleness
+        self.started_under: dict[str, set[int | None]] = {}  # group -> the versions its rollouts started under
+        self.held_stale = 0  # rollouts not started: they would have mixed too many versions
+        self.spent = 0.0  # USD, by this service's life
+        self.pusher: AtroposPush | None = None
+        self._push_task: asyncio.Task[None] | None = None
+        if push_url is not None:
+            self.pusher = AtroposPush(push_url, self.store.note_pushed, self.unpushed)
+        self.error: str | None = None  # why the last invocation failed (a run-fatal problem), until one ends well
+
+    # ---- life ----
+    async def __aenter__(self) -> RolloutService:
+        listener.ATTACHED[self.layout.root.resolve()] = self.on_ended
+        self._loop = asyncio.create_task(self._generate(), name="rollout-service")
+        if self.pusher is not None:
+            self._push_task = asyncio.create_task(self.pusher.run(self.stop), name="atropos-push")
+            for gid, cursor in self.store.unpushed():
+                self._push(gid, cursor)
+        if self.store.open_indices():
+            self._recover()
+            self._wake.set()  # a resumed service goes on with its open groups
+        return self
+
+    def _recover(self) -> None:
+        """Rollouts that a killed service's run saved but the service never heard of (the kill
+        came between the checkpoint's commit and the listener's) are settled from the run's files,
+        through the same `Ended` as a live one; the rest run again."""
+        if not self.layout.has_results():
+            return
+        from trajforge.runner.reader import RunReader
+
+        self._write_dataset()
+        reader = RunReader(self.layout.root)
+        rows = reader.rows(self.config.model_copy(update={"resume": True}))
+        outcomes = reader.outcomes()
+        wanted = {rows.sample(i).identity: i for i in self.store.open_indices()}
+        heard = {identity: outcomes[identity] for identity in wanted if identity in outcomes}
+        records = {r["sample_id"]: r for r in reader.batch_records() if r.get("sample_id") in heard}
+        for identity, entry in heard.items():
+            if entry.status == "failed":
+                continue  # it runs again
+            record = records.get(identity) if entry.status == "done" else None
+            if entry.status == "done" and record is None:
+                continue
+            o = Outcome(wanted[identity], identity, entry.batch, entry.status, record=record, reason=entry.reason,
+                        message=entry.message, attempts=entry.attempts)
+            self.on_ended(Ended.of(o, REGISTRY, keep_passed=self.keep_passed))
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Start no new rollout, let the running invocation end (its rollouts in flight get its
+        grace period), end every stream. Idempotent."""
+        self.stop.set()
+        self._wake.set()
+        await self._notify()
+        if self._loop is not None:
+            await self._loop
+            self._loop = None
+        if self._push_task is not None:
+            self._push_task.cancel()
+            self._push_task = None
+        if listener.ATTACHED.pop(self.layout.root.resolve(), None) is not None:
+            self.store.close()
+
+    async def _generate(self) -> None:
+        """An invocation of the run while any group is open; each one ends when its dataset is done."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self.stop.is_set():
+                return
+            before = len(self.store.open_indices())
+            if not before:
+                continue
+            self._write_dataset()
+            # the first invocation of a new service starts the run afresh (--overwrite: over an old one's)
+            resume, overwrite = (False, self.config.overwrite) if self._fresh else (self.layout.has_results(), False)
+            self._fresh = False
+            config = self.config.model_copy(update={"resume": resume, "overwrite": overwrite,
+                                                    "policy_version": self.policy_version})
+            self.running = True
+            # this invocation's stop: the service's, or a policy change with in_flight "restart"
+            cycle = self._cycle_stop = asyncio.Event()
+            relay = asyncio.create_task(self._relay(cycle))
+            try:
+                code = await invoke(config, self._executor_of, cycle)
+            except Exception as e:  # a run-fatal problem (bad key, disk full): said, and the open groups wait
+                log.exception("the rollout service's invocation failed")
+                self.error, code = REGISTRY.text(f"{type(e).__name__}: {e}"), 1
+            else:
+                self.error = None
+            finally:
+                relay.cancel()
+                self.running, self.executor, self._cycle_stop = False, None, None
+                self.invocations += 1
+            after = len(self.store.open_indices())
+            restarted, self._restart = self._restart, False
+            if self.stop.is_set():
+                return
+            if restarted or (after and after < before):
+                self._wake.set()  # failed rollouts to run again (--retry_masked)
+            elif after:
+                log.warning("the rollout service's invocation ended %d rollout(s) short (exit code %d); "
+                            "they wait for the next group", after, code)
+
+    async def _relay(self, cycle: asyncio.Event) -> None:
+        await self.stop.wait()
+        cycle.set()
+
+    def _executor_of(self, config: RunConfig, prefill: list[dict[str, Any]] | None, run_dir: Path) -> Executor:
+        self.executor = self.make_executor(config, prefill, run_dir)
+        return StalenessGate(self.executor, self) if self.max_staleness is not None else self.executor
+
+    def stale(self, idx: int) -> str | None:
+        """Why the rollout at `idx` must not start now (max_staleness), or None: it starts, under
+        the current version."""
+        slot = self.store.slot(idx)
+        if slot is None or self.max_staleness is None:
+            return None
+        versions = self.started_under.get(slot.gid)
+        if versions is None:  # a resumed service: what its settled rollouts ran under
+            group = self.store.group(slot.gid) or {"rollouts": []}
+            versions = self.started_under[slot.gid] = {
+                (r["policy_versions"] or [None])[0] for r in group["rollouts"] if r and r["record"]}
+        if too_stale(versions, self.policy_version, self.max_staleness):
+            self.held_stale += 1
+            return (f"max_staleness {self.max_staleness}: its group started under policy versions "
+                    f"{sorted(v for v in versions if v is not None)}, the policy is at {self.policy_version}")
+        versions.add(self.policy_version)
+        return None
+
+    def _write_dataset(self) -> None:
+        """The service's dataset from its store: each group's row once per rollout, in sample order
+        (the file only grows, so the run's rows.idx stays valid)."""
+        path = self.layout.service_rows
+        lines = [row for row, n in self.store.db.execute("SELECT row, n FROM groups ORDER BY seq")
+                 for _ in range(n)]
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        os.replace(tmp, path)
+
+    # ---- requests ----
+    def submit(self, rows: Sequence[Any], n: int) -> list[str]:
+        """Validate every row as `run` does, then accept them all (one group each) or none."""
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_GROUP_SIZE:
+            raise BadGroups(f"field 'n' must be a whole number from 1 to {MAX_GROUP_SIZE}, not {n!r}")
+        if not isinstance(rows, list) or not rows:
+            raise BadGroups("field 'rows' must be a non-empty list of dataset rows")
+        host_cwd = runs_on_host(self.config.sandbox)  # as the run's rows are judged
+        lines = []
+        for i, row in enumerate(rows):
+            problem, _, _ = checked_row(row, host_cwd)
+            if problem is not None:
+                raise BadGroups(f"rows[{i}]: {problem}")
+            lines.append(dumps(row))
+        if self.stop.is_set():
+            raise BadGroups("the service is stopping")
+        groups = [(uuid.uuid4().hex, line, n) for line in lines]
+        self.store.add_groups(groups)
+        self._wake.set()
+        return [g[0] for g in groups]
+
+    def set_policy(self, version: int, in_flight: str = "continue") -> None:
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise BadGroups(f"field 'version' must be a whole number of 0 or more, not {version!r}")
+        if in_flight not in ("continue", "restart"):
+            raise BadGroups(f"field 'in_flight' must be 'continue' or 'restart', not {in_flight!r}")
+        self.policy_version = version
+        self.store.put("policy_version", version)
+        policy = getattr(self.executor, "policy", None)  # the run's own executor, under any gate
+        if policy is not None:
+            policy.set(version)  # calls sent from now on carry it (model.policy)
+        if in_flight == "restart" and self._cycle_stop is not None:
+            # the running invocation stops: rollouts in flight get its stop's grace, the rest are
+            # cancelled, unsaved, and run again from the start in the next one, under `version`
+            self._restart = True
+            self._cycle_stop.set()
+
+    def ack(self, ids: Sequence[str]) -> int:
+        return self.store.ack(ids)
+
+    def cancel(self, gid: str) -> bool:
+        return self.store.cancel(gid)
+
+    def status(self) -> dict[str, Any]:
+        counts = self.store.counts()
+        return {"queued": counts["queued"], "finished_unacked": counts["finished"], "acked": counts["acked"],
+                "cancelled": counts["cancelled"], "open_rollouts": len(self.store.open_indices()),
+                "running": self.running, "invocations": self.invocations, "policy_version": self.policy_version,
+                "not_pushed": dict(self.unpushed), "max_staleness": self.max_staleness,
+                "held_stale": self.held_stale, "spent": round(self.spent, 6), "model": self._model(),
+                "error": self.error}
+
+    def _model(self) -> dict[str, int] | None:
+        """The running invocation's model calls (its gate: in flight, 429/503 replies), if one runs."""
+        gate = getattr(self.executor, "gate", None)
+        if gate is None:
+            return None
+        snap = gate.snapshot()
+        return {"in_flight": snap.in_flight, "limit": snap.limit, "requests": snap.requests,
+                "overloaded": snap.overloaded}
+
+    async def stream(self, cursor: int = 0, *, follow: bool = True) -> AsyncIterator[Finished]:
+        """Finished, unacked groups past `cursor`, in the order they finished; with `follow`, then
+        each one as it finishes, until the service stops."""
+        while True:
+            async with self.finished:
+                found = list(self.store.finished_after(cursor))
+                if not found:
+                    if not follow or self.stop.is_set():
+                        return
+                    await self.finished.wait()
+                    continue
+            for gid, at in found:
+                yield Finished(gid, at, self.store.group_line(gid, at, REGISTRY.bytes))
+                cursor = at
+
+    # ---- the listener's side ----
+    def on_ended(self, ended: Ended) -> None:
+        """A rollout of the running invocation ended (scrubbed and judged: runner.listeners.Ended)."""
+        o = ended.outcome
+        self.spent += o.cost  # the sample's every model call, failed attempts too (runner.scheduling.engine)
+        slot = self.store.slot(o.index)
+        if slot is None:
+            return  # a cancelled group's, or one settled already
+        if o.status == "failed" and slot.attempts < self.retry_masked:
+            self.store.note_attempt(o.index)
+            return  # failed rollouts run again in the next invocation
+        gid = self.store.settle(o.index, *rollout_result(ended, slot.k, slot.attempts + 1))
+        if gid is not None:
+            asyncio.get_running_loop().create_task(self._notify())
+            if self.pusher is not None:
+                self._push(gid, self.store.group(gid)["cursor"])  # type: ignore[index]
+
+    def _push(self, gid: str, cursor: int) -> None:
+        assert self.pusher is not None
+        self.pusher.queue.put_nowait(orjson.loads(self.store.group_line(gid, cursor, REGISTRY.bytes)))
+
+    async def _notify(self) -> None:
+        async with self.finished:
+            self.finished.notify_all()
+
+
+def too_stale(started: set[int | None], current: int | None, k: int) -> bool:
+    """Whether a rollout starting under `current` makes its group's start versions more than `k`."""
+    return len(started | {current}) > k
+
+
+class StalenessGate:
+    """The run's executor, but a rollout whose group would mix too many policy versions is not
+    started: it ends at once as failed (`stale`), masked like any failure the policy did not cause."""
+
+    def __init__(self, inner: Executor, service: RolloutService) -> None:
+        self.inner, self.service = inner, service
+        self.capacity = inner.capacity
+        self.gate = getattr(inner, "gate", None)  # the run's monitor reads the model gate from its executor
+
+    @property
+    def policy(self) -> Any:
+        return getattr(self.inner, "policy", None)
+
+    async def start(self, images: Any = ()) -> Any:
+        return await self.inner.start(images)
+
+    async def process(self, sample: Sample, attempt: int) -> Outcome:
+        why = self.service.stale(sample.index)
+        if why is None:
+            return await self.inner.process(sample, attempt)
+        return Outcome(sample.index, sample.identity, batch_number(sample.index, self.service.config.batch_size),
+                       "failed", reason=STALE, message=why, retryable=False)
+
+    def drain(self) -> None:
+        self.inner.drain()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def rollout_result(ended: Ended, k: int, runs: int) -> tuple[bytes, bool]:
+    """What a consumer gets of one rollout, as JSON: its status for a trainer, and the record when
+    trajectories.jsonl holds it (the line the batch file got, not encoded again); whether it is scored."""
+    o = ended.outcome
+    reason = ended.dropped if o.status == "done" else o.reason
+    row = rollout_class(o.status, reason, o.record)
+    record = o.record if ended.kept else None
+    if o.status != "done" or ended.dropped is not None:
+        status = MASKED if o.status == "failed" else DROPPED
+    else:
+        status = MASKED if row is not None and masks(row) else SCORED
+    verification = (record or {}).get("verification") or {}
+    reward = verification.get("score") if status == SCORED else None
+    versions = (record or {}).get("policy_versions")
+    head = orjson.dumps({"k": k, "status": status, "failure": row.name if row is not None else None,
+                         "reward": reward, "passed": verification.get("passed") if status == SCORED else None,
+                         "runs": runs, "message": o.message, "policy_versions": versions})
+    line = ended.line.rstrip(b"\n") if record is not None and ended.line is not None else b"null"
+    return b"".join((head[:-1], b',"record":', line, b"}")), status == SCORED

@@ -1,0 +1,279 @@
+"""`trajforge serve` (trajforge.service) end to end on loopback: a real service process, the scripted
+OpenAI-compatible server, a client speaking HTTP with the standard library.
+
+Groups stream as they finish with what trajectories.jsonl holds (scrubbed, filtered), masked
+rollouts are masked and never reward 0, acks are kept across a SIGKILL and `--resume`, and the
+service refuses what it must (a non-loopback bind without a token, a wrong token, a big body, a
+bad row, a host directory `run` refuses)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import threading
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+from tests.support.failing_backend import BROKEN
+from tests.support.policies import echo_policy, tool_messages, user_prompt
+from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call
+
+KEY = "sk-serve-SeCrEt-0123456789abcdef"
+FAILING = "tests.support.failing_backend:SPEC"
+
+
+def policy(req: Recorded) -> Reply:
+    """echo, except: `leak` answers with the key the request carried, `stray` calls a tool that is
+    not offered, `flaky` always gets a 500."""
+    prompt, auth = user_prompt(req.body), req.headers.get("Authorization", "")
+    if prompt == "flaky":
+        return http_error(500, "the provider is down")
+    if prompt == "hang":  # a reply that comes after the test is over (the service's stop cancels it)
+        return Reply(body=chat("late").body, delay=600)
+    if tool_messages(req.body):
+        return echo_policy(turns=1)(req)
+    if prompt == "leak":
+        return chat(f"the key is {auth}", reasoning="I will say it.")
+    if prompt == "say stray":
+        return chat(None, reasoning="r", tool_calls=[tool_call("web_search", {"query": "x"})])
+    return echo_policy(turns=1)(req)
+
+
+class Service:
+    """A `trajforge serve` process; `url` is its API's base."""
+
+    def __init__(self, server: ScriptedServer, out: Path, *extra: str, token: str | None = None) -> None:
+        self.token = token
+        argv = [sys.executable, "-m", "trajforge", "serve", "--port=0", f"--output_dir={out}", "--run_name=svc",
+                "--batch_size=8", f"--base_url={server.url}", "--model=scripted-model",
+                "--distribution=terminal_only", f"--api_key={KEY}", "--num_workers=4",
+                "--max_retries=0", *(["--token", token] if token else []), *extra]
+        if not any(a.startswith("--sandbox") for a in extra):
+            argv.append("--sandbox=local")
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     cwd=out, env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"})
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if " at " not in line:
+            raise AssertionError(f"the service did not start: {line}{self.proc.communicate()[1]}")
+        self.url = line.split(" at ")[1].split()[0]
+
+    def request(self, method: str, path: str, body: Any = None, token: str | None = None) -> tuple[int, Any]:
+        data = body if isinstance(body, bytes) else None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        if token or self.token:
+            req.add_header("Authorization", f"Bearer {token or self.token}")
+        try:
+            with urllib.request.urlopen(req) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def stream(self, cursor: int = 0, follow: bool = True) -> Iterator[dict[str, Any]]:
+        """Groups as the service sends them; the connection closes when the generator does."""
+        host, _, rest = self.url.removeprefix("http://").partition("/")
+        conn = http.client.HTTPConnection(host)
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        conn.request("GET", f"/{rest}/groups/stream?cursor={cursor}&follow={int(follow)}", headers=headers)
+        response = conn.getresponse()
+        assert response.status == 200
+        try:
+            while line := response.readline():
+                yield json.loads(line)
+        finally:
+            conn.close()
+
+    def take(self, count: int, cursor: int = 0) -> list[dict[str, Any]]:
+        stream = self.stream(cursor)
+        try:
+            return [next(stream) for _ in range(count)]
+        finally:
+            stream.close()
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        _, err = self.proc.communicate(timeout=120)
+        assert KEY not in err
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.communicate(timeout=60)
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    with ScriptedServer(policy) as s:
+        yield s
+
+
+def test_groups_stream_as_they_finish_with_what_the_run_keeps_and_masked_ones_never_score(
+        server: ScriptedServer, tmp_path: Path) -> None:
+    not_a_dir = tmp_path / BROKEN  # the sandbox cannot start in it
+    not_a_dir.mkdir()
+    service = Service(server, tmp_path, "--retry_masked=1", f"--sandbox={FAILING}")
+    try:
+        rows = [{"prompt": "say a", "check": "true"}, {"prompt": "say b", "check": "false"},
+                {"prompt": "leak", "check": "true"}, {"prompt": "say stray", "check": "true"},
+                {"prompt": "flaky", "check": "true"}, {"prompt": "say c", "cwd": str(not_a_dir), "check": "true"}]
+        status, made = service.request("POST", "/groups", {"rows": rows, "n": 3})
+        assert status == 200 and len(made["ids"]) == 6
+        groups = service.take(6)
+        by_prompt = {g["row"]["prompt"]: g for g in groups}
+        assert sorted(g["id"] for g in groups) == sorted(made["ids"])
+        assert [g["cursor"] for g in groups] == [1, 2, 3, 4, 5, 6]
+        assert [(r["status"], r["reward"]) for r in by_prompt["say a"]["rollouts"]] == [("scored", 1.0)] * 3
+        assert [(r["status"], r["reward"]) for r in by_prompt["say b"]["rollouts"]] == [("scored", 0.0)] * 3
+        # the run's filters: a call to a tool not offered leaves the record out, as trajectories.jsonl does
+        stray = by_prompt["say stray"]["rollouts"]
+        assert [(r["status"], r["failure"], r["record"]) for r in stray] == [("dropped", "hallucinated_tool", None)] * 3
+        # infrastructure failures are masked, run again once (--retry_masked 1), never a reward
+        for name, failure in (("flaky", "api_error"), ("say c", "sandbox")):
+            masked = by_prompt[name]["rollouts"]
+            assert [(r["status"], r["failure"], r["reward"], r["runs"]) for r in masked] == \
+                [("masked", failure, None, 2)] * 3, masked
+            assert by_prompt[name]["usable"] == 0
+        assert by_prompt["say a"]["usable"] == 3
+        # the records are the lines trajectories.jsonl holds: scrubbed of the key
+        assert KEY not in json.dumps(groups)
+        assert "[REDACTED" in json.dumps(by_prompt["leak"]["rollouts"][0]["record"]) or \
+            KEY not in json.dumps(by_prompt["leak"])
+        status, acked = service.request("POST", "/groups/ack", {"ids": made["ids"][:4]})
+        assert (status, acked) == (200, {"acked": 4})
+        left = list(service.stream(0, follow=False))
+        assert sorted(g["id"] for g in left) == sorted(made["ids"][4:])
+        status, shown = service.request("GET", "/status")
+        assert (shown["finished_unacked"], shown["acked"], shown["queued"]) == (2, 4, 0)
+        assert shown["spent"] == 0.0  # the scripted model has no price
+        assert shown["model"] is None or shown["model"]["in_flight"] == 0  # the invocation may still be merging
+    finally:
+        assert service.stop() == 0
+    kept = (tmp_path / "svc" / "trajectories.jsonl").read_text()
+    assert kept.count("\n") == 9  # say a, say b, leak: what the streams carried records of
+    assert KEY not in kept
+
+
+def test_a_killed_service_resumes_acked_groups_never_come_back_unacked_ones_do(
+        server: ScriptedServer, tmp_path: Path) -> None:
+    service = Service(server, tmp_path, "--policy_version=1")
+    rows = [{"prompt": f"say {i}", "check": "true"} for i in range(6)]
+    _, made = service.request("POST", "/groups", {"rows": rows, "n": 2})
+    first = service.take(3)
+    service.request("POST", "/groups/ack", {"ids": [g["id"] for g in first]})
+    assert service.request("POST", "/policy", {"version": 2})[0] == 200
+    service.kill()  # SIGKILL: no goodbye
+    again = Service(server, tmp_path, "--resume", "--policy_version=1")
+    try:
+        rest = again.take(3)
+        assert not {g["id"] for g in rest} & {g["id"] for g in first}
+        assert sorted(g["id"] for g in first + rest) == sorted(made["ids"])
+        assert again.request("GET", "/status")[1]["policy_version"] == 2  # the service's, not the flag's
+        _, later = again.request("POST", "/groups", {"rows": [{"prompt": "say later", "check": "true"}], "n": 2})
+        (group,) = again.take(1, cursor=max(g["cursor"] for g in rest))
+        assert group["id"] == later["ids"][0]
+        assert [r["policy_versions"] for r in group["rollouts"]] == [[2, 2], [2, 2]]
+    finally:
+        assert again.stop() == 0
+
+
+def test_the_service_refuses_what_it_must(server: ScriptedServer, tmp_path: Path) -> None:
+    refused = subprocess.run([sys.executable, "-m", "trajforge", "serve", "--host=0.0.0.0", "--port=0",
+                              f"--base_url={server.url}", "--model=m", "--api_key=k"],
+                             capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert refused.returncode == 2 and "not loopback: pass --token" in refused.stderr
+    service = Service(server, tmp_path, "--max_body=4096", token="right-token")
+    try:
+        status, body = service.request("GET", "/status", token="wrong-token")
+        assert status == 401, "a wrong token gets 401"
+        assert service.request("GET", "/status")[0] == 200
+        status, body = service.request("POST", "/groups", {"rows": [{"prompt": "x" * 5000}], "n": 1})
+        assert status == 413
+        status, body = service.request("POST", "/groups", {"rows": [{"prompt": "ok"}, {"prompt": ""}], "n": 2})
+        assert status == 422 and body["error"] == "rows[1]: field 'prompt' is empty"
+        status, body = service.request("POST", "/groups", {"rows": [{"prompt": "ok", "cwd": "/etc"}], "n": 2})
+        assert status == 422 and "rows[0]: field 'cwd' would cover the system directory /etc" in body["error"]
+        status, body = service.request("POST", "/groups", {"rows": [{"prompt": "ok"}], "n": 2, "model": "x"})
+        assert status == 422 and "unknown field 'model'" in body["error"]
+        assert service.request("GET", "/status")[1]["queued"] == 0  # no half-made group
+        _, made = service.request("POST", "/groups", {"rows": [{"prompt": "hang"}, {"prompt": "say a"}], "n": 1})
+        assert service.request("DELETE", f"/groups/{made['ids'][0]}") == (200, {"cancelled": made["ids"][0]})
+        assert service.request("DELETE", "/groups/nosuchgroup")[0] == 404
+        (group,) = service.take(1)
+        assert group["id"] == made["ids"][1]
+        shown = service.request("GET", "/status")[1]
+        assert (shown["cancelled"], shown["finished_unacked"], shown["queued"]) == (1, 1, 0)
+    finally:
+        assert service.stop() == 0
+    again = subprocess.run([sys.executable, "-m", "trajforge", "serve", "--port=0", f"--output_dir={tmp_path}",
+                            "--run_name=svc", f"--base_url={server.url}", "--model=m", "--api_key=k"],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert again.returncode == 2 and "pass --resume to go on with its groups, or --overwrite" in again.stderr
+    fresh = Service(server, tmp_path, "--overwrite", token="right-token")
+    try:
+        _, made = fresh.request("POST", "/groups", {"rows": [{"prompt": "say b", "check": "true"}], "n": 2})
+        (group,) = fresh.take(1)
+        assert (group["id"], group["cursor"]) == (made["ids"][0], 1)  # the old service's groups are gone
+    finally:
+        assert fresh.stop() == 0
+    assert (tmp_path / "svc" / "trajectories.jsonl").read_text().count("\n") == 2
+
+
+def test_max_staleness_starts_no_rollout_that_would_mix_more_versions_into_its_group(tmp_path: Path) -> None:
+    started = threading.Event()
+    seen: list[str] = []
+
+    def slow(req: Recorded) -> Reply:  # the first two rollouts are in flight when the policy changes
+        seen.append(user_prompt(req.body))
+        if len(seen) >= 2:
+            started.set()
+        return Reply(body=chat("done").body, delay=1.0) if not tool_messages(req.body) else policy(req)
+
+    with ScriptedServer(slow) as server:
+        service = Service(server, tmp_path, "--max_staleness=1", "--num_workers=2", "--policy_version=0",
+                          "--keep_no_reasoning")
+        try:
+            _, made = service.request("POST", "/groups", {"rows": [{"prompt": "say a", "check": "true"}], "n": 4})
+            assert started.wait(120)
+            assert service.request("POST", "/policy", {"version": 1})[0] == 200
+            (group,) = service.take(1)
+            shown = service.request("GET", "/status")[1]
+        finally:
+            assert service.stop() == 0
+    statuses = [(r["status"], r["failure"]) for r in group["rollouts"]]
+    assert statuses == [("scored", None)] * 2 + [("masked", "stale")] * 2
+    assert all(r["reward"] is None for r in group["rollouts"][2:])
+    assert (shown["max_staleness"], shown["held_stale"]) == (1, 2)
+
+
+def test_a_policy_change_with_restart_runs_the_rollouts_in_flight_again_under_the_new_version(tmp_path: Path) -> None:
+    started = threading.Event()
+    seen: list[str] = []
+
+    def slow(req: Recorded) -> Reply:  # two calls of 4 s each: a rollout in flight outlives the 5 s grace
+        seen.append(user_prompt(req.body))
+        if len(seen) >= 2:
+            started.set()
+        return Reply(body=echo_policy(turns=1)(req).body, delay=4.0)
+
+    with ScriptedServer(slow) as server:
+        service = Service(server, tmp_path, "--num_workers=2", "--policy_version=0")
+        try:
+            service.request("POST", "/groups", {"rows": [{"prompt": "say a", "check": "true"}], "n": 2})
+            assert started.wait(120)
+            assert service.request("POST", "/policy", {"version": 1, "in_flight": "restart"})[0] == 200
+            (group,) = service.take(1)
+            bad = service.request("POST", "/policy", {"version": 2, "in_flight": "later"})
+        finally:
+            assert service.stop() == 0
+    assert [(r["status"], r["policy_versions"]) for r in group["rollouts"]] == [("scored", [1, 1])] * 2
+    assert bad[0] == 422 and "'continue' or 'restart'" in bad[1]["error"]
