@@ -67,6 +67,9 @@ def top_level_names(module: Path) -> frozenset[str]:
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
                 names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+                if isinstance(target, ast.Name) and target.id == "__all__" and node.value is not None:
+                    # what a module's __getattr__ gives on first use is named there
+                    names.update(c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant))
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names.update((a.asname or a.name).split(".")[0] for a in node.names)
     return frozenset(names)

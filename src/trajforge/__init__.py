@@ -6,6 +6,7 @@ import importlib
 from typing import Any
 
 __version__ = "0.1.0"
+__all__ = ["Rollouts", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
