@@ -13,10 +13,10 @@ Then, against bench/server.py on 127.0.0.1 (one tool turn, 0.05 s latency):
 - view: `trajforge view RUN --port 0`, the time until its first list page is served.
 - export: `trajforge export RUN --format sharegpt`, trajectories per second and peak RSS.
 
-The run is synthesised once and copied for each code. `--baseline SRC` runs the same on another
-checkout's `src` (for example `git worktree add /tmp/base main`, then `--baseline /tmp/base/src`),
-side by side. Run:
-`python bench/scale.py [--samples 100000] [--extra 1000] [--baseline DIR/src]`.
+The run is synthesised once and copied for each code. `--baseline [NAME=]SRC` (repeatable) runs
+the same on another checkout's `src` (for example `git worktree add --detach /tmp/base main`,
+then `--baseline main=/tmp/base/src`), side by side in the same invocation. Run:
+`python bench/scale.py [--samples 100000] [--extra 1000] [--baseline [NAME=]DIR/src ...]`.
 """
 
 from __future__ import annotations
@@ -140,10 +140,14 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=1_000_000)
     ap.add_argument("--extra", type=int, default=1_000)
-    ap.add_argument("--baseline", type=Path, help="the src directory of another checkout, measured the same way")
+    ap.add_argument("--baseline", action="append", default=[], metavar="[NAME=]SRC",
+                    help="the src directory of another checkout, measured the same way (repeatable)")
     ap.add_argument("--tmp", type=Path, default=None, help="where to build the runs (~17 GB a code at a million)")
     args = ap.parse_args(argv)
-    codes = [("this tree", REPO / "src")] + ([("baseline", args.baseline)] if args.baseline else [])
+    codes = [("this tree", REPO / "src")]
+    for n, spec in enumerate(args.baseline, 1):
+        name, _, src = spec.rpartition("=")
+        codes.append((name or (f"baseline {n}" if len(args.baseline) > 1 else "baseline"), Path(src)))
     print(f"scale: {args.samples:,} finished samples + {args.extra:,} new rows, 256 workers, "
           f"{time.strftime('%Y-%m-%d %H:%M')}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs",
           flush=True)

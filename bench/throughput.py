@@ -21,6 +21,11 @@ the same server, which then reports token ids and logprobs in vLLM's shapes (ben
 run with ids only counts when every record carries them in one segment. It prints what capture
 costs in CPU per trajectory.
 
+`--baseline NAME=SRC` (repeatable) runs every sandbox with another checkout's `src` too, turn about
+with this tree's (e.g. `git worktree add --detach /tmp/base c917995`, `--baseline before=/tmp/base/src`),
+and compares the medians of the runner's CPU per trajectory: before and after in one invocation,
+under the same load.
+
 `--cap N` plays a provider that answers 429 above N concurrent requests (bench.server), and the
 row then says where the runner settled: the mean number in flight at the server and the share of
 requests refused, both after the first `--settle` seconds. `--flags` passes more run flags
@@ -138,13 +143,14 @@ def check_output(run_dir: Path, prompts: int, turns: int, tokens: bool = False) 
 async def run_scenario(*, prompts: int, turns: int, latency: float, jitter: float, workers: int,
                        sandbox: str, batch_size: int, workdir: Path, profile: Path | None = None,
                        pyspy: Path | None = None, runner: str | None = None, cap: int | None = None,
-                       flags: list[str] | None = None, settle: float = 10.0) -> dict[str, Any]:
+                       flags: list[str] | None = None, settle: float = 10.0,
+                       src: Path = REPO / "src") -> dict[str, Any]:
     dataset = workdir / "dataset.jsonl"
     write_dataset(dataset, prompts)
     server = BenchServer(turns=turns, latency=latency, jitter=jitter, cap=cap)
     await server.start()
     env = {k: v for k, v in os.environ.items() if k not in ("OPENROUTER_API_KEY", "OPENAI_API_KEY")}
-    env["PYTHONPATH"] = str(REPO / "src")
+    env["PYTHONPATH"] = str(src)
     prefix = [sys.executable, "-c", _PROFILED, str(profile)] if profile else [sys.executable, "-m", "trajforge"]
     if runner:
         prefix = shlex.split(runner)
@@ -211,9 +217,10 @@ def machine() -> str:
             f"load avg {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
-def one(args: argparse.Namespace, sandbox: str, tokens: bool = False) -> dict[str, Any]:
-    """One run of the scenario: trajforge with `sandbox` (and --capture_tokens), or a floor client
-    (`floor:loop`, `floor:helper`)."""
+def one(args: argparse.Namespace, sandbox: str, tokens: bool = False,
+        code: tuple[str, Path] | None = None) -> dict[str, Any]:
+    """One run of the scenario: trajforge with `sandbox` (and --capture_tokens; `code`: a baseline's
+    name and src), or a floor client (`floor:loop`, `floor:helper`)."""
     runner = args.runner
     if sandbox.startswith("floor:"):
         runner = f"{shlex.quote(sys.executable)} {shlex.quote(str(REPO / 'bench' / 'floor.py'))} {sandbox[6:]}"
@@ -226,9 +233,11 @@ def one(args: argparse.Namespace, sandbox: str, tokens: bool = False) -> dict[st
             workers=args.num_workers, sandbox=sandbox, batch_size=args.batch_size, workdir=workdir,
             profile=Path(args.profile).resolve() if args.profile else None,
             pyspy=Path(args.pyspy).resolve() if args.pyspy else None, runner=runner, cap=args.cap,
-            flags=flags, settle=args.settle))
+            flags=flags, settle=args.settle, **({"src": code[1]} if code else {})))
     if tokens:
         row["sandbox"] += "+tokens"
+    if code:
+        row["sandbox"] += "@" + code[0]
     return row
 
 
@@ -258,13 +267,13 @@ def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def cache_bytecode() -> None:
+def cache_bytecode(src: Path = REPO / "src") -> None:
     """Compile trajforge's modules once, so no run pays for it: an environment with
     PYTHONDONTWRITEBYTECODE (or a read-only checkout) would otherwise compile every module from
     source in every runner and zygote, ~0.1-0.2 s of CPU each, which installed packages never do."""
     import compileall
 
-    compileall.compile_dir(str(REPO / "src" / "trajforge"), quiet=1)
+    compileall.compile_dir(str(src / "trajforge"), quiet=1)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -292,8 +301,13 @@ def main(argv: list[str] | None = None) -> None:
                                                           "the medians (CPU varies +-10%% between identical runs here)")
     ap.add_argument("--tokens", action="store_true", help="run each sandbox without and with --capture_tokens "
                                                           "(the server then returns ids) and compare their CPU")
+    ap.add_argument("--baseline", action="append", default=[], metavar="NAME=SRC",
+                    help="another checkout's src, run turn about with this tree's (repeatable)")
     args = ap.parse_args(argv)
+    codes = [(name, Path(src)) for name, _, src in (b.partition("=") for b in args.baseline)]
     cache_bytecode()
+    for _, src in codes:
+        cache_bytecode(src)
     if args.sweep:
         print(f"machine: {machine()}")
         print_table(sweep(args))
@@ -309,7 +323,8 @@ def main(argv: list[str] | None = None) -> None:
     floors = ["floor:loop", "floor:helper"] if args.floor else []
     variants = [(s, t) for s in sandboxes for t in ((False, True) if args.tokens else (False,))]
     variants += [(floor, False) for floor in floors]
-    rows = [one(args, sandbox, tokens) for _ in range(max(1, args.repeat)) for sandbox, tokens in variants]
+    rows = [one(args, sandbox, tokens, code) for _ in range(max(1, args.repeat)) for sandbox, tokens in variants
+            for code in [None, *codes] if code is None or not sandbox.startswith("floor:")]
     print_table(rows)
     for row in rows:
         print(f"[{row['sandbox']}] runner CPU {row['runner_cpu_s']:.2f}s total, {row['requests']} requests served; "
@@ -339,6 +354,15 @@ def main(argv: list[str] | None = None) -> None:
     for sandbox, (cpu, base_cpu, n) in token_costs(rows, sandboxes if args.tokens else []).items():
         print(f"{sandbox}: --capture_tokens vs without, medians of {n}: CPU per trajectory {cpu:.2f} vs "
               f"{base_cpu:.2f} ms (x{cpu / base_cpu:.3f}); each pair ran one after the other")
+    for sandbox in sandboxes:
+        mine = [r for r in rows if r["sandbox"] == sandbox]
+        for name, _ in codes:
+            theirs = [r for r in rows if r["sandbox"] == f"{sandbox}@{name}"]
+            cpu, base_cpu = (statistics.median(x["cpu_ms_per_traj"] for x in rs) for rs in (mine, theirs))
+            eff, base_eff = (statistics.median(x["efficiency"] for x in rs) for rs in (mine, theirs))
+            print(f"{sandbox}: this tree vs {name}, medians of {len(mine)}: CPU per trajectory {cpu:.2f} vs "
+                  f"{base_cpu:.2f} ms (x{cpu / base_cpu:.3f}), efficiency {eff:.2f} vs {base_eff:.2f}; each pair ran "
+                  "one after the other")
     for floor in floors:
         mine = [r for r in rows if r["sandbox"] == floor]
         cpu, eff = (statistics.median(x[k] for x in mine) for k in ("cpu_ms_per_traj", "efficiency"))
