@@ -347,3 +347,14 @@ def test_a_key_given_twice_stops_the_command_with_exit_2(tmp_path: Path, clean_e
                           env=clean_env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr == f"error: {cfg}: key 'target_max_tokens' appears twice, on lines 2 and 3; keep one\n"
+
+
+@pytest.mark.parametrize("key", ["sandbox_memory", "sandbox_disk", "sandbox_tmp_size", "container_memory"])
+def test_a_size_written_as_a_whole_number_in_the_file_is_that_many_bytes(tmp_path: Path, key: str) -> None:
+    # YAML reads `sandbox_memory: 0` (the README's way to turn the limit off) as an integer, not "0".
+    c = build_config({}, yaml_file(tmp_path, f"{key}: 0\n"))
+    assert getattr(c, key) == "0"
+    assert getattr(build_config({}, yaml_file(tmp_path, f"{key}: 1048576\n")), key) == "1048576"
+    for bad in ("-1", "1.5", "true"):
+        assert f"key '{key}'" in error_of({}, yaml_file(tmp_path, f"{key}: {bad}\n"))
+

@@ -23,7 +23,9 @@ from trajforge.catalog.distributions import Distribution, all_distributions
 from trajforge.catalog.executors import EXECUTORS
 from trajforge.catalog.sandboxes import AUTO, OLD_NAMES, backend_choices, network_choices, network_help
 from trajforge.catalog.tools_config import ToolsConfig
-from trajforge.config_checks import CHECKED_FIELDS, PID_MAX, SIZE_PATTERN, OneOf, check_value, check_whole_numbers
+from trajforge.config_checks import (
+    CHECKED_FIELDS, PID_MAX, SIZE_FIELDS, SIZE_PATTERN, OneOf, check_value, check_whole_numbers, size_text,
+)
 from trajforge.config_checks import size_bytes  # noqa: F401 -- sample.lower_settings reads sizes from here
 from trajforge.config_sections import (  # noqa: F401 -- the sections are RunConfig's, imported from here
     DistributionConfig, NetworkConfig, PriceConfig, TaskTypeConfig, UnknownDistribution, _Strict, suggest, unknown_choice,
@@ -133,22 +135,16 @@ class RunConfig(_Strict):
     # egress: own network namespace, internet only (sandbox/network.py); "on" is the old name of host.
     sandbox_network: Annotated[str, OneOf(network_choices, network_help)] = Field(AUTO, description="{choices}")
     network: NetworkConfig = Field(default_factory=NetworkConfig, json_schema_extra=FILE_ONLY)
-    sandbox_memory: str = Field("4g", pattern=SIZE_PATTERN, description="memory of one sample (bwrap: cgroup)",
-                                json_schema_extra=FILE_ONLY)
-    sandbox_tmp_size: str = Field("1g", pattern=SIZE_PATTERN, description="size of a sample's /tmp (tmpfs)",
-                                  json_schema_extra=FILE_ONLY)
-    sandbox_shm_size: str = Field("256m", pattern=SIZE_PATTERN, description="size of a sample's /dev/shm",
-                                  json_schema_extra=FILE_ONLY)
-    sandbox_disk: str = Field("10g", pattern=SIZE_PATTERN, description="bytes a sample may write to its workspace",
-                              json_schema_extra=FILE_ONLY)
-    sandbox_cpu_seconds: int | None = Field(600, ge=1, le=10**7, description="CPU seconds per process of a command",
-                                            json_schema_extra=FILE_ONLY)
+    sandbox_memory: str = Field("4g", pattern=SIZE_PATTERN, description="memory of one sample, e.g. 4g (bwrap: a cgroup); 0 turns the limit off")
+    sandbox_tmp_size: str = Field("1g", pattern=SIZE_PATTERN, description="size of a sample's /tmp (tmpfs)")
+    sandbox_shm_size: str = Field("256m", pattern=SIZE_PATTERN, description="size of a sample's /dev/shm")
+    sandbox_disk: str = Field("10g", pattern=SIZE_PATTERN, description="bytes a sample may write to its workspace, e.g. 10g (a disk of its own, as "
+                              "root); 0 turns the disk off")
+    sandbox_cpu_seconds: int | None = Field(600, ge=1, le=10**7, description="CPU seconds per process of a command")
     sandbox_cpus: float | None = Field(1.0, gt=0, le=4096,
-                                       description="CPUs one sample may keep busy (cgroup CPU quota)",
-                                       json_schema_extra=FILE_ONLY)
+                                       description="CPUs one sample may keep busy (cgroup CPU quota)")
     max_sandboxes: int = Field(16, ge=1, le=100_000, description="containers being created at once")
-    sandbox_nproc: int = Field(512, ge=16, le=PID_MAX, description="processes of one bwrap sample (enforced as root)",
-                               json_schema_extra=FILE_ONLY)
+    sandbox_nproc: int = Field(512, ge=16, le=PID_MAX, description="processes of one bwrap sample (enforced as root)")
     container_engine: Literal["auto", "podman", "docker"] = Field(
         "auto", description="{choices}: engine of the container sandbox")
     container_image: str | None = Field(None, description="image of --sandbox container rows without an image",
@@ -224,7 +220,7 @@ class RunConfig(_Strict):
     @classmethod
     def _checked(cls, v: Any, info: ValidationInfo) -> Any:
         check_value(info.field_name or "", v)  # a path, URL or size that could only fail (or harm) later
-        return v
+        return size_text(v) if info.field_name in SIZE_FIELDS else v
 
     @field_validator("tools")
     @classmethod
