@@ -19,6 +19,10 @@ from trajforge.sandbox.network import EgressSupport
 from trajforge.sandbox.sandbox_settings import SandboxSettings
 
 ENGINES = ("podman", "docker")  # what `container_engine: auto` tries, in this order
+# An engine found on PATH that does not work, and where to look (its own check's error is above it).
+BROKEN = {"podman": "`podman info` fails: run it to see why and fix Podman's setup (storage, runtime, "
+                    "/etc/containers), then run `trajforge doctor` again",
+          "docker": "its daemon cannot be reached: start it, or point DOCKER_HOST at one"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +53,15 @@ class ContainerStatus:
     def doctor_row(self) -> dict[str, Any]:
         return {"usable": self.usable, "engine": self.engine, "engines": self.engines, "isolation": self.isolation()}
 
+    def fix(self) -> str | None:
+        """What to repair in each engine that is installed but does not work (installing another
+        is not the way)."""
+        if self.usable:
+            return None
+        broken = [f"{kind} is installed ({e['binary']}) but {BROKEN[kind]}" for kind, e in self.engines.items()
+                  if e.get("binary")]
+        return "; ".join(broken) or None
+
     def doctor_lines(self) -> list[str]:
         lines = [f"engine: {self.engine or 'none'}"]
         for kind, e in self.engines.items():
@@ -74,8 +87,9 @@ async def status(settings: SandboxSettings) -> ContainerStatus:
     for kind in ENGINES if choice == "auto" else (choice,):
         found = await detect(kind)
         engines[kind] = {"usable": found.engine is not None, "detail": found.reasons.get(kind, "")}
+        if kind in found.binaries:  # installed, usable or not
+            engines[kind]["binary"] = found.binaries[kind]
         if found.engine is not None:
-            engines[kind]["binary"] = found.engine.binary
             engines[kind]["conf"] = found.engine.env.get("CONTAINERS_CONF")
             chosen = chosen or kind
     detail = f"engine: {chosen}" if chosen else "; ".join(f"{k}: {e['detail']}" for k, e in engines.items())
