@@ -154,7 +154,8 @@ def test_plain_jsonl_keeps_every_line_and_its_verification(tmp_path: Path) -> No
     assert len(entries) == 5 and entries[3].key.startswith("id0:0@")  # a repeated id stays distinct
     assert entries[4].key == "line-5" and entries[4].tools == ("web_search",) and entries[4].tool_calls == 1
     ver = distributions(entries)["verification"]
-    assert ver == {"verified": 3, "passed": 2, "failed": 1, "pass_rate": 0.6667, "mean_score": 0.75}
+    assert ver == {"verified": 3, "passed": 2, "failed": 1, "pass_rate": 0.6667, "errors": 0, "errors_by_kind": {},
+                   "unverified": 2, "mean_score": 0.75}
     assert [e.passed for e in apply(Query(q="NUMBER 1"), entries)] == [False]
 
 

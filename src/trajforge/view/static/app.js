@@ -147,12 +147,24 @@ function taskTable(t) {
   return el('section', {class: 'chart', id: 'tasks'}, el('h3', {text: 'Rewards by task'}), el('table', {class: 'samples'}, head, ...rows));
 }
 
-// A task's verification: reward, the metrics of reward.json, or the error; the test script's output.
-function verifyView(v) {
-  const state = v.error ? 'error: ' + v.error : v.passed ? 'passed' : 'failed';
-  const reward = v.reward != null ? ' · reward ' + v.reward : '';
-  const box = el('section', {class: 'turn verify ' + (v.passed ? 'pass' : 'fail'), id: 'verification'},
-    el('div', {class: 'th', text: 'Verification: ' + state + reward}));
+// A record's verification state, as statistics.json counts it (the server's verdict: passed, failed,
+// error with its kind, or unverified): its words, and the class that colours it.
+const VERDICTS = {passed: ['passed', 'pass'], failed: ['failed', 'fail'], error: ['error', 'err'], unverified: ['not verified', 'none']};
+
+function verdictWords(s) {
+  if (!s) return ['–', 'none'];
+  const [words, cls] = VERDICTS[s.state] || [s.state, 'none'];
+  return [s.state === 'error' && s.error ? words + ' (' + s.error + ')' : words, cls];
+}
+
+// The verification banner under the conversation: for a task, its reward, the metrics of
+// reward.json and the test script's output; for a dataset row, its state, score and method.
+function verifyView(v, s) {
+  const [state, cls] = verdictWords(s);
+  const extra = v.method === 'tests' ? (v.reward != null ? ' · reward ' + v.reward : '')
+    : (v.score != null ? ' · score ' + v.score : '') + (v.method && v.method !== 'none' ? ' · ' + v.method : '');
+  const box = el('section', {class: 'turn verify ' + cls, id: 'verification', 'data-verdict': s ? s.state : ''},
+    el('div', {class: 'th', text: 'Verification: ' + state + extra}));
   if (v.rewards && Object.keys(v.rewards).length > 1)
     box.append(el('p', {class: 'rewards', text: Object.entries(v.rewards).map(([k, x]) => k + ' ' + x).join(' · ')}));
   const tests = v.detail && v.detail.tests;
@@ -180,9 +192,14 @@ async function renderOverview(main) {
     figure('samples / min', f.throughput_samples_per_minute ?? null, fmt(f.throughput_samples_per_minute), 'throughput_samples_per_minute'),
     figure('duration', f.duration_seconds ?? null, f.duration_seconds == null ? '–' : f.duration_seconds.toFixed(1) + ' s', 'duration_seconds'),
     figure('reasoning coverage', f.reasoning.coverage, pct(f.reasoning.coverage), 'reasoning.coverage'));
-  if (o.verification) {
+  if (o.verification) {  // counted as statistics.json counts them: errors and unverified records apart
     const v = o.verification;
     figs.append(figure('verification pass rate', v.pass_rate, pct(v.pass_rate) + ' of ' + fmt(v.verified), 'verification.pass_rate'));
+    figs.append(figure('passed', v.passed, fmt(v.passed), 'verification.passed'));
+    figs.append(figure('failed verification', v.failed, fmt(v.failed), 'verification.failed'));
+    const kinds = Object.entries(v.errors_by_kind).map(([k, n]) => k + ' ' + fmt(n)).join(', ');
+    figs.append(figure('verification errors' + (kinds ? ' (' + kinds + ')' : ''), v.errors, fmt(v.errors), 'verification.errors'));
+    figs.append(figure('not verified', v.unverified, fmt(v.unverified), 'verification.unverified'));
     if (v.mean_score !== null) figs.append(figure('mean score', v.mean_score, v.mean_score.toFixed(3), 'verification.mean_score'));
   }
   if (f.tasks) figs.append(figure('mean reward', f.tasks.all.mean_reward, f.tasks.all.mean_reward == null ? '–' : f.tasks.all.mean_reward.toFixed(3), 'tasks.mean_reward'));
@@ -234,9 +251,12 @@ function statusBadge(e) {
 }
 
 function verdict(e) {
-  if (e.passed === null || e.passed === undefined) return '–';
-  return el('span', {class: e.passed ? 'pass' : 'fail',
-    text: (e.passed ? '✓ pass' : '✗ fail') + (e.score !== null ? ' ' + Number(e.score).toFixed(2) : '')});
+  const s = e.verification;
+  if (!s) return '–';
+  const [words, cls] = verdictWords(s);
+  const mark = {passed: '✓ ', failed: '✗ ', error: '⚠ '}[s.state] || '';
+  const score = (s.state === 'passed' || s.state === 'failed') && e.score !== null ? ' ' + Number(e.score).toFixed(2) : '';
+  return el('span', {class: 'verdict ' + cls, 'data-verdict': s.state, text: mark + words + score});
 }
 
 let searchTimer = null;
@@ -375,11 +395,12 @@ function metaTable(d) {
   if (r.task) rows.push(['task', r.task.name + ' (' + r.task.path + ')'], ['task metadata', JSON.stringify(r.task.metadata)]);
   if (r.verification && r.verification.method === 'tests') {
     const v = r.verification;
-    rows.push(['reward', v.reward == null ? 'none (' + v.error + ')' : String(v.reward) + (v.passed ? ' · passed' : ' · failed')]);
+    rows.push(['reward', v.reward == null ? 'none (' + v.error + ')' : String(v.reward) + ' · ' + verdictWords(e.verification)[0]]);
   } else if (r.verification) {
     const v = r.verification;
-    rows.push(['verification', (v.passed ? 'passed' : 'failed') + (v.score != null ? ' · score ' + v.score : '') + (v.method ? ' · ' + v.method : '')]);
-    if (v.detail) rows.push(['verification detail', typeof v.detail === 'string' ? v.detail : JSON.stringify(v.detail)]);
+    rows.push(['verification', verdictWords(e.verification)[0] + (v.score != null ? ' · score ' + v.score : '') +
+      (v.method && v.method !== 'none' ? ' · ' + v.method : '')]);
+    if (v.detail && Object.keys(v.detail).length) rows.push(['verification detail', typeof v.detail === 'string' ? v.detail : JSON.stringify(v.detail)]);
   }
   return el('table', {class: 'meta'}, rows.filter(([, v]) => v !== null && v !== undefined && v !== '')
     .map(([k, v]) => el('tr', {}, el('th', {text: k}), el('td', {text: v}))));
@@ -395,12 +416,7 @@ async function renderSample(main, params) {
   let n = 0;
   for (const t of d.turns || []) turns.append(turnView(t, t.kind === 'gpt' ? ++n : n));
   if (!d.turns) turns.append(el('p', {class: 'muted', text: 'No trajectory was saved for this sample.'}));
-  if (d.record && d.record.verification && d.record.verification.method === 'tests') {
-    turns.append(verifyView(d.record.verification));
-  } else if (d.record && d.record.verification) {
-    const v = d.record.verification;
-    turns.append(el('section', {class: 'turn verify ' + (v.passed ? 'pass' : 'fail')}, el('div', {class: 'th', text: 'Verification: ' + (v.passed ? 'passed' : 'failed')})));
-  }
+  if (d.record && d.record.verification) turns.append(verifyView(d.record.verification, d.entry.verification));
   main.replaceChildren(nav, metaTable(d), turns);
   window.scrollTo(0, 0);
 }
