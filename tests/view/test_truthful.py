@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -147,3 +148,45 @@ def test_every_text_is_shown_exactly_as_the_record_holds_it(run_dir: Path, viewe
     assert "&amp;amp;" not in text and "&amp;#39;" not in text and "&lt;b&gt;" not in text
     assert "Tom's" in text and "Tom&#39;s" not in text and "literal &#39; &amp; &lt;," in text
     assert page.locator("#main b:text-is('bold')").count() == 0 and "<b>bold</b>" in text
+
+
+def test_after_a_dataset_edit_and_resume_the_page_agrees_with_statistics_json(tmp_path: Path, viewer_of,
+                                                                              page) -> None:
+    # 10 rows, 2 of which fail; the user deletes those 2 from the dataset and resumes: the run has
+    # 8 samples, all finished. Their failures stay in checkpoint.json, and the page counted and
+    # listed them ("2 failed", "10 samples", "prompt unknown: the dataset was not found").
+    rows = [f"say w{i}" for i in range(8)]
+    rows[3:3], rows[6:6] = ["say bad one"], ["say bad two"]
+    (tmp_path / "ds.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in rows))
+
+    def bad_ones_fail(req: Recorded) -> Reply:
+        if "bad" in user_prompt(req.body):
+            return http_error(400, "refused")
+        return chat("done", reasoning="ok") if tool_messages(req.body) else \
+            chat(None, reasoning="run it", tool_calls=[tool_call("terminal", {"command": "echo hi"})])
+
+    with ScriptedServer(bad_ones_fail) as srv:
+        args = cli("run", "--dataset_file=ds.jsonl", "--run_name=r", f"--base_url={srv.url}", "--model=m",
+                   "--distribution=terminal_only", "--sandbox=local", "--max_retries=0")
+        first = subprocess.run(args, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+        assert first.returncode == 3, first.stderr
+        (tmp_path / "ds.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in rows if "bad" not in p))
+        resumed = subprocess.run([*args, "--resume"], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                                 timeout=120)
+        assert resumed.returncode == 0, resumed.stderr
+    run = tmp_path / "data" / "r"
+    stats = json.loads((run / "statistics.json").read_text())["run"]
+    assert (stats["samples"]["total"], stats["samples"]["finished"], stats["samples"]["failed"]) == (8, 8, 0)
+    v = viewer_of(run)
+    with urllib.request.urlopen(v.url + "api/overview") as r:
+        overview = json.loads(r.read())
+    assert overview["figures"] == stats and overview["outcomes_not_in_dataset"] == 2
+    with urllib.request.urlopen(v.url + "api/samples") as r:
+        assert json.loads(r.read())["total"] == 8
+    page.goto(v.url)
+    page.wait_for_selector("#outcomes_not_in_dataset")
+    assert figure(page, "samples.failed") == "0" and figure(page, "samples.total") == "8"
+    page.goto(v.url + "#/samples")
+    page.wait_for_function("() => document.getElementById('page-info')?.textContent.endsWith(' 8 samples')")
+    assert "prompt unknown" not in page.locator("#samples").inner_text()
+    assert sorted(page.locator("#samples td.prompt a").all_inner_texts()) == sorted(p for p in rows if "bad" not in p)

@@ -96,7 +96,8 @@ class RunIndex(Lookup):
         self.dataset_note: str | None = None
         self._row_keys = array("Q")  # each record's row (runner.keys), for its task type in the dataset
         self._typed = 0  # records whose task type the dataset was asked for
-        self._rows_known: dict[str, Any] = {}  # identity -> dataset row, of samples without a record
+        self._rows_known: dict[str, Any] = {}  # identity -> dataset row (None: not in it), of samples without a record
+        self.outcomes_not_in_dataset = 0  # failed or discarded samples of rows the dataset no longer has
 
     def attach_dataset(self) -> None:
         """Read the run's dataset for what records and the checkpoint lack (before refresh, or at
@@ -273,6 +274,7 @@ class RunIndex(Lookup):
     def _rebuild_outcomes(self) -> None:
         samples = self.checkpoint.get("samples")
         self.outcomes = []
+        self.outcomes_not_in_dataset = 0
         self._outcomes_made += 1
         if not isinstance(samples, dict):
             return
@@ -281,10 +283,16 @@ class RunIndex(Lookup):
                 and info.get("status") in ("failed", "discarded") and key_of(identity) not in self._taken}
         unknown = [identity for identity in left if identity not in self._rows_known]
         if unknown and self.dataset is not None:  # one pass over the dataset's keys for all of them
+            self._rows_known.update(dict.fromkeys(unknown))
             self._rows_known.update(self.dataset.rows_of(unknown))
         for identity, info in left.items():  # (the others: a later attempt finished them)
-            entry = outcome_entry(identity, info, seq)
             row = self._rows_known.get(identity)
+            if row is None and self.dataset is not None:
+                # Its row was edited out of the dataset: the run no longer has this sample, and
+                # statistics.json does not count it (runner.report), so neither does the page.
+                self.outcomes_not_in_dataset += 1
+                continue
+            entry = outcome_entry(identity, info, seq)
             if row is not None:
                 entry.prompt_index, entry.task_type, entry.prompt = row.index, row.task_type, row.prompt
             self.outcomes.append(entry)

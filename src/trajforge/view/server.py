@@ -134,6 +134,7 @@ class Viewer:
                     "failure_classes": list(FAILURE_CLASSES),
                     "run_name": config.get("run_name") or stats.get("run_name"),
                     "model": config.get("model") or stats.get("model"), "duplicates": ix.duplicates,
+                    "outcomes_not_in_dataset": ix.outcomes_not_in_dataset,
                     **invocation_settings(ix.checkpoint.get("invocations") or []),
                     "problems": ix.problems + ([ix.dataset_note] if ix.dataset_note else [])}
 

@@ -220,6 +220,8 @@ async function renderOverview(main) {
   if (f.tasks) notes.append(taskTable(f.tasks));
   const stale = o.statistics && o.statistics.merge && o.statistics.merge.not_in_dataset;
   if (stale) notes.append(el('p', {class: 'muted', text: stale + ' finished sample(s) are no longer in the dataset: listed and counted here, left out of trajectories.jsonl and statistics.json'}));
+  if (o.outcomes_not_in_dataset) notes.append(el('p', {class: 'muted', id: 'outcomes_not_in_dataset', text: o.outcomes_not_in_dataset +
+    ' failed or discarded sample(s) of rows no longer in the dataset: left out here, as statistics.json leaves them out'}));
   if (o.duplicates) notes.append(el('p', {class: 'muted', text: o.duplicates + ' duplicate record(s) ignored (the first one of a sample counts)'}));
   for (const c of o.settings_changes || [])  // a resume with another model or settings: the run mixes them
     notes.append(el('p', {class: 'warn-text', id: 'settings_change', text: 'invocation ' + c.invocation + ' changed ' +
