@@ -37,8 +37,8 @@ def test_a_broken_podman_is_to_be_repaired_not_installed(tmp_path: Path) -> None
     assert proc.returncode == 0, proc.stderr
     hint = next(line for line in proc.stdout.splitlines() if line.startswith("to enable container:"))
     assert "apt-get install" not in hint, hint
-    assert f"podman is installed ({tmp_path / 'broken-bin' / 'podman'})" in hint and "`podman info` fails" in hint
-    assert BROKEN_STORAGE in proc.stdout  # the engine's own error, on its row above
+    assert f"podman is installed ({tmp_path / 'broken-bin' / 'podman'}) but does not work" in hint
+    assert BROKEN_STORAGE in hint and "run `podman info` to see why" in hint
 
 
 def test_a_missing_engine_or_bwrap_is_to_be_installed() -> None:

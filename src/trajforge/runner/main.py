@@ -41,8 +41,8 @@ from trajforge.runner.merge import calls_unknown_tools
 from trajforge.runner.monitor import RunMonitor
 from trajforge.sample.outcome import Outcome
 from trajforge.runner.preflight import (
-    check_container_images, check_executor, check_network, check_task_engine, choose_model, load_input, load_prefill,
-    refuse_contradictions,
+    check_container_images, check_endpoint, check_executor, check_network, check_sandbox, check_task_engine, choose_model, load_input,
+    load_prefill, refuse_contradictions,
 )
 from trajforge.runner.progress import Progress
 from trajforge.runner.report import failed_exit_code, finish, print_summary
@@ -85,10 +85,12 @@ def _run_checked(config: RunConfig, make_executor: ExecutorFactory) -> int:
     else:  # the oracle calls no model: no endpoint, key or price to check, and its records say "oracle"
         config = config.model_copy(update={"model": "oracle"})
     config, sandbox = check_network(config, sandbox_settings(config))  # the sandbox's settings, built once
+    check_sandbox(config, sandbox)
     check_executor(config)
     check_container_images(config, rows)
     check_task_engine(config)
     check_verification_settings(config, rows.path, rows.rubric, rows.verified)
+    check_endpoint(config)  # last: the one check that waits on the network
     rundir = RunDir(run_path)
     rundir.acquire(resume=config.resume, overwrite=config.overwrite)
     watcher = use_pidfd_child_watcher()
@@ -130,15 +132,9 @@ async def _run(config: RunConfig, sandbox_settings: SandboxSettings, rows: RunRo
     if rows.skipped:
         print(f"trajforge: skipped {len(rows.skipped)} invalid dataset line(s)", file=sys.stderr)
     config, sandbox = await _resolve_sandbox(config, sandbox_settings, rows)
-    print(f"trajforge: run '{config.run_name}': {len(rows)} samples, "
-          f"{len(rows) - len(todo)} already finished, {len(todo)} to run, sandbox {sandbox} -> {run_dir}",
-          file=sys.stderr)
     masked = config.masked()
     used = settings.shaping(masked)
     earlier = next((i.settings for i in reversed(checkpoint.invocations) if i.settings is not None), None)
-    if diff := settings.changes(earlier, used):
-        print(f"trajforge: this invocation runs with other settings than the previous one: {settings.describe(diff)} "
-              "(the run's records will mix them; statistics.json lists each change)", file=sys.stderr)
 
     batch_store = store.BatchStore(run_dir)
     invocation = Totals()
@@ -195,6 +191,14 @@ async def _run(config: RunConfig, sandbox_settings: SandboxSettings, rows: RunRo
         except BaseException:
             await executor.aclose()
             raise
+    # Said once the executor started: what it refuses (no toolset of the distribution can be
+    # offered, a model that cannot load) comes before this line, never after it.
+    print(f"trajforge: run '{config.run_name}': {len(rows)} samples, "
+          f"{len(rows) - len(todo)} already finished, {len(todo)} to run, sandbox {sandbox} -> {run_dir}",
+          file=sys.stderr)
+    if diff := settings.changes(earlier, used):
+        print(f"trajforge: this invocation runs with other settings than the previous one: {settings.describe(diff)} "
+              "(the run's records will mix them; statistics.json lists each change)", file=sys.stderr)
     rundir.save_config(config.masked())  # once the start was not refused, which keeps a resumed run's own
     budget = budget_for(config, checkpoint.invocations, len(todo), (restored.spent, restored.samples))
     monitor = RunMonitor(getattr(executor, "gate", None), budget)

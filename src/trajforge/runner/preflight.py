@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trajforge.catalog.executors import EXECUTORS
-from trajforge.catalog.sandboxes import network_refusal, runs_on_host
+from trajforge.catalog.sandboxes import AUTO, SANDBOXES, network_refusal, runs_on_host
 from trajforge.config import RunConfig
 from trajforge.errors import UsageError
 from trajforge.jsonio import loads
@@ -81,20 +81,41 @@ def load_prefill(path: Path | None) -> list[dict[str, Any]] | None:
 def choose_model(config: RunConfig) -> RunConfig:
     """The config with the model the run will use (the bundled local one when no API is reachable)."""
     from trajforge.model.client import DEFAULT_BASE_URL
-    from trajforge.model.factory import is_local_model, is_loopback, resolve_api_key, should_use_local
+    from trajforge.model.factory import check_client, is_local_model, is_loopback, resolve_api_key, should_use_local
 
     settings = config.model_settings()
     named = "model" in config.model_fields_set  # a flag or a config file key, even the default's name
     if should_use_local(settings, named=named) and not is_local_model(config.model):
         print("trajforge: no API key, no --base_url and no --model: using the bundled local model (--model "
               "local); set OPENROUTER_API_KEY or pass --base_url/--api_key to use an API", file=sys.stderr)
-        return config.model_copy(update={"model": "local"})
+        config = config.model_copy(update={"model": "local"})
+    if is_local_model(config.model):  # a missing model file or backend: refused before the start line
+        check_client(config.model_settings())
+        return config
     url = settings.base_url or DEFAULT_BASE_URL
     if not is_local_model(config.model) and not is_loopback(url) and resolve_api_key(settings.api_key, os.environ) is None:
         instead = (f" (--model {config.model} was named, so the bundled local model does not stand in for it: "
                    "pass --model local for that)") if named and settings.base_url is None else ""
         raise UsageError(f"no API key for {url}: pass --api_key or set OPENROUTER_API_KEY / OPENAI_API_KEY{instead}")
     return config
+
+
+def check_endpoint(config: RunConfig) -> None:
+    """The model's endpoint answers (model.probe): a mistyped or down --base_url is refused here,
+    naming the URL (exit 2), instead of after every sample has spent its retries on it."""
+    from trajforge.model.client import DEFAULT_BASE_URL
+    from trajforge.model.factory import is_local_model
+    from trajforge.model.probe import unreachable
+
+    if config.agent == "oracle" or is_local_model(config.model):
+        return
+    if not EXECUTORS[config.executor].capabilities.in_process:
+        return  # the nodes make the calls: a loopback URL means each node's own server, not this one's
+    url = config.base_url or DEFAULT_BASE_URL
+    why = asyncio.run(unreachable(url, timeout=min(config.request_timeout, 10.0)))
+    if why is not None:
+        flag = "--base_url" if config.base_url else "the default endpoint (no --base_url)"
+        raise UsageError(f"{flag} {url} does not answer ({why}); check the URL and that the server is up")
 
 
 def check_network(config: RunConfig, settings: SandboxSettings) -> tuple[RunConfig, SandboxSettings]:
@@ -107,6 +128,23 @@ def check_network(config: RunConfig, settings: SandboxSettings) -> tuple[RunConf
     if note:
         print(f"trajforge: {note}", file=sys.stderr)
     return config.model_copy(update={"sandbox_network": str(mode)}), settings.with_network(mode)
+
+
+def check_sandbox(config: RunConfig, settings: SandboxSettings) -> None:
+    """An explicit `--sandbox NAME` whose backend does not work here would let every sample spend a
+    model call and then fail as `sandbox`: refuse before any work, with what is broken (exit 2), as
+    an explicit egress that cannot be had is. `auto` picks a working one itself; the nodes of
+    another executor and the containers of --tasks are checked where they run."""
+    if config.sandbox == AUTO or config.tasks is not None or not EXECUTORS[config.executor].capabilities.in_process:
+        return
+    from trajforge.sandbox.factory import backend_status
+
+    spec = SANDBOXES[config.sandbox]
+    status = asyncio.run(backend_status(spec, settings))
+    if not status.usable:  # fix(): what is broken and how to repair it; else it is missing: install it
+        why = status.fix() or f"{status.detail}; {spec.capabilities.enable}".rstrip("; ")
+        raise UsageError(f"--sandbox {spec.name} cannot work here: {why}. `trajforge doctor` shows which sandboxes "
+                         "work here (--sandbox auto picks the best of them)")
 
 
 def check_executor(config: RunConfig) -> None:

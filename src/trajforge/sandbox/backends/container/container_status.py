@@ -19,10 +19,9 @@ from trajforge.sandbox.network import EgressSupport
 from trajforge.sandbox.sandbox_settings import SandboxSettings
 
 ENGINES = ("podman", "docker")  # what `container_engine: auto` tries, in this order
-# An engine found on PATH that does not work, and where to look (its own check's error is above it).
-BROKEN = {"podman": "`podman info` fails: run it to see why and fix Podman's setup (storage, runtime, "
-                    "/etc/containers), then run `trajforge doctor` again",
-          "docker": "its daemon cannot be reached: start it, or point DOCKER_HOST at one"}
+# What to do about an engine found on PATH that does not work (its own check says why).
+REPAIR = {"podman": "run `podman info` to see why and fix Podman's setup (storage, runtime, /etc/containers)",
+          "docker": "start its daemon, or point DOCKER_HOST at one"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +57,8 @@ class ContainerStatus:
         is not the way)."""
         if self.usable:
             return None
-        broken = [f"{kind} is installed ({e['binary']}) but {BROKEN[kind]}" for kind, e in self.engines.items()
-                  if e.get("binary")]
+        broken = [f"{kind} is installed ({e['binary']}) but does not work ({e['detail']}): {REPAIR[kind]}"
+                  for kind, e in self.engines.items() if e.get("binary")]
         return "; ".join(broken) or None
 
     def doctor_lines(self) -> list[str]:
