@@ -191,6 +191,9 @@ async def _run(config: RunConfig, sandbox_settings: SandboxSettings, rows: RunRo
         except BaseException:
             await executor.aclose()
             raise
+    if nodes := getattr(executor, "sandboxes", None):  # decided on each node: config.json and statistics.json name them
+        config = config.model_copy(update={"sandbox": ", ".join(sorted(nodes))})
+        sandbox = f"{config.sandbox} (chosen on each node)" if config.sandbox != sandbox else sandbox
     # Said once the executor started: what it refuses (no toolset of the distribution can be
     # offered, a model that cannot load) comes before this line, never after it.
     print(f"trajforge: run '{config.run_name}': {len(rows)} samples, "
