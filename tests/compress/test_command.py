@@ -248,6 +248,44 @@ def test_a_named_summariser_without_a_key_is_refused_before_any_file_is_written(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
 
 
+def test_sigint_stops_a_compressor_started_with_sigint_ignored(tmp_path: Path) -> None:
+    """A job a script started with `&` inherits SIGINT ignored; `trajforge run` stops on SIGINT
+    even then, and so does the compressor: exit 130 with its progress kept."""
+    run = _SlowRun(tmp_path)
+    with ScriptedServer(run.slow) as srv:
+        proc = _compressor([*run.args, f"--base_url={srv.url}"], sigint_ignored=True)
+        try:
+            assert run.saved.wait(60), "no progress"
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "trajectories done) is kept in" in err, err
+    assert not run.out.exists() and Paths.for_output(run.out).partial.exists()
+
+
+def test_input_that_is_not_trajectories_is_refused_before_any_file_or_summary(tmp_path: Path) -> None:
+    """A dataset of prompts given as --input, or a bad line after many good ones: named, exit 2,
+    and no `.partial*` file left behind that says to re-run the same command."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "say hi"}\n{"prompt": "say ho"}\n', encoding="utf-8")
+    good = [trajectory(i, steps=8, response_words=120) for i in range(5)]  # each needs a summary
+    late = write_jsonl(tmp_path / "late.jsonl", good)
+    with late.open("a", encoding="utf-8") as f:
+        f.write('{"conversations": "not a list"}\n')
+    with ScriptedServer(lambda rec: chat("summary")) as srv:
+        for src, where in ((prompts, f"{prompts}:1: field 'conversations'"), (late, f"{late}:6: field 'conversations'")):
+            proc = _compressor([f"--input={src}", "--target_max_tokens=1500", f"--base_url={srv.url}", "--model=m"])
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 2, err
+            assert where in err and "re-run" not in err and "Traceback" not in err, err
+        assert srv.requests == []  # not one summary paid for
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["late.jsonl", "prompts.jsonl"]
+
+
 @pytest.mark.parametrize("sigint_ignored", [False, True], ids=["foreground", "background-job"])
 def test_sigterm_keeps_the_progress_like_ctrl_c(tmp_path: Path, sigint_ignored: bool) -> None:
     """Also in a process whose SIGINT is ignored (a job a script started with `&`, then stopped by
