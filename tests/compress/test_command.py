@@ -307,3 +307,37 @@ def test_sigterm_keeps_the_progress_like_ctrl_c(tmp_path: Path, sigint_ignored: 
     assert not run.out.exists() and Paths.for_output(run.out).partial.exists()
     stdout, _ = run.resume()
     assert "resuming" in stdout and [r["prompt_index"] for r in read_jsonl(run.out)] == list(range(30))
+
+
+def test_the_dry_run_estimate_holds_against_real_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The tokens after compression depend on the summaries' length: a real run with summaries at
+    their ~750-token target lands on the dry run's upper figure, one with summaries of a quarter of
+    that where the dry run says (it said "about" the upper figure, 20% off such a run)."""
+    import random
+    import re
+
+    from trajforge.compress.config import load_config
+    from trajforge.compress.tokenize import load_counter
+
+    rng = random.Random(1)
+    src = write_jsonl(tmp_path / "in.jsonl", [trajectory(i, steps=rng.randint(1, 14), response_words=rng.randint(20, 300))
+                                              for i in range(30)])
+    args = [f"--input={src}", "--target_max_tokens=2000"]
+    assert main([*args, "--dry_run"]) == 0
+    dry = capsys.readouterr().out
+    m = re.search(r"tokens: ([\d,]+) -> ([\d,]+) to ([\d,]+), .* ([\d,]+) fewer for each 100 tokens .*summary calls: (\d+)",
+                  dry)
+    assert m, dry
+    before, low, high, per_100, calls = (int(g.replace(",", "")) for g in m.groups())
+    counter = load_counter(load_config(None, {}).tokenizer.name)
+    assert calls > 5 and per_100 == 100 * calls and low == high - 750 * calls
+    for words, n in ((750, "full"), (190, "short")):  # " word" is one cl100k token
+        with ScriptedServer(lambda rec: chat(" ".join(["word"] * words))) as srv:
+            out = tmp_path / f"{n}.jsonl"
+            assert main([*args, f"--output={out}", f"--base_url={srv.url}", "--model=m"]) == 0
+        capsys.readouterr()
+        after = sum(sum(counter.turn_counts(r["conversations"])) for r in read_jsonl(out))  # the real count
+        metrics = json.loads((tmp_path / f"{n}_metrics.json").read_text())
+        assert metrics["tokens"]["total_after"] == after and metrics["summarization"]["api_calls"] == calls
+        expected = high - calls * (750 - words)  # each summary's own length, where the dry run says
+        assert low <= after <= high and abs(after - expected) <= calls * 2, (low, after, expected, high)
