@@ -393,6 +393,19 @@ def test_validate_counts_skipped_lines(tmp_path: Path, capsys: pytest.CaptureFix
     assert "--dataset_file: is empty (or '.'): give the path of a file" in capsys.readouterr().err
 
 
+def test_validate_help_says_what_skip_invalid_does(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Without it every invalid line is listed, not just the first; with it they are counted, exit 0.
+    assert main(["validate", "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "stopping at the first" not in help_text
+    assert "count the invalid lines and exit 0" in help_text and "listing them (up to 20" in help_text
+    ds = tmp_path / "many.jsonl"
+    ds.write_text("".join("not json\n" for _ in range(25)) + '{"prompt": "fine"}\n')
+    assert main(["validate", "--dataset_file", str(ds)]) == 1
+    listed = [line for line in capsys.readouterr().err.splitlines() if line.startswith(f"  {ds}:")]
+    assert len(listed) == 20 and listed[1].startswith(f"  {ds}:2: ")
+
+
 def test_a_verbose_run_never_shows_the_api_key(tmp_path: Path, clean_env: dict[str, str]) -> None:
     """The key reaches neither the terminal nor any file of the run (saved config, checkpoint, statistics)."""
     (tmp_path / "tasks.jsonl").write_text('{"prompt": "say hi"}\n')
