@@ -361,3 +361,33 @@ def test_the_first_build_says_it_needs_a_compiler_and_cmake(tmp_path: Path) -> N
     assert bare.returncode == 0, bare.stderr
     assert "no C compiler (cc, gcc or clang) found" in bare.stderr and "no C++ compiler" in bare.stderr
     assert "cmake not found" in bare.stderr
+
+
+def test_where_a_repeated_tool_call_id_is_renamed_and_what_is_kept(tmp_path: Path, server: ScriptedServer,
+                                                                   clean_env: dict[str, str]) -> None:
+    """The README said every renamed id keeps its original in metadata.sharegpt.renamed_tool_calls:
+    an id repeated within one reply is renamed by the runner as it records the reply, keeping
+    nothing; one repeated in a later turn is renamed by the export, which keeps the original."""
+    def repeats(req: Recorded) -> Reply:
+        done = len(tool_messages(req.body))
+        if done == 0:  # two calls of one reply under one id
+            return chat(None, reasoning="two at once", tool_calls=[tool_call("terminal", {"command": "echo a"}, "dup"),
+                                                                   tool_call("terminal", {"command": "echo b"}, "dup")])
+        if done == 2:  # the same id again, a turn later
+            return chat(None, reasoning="once more", tool_calls=[tool_call("terminal", {"command": "echo c"}, "dup")])
+        return chat("done", reasoning="finished")
+
+    server.handler = repeats
+    ds = write_dataset(tmp_path / "ds.jsonl", ["say a"])
+    assert run_cli(tmp_path, clean_env, *base_args(server, ds, "r")).returncode == 0
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.run(cli("export", str(tmp_path / "data" / "r"), "--format", "openai", "--output", str(out)),
+                          env=clean_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    item = json.loads(out.read_text())
+    ids = [m["tool_call_id"] for m in item["messages"] if m["role"] == "tool"]
+    assert ids[:2] == ["dup", "call_2"] and ids[2] != "dup" and len(set(ids)) == 3  # call_2: the runner's
+    assert item["metadata"]["sharegpt"]["renamed_tool_calls"] == [{"id": ids[2], "original": "dup"}]
+    docs = " ".join(" ".join(p.read_text().split()) for p in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))])
+    assert "the runner renames an id a provider repeated within one reply" in docs
+    assert "keeping nothing of the original" in docs and "the original kept in `metadata.sharegpt.renamed_tool_calls`" in docs

@@ -86,7 +86,8 @@ class RunConfig(_Strict):
     max_turns: int = Field(10, ge=1, le=10_000, description="max tool-calling iterations per prompt")
     num_workers: int = Field(4, ge=1, le=100_000, description="agent sessions in flight at once")
     resume: bool = Field(False, description="resume the run: skip finished samples, retry failed ones")
-    overwrite: bool = Field(False, description="delete an existing run directory of this name and start over")
+    overwrite: bool = Field(False, description="delete the run's own files (batch files, trajectories, checkpoint, "
+                            "statistics, config, kept workspaces) and start over; other files in its directory stay")
     verbose: bool = Field(False, description="log every step of every sample, and print the resolved configuration")
     max_samples: int | None = Field(None, ge=1, le=1_000_000_000,
                                     description="only the first N valid samples of the dataset",
