@@ -408,11 +408,15 @@ def test_validate_help_says_what_skip_invalid_does(tmp_path: Path, capsys: pytes
 
 def test_a_verbose_run_never_shows_the_api_key(tmp_path: Path, clean_env: dict[str, str]) -> None:
     """The key reaches neither the terminal nor any file of the run (saved config, checkpoint, statistics)."""
+    from tests.support.scripted_server import ScriptedServer, http_error
+
     (tmp_path / "tasks.jsonl").write_text('{"prompt": "say hi"}\n')
     env = {**clean_env, "OPENROUTER_API_KEY": "sk-env-SECRET-1"}
-    proc = run(cli("run", "--dataset_file=tasks.jsonl", "--verbose", "--api_key=sk-cli-SECRET-2", *NO_MODEL,
-                   "--max_retries=0", "--sandbox=local", "--distribution=terminal_only"), tmp_path, env)
-    assert proc.returncode == 3, proc.stderr  # its one sample failed: no model there
+    with ScriptedServer(lambda req: http_error(500, "down")) as server:  # answers the start's probe, fails the call
+        proc = run(cli("run", "--dataset_file=tasks.jsonl", "--verbose", "--api_key=sk-cli-SECRET-2",
+                       f"--base_url={server.url}", "--model=x", "--max_retries=0", "--sandbox=local",
+                       "--distribution=terminal_only"), tmp_path, env)
+    assert proc.returncode == 3, proc.stderr  # its one sample failed: the model's server is down
     assert json.loads(proc.stderr.splitlines()[0])["api_key"] == "***"
     assert "SECRET" not in proc.stdout + proc.stderr
     files = [p for p in (tmp_path / "data").rglob("*") if p.is_file()]
