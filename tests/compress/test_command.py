@@ -248,25 +248,6 @@ def test_a_named_summariser_without_a_key_is_refused_before_any_file_is_written(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
 
 
-def test_sigint_stops_a_compressor_started_with_sigint_ignored(tmp_path: Path) -> None:
-    """A job a script started with `&` inherits SIGINT ignored; `trajforge run` stops on SIGINT
-    even then, and so does the compressor: exit 130 with its progress kept."""
-    run = _SlowRun(tmp_path)
-    with ScriptedServer(run.slow) as srv:
-        proc = _compressor([*run.args, f"--base_url={srv.url}"], sigint_ignored=True)
-        try:
-            assert run.saved.wait(60), "no progress"
-            proc.send_signal(signal.SIGINT)
-            _, err = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    assert proc.returncode == 130, err
-    assert "Traceback" not in err and "trajectories done) is kept in" in err, err
-    assert not run.out.exists() and Paths.for_output(run.out).partial.exists()
-
-
 def test_input_that_is_not_trajectories_is_refused_before_any_file_or_summary(tmp_path: Path) -> None:
     """A dataset of prompts given as --input, or a bad line after many good ones: named, exit 2,
     and no `.partial*` file left behind that says to re-run the same command."""
@@ -286,16 +267,19 @@ def test_input_that_is_not_trajectories_is_refused_before_any_file_or_summary(tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["late.jsonl", "prompts.jsonl"]
 
 
-@pytest.mark.parametrize("sigint_ignored", [False, True], ids=["foreground", "background-job"])
-def test_sigterm_keeps_the_progress_like_ctrl_c(tmp_path: Path, sigint_ignored: bool) -> None:
+@pytest.mark.parametrize("sig, sigint_ignored", [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGINT, True)],
+                         ids=["sigterm-foreground", "sigterm-background-job", "sigint-background-job"])
+def test_sigterm_and_sigint_keep_the_progress_like_ctrl_c(tmp_path: Path, sig: signal.Signals,
+                                                          sigint_ignored: bool) -> None:
     """Also in a process whose SIGINT is ignored (a job a script started with `&`, then stopped by
-    a scheduler's SIGTERM): it raised KeyboardInterrupt inside a task, leaving a traceback."""
+    a scheduler's SIGTERM): it raised KeyboardInterrupt inside a task, leaving a traceback; and
+    SIGINT, which such a job ignored, stops it too, as it stops `trajforge run`."""
     run = _SlowRun(tmp_path)
     with ScriptedServer(run.slow) as srv:
         proc = _compressor([*run.args, f"--base_url={srv.url}"], sigint_ignored)
         try:
             assert run.saved.wait(60), "no progress"
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(sig)
             _, err = proc.communicate(timeout=60)
         finally:
             if proc.poll() is None:
