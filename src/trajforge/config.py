@@ -136,11 +136,13 @@ class RunConfig(_Strict):
     # egress: own network namespace, internet only (sandbox/network.py); "on" is the old name of host.
     sandbox_network: Annotated[str, OneOf(network_choices, network_help)] = Field(AUTO, description="{choices}")
     network: NetworkConfig = Field(default_factory=NetworkConfig, json_schema_extra=FILE_ONLY)
-    sandbox_memory: str = Field("4g", pattern=SIZE_PATTERN, description="memory of one sample, e.g. 4g (bwrap: a cgroup); 0 turns the limit off")
+    sandbox_memory: str = Field("4g", pattern=SIZE_PATTERN,
+                                description="memory of one sample, e.g. 4g (bwrap: a cgroup); 0 turns the limit off")
     sandbox_tmp_size: str = Field("1g", pattern=SIZE_PATTERN, description="size of a sample's /tmp (tmpfs)")
     sandbox_shm_size: str = Field("256m", pattern=SIZE_PATTERN, description="size of a sample's /dev/shm")
-    sandbox_disk: str = Field("10g", pattern=SIZE_PATTERN, description="bytes a sample may write to its workspace, e.g. 10g (a disk of its own, as "
-                              "root); 0 turns the disk off")
+    sandbox_disk: str = Field("10g", pattern=SIZE_PATTERN,
+                              description="bytes a sample may write to its workspace, e.g. 10g (a disk of its own, "
+                              "as root); 0 turns the disk off")
     sandbox_cpu_seconds: int | None = Field(600, ge=1, le=10**7, description="CPU seconds per process of a command")
     sandbox_cpus: float | None = Field(1.0, gt=0, le=4096,
                                        description="CPUs one sample may keep busy (cgroup CPU quota)")

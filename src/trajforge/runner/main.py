@@ -41,8 +41,8 @@ from trajforge.runner.merge import calls_unknown_tools
 from trajforge.runner.monitor import RunMonitor
 from trajforge.sample.outcome import Outcome
 from trajforge.runner.preflight import (
-    check_container_images, check_endpoint, check_executor, check_network, check_sandbox, check_task_engine, choose_model, load_input,
-    load_prefill, refuse_contradictions,
+    check_container_images, check_endpoint, check_executor, check_network, check_sandbox, check_task_engine,
+    choose_model, load_input, load_prefill, refuse_contradictions,
 )
 from trajforge.runner.progress import Progress
 from trajforge.runner.report import failed_exit_code, finish, print_summary
