@@ -390,4 +390,5 @@ def test_where_a_repeated_tool_call_id_is_renamed_and_what_is_kept(tmp_path: Pat
     assert item["metadata"]["sharegpt"]["renamed_tool_calls"] == [{"id": ids[2], "original": "dup"}]
     docs = " ".join(" ".join(p.read_text().split()) for p in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))])
     assert "the runner renames an id a provider repeated within one reply" in docs
-    assert "keeping nothing of the original" in docs and "the original kept in `metadata.sharegpt.renamed_tool_calls`" in docs
+    assert "keeping nothing of the original" in docs
+    assert "the original kept in `metadata.sharegpt.renamed_tool_calls`" in docs

@@ -140,7 +140,9 @@ def _engine_reason() -> str | None:
     import asyncio
 
     status = asyncio.run(detect())
-    return None if status.engine else "needs a container engine (Podman or Docker): " + "; ".join(status.reasons.values())
+    if status.engine:
+        return None
+    return "needs a container engine (Podman or Docker): " + "; ".join(status.reasons.values())
 
 
 @dataclass
@@ -225,7 +227,8 @@ def fresh_clone(root: Path) -> Path:
         (clone / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / name, clone / name)
     venv = clone / ".venv"
-    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)  # type: ignore[attr-defined]
+    base_python = sys._base_executable  # type: ignore[attr-defined]  # the interpreter this venv came from
+    subprocess.run([base_python, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     site = Path(sysconfig.get_paths(vars={"base": str(venv), "platbase": str(venv)})["purelib"])
     (site / "checkout-packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     install = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps",
