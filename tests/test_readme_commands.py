@@ -155,7 +155,7 @@ class Plan:
     serves: bool = False
 
 
-def plan(cmd: Command, server_url: str) -> Plan:
+def plan(cmd: Command, server_url: str, clone: Path = REPO) -> Plan:
     words, text = cmd.program, cmd.text
     if words[0] in SHELL:
         return Plan(text)
@@ -177,7 +177,7 @@ def plan(cmd: Command, server_url: str) -> Plan:
         p.script = text.replace(OWN_SERVER, server_url)
         p.notes.append(f"your own server at {OWN_SERVER}: the scripted test server")
     if words[:2] == ["make", "demo"] and not SLOW:
-        p.script = demo_recipe(server_url)
+        p.script = demo_recipe(server_url, clone)
         p.notes.append("make demo's recipe with the scripted test server in place of the bundled local model "
                        "(TRAJFORGE_README_SLOW=1 runs `make demo` itself)")
     elif _is_run(words) and not SLOW and (model in ("local", None) or (model or "").startswith("local:")) \
@@ -194,9 +194,9 @@ def plan(cmd: Command, server_url: str) -> Plan:
     return p
 
 
-def demo_recipe(server_url: str) -> str:
+def demo_recipe(server_url: str, clone: Path) -> str:
     """What `make demo` runs (make's own dry run, in the clone), on the scripted server."""
-    proc = subprocess.run(["make", "-n", "demo", "STAMP="], cwd=REPO, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(["make", "-n", "demo", "STAMP="], cwd=clone, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     recipe = proc.stdout.replace("\\\n", " ")
     assert "--model=local" in recipe, recipe
@@ -292,7 +292,7 @@ class Session:
         while self.done < upto:
             cmd = COMMANDS[self.done]
             self.done += 1
-            p = plan(cmd, self.server.url)
+            p = plan(cmd, self.server.url, self.clone)
             if p.script is not None:
                 self.after(cmd, self.run(cmd, p))
 
@@ -303,8 +303,8 @@ class Session:
         printed = [m.group(1) for line in proc.stdout.splitlines() if (m := PRINTED.match(line))]
         assert len(printed) == 3, proc.stdout[-2000:]
         for text in printed:
-            words = tuple(shlex.split(text))
-            self.run(Command("make demo", 0, text, words), plan(Command("make demo", 0, text, words), self.server.url))
+            printed_cmd = Command("make demo", 0, text, tuple(shlex.split(text)))
+            self.run(printed_cmd, plan(printed_cmd, self.server.url, self.clone))
 
 
 @pytest.fixture(scope="module")
@@ -328,7 +328,7 @@ def test_the_readme_has_commands_and_every_one_is_judged() -> None:
 def test_readme_command_runs_in_order_in_a_fresh_clone(index: int, session: Session) -> None:
     session.catch_up(index)
     cmd = COMMANDS[index]
-    p = plan(cmd, session.server.url)
+    p = plan(cmd, session.server.url, session.clone)
     session.done = index + 1
     if p.script is None:
         pytest.skip(p.skip)
