@@ -7,6 +7,7 @@ import os
 import random
 import signal
 import subprocess
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -146,27 +147,37 @@ def test_torn_last_line_is_cut_not_glued(tmp_path: Path, server: ScriptedServer,
 
 
 def test_second_process_on_same_run_is_refused(tmp_path: Path, server: ScriptedServer, clean_env) -> None:
-    server.handler = echo_policy(turns=1, delay=1.0)
+    server.handler = echo_policy(turns=1)
+    server.hold_until = 3  # never 3 in flight with 2 samples: the first run waits, holding its lock, until release()
     ds = write_dataset(tmp_path / "ds.jsonl", ["say a", "say b"])
     args = base_args(server, ds)
     first = subprocess.Popen(cli("run", *args), cwd=tmp_path, env=clean_env, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 20
-        while not server.requests and time.monotonic() < deadline:
+        deadline = time.monotonic() + 120
+        while not server.requests and time.monotonic() < deadline and first.poll() is None:
             time.sleep(0.05)
+        assert server.requests, "the first run made no model call"
         second = run_cli(tmp_path, clean_env, *args, "--resume")
         assert second.returncode != 0
         assert "another trajforge process" in second.stderr
     finally:
-        assert first.wait(60) == 0
+        server.release()
+        assert first.wait(120) == 0
 
 
 def test_interrupt_exits_130_and_resume_finishes(tmp_path: Path, server: ScriptedServer, clean_env) -> None:
-    server.handler = echo_policy(turns=1, delay=0.3)
+    policy, fifth = echo_policy(turns=1, delay=0.3), threading.Event()
+
+    def handler(req: Recorded) -> Reply:
+        if len(server.chat_requests()) >= 5:  # two sessions, two calls a sample: one sample has finished
+            fifth.set()
+        return policy(req)
+
+    server.handler = handler
     ds = write_dataset(tmp_path / "ds.jsonl", [f"say i{i}" for i in range(40)])
     args = base_args(server, ds, "r", "--num_workers=2")
     p = subprocess.Popen(cli("run", *args), cwd=tmp_path, env=clean_env, stderr=subprocess.PIPE, text=True)
-    time.sleep(2.5)
+    assert fifth.wait(120), "the run made no fifth model call"
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
