@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
@@ -64,6 +65,19 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "data" / RUN_NAME
 
 
+def indexed(url: str) -> None:
+    """Wait until the viewer has read the whole run and its dataset (it serves while it reads them,
+    and the page says so: its figures may still change)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(url + "api/status") as r:
+            status = json.loads(r.read())
+            if status["indexing_bytes_left"] == 0 and not status["reading_dataset"]:
+                return
+        time.sleep(0.1)
+    raise AssertionError("the viewer did not finish reading the run")
+
+
 def _row(page, state: str):
     return page.locator(f'#samples tbody tr:has([data-verdict="{state}"])')
 
@@ -73,6 +87,7 @@ def test_verification_states_are_shown_as_statistics_json_counts_them(run_dir: P
     assert (stats["passed"], stats["failed"], stats["errors_by_kind"]["check_timeout"], stats["unverified"]) \
         == (1, 1, 1, 1)
     v = viewer_of(run_dir)
+    indexed(v.url)
     page.goto(v.url)
     page.wait_for_selector('[data-fig="verification.passed"]')
     for key in ("passed", "failed", "errors", "unverified"):
@@ -178,6 +193,7 @@ def test_after_a_dataset_edit_and_resume_the_page_agrees_with_statistics_json(tm
     stats = json.loads((run / "statistics.json").read_text())["run"]
     assert (stats["samples"]["total"], stats["samples"]["finished"], stats["samples"]["failed"]) == (8, 8, 0)
     v = viewer_of(run)
+    indexed(v.url)
     with urllib.request.urlopen(v.url + "api/overview") as r:
         overview = json.loads(r.read())
     assert overview["figures"] == stats and overview["outcomes_not_in_dataset"] == 2

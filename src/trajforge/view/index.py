@@ -94,6 +94,7 @@ class RunIndex(Lookup):
         self._outcomes_made = 0  # times the outcomes were made: the order holds their numbers
         self.dataset: DatasetRows | None = None
         self.dataset_note: str | None = None
+        self.dataset_pending = False  # the dataset is being read (view_command): figures may still change
         self._row_keys = array("Q")  # each record's row (runner.keys), for its task type in the dataset
         self._typed = 0  # records whose task type the dataset was asked for
         self._rows_known: dict[str, Any] = {}  # identity -> dataset row (None: not in it), of samples without a record
@@ -124,9 +125,9 @@ class RunIndex(Lookup):
         return files or ([merged] if merged.exists() else [])
 
     def _reset(self) -> None:
-        dataset, note = self.dataset, self.dataset_note
+        dataset, note, pending = self.dataset, self.dataset_note, self.dataset_pending
         self.__init__(self.source)  # type: ignore[misc]
-        self.dataset, self.dataset_note = dataset, note
+        self.dataset, self.dataset_note, self.dataset_pending = dataset, note, pending
 
     def refresh(self, budget: float | None = None) -> bool:
         """Take in what was appended since the last call, for at most `budget` seconds (None: all of

@@ -144,7 +144,7 @@ class Viewer:
         ix = self.index
         return {"generation": ix.generation, "live": ix.live(), "source": str(ix.source),
                 "kind": "run" if ix.run_dir is not None else "jsonl", "samples": len(ix.records) + len(ix.outcomes),
-                "indexing_bytes_left": ix.behind}
+                "indexing_bytes_left": ix.behind, "reading_dataset": ix.dataset_pending}
 
     def filtered(self, query: Query) -> list[Any]:
         return self._cached(("q", query), lambda: apply(query, self.index.entries()))

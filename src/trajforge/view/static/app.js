@@ -69,8 +69,9 @@ function setStatus(s) {
   // a big run is read behind the first page: the list and figures grow until it is all in
   const left = s.indexing_bytes_left || 0;
   const reading = document.getElementById('indexing');
-  reading.textContent = left ? 'reading the run: ' + fmt(Math.ceil(left / 1e6)) + ' MB left' : '';
-  reading.hidden = !left;
+  reading.textContent = left ? 'reading the run: ' + fmt(Math.ceil(left / 1e6)) + ' MB left'
+    : s.reading_dataset ? 'reading the dataset' : '';
+  reading.hidden = !left && !s.reading_dataset;
   generation = s.generation;
 }
 
