@@ -38,7 +38,7 @@ check-build-tools:
 
 demo: $(STAMP)
 	$(BIN)/trajforge run --dataset_file=examples/prompts.jsonl --run_name=demo --batch_size=5 \
-		--model=local --distribution=terminal_only --max_turns=4 --num_workers=2 --overwrite
+		--model=local --distribution=terminal_only --max_turns=4 --num_workers=2 --capture_tokens --overwrite
 	@echo ""
 	@echo "Next, from this directory:"
 	@echo "  look at the run in a browser:  $(BIN)/trajforge view data/demo"

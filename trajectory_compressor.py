@@ -7,7 +7,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent / "src"))
 
 from trajforge.allocator import tune_allocator  # noqa: E402
-from trajforge.compress.compress_command import main  # noqa: E402
+from trajforge.cli.compress import main  # noqa: E402
 
 if __name__ == "__main__":
     tune_allocator()

@@ -1,10 +1,11 @@
-"""CPU per chat-completion request of three HTTP stacks, against bench.server in another process.
+"""CPU per chat-completion request of the model client and the HTTP stacks it was chosen among,
+against bench.server in another process.
 
 The model client is the largest share of the runner's event-loop time (bench/RESULTS.md), so
 this isolates it: the same request body (a system prompt, a user turn, six tool schemas) sent
 N times by C concurrent tasks through
-  client/sdk      OpenAIClient.complete over model.transport.SdkTransport (openai SDK over httpx2),
-  client/aiohttp  OpenAIClient.complete over AiohttpTransport (what a run uses when aiohttp is there),
+  client          OpenAIClient.complete over model.transport's AiohttpTransport (what a run uses),
+  bare sdk        the openai SDK's raw `post` over httpx2 + orjson parse (no trajforge),
   bare httpx2     an httpx2.AsyncClient POST + orjson parse (no SDK, no trajforge),
   bare aiohttp    an aiohttp.ClientSession POST + orjson parse (no trajforge),
 and reports CPU milliseconds of this process per request. Rows needing a missing package are
@@ -45,16 +46,26 @@ TOOLS = [{"type": "function", "function": {"name": f"tool_{i}", "description": "
          for i in range(6)]
 
 
-def _client(transport: str) -> Any:
-    async def factory(url: str) -> Any:
-        client = OpenAIClient(ModelSettings(model="bench", base_url=url), "no-key", transport=transport)
+async def _client(url: str) -> Any:
+    client = OpenAIClient(ModelSettings(model="bench", base_url=url), "no-key")
 
-        async def call() -> None:
-            await client.complete(MESSAGES, TOOLS)
+    async def call() -> None:
+        await client.complete(MESSAGES, TOOLS)
 
-        return call, client.aclose
+    return call, client.aclose
 
-    return factory
+
+async def _sdk(url: str) -> Any:
+    from openai import AsyncOpenAI
+
+    api = AsyncOpenAI(api_key="no-key", base_url=url, max_retries=0)
+    options = {"headers": {"Content-Type": "application/json"}}
+
+    async def call() -> None:
+        body = orjson.dumps({"model": "bench", "messages": MESSAGES, "tools": TOOLS, "tool_choice": "auto"})
+        orjson.loads(await api.post("/chat/completions", cast_to=bytes, content=body, options=options))
+
+    return call, api.close
 
 
 async def _httpx2(url: str) -> Any:
@@ -112,8 +123,8 @@ def main() -> None:
         assert server.stdout is not None
         url = f"http://127.0.0.1:{server.stdout.readline().strip()}/v1"
         print(f"{args.requests} requests, {args.concurrency} concurrent; CPU ms per request of the client:")
-        for name, factory in (("client/sdk", _client("sdk")), ("client/aiohttp", _client("aiohttp")),
-                              ("bare httpx2", _httpx2), ("bare aiohttp", _aiohttp)):
+        for name, factory in (("client", _client), ("bare sdk", _sdk), ("bare httpx2", _httpx2),
+                              ("bare aiohttp", _aiohttp)):
             try:
                 ms = asyncio.run(measure(factory, url, args.requests, args.concurrency))
             except ModuleNotFoundError as e:

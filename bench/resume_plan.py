@@ -4,7 +4,7 @@ It synthesises a finished run the way trajforge writes one: a dataset file, batc
 one realistic trajectory line (~3 KB: system turn with the tool schemas, a terminal call and its
 output, reasoning) per finished sample, built by trajforge's own build_record, and a checkpoint
 that also lists some discarded and failed samples. Then a fresh process does what `--resume` does
-before running anything (read the dataset's rows, load the checkpoint, `trajforge.runner.plan`:
+before running anything (read the dataset's rows, load the checkpoint, `trajforge.runner.scheduling.plan`:
 here a checkpoint of version 1, so every batch file is read, as a run made before the index
 resumes once) and reports its own timings; this process reaps it with os.wait4 for its
 peak RSS. Run: `python bench/resume_plan.py [--samples N] [--extra M]`.
@@ -35,15 +35,16 @@ import resource, sys, time
 from pathlib import Path
 t0 = time.perf_counter()
 from trajforge.config import RunConfig
-from trajforge.runner.checkpoint import Checkpoint
-from trajforge.runner.plan import plan
-from trajforge.runner.rows import RunRows
+from trajforge.run_layout import RunLayout
+from trajforge.runner.state.checkpoint import Checkpoint
+from trajforge.runner.scheduling.plan import plan
+from trajforge.runner.scheduling.rows import RunRows
 t1 = time.perf_counter()
 run_dir, dataset_file = Path(sys.argv[1]), Path(sys.argv[2])
 rows = RunRows.read(RunConfig(dataset_file=dataset_file, run_name="resume-bench"))
 t2 = time.perf_counter()
-checkpoint = Checkpoint.load(run_dir / "checkpoint.json", "resume-bench")
-planned = plan(rows, run_dir, checkpoint)
+checkpoint = Checkpoint.load(RunLayout(run_dir), "resume-bench")
+planned = plan(rows, checkpoint)
 t3 = time.perf_counter()
 print(f"{len(rows)} {len(planned.todo)} {len(planned.problems)} {t1 - t0:.3f} {t2 - t1:.3f} {t3 - t2:.3f}")
 """

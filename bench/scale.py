@@ -8,7 +8,8 @@ Then, against bench/server.py on 127.0.0.1 (one tool turn, 0.05 s latency):
 - resume: the dataset gains `--extra` rows; `trajforge run --resume` with 256 workers. Timed:
   the first model request after the command started (the first new sample), the whole command,
   the runner's peak RSS (os.wait4, in a small process that starts it).
-- fresh: a new run of the same `--extra` rows, for the resume's overhead (resume - fresh).
+- fresh: a new run of the same `--extra` rows, for the resume's overhead (resume - fresh), in wall
+  and in CPU seconds (the runner's own, which a loaded machine changes less than the wall clock).
 - view: `trajforge view RUN --port 0`, the time until its first list page is served.
 - export: `trajforge export RUN --format sharegpt`, trajectories per second and peak RSS.
 
@@ -158,9 +159,10 @@ def main(argv: list[str] | None = None) -> None:
             first = "-" if res["first_sample_s"] is None else f"{res['first_sample_s']:.2f}s"
             print(f"  {name} (load {load:.1f} at its start): resume first sample {first}, wall {res['wall_s']:.2f}s "
                   f"(fresh run of the new rows {fresh['wall_s']:.2f}s: +{res['wall_s'] - fresh['wall_s']:.2f}s), "
+                  f"CPU {res['cpu_s']:.2f}s (fresh {fresh['cpu_s']:.2f}s: +{res['cpu_s'] - fresh['cpu_s']:.2f}s), "
                   f"peak RSS {res['peak_rss_mb']:.0f} MB, exit {res['exit']}; trajectories {r['written']:,}; "
                   f"view first page {r['view_first_page_s']:.2f}s; export sharegpt {r['export_per_s']:,.0f}/s, "
-                  f"peak RSS {r['export_rss_mb']:.0f} MB; take-over resume {take['wall_s']:.1f}s, peak RSS "
+                  f"peak RSS {r['export_rss_mb']:.0f} MB; take-over resume {take['wall_s']:.1f}s (CPU {take['cpu_s']:.1f}s), peak RSS "
                   f"{take['peak_rss_mb']:.0f} MB, exit {take['exit']}", flush=True)
 
 

@@ -9,6 +9,12 @@ latency and returns one of K+1 reply bodies encoded once at start-up. Replies: K
 Latency is uniform in [latency * (1 - jitter), latency * (1 + jitter)], so its mean is `latency`.
 The server counts requests and tracks the maximum number in flight at once.
 
+A request that asks for token ids (`return_token_ids`, as `--capture_tokens` sends it) gets them
+in vLLM's shapes: `prompt_token_ids` (about a token per 4 bytes of the request, so a prompt the
+size of the conversation), `choices[0].token_ids` (60 ids) and a logprob for each. The ids are a
+function of their position alone, so each prompt starts with the last prompt and its completion,
+as a real chat template's would, and making them costs a list slice.
+
 With `cap=N` it plays a provider with a concurrency limit: a request arriving while N are being
 served is answered 429 at once (no Retry-After). It then logs every request (arrival time,
 whether it was refused) and samples the number in flight every 0.1 s, so the benchmark can say
@@ -29,6 +35,10 @@ from aiohttp import web
 # terminal output mentioning "role" cannot match.
 _TOOL_MARKERS = (b'"role":"tool"', b'"role": "tool"')
 _USAGE = {"prompt_tokens": 400, "completion_tokens": 60, "total_tokens": 460}
+_ASKED = b'"return_token_ids":true'  # orjson's spelling, as the runner sends it
+_COMPLETION_IDS = 60
+_IDS = [(i * 7919) % 49152 for i in range(1 << 20)]  # the id at each position of any conversation
+_LOGPROBS = [{"token": "t", "logprob": -0.125 - (i % 7) / 8, "top_logprobs": []} for i in range(_COMPLETION_IDS)]
 
 
 def _completion(n: int, message: dict[str, object], finish: str) -> bytes:
@@ -78,6 +88,7 @@ class BenchServer:
         self.jitter = jitter
         self.stats = ServerStats()
         self._replies = scripted_replies(turns, command)
+        self._reply_objects = [orjson.loads(r) for r in self._replies]
         self._rng = random.Random(seed)
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -109,10 +120,18 @@ class BenchServer:
                                     content_type="application/json")
             lo, hi = self.latency * (1 - self.jitter), self.latency * (1 + self.jitter)
             await asyncio.sleep(self._rng.uniform(lo, hi))
+            if _ASKED in body:
+                return web.Response(body=self._with_ids(done, len(body) // 4), content_type="application/json")
             return web.Response(body=self._replies[done], content_type="application/json")
         finally:
             st.in_flight -= 1
             st.last_reply = time.monotonic()
+
+    def _with_ids(self, turn: int, prompt: int) -> bytes:
+        reply = dict(self._reply_objects[turn])
+        choice = dict(reply["choices"][0], token_ids=_IDS[prompt:prompt + _COMPLETION_IDS],
+                      logprobs={"content": _LOGPROBS})
+        return orjson.dumps({**reply, "prompt_token_ids": _IDS[:prompt], "choices": [choice]})
 
     async def start(self) -> None:
         app = web.Application(client_max_size=64 * 1024 * 1024)

@@ -16,6 +16,11 @@ The output is checked too: a run only counts when every prompt produced a comple
 Each sweep point runs in a fresh benchmark process so the kernel's children-usage counters (and
 so the peak RSS) belong to that point alone.
 
+`--tokens` runs each sandbox twice, side by side: as it is, and with `--capture_tokens` against
+the same server, which then reports token ids and logprobs in vLLM's shapes (bench.server); a
+run with ids only counts when every record carries them in one segment. It prints what capture
+costs in CPU per trajectory.
+
 `--cap N` plays a provider that answers 429 above N concurrent requests (bench.server), and the
 row then says where the runner settled: the mean number in flight at the server and the share of
 requests refused, both after the first `--settle` seconds. `--flags` passes more run flags
@@ -102,8 +107,9 @@ def cli_args(dataset: Path, url: str, workers: int, sandbox: str, batch_size: in
             f"--num_workers={workers}", "--output_dir=out"]
 
 
-def check_output(run_dir: Path, prompts: int, turns: int) -> tuple[int, list[str]]:
-    """(errors, notes): every prompt must have a completed trajectory with `turns` terminal calls."""
+def check_output(run_dir: Path, prompts: int, turns: int, tokens: bool = False) -> tuple[int, list[str]]:
+    """(errors, notes): every prompt must have a completed trajectory with `turns` terminal calls
+    (and with `tokens`, its calls' ids in one segment)."""
     notes: list[str] = []
     path = run_dir / "trajectories.jsonl"
     if not path.exists():
@@ -113,7 +119,11 @@ def check_output(run_dir: Path, prompts: int, turns: int) -> tuple[int, list[str
         for line in f:
             rec = orjson.loads(line)
             t = rec["tool_stats"]["terminal"]
-            if rec["completed"] and t["count"] == turns and t["success"] == turns:
+            ids = rec.get("tokens")
+            if tokens and (ids is None or ids["prefix_breaks"] or len(ids["turns"]) != turns + 1):
+                if len(notes) < 3:
+                    notes.append(f"record {rec['prompt_index']} lacks its ids: {rec.get('tokens_missing')}")
+            elif rec["completed"] and t["count"] == turns and t["success"] == turns:
                 good += 1
             elif len(notes) < 3:
                 notes.append(f"bad record {rec['prompt_index']}: completed={rec['completed']} terminal={t}")
@@ -153,7 +163,7 @@ async def run_scenario(*, prompts: int, turns: int, latency: float, jitter: floa
     proc.returncode = os.waitstatus_to_exitcode(status)
     self1 = resource.getrusage(resource.RUSAGE_SELF)
     await server.aclose()
-    errors, notes = check_output(workdir / "out" / "bench", prompts, turns)
+    errors, notes = check_output(workdir / "out" / "bench", prompts, turns, "--capture_tokens" in (flags or []))
     if proc.returncode != 0:
         notes.append(f"runner exit code {proc.returncode}: " + (workdir / "stderr.txt").read_text()[-1500:])
     ideal = math.ceil(prompts / workers) * (turns + 1) * latency
@@ -201,20 +211,25 @@ def machine() -> str:
             f"load avg {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
-def one(args: argparse.Namespace, sandbox: str) -> dict[str, Any]:
-    """One run of the scenario: trajforge with `sandbox`, or a floor client (`floor:loop`, `floor:helper`)."""
+def one(args: argparse.Namespace, sandbox: str, tokens: bool = False) -> dict[str, Any]:
+    """One run of the scenario: trajforge with `sandbox` (and --capture_tokens), or a floor client
+    (`floor:loop`, `floor:helper`)."""
     runner = args.runner
     if sandbox.startswith("floor:"):
         runner = f"{shlex.quote(sys.executable)} {shlex.quote(str(REPO / 'bench' / 'floor.py'))} {sandbox[6:]}"
+    flags = (args.flags.split() if args.flags else []) + (["--capture_tokens"] if tokens else [])
     with tempfile.TemporaryDirectory(prefix="trajforge-bench-") as tmp:
         workdir = Path(args.keep) if args.keep else Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        return asyncio.run(run_scenario(
+        row = asyncio.run(run_scenario(
             prompts=args.prompts, turns=args.turns, latency=args.latency, jitter=args.jitter,
             workers=args.num_workers, sandbox=sandbox, batch_size=args.batch_size, workdir=workdir,
             profile=Path(args.profile).resolve() if args.profile else None,
             pyspy=Path(args.pyspy).resolve() if args.pyspy else None, runner=runner, cap=args.cap,
-            flags=args.flags.split() if args.flags else None, settle=args.settle))
+            flags=flags, settle=args.settle))
+    if tokens:
+        row["sandbox"] += "+tokens"
+    return row
 
 
 def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -264,6 +279,8 @@ def main() -> None:
                                                          "the requests and `bash -c`, nothing else) in both its modes")
     ap.add_argument("--repeat", type=int, default=1, help="run the sandboxes in turn this many times and compare "
                                                           "the medians (CPU varies +-10%% between identical runs here)")
+    ap.add_argument("--tokens", action="store_true", help="run each sandbox without and with --capture_tokens "
+                                                          "(the server then returns ids) and compare their CPU")
     args = ap.parse_args()
     cache_bytecode()
     if args.sweep:
@@ -279,7 +296,9 @@ def main() -> None:
         return
     print(f"machine: {machine()}")
     floors = ["floor:loop", "floor:helper"] if args.floor else []
-    rows = [one(args, sandbox) for _ in range(max(1, args.repeat)) for sandbox in sandboxes + floors]
+    variants = [(s, t) for s in sandboxes for t in ((False, True) if args.tokens else (False,))]
+    variants += [(floor, False) for floor in floors]
+    rows = [one(args, sandbox, tokens) for _ in range(max(1, args.repeat)) for sandbox, tokens in variants]
     print_table(rows)
     for row in rows:
         print(f"[{row['sandbox']}] runner CPU {row['runner_cpu_s']:.2f}s total, {row['requests']} requests served; "
@@ -306,6 +325,12 @@ def main() -> None:
                 eff, base_eff = (statistics.median(x["efficiency"] for x in rs) for rs in (mine, theirs))
                 print(f"{sandbox} vs {base}, medians of {len(mine)}: CPU per trajectory {cpu:.2f} vs {base_cpu:.2f} ms "
                       f"(x{cpu / base_cpu:.2f}), efficiency {eff:.2f} vs {base_eff:.2f}")
+    for sandbox in sandboxes if args.tokens else []:
+        plain = [r for r in rows if r["sandbox"] == sandbox]
+        ids = [r for r in rows if r["sandbox"] == sandbox + "+tokens"]
+        cpu, base_cpu = (statistics.median(x["cpu_ms_per_traj"] for x in rs) for rs in (ids, plain))
+        print(f"{sandbox}: --capture_tokens vs without, medians of {len(ids)}: CPU per trajectory {cpu:.2f} vs "
+              f"{base_cpu:.2f} ms (x{cpu / base_cpu:.3f}); each pair ran one after the other")
     for floor in floors:
         mine = [r for r in rows if r["sandbox"] == floor]
         cpu, eff = (statistics.median(x[k] for x in mine) for k in ("cpu_ms_per_traj", "efficiency"))

@@ -29,7 +29,7 @@ _VIEW = r"""
 import asyncio, resource, sys, threading, time, urllib.request
 from pathlib import Path
 t0 = time.perf_counter()
-from trajforge.view.view_command import open_source
+from trajforge.cli.view import open_source
 from trajforge.view.server import Viewer, make_app
 from aiohttp import web
 t1 = time.perf_counter()

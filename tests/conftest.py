@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support.commands import API_KEY_VARS, trajforge_argv
 from tests.support.scripted_server import ScriptedServer
 
 REPO = Path(__file__).resolve().parent.parent
+cli = trajforge_argv  # `cli("run", ...)`: the argv of a trajforge child (tests.support.commands)
 
 # A suite started in the background by a non-interactive shell (`make test &`, a CI step run that
 # way) inherits SIGINT ignored, and so does every child: the tests that interrupt a run with Ctrl-C
@@ -30,12 +31,9 @@ def server() -> Iterator[ScriptedServer]:
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """No API keys from the developer's shell leak into a test."""
-    for var in ("OPENROUTER_API_KEY", "OPENAI_API_KEY"):
+    for var in API_KEY_VARS:
         monkeypatch.delenv(var, raising=False)
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO / "src")
     return env
 
-
-def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "trajforge", *args]

@@ -26,8 +26,9 @@ from tests.conftest import cli
 from tests.support.policies import tool_messages
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
 from tests.support.web_fixture import WebFixture, make_png
+from tests.support.run_state import read_records
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
-from trajforge.tools.browser import find_chromium
+from trajforge.tools.browser.toolset import find_chromium
 from trajforge.tools.toolsets import KNOWN_TOOLS
 from trajforge.catalog.tools_config import BrowserSettings
 
@@ -158,8 +159,7 @@ def test_default_distribution_run_calls_every_tool_once_successfully(
 
     offered = {t["function"]["name"] for t in server.chat_requests()[0]["tools"]}
     assert offered == set(KNOWN_TOOLS)
-    [record] = [json.loads(line) for line in
-                (tmp_path / "data" / "all" / "trajectories.jsonl").read_text().splitlines()]
+    [record] = read_records(tmp_path / "data" / "all")
     assert record["completed"] is True and record["api_calls"] == len(KNOWN_TOOLS) + 1
     assert sorted(record["toolsets_used"]) == sorted(["terminal", "file", "web", "browser", "vision",
                                                       "image_gen", "moa"])

@@ -35,8 +35,22 @@ def modules_under(package: str) -> list[Path]:
 
 
 def importers(package: str, target: str) -> list[str]:
+    allowed = SECTIONS + SETTINGS if package == "config" else ()  # config collects the layers' sections, nothing else
     return sorted(str(p.relative_to(SRC)) for p in modules_under(package)
-                  if any(m == target or m.startswith(target + ".") for m in imports_of(p)))
+                  if any((m == target or m.startswith(target + ".")) and not _within(m, allowed) for m in imports_of(p)))
+
+
+def _within(module: str, homes: tuple[str, ...]) -> bool:
+    return any(module == h or module.startswith(h + ".") for h in homes)
+
+
+# Each layer's section of the run's configuration, declared beside its code and collected by
+# trajforge.config; each is a leaf below its layer (test_a_settings_section_imports_only_leaves).
+SECTIONS = ("trajforge.model.settings", "trajforge.tools.tool_settings", "trajforge.sandbox.section",
+            "trajforge.tasks.task_settings", "trajforge.verify.settings")
+# The plain settings a section turns itself into, where they are a module of their own.
+SETTINGS = ("trajforge.model.types", "trajforge.sandbox.sandbox_settings")
+LEAVES = ("trajforge.fields", "trajforge.catalog", "trajforge.registry", "trajforge.netpolicy", *SETTINGS)
 
 
 # (lower package, higher package it must never import)
@@ -59,10 +73,10 @@ FORBIDDEN = [
     ("config", "trajforge.tools"),  # config is a leaf: it reads toolset declarations from trajforge.catalog
     ("config", "trajforge.sandbox"),
     ("config", "trajforge.runner"),
-    ("config", "trajforge.config_load"),  # the model never imports its reader
-    ("config_load", "trajforge.tools"),  # the reader sits on config: only the model and the error tree below
-    ("config_load", "trajforge.sandbox"),
-    ("config_load", "trajforge.runner"),
+    ("config", "trajforge.config.load"),  # the model never imports its reader
+    ("config/load", "trajforge.tools"),  # the reader sits on config: only the model and the error tree below
+    ("config/load", "trajforge.sandbox"),
+    ("config/load", "trajforge.runner"),
     ("catalog", "trajforge.tools"),
     ("catalog", "trajforge.config"),
     ("verify", "trajforge.dataset"),
@@ -72,13 +86,33 @@ FORBIDDEN = [
     ("tasks", "trajforge.config"),  # tasks get TaskSettings (tasks/task_settings.py) from the sample layer
     ("dataset", "trajforge.tasks"),  # tasks/load builds the dataset's Samples; both read trajforge.task_spec
     ("task_spec", "trajforge.tasks"),
-    ("cmdline", "trajforge.cli"),
+    ("cli/flags", "trajforge.cli"),
 ]
 
 
 @pytest.mark.parametrize(("package", "target"), FORBIDDEN)
 def test_imports_point_down(package: str, target: str) -> None:
     assert importers(package, target) == []
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_a_settings_section_imports_only_leaves(section: str) -> None:
+    """config imports each layer's section, so a section importing its layer's code (or config)
+    would pull that layer under config: of trajforge a section reads only the shared leaves."""
+    path = SRC.parent / (section.replace(".", "/") + ".py")
+    assert sorted(m for m in imports_of(path) if not _within(m, LEAVES)) == []
+
+
+@pytest.mark.parametrize("package", ["view", "export"])
+def test_readers_of_a_run_go_through_its_reader(package: str) -> None:
+    """The viewer and the exporter read a run through runner.reader (and trajforge.run_layout, a
+    leaf) only, so the runner's bookkeeping can change without them."""
+    door = "trajforge.runner.reader"
+    found = sorted(f"{p.relative_to(SRC)}: {m}" for p in modules_under(package) for m in imports_of(p)
+                   if (m == "trajforge.runner" or m.startswith("trajforge.runner.")) and m != door
+                   and not m.startswith(door + "."))
+    assert found == []
+    assert imports_of(SRC / "run_layout.py") == set()  # a leaf: the executors take their paths from it too
 
 
 def test_no_subcommand_imports_the_dispatcher() -> None:
@@ -177,42 +211,48 @@ def _registries() -> dict[str, Any]:
     from trajforge.catalog.sandboxes import SANDBOXES
 
     return {"catalog/sandboxes.py": SANDBOXES, "catalog/executors.py": EXECUTORS,
-            "catalog/__init__.py": catalog.TOOLSETS, "export/__init__.py": export.FORMATS, "cli.py": cli.SUBCOMMANDS}
+            "catalog/__init__.py": catalog.TOOLSETS, "export/__init__.py": export.FORMATS, "cli/__init__.py": cli.SUBCOMMANDS}
 
 
 # Files where a registered name is a word of another vocabulary, and which one.
 OTHER_MEANINGS: dict[str, dict[str, str]] = {
     "none": {p: "not a network mode: reasoning effort, verification method, an empty listing, a default's words"
-             for p in ("agent/loop.py", "config.py", "commands/run.py", "export/filters.py", "runner/preflight.py",
-                       "runner/verify_stats.py", "sample/trace.py", "tools/terminal.py", "verify/result.py",
+             for p in ("agent/loop.py", "config/__init__.py", "model/settings.py", "cli/run.py", "export/filters.py",
+                       "runner/preflight.py",
+                       "runner/reporting/verify_stats.py", "sample/trace.py", "tools/terminal.py", "verify/result.py",
                        "sandbox/backends/container/container_status.py")}
              | {"sandbox/backends/container/container_argv.py": "the engine's own `--network none`"},
-    "host": {"view/view_command.py": "the viewer's --host flag"},
+    "host": {"cli/view.py": "the viewer's --host flag"},
     "local": {p: "the bundled local model, or a worker's id in statistics"
               for p in ("compress/pipeline.py", "model/factory.py", "model/local_model.py", "model/pricing.py",
                         "runner/preflight.py", "sample/outcome.py", "sample/worker.py")}
              | {"netpolicy.py": "`ip -j addr`'s key"},
-    "ray": {"commands/cluster.py": "the Ray cluster commands are the ray executor's own (and their `ray:` section)",
+    "ray": {"cli/cluster.py": "the Ray cluster commands are the ray executor's own (and their `ray:` section)",
+            "cli/__init__.py": "the module and pip extra the cluster commands need",
             "executors/ray_auth.py": "the ray executor's own module"},
     "run": {p: "not the subcommand: a run of trajforge, a path component"
-            for p in ("export/card.py", "runner/progress.py", "view/server.py",
+            for p in ("export/card.py", "runner/reporting/progress.py", "view/server.py",
                       "sandbox/backends/bwrap/bwrap_layout.py", "sandbox/backends/container/container_argv.py")},
     "export": {"export/__init__.py": "the pip extra"},
     "file": {"sandbox/backends/container/seed_tar.py": "a tar member's kind"},
     "terminal": {"tasks/oracle.py": "the terminal tool, which the oracle's record calls"},
-    "browser": {p: "the browser toolset's own modules" for p in ("tools/browser_session.py", "tools/browser_tools.py")},
-    "web": {"tools/web_search.py": "a search provider's JSON key"},
     "sharegpt": {p: "the sharegpt format's conversion and schema" for p in ("export/convert.py", "export/schema.py")},
     "image_gen": {"catalog/distributions.py": "a distribution of that name"},
+    "tokens": {p: "not the export format: token counts (a figure, a metric's key), or the record's field of "
+                  "captured token ids (agent/segments.py spells it for everyone else)"
+               for p in ("agent/segments.py", "compress/metrics.py", "export/card.py", "view/columns.py",
+                         "view/conversation.py", "view/overview.py", "view/summary.py")}
+              | {"sandbox/dns/fair.py": "a client's token bucket"},
 }
 
 
 def _own_places(registry: Any, spec: Any) -> set[str]:
-    """Where a registered thing may spell its own name: its module, and a backend's package."""
+    """Where a registered thing may spell its own name: its module, and the package named after it
+    (a sandbox backend's, a toolset's)."""
     parts = spec.target.partition(":")[0].split(".")[1:]
     places = {"/".join(parts) + ".py"}
-    if len(parts) > 3 and parts[:2] == ["sandbox", "backends"]:
-        places.add("/".join(parts[:3]) + "/")
+    if spec.name in parts[:-1]:
+        places.add("/".join(parts[:parts.index(spec.name) + 1]) + "/")
     return places
 
 
@@ -262,7 +302,7 @@ def test_a_new_thing_of_each_kind_shows_in_help_doctor_and_config_validation(
     from tests.support.plain_backend import PlainSandbox
     from tests.support.sandboxes import create_sandbox
     from trajforge.config import RunConfig
-    from trajforge.config_load import build_config
+    from trajforge.config.load import build_config
     from trajforge.errors import UsageError
 
     # --help: the command list, the run flags' choices, the export formats
@@ -272,7 +312,7 @@ def test_a_new_thing_of_each_kind_shows_in_help_doctor_and_config_validation(
     run_help = " ".join(capsys.readouterr().out.split())
     assert "auto, local, bwrap, container or plain" in run_help and "local, ray or counting" in run_help
     assert cli.main(["export", "--help"]) == 0
-    assert "openai, sharegpt, parquet, hf, atif, ids" in " ".join(capsys.readouterr().out.split())
+    assert "openai, sharegpt, parquet, hf, atif, tokens, ids" in " ".join(capsys.readouterr().out.split())
     # config validation: accepted, and listed when a name is wrong
     config = build_config({"sandbox": "plain", "executor": "counting"})
     assert (config.sandbox, config.executor) == ("plain", "counting")
@@ -305,27 +345,14 @@ def test_a_new_thing_of_each_kind_shows_in_help_doctor_and_config_validation(
     assert cli.main(["hello", "--greeting_name=ada"]) == 0 and capsys.readouterr().out == "hello ada\n"
 
 
-# Module names that two packages share, each a word for its own package's thing; any other name
-# is one module's alone (a new `settings.py`, `cli.py`, `base.py`... fails here).
-SHARED_MODULE_NAMES = {
-    "atif.py": "agent/ builds a document, export/ writes the format",
-    "config.py": "compress/'s own config file, beside the run's",
-    "dataset.py": "the run's JSONL dataset, and the viewer's reading of a run",
-    "distributions.py": "catalog/ declares them, commands/ lists them",
-    "errors.py": "the one error tree, and model/'s failure classes in it",
-    "factory.py": "model/ makes clients, sandbox/ the provider",
-    "parse.py": "model/ parses replies, sandbox/dns/ DNS messages",
-    "progress.py": "the runner's and the compressor's progress lines",
-    "run.py": "commands/run (the flag set) and tasks/run (one task)",
-    "sharegpt.py": "agent/ builds records, export/ writes the format",
-    "stats.py": "agent/ per record, runner/ per run",
-}
+def test_the_bwrap_backend_imports_under_a_python_without_site_packages() -> None:
+    """An unprivileged runner may start the bwrap backend under the system's Python (tests/sandbox/
+    test_bwrap_user.py): the sandbox's settings stay plain dataclasses, its section (pydantic) apart."""
+    import subprocess
+    import sys
 
-
-def test_module_names_do_not_collide() -> None:
-    names: dict[str, list[str]] = {}
-    for path in SRC.rglob("*.py"):
-        if path.name != "__init__.py":
-            names.setdefault(path.name, []).append(str(path.relative_to(SRC)))
-    shared = {name for name, paths in names.items() if len(paths) > 1}
-    assert shared == set(SHARED_MODULE_NAMES), {n: names[n] for n in shared ^ set(SHARED_MODULE_NAMES) if n in names}
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+            "import trajforge.sandbox.backends.bwrap.bwrap_backend, trajforge.sandbox.backends.bwrap.bwrap_sandbox")
+    done = subprocess.run([sys.executable, "-S", "-c", code, str(SRC.parent)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr

@@ -56,6 +56,24 @@ def test_scenario_runs_the_cli_end_to_end_and_measures_it(tmp_path: Path) -> Non
     assert "bench-42" in rec["conversations"][3]["value"]  # the real command ran in a real shell
 
 
+def test_the_tokens_scenario_gets_ids_in_one_segment_per_trajectory(tmp_path: Path) -> None:
+    row = asyncio.run(throughput.run_scenario(prompts=4, turns=2, latency=0.05, jitter=0.2, workers=2,
+                                              sandbox="local", batch_size=4, workdir=tmp_path,
+                                              flags=["--capture_tokens"]))
+    assert row["errors"] == 0, row["notes"]  # every record has its 3 calls' ids in one segment
+    rec = orjson.loads((tmp_path / "out" / "bench" / "trajectories.jsonl").read_bytes().splitlines()[0])
+    [seg] = rec["tokens"]["segments"]
+    turns = rec["tokens"]["turns"]
+    assert sum(seg["loss_mask"]) == 3 * 60 and turns[0]["prompt_tokens"] > 500  # a conversation-sized prompt
+    assert seg["input_ids"] == [(i * 7919) % 49152 for i in range(len(seg["input_ids"]))]
+    # Without the flag, the same server sends no ids, and the harness counts records without them.
+    (tmp_path / "plain").mkdir()
+    again = asyncio.run(throughput.run_scenario(prompts=2, turns=1, latency=0.05, jitter=0.2, workers=2,
+                                                sandbox="local", batch_size=4, workdir=tmp_path / "plain"))
+    assert again["errors"] == 0
+    assert throughput.check_output(tmp_path / "plain" / "out" / "bench", 2, 1, tokens=True)[0] == 2
+
+
 @pytest.mark.parametrize("mode", ["loop", "helper"])
 def test_floor_client_runs_the_same_scenario_in_the_same_harness(tmp_path: Path, mode: str) -> None:
     """bench/floor.py is started like the CLI and checked like it: every prompt's command must have

@@ -19,7 +19,7 @@ from tests.conftest import REPO, cli
 from tests.support.heap import IN_HEAP
 from trajforge import __version__
 from trajforge.cli import batch_runner_main, main
-from trajforge.commands.run import FLAGS, make_parser, parse_run_args
+from trajforge.cli.run import FLAGS, make_parser, parse_run_args
 from trajforge.config import RunConfig
 from trajforge.catalog.distributions import BUILTIN
 
@@ -87,9 +87,10 @@ VALUES: dict[str, tuple[str, object]] = {
     "task_max_cpus": ("2", 2.0),
     "task_max_memory": ("8g", "8g"),
     "task_max_storage": ("20g", "20g"),
+    "policy_version": ("7", 7),
 }
 BOOLS = ["resume", "overwrite", "verbose", "reasoning_disabled", "skip_invalid", "keep_no_reasoning",
-         "keep_workspaces", "retry_sandbox_limits"]
+         "keep_workspaces", "retry_sandbox_limits", "capture_tokens"]
 # tested on their own below; tasks and agent (exclusive with --dataset_file) in tests/tasks/test_input.py
 SPECIAL = ["parallelism", "list_distributions", "config", "tasks", "agent"]
 SPEC_FLAGS = ["dataset_file", "batch_size", "run_name", "distribution", "model", "base_url", "api_key", "max_turns",
@@ -119,7 +120,7 @@ def spelled(name: str, value: str, style: str) -> list[str]:
 
 
 def test_every_flag_is_known_and_covered_by_this_test() -> None:
-    names = [f for f, _, _ in FLAGS]
+    names = [f.name for f in FLAGS]
     assert len(names) == len(set(names))
     assert set(SPEC_FLAGS) <= set(names)
     assert set(names) == set(VALUES) | set(BOOLS) | set(SPECIAL)
@@ -266,7 +267,7 @@ def test_help_documents_every_flag_with_its_default(prog: str, strict: bool,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     parser = make_parser(prog, strict)
     documented = {a.dest: a.help or "" for a in parser._actions if a.dest not in ("help", "version")}
-    assert set(documented) == {f for f, _, _ in FLAGS}
+    assert set(documented) == {f.name for f in FLAGS}
     for dest, text in documented.items():
         assert "[default: " in text or text.endswith("(required)"), dest
     entry = main if prog == "trajforge run" else batch_runner_main
@@ -311,7 +312,7 @@ def test_batch_runner_from_the_repo_root_lists_distributions(clean_env: dict[str
 def test_batch_runner_help_and_usage_errors(tmp_path: Path, clean_env: dict[str, str]) -> None:
     proc = run(batch_runner("--help"), tmp_path, clean_env)
     assert proc.returncode == 0 and "usage: batch_runner.py" in proc.stdout
-    assert all(f"--{name}" in proc.stdout for name, _, _ in FLAGS)
+    assert all(f"--{f.name}" in proc.stdout for f in FLAGS)
     proc = run(batch_runner("--dataset_file=d.jsonl", "--batch_size=0", "--run_name=r"), tmp_path, clean_env)
     assert proc.returncode == 2 and proc.stderr == "error: --batch_size: invalid value 0: must be at least 1\n"
     proc = run(batch_runner("--dataset_file=d.jsonl", "--batch_size=4"), tmp_path, clean_env)
@@ -451,7 +452,7 @@ def test_the_fast_exit_skips_the_teardown_through_public_atexit_alone() -> None:
     done = _exit_now_child("class A:\n    def __del__(self): print('teardown ran')\na = A()\n"
                            "atexit.register(print, 'handler ran')")
     assert (done.returncode, done.stdout) == (3, "handler ran\n"), done.stderr
-    source = ast.parse((REPO / "src" / "trajforge" / "cli.py").read_text())
+    source = ast.parse((REPO / "src" / "trajforge" / "cli" / "__init__.py").read_text())
     private = [n.attr for n in ast.walk(source) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
                and n.value.id == "atexit" and n.attr.startswith("_")]
     assert private == []

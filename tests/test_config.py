@@ -11,9 +11,11 @@ from typing import Any, get_args
 import pytest
 from pydantic import BaseModel
 
-from trajforge.config import DEFAULT_MODEL, RunConfig, TaskTypeConfig
-from trajforge.config_checks import TOOLS_MAX
-from trajforge.config_load import build_config, read_yaml
+from trajforge.config import RunConfig
+from trajforge.config.sections import TaskTypeConfig
+from trajforge.model.types import DEFAULT_MODEL
+from trajforge.config.checks import TOOLS_MAX
+from trajforge.config.load import build_config, read_yaml
 from trajforge.errors import ConfigError, UsageError
 
 
@@ -347,6 +349,70 @@ def test_a_key_given_twice_stops_the_command_with_exit_2(tmp_path: Path, clean_e
                           env=clean_env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr == f"error: {cfg}: key 'target_max_tokens' appears twice, on lines 2 and 3; keep one\n"
+
+
+# ---- one section per layer, each default spelled once, the run's decisions in one value ----
+
+def test_each_layer_declares_its_section_and_the_config_collects_them_all() -> None:
+    from trajforge.config import RunSection
+    from trajforge.model.settings import ModelSection
+    from trajforge.sandbox.section import SandboxSection
+    from trajforge.tasks.task_settings import TaskSection
+    from trajforge.tools.tool_settings import ToolSection
+    from trajforge.verify.settings import VerifySection
+
+    sections = [RunSection, ModelSection, ToolSection, SandboxSection, VerifySection, TaskSection]
+    names = [name for s in sections for name in s.model_fields]
+    assert len(names) == len(set(names))  # no setting declared twice
+    assert names == list(RunConfig.model_fields)  # every one collected, in the order --help lists them
+    for section in sections:  # the section's own default is the run's
+        for name, field in section.model_fields.items():
+            assert field.get_default(call_default_factory=True) == \
+                RunConfig.model_fields[name].get_default(call_default_factory=True), name
+
+
+def test_the_layers_settings_take_their_defaults_from_the_sections() -> None:
+    """Each default is spelled once, in the settings a layer reads (ResourceLimits, ContainerSettings,
+    SandboxSettings, TaskSettings, ModelSettings) and shown by its section: built with none given,
+    each equals what the default RunConfig hands down."""
+    import dataclasses
+
+    from trajforge.model.types import ModelSettings
+    from trajforge.sandbox.sandbox_settings import SandboxSettings
+    from trajforge.tasks.task_settings import TaskSettings
+
+    config = RunConfig()
+    bare = SandboxSettings()  # a container's memory and CPUs unset mean the sample's: the run fills them in
+    container = dataclasses.replace(bare.container, memory=config.sandbox_memory, cpus=config.sandbox_cpus)
+    assert dataclasses.replace(bare, container=container) == config.sandbox_settings()
+    assert TaskSettings() == config.task_settings()
+    handed = config.model_settings()
+    assert dataclasses.replace(ModelSettings(model=DEFAULT_MODEL), pricing={}) == handed
+    assert config.sandbox_settings().limits.memory == 4 << 30  # "4g", the section's Field, read by both
+
+
+def test_what_the_run_decides_is_one_resolved_value_and_the_settings_stay_as_given() -> None:
+    import pickle
+
+    from trajforge.catalog.sandboxes import NetworkMode
+    from trajforge.config.resolved import Resolved
+
+    asked = RunConfig(run_name="r")
+    assert asked.resolved == Resolved(DEFAULT_MODEL, "auto", "auto")  # nothing decided yet: the settings as given
+    decided = asked.resolve(Resolved("local", "bwrap", NetworkMode.EGRESS))
+    assert (decided.model, decided.sandbox, decided.sandbox_network) == (DEFAULT_MODEL, "auto", "auto")
+    assert asked.resolved.backend == "auto"  # the original is untouched
+    sandbox = decided.sandbox_settings()
+    assert (sandbox.backend, sandbox.network, sandbox.container.run_name) == ("bwrap", "egress", "r")
+    assert decided.model_settings().model == "local" and decided.tool_settings().model.model == "local"
+    assert decided.tool_settings().fetch_model_urls
+    assert not asked.resolve(Resolved("m", "local", NetworkMode.NONE)).tool_settings().fetch_model_urls
+    # config.json keeps what was decided; --verbose's print before the decision, what was asked
+    assert {k: decided.masked()[k] for k in ("model", "sandbox", "sandbox_network")} == \
+        {"model": "local", "sandbox": "bwrap", "sandbox_network": "egress"}
+    assert asked.masked()["sandbox"] == "auto"
+    # executors ship the configuration to other processes (Ray): the decision goes with it
+    assert pickle.loads(pickle.dumps(decided)).resolved == decided.resolved
 
 
 @pytest.mark.parametrize("key", ["sandbox_memory", "sandbox_disk", "sandbox_tmp_size", "container_memory"])

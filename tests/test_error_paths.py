@@ -19,9 +19,9 @@ import pytest
 from tests.conftest import cli
 from tests.support.policies import echo_policy, tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call
-from tests.support.run_state import statuses
-from tests.runner.test_e2e import base_args, read_jsonl, run_cli, write_dataset
-from trajforge.runner.progress import Progress
+from tests.support.run_state import read_records, statuses
+from tests.runner.test_e2e import base_args, run_cli, write_dataset
+from trajforge.runner.reporting.progress import Progress
 
 
 def _can_mount() -> str | None:
@@ -86,7 +86,7 @@ def assert_one_clear_error(proc: subprocess.CompletedProcess[str], *needles: str
 
 
 def assert_every_sample_once(run: Path, prompts: list[str]) -> None:
-    lines = read_jsonl(run / "trajectories.jsonl")
+    lines = read_records(run)
     assert Counter(r["conversations"][1]["value"] for r in lines) == Counter(prompts)
     assert [r["prompt_index"] for r in lines] == list(range(len(prompts)))
     stats = json.loads((run / "statistics.json").read_text())
@@ -198,7 +198,7 @@ def test_disk_full_while_writing_batch_lines(tmp_path: Path, server: ScriptedSer
         proc = run_cli(tmp_path, clean_env, *args, "--resume")
         assert_one_clear_error(proc, str(run / "batch_0.jsonl"), "No space left on device", "--resume")
         assert (run / "trajectories.jsonl").read_bytes() == old and not list(run.glob(".*.tmp"))
-        assert len(read_jsonl(run / "trajectories.jsonl")) == 5
+        assert len(read_records(run)) == 5
         filler.unlink()
         calls = len(server.requests)
         proc = run_cli(tmp_path, clean_env, *args, "--resume")

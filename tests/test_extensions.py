@@ -6,15 +6,19 @@ sandbox)."""
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
+from tests.support.run_state import read_records
 from trajforge import catalog, cli
 from trajforge.catalog import toolset
 from trajforge.registry import Spec
-from trajforge.runner import outputs
+from trajforge.runner.reporting import outputs
 
 
 @pytest.fixture
@@ -43,20 +47,27 @@ def ids_format(monkeypatch: pytest.MonkeyPatch) -> None:
                                                     export.FormatCaps()))
 
 
-def test_a_registered_toolset_and_output_run_end_to_end(tmp_path: Path, server: ScriptedServer,
-                                                        clean_env: dict[str, str], loud_toolset: None,
-                                                        lengths_output: None, ids_format: None,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def shout_run(tmp_path: Path, server: ScriptedServer, toolset: str, sandbox: str,
+              capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    """A one-row run whose one distribution offers `toolset` only, in `sandbox`: its one record."""
     server.handler = shout_policy
     ds = tmp_path / "ds.jsonl"
     ds.write_text(json.dumps({"prompt": "shout hello"}) + "\n")
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text("distributions:\n  loud_only:\n    toolsets: {loud: 100}\n")
-    code = cli.main(["run", f"--dataset_file={ds}", f"--config={cfg}", "--distribution=loud_only",
+    cfg.write_text(f"distributions:\n  only:\n    toolsets: {{'{toolset}': 100}}\n")
+    code = cli.main(["run", f"--dataset_file={ds}", f"--config={cfg}", "--distribution=only",
                      f"--output_dir={tmp_path / 'data'}", "--run_name=r", f"--base_url={server.url}",
-                     "--model=scripted-model", "--sandbox=local"])
+                     "--model=scripted-model", f"--sandbox={sandbox}"])
     assert code == 0, capsys.readouterr().err
-    [record] = [json.loads(line) for line in (tmp_path / "data" / "r" / "trajectories.jsonl").read_text().splitlines()]
+    [record] = read_records(tmp_path / "data" / "r")
+    return record
+
+
+def test_a_registered_toolset_and_output_run_end_to_end(tmp_path: Path, server: ScriptedServer,
+                                                        clean_env: dict[str, str], loud_toolset: None,
+                                                        lengths_output: None, ids_format: None,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    record = shout_run(tmp_path, server, "loud", "local", capsys)
     assert record["toolsets_used"] == ["loud"]
     tool_turn = next(m for m in record["conversations"] if m["from"] == "tool")
     assert "HELLO" in tool_turn["value"]
@@ -106,3 +117,128 @@ def test_the_command_layer_chooses_the_executor_from_the_registry(tmp_path: Path
                      "--model=scripted-model", "--sandbox=local"])
     assert code == 0, capsys.readouterr().err
     assert len(counting_executor.PROCESSED) == 3
+
+
+# ---- things from outside trajforge, and the one check of what a thing needs installed ----
+
+OUTSIDE = '''
+"""A plugin package of someone else's: a sandbox backend, a toolset and an export format, each a
+Spec that trajforge is pointed at as "outside_things:NAME" -- no line of trajforge names them."""
+from pathlib import Path
+
+from tests.support.ids_exporter import IdsExporter
+from tests.support.plain_backend import PlainSandbox
+from tests.support.shout_toolset import build as build_shout
+from trajforge.catalog import toolset
+from trajforge.catalog.sandboxes import BackendCaps, NetworkMode
+from trajforge.export import FormatCaps
+from trajforge.registry import Spec
+
+MADE = []
+
+
+async def make(provider, *, cwd, image, root: Path):
+    MADE.append(root)
+    return PlainSandbox(root, keep=provider.settings.keep_workspaces, cwd=cwd, limits=provider.limits)
+
+
+BACKEND = Spec("plain", "outside_things:make", "a plain sandbox from outside",
+               BackendCaps(networks=frozenset({NetworkMode.HOST})))
+TOOLSET = toolset("loud", ("shout",), "outside_things:build_shout")
+FORMAT = Spec("ids", "outside_things:IdsExporter", "sample ids", FormatCaps())
+NOT_A_SPEC = 42
+'''
+
+
+@pytest.fixture
+def outside_things(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """outside_things.py importable from a directory of its own; what the registries load from it
+    is taken out again afterwards, so no other test sees it."""
+    import importlib
+    import sys
+
+    from trajforge import export
+    from trajforge.catalog.executors import EXECUTORS
+    from trajforge.catalog.sandboxes import SANDBOXES
+
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "outside_things.py").write_text(OUTSIDE)
+    monkeypatch.syspath_prepend(str(plugins))
+    registries = [SANDBOXES, EXECUTORS, catalog.TOOLSETS, export.FORMATS]
+    before = [set(r) for r in registries]
+    yield importlib.import_module("outside_things")
+    sys.modules.pop("outside_things", None)
+    for registry, names in zip(registries, before):
+        for name in set(registry.names()) - names:
+            del registry[name]
+
+
+def test_a_backend_toolset_and_format_from_outside_need_no_edit_of_trajforge(
+        outside_things: Any, tmp_path: Path, server: ScriptedServer, clean_env: dict[str, str],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    record = shout_run(tmp_path, server, "outside_things:TOOLSET", "outside_things:BACKEND", capsys)
+    run = tmp_path / "data" / "r"
+    assert record["toolsets_used"] == ["outside_things:TOOLSET"]
+    assert "HELLO" in next(m for m in record["conversations"] if m["from"] == "tool")["value"]
+    assert len(outside_things.MADE) == 1  # the sample's sandbox was the outside backend's
+    assert json.loads((run / "config.json").read_text())["sandbox"] == "outside_things:BACKEND"
+    capsys.readouterr()
+    code = cli.main(["export", str(run), "--format=outside_things:FORMAT", f"--output={tmp_path / 'ids.txt'}"])
+    assert code == 0, capsys.readouterr().err
+    assert (tmp_path / "ids.txt").read_text() == f"{record['sample_id']}\n"
+
+
+@pytest.mark.parametrize(("value", "why"), [
+    ("no_such_plugin:BACKEND", "cannot load sandbox backend 'no_such_plugin:BACKEND': ModuleNotFoundError"),
+    ("outside_things:MISSING", "cannot load sandbox backend 'outside_things:MISSING': AttributeError"),
+    ("outside_things:NOT_A_SPEC", "is not a sandbox backend: a Spec with BackendCaps is needed, found int"),
+    ("outside_things:FORMAT", "a Spec with BackendCaps is needed, found a Spec with FormatCaps"),
+])
+def test_an_outside_name_that_names_no_such_thing_says_why(outside_things: Any, value: str, why: str) -> None:
+    from trajforge.config.load import build_config
+    from trajforge.errors import UsageError
+
+    with pytest.raises(UsageError, match=f"^--sandbox: invalid value '{value}': .*{re.escape(why)}"):
+        build_config({"sandbox": value})
+
+
+NEEDY = ("trajforge_test_absent_module",)
+NOT_INSTALLED = "trajforge_test_absent_module is not installed; install it with: pip install 'trajforge[needy]'"
+
+
+def test_every_kind_says_what_is_not_installed_and_how_to_install_it(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """One check of a spec's `needs` (Spec.missing / Spec.load) serves executors, export formats,
+    toolsets and subcommands; a module a spec forgot to declare is named all the same."""
+    import asyncio
+
+    from trajforge import export
+    from trajforge.catalog.executors import EXECUTORS, ExecutorCaps
+    from trajforge.config import RunConfig
+    from trajforge.errors import UsageError
+    from trajforge.runner.preflight import check_executor
+    from trajforge.tools.toolsets import build_toolsets
+
+    monkeypatch.setitem(EXECUTORS, "needy", Spec("needy", "tests.support.counting_executor:make", "",
+                                                 ExecutorCaps(in_process=True), needs=NEEDY, extra="needy"))
+    with pytest.raises(UsageError, match=f"^--executor needy: {re.escape(NOT_INSTALLED)}$"):
+        check_executor(RunConfig(executor="needy"))
+    monkeypatch.setitem(export.FORMATS, "needy", Spec("needy", "tests.support.ids_exporter:IdsExporter", "",
+                                                      export.FormatCaps(), needs=NEEDY, extra="needy"))
+    with pytest.raises(UsageError, match=f"^--format needy: {re.escape(NOT_INSTALLED)}$"):
+        export.exporter_class("needy")
+    monkeypatch.setitem(catalog.TOOLSETS, "needy", toolset("needy", ("shout",), "tests.support.shout_toolset:build",
+                                                           needs=NEEDY, extra="needy"))
+    monkeypatch.setitem(catalog.TOOLSETS, "undeclared", toolset("undeclared", ("shout",),
+                                                                "trajforge_test_absent_module.tools:build"))
+    ready, missing = asyncio.run(build_toolsets(["needy", "undeclared"], RunConfig().tool_settings()))
+    assert ready == {}
+    assert [(u.toolset, u.reason) for u in missing] == [
+        ("needy", NOT_INSTALLED), ("undeclared", "trajforge_test_absent_module is not installed")]
+    monkeypatch.setitem(cli.SUBCOMMANDS, "needy", Spec("needy", "tests.support.hello_command:main", "",
+                                                       needs=NEEDY, extra="needy"))
+    assert cli.main(["needy"]) == 2
+    assert capsys.readouterr().err == f"error: 'trajforge needy' is not available: {NOT_INSTALLED}\n"
+    monkeypatch.setitem(cli.SUBCOMMANDS, "needy", Spec("needy", "tests.support.hello_command:main", ""))
+    assert cli.main(["needy", "--greeting_name=ada"]) == 0 and capsys.readouterr().out == "hello ada\n"

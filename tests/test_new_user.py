@@ -32,7 +32,8 @@ from tests.support.scripted_server import (
     http_error,
     tool_call,
 )
-from tests.runner.test_e2e import read_jsonl, run_cli, write_dataset
+from tests.runner.test_e2e import run_cli, write_dataset
+from tests.support.run_state import read_batch_records, read_records
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 
 SEARCH_KEYS = ("SEARXNG_URL", "BRAVE_API_KEY", "TAVILY_API_KEY")
@@ -79,7 +80,7 @@ def _nested_cwd_run(tmp_path: Path, server: ScriptedServer, env: dict[str, str],
                                             {"prompt": CWD_COMMAND + " ", "cwd": "rel/dir"}])
     proc = run_cli(tmp_path, env, *args_for(server, ds, f"--sandbox={sandbox}", *extra), timeout=300)
     assert proc.returncode == 0, proc.stderr
-    return read_jsonl(run_dir(tmp_path) / "trajectories.jsonl")
+    return read_records(run_dir(tmp_path))
 
 
 def _assert_ran_in(records: list[dict[str, Any]]) -> None:
@@ -127,7 +128,7 @@ def test_a_command_that_cannot_enter_its_cwd_is_a_failed_call(tmp_path: Path, se
     ds = write_rows(tmp_path / "ds.jsonl", [{"prompt": "lock yourself out", "cwd": "/app/sub"}])
     proc = run_cli(tmp_path, clean_env, *args_for(server, ds, "--sandbox=bwrap"))
     assert proc.returncode == 0, proc.stderr
-    (rec,) = read_jsonl(run_dir(tmp_path) / "trajectories.jsonl")
+    (rec,) = read_records(run_dir(tmp_path))
     first, second = tool_results(rec)
     assert first["error"] is None and first["exit_code"] == 0
     assert "should-not-run" not in second["output"]
@@ -152,7 +153,7 @@ def test_every_sample_gets_an_available_toolset_when_the_top_one_is_missing(
                                                                   "--distribution=webby"))
     assert proc.returncode == 0, proc.stderr
     assert "toolset 'web' unavailable" in proc.stderr
-    records = read_jsonl(run_dir(tmp_path) / "trajectories.jsonl")
+    records = read_records(run_dir(tmp_path))
     assert len(records) == 8
     for rec in records:
         assert rec["toolsets_used"] == ["terminal"]
@@ -193,10 +194,10 @@ def test_records_keep_the_row_fields_and_the_file_line(tmp_path: Path, server: S
     args = args_for(server, ds, "--sandbox=local", "--skip_invalid")
     proc = run_cli(tmp_path, clean_env, *args)
     assert proc.returncode == 0, proc.stderr
-    recs = read_jsonl(run_dir(tmp_path) / "trajectories.jsonl")
+    recs = read_records(run_dir(tmp_path))
     assert [(r["prompt_index"], r["dataset_line"], r["row"]) for r in recs] == [
         (0, 1, {"id": "row-a", "meta": {"source": "x", "n": 1}}), (1, 4, {"id": "row-b"}), (2, 5, {})]
-    batch = read_jsonl(run_dir(tmp_path) / "batch_0.jsonl")
+    batch = read_batch_records(run_dir(tmp_path))  # one batch file: 3 rows, --batch_size=10
     assert {r["dataset_line"] for r in batch} == {1, 4, 5}
 
     # The same rows reordered, one extra field edited: the resumed merge says where each row is now.
@@ -206,7 +207,7 @@ def test_records_keep_the_row_fields_and_the_file_line(tmp_path: Path, server: S
     proc = run_cli(tmp_path, clean_env, *args, "--resume")
     assert proc.returncode == 0, proc.stderr
     assert len(server.requests) == before  # nothing re-ran: identity ignores extra fields
-    recs = read_jsonl(run_dir(tmp_path) / "trajectories.jsonl")
+    recs = read_records(run_dir(tmp_path))
     assert [(user_prompt_of(r), r["prompt_index"], r["dataset_line"], r["row"].get("id")) for r in recs] == [
         ("say c", 0, 1, None), ("say b", 1, 2, "row-b2"), ("say a", 2, 3, "row-a")]
 

@@ -13,7 +13,8 @@ import pytest
 from tests.conftest import REPO, cli
 from tests.support.policies import echo_policy, tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call, with_usage
-from tests.runner.test_e2e import base_args, read_jsonl, run_cli, write_dataset
+from tests.runner.test_e2e import base_args, run_cli, write_dataset
+from tests.support.run_state import read_records
 from trajforge.runner.console import SafeStream
 
 README = (REPO / "README.md").read_text()
@@ -44,7 +45,7 @@ def test_a_closed_standard_stream_never_stops_a_run(redirect: str, tmp_path: Pat
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr and "error" not in proc.stdout + proc.stderr
     run = tmp_path / "data" / "r"
-    assert len(read_jsonl(run / "trajectories.jsonl")) == 2 and (run / "statistics.json").is_file()
+    assert len(read_records(run)) == 2 and (run / "statistics.json").is_file()
     # Nothing meant for the closed stream went into a file that took its descriptor.
     assert all(b"progress" not in p.read_bytes() for p in run.iterdir() if p.is_file())
 
@@ -93,16 +94,16 @@ def test_a_named_hosted_model_without_a_key_is_refused_not_replaced(how: str, tm
 
 
 def test_the_local_model_stands_in_only_when_no_model_was_named(clean_env: dict[str, str]) -> None:
-    from trajforge.commands.run import parse_run_args
+    from trajforge.cli.run import parse_run_args
     from trajforge.runner.preflight import choose_model
 
     config, _ = parse_run_args(["--dataset_file=x.jsonl"], "trajforge run", strict_required=False)
-    assert config is not None and choose_model(config).model == "local"
+    assert config is not None and choose_model(config) == "local"
 
 
 def test_the_exit_code_table_lists_every_code_a_run_exits_with() -> None:
     table = README[README.index("### Exit codes"):README.index("`--fail_on_error N`")]
-    from trajforge.runner.budget import BUDGET_EXIT_CODE
+    from trajforge.runner.scheduling.budget import BUDGET_EXIT_CODE
 
     codes = {int(m) for m in re.findall(r"^\| (\d+) \|", table, re.MULTILINE)}
     assert codes == {0, 1, 2, 3, BUDGET_EXIT_CODE, 130}
@@ -119,10 +120,10 @@ def test_the_layer_diagram_names_every_top_level_module() -> None:
 def test_the_registration_table_names_one_registration_line_per_extension() -> None:
     from trajforge.catalog.executors import EXECUTORS
     from trajforge.catalog.sandboxes import SANDBOXES
-    from trajforge.commands.run import run_flags
+    from trajforge.cli.run import run_flags
 
     # The flags' choices are the registries' names (no Literal kept in step by hand).
-    helps = {name: text for name, _, text in run_flags()}
+    helps = {f.name: f.help for f in run_flags()}
     assert helps["sandbox"] == ", ".join(["auto", *SANDBOXES][:-1]) + f" or {SANDBOXES.names()[-1]}"
     assert helps["executor"] == " or ".join(EXECUTORS)
     table = README[README.index("| to add | write | register in |"):]
@@ -225,14 +226,14 @@ def test_cost_and_spent_are_labelled_and_small_budgets_keep_their_digits(
 
 
 def test_usd_keeps_two_significant_digits() -> None:
-    from trajforge.runner.figures import usd
+    from trajforge.runner.reporting.figures import usd
 
     assert [usd(x) for x in (0, 0.004, 0.00004, 1.5, 12.3456, 1234.5)] == \
         ["$0.00", "$0.0040", "$0.000040", "$1.5000", "$12.3456", "$1,234.50"]
 
 
 def test_pass_at_k_says_how_many_rows_it_averages() -> None:
-    from trajforge.runner.verify_stats import VerifyTotals, table_rows
+    from trajforge.runner.reporting.verify_stats import VerifyTotals, table_rows
 
     totals = VerifyTotals(k=2)
     for sample_id, index, verification in (("a", 0, {"method": "exact", "passed": True}),

@@ -52,7 +52,7 @@ import pytest
 from tests.conftest import REPO
 from tests.support.policies import echo_policy
 from tests.support.scripted_server import ScriptedServer
-from trajforge.model.factory import is_loopback
+from trajforge.model.endpoint import is_loopback
 
 DOCUMENTS = ("README.md",)  # Markdown files whose code blocks hold commands, in reading order
 NOT_COMMANDS = {"yaml", "yml", "json", "jsonl", "toml", "python", "py", "text", "txt", "ini", "csv"}

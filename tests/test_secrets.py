@@ -21,6 +21,7 @@ from tests.support.images import busybox_image, podman  # noqa: F401 (fixtures)
 from tests.support.policies import tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call
 from tests.runner.test_e2e import base_args, write_dataset
+from tests.support.run_state import read_records
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 
 BWRAP = asyncio.run(probe())
@@ -94,7 +95,7 @@ def test_no_key_in_the_run_directory_or_the_output(tmp_path: Path, server: Scrip
         assert b"SeCrEt" not in f.read_bytes(), f
     assert b"SeCrEt" not in out + err
     # the hunt really happened, and the failure message was kept (scrubbed), not dropped
-    record = json.loads((run / "trajectories.jsonl").read_text().splitlines()[0])
+    record = read_records(run)[0]
     assert "I found:" in record["conversations"][-1]["value"]
     failed = [e for e in json.loads((run / "checkpoint.json").read_text())["samples"].values()
               if e["status"] == "failed"]
@@ -121,7 +122,7 @@ def test_scrubber_replaces_whole_keys_in_every_spelling_and_ignores_short_ones()
 
 
 def test_run_secrets_come_from_the_flag_the_environment_and_the_tools_section() -> None:
-    from trajforge.config_load import build_config
+    from trajforge.config.load import build_config
     from trajforge.redact import run_secrets
 
     config = build_config({"api_key": "flag-key-12345678", "tools": {"image_gen": {"api_key_env": "IMG_CRED"}}})

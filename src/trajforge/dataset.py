@@ -6,7 +6,7 @@ identity, so a reordered dataset resumes correctly and duplicate prompts stay di
 
 `iter_samples` reads the file in one streaming pass and keeps nothing per row but the occurrence
 count of content hashes that repeat (a set of 8-byte digests): the runner keeps only what it needs
-of a million rows (runner.rows); `load_dataset` is the list of them for smaller readers.
+of a million rows (runner.scheduling.rows); `load_dataset` is the list of them for smaller readers.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class Sample:
     verify: VerifySpec | None = None  # the row's check/expected/rubric fields (never shown to the model)
     rollout: int = 0  # which of --samples_per_prompt rollouts of the row this sample is
     task: TaskSpec | None = None  # a Harbor-format task (--tasks, trajforge.tasks): prompt is its instruction
-    offset: int = -1  # byte offset of its line in the dataset file (read back by runner.rows)
+    offset: int = -1  # byte offset of its line in the dataset file (read back by runner.scheduling.rows)
 
 
 ROLLOUT_SEP = "#"
@@ -105,17 +105,11 @@ def _check_row(obj: Any, host_cwd: bool = True) -> tuple[str | None, dict[str, A
     return None, fields
 
 
-def iter_rows(path: Path) -> Iterator[tuple[int, Any, str | None]]:
-    """Yield (line number, decoded object or None, problem) for every non-blank line."""
-    for lineno, obj, problem, _, _ in _rows(path, PassState()):
-        yield lineno, obj, problem
-
-
 @dataclass
 class PassState:
     """Where a streaming pass over the dataset stands after its last whole line (one that ends with
     a newline): a later pass over a file that begins with the same bytes can go on from there
-    instead of reading them again (runner.rowcache). `iter_samples` starts from it and moves it on."""
+    instead of reading them again (runner.state.rowcache). `iter_samples` starts from it and moves it on."""
 
     offset: int = 0  # bytes of whole lines read
     lines: int = 0  # lines among them

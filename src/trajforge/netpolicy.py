@@ -2,7 +2,7 @@
 
 A leaf module (no I/O beyond the host-address listing): the sandbox network module turns
 BLOCKED_V4/BLOCKED_V6 into an in-namespace firewall, and the runner's egress policy
-(tools/egress.py) checks every address it is about to connect to with `refusal`. Blocked by
+(tools/web/egress.py) checks every address it is about to connect to with `refusal`. Blocked by
 default: loopback, link-local (cloud metadata at 169.254.169.254 lives there), RFC 1918 and
 unique-local private ranges, CGNAT, multicast, "this network", reserved and benchmark ranges,
 and the host's own addresses (a public address of the host would otherwise reach its

@@ -17,7 +17,6 @@ from trajforge.agent.sharegpt import conversations
 from trajforge.config import RunConfig
 from trajforge.model.client import OpenAIClient
 from trajforge.model.types import ModelSettings
-from trajforge.sample.lower_settings import tool_settings
 from trajforge.sandbox.backends.local.local_sandbox import LocalSandbox
 from trajforge.tools import files, terminal
 from trajforge.tools.tool import ToolContext
@@ -26,7 +25,7 @@ from trajforge.tools.toolsets import KNOWN_TOOLS
 
 def run(server: ScriptedServer, tmp_path: Path, prompt: str = "do it", **kw) -> SessionResult:
     async def go() -> SessionResult:
-        settings = tool_settings(RunConfig(tool_timeout=10))
+        settings = RunConfig(tool_timeout=10).tool_settings()
         tools = (await terminal.build(settings)).tools + (await files.build(settings)).tools
         client = OpenAIClient(ModelSettings(model="m", base_url=server.url, max_retries=0), "k")
         sb = LocalSandbox(tmp_path)

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.commands import run_trajforge
 from tests.support.compress_data import pairs_intact, read_jsonl, trajectory, write_jsonl
 from tests.support.scripted_server import ScriptedServer, chat
-from trajforge.compress.compress_command import main
+from trajforge.cli.compress import main
 from trajforge.compress.resume import DurableWriter, Paths
 from trajforge.errors import RunStateError
 
@@ -93,9 +94,8 @@ def test_reference_config_file_loads_and_unknown_keys_are_named(src: Path, tmp_p
 
 
 def test_trajforge_compress_subcommand(src: Path, tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.run([sys.executable, "-m", "trajforge", "compress", "--input", str(src), "--dry-run",
-                           "--target-max-tokens", "2000"], capture_output=True, text=True, env=env, timeout=60)
+    proc = run_trajforge("compress", "--input", src, "--dry-run", "--target-max-tokens", "2000", env=os.environ | {
+        "PYTHONPATH": str(ROOT / "src")}, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "to summarise, will fit:         3" in proc.stdout
 

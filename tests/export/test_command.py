@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.support.export_run import _env, make_run, run_export
+from tests.support.commands import user_env
+from tests.support.export_run import make_run, run_export
 from tests.support.scripted_server import ScriptedServer
 
 
@@ -340,7 +341,7 @@ def test_interrupted_export_leaves_the_old_output_and_no_staging(tmp_path: Path)
         pass
     fcntl.fcntl(write_end, fcntl.F_SETFL, 0)
     proc = subprocess.Popen([sys.executable, "-m", "trajforge", "export", "big.jsonl", "--format", "openai",
-                             "--output", "out.jsonl", "--overwrite"], cwd=tmp_path, env=_env(),
+                             "--output", "out.jsonl", "--overwrite"], cwd=tmp_path, env=user_env(),
                             stdout=subprocess.PIPE, stderr=write_end)
     os.close(write_end)
     deadline = time.monotonic() + 60

@@ -187,7 +187,7 @@ def test_rollouts_of_one_prompt_share_a_split() -> None:
 
 def test_card_shows_the_run_verification_figures() -> None:
     from trajforge.export.card import render
-    from trajforge.runner.stats import Totals
+    from trajforge.runner.reporting.stats import Totals
 
     run = Totals().as_dict(total=3)
     run["verification"] = {"verified": 4, "passed": 3, "failed": 1, "pass_rate": 0.75, "errors": 1,

@@ -11,19 +11,17 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.support.commands import run_trajforge
 from tests.support.compress_data import trajectory, write_jsonl
-from tests.support.export_run import _env
 
 
 def _cli(cwd: Path, *args: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trajforge", *map(str, args)], cwd=cwd, env=_env(),
-                          capture_output=True, text=True, timeout=120)
+    return run_trajforge(*args, cwd=cwd)
 
 
 def _fifo(path: Path, tmp: Path) -> None:

@@ -15,9 +15,8 @@ from tests.support.scripted_server import Reply, ScriptedServer, chat, http_erro
 from trajforge.errors import FatalModelError, UsageError
 from trajforge.model.client import OpenAIClient, backoff_delay, parse_retry_after, request_options
 from trajforge.model.errors import APIFailure, ModelOutputError, RateLimitedError
-from trajforge.model.factory import (
-    NO_KEY_PLACEHOLDER, is_loopback, make_client, resolve_api_key, should_use_local,
-)
+from trajforge.model.endpoint import NO_KEY, is_loopback, resolve_api_key
+from trajforge.model.factory import make_client, should_use_local
 from trajforge.model.types import DEFAULT_MODEL, Completion, ModelSettings, Usage
 
 KEY = "sk-test-SECRET-0123456789abcdef"
@@ -401,7 +400,7 @@ def test_loopback_url_without_key_uses_placeholder() -> None:
                 await client.aclose()
 
         assert asyncio.run(go()).content == "local server"
-        assert srv.requests[0].headers.get("Authorization") == f"Bearer {NO_KEY_PLACEHOLDER}"
+        assert srv.requests[0].headers.get("Authorization") == f"Bearer {NO_KEY}"
 
 
 def test_key_not_in_repr() -> None:

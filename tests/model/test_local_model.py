@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import cli
+from tests.support.run_state import read_records
 from trajforge.errors import FatalModelError, UsageError
 from trajforge.model import local_format as fmt
 from trajforge.model.errors import ModelOutputError
@@ -326,7 +327,7 @@ def test_batch_run_on_the_bundled_model_saves_trajectories_with_executed_tool_ca
                               "--max_tokens=192"),
                           cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stderr
-    records = [json.loads(line) for line in (tmp_path / "data/loc/trajectories.jsonl").read_text().splitlines()]
+    records = read_records(tmp_path / "data" / "loc")
     assert sorted(r["prompt_index"] for r in records) == [0, 1, 2]
     for rec in records:
         conv = rec["conversations"]

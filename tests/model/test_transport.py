@@ -1,6 +1,6 @@
-"""Both model transports (aiohttp and the openai SDK) give OpenAIClient the same behaviour,
-against the real scripted HTTP server on 127.0.0.1. tests/model/test_client.py covers the client's
-policy in depth through the default transport; this runs the cases that touch the wire on both."""
+"""The model transport (aiohttp) under OpenAIClient, against the real scripted HTTP server on
+127.0.0.1. tests/model/test_client.py covers the client's policy in depth; this runs the cases
+that touch the wire."""
 
 from __future__ import annotations
 
@@ -15,20 +15,19 @@ from tests.support.scripted_server import Reply, ScriptedServer, chat, http_erro
 from trajforge.errors import FatalModelError
 from trajforge.model.client import OpenAIClient
 from trajforge.model.errors import APIFailure, RateLimitedError
-from trajforge.model.transport import AiohttpTransport, SdkTransport, env_proxy, make_transport
+from trajforge.model.transport import env_proxy
 from trajforge.model.types import Completion, ModelSettings
 
 KEY = "sk-test-SECRET-0123456789abcdef"
 MESSAGES = [{"role": "user", "content": "list files"}]
 TOOLS = [{"type": "function", "function": {"name": "terminal", "description": "run",
                                             "parameters": {"type": "object", "properties": {}}}}]
-KINDS = ["aiohttp", "sdk"]
 
 
-def complete(srv: ScriptedServer, kind: str, n: int = 1, **settings: Any) -> list[Completion]:
+def complete(srv: ScriptedServer, n: int = 1, **settings: Any) -> list[Completion]:
     async def run() -> list[Completion]:
         client = OpenAIClient(ModelSettings(model="m", base_url=srv.url, **settings), KEY,
-                              backoff_base=0.001, backoff_max=0.01, transport=kind)
+                              backoff_base=0.001, backoff_max=0.01)
         try:
             return [await client.complete(MESSAGES, TOOLS) for _ in range(n)]
         finally:
@@ -37,18 +36,11 @@ def complete(srv: ScriptedServer, kind: str, n: int = 1, **settings: Any) -> lis
     return asyncio.run(run())
 
 
-def test_make_transport_kinds() -> None:
-    assert isinstance(make_transport("http://127.0.0.1:1/v1", "k", 10, "aiohttp"), AiohttpTransport)
-    assert isinstance(make_transport("http://127.0.0.1:1/v1", "k", 10, "sdk"), SdkTransport)
-    assert isinstance(make_transport("http://127.0.0.1:1/v1", "k", 10), AiohttpTransport)  # installed here
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_request_and_response(kind: str) -> None:
+def test_request_and_response() -> None:
     with ScriptedServer() as srv:
         srv.script(chat("ok", tool_calls=[tool_call("terminal", {"command": "ls"}, "c1")], reasoning="why"),
                    chat("again"))
-        first, second = complete(srv, kind, n=2, max_tokens=64)
+        first, second = complete(srv, n=2, max_tokens=64)
         rec = srv.requests[0]
     assert rec.path == "/v1/chat/completions"
     assert rec.headers["Authorization"] == f"Bearer {KEY}"
@@ -59,70 +51,65 @@ def test_request_and_response(kind: str) -> None:
     assert second.content == "again" and first.usage.prompt_tokens == 10
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_status_errors(kind: str) -> None:
+def test_status_errors() -> None:
     with ScriptedServer() as srv:
         srv.script(http_error(429, headers={"Retry-After": "0.3"}), http_error(503), chat("ok"))
         start = time.monotonic()
-        assert complete(srv, kind)[0].content == "ok"
+        assert complete(srv)[0].content == "ok"
         assert time.monotonic() - start >= 0.25 and len(srv.chat_requests()) == 3
     with ScriptedServer() as srv:
         srv.script(*[http_error(429, "slow down", headers={"Retry-After": "0"})] * 2)
         with pytest.raises(RateLimitedError, match="HTTP 429: slow down"):
-            complete(srv, kind, max_retries=1)
+            complete(srv, max_retries=1)
     with ScriptedServer() as srv:
         srv.script(http_error(400, "context length exceeded"))
         with pytest.raises(APIFailure, match="HTTP 400: context length exceeded"):
-            complete(srv, kind)
+            complete(srv)
         assert len(srv.chat_requests()) == 1
     with ScriptedServer() as srv:
         srv.script(Reply(status=502, body="<html>bad gateway</html>"), Reply(status=502, body=""))
         with pytest.raises(APIFailure, match="HTTP 502"):
-            complete(srv, kind, max_retries=1)
+            complete(srv, max_retries=1)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_auth_failure_is_fatal_and_hides_key(kind: str) -> None:
+def test_auth_failure_is_fatal_and_hides_key() -> None:
     with ScriptedServer() as srv:
         srv.script(http_error(401, f"Incorrect API key provided: {KEY}"))
         with pytest.raises(FatalModelError) as info:
-            complete(srv, kind)
+            complete(srv)
     assert "HTTP 401" in str(info.value) and KEY not in str(info.value)
     assert info.value.__cause__ is None and info.value.__suppress_context__
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_dropped_connection_and_timeout_are_retried(kind: str) -> None:
+def test_dropped_connection_and_timeout_are_retried() -> None:
     with ScriptedServer() as srv:
         srv.script(Reply(drop=True), chat("late", delay=2.0), chat("second try"))
-        assert complete(srv, kind, request_timeout=0.5)[0].content == "second try"
+        assert complete(srv, request_timeout=0.5)[0].content == "second try"
         assert len(srv.chat_requests()) == 3
     with ScriptedServer() as srv:
         srv.script(Reply(drop=True), Reply(drop=True))
         with pytest.raises(APIFailure, match="connection to model API"):
-            complete(srv, kind, max_retries=1)
+            complete(srv, max_retries=1)
 
 
 def test_refused_connection_is_a_connection_failure() -> None:
     with ScriptedServer() as srv:
         url = srv.url
-    for kind in KINDS:  # the server is gone: nothing listens on its port any more
-        async def run(kind: str = kind) -> None:
-            client = OpenAIClient(ModelSettings(model="m", base_url=url, max_retries=0), KEY, transport=kind)
-            try:
-                await client.complete(MESSAGES, [])
-            finally:
-                await client.aclose()
+    async def run() -> None:  # the server is gone: nothing listens on its port any more
+        client = OpenAIClient(ModelSettings(model="m", base_url=url, max_retries=0), KEY)
+        try:
+            await client.complete(MESSAGES, [])
+        finally:
+            await client.aclose()
 
-        with pytest.raises(APIFailure, match="connection to model API"):
-            asyncio.run(run())
+    with pytest.raises(APIFailure, match="connection to model API"):
+        asyncio.run(run())
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_concurrency_is_not_capped(kind: str) -> None:
+def test_concurrency_is_not_capped() -> None:
     with ScriptedServer(handler=lambda rec: chat("ok", delay=1.0)) as srv:
         async def run() -> list[Completion]:
-            client = OpenAIClient(ModelSettings(model="m", base_url=srv.url), KEY, transport=kind)
+            client = OpenAIClient(ModelSettings(model="m", base_url=srv.url), KEY)
             try:
                 async with asyncio.TaskGroup() as tg:
                     tasks = [tg.create_task(client.complete(MESSAGES, [])) for _ in range(120)]
@@ -145,8 +132,7 @@ def test_env_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
     assert env_proxy("http://127.0.0.1:8000/v1/chat/completions") is None
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_both_transports_go_through_the_environments_proxy(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_transport_goes_through_the_environments_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("http_proxy", "all_proxy", "no_proxy", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY"):
         monkeypatch.delenv(var, raising=False)
     with ScriptedServer() as srv:
@@ -155,8 +141,7 @@ def test_both_transports_go_through_the_environments_proxy(kind: str, monkeypatc
 
         async def run() -> Completion:
             # A host that does not resolve: only the proxy can deliver the request.
-            client = OpenAIClient(ModelSettings(model="m", base_url="http://model.invalid/v1", max_retries=0), KEY,
-                                  transport=kind)
+            client = OpenAIClient(ModelSettings(model="m", base_url="http://model.invalid/v1", max_retries=0), KEY)
             try:
                 return await client.complete(MESSAGES, [])
             finally:
@@ -166,7 +151,7 @@ def test_both_transports_go_through_the_environments_proxy(kind: str, monkeypatc
         assert srv.requests[0].headers["Host"] == "model.invalid"
 
 
-async def _complete_against_raw(reply: bytes, kind: str) -> BaseException:
+async def _complete_against_raw(reply: bytes) -> BaseException:
     """Run one call against a bare TCP server that answers every request with `reply` bytes."""
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
@@ -176,8 +161,7 @@ async def _complete_against_raw(reply: bytes, kind: str) -> BaseException:
 
     server = await asyncio.start_server(answer, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    client = OpenAIClient(ModelSettings(model="m", base_url=f"http://127.0.0.1:{port}/v1", max_retries=0), KEY,
-                          transport=kind)
+    client = OpenAIClient(ModelSettings(model="m", base_url=f"http://127.0.0.1:{port}/v1", max_retries=0), KEY)
     try:
         async with server:
             with pytest.raises(Exception) as info:
@@ -195,40 +179,36 @@ def _chain(exc: BaseException | None) -> list[BaseException]:
     return seen
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_malformed_http_reply_keeps_key_out_of_the_exception_chain(kind: str) -> None:
+def test_malformed_http_reply_keeps_key_out_of_the_exception_chain() -> None:
     # aiohttp's parse errors carry request_info, whose repr prints the Authorization header.
-    error = asyncio.run(_complete_against_raw(b"HELLO WORLD\r\n\r\n", kind))
+    error = asyncio.run(_complete_against_raw(b"HELLO WORLD\r\n\r\n"))
     assert isinstance(error, APIFailure) and "connection to model API" in str(error)
     for exc in _chain(error):
         assert KEY not in repr(exc) and KEY not in str(exc)
         assert KEY not in repr(getattr(exc, "request_info", ""))
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_non_json_body_is_scrubbed_before_it_is_cut(kind: str) -> None:
+def test_non_json_body_is_scrubbed_before_it_is_cut() -> None:
     body = b"<html>" + b"x" * 180 + KEY.encode() + b"</html>"
     head = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
-    error = asyncio.run(_complete_against_raw(head + body, kind))
+    error = asyncio.run(_complete_against_raw(head + body))
     assert isinstance(error, APIFailure) and "invalid JSON" in str(error)
     assert KEY[:8] not in str(error)  # not even the part of the key before the 200-character cut
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_moderation_403_fails_the_sample_not_the_run(kind: str) -> None:
+def test_moderation_403_fails_the_sample_not_the_run() -> None:
     flagged = {"error": {"code": 403, "message": "input flagged",
                          "metadata": {"reasons": ["violence"], "flagged_input": "...", "provider_name": "x"}}}
     with ScriptedServer() as srv:
         srv.script(Reply(status=403, body=flagged), chat("never sent"))
         with pytest.raises(APIFailure, match="HTTP 403: input flagged"):
-            complete(srv, kind)
+            complete(srv)
         assert len(srv.chat_requests()) == 1
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_reply_past_the_size_cap_is_refused_as_it_arrives(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The endpoint's reply is held whole in the runner: a 300 MB one took it to ~1 GB. Both
-    # transports stop reading past MAX_RESPONSE_BYTES (the cap is lowered here to keep the test
+def test_a_reply_past_the_size_cap_is_refused_as_it_arrives(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The endpoint's reply is held whole in the runner: a 300 MB one took it to ~1 GB. The
+    # transport stops reading past MAX_RESPONSE_BYTES (the cap is lowered here to keep the test
     # small), an error status's body too.
     from trajforge.model import transport
 
@@ -236,8 +216,8 @@ def test_a_reply_past_the_size_cap_is_refused_as_it_arrives(kind: str, monkeypat
     with ScriptedServer() as srv:
         srv.script(chat("x" * (900 << 10)), *[chat("y" * (3 << 20)) for _ in range(2)],
                    *[http_error(500, "z" * (3 << 20)) for _ in range(2)])
-        assert complete(srv, kind)[0].content == "x" * (900 << 10)  # under the cap: as before
+        assert complete(srv)[0].content == "x" * (900 << 10)  # under the cap: as before
         for _ in range(2):  # a reply too large, then an error status's body too large
             with pytest.raises(APIFailure, match="more than 1 MiB"):
-                complete(srv, kind, max_retries=1)
+                complete(srv, max_retries=1)
         assert len(srv.chat_requests()) == 5

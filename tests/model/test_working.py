@@ -18,7 +18,8 @@ import pytest
 
 from tests.support.policies import echo_policy, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error
-from tests.runner.test_e2e import base_args, read_jsonl, run_cli, write_dataset
+from tests.runner.test_e2e import base_args, run_cli, write_dataset
+from tests.support.run_state import read_records
 from trajforge.model import working
 
 REFUSALS = 3  # 429s with Retry-After: 1 each sample hears first: at least 3 s of waiting, for certain
@@ -72,6 +73,25 @@ def test_the_clock_stands_still_while_any_wait_of_the_sample_is_in_progress() ->
     assert moved >= 0.1 and again >= 0.05  # the deadline moved out by exactly the time stood still
 
 
+def test_observers_hear_when_the_sample_starts_and_stops_waiting() -> None:
+    """Overlapping waits are one wait to an observer too (the sandbox pool's demand: lazy.py)."""
+    heard: list[bool] = []
+
+    async def scenario() -> None:
+        clock = working.WorkingClock()
+        clock.observe(heard.append)
+        clock.stop()
+        clock.stop()
+        clock.go()
+        assert heard == [True]
+        clock.go()
+        with working.bound(clock), working.waiting():
+            pass
+
+    asyncio.run(scenario())
+    assert heard == [True, False, True, False]
+
+
 def test_waiting_outside_a_sample_does_nothing() -> None:
     async def scenario() -> None:
         with working.waiting():
@@ -88,7 +108,7 @@ def test_retry_after_waits_do_not_count_against_the_sample_timeout(tmp_path: Pat
     proc = run_cli(tmp_path, clean_env, *base_args(server, ds, "r", "--num_workers=4", "--timeout=2"))
     assert proc.returncode == 0, proc.stderr
     run = tmp_path / "data" / "r"
-    records = read_jsonl(run / "trajectories.jsonl")
+    records = read_records(run)
     assert len(records) == len(prompts) and all(r["completed"] for r in records)
     for rec in records:
         timing = rec["timing"]

@@ -20,9 +20,9 @@ import pytest
 
 from tests.conftest import REPO
 from tests.support.policies import echo_policy, tool_messages, user_prompt
-from tests.support.run_state import state, statuses
+from tests.support.run_state import read_batch_records, read_records, state, statuses
 from tests.support.scripted_server import ScriptedServer
-from tests.runner.test_e2e import base_args, read_jsonl, run_cli, write_dataset
+from tests.runner.test_e2e import base_args, run_cli, write_dataset
 
 FIRST = [f"say a{i}" for i in range(4)]
 NEW = ["say b0", "say b1", "say b2"]  # prompts are told apart by the server: all distinct
@@ -33,13 +33,7 @@ POINTS = ["batch-appended", "journal-torn", "index-appended", "snapshot-written"
 
 def recorded(run: Path) -> list[str]:
     """Prompts of the whole records in the batch files (a sample's first record counts)."""
-    seen: dict[str, str] = {}
-    for batch in run.glob("batch_*.jsonl"):
-        for line in batch.read_bytes().splitlines(keepends=True):
-            if line.endswith(b"\n"):
-                rec = json.loads(line)
-                seen.setdefault(rec["sample_id"], rec["conversations"][1]["value"])
-    return sorted(seen.values())
+    return sorted(rec["conversations"][1]["value"] for rec in read_batch_records(run))
 
 
 def started(server: ScriptedServer) -> list[str]:
@@ -71,14 +65,14 @@ def test_a_kill_at_each_point_loses_nothing_and_counts_nothing_twice(tmp_path: P
     assert proc.returncode == 0, proc.stderr
     again = started(server)[asked:]
     assert not set(again) & set(kept), f"ran again though their record was kept: {set(again) & set(kept)}"
-    records = read_jsonl(run / "trajectories.jsonl")
+    records = read_records(run)
     assert [r["conversations"][1]["value"] for r in records] == prompts
     assert [r["prompt_index"] for r in records] == list(range(len(prompts)))
     assert len({r["sample_id"] for r in records}) == len(prompts)
     stats = json.loads((run / "statistics.json").read_text())
     assert stats["run"]["samples"]["finished"] == stats["merge"]["written"] == len(prompts)
     assert stats["merge"]["duplicates_ignored"] == 0
-    assert sorted(statuses(run).values()) == ["done"] * len(prompts) and len(state(run).done) == len(prompts)
+    assert sorted(statuses(run).values()) == ["done"] * len(prompts) and state(run).finished == len(prompts)
     # and the next resume finds nothing to do and changes nothing
     before = (run / "trajectories.jsonl").read_bytes()
     proc = run_cli(tmp_path, clean_env, *base_args(server, ds, "r", "--num_workers=2", "--resume"))

@@ -6,10 +6,11 @@ import json
 import subprocess
 from pathlib import Path
 
-from tests.conftest import REPO, cli
+from tests.support.commands import run_trajforge
+from tests.conftest import REPO
 from tests.support.policies import echo_policy
 from tests.support.scripted_server import ScriptedServer
-from tests.support.run_state import statuses
+from tests.support.run_state import read_records, statuses
 
 
 def write_dataset(path: Path, prompts: list[str]) -> Path:
@@ -18,16 +19,12 @@ def write_dataset(path: Path, prompts: list[str]) -> Path:
 
 
 def run_cli(tmp_path: Path, env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cli("run", *args), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    return run_trajforge("run", *args, cwd=tmp_path, env=env, timeout=timeout)
 
 
 def base_args(server: ScriptedServer, dataset: Path, run_name: str = "r", *extra: str) -> list[str]:
     return [f"--dataset_file={dataset}", "--batch_size=2", f"--run_name={run_name}", f"--base_url={server.url}",
             "--model=scripted-model", "--distribution=terminal_only", "--sandbox=local", *extra]
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def test_run_produces_trajectories_with_real_tool_output(tmp_path: Path, server: ScriptedServer, clean_env) -> None:
@@ -36,7 +33,7 @@ def test_run_produces_trajectories_with_real_tool_output(tmp_path: Path, server:
     proc = run_cli(tmp_path, clean_env, *base_args(server, ds, "r", "--num_workers=3"))
     assert proc.returncode == 0, proc.stderr
     run = tmp_path / "data" / "r"
-    lines = read_jsonl(run / "trajectories.jsonl")
+    lines = read_records(run)
     assert [r["prompt_index"] for r in lines] == list(range(5))
     for i, rec in enumerate(lines):
         conv = rec["conversations"]
@@ -83,7 +80,7 @@ def test_keep_no_reasoning_keeps_them(tmp_path: Path, server: ScriptedServer, cl
     ds = write_dataset(tmp_path / "ds.jsonl", ["say a"])
     proc = run_cli(tmp_path, clean_env, *base_args(server, ds), "--keep_no_reasoning")
     assert proc.returncode == 0, proc.stderr
-    assert len(read_jsonl(tmp_path / "data" / "r" / "trajectories.jsonl")) == 1
+    assert len(read_records(tmp_path / "data" / "r")) == 1
 
 
 def test_existing_run_needs_resume_or_overwrite(tmp_path: Path, server: ScriptedServer, clean_env) -> None:
@@ -98,11 +95,10 @@ def test_existing_run_needs_resume_or_overwrite(tmp_path: Path, server: Scripted
     mine.write_text("kept")
     proc = run_cli(tmp_path, clean_env, *base_args(server, ds), "--overwrite")
     assert proc.returncode == 0, proc.stderr
-    assert len(read_jsonl(tmp_path / "data" / "r" / "trajectories.jsonl")) == 2
+    assert len(read_records(tmp_path / "data" / "r")) == 2
     # --overwrite deletes the run's own files, not its directory, as its --help says
     assert mine.read_text() == "kept"
-    help_text = " ".join(subprocess.run(cli("run", "--help"), env=clean_env, capture_output=True, text=True,
-                                        timeout=60).stdout.split())
+    help_text = " ".join(run_trajforge("run", "--help", env=clean_env, timeout=60).stdout.split())
     assert "--overwrite delete the run's own files" in help_text and "other files in its directory stay" in help_text
 
 
@@ -114,7 +110,7 @@ def test_batch_runner_script_from_repo_root_form(tmp_path: Path, server: Scripte
     proc = subprocess.run([sys.executable, str(REPO / "batch_runner.py"), *base_args(server, ds, "viaroot")],
                           cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert len(read_jsonl(tmp_path / "data" / "viaroot" / "trajectories.jsonl")) == 1
+    assert len(read_records(tmp_path / "data" / "viaroot")) == 1
 
 
 def test_mixed_tool_trajectories_load_with_hugging_face_datasets(tmp_path: Path, server: ScriptedServer,

@@ -15,7 +15,8 @@ from pathlib import Path
 from tests.conftest import cli
 from tests.support.policies import echo_policy, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call
-from tests.runner.test_e2e import base_args, read_jsonl, run_cli, write_dataset
+from tests.runner.test_e2e import base_args, run_cli, write_dataset
+from tests.support.run_state import read_records
 
 
 def stats_of(tmp_path: Path, run: str = "r") -> dict:
@@ -33,7 +34,7 @@ def test_hundreds_of_sessions_in_flight(tmp_path: Path, server: ScriptedServer, 
     proc = run_cli(tmp_path, clean_env, *base_args(server, ds, "r", "--num_workers=256", "--batch_size=100"),
                    timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = read_jsonl(tmp_path / "data" / "r" / "trajectories.jsonl")
+    lines = read_records(tmp_path / "data" / "r")
     assert [r["prompt_index"] for r in lines] == list(range(n))
     assert server.held and server.max_in_flight == 256, server.max_in_flight
 
@@ -107,7 +108,7 @@ def test_sigkill_five_times_then_resume_loses_and_duplicates_nothing(tmp_path: P
         p.wait()
     proc = run_cli(tmp_path, clean_env, *args, "--resume")
     assert proc.returncode == 0, proc.stderr
-    lines = read_jsonl(tmp_path / "data" / "r" / "trajectories.jsonl")
+    lines = read_records(tmp_path / "data" / "r")
     assert [r["prompt_index"] for r in lines] == list(range(len(prompts)))
     ids = [r["sample_id"] for r in lines]
     assert len(set(ids)) == len(prompts)
@@ -125,7 +126,7 @@ def test_reordered_dataset_resumes_by_content(tmp_path: Path, server: ScriptedSe
     proc = run_cli(tmp_path, clean_env, *base_args(server, ds), "--resume")
     assert proc.returncode == 0, proc.stderr
     assert len(server.requests) == calls + 2  # only the new prompt ran
-    lines = read_jsonl(tmp_path / "data" / "r" / "trajectories.jsonl")
+    lines = read_records(tmp_path / "data" / "r")
     assert [r["conversations"][1]["value"] for r in lines] == list(reversed(prompts)) + ["say new"]
     assert [r["prompt_index"] for r in lines] == list(range(8))
 
@@ -143,41 +144,41 @@ def test_torn_last_line_is_cut_not_glued(tmp_path: Path, server: ScriptedServer,
     assert "torn" in proc.stderr
     for raw in batch.read_bytes().splitlines():
         json.loads(raw)
-    assert len(read_jsonl(tmp_path / "data" / "r" / "trajectories.jsonl")) == 3
+    assert len(read_records(tmp_path / "data" / "r")) == 3
 
 
 def test_second_process_on_same_run_is_refused(tmp_path: Path, server: ScriptedServer, clean_env) -> None:
-    server.handler = echo_policy(turns=1)
-    server.hold_until = 3  # never 3 in flight with 2 samples: the first run waits, holding its lock, until release()
+    echo, release = echo_policy(turns=1), threading.Event()
+
+    def held(req: Recorded) -> Reply:  # the first run keeps its lock until the second one was refused
+        release.wait(120)
+        return echo(req)
+
+    server.handler = held
     ds = write_dataset(tmp_path / "ds.jsonl", ["say a", "say b"])
     args = base_args(server, ds)
     first = subprocess.Popen(cli("run", *args), cwd=tmp_path, env=clean_env, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        while not server.requests and time.monotonic() < deadline and first.poll() is None:
-            time.sleep(0.05)
-        assert server.requests, "the first run made no model call"
+        while not server.requests and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # its first model call: it holds the run's lock
         second = run_cli(tmp_path, clean_env, *args, "--resume")
         assert second.returncode != 0
         assert "another trajforge process" in second.stderr
     finally:
-        server.release()
+        release.set()
         assert first.wait(120) == 0
 
 
 def test_interrupt_exits_130_and_resume_finishes(tmp_path: Path, server: ScriptedServer, clean_env) -> None:
-    policy, fifth = echo_policy(turns=1, delay=0.3), threading.Event()
-
-    def handler(req: Recorded) -> Reply:
-        if len(server.chat_requests()) >= 5:  # two sessions, two calls a sample: one sample has finished
-            fifth.set()
-        return policy(req)
-
-    server.handler = handler
+    server.handler = echo_policy(turns=1, delay=0.3)
     ds = write_dataset(tmp_path / "ds.jsonl", [f"say i{i}" for i in range(40)])
     args = base_args(server, ds, "r", "--num_workers=2")
     p = subprocess.Popen(cli("run", *args), cwd=tmp_path, env=clean_env, stderr=subprocess.PIPE, text=True)
-    assert fifth.wait(120), "the run made no fifth model call"
+    batch = tmp_path / "data" / "r" / "batch_0.jsonl"
+    deadline = time.monotonic() + 120
+    while p.poll() is None and time.monotonic() < deadline and not (batch.exists() and batch.read_bytes()):
+        time.sleep(0.05)  # a sample finished: the run is scheduling, its SIGINT handler installed
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
@@ -230,13 +231,13 @@ def test_merge_filters_unoffered_tools_and_samples_no_longer_in_the_dataset(tmp_
     assert proc.returncode == 0, proc.stderr
     stats = stats_of(tmp_path)
     assert stats["run"]["samples"]["discarded_by_reason"] == {"hallucinated_tool": 1}
-    assert [r["conversations"][1]["value"] for r in read_jsonl(tmp_path / "data" / "r" / "trajectories.jsonl")] \
+    assert [r["conversations"][1]["value"] for r in read_records(tmp_path / "data" / "r")] \
         == ["say a", "say c"]
     write_dataset(ds, ["say a"])  # the dataset shrank: the others stay in batch files only
     proc = run_cli(tmp_path, clean_env, *base_args(server, ds), "--resume")
     assert proc.returncode == 0, proc.stderr
     assert "no longer in the dataset" in proc.stderr
-    lines = read_jsonl(tmp_path / "data" / "r" / "trajectories.jsonl")
+    lines = read_records(tmp_path / "data" / "r")
     assert [r["prompt_index"] for r in lines] == [0]
     assert stats_of(tmp_path)["run"]["samples"]["finished"] == 1
 

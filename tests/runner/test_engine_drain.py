@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Collection
 
 from trajforge.dataset import Sample
-from trajforge.runner.engine import run_engine
+from trajforge.runner.scheduling.engine import run_engine
 from trajforge.sample.outcome import Outcome
 from trajforge.tools.tool import Unavailable
 

@@ -1,7 +1,7 @@
 """A run killed (SIGKILL) between writing records and saving its checkpoint, then resumed.
 
 Records reach the batch files as samples finish; the checkpoint's journal is committed about once a
-second (runner.checkpoint; tests.support.run_state reads it as the runner does). The
+second (runner.state.checkpoint; tests.support.run_state reads it as the runner does). The
 runner is killed at a moment when the batch files hold records the checkpoint does not know, the
 state every kill of a busy run leaves. The resume must put those samples back into the checkpoint
 (README: it holds the outcome of every finished sample) and count what they cost towards
@@ -20,13 +20,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import cli
-from tests.support.run_state import outcomes, state, statuses
+from tests.support.run_state import outcomes, read_batch_records, read_records, state, statuses
 from tests.support.policies import echo_policy
 from tests.support.scripted_server import ScriptedServer, with_usage
-from tests.runner.test_e2e import base_args, read_jsonl, run_cli, write_dataset
-from trajforge.runner.checkpoint import Checkpoint
-from trajforge.runner.recovery import missed_spend, record_cost, restore
-from trajforge.runner.store import scan
+from tests.runner.test_e2e import base_args, run_cli, write_dataset
+from trajforge.run_layout import RunLayout
+from trajforge.runner.state.checkpoint import Checkpoint
+from trajforge.runner.state.recovery import missed_spend, record_cost, restore
+from trajforge.runner.state.store import scan
 
 CALL_USD = 0.5  # what the priced server charges per call: $1 a sample (two calls)
 PRICED = "pricing:\n  scripted-model: {prompt: 10, completion: 100}\n"  # --max_cost needs a price
@@ -34,13 +35,7 @@ PRICED = "pricing:\n  scripted-model: {prompt: 10, completion: 100}\n"  # --max_
 
 def first_records(run: Path) -> dict[str, dict]:
     """The first whole record of every sample in the batch files (the one the merge keeps)."""
-    out: dict[str, dict] = {}
-    for batch in sorted(run.glob("batch_*.jsonl")):
-        for line in batch.read_bytes().splitlines(keepends=True):
-            if line.endswith(b"\n"):
-                rec = json.loads(line)
-                out.setdefault(rec["sample_id"], rec)
-    return out
+    return {rec["sample_id"]: rec for rec in read_batch_records(run)}
 
 
 def settled(run: Path) -> set[str]:
@@ -93,7 +88,7 @@ def test_samples_recorded_after_the_last_checkpoint_save_are_put_back_into_it(
     proc = run_cli(tmp_path, clean_env, *args, "--resume")
     assert proc.returncode == 0, proc.stderr[-2000:]
     ckpt = {k: (e.status, e.batch) for k, e in outcomes(run).items()}
-    records = read_jsonl(run / "trajectories.jsonl")
+    records = read_records(run)
     assert [r["prompt_index"] for r in records] == list(range(len(prompts)))
     assert {r["sample_id"] for r in records} - set(ckpt) == set(), "finished samples missing from the checkpoint"
     assert {r["sample_id"] for r in records} == set(ckpt)
@@ -141,7 +136,7 @@ def test_max_cost_and_statistics_count_what_a_killed_run_spent_on_records_it_nev
 
         more = run_cli(tmp_path, clean_env, *args, "--resume", "--max_cost=1000")
         assert more.returncode == 0, more.stderr[-2000:]
-        records = read_jsonl(run / "trajectories.jsonl")
+        records = read_records(run)
         assert [r["prompt_index"] for r in records] == list(range(len(prompts)))
         stats = json.loads((run / "statistics.json").read_text())["spend"]
         charged = len(srv.chat_requests()) * CALL_USD
@@ -200,9 +195,9 @@ def test_restore_gives_unsaved_records_done_entries_and_charges_them_once(tmp_pa
     for n, ids in ((0, ["a", "b"]), (3, ["c"])):
         (tmp_path / f"batch_{n}.jsonl").write_text("".join(json.dumps(
             {"prompt_index": i, "sample_id": s, "usage": {"cost": 1.0}}) + "\n" for i, s in enumerate(ids)))
-    ckpt = Checkpoint(tmp_path / "checkpoint.json", "r")
+    ckpt = Checkpoint(RunLayout(tmp_path), "r")
     ckpt.begin_invocation(1.0).in_flight = {"b": 0.25}
-    refs = [ref for ref in scan(tmp_path) if ref.identity != "a"]
+    refs = [ref for ref in scan(RunLayout(tmp_path)) if ref.identity != "a"]
     restored = restore(ckpt, refs)
     assert (restored.samples, restored.spent) == (2, pytest.approx(0.75 + 1.0))
     assert {k: ckpt.status(k) for k in "abc"} == {"a": None, "b": "done", "c": "done"}

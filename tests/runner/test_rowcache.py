@@ -17,8 +17,9 @@ import pytest
 
 from trajforge.config import RunConfig
 from trajforge.errors import DatasetError
-from trajforge.runner import rowcache
-from trajforge.runner.rows import RunRows, Todo
+from trajforge.run_layout import RunLayout
+from trajforge.runner.state import rowcache
+from trajforge.runner.scheduling.rows import RunRows, Todo
 
 
 def write(path: Path, rows: list[object], *, end: bytes = b"\n") -> Path:
@@ -45,7 +46,7 @@ ROWS = [{"prompt": "a"}, {"prompt": "b", "image": "img:1", "task_type": "t1"}, {
 
 
 def test_appended_rows_are_read_on_from_the_cache_with_their_occurrences(tmp_path: Path) -> None:
-    ds, cache = write(tmp_path / "d.jsonl", ROWS), tmp_path / rowcache.FILE
+    ds, cache = write(tmp_path / "d.jsonl", ROWS), RunLayout(tmp_path).rows_cache
     first = RunRows.read(config(ds), cache)
     assert first.cached == 0
     first.save_cache(cache)
@@ -64,7 +65,7 @@ def test_appended_rows_are_read_on_from_the_cache_with_their_occurrences(tmp_pat
 
 
 def test_a_changed_prefix_other_settings_or_a_bad_cache_file_read_the_whole_file(tmp_path: Path) -> None:
-    ds, cache = write(tmp_path / "d.jsonl", ROWS), tmp_path / rowcache.FILE
+    ds, cache = write(tmp_path / "d.jsonl", ROWS), RunLayout(tmp_path).rows_cache
     first = RunRows.read(config(ds), cache)
     first.save_cache(cache)
     write(ds, [{"prompt": "A"}, *ROWS[1:]])  # a row edited: same length, other bytes
@@ -81,7 +82,7 @@ def test_a_changed_prefix_other_settings_or_a_bad_cache_file_read_the_whole_file
 
 
 def test_a_last_line_without_a_newline_is_read_again(tmp_path: Path) -> None:
-    ds, cache = write(tmp_path / "d.jsonl", ROWS, end=b""), tmp_path / rowcache.FILE
+    ds, cache = write(tmp_path / "d.jsonl", ROWS, end=b""), RunLayout(tmp_path).rows_cache
     RunRows.read(config(ds), cache).save_cache(cache)
     write(ds, [*ROWS, {"prompt": "a"}], end=b"")  # the last row got its newline and one more row
     rows, whole = cached_then_whole(ds, cache)
@@ -89,7 +90,7 @@ def test_a_last_line_without_a_newline_is_read_again(tmp_path: Path) -> None:
 
 
 def test_skipped_rows_are_remembered_and_only_new_ones_are_reported(tmp_path: Path) -> None:
-    ds, cache = write(tmp_path / "d.jsonl", [ROWS[0], b"{torn", ROWS[1]]), tmp_path / rowcache.FILE
+    ds, cache = write(tmp_path / "d.jsonl", [ROWS[0], b"{torn", ROWS[1]]), RunLayout(tmp_path).rows_cache
     RunRows.read(config(ds, skip_invalid=True), cache).save_cache(cache)
     write(ds, [ROWS[0], b"{torn", ROWS[1], {"prompt": ""}, ROWS[2]])
     rows, whole = cached_then_whole(ds, cache, skip_invalid=True)
@@ -103,7 +104,7 @@ def test_a_cached_row_to_run_is_checked_again(tmp_path: Path) -> None:
     """A row's cwd that led nowhere when it was cached, and now leads to the runtime through a link."""
     place = tmp_path / "place"
     ds = write(tmp_path / "d.jsonl", [{"prompt": "fine"}, {"prompt": "p", "cwd": f"{place}/link/sub"}])
-    cache = tmp_path / rowcache.FILE
+    cache = RunLayout(tmp_path).rows_cache
     RunRows.read(config(ds), cache).save_cache(cache)
     place.mkdir()
     os.symlink(sysconfig.get_paths()["stdlib"], place / "link")
@@ -124,7 +125,7 @@ def test_a_sample_key_is_the_same_from_its_record_and_from_its_row_whatever_the_
     """A dataset row's identity, a task's (32 hex digits) and a hand-written one: the key a
     record's sample_id gives is the one the rows give that sample, rollouts included."""
     from trajforge.dataset import rollout_identity
-    from trajforge.runner.keys import key_of, rollout_key
+    from trajforge.runner.state.keys import key_of, rollout_key
 
     for row in ("0123456789abcdef01234567:3", "ab" * 16 + ":0", "hand-written"):
         assert len({key_of(rollout_identity(row, r)) for r in range(3)}) == 3

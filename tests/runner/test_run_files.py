@@ -62,7 +62,7 @@ def dataset(path: Path) -> Path:
     return path
 
 
-CHECKPOINT_MAPS = {"samples", "extents", "tools", "irregular", "by_type"}
+CHECKPOINT_MAPS = {"samples", "extents", "tools", "irregular", "by_type", "missing"}
 CHECKPOINT = [  # version 2: done samples are in finished.idx; the merge's state keeps the records' figures
     "version:int", "run_name:str", "updated:float", "journal:int", "finished.token:str", "finished.entries:int",
     "extents{}:int", "samples{}.status:str", "samples{}.batch:int", "samples{}.attempts:int", "samples{}.reason:str",
@@ -88,7 +88,9 @@ CHECKPOINT = [  # version 2: done samples are in finished.idx; the merge's state
     "merge.totals.reasoning_tokens:int", "merge.totals.cost:float", "merge.totals.verify.passed:int",
     "merge.totals.verify.failed:int", "merge.totals.verify.unverified:int", "merge.totals.verify.by_type{}[]:int",
     "merge.totals.verify.rollouts:str", "merge.totals.verify.passes:str", "merge.totals.verify.verdicts:str",
-    "merge.totals.verify.not_kept:int",
+    "merge.totals.verify.not_kept:int", "merge.totals.capture.captured:int", "merge.totals.capture.calls:int",
+    "merge.totals.capture.continuing:int", "merge.totals.capture.segments:int",
+    "merge.totals.capture.missing_calls:int", "merge.totals.capture.missing{}:int",
 ]
 STATS_MAPS = {"tools", "failed_by_class", "discarded_by_reason", "errors_by_kind", "by_task_type", "per_worker"}
 
@@ -205,9 +207,9 @@ def test_a_run_made_by_the_version_1_code_resumes_and_keeps_what_it_held(
 def test_keys_written_only_in_some_runs() -> None:
     """What the run above does not show: figures without a duration (the exporter's), a duration of
     no time, and the monitor without a gate of its own (Ray): a note, and points of spend only."""
-    from trajforge.runner.budget import Budget
-    from trajforge.runner.monitor import RunMonitor
-    from trajforge.runner.stats import Totals
+    from trajforge.runner.scheduling.budget import Budget
+    from trajforge.runner.reporting.monitor import RunMonitor
+    from trajforge.runner.reporting.stats import Totals
 
     untimed = Totals().as_dict(total=3)
     assert not {"duration_seconds", "throughput_samples_per_minute", "per_worker"} & untimed.keys()

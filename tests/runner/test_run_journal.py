@@ -12,17 +12,18 @@ import json
 from pathlib import Path
 
 import pytest
+from tests.support.run_state import read_records
 
-from trajforge.runner import journal
-from trajforge.runner.checkpoint import Checkpoint
-from trajforge.runner.checkpoint_file import INDEX_FILE, JOURNAL_FILE
-from trajforge.runner.finished import Finished
-from trajforge.runner.keys import key_of
+from trajforge.runner.state import journal
+from trajforge.runner.state.checkpoint import Checkpoint
+from trajforge.run_layout import RunLayout
+from trajforge.runner.state.finished import Finished
+from trajforge.runner.state.keys import key_of
 from trajforge.config import RunConfig
-from trajforge.runner.append import append_new
-from trajforge.runner.merge import MergeResult, merge_state
-from trajforge.runner.rows import RunRows
-from trajforge.runner.stats import Totals
+from trajforge.runner.reporting.append import append_new
+from trajforge.runner.reporting.merge import MergeResult, merge_state
+from trajforge.runner.scheduling.rows import RunRows
+from trajforge.runner.reporting.stats import Totals
 from trajforge.sample.outcome import Outcome
 
 
@@ -38,7 +39,7 @@ def batch(run: Path, n: int, ids: list[str]) -> list[tuple[int, int]]:
 
 
 def started(run: Path) -> Checkpoint:
-    ckpt = Checkpoint.load(run / "checkpoint.json", "r")
+    ckpt = Checkpoint.load(RunLayout(run), "r")
     ckpt.begin_invocation(1.0, model="m")
     return ckpt
 
@@ -59,19 +60,19 @@ def test_only_committed_groups_count_and_a_torn_tail_is_cut_before_the_next(tmp_
     done(ckpt, ["a"], where[:1])
     ckpt.invocations[-1].ran = 1
     ckpt.save(force=True)
-    path = tmp_path / JOURNAL_FILE
+    path = RunLayout(tmp_path).journal
     committed = path.read_bytes()
     # a group cut by a kill: an outcome line, no commit line, then half a line
     with path.open("ab") as f:
         f.write(json.dumps({"done": "b", "batch": 0, "at": where[1][0], "len": where[1][1]}).encode() + b"\n")
         f.write(b'{"sample": "x", "sta')
-    back = Checkpoint.load(tmp_path / "checkpoint.json", "r")
+    back = Checkpoint.load(RunLayout(tmp_path), "r")
     assert view(back) == ({"a": "done", "b": None, "c": None, "d": None, "x": None}, 1, [1])
     back.begin_invocation(2.0)
     done(back, ["c"], where[2:])
     back.save(force=True)
     assert path.read_bytes().startswith(committed) and b'"x"' not in path.read_bytes()
-    again = Checkpoint.load(tmp_path / "checkpoint.json", "r")
+    again = Checkpoint.load(RunLayout(tmp_path), "r")
     assert view(again)[:2] == ({"a": "done", "b": None, "c": "done", "d": None, "x": None}, 2)
 
 
@@ -86,7 +87,7 @@ def test_a_compaction_cut_at_any_point_reads_back_as_the_same_state(tmp_path: Pa
     ckpt.record(Outcome(0, "x", 0, "failed", reason="timeout"))
     ckpt.invocations[-1].ran = 5
     ckpt.save(force=True)
-    expected = view(Checkpoint.load(tmp_path / "checkpoint.json", "r"))
+    expected = view(Checkpoint.load(RunLayout(tmp_path), "r"))
     assert expected == ({"a": "done", "b": "done", "c": "done", "d": "done", "x": "failed"}, 4, [5])
 
     class Killed(BaseException):
@@ -95,18 +96,18 @@ def test_a_compaction_cut_at_any_point_reads_back_as_the_same_state(tmp_path: Pa
     def kill(*_a: object, **_k: object) -> None:
         raise Killed
     if cut == "after_index":  # finished.idx appended, checkpoint.json not written
-        monkeypatch.setattr("trajforge.runner.checkpoint.atomic_write_bytes", kill)
+        monkeypatch.setattr("trajforge.runner.state.checkpoint.atomic_write_bytes", kill)
     else:  # checkpoint.json written, the journal not rotated
         monkeypatch.setattr(journal.Journal, "rotate", kill)
     with pytest.raises(Killed):
         ckpt.compact()
     monkeypatch.undo()
-    back = Checkpoint.load(tmp_path / "checkpoint.json", "r")
+    back = Checkpoint.load(RunLayout(tmp_path), "r")
     assert view(back) == expected
     assert sorted(back.done.keys) == sorted(key_of(s) for s in "abcd")  # each once
     back.begin_invocation(3.0)
     back.compact()  # and the next compaction starts from it cleanly
-    assert view(Checkpoint.load(tmp_path / "checkpoint.json", "r"))[:2] == expected[:2]
+    assert view(Checkpoint.load(RunLayout(tmp_path), "r"))[:2] == expected[:2]
 
 
 def test_an_index_the_snapshot_does_not_vouch_for_is_not_used(tmp_path: Path) -> None:
@@ -114,22 +115,22 @@ def test_an_index_the_snapshot_does_not_vouch_for_is_not_used(tmp_path: Path) ->
     ckpt = started(tmp_path)
     done(ckpt, ["a", "b"], where)
     ckpt.compact()
-    assert not Checkpoint.load(tmp_path / "checkpoint.json", "r").needs_scan
-    (tmp_path / INDEX_FILE).write_bytes((tmp_path / INDEX_FILE).read_bytes()[:-5])  # torn
-    assert Checkpoint.load(tmp_path / "checkpoint.json", "r").needs_scan  # every batch file is read again
+    assert not Checkpoint.load(RunLayout(tmp_path), "r").needs_scan
+    (RunLayout(tmp_path).finished_index).write_bytes((RunLayout(tmp_path).finished_index).read_bytes()[:-5])  # torn
+    assert Checkpoint.load(RunLayout(tmp_path), "r").needs_scan  # every batch file is read again
     other = Finished()
     other.add(key_of("z"), 0, 0, 1)
-    other.save(tmp_path / INDEX_FILE)  # another token: a rewrite its snapshot never saw
-    assert Checkpoint.load(tmp_path / "checkpoint.json", "r").needs_scan
+    other.save(RunLayout(tmp_path).finished_index)  # another token: a rewrite its snapshot never saw
+    assert Checkpoint.load(RunLayout(tmp_path), "r").needs_scan
 
 
 def test_a_journal_of_another_generation_is_not_replayed(tmp_path: Path) -> None:
-    (tmp_path / JOURNAL_FILE).write_bytes(journal.header(7) + b'{"sample": "x", "status": "failed", "batch": 0}\n'
+    (RunLayout(tmp_path).journal).write_bytes(journal.header(7) + b'{"sample": "x", "status": "failed", "batch": 0}\n'
                                           + b'{"invocation": null}\n')
-    assert Checkpoint.load(tmp_path / "checkpoint.json", "r").status("x") is None
-    (tmp_path / JOURNAL_FILE).write_bytes(journal.header(0) + b'{"sample": "x", "status": "failed", "batch": 0}\n'
+    assert Checkpoint.load(RunLayout(tmp_path), "r").status("x") is None
+    (RunLayout(tmp_path).journal).write_bytes(journal.header(0) + b'{"sample": "x", "status": "failed", "batch": 0}\n'
                                           + b'{"invocation": null}\n')
-    assert Checkpoint.load(tmp_path / "checkpoint.json", "r").status("x") == "failed"
+    assert Checkpoint.load(RunLayout(tmp_path), "r").status("x") == "failed"
 
 
 def rows_of(tmp_path: Path, n: int, name: str = "p") -> tuple[RunRows, list[str]]:
@@ -161,12 +162,12 @@ def test_an_append_whose_state_was_never_saved_is_made_again_not_twice(tmp_path:
         if n:  # and one that was cut in the middle of a longer write than this one
             with (tmp_path / "trajectories.jsonl").open("ab") as f:
                 f.write(b'{"torn": "' + b"x" * 10_000)
-        out = append_new(tmp_path, state, ckpt.done, rows, Totals(), keep_passed=False)
+        out = append_new(RunLayout(tmp_path), state, ckpt.done, rows, Totals(), keep_passed=False)
         assert out is not None and out.result.written == 3 and out.state["entries"] == 3
-        got = [json.loads(line)["sample_id"] for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+        got = [r["sample_id"] for r in read_records(tmp_path)]
         assert got == ids
     other, _ = rows_of(tmp_path, 3, "q")
-    assert append_new(tmp_path, {**state, "dataset": other.identity()}, ckpt.done, rows, Totals(),
+    assert append_new(RunLayout(tmp_path), {**state, "dataset": other.identity()}, ckpt.done, rows, Totals(),
                       keep_passed=False) is None  # another dataset: a whole merge
 
 
@@ -178,11 +179,11 @@ def test_records_before_the_last_written_one_rewrite_a_small_file_and_are_append
     done(ckpt, [ids[0], ids[2]], [where[0], where[2]])
     state = merged(tmp_path, rows, [ids[0], ids[2]], 2, (2, 0))
     done(ckpt, [ids[1]], [where[1]])
-    args = (tmp_path, state, ckpt.done, rows, Totals())
+    args = (RunLayout(tmp_path), state, ckpt.done, rows, Totals())
     assert append_new(*args, keep_passed=False) is None  # small: rewritten in order
     out = append_new(*args, keep_passed=False, rewrite_limit=0)
     assert out is not None and out.state["out_of_order"] == 1
-    got = [json.loads(line)["sample_id"] for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    got = [r["sample_id"] for r in read_records(tmp_path)]
     assert got == [ids[0], ids[2], ids[1]]
 
 
@@ -196,11 +197,11 @@ def test_a_snapshot_missing_a_key_every_writer_writes_is_refused_naming_it(tmp_p
     ckpt.compact()
     ckpt.close()
     data = json.loads((tmp_path / "checkpoint.json").read_text())
-    assert Checkpoint.load(tmp_path / "checkpoint.json", "r").version == 2  # as written: fine
+    assert Checkpoint.load(RunLayout(tmp_path), "r").version == 2  # as written: fine
     del data[drop]
     (tmp_path / "checkpoint.json").write_text(json.dumps(data))
     with pytest.raises(RunStateError, match=f"not a trajforge checkpoint .*'{drop}'.*move it away"):
-        Checkpoint.load(tmp_path / "checkpoint.json", "r")
+        Checkpoint.load(RunLayout(tmp_path), "r")
 
 
 @pytest.mark.parametrize("text", ['{"version": 2}', '{"version": 1}', '{"version": 1, "samples": {}}'])
@@ -209,4 +210,4 @@ def test_a_bare_version_is_not_a_checkpoint(tmp_path: Path, text: str) -> None:
 
     (tmp_path / "checkpoint.json").write_text(text)
     with pytest.raises(RunStateError, match="not a trajforge checkpoint"):
-        Checkpoint.load(tmp_path / "checkpoint.json", "r")
+        Checkpoint.load(RunLayout(tmp_path), "r")

@@ -9,7 +9,8 @@ import pytest
 
 from tests.support.policies import echo_policy
 from tests.support.scripted_server import ScriptedServer, with_usage
-from tests.runner.test_e2e import base_args, read_jsonl, run_cli, write_dataset
+from tests.runner.test_e2e import base_args, run_cli, write_dataset
+from tests.support.run_state import read_records
 
 PRICED = "pricing:\n  scripted-model: {prompt: 10, completion: 100}\n"  # USD per Mtok
 
@@ -41,7 +42,7 @@ def test_max_cost_stops_new_samples_and_resume_with_more_finishes_the_rest_once(
         assert stats["spend"]["budget_reached"] is True
         # Never more than the budget plus what the 3 in-flight samples spent.
         assert 0.2 - 0.02 <= spent <= 0.2 + 3 * 0.02
-        finished_first = read_jsonl(run_dir(tmp_path) / "trajectories.jsonl")
+        finished_first = read_records(run_dir(tmp_path))
         assert 8 <= len(finished_first) <= 12
 
         # The same budget again: nothing may start, same exit code.
@@ -51,7 +52,7 @@ def test_max_cost_stops_new_samples_and_resume_with_more_finishes_the_rest_once(
 
         more = run_cli(tmp_path, clean_env, *args, "--resume", "--max_cost=1")
         assert more.returncode == 0, more.stderr[-2000:]
-        records = read_jsonl(run_dir(tmp_path) / "trajectories.jsonl")
+        records = read_records(run_dir(tmp_path))
         assert [r["prompt_index"] for r in records] == list(range(20))
         assert len(srv.chat_requests()) == 40  # every sample ran exactly once over the invocations
         stats = json.loads((run_dir(tmp_path) / "statistics.json").read_text())
@@ -90,7 +91,7 @@ def test_table_prices_calls_of_a_provider_that_reports_no_cost(tmp_path: Path, c
         proc = run_cli(tmp_path, clean_env, *base_args(srv, ds, "r", config(tmp_path), "--max_cost=10"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     per_call = (100 * 10 + 20 * 100) / 1e6
-    assert [r["usage"]["cost"] for r in read_jsonl(run_dir(tmp_path) / "trajectories.jsonl")] == \
+    assert [r["usage"]["cost"] for r in read_records(run_dir(tmp_path))] == \
         [pytest.approx(2 * per_call)] * 2
     stats = json.loads((run_dir(tmp_path) / "statistics.json").read_text())
     assert stats["spend"]["spent"] == pytest.approx(4 * per_call)
@@ -107,7 +108,7 @@ def test_per_sample_limits_end_samples_as_partial_naming_the_limit(tmp_path: Pat
         proc = run_cli(tmp_path, clean_env, *base_args(srv, ds, "r", config(tmp_path), flag, "--max_turns=10"))
         calls = len(srv.chat_requests())
     assert proc.returncode == 0, proc.stderr[-2000:]
-    records = read_jsonl(run_dir(tmp_path) / "trajectories.jsonl")
+    records = read_records(run_dir(tmp_path))
     assert len(records) == 2
     for r in records:
         assert r["partial"] is True and r["completed"] is False
@@ -122,7 +123,7 @@ def test_unlimited_samples_end_with_their_answer(tmp_path: Path, server: Scripte
     ds = write_dataset(tmp_path / "ds.jsonl", ["say a"])
     proc = run_cli(tmp_path, clean_env, *base_args(server, ds, "r", "--max_tokens_per_sample=100000"))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    [record] = read_jsonl(run_dir(tmp_path) / "trajectories.jsonl")
+    [record] = read_records(run_dir(tmp_path))
     assert record["end_reason"] == "answer" and record["completed"] is True
 
 
@@ -177,7 +178,7 @@ def test_tools_model_calls_pass_the_runs_gate_and_are_charged_to_their_sample(tm
     stats = json.loads((run_dir(tmp_path) / "statistics.json").read_text())
     assert stats["concurrency"]["requests"] == calls  # every call, the tool's included, went through the gate
     assert stats["spend"]["spent"] == pytest.approx(calls * 0.01)
-    for record in read_jsonl(run_dir(tmp_path) / "trajectories.jsonl"):
+    for record in read_records(run_dir(tmp_path)):
         assert record["usage"]["cost"] == pytest.approx(0.05)  # the sample pays for its tool's calls
 
 

@@ -12,8 +12,8 @@ from trajforge.model.limiter import AimdLimiter, TokenBucket
 from trajforge.model.pricing import Price, call_usage, price_known, reports_cost
 from trajforge.model import spend
 from trajforge.model.types import Usage
-from trajforge.runner.budget import BUDGET_EXIT_CODE, Budget
-from trajforge.runner.checkpoint_file import InvocationEntry
+from trajforge.runner.scheduling.budget import BUDGET_EXIT_CODE, Budget
+from trajforge.runner.state.checkpoint_file import InvocationEntry
 
 
 def pay(meter: spend.SampleSpend, usd: float) -> None:
@@ -208,7 +208,7 @@ def test_budget_without_limit_only_counts() -> None:
 
 def test_budget_tells_what_each_sample_in_flight_spent_on_its_current_attempt() -> None:
     # Saved with the checkpoint: a record written after that save holds this part again, so a
-    # resume after a kill adds only the rest of the record's cost (runner.recovery).
+    # resume after a kill adds only the rest of the record's cost (runner.state.recovery).
     budget = Budget(to_run=3)
     a, b = budget.start("a"), budget.start("b")
     pay(a, 0.3)
@@ -248,7 +248,7 @@ def test_sample_limits_name_the_limit_reached() -> None:
 
 def test_monitor_series_rates_progress_and_thinning() -> None:
     from trajforge.model.gate import ModelGate
-    from trajforge.runner import monitor as monitor_mod
+    from trajforge.runner.reporting import monitor as monitor_mod
 
     now = [0.0]
     gate = ModelGate(512, clock=lambda: now[0])

@@ -24,9 +24,9 @@ from tests.support.sandboxes import create_sandbox
 from tests.conftest import REPO, cli
 from tests.support.policies import prompt_command_policy
 from tests.support.scripted_server import ScriptedServer
+from tests.support.run_state import read_records
 from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.config import RunConfig
-from trajforge.sample.lower_settings import sandbox_settings
 from trajforge.sandbox.interface import PathEscapeError
 from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox, bwrap_argv
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
@@ -278,7 +278,7 @@ def test_factory_picks_bwrap_by_default(tmp_path: Path) -> None:
             try:
                 from trajforge.sandbox.network import resolve_mode
 
-                mode = (await resolve_mode(sandbox_settings(cfg)))[0]  # auto: egress where it works here, else host
+                mode = (await resolve_mode(cfg.sandbox_settings()))[0]  # auto: egress where it works here, else host
                 assert isinstance(sb, BwrapSandbox) and sb.network == mode
                 res = await sb.exec("pwd; ls -d /workspace/app", timeout=10)
                 assert res.stdout == "/app\n/workspace/app\n"  # an absolute cwd is also mounted at its path
@@ -309,8 +309,7 @@ def test_default_sandbox_contains_a_hostile_sample_end_to_end(tmp_path: Path, cl
         assert proc.returncode == 0, proc.stderr
         assert time.monotonic() - t0 < 120
         models_requests = [r for r in server.requests if r.path.endswith("/models")]
-    lines = (tmp_path / "data" / "hostile" / "trajectories.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in lines]
+    records = read_records(tmp_path / "data" / "hostile")
     outputs = {prompts[r["prompt_index"]]: r["conversations"][-1]["value"] for r in records}
     assert set(outputs) == set(prompts)
     assert "No such file" in outputs["cat /root/.bashrc"]

@@ -76,11 +76,10 @@ def test_a_long_cwd_is_a_clear_refusal_never_a_traceback(tmp_path: Path, clean_e
 def test_the_sandbox_layer_refuses_such_a_cwd_too(tmp_path: Path) -> None:
     """A row that reaches the sandbox some other way (a task format, a library caller) is refused there."""
     from trajforge.config import RunConfig
-    from trajforge.sample.lower_settings import sandbox_settings
     from trajforge.sandbox.factory import SandboxProvider
 
     async def main() -> None:
-        async with SandboxProvider(sandbox_settings(RunConfig(sandbox="local"))) as p:
+        async with SandboxProvider(RunConfig(sandbox="local").sandbox_settings()) as p:
             for cwd in (ABOVE, "//usr/lib", "/" + "x" * 5000):
                 with pytest.raises(SandboxError, match="the row's cwd"):
                     await p.create(cwd=cwd, image=None, root=tmp_path)

@@ -21,7 +21,7 @@ from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 from trajforge.sandbox.host.cgroups import hierarchies
 from trajforge.sandbox.network import egress_support
 from trajforge.sandbox.host.resources import ResourceLimits
-from trajforge.sandbox.host.seccomp import seccomp_program
+from trajforge.sandbox.host.seccomp import sample_program
 
 STATUS = asyncio.run(probe())
 pytestmark = pytest.mark.skipif(not STATUS.usable or STATUS.mode != "root",
@@ -329,7 +329,6 @@ def test_the_pool_makes_sandboxes_ahead_for_the_demand_and_trims_when_the_run_dr
     before they ask; once no new sample will start, ready ones beyond the demand go, and the
     run's close has nothing left to do."""
     from trajforge.config import RunConfig
-    from trajforge.sample.lower_settings import sandbox_settings
     from trajforge.sandbox.interface import Sandbox
     from trajforge.sandbox.factory import SandboxProvider
 
@@ -337,7 +336,7 @@ def test_the_pool_makes_sandboxes_ahead_for_the_demand_and_trims_when_the_run_dr
         return {p.name for p in tmp_path.glob(".slots.*/sb-*") if p.is_dir()}
 
     async def main() -> None:
-        async with SandboxProvider(sandbox_settings(RunConfig(sandbox="bwrap", sandbox_network="none"))) as p:
+        async with SandboxProvider(RunConfig(sandbox="bwrap", sandbox_network="none").sandbox_settings()) as p:
             async def create() -> Sandbox:
                 return await p.create(cwd=None, image=None, root=tmp_path)
 
@@ -503,7 +502,7 @@ PY
 """
 
 
-@pytest.mark.skipif(seccomp_program(os.uname().machine) is None, reason="no seccomp table for this machine")
+@pytest.mark.skipif(sample_program(os.uname().machine) is None, reason="no seccomp table for this machine")
 def test_a_sample_cannot_make_a_user_namespace_or_use_keyrings(tmp_path: Path) -> None:
     async def main() -> None:
         sb = BwrapSandbox(tmp_path, network=NetworkMode.NONE, sample_limits=LIMITS)
@@ -519,12 +518,12 @@ def test_a_sample_cannot_make_a_user_namespace_or_use_keyrings(tmp_path: Path) -
         assert "self-CapEff:\t0000000000000000\n" in out, out
         assert "unshare-cmd=0" not in out and "Operation not permitted" in out, out
         assert "unshare -1 1\n" in out and "clone -1 1\n" in out, out  # EPERM
-        assert "unshare-x32 -1 " in out, out  # EPERM from the filter, or ENOSYS without x32
+        assert "unshare-x32 -1 38\n" in out, out  # ENOSYS: the sample's filter refuses x32 whole
         assert "clone3 -1 38\n" in out, out  # ENOSYS: the C library falls back to clone
         if os.uname().machine == "x86_64":
             assert "add_key -1 1\n" in out and "keyctl -1 1\n" in out, out
         if os.uname().machine == "x86_64" and "unshare-i386" in out:  # (absent: no 32-bit entry here)
-            assert "unshare-i386 -1\n" in out, out  # -EPERM
+            assert "unshare-i386 -38\n" in out, out  # -ENOSYS: the 32-bit entry refused whole
         assert "thread ok" in out and "spawned ok" in out and "forked 7" in out, out
 
     asyncio.run(main())

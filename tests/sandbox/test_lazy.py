@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from trajforge.config import RunConfig
-from trajforge.sample.lower_settings import sandbox_settings
 from trajforge.sandbox.interface import Sandbox, SandboxError
 from trajforge.sandbox.factory import SandboxProvider
 from trajforge.sandbox.lazy import LazySandbox
@@ -17,7 +16,7 @@ from trajforge.sandbox.lazy import LazySandbox
 
 def run_with_provider(tmp_path: Path, body) -> None:  # type: ignore[no-untyped-def]
     async def main() -> None:
-        async with SandboxProvider(sandbox_settings(RunConfig(sandbox="local", sandbox_network="host"))) as p:
+        async with SandboxProvider(RunConfig(sandbox="local", sandbox_network="host").sandbox_settings()) as p:
             made: list[Sandbox] = []
 
             async def create() -> Sandbox:

@@ -18,8 +18,9 @@ import pytest
 from tests.conftest import cli
 from tests.support.policies import prompt_command_policy
 from tests.support.scripted_server import ScriptedServer
-from trajforge.config import RunConfig, size_bytes
-from trajforge.sample.lower_settings import sandbox_settings
+from tests.support.run_state import read_records
+from trajforge.config import RunConfig
+from trajforge.fields import size_bytes
 from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 from trajforge.sandbox.factory import limits_for
@@ -45,7 +46,7 @@ MESSAGES = {"memory": "memory limit of 160 MiB (sandbox_memory)", "tmp": "filled
 
 def test_sizes_and_defaults_map_to_limits() -> None:
     assert size_bytes("4g") == 4 << 30 and size_bytes("256m") == 256 << 20 and size_bytes("1024") == 1024
-    cfg = sandbox_settings(RunConfig())
+    cfg = RunConfig().sandbox_settings()
     lim = cfg.limits
     assert (lim.memory, lim.tmp_size, lim.shm_size, lim.disk, lim.cpu_seconds) == (
         4 << 30, 1 << 30, 256 << 20, 10 << 30, 600)
@@ -71,7 +72,7 @@ def test_each_limit_ends_only_its_own_sample(tmp_path: Path, clean_env: dict[str
                 "--num_workers=6", "--tool_timeout=60"),
             cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 3 and "4 of 6 sample(s) failed (sandbox 4)" in proc.stderr, proc.stderr  # failed samples: exit 3
-    records = [json.loads(line) for line in (tmp_path / "data" / "lim" / "trajectories.jsonl").read_text().splitlines()]
+    records = read_records(tmp_path / "data" / "lim")
     finished = {prompts[r["prompt_index"]] for r in records}
     assert finished == {"echo survivor-1", "echo survivor-2"}, proc.stderr
     for kind, message in MESSAGES.items():

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from trajforge.config import RunConfig
-from trajforge.sample.lower_settings import sandbox_settings
 from trajforge.sandbox.interface import PathEscapeError, SandboxError
 from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
@@ -272,7 +271,7 @@ def test_escaped_processes_die_with_the_sample(tmp_path: Path) -> None:
     """`setsid env -i sleep &` leaves the process group and drops the environment tag: only the
     sample's cgroup still knows it."""
     async def body() -> list[int]:
-        async with SandboxProvider(sandbox_settings(RunConfig(sandbox="local"))) as provider:
+        async with SandboxProvider(RunConfig(sandbox="local").sandbox_settings()) as provider:
             sb = await provider.create(cwd=None, image=None, root=tmp_path)
             try:
                 res = await sb.exec("setsid env -i sleep 1000 > /dev/null 2>&1 & echo $!", timeout=10)
@@ -292,9 +291,8 @@ def test_leftovers_of_a_killed_runner_are_killed_at_the_next_start(tmp_path: Pat
     script = (f"import asyncio, sys\nsys.path.insert(0, {str(Path(__file__).parents[2] / 'src')!r})\n"
               "from pathlib import Path\nfrom trajforge.config import RunConfig\n"
               "from trajforge.sandbox.factory import SandboxProvider\n"
-              "from trajforge.sample.lower_settings import sandbox_settings\n"
               "async def main():\n"
-              "    p = await SandboxProvider(sandbox_settings(RunConfig(sandbox='local'))).start()\n"
+              "    p = await SandboxProvider(RunConfig(sandbox='local').sandbox_settings()).start()\n"
               f"    sb = await p.create(cwd=None, image=None, root=Path({str(tmp_path)!r}))\n"
               "    r = await sb.exec('setsid env -i sleep 1003 > /dev/null 2>&1 & echo $!', timeout=10)\n"
               "    print(r.stdout.strip(), flush=True)\n"

@@ -59,3 +59,24 @@ def test_a_dataset_row_over_the_runtime_passes_without_the_cwd_policy(tmp_path: 
     monkeypatch.setattr(dataset, "cwd_problem", lambda cwd, host=True: None)
     with pytest.raises(pytest.fail.Exception):  # DID NOT RAISE: the refusal was the policy's
         hermetic.test_a_row_cwd_over_the_runtime_or_the_system_is_refused_with_its_line(tmp_path, hermetic.STDLIB)
+
+
+# The sample's seccomp filter (host/seccomp.py): each guard out, the per-call test fails.
+SECCOMP_MUTANTS = {
+    "not installed when the helper drops its privileges": [("    confine_sample(libc)\n", "")],
+    "io_uring allowed": [('SYSCALLS_ALLOWED = frozenset("""\n',
+                          'SYSCALLS_ALLOWED = frozenset("""\n    io_uring_setup\n')],
+    "clone checked for CLONE_NEWUSER only": [('SYSCALLS_CHECKED = {"clone": ("flags", _SC_NAMESPACES)',
+                                              'SYSCALLS_CHECKED = {"clone": ("flags", _SC_NEWUSER)')],
+    "any personality": [('"personality": ("only", _SC_PERSONALITIES)', '"personality": _SC_OK')],
+}
+
+
+@pytest.mark.parametrize("edits", SECCOMP_MUTANTS.values(), ids=SECCOMP_MUTANTS.keys())
+def test_a_weaker_sample_filter_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          edits: list[tuple[str, str]]) -> None:
+    from tests.sandbox import test_seccomp
+
+    mutate(monkeypatch, *edits)
+    with pytest.raises(AssertionError):
+        test_seccomp.test_a_root_runner_s_bwrap_sample_is_refused_each_call_by_its_filter(tmp_path)

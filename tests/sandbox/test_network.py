@@ -27,8 +27,8 @@ from tests.support.nettargets import Target, host_server, net_admin_reason, publ
 from tests.support.policies import tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
 from tests.support.web_fixture import WebFixture
+from tests.support.run_state import read_records
 from trajforge.config import RunConfig
-from trajforge.sample.lower_settings import sandbox_settings
 from trajforge.netpolicy import make_policy
 from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox, bwrap_argv
 from trajforge.sandbox.network import egress_support, ruleset
@@ -147,8 +147,9 @@ def test_the_run_s_router_leaves_the_host_s_shared_mounts_alone(tmp_path: Path) 
 
 @needs_egress
 def test_egress_samples_resolve_through_slirp_and_the_run_leaves_no_file_behind(tmp_path: Path) -> None:
-    """The resolv.conf naming slirp's DNS forwarder comes to bwrap through a pipe: before, every
-    run left a /tmp/trajforge-net-* directory holding it."""
+    """The resolv.conf naming slirp's DNS forwarder is a file of the run's /etc, which lives in the
+    template's own tmpfs (etc_copy.py): before, every run left a /tmp/trajforge-net-* directory
+    holding it."""
     import tempfile
 
     def leftovers() -> set[str]:
@@ -160,11 +161,12 @@ def test_egress_samples_resolve_through_slirp_and_the_run_leaves_no_file_behind(
         await sb.start()
         try:
             out = await sb.exec("cat /etc/resolv.conf; echo x >> /etc/resolv.conf && echo wrote", timeout=30)
-            mounts = await sb.exec("grep resolv.conf /proc/self/mountinfo", timeout=30)
+            mounts = await sb.exec("grep -e resolv.conf -e ' /etc ' /proc/self/mountinfo", timeout=30)
         finally:
             await sb.close()
         assert "nameserver 10.0.2.3" in out.stdout and "wrote" not in out.stdout, out
-        assert mounts.stdout and "trajforge-net-" not in mounts.stdout, mounts  # not bound from a host file
+        assert "trajforge-net-" not in mounts.stdout and "resolv.conf" not in mounts.stdout, mounts  # no host file
+        assert " / /etc ro," in mounts.stdout and " overlay " in mounts.stdout, mounts  # the sandbox's own /etc
         assert leftovers() <= before
 
     asyncio.run(main())
@@ -193,8 +195,7 @@ def run_hostile(tmp_path: Path, server: ScriptedServer, site: WebFixture, mode: 
             "--max_turns=20", "--tool_timeout=20"),
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
-    [record] = [json.loads(line) for line in
-                (tmp_path / "data" / f"net-{mode}" / "trajectories.jsonl").read_text().splitlines()]
+    [record] = read_records(tmp_path / "data" / f"net-{mode}")
     offered = [t["function"]["name"] for t in server.chat_requests()[0]["tools"]]
     return proc, record, offered
 
@@ -269,14 +270,13 @@ def test_auto_falls_back_to_host_with_a_note_and_explicit_egress_is_refused(monk
     from trajforge.sandbox import network
 
     monkeypatch.setitem(network._support, "bwrap", network.EgressSupport(False, "no slirp4netns here"))
-    mode, note = asyncio.run(network.resolve_mode(sandbox_settings(RunConfig())))
+    mode, note = asyncio.run(network.resolve_mode(RunConfig().sandbox_settings()))
     assert mode == "host" and note is not None and "no slirp4netns here" in note and "host" in note
     with pytest.raises(UsageError, match="egress is not available.*no slirp4netns here"):
-        asyncio.run(network.resolve_mode(sandbox_settings(RunConfig(sandbox_network="egress"))))
-    assert asyncio.run(network.resolve_mode(sandbox_settings(RunConfig(sandbox_network="none")))) == ("none", None)
-    cfg = RunConfig(sandbox_network="auto")
-    fixed, settings = check_network(cfg, sandbox_settings(cfg))
-    assert fixed.sandbox_network == "host" and settings.network == NetworkMode.HOST  # fixed for the whole run
+        asyncio.run(network.resolve_mode(RunConfig(sandbox_network="egress").sandbox_settings()))
+    assert asyncio.run(network.resolve_mode(RunConfig(sandbox_network="none").sandbox_settings())) == ("none", None)
+    mode, settings = check_network(RunConfig(sandbox_network="auto").sandbox_settings())
+    assert mode == "host" and settings.network == NetworkMode.HOST  # fixed for the whole run
 
 
 def test_explicit_egress_that_cannot_be_had_is_refused_before_any_work(
@@ -351,7 +351,7 @@ def test_browser_subresources_redirects_and_websockets_go_through_the_policy(tmp
     redirect to the metadata address: nothing internal is ever requested."""
     pytest.importorskip("playwright")
     from tests.support.toolsets import run_with
-    from trajforge.tools import browser
+    from trajforge.tools.browser import toolset as browser
 
     cfg = RunConfig(tools={"browser": {"navigation_timeout": 5, "action_timeout": 5}})
     with host_server("169.254.169.254") as metadata, host_server("127.0.0.1") as runner_lo, public_server() as public:
@@ -380,7 +380,8 @@ def test_browser_subresources_redirects_and_websockets_go_through_the_policy(tmp
 @needs_net_admin
 def test_web_extract_and_vision_refuse_redirects_and_names_to_internal_addresses(tmp_path: Path) -> None:
     from tests.support.toolsets import run_with
-    from trajforge.tools import vision, web
+    from trajforge.tools import vision
+    from trajforge.tools.web import toolset as web
 
     with WebFixture() as site, host_server("169.254.169.254") as metadata, public_server() as public:
         cfg = RunConfig.model_validate({"tools": {"web": {"searxng_url": site.base}}, "base_url": site.base})
@@ -428,7 +429,7 @@ def test_network_allow_opens_a_private_range_for_samples(tmp_path: Path) -> None
 
 
 def test_egress_proxy_forwards_allowed_requests_closing_and_refuses_the_rest() -> None:
-    from trajforge.tools.egress_proxy import EGRESS_HEADER, EgressProxy
+    from trajforge.tools.web.egress_proxy import EGRESS_HEADER, EgressProxy
 
     async def ask(port: int, head: bytes) -> bytes:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -463,7 +464,7 @@ def test_egress_proxy_forwards_allowed_requests_closing_and_refuses_the_rest() -
 def test_a_name_is_resolved_once_and_the_checked_address_is_the_one_connected_to() -> None:
     """DNS rebinding: the resolver answers a public address first and loopback afterwards; the
     fetch connects to the checked public address and never asks again."""
-    from trajforge.tools import http_fetch
+    from trajforge.tools.web import fetch as http_fetch
 
     with public_server() as public, host_server("127.0.0.1") as runner_lo:
         public_ip = public.url.split("//")[1].split(":")[0]
@@ -514,7 +515,7 @@ def test_a_sample_cannot_reach_another_sample_s_loopback_server(tmp_path: Path, 
                     "--sandbox=bwrap", "--num_workers=2", "--tool_timeout=30"),
                 cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
-    records = [json.loads(line) for line in (tmp_path / "data" / "pair" / "trajectories.jsonl").read_text().splitlines()]
+    records = read_records(tmp_path / "data" / "pair")
     outputs = {r["prompt_index"]: r["conversations"][-1]["value"] for r in records}
     assert "A-done" in outputs[0] and "B-done" in outputs[1]
     assert ("sample-a-secret" in outputs[1]) == (mode == "host"), outputs[1]

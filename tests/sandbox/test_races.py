@@ -36,9 +36,8 @@ from tests.support.images import busybox_image, podman  # noqa: F401 (fixtures)
 from tests.support.policies import tool_messages
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
 from tests.support.web_fixture import make_png
+from tests.support.run_state import read_records
 from trajforge.config import RunConfig
-from trajforge.sample.lower_settings import sandbox_settings
-from trajforge.sample.lower_settings import tool_settings
 from trajforge.sandbox.interface import FileOpError, PathEscapeError, Sandbox
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 from trajforge.sandbox.backends.container.container_sandbox import ContainerSandbox
@@ -154,10 +153,10 @@ async def one_call(sb: Sandbox, ctx: ToolContext, i: int, tools: dict[str, Tools
 
 async def hammer(config: RunConfig, image: str | None, root: Path, outside: Path, calls: int,
                  concurrency: int, with_tools: bool = False, exec_files: bool = False) -> dict[str, Any]:
-    settings = tool_settings(config)
+    settings = config.tool_settings()
     tools = {"vision": await vision.build(settings), "image_gen": await image_gen.build(settings)} if with_tools else None
     assert tools is None or all(isinstance(t, Toolset) for t in tools.values()), tools
-    async with SandboxProvider(sandbox_settings(config)) as provider:
+    async with SandboxProvider(config.sandbox_settings()) as provider:
         sb = await provider.create(cwd=None, image=image, root=root)
         assert sb.workspace is not None
         if exec_files:  # a container without its file helper: the exec-based path (non-root runners)
@@ -330,7 +329,7 @@ def test_a_run_under_fifo_swaps_exits_on_its_own(tmp_path: Path, server: Scripte
                           cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
     assert time.monotonic() - t0 < 200
-    records = [json.loads(line) for line in (tmp_path / "data" / "fifo" / "trajectories.jsonl").read_text().splitlines()]
+    records = read_records(tmp_path / "data" / "fifo")
     assert len(records) == 3
     for record in records:
         assert record["tool_stats"]["vision_analyze"]["count"] == VISION_CALLS

@@ -26,10 +26,11 @@ from typing import Any
 import orjson
 
 from trajforge.redact import REGISTRY
-from trajforge.runner import append, journal, report
-from trajforge.runner import main as runner_main
-from trajforge.runner.finished import Finished
-from trajforge.runner.store import BatchStore
+from trajforge.runner.reporting import append, report
+from trajforge.runner.state import journal
+from trajforge.runner import invocation
+from trajforge.runner.state.finished import Finished
+from trajforge.runner.state.store import BatchStore
 
 
 def hold(point: str) -> None:
@@ -85,7 +86,7 @@ def install(point: str) -> None:
     elif point == "index-appended":  # a compaction with new entries, of an index saved before
         after(Finished, "save", point, lambda self, path: self.saved and len(self.keys) > self.saved)
     elif point == "snapshot-written":  # in the compaction after the merge
-        finish, rotate = runner_main.finish, journal.Journal.rotate
+        finish, rotate = invocation.finish, journal.Journal.rotate
         merged: list[bool] = []
 
         def finished(*args: Any, **kwargs: Any) -> Any:
@@ -98,7 +99,7 @@ def install(point: str) -> None:
                 hold(point)
             rotate(self, generation)
 
-        runner_main.finish = finished  # type: ignore[assignment]
+        invocation.finish = finished  # type: ignore[assignment]
         journal.Journal.rotate = rotated  # type: ignore[method-assign]
     elif point == "trajectories-torn":
         torn_append()

@@ -11,11 +11,10 @@ The scripted model answers from the conversation it receives (tests.support.poli
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
+from tests.support.commands import run_trajforge
 from tests.support.policies import tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
 
@@ -49,19 +48,11 @@ def make_run(tmp: Path, server: ScriptedServer, name: str = "exp") -> Path:
     args = [f"--dataset_file={ds}", "--batch_size=4", f"--run_name={name}", f"--base_url={server.url}",
             "--model=scripted-model", "--distribution=terminal_only", "--sandbox=local", "--max_turns=3",
             "--num_workers=3"]
-    proc = subprocess.run([sys.executable, "-m", "trajforge", "run", *args], cwd=tmp, env=_env(),
-                          capture_output=True, text=True, timeout=180)
+    proc = run_trajforge("run", *args, cwd=tmp, timeout=180)
     assert proc.returncode == 0, proc.stderr
     return tmp / "data" / name
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENROUTER_API_KEY", "OPENAI_API_KEY")}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2] / "src")
-    return env
-
-
 def run_export(cwd: Path, *args: object) -> subprocess.CompletedProcess[str]:
     """`trajforge export ARGS` as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "trajforge", "export", *map(str, args)], cwd=cwd, env=_env(),
-                          capture_output=True, text=True, timeout=180)
+    return run_trajforge("export", *args, cwd=cwd, timeout=180)

@@ -4,7 +4,8 @@ As a script (`python fake_resolver.py ADDRESS PORT ANSWER`) it listens on UDP an
 ADDRESS:PORT, writes one line to stdout per datagram and per TCP chunk it receives ("udp <hex>",
 "tcp <hex>"; "tcp-open" when a connection is accepted) before it answers, and prints "ready" once
 both sockets listen. It answers what looks like a query for type A with one A record ANSWER,
-other types with an empty NOERROR answer, and only logs what it cannot parse. Stdlib only;
+other types with an empty NOERROR answer, and only logs what it cannot parse or asks for a name
+under `blackhole` (a zone whose servers never answer: the query waits upstream until it times out). Stdlib only;
 `FakeResolver` runs it on the host or, with `own_netns`, in a new network namespace that its
 process holds (`unshare --net`), gone with it.
 """
@@ -20,8 +21,11 @@ import threading
 from collections.abc import Callable
 
 
+BLACKHOLE = b"\x09blackhole\x00"
+
+
 def reply(data: bytes, answer: str) -> bytes | None:
-    if len(data) < 17:
+    if len(data) < 17 or BLACKHOLE in data:
         return None
     qid, _flags, qd = struct.unpack_from(">HHH", data)
     pos = 12

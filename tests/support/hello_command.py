@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-from trajforge.cmdline import Flag, Parser, add_flags, parse_flags
-from trajforge.errors import UsageError
+from trajforge.cli.flags import Flag, Parser
 
-FLAGS: list[Flag] = [("greeting_name", "str", "who to greet"), ("times", "int", "how often")]
+FLAGS = [Flag("greeting_name", "str", "who to greet", required=True), Flag("times", "int", "how often", default=1)]
 
 
 def main(argv: list[str]) -> int:
-    parser = Parser(prog="trajforge hello", description="Greet someone (test only).")
-    add_flags(parser, FLAGS)
-    ns = parse_flags(parser, argv, FLAGS)
-    if ns.greeting_name is None:
-        raise UsageError("missing required flag --greeting_name")
-    for _ in range(ns.times or 1):
+    ns = Parser("trajforge hello", "Greet someone (test only).", FLAGS).parse(argv)
+    for _ in range(ns.times):
         print(f"hello {ns.greeting_name}")
     return 0

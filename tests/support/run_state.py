@@ -1,40 +1,37 @@
-"""What a run directory's bookkeeping says of each sample, read the way the runner reads it.
+"""What a run directory says of its samples, read the way the runner reads it (runner.reader).
 
-checkpoint.json is a snapshot; finished.idx and journal.jsonl hold the rest (runner.checkpoint),
-and finished samples are known there by key only, so their identities come from the records the
-index points at.
+The tests' one reader of a run: its records (trajectories.jsonl, or the batch files as the merge
+takes them), each sample's outcome and the bookkeeping (checkpoint.json with its index and
+journal), all through `RunReader`, as the viewer and the exporter read a run.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-import orjson
-
-from trajforge.runner.checkpoint import Checkpoint
-from trajforge.runner.checkpoint_file import SampleEntry
+from trajforge.runner.reader import RunReader, RunState, SampleEntry
 
 
-def state(run: Path) -> Checkpoint:
-    return Checkpoint.load(run / "checkpoint.json", run.name)
+def read_records(run: Path) -> list[dict[str, Any]]:
+    """trajectories.jsonl's records, in order."""
+    return list(RunReader(run).records())
+
+
+def read_batch_records(run: Path) -> list[dict[str, Any]]:
+    """The first whole record of each sample in the batch files."""
+    return list(RunReader(run).batch_records())
+
+
+def state(run: Path) -> RunState:
+    return RunReader(run).state()
 
 
 def outcomes(run: Path) -> dict[str, SampleEntry]:
     """identity -> entry of every sample with an outcome: done ones (batch from the index), failed
     and discarded ones."""
-    ckpt = state(run)
-    out: dict[str, SampleEntry] = {}
-    for i in range(len(ckpt.done)):
-        batch, offset, length = ckpt.done.location(i)
-        with (run / f"batch_{batch}.jsonl").open("rb") as f:
-            f.seek(offset)
-            rec = orjson.loads(f.read(length))
-        out[rec["sample_id"]] = SampleEntry(status="done", batch=batch)
-    for identity in ckpt.legacy_done:
-        out[identity] = SampleEntry(status="done", batch=-1)
-    out.update(ckpt.samples)  # a discarded record (hallucinated tool) is discarded, not done
-    return out
+    return RunReader(run).outcomes()
 
 
 def statuses(run: Path) -> dict[str, str]:
-    return {k: e.status for k, e in outcomes(run).items()}
+    return RunReader(run).statuses()

@@ -5,14 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from trajforge.config import RunConfig
-from trajforge.sample.lower_settings import sandbox_settings
 from trajforge.sandbox.interface import Sandbox
 from trajforge.sandbox.factory import SandboxProvider
 
 
 async def create_sandbox(config: RunConfig, *, cwd: str | None, image: str | None, root: Path) -> Sandbox:
     """A started sandbox; closing it closes its provider too."""
-    provider = await SandboxProvider(sandbox_settings(config)).start()
+    provider = await SandboxProvider(config.sandbox_settings()).start()
     try:
         sb = await provider.create(cwd=cwd, image=image, root=root)
     except BaseException:

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from trajforge.config import RunConfig
-from trajforge.sample.lower_settings import tool_settings
 from trajforge.sandbox.backends.local.local_sandbox import LocalSandbox
 from trajforge.tools.tool import ToolContext, Toolset
 from trajforge.tools.tool_settings import ToolSettings
@@ -19,7 +18,7 @@ from trajforge.tools.tool_settings import ToolSettings
 def run_with(tmp_path: Path, build: Callable[[ToolSettings], Awaitable[Any]], cfg: RunConfig,
              body: Callable[[Any, ToolContext], Awaitable[Any]]) -> Any:
     async def main() -> Any:
-        settings = tool_settings(cfg)
+        settings = cfg.tool_settings()
         built = await build(settings)
         assert isinstance(built, Toolset), built
         sandbox = LocalSandbox(tmp_path / "sandboxes")

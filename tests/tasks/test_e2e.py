@@ -21,11 +21,13 @@ from pathlib import Path
 import atif
 import pytest
 
+from tests.support.commands import run_trajforge
 from tests.conftest import cli
 from tests.support.images import containers_with_label, podman  # noqa: F401 (fixture)
 from tests.support.policies import tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
 from tests.support.tasks import EXAMPLES, REWARD_IF, task_base, write_task  # noqa: F401 (fixture)
+from tests.support.run_state import read_batch_records, read_records
 from trajforge.sandbox.backends.container.container_engine import Engine
 
 MARK = "SECRET" + "-TESTS-7c1e"  # in the cheat tasks' test files; never spelled whole in a command
@@ -94,11 +96,11 @@ def model_tasks(root: Path, nonce: str) -> Path:
 
 
 def run(tmp_path: Path, env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cli("run", *args), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    return run_trajforge("run", *args, cwd=tmp_path, env=env, timeout=timeout)
 
 
 def records(run_dir: Path) -> dict[str, dict]:
-    return {r["task"]["name"]: r for r in map(json.loads, (run_dir / "trajectories.jsonl").read_text().splitlines())}
+    return {r["task"]["name"]: r for r in read_records(run_dir)}
 
 
 def tool_outputs(rec: dict) -> str:
@@ -286,9 +288,9 @@ def test_task_rollouts_stop_after_passes_and_keep_passed(tmp_path: Path, clean_e
                "--keep", "passed")
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = tmp_path / "data" / "roll"
-    kept = [json.loads(line) for line in (run_dir / "trajectories.jsonl").read_text().splitlines()]
+    kept = read_records(run_dir)
     assert [(r["task"]["name"], r["rollout"]) for r in kept] == [("trajforge/hello-world", 0)]
-    batches = [json.loads(line) for f in sorted(run_dir.glob("batch_*.jsonl")) for line in f.read_text().splitlines()]
+    batches = read_batch_records(run_dir)
     ran = sorted((r["task"]["name"].removeprefix("trajforge/"), r["rollout"]) for r in batches)
     assert ran == [("count-lines", 0), ("count-lines", 1), ("count-lines", 2), ("hello-world", 0),
                    ("wrong-solution", 0), ("wrong-solution", 1), ("wrong-solution", 2)]

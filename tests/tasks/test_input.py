@@ -15,7 +15,7 @@ from tests.conftest import cli
 from tests.support.tasks import EXAMPLES, write_task
 from trajforge.agent.atif import document, messages_of
 from trajforge.agent.loop import SessionResult, ToolResult, Turn
-from trajforge.commands.run import parse_run_args
+from trajforge.cli.run import parse_run_args
 from trajforge.errors import DatasetError, UsageError
 from trajforge.model.types import ToolCall, Usage
 from trajforge.tasks.load import load_tasks

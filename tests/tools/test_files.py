@@ -15,7 +15,6 @@ from trajforge.catalog.sandboxes import NetworkMode
 import pytest
 
 from trajforge.config import RunConfig
-from trajforge.sample.lower_settings import tool_settings
 from trajforge.sandbox.inside import safe_fs
 from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
@@ -30,7 +29,7 @@ def in_sandbox(tmp_path: Path, body: Callable[[ToolContext], Coroutine[Any, Any,
                sandbox_cls: type[LocalSandbox] = LocalSandbox) -> None:
     async def main() -> None:
         async with sandbox_cls(tmp_path, cwd=cwd) as sandbox:
-            await body(ToolContext(sandbox=sandbox, settings=tool_settings(RunConfig())))
+            await body(ToolContext(sandbox=sandbox, settings=RunConfig().tool_settings()))
 
     asyncio.run(main())
 
@@ -231,6 +230,47 @@ def test_search_content_and_names(tmp_path: Path) -> None:
     in_sandbox(tmp_path, body)
 
 
+# Patterns `re` cannot compile, each for another reason than a syntax error: a repeat count over
+# its limit (OverflowError), nesting deeper than its parser recurses (RecursionError).
+UNCOMPILABLE = {"a{1,99999999999}": "repetition number is too large",
+                "x{99999999999}": "repetition number is too large",
+                "(" * 100_000 + "a" + ")" * 100_000: "nested too deeply"}
+
+
+@pytest.mark.parametrize("pattern", list(UNCOMPILABLE), ids=["range", "count", "nesting"])
+def test_a_pattern_re_cannot_compile_is_an_error_result_and_no_traceback(
+        tmp_path: Path, pattern: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Through the agent's dispatch, which logs a traceback for whatever a tool raises: the model
+    gets a plain error naming the reason, and the run's log stays clean."""
+    from trajforge.agent.loop import call_tool
+    from trajforge.model.types import ToolCall
+
+    async def body(ctx: ToolContext) -> None:
+        (ctx.sandbox.workspace / "f.txt").write_text("aaa\n")
+        call_ = ToolCall("c1", SEARCH.name, json.dumps({"pattern": pattern}))
+        with caplog.at_level("DEBUG"):
+            res = await call_tool(call_, {SEARCH.name: SEARCH}, ctx)
+        assert res.failed, res.result
+        message = json.loads(res.result)["error"]
+        assert message.startswith("invalid regular expression") and UNCOMPILABLE[pattern] in message, message
+        assert len(message) < 500, message  # the pattern is shortened, not echoed whole
+        assert not caplog.records, [r.getMessage() for r in caplog.records]
+
+    in_sandbox(tmp_path, body)
+
+
+def test_the_matching_side_refuses_an_uncompilable_pattern_as_the_model_s_error() -> None:
+    """Where the matching runs (a helper whose Python may differ from the runner's), the same
+    patterns are a FileOpError the tool shows the model, not an "other" failure."""
+    from trajforge.sandbox.inside import fsops
+
+    for pattern, why in UNCOMPILABLE.items():
+        with pytest.raises(fsops.FileOpError, match=why) as err:
+            fsops.scan(iter([("f.txt", "f.txt", lambda: b"aaa\n")]), ".", pattern, target="content", glob=None,
+                       limit=5, max_files=10)
+        assert err.value.kind == "invalid_pattern"
+
+
 @pytest.mark.parametrize("tool", [READ, WRITE, PATCH, SEARCH])
 def test_schemas_name_required_arguments(tool: Any) -> None:
     params = tool.schema()["function"]["parameters"]
@@ -421,7 +461,7 @@ BWRAP = asyncio.run(probe())
 def test_bwrap_root_mode_files_written_by_tools_belong_to_the_sandbox(tmp_path: Path) -> None:
     async def main() -> None:
         async with BwrapSandbox(tmp_path, network=NetworkMode.NONE) as sb:
-            ctx = ToolContext(sandbox=sb, settings=tool_settings(RunConfig()))
+            ctx = ToolContext(sandbox=sb, settings=RunConfig().tool_settings())
             assert (await call(WRITE, ctx, path="new/dir/f.txt", content="one\n"))["success"]
             res = await sb.exec("echo two >> new/dir/f.txt && stat -c %u new new/dir new/dir/f.txt", timeout=10)
             assert res.exit_code == 0 and res.stdout.split() == [str(sb.uid)] * 3, res

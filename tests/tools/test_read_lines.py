@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from trajforge.config import RunConfig
-from trajforge.sample.lower_settings import tool_settings
 from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 from trajforge.sandbox.backends.local.local_sandbox import LocalSandbox
@@ -86,7 +85,7 @@ def read_calls(sandbox_cls: type[LocalSandbox] | type[BwrapSandbox], tmp_path: P
             for name, data in made.items():
                 (sandbox.workspace / name).write_bytes(data)
             del data
-            ctx = ToolContext(sandbox=sandbox, settings=tool_settings(RunConfig()))
+            ctx = ToolContext(sandbox=sandbox, settings=RunConfig().tool_settings())
             tracemalloc.start()
             try:
                 replies = await asyncio.gather(*(READ.run(dict(c), ctx) for c in calls))
@@ -135,7 +134,7 @@ def test_a_sample_streams_at_most_its_read_budget_through_the_runner(tmp_path: P
     async def main() -> list[dict[str, object]]:
         async with LocalSandbox(tmp_path) as sandbox:
             (sandbox.workspace / "big.txt").write_bytes(made["big.txt"])
-            ctx = ToolContext(sandbox=sandbox, settings=tool_settings(RunConfig()))
+            ctx = ToolContext(sandbox=sandbox, settings=RunConfig().tool_settings())
             return [json.loads(await READ.run({"path": "big.txt", "limit": 1}, ctx)) for _ in range(4)]
 
     out = asyncio.run(main())

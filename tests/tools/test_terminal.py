@@ -15,7 +15,6 @@ from trajforge.catalog.sandboxes import NetworkMode
 import pytest
 
 from trajforge.config import RunConfig
-from trajforge.sample.lower_settings import tool_settings
 from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 from trajforge.sandbox.backends.local.local_sandbox import LocalSandbox
@@ -33,7 +32,7 @@ PROCESS = terminal.ProcessTool()
 async def session(root: Path, **config: Any) -> AsyncIterator[ToolContext]:
     sandbox = LocalSandbox(root)
     await sandbox.start()
-    ctx = ToolContext(sandbox=sandbox, settings=tool_settings(RunConfig(**{"tool_timeout": 10, **config})))
+    ctx = ToolContext(sandbox=sandbox, settings=RunConfig(**{"tool_timeout": 10, **config}).tool_settings())
     try:
         yield ctx
     finally:
@@ -138,7 +137,7 @@ def test_commands_no_shell_can_take_are_error_results_on_every_backend(tmp_path:
     async def body() -> None:
         sandbox = LocalSandbox(tmp_path) if backend == "local" else BwrapSandbox(tmp_path, network=NetworkMode.NONE)
         await sandbox.start()
-        ctx = ToolContext(sandbox=sandbox, settings=tool_settings(RunConfig(tool_timeout=30)))
+        ctx = ToolContext(sandbox=sandbox, settings=RunConfig(tool_timeout=30).tool_settings())
         try:
             heredoc = "cat > big.txt <<'EOF'\n" + ("y" * 99 + "\n") * 2_000 + "EOF\nwc -c big.txt"  # 200 KB
             for tool, args, expect in ((TERMINAL, {"command": "echo a\0b"}, "NUL byte"),
@@ -256,7 +255,7 @@ def test_background_jobs_die_with_the_sample(tmp_path: Path) -> None:
     async def sandbox_close_alone() -> int:
         sandbox = LocalSandbox(tmp_path)
         await sandbox.start()
-        ctx = ToolContext(sandbox=sandbox, settings=tool_settings(RunConfig()))
+        ctx = ToolContext(sandbox=sandbox, settings=RunConfig().tool_settings())
         r = await call(PROCESS, ctx, action="start", command="exec sleep 300")
         await sandbox.close()  # even without the tool cleanup, closing the sandbox kills the job
         await ctx.cleanup.aclose()
@@ -267,7 +266,7 @@ def test_background_jobs_die_with_the_sample(tmp_path: Path) -> None:
 
 def test_build_and_registry(tmp_path: Path) -> None:
     async def body() -> None:
-        ready, missing = await build_toolsets(["terminal", "file"], tool_settings(RunConfig()))
+        ready, missing = await build_toolsets(["terminal", "file"], RunConfig().tool_settings())
         assert not missing
         assert [t.name for t in ready["terminal"].tools] == ["terminal", "process"]
         assert [t.name for t in ready["file"].tools] == ["read_file", "write_file", "patch", "search_files"]
@@ -286,7 +285,7 @@ def test_a_closed_sandbox_is_an_infrastructure_failure(tmp_path: Path) -> None:
     async def body() -> None:
         sandbox = LocalSandbox(tmp_path)
         await sandbox.start()
-        ctx = ToolContext(sandbox=sandbox, settings=tool_settings(RunConfig()))
+        ctx = ToolContext(sandbox=sandbox, settings=RunConfig().tool_settings())
         await sandbox.close()
         for tool, args in ((TERMINAL, {"command": "true"}), (PROCESS, {"action": "start", "command": "true"}),
                            (ReadFileTool(), {"path": "a.txt"})):

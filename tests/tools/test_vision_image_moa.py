@@ -21,8 +21,8 @@ from tests.conftest import cli
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call
 from tests.support.toolsets import run_with
 from tests.support.web_fixture import PNG, WebFixture, make_png
+from tests.support.run_state import read_records
 from trajforge.config import RunConfig
-from trajforge.sample.lower_settings import tool_settings
 from trajforge.tools import image_gen, moa, vision
 from trajforge.tools.tool import ToolContext, Toolset, Unavailable
 from trajforge.tools.moa import DEFAULT_REFERENCE_MODELS
@@ -115,7 +115,7 @@ def test_vision_bad_images_are_error_results(tmp_path: Path, server: ScriptedSer
 
 def test_vision_unavailable_when_it_could_only_fail(server: ScriptedServer, clean_env: Any) -> None:
     def reason(cfg: RunConfig) -> str:
-        built = asyncio.run(vision.build(tool_settings(cfg)))
+        built = asyncio.run(vision.build(cfg.tool_settings()))
         assert isinstance(built, Unavailable) and built.toolset == "vision"
         return built.reason
 
@@ -184,7 +184,7 @@ def test_image_generate_failures(tmp_path: Path, server: ScriptedServer, clean_e
 
 
 def test_image_gen_needs_a_known_endpoint(clean_env: Any) -> None:
-    built = asyncio.run(image_gen.build(tool_settings(RunConfig.model_validate({"model": "m"}))))
+    built = asyncio.run(image_gen.build(RunConfig.model_validate({"model": "m"}).tool_settings()))
     assert isinstance(built, Unavailable) and "tools.image_gen.base_url" in built.reason
 
 
@@ -246,7 +246,7 @@ def test_moa_fails_cleanly_when_too_few_references_answer(tmp_path: Path, server
 
 def test_moa_default_models(server: ScriptedServer, clean_env: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     async def models(cfg: RunConfig) -> tuple[list[str], str]:
-        built = await moa.build(tool_settings(cfg))
+        built = await moa.build(cfg.tool_settings())
         assert isinstance(built, moa.MoaToolset)
         await built.aclose()
         return [m for m, _ in built.references], built.aggregator[0]
@@ -298,8 +298,7 @@ def test_default_distribution_run_calls_each_tool_successfully(tmp_path: Path, s
     assert proc.returncode == 0, proc.stderr
     for name in ("web", "vision", "image_gen", "moa"):
         assert f"toolset '{name}' unavailable" not in proc.stderr
-    lines = (tmp_path / "data" / "acc" / "trajectories.jsonl").read_text().splitlines()
-    [record] = [json.loads(line) for line in lines]
+    [record] = read_records(tmp_path / "data" / "acc")
     for tool in ("web_search", "web_extract", "image_generate", "vision_analyze", "mixture_of_agents"):
         assert record["tool_stats"][tool] == {"count": 1, "success": 1, "failure": 0}, (tool, record["tool_stats"])
         assert record["tool_error_counts"][tool] == 0

@@ -26,13 +26,14 @@ import pytest
 from tests.support.toolsets import run_with
 from tests.support.web_fixture import BRAVE_KEY, TAVILY_KEY, WebFixture
 from trajforge.config import RunConfig
-from trajforge.sample.lower_settings import tool_settings
-from trajforge.tools import pdf_text, web, web_content
+from trajforge.tools.web import content as web_content
+from trajforge.tools.web import pdf as pdf_text
+from trajforge.tools.web import toolset as web
 from trajforge.tools.tool import ToolContext, Unavailable, result_failed
-from trajforge.tools.http_fetch import Fetched
+from trajforge.tools.web.fetch import Fetched
 from trajforge.tools.toolsets import build_toolsets
 from trajforge.catalog.tools_config import WebSettings
-from trajforge.tools.web_search import choose_provider
+from trajforge.tools.web.search import choose_provider
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +63,7 @@ async def call(toolset: web.WebToolset, name: str, args: dict[str, Any], ctx: To
 # --- provider choice -------------------------------------------------------------------------
 
 def test_no_provider_means_unavailable_with_how_to_fix() -> None:
-    built = asyncio.run(web.build(tool_settings(config()), {}))
+    built = asyncio.run(web.build(config().tool_settings(), {}))
     assert isinstance(built, Unavailable)
     assert built.toolset == "web"
     assert "no search provider configured" in built.reason
@@ -86,7 +87,7 @@ def test_provider_choice_order_and_explicit_provider_reasons() -> None:
 
 def test_registry_builds_web_once_and_reports_unavailable(site: WebFixture) -> None:
     async def main() -> None:
-        ready, missing = await build_toolsets(["web"], tool_settings(config(searxng_url=site.base)))
+        ready, missing = await build_toolsets(["web"], config(searxng_url=site.base).tool_settings())
         assert missing == [] and [t.name for t in ready["web"].tools] == ["web_search", "web_extract"]
         await ready["web"].aclose()
 

@@ -23,15 +23,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.commands import run_trajforge
 from tests.conftest import cli
 from tests.support.policies import tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
+from tests.support.run_state import read_records
 from trajforge.config import RunConfig
 from trajforge.dataset import load_dataset, split_rollout
 from trajforge.catalog.distributions import draw_toolsets
-from trajforge.runner.checkpoint import Checkpoint
-from trajforge.runner.rollouts import expand, passes_on_disk, prior_passes
-from trajforge.runner.rows import RunRows
+from trajforge.run_layout import RunLayout
+from trajforge.runner.state.checkpoint import Checkpoint
+from trajforge.runner.scheduling.rollouts import expand, passes_on_disk, prior_passes
+from trajforge.runner.scheduling.rows import RunRows
 
 N = 4
 KINDS = ["pass"] * 10 + ["fail"] * 8 + ["mixed"] * 10 + ["hang"] * 4 + ["answer"] * 4 + ["answer_mixed"] * 4
@@ -156,7 +159,7 @@ def args(server: ScriptedServer, ds: Path, cfg: Path, name: str, *extra: str) ->
 
 
 def run(tmp_path: Path, env: dict[str, str], argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cli(*argv), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    return run_trajforge(*argv, cwd=tmp_path, env=env, timeout=600)
 
 
 def assert_figures(run_dir: Path, want: dict, *, keep_passed: bool) -> dict:
@@ -172,7 +175,7 @@ def assert_figures(run_dir: Path, want: dict, *, keep_passed: bool) -> dict:
     assert {t: [f["passed"], f["failed"], f["errors"]] for t, f in v["by_task_type"].items()} == want["by_type"]
     assert v["cost_per_pass"] == pytest.approx(2 * COST * want["records"] / want["passed"], rel=1e-5)
     assert stats["run"]["samples"]["finished"] == want["records"]
-    lines = [json.loads(line) for line in (run_dir / "trajectories.jsonl").read_text().splitlines()]
+    lines = read_records(run_dir)
     if keep_passed:
         assert len(lines) == want["passed"] and all(r["verification"]["passed"] is True for r in lines)
         assert v["not_kept"] == want["records"] - want["passed"] == stats["merge"]["not_kept"]
@@ -193,7 +196,7 @@ def test_four_rollouts_per_prompt_match_the_ground_truth(tmp_path: Path, server:
     run_dir = tmp_path / "data" / "all4"
     assert_figures(run_dir, want, keep_passed=True)
     assert "pass@1 / pass@4" in proc.stdout and "verification error: check_timeout" in proc.stdout
-    rec = json.loads((run_dir / "trajectories.jsonl").read_text().splitlines()[0])
+    rec = read_records(run_dir)[0]
     assert rec["verification"]["method"] == "check" and rec["verification"]["detail"]["check"]["exit_code"] == 0
     assert rec["rollout"] in range(N)
     # the check command is never shown to the model nor saved in a record
@@ -227,9 +230,9 @@ def test_stop_after_one_pass_matches_the_ground_truth(tmp_path: Path, server: Sc
     # the passes a resume starts from, from the merge's figures, are those the batch files hold
     run_dir = tmp_path / "data" / "straight"
     rows = RunRows.read(RunConfig(dataset_file=ds, run_name="straight", sandbox="local", samples_per_prompt=N))
-    ckpt = Checkpoint.load(run_dir / "checkpoint.json", "straight")
+    ckpt = Checkpoint.load(RunLayout(run_dir), "straight")
     assert ckpt.merge is not None and rows.extends(ckpt.merge["dataset"])
-    known, on_disk = prior_passes(run_dir, rows, ckpt), passes_on_disk(run_dir)
+    known, on_disk = prior_passes(rows, ckpt), passes_on_disk(RunLayout(run_dir))
     samples = list(rows.todo())
     assert [known(s) for s in samples] == [on_disk.get(split_rollout(s.identity)[0], 0) for s in samples]
     assert sum(on_disk.values()) > 0

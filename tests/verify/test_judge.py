@@ -7,9 +7,10 @@ import json
 import subprocess
 from pathlib import Path
 
-from tests.conftest import cli
+from tests.support.commands import run_trajforge
 from tests.support.policies import echo_policy
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error
+from tests.support.run_state import read_records
 
 REPLIES = {
     "high": '{"score": 0.9, "reasoning": "mentions the token"}',
@@ -51,13 +52,12 @@ def run(tmp_path: Path, server: ScriptedServer, env: dict[str, str], *extra: str
     ds.write_text("".join(json.dumps(r) + "\n" for r in rows()))
     argv = ["run", f"--dataset_file={ds}", "--batch_size=4", "--run_name=j", f"--base_url={server.url}",
             "--model=scripted-model", "--distribution=terminal_only", "--sandbox=local", "--max_retries=1", *extra]
-    return subprocess.run(cli(*argv), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    return run_trajforge(*argv, cwd=tmp_path, env=env, timeout=300)
 
 
 def records(tmp_path: Path) -> dict[str, dict]:
-    lines = (tmp_path / "data" / "j" / "trajectories.jsonl").read_text().splitlines()
-    return {json.loads(line)["conversations"][1]["value"].split("JUDGE=")[1].split()[0]: json.loads(line)
-            for line in lines}
+    return {r["conversations"][1]["value"].split("JUDGE=")[1].split()[0]: r
+            for r in read_records(tmp_path / "data" / "j")}
 
 
 def test_judge_scores_thresholds_and_errors(tmp_path: Path, server: ScriptedServer, clean_env) -> None:

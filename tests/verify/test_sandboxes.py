@@ -7,15 +7,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli
+from tests.support.commands import run_trajforge
 from tests.support.images import MARKER, busybox_image, containers_with_label, podman  # noqa: F401 (fixtures)
 from tests.support.policies import prompt_command_policy
 from tests.support.scripted_server import ScriptedServer
+from tests.support.run_state import read_records
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 from trajforge.sandbox.backends.container.container_engine import Engine
 
@@ -28,13 +28,11 @@ def run(tmp_path: Path, server: ScriptedServer, env: dict[str, str], rows: list[
     ds = tmp_path / f"{name}.jsonl"
     ds.write_text("".join(json.dumps(r) + "\n" for r in rows))
     server.handler = prompt_command_policy  # the prompt is the agent's one terminal command
-    proc = subprocess.run(cli("run", f"--dataset_file={ds}", "--batch_size=8", f"--run_name={name}",
-                              f"--base_url={server.url}", "--model=scripted", "--distribution=terminal_only",
-                              "--check_timeout=60", *extra),
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_trajforge("run", f"--dataset_file={ds}", "--batch_size=8", f"--run_name={name}",
+                         f"--base_url={server.url}", "--model=scripted", "--distribution=terminal_only",
+                         "--check_timeout=60", *extra, cwd=tmp_path, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    lines = (tmp_path / "data" / name / "trajectories.jsonl").read_text().splitlines()
-    return {r["prompt_index"]: r for r in map(json.loads, lines)}
+    return {r["prompt_index"]: r for r in read_records(tmp_path / "data" / name)}
 
 
 @needs_bwrap

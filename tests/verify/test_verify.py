@@ -14,7 +14,7 @@ from trajforge.config import RunConfig
 from trajforge.dataset import load_dataset, rollout_identity, split_rollout
 from trajforge.errors import DatasetError
 from trajforge.sample.outcome import Outcome
-from trajforge.runner.rollouts import RolloutScheduler, expand
+from trajforge.runner.scheduling.rollouts import RolloutScheduler, expand
 from trajforge.sandbox.interface import ExecResult
 from trajforge.verify.answer import last_number, matches, normalise, parse_number
 from trajforge.verify.check import check_part
@@ -247,7 +247,7 @@ def test_plain_scheduler_without_stop_after_passes_is_the_list(tmp_path: Path) -
 
 
 def test_the_example_dataset_and_config_are_valid() -> None:
-    from trajforge.config_load import build_config
+    from trajforge.config.load import build_config
 
     root = Path(__file__).resolve().parents[2] / "examples"
     config = build_config({}, root / "verified.yaml")
@@ -262,7 +262,8 @@ def test_the_example_dataset_and_config_are_valid() -> None:
 def test_passes_on_disk_reads_the_verification_not_the_text(tmp_path: Path) -> None:
     import orjson
 
-    from trajforge.runner.rollouts import passes_on_disk
+    from trajforge.run_layout import RunLayout
+    from trajforge.runner.scheduling.rollouts import passes_on_disk
 
     def rec(sid: str, ok: bool, text: str = "hi", tools: dict | None = None) -> bytes:
         return orjson.dumps({"prompt_index": 0, "sample_id": sid, "conversations": [{"from": "gpt", "value": text}],
@@ -273,4 +274,4 @@ def test_passes_on_disk_reads_the_verification_not_the_text(tmp_path: Path) -> N
         + rec("r:0#1", True)  # a later duplicate of a finished sample does not count
         + rec("r:0#2", True, tools={"unoffered:rm": {"count": 1}})  # dropped at the merge: no pass
         + rec("q:0", False) + b'{"prompt_index": 1, "sample_id": "q:0#1", "verif')  # torn last line
-    assert passes_on_disk(tmp_path) == Counter({"r:0": 1})
+    assert passes_on_disk(RunLayout(tmp_path)) == Counter({"r:0": 1})

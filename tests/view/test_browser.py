@@ -23,18 +23,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, cli
+from tests.support.commands import run_trajforge, user_env
 from tests.support.scripted_server import ScriptedServer
 from tests.support.view_policy import PROMPTS, TASK_TYPES, XSS, view_policy
+from tests.support.run_state import read_records
 
 pytestmark = pytest.mark.timeout(180)
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = REPO / "test-artifacts" / "view"
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENROUTER_API_KEY", "OPENAI_API_KEY")}
-    env["PYTHONPATH"] = str(REPO / "src")
-    return env
 
 
 @pytest.fixture(scope="module")
@@ -45,17 +41,16 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
             for p in PROMPTS]
     (root / "ds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     with ScriptedServer(view_policy) as srv:
-        proc = subprocess.run(cli("run", "--dataset_file=ds.jsonl", "--batch_size=4", "--run_name=r",
-                                  f"--base_url={srv.url}", "--model=scripted-model", "--distribution=terminal_only",
-                                  "--sandbox=local", "--max_retries=0", "--max_turns=3"),
-                              cwd=root, env=_env(), capture_output=True, text=True, timeout=120)
+        proc = run_trajforge("run", "--dataset_file=ds.jsonl", "--batch_size=4", "--run_name=r",
+                             f"--base_url={srv.url}", "--model=scripted-model", "--distribution=terminal_only",
+                             "--sandbox=local", "--max_retries=0", "--max_turns=3", cwd=root)
     assert proc.returncode == 3, proc.stderr  # the failed samples are part of the scenario (exit code 3)
     return root / "data" / "r"
 
 
 class Viewer:
     def __init__(self, source: Path, cwd: Path) -> None:
-        self.proc = subprocess.Popen(cli("view", str(source), "--port", "0"), cwd=cwd, env=_env(),
+        self.proc = subprocess.Popen(cli("view", str(source), "--port", "0"), cwd=cwd, env=user_env(),
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         self.line = self.proc.stdout.readline()
@@ -89,7 +84,7 @@ def browser() -> Iterator:
     if not CHROMIUM.exists():
         pytest.skip("Chromium is not installed (apt-get install chromium); the CI setup installs it")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    from trajforge.tools.browser import LAUNCH_ARGS
+    from trajforge.tools.browser.toolset import LAUNCH_ARGS
 
     with sync_api.sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True,
@@ -320,7 +315,7 @@ def test_live_run_refreshes_overview_and_list(run_dir: Path, tmp_path: Path, vie
 def test_plain_jsonl_file_with_verification(run_dir: Path, tmp_path: Path, viewer_of, page) -> None:
     """A JSONL file that is not a run directory (here: verified records, as a compressor or an
     export would write them)."""
-    recs = [json.loads(line) for line in (run_dir / "trajectories.jsonl").read_text().splitlines()]
+    recs = read_records(run_dir)
     for i, rec in enumerate(recs):
         rec["verification"] = {"passed": i % 2 == 0, "score": 1.0 if i % 2 == 0 else 0.0, "method": "exact",
                                "detail": "expected <b>42</b>"}
@@ -363,26 +358,22 @@ def test_bad_source_is_one_clear_line(tmp_path: Path) -> None:
     for target, needle in ((tmp_path / "nope", "no such run directory or JSONL file"),
                            (tmp_path, "not a run directory")):
         t0 = time.monotonic()
-        proc = subprocess.run(cli("view", str(target), "--port", "0"), env=_env(), capture_output=True, text=True,
-                              timeout=30)
+        proc = run_trajforge("view", target, "--port", "0", timeout=30)
         assert proc.returncode == 2 and time.monotonic() - t0 < 30
         assert proc.stderr.count("\n") == 1 and needle in proc.stderr and "Traceback" not in proc.stderr
     (tmp_path / "data" / "run1").mkdir(parents=True)
     (tmp_path / "data" / "run1" / "checkpoint.json").write_text("{}")
-    proc = subprocess.run(cli("view", str(tmp_path / "data"), "--port", "0"), env=_env(), capture_output=True,
-                          text=True, timeout=30)
+    proc = run_trajforge("view", tmp_path / "data", "--port", "0", timeout=30)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "runs inside it: " in proc.stderr
     assert str(tmp_path / "data" / "run1") in proc.stderr
-    proc = subprocess.run(cli("view", str(tmp_path), "--port", "99999"), env=_env(), capture_output=True, text=True,
-                          timeout=30)
+    proc = run_trajforge("view", tmp_path, "--port", "99999", timeout=30)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "port number" in proc.stderr
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         (tmp_path / "t.jsonl").write_text("{}\n")
-        proc = subprocess.run(cli("view", str(tmp_path / "t.jsonl"), "--port", str(port)), env=_env(),
-                              capture_output=True, text=True, timeout=30)
+        proc = run_trajforge("view", tmp_path / "t.jsonl", "--port", port, timeout=30)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in proc.stderr
 
 
@@ -413,7 +404,8 @@ def test_watching_a_real_run_while_it_runs(tmp_path: Path, viewer_of, page) -> N
         proc = subprocess.Popen(cli("run", "--dataset_file=ds.jsonl", "--batch_size=4", "--run_name=r",
                                     f"--base_url={srv.url}", "--model=scripted-model", "--num_workers=2",
                                     "--distribution=terminal_only", "--sandbox=local"),
-                                cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                cwd=tmp_path, env=user_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True)
         try:
             deadline = time.monotonic() + 60
             while not (run / "checkpoint.json").exists():  # the run saves it before its first sample

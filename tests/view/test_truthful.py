@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli
+from tests.support.commands import run_trajforge
 from tests.support.policies import tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call
-from tests.view.test_browser import _env, browser, figure, page, shot, viewer_of  # noqa: F401 (fixtures)
+from tests.view.test_browser import browser, figure, page, shot, viewer_of  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.timeout(240)
 # Every kind of character that an escaping mistake changes: quotes, tags, ampersands, entities
@@ -57,10 +56,9 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("truthful")
     (root / "ds.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ROWS), encoding="utf-8")
     with ScriptedServer(policy) as srv:
-        proc = subprocess.run(cli("run", "--dataset_file=ds.jsonl", "--batch_size=2", f"--run_name={RUN_NAME}",
-                                  f"--base_url={srv.url}", f"--model={MODEL}", "--distribution=terminal_only",
-                                  "--sandbox=local", "--max_retries=0", "--check_timeout=1"),
-                              cwd=root, env=_env(), capture_output=True, text=True, timeout=180)
+        proc = run_trajforge("run", "--dataset_file=ds.jsonl", "--batch_size=2", f"--run_name={RUN_NAME}",
+                             f"--base_url={srv.url}", f"--model={MODEL}", "--distribution=terminal_only",
+                             "--sandbox=local", "--max_retries=0", "--check_timeout=1", cwd=root, timeout=180)
     assert proc.returncode == 3, proc.stderr  # the broken row failed: part of the scenario
     return root / "data" / RUN_NAME
 
@@ -181,13 +179,12 @@ def test_after_a_dataset_edit_and_resume_the_page_agrees_with_statistics_json(tm
             chat(None, reasoning="run it", tool_calls=[tool_call("terminal", {"command": "echo hi"})])
 
     with ScriptedServer(bad_ones_fail) as srv:
-        args = cli("run", "--dataset_file=ds.jsonl", "--run_name=r", f"--base_url={srv.url}", "--model=m",
-                   "--distribution=terminal_only", "--sandbox=local", "--max_retries=0")
-        first = subprocess.run(args, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+        args = ["run", "--dataset_file=ds.jsonl", "--run_name=r", f"--base_url={srv.url}", "--model=m",
+                "--distribution=terminal_only", "--sandbox=local", "--max_retries=0"]
+        first = run_trajforge(*args, cwd=tmp_path)
         assert first.returncode == 3, first.stderr
         (tmp_path / "ds.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in rows if "bad" not in p))
-        resumed = subprocess.run([*args, "--resume"], cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                                 timeout=120)
+        resumed = run_trajforge(*args, "--resume", cwd=tmp_path)
         assert resumed.returncode == 0, resumed.stderr
     run = tmp_path / "data" / "r"
     stats = json.loads((run / "statistics.json").read_text())["run"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trajforge.runner.stats import Totals
+from trajforge.runner.reporting.stats import Totals
 from trajforge.tools.toolsets import KNOWN_TOOLS
 from trajforge.view.conversation import display_turns, pair, parse_call, result_view
 from trajforge.view.index import RunIndex
@@ -121,11 +121,11 @@ def test_index_follows_the_merge_rules_and_the_checkpoint(tmp_path: Path) -> Non
     made_up["tool_stats"]["unoffered:summon"] = {"count": 1, "success": 1, "failure": 0}
     (run / "batch_0.jsonl").write_bytes(lines(record(0), record(1), made_up) + b"{torn\n" + lines(record(0)))
     (run / "checkpoint.json").write_text(json.dumps({"version": 1, "samples": {
-        "id0:0": {"status": "done", "batch": 0}, "id1:0": {"status": "failed", "reason": "timeout"},
+        "id0:0": {"status": "done", "batch": 0}, "id1:0": {"status": "failed", "batch": 0, "reason": "timeout"},
         "lost:0": {"status": "failed", "batch": 4, "reason": "sandbox", "message": "no image"},
         "gone:0": {"status": "discarded", "batch": 2, "reason": "no_reasoning",
                    "usage": {"prompt_tokens": 7, "completion_tokens": 1}, "api_calls": 1}},
-        "invocations": [{"seconds": 30.0}, {"seconds": 30.0}]}))
+        "invocations": [{"started": 0.0, "seconds": 30.0}, {"started": 60.0, "seconds": 30.0}]}))
     ix = RunIndex(run)
     ix.refresh()
     assert ix.duplicates == 1 and len(ix.problems) == 1 and "batch_0.jsonl:4" in ix.problems[0]
@@ -139,6 +139,33 @@ def test_index_follows_the_merge_rules_and_the_checkpoint(tmp_path: Path) -> Non
     assert totals["tokens"]["prompt"] == 0 + 100 + 7 and totals["throughput_samples_per_minute"] == 2.0
     assert ix.find("id1:0").status == "completed" and ix.find("lost:0").message == "no image"
     assert isinstance(ix.totals, Totals) and ix.totals.failed == {}  # the records' own totals stay as they were
+
+
+
+def test_the_index_reads_the_checkpoint_as_the_runner_does(tmp_path: Path) -> None:
+    """One replay of checkpoint.json and its journal (runner.reader): a journal's later lines count
+    (a failure a later attempt finished, an invocation's last commit), and a file the runner would
+    refuse is one problem naming it, not half-read."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "batch_0.jsonl").write_bytes(lines(record(0)))
+    (run / "checkpoint.json").write_text(json.dumps({"version": 2, "run_name": "run", "journal": 1, "finished": None,
+                                                     "extents": {}, "samples": {
+        "id0:0": {"status": "failed", "batch": 0, "reason": "timeout"},
+        "id5:0": {"status": "failed", "batch": 0, "reason": "sandbox"}},
+        "invocations": [{"started": 0.0, "seconds": 5.0}]}))
+    (run / "journal.jsonl").write_bytes(b"".join(json.dumps(x).encode() + b"\n" for x in (
+        {"journal": 1}, {"done": "id0:0", "batch": 0, "at": 0, "len": 10},
+        {"sample": "id6:0", "status": "discarded", "batch": 0, "reason": "no_reasoning"},
+        {"invocation": 0, "started": 0.0, "seconds": 42.0})))
+    ix = RunIndex(run)
+    ix.refresh()
+    assert sorted(e.key for e in ix.outcomes) == ["id5:0", "id6:0"] and ix.seconds() == 42.0 and not ix.problems
+    (run / "checkpoint.json").write_text(json.dumps({"version": 2, "samples": {"x:0": {"status": "lost", "batch": 0}}}))
+    ix = RunIndex(run)
+    ix.refresh()
+    assert ix.outcomes == [] and len(ix.problems) == 1
+    assert "checkpoint.json: not a trajforge checkpoint (at samples.x:0.status" in ix.problems[0]
 
 
 def test_plain_jsonl_keeps_every_line_and_its_verification(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 from trajforge.agent.args import parse_arguments
 from trajforge.agent.limits import SpendLimits
 from trajforge.agent.prompts import runtime_system_message
+from trajforge.agent.segments import Segments
 from trajforge.model.errors import APIFailure, ModelOutputError
 from trajforge.model.types import Completion, ModelClient, ToolCall, Usage
 from trajforge.redact import REGISTRY
@@ -50,6 +51,7 @@ class Turn:
     results: list[ToolResult] = field(default_factory=list)
     finish_reason: str | None = None
     usage: Usage | None = None  # of this turn's model call (the ATIF trajectory's per-step metrics)
+    policy_version: int | None = None  # of the policy that served the call (model.policy)
 
 
 @dataclass(slots=True)
@@ -63,10 +65,15 @@ class SessionResult:
     usage: Usage
     end_reason: str  # "answer" | "length" | "max_turns" | "max_tokens_per_sample" | "max_cost_per_sample" |
     # "max_tool_output" | "agent_timeout"
+    segments: Segments = field(default_factory=Segments)  # the calls' token ids (agent.segments)
 
 
 def _assistant_message(c: Completion) -> dict[str, Any]:
     msg: dict[str, Any] = {"role": "assistant", "content": c.content or ""}
+    if c.tokens is not None and c.reasoning:
+        # The ids are being recorded for training: the next prompt should hold what the model
+        # wrote, and templates that keep a tool loop's reasoning read it from this field.
+        msg["reasoning_content"] = c.reasoning
     if c.tool_calls:
         msg["tool_calls"] = [
             {"id": tc.id, "type": "function", "function": {"name": tc.name, "arguments": tc.arguments or "{}"}}
@@ -119,31 +126,36 @@ async def run_session(
     schemas = [t.schema() for t in tools]
     messages: list[dict[str, Any]] = [runtime_system_message(ephemeral_system_prompt), *(prefill or []),
                                       {"role": "user", "content": prompt}]
-    turns: list[Turn] = []
-    usage = Usage()
+    session = SessionResult(prompt, schemas, [], False, True, 0, Usage(), "max_turns")
     limit = asyncio.timeout(time_limit)
     try:
         async with limit:
-            end_reason = await _turns(messages, model, schemas, by_name, ctx, turns, usage, max_turns, trace, limits)
+            session.end_reason = await _turns(messages, model, schemas, by_name, ctx, session, max_turns, trace,
+                                              limits)
     except TimeoutError:
         if not limit.expired():  # a timeout of something inside (a model request): not the agent's limit
             raise
-        end_reason = "agent_timeout"
-    completed = end_reason == "answer"
-    return SessionResult(prompt, schemas, turns, completed, not completed, len(turns), usage, end_reason)
+        session.end_reason = "agent_timeout"
+    session.completed = session.end_reason == "answer"
+    session.partial = not session.completed
+    session.api_calls = len(session.turns)
+    return session
 
 
 async def _turns(messages: list[dict[str, Any]], model: ModelClient, schemas: list[dict[str, Any]],
-                 by_name: dict[str, Tool], ctx: ToolContext, turns: list[Turn], usage: Usage, max_turns: int,
+                 by_name: dict[str, Tool], ctx: ToolContext, session: SessionResult, max_turns: int,
                  trace: Any, limits: SpendLimits | None) -> str:
-    """The loop itself, appending to `turns` and `usage` as it goes; returns the end reason."""
+    """The loop itself, adding to the session's turns, usage and segments as it goes; returns the end reason."""
     end_reason = "max_turns"
     output = 0  # characters of tool results so far
+    turns, usage = session.turns, session.usage
     for _ in range(max_turns):
         completion = await model.complete(messages, schemas)
         usage.add(completion.usage)
+        session.segments.add(completion)
         turn = Turn(completion.content, completion.reasoning, completion.tool_calls,
-                    finish_reason=completion.finish_reason, usage=completion.usage)
+                    finish_reason=completion.finish_reason, usage=completion.usage,
+                    policy_version=completion.policy_version)
         turns.append(turn)
         if trace is not None:
             trace("model", turn)

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from trajforge.agent.loop import SessionResult
+from trajforge.agent.segments import POLICY_VERSIONS
 from trajforge.agent.sharegpt import conversations
 from trajforge.agent.stats import reasoning_stats, tool_stats
 
@@ -28,10 +29,13 @@ def build_record(
     row: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """`dataset_line` (1-based line of the row in the dataset file) and `row` (the row's fields
-    other than the ones that decide how it runs) let users join a result back to its input."""
+    other than the ones that decide how it runs) let users join a result back to its input. The
+    calls' token ids close the record (agent.segments), with each call's policy version when the
+    run stamps one."""
     stats, errors = tool_stats(session, known_tools)
     ts = (now or datetime.now(timezone.utc)).replace(microsecond=0, tzinfo=None).isoformat()
-    return {
+    versions = [t.policy_version for t in session.turns]
+    record = {
         "prompt_index": prompt_index,
         "sample_id": sample_id,
         "dataset_line": dataset_line,
@@ -47,4 +51,8 @@ def build_record(
         "reasoning": reasoning_stats(session),
         "usage": session.usage.as_dict(),
         "row": dict(row or {}),
+        **session.segments.fields(),
     }
+    if any(v is not None for v in versions):  # each call's, when the run was given one (--policy_version)
+        record[POLICY_VERSIONS] = versions
+    return record

@@ -30,14 +30,16 @@ class ToolsetCaps:
 
 
 ToolsetSpec = Spec[ToolsetCaps]
-TOOLSETS: Registry[ToolsetCaps] = Registry("toolset")
+TOOLSETS: Registry[ToolsetCaps] = Registry("toolset", ToolsetCaps)
 
 
 def toolset(name: str, tools: tuple[str, ...], builder: str, settings: str | None = None, *,
-            key_settings: tuple[str, ...] = ()) -> ToolsetSpec:
+            key_settings: tuple[str, ...] = (), needs: tuple[str, ...] = (), extra: str | None = None) -> ToolsetSpec:
     """A toolset's spec. `builder`: "module:function", called once per process as
-    `await function(tool_settings)`; `settings`: its section of the config's `tools:`."""
-    return Spec(name, builder, capabilities=ToolsetCaps(tools, key_settings), settings=settings)
+    `await function(tool_settings)`; `settings`: its section of the config's `tools:`; `needs`,
+    `extra`: the modules it needs beyond the base install and the pip extra that brings them."""
+    return Spec(name, builder, capabilities=ToolsetCaps(tools, key_settings), settings=settings, needs=needs,
+                extra=extra)
 
 
 def register(spec: ToolsetSpec) -> ToolsetSpec:
@@ -46,11 +48,11 @@ def register(spec: ToolsetSpec) -> ToolsetSpec:
 
 
 def toolset_names() -> tuple[str, ...]:
-    """Every declared toolset, in the SPEC's listing order (registration order)."""
+    """Every declared toolset, in registration order (the order --list_distributions and the README list them)."""
     return TOOLSETS.names()
 
 
-register(toolset("web", ("web_search", "web_extract"), "trajforge.tools.web:build", "web",
+register(toolset("web", ("web_search", "web_extract"), "trajforge.tools.web.toolset:build", "web",
                  key_settings=("brave_api_key_env", "tavily_api_key_env")))
 register(toolset("vision", ("vision_analyze",), "trajforge.tools.vision:build", "vision",
                  key_settings=("api_key_env",)))
@@ -61,9 +63,10 @@ register(toolset("file", ("read_file", "write_file", "patch", "search_files"), "
 register(toolset("moa", ("mixture_of_agents",), "trajforge.tools.moa:build", "moa", key_settings=("api_key_env",)))
 register(toolset("browser", ("browser_navigate", "browser_snapshot", "browser_click", "browser_type",
                              "browser_scroll", "browser_back", "browser_press", "browser_get_images",
-                             "browser_vision", "browser_console"), "trajforge.tools.browser:build", "browser"))
+                             "browser_vision", "browser_console"), "trajforge.tools.browser.toolset:build", "browser",
+                 needs=("playwright",), extra="browser"))
 
-# The built-in toolsets' tools, in the fixed order of every trajectory's tool_stats (SPEC section 4):
+# The built-in toolsets' tools, in the fixed order of every trajectory's tool_stats (README, "Output"):
 # a record's schema does not change with what a run or a test registers later.
 _STATS_ORDER = ("terminal", "file", "web", "browser", "vision", "image_gen", "moa")
 TOOLSET_TOOLS: dict[str, tuple[str, ...]] = {name: TOOLSETS[name].capabilities.tools for name in _STATS_ORDER}

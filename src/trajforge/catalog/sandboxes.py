@@ -55,10 +55,13 @@ class BackendCaps:
     images: bool = False  # runs each row in its own image, where a row's cwd is a path of the image
     auto_rank: int | None = None  # `--sandbox auto` takes the usable backend of lowest rank
     enable: str = ""  # how to make it usable, as `doctor` says when it is not
+    # "module:function", `async () -> (healthy, lines)`: `doctor --repair` mends what of the host the
+    # backend depends on is broken (a wedged engine storage), saying each step; None: nothing to mend.
+    repair: str | None = None
 
 
 BackendSpec = Spec[BackendCaps]
-SANDBOXES: Registry[BackendCaps] = Registry("sandbox backend")
+SANDBOXES: Registry[BackendCaps] = Registry("sandbox backend", BackendCaps)
 
 SANDBOXES.register(Spec(
     "local", "trajforge.sandbox.backends.local.local_sandbox:make",
@@ -77,6 +80,7 @@ SANDBOXES.register(Spec(
     BackendCaps(networks=frozenset(NetworkMode), status="trajforge.sandbox.backends.container.container_status:status",
                 images=True, prefetch="trajforge.sandbox.backends.container.container_backend:prefetch",
                 egress_probe="trajforge.sandbox.backends.container.container_status:egress_probe",
+                repair="trajforge.sandbox.backends.container.storage:doctor_repair",
                 enable="apt-get install podman runc, or point DOCKER_HOST at a Docker daemon")))
 
 

@@ -16,7 +16,7 @@ class _Section(BaseModel):
 
 
 class WebSettings(_Section):
-    """`tools.web`: web_search + web_extract (tools/web.py, web_search.py, web_content.py).
+    """`tools.web`: web_search + web_extract (tools/web/toolset.py, search.py, content.py).
 
     The toolset is all-or-nothing, so it is offered only when a search provider is configured
     (web_extract alone would work, but a `web` toolset whose search can only fail is not offered).
@@ -41,7 +41,7 @@ class WebSettings(_Section):
 
 
 class BrowserSettings(_Section):
-    """Playwright + Chromium backend of the `browser` toolset (tools/browser.py)."""
+    """Playwright + Chromium backend of the `browser` toolset (tools/browser/toolset.py)."""
 
     # None: the first of chromium, chromium-browser, google-chrome, google-chrome-stable on PATH.
     executable_path: Path | None = None

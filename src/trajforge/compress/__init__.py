@@ -1,6 +1,6 @@
-"""The trajectory compressor (SPEC section 10): fit saved trajectories into a training token budget.
+"""The trajectory compressor (README, "Trajectory compressor"): fit saved trajectories into a training token budget.
 
-Entry points: `trajforge.compress.compress_command.main(argv)` (both `trajforge compress` and the root
+Entry points: `trajforge.cli.compress.main(argv)` (both `trajforge compress` and the root
 `trajectory_compressor.py`), and `trajforge.compress.pipeline.run(Options, CompressionConfig)`.
 Module map: config (YAML + overrides), tokenize (offline token counts), select (which turns to
 summarise, pure), summarize (model calls), compressor (one trajectory), sampling, records (input

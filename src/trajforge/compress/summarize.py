@@ -90,11 +90,16 @@ def falls_back_to_local(cfg: SummarizationSection, api_key: str | None, environ:
     """Like `trajforge run`: no summariser model named (by --model or `summarization.model`), no
     --base_url and no API key anywhere means the bundled local model. A model or URL the user
     chose, even the default's name, is never replaced."""
-    from trajforge.model.factory import resolve_api_key
+    from trajforge.model.endpoint import resolve_api_key
 
-    env_key = environ.get(cfg.api_key_env) if cfg.api_key_env else None
     return ("model" not in cfg.model_fields_set and cfg.model == DEFAULT_SUMMARY_MODEL and cfg.base_url is None
-            and resolve_api_key(api_key or env_key, environ) is None)
+            and resolve_api_key(_own_key(cfg, api_key, environ), environ) is None)
+
+
+def _own_key(cfg: SummarizationSection, api_key: str | None, environ: Mapping[str, str]) -> str | None:
+    """The summariser's own key: --api_key, else the variable summarization.api_key_env names
+    (unset or empty: the run's key lookup takes over, as in the reference compressor)."""
+    return api_key or (environ.get(cfg.api_key_env) if cfg.api_key_env else None) or None
 
 
 class _Unusable(Exception):
@@ -109,8 +114,7 @@ class Summariser:
         self._cfg = cfg
         self._target = target_tokens
         self._environ = environ
-        key = api_key or (environ.get(cfg.api_key_env) if cfg.api_key_env else None) or None
-        self._settings = ModelSettings(model=cfg.model, base_url=cfg.base_url, api_key=key,
+        self._settings = ModelSettings(model=cfg.model, base_url=cfg.base_url, api_key=_own_key(cfg, api_key, environ),
                                        max_tokens=2 * target_tokens,
                                        temperature=None if rejects_temperature(cfg.model) else cfg.temperature,
                                        max_retries=cfg.max_retries, request_timeout=cfg.request_timeout)
@@ -128,12 +132,15 @@ class Summariser:
 
     @contextmanager
     def _explained(self) -> Iterator[None]:
+        from trajforge.model.endpoint import NoKey
+
         try:
             yield
+        except NoKey as e:  # model/endpoint.py's wording, naming the setting for the summariser's own key
+            own = "summarization.api_key_env" if not self._cfg.api_key_env else f"${self._cfg.api_key_env}"
+            raise UsageError(f"summariser: {e} (or set {own})") from None
         except UsageError as e:
-            hint = f" or ${self._cfg.api_key_env}" if self._cfg.api_key_env else \
-                " (or name a variable in summarization.api_key_env)"
-            raise UsageError(f"summariser: {e}{hint}") from None
+            raise UsageError(f"summariser: {e}") from None
 
     async def _get_client(self) -> ModelClient:
         async with self._client_lock:

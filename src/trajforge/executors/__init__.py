@@ -1,7 +1,7 @@
 """Where samples run: in this process (local) or on a Ray cluster (ray).
 
 An executor is a plugin: one module with a factory `make(config, prefill, run_dir)` returning an
-object that fits runner.engine.Executor, plus one line in EXECUTORS (trajforge.catalog.executors,
+object that fits runner.scheduling.engine.Executor, plus one line in EXECUTORS (trajforge.catalog.executors,
 where config reads the names). The command layer picks one by `--executor` and hands its factory
 to the runner, which never imports an executor; executors import trajforge.sample (the
 per-sample worker), never the runner. A module is imported only when chosen, so a local run

@@ -14,6 +14,7 @@ from trajforge.config import RunConfig
 from trajforge.dataset import Sample
 from trajforge.model import gate as model_gate
 from trajforge.model.types import ModelClient
+from trajforge.run_layout import RunLayout
 from trajforge.sample.gate_builder import gate_for
 from trajforge.sample.outcome import Outcome
 from trajforge.sample.worker import SampleWorker
@@ -48,5 +49,6 @@ class LocalExecutor:
 
 def make(config: RunConfig, prefill: list[dict[str, Any]] | None, run_dir: Path) -> LocalExecutor:
     """The spec's target (trajforge.catalog.executors.EXECUTORS)."""
-    ws = run_dir / "workspaces" if config.keep_workspaces else None
-    return LocalExecutor(config, prefill=prefill, workspace_root=ws, build_log_dir=run_dir / "builds")
+    layout = RunLayout(run_dir)
+    ws = layout.workspaces if config.keep_workspaces else None
+    return LocalExecutor(config, prefill=prefill, workspace_root=ws, build_log_dir=layout.builds)

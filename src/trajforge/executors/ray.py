@@ -8,7 +8,7 @@ which writes the run directory, so the cluster needs no shared filesystem.
 
 A lost actor or node is infrastructure failure, not the sample's: its in-flight samples are sent
 to another actor without counting an attempt, and the lost capacity is re-planned on the nodes
-still alive. Ray is imported only here, in executors.ray_actor and in commands.cluster, so a local
+still alive. Ray is imported only here, in executors.ray_actor and in cli.cluster, so a local
 run never loads it.
 """
 
@@ -30,7 +30,7 @@ from trajforge.config import RunConfig
 from trajforge.dataset import Sample
 from trajforge.errors import TrajforgeError
 from trajforge.executors.ray_actor import SampleActor, plan_actors
-from trajforge.model.factory import resolve_api_key
+from trajforge.model.endpoint import resolve_api_key
 from trajforge.sample.outcome import Outcome, batch_number
 from trajforge.tools.tool import Unavailable
 

@@ -6,7 +6,7 @@ Ray's node table and decides the actors of every live node: a node started by `t
 --pool_size N` offers N slots through the SLOT_RESOURCE resource and names itself with the
 WORKER_LABEL label; when no node offers slots, `num_workers` is split evenly over every node. The
 driver's side (keeping samples in flight, losses, re-planning) is executors.ray's; the names a
-node is started with are shared with commands.cluster, which starts the nodes.
+node is started with are shared with cli.cluster, which starts the nodes.
 """
 
 from __future__ import annotations
@@ -15,25 +15,20 @@ import logging
 import os
 from typing import Any
 
+import ray  # an optional extra: the specs that import this module need it, checked first
 from pydantic import SecretStr
 
 from trajforge.allocator import tune_allocator
 from trajforge.config import RunConfig
 from trajforge.dataset import Sample
-from trajforge.errors import UsageError
 from trajforge.model import gate as model_gate
 from trajforge.model import spend
-from trajforge.model.factory import resolve_api_key
+from trajforge.model.endpoint import resolve_api_key
 from trajforge.redact import REGISTRY, run_secrets
 from trajforge.sample.gate_builder import gate_for
 from trajforge.sample.outcome import Outcome
 from trajforge.sample.worker import SampleWorker
 from trajforge.tools.tool import Unavailable
-
-try:
-    import ray
-except ImportError as e:  # Ray is an optional extra
-    raise UsageError(f"Ray is not installed ({e}); install it with: pip install 'trajforge[ray]'") from None
 
 SLOT_RESOURCE = "trajforge_slots"  # custom resource: session slots a node offers
 WORKER_LABEL = "trajforge-worker-id"  # node label naming the worker in statistics

@@ -1,7 +1,7 @@
 """The dataset card (README.md) of an `hf` export: where the data came from and what is in it.
 
 Pure rendering from the run's config.json and statistics.json (when the input is a run) and the
-figures of the exported records themselves (a runner.stats.Totals over what was written, so the
+figures of the exported records themselves (a runner.reporting.stats.Totals over what was written, so the
 two sections use the same definitions). Secrets never reach the card: config keys naming a key,
 token, secret or password are left out whatever their value, and URLs lose credentials and
 query strings.

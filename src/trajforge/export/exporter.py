@@ -32,6 +32,7 @@ class Options:
     splits: tuple[str, ...] = ()  # split names in order; empty: one output
     command: str = ""  # the export command line, for the dataset card
     source: Source | None = None
+    jsonl: bool = False  # --jsonl: JSON lines instead of the format's binary files (formats that offer it)
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class Summary:
     counts: dict[str, int]  # records written per split ("" without splits)
     files: list[str] = field(default_factory=list)  # what was written, relative to the output
     drops: list[str] = field(default_factory=list)  # what this format leaves out of the records
+    rows: int | None = None  # rows written, when a record may give several (or none)
 
 
 class Exporter(ABC):

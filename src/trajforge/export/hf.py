@@ -15,7 +15,7 @@ from trajforge.export import card
 from trajforge.export.exporter import Exporter, Item, Summary
 from trajforge.export.filters import passed
 from trajforge.export.parquet import RowGroups, add_row
-from trajforge.runner.stats import Totals
+from trajforge.runner.reader import Totals
 
 
 class HFExporter(Exporter):

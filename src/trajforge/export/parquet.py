@@ -21,10 +21,12 @@ BYTES = 32 << 20
 
 
 class RowGroups:
-    """Buffered rows of one output, flushed as one Arrow table (a row group) to `sink(table)`."""
+    """Buffered rows of one output, flushed as one Arrow table (a row group) to `sink(table)`;
+    `table(rows)` makes the table when the rows are not export.schema's."""
 
-    def __init__(self, sink: Any) -> None:
+    def __init__(self, sink: Any, table: Any = None) -> None:
         self.sink = sink
+        self.table = table
         self.rows: list[dict[str, Any]] = []
         self.numbers: list[int] = []
         self.size = 0
@@ -49,6 +51,10 @@ class RowGroups:
 
         if not self.rows:
             return
+        if self.table is not None:
+            self.sink(self.table(self.rows))
+            self.rows, self.numbers, self.size = [], [], 0
+            return
         data = b"".join(orjson.dumps(row) + b"\n" for row in self.rows)
         try:
             table = pa_json.read_json(io.BytesIO(data), read_options=pa_json.ReadOptions(block_size=len(data) + 1),
@@ -63,6 +69,15 @@ class RowGroups:
             raise
         self.sink(table)
         self.rows, self.numbers, self.size = [], [], 0
+
+
+def close_quietly(writers: dict[str, Any]) -> None:
+    """Close an aborted export's writers; the staging directory, their files with it, is removed anyway."""
+    for w in writers.values():
+        try:
+            w.close()
+        except Exception:  # a writer that failed may fail again closing: nothing is kept of it
+            pass
 
 
 def add_row(groups: RowGroups, exporter: Exporter, item: Item) -> None:
@@ -98,11 +113,7 @@ class ParquetExporter(Exporter):
         return Summary({s: g.count for s, g in self.groups.items()}, files, self.drops())
 
     def abort(self) -> None:
-        for w in getattr(self, "writers", {}).values():
-            try:
-                w.close()
-            except Exception:  # the staging directory is removed anyway
-                pass
+        close_quietly(getattr(self, "writers", {}))
 
     def drops(self) -> list[str]:
         from trajforge.export.schema import DROPS

@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from trajforge.agent.segments import MISSING_CALLS, TOKENS, TOKENS_MISSING
 from trajforge.export.filters import record_task_type, verification_of
 from trajforge.jsonio import dumps_str
 
@@ -47,8 +48,9 @@ SCHEMA = pa.schema([
     ("extra", pa.string()),
 ])
 DROPS = ["tool_error_counts (the same numbers as tool_stats failures)",
-         "tool_stats entries of tools never called (all zero)"]
-_COLUMNS = frozenset(SCHEMA.names) | {"tool_error_counts", "metadata"}
+         "tool_stats entries of tools never called (all zero)",
+         f"captured token ids ({TOKENS}, {TOKENS_MISSING}: --format tokens exports them)"]
+_COLUMNS = frozenset(SCHEMA.names) | {"tool_error_counts", "metadata", TOKENS, TOKENS_MISSING, MISSING_CALLS}
 _MESSAGE_KEYS = tuple(MESSAGE.names)
 
 

@@ -20,6 +20,8 @@ from trajforge.errors import InputError, UsageError
 from trajforge.export.convert import ConversionError, to_record
 from trajforge.export.filters import record_task_type, row_identity
 from trajforge.jsonio import dumps, not_regular
+from trajforge.run_layout import RunLayout
+from trajforge.runner.reader import RunReader
 
 
 def as_record(obj: dict[str, Any]) -> dict[str, Any]:
@@ -105,32 +107,24 @@ def _dataset_task_types(path: Path) -> dict[str, str | None]:
     return {s.identity: s.task_type for s in ds.samples}
 
 
-def _json_file(path: Path) -> dict[str, Any] | None:
-    try:
-        obj = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None  # the card then says the figure is unknown; the trajectories are what matters
-    return obj if isinstance(obj, dict) else None
-
-
 def open_source(path: Path) -> Source:
     if path.is_dir():
-        run_dir, file = path, path / "trajectories.jsonl"
+        run_dir, file = path, RunLayout(path).trajectories
         if (kind := not_regular(file, follow_symlinks=True)) is not None:
             raise InputError(f"{file}: {kind}, not a regular file")
         if not file.is_file():
-            raise InputError(f"{path}: no trajectories.jsonl in this directory (is it a run directory? "
+            raise InputError(f"{path}: no {file.name} in this directory (is it a run directory? "
                              "a run that never finished its merge can be completed with --resume)")
     elif path.is_file():
         file = path
-        run_dir = path.parent if path.name == "trajectories.jsonl" and (path.parent / "config.json").exists() \
-            else None
+        beside = RunLayout(path.parent)
+        run_dir = beside.root if path == beside.trajectories and beside.config.exists() else None
     elif (kind := not_regular(path, follow_symlinks=True)) is not None:
         raise InputError(f"{path}: {kind}, not a regular file or a run directory")
     else:
         raise InputError(f"{path}: no such file or directory")
     src = Source(file, run_dir)
-    if run_dir is not None:
-        src.statistics = _json_file(run_dir / "statistics.json")
-        src.config = _json_file(run_dir / "config.json")
+    if run_dir is not None:  # without them the card says a figure is unknown; the trajectories are what matters
+        reader = RunReader(run_dir)
+        src.statistics, src.config = reader.statistics() or None, reader.config() or None
     return src

@@ -34,10 +34,12 @@ from trajforge.model.parse import (
     INVALID_TOOL_NAME, arguments_text, content_text, extract_hermes_tool_calls, join_reasoning,
     reasoning_from_message, split_reasoning,
 )
+from trajforge.model.policy import PolicyVersion
 from trajforge.model.pricing import call_usage
 from trajforge.model.retry import RetryPolicy, backoff_delay, parse_retry_after  # noqa: F401  (re-exported)
-from trajforge.model.transport import TransportError, make_transport
-from trajforge.model.types import DEFAULT_BASE_URL, Completion, ModelSettings, ToolCall
+from trajforge.model.token_capture import REQUEST_FIELDS, from_reply
+from trajforge.model.transport import AiohttpTransport, Transport, TransportError
+from trajforge.model.types import DEFAULT_BASE_URL, NOT_RETURNED, Completion, ModelSettings, ToolCall
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +57,7 @@ def request_options(settings: ModelSettings) -> dict[str, Any]:
         opts["temperature"] = settings.temperature
     if settings.top_p is not None:
         opts["top_p"] = settings.top_p
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = dict(REQUEST_FIELDS) if settings.capture_tokens else {}
     provider = {key: value for key, value in (
         ("only", settings.providers_allowed), ("ignore", settings.providers_ignored),
         ("order", settings.providers_order), ("sort", settings.provider_sort)) if value}
@@ -88,12 +90,11 @@ class OpenAIClient:
     cap, so the runner's concurrency limit is the only one. The request body is encoded once per
     call with orjson and the reply decoded with orjson (the SDK's `chat.completions.create` spent
     more CPU per call on its TypedDict transform and pydantic models than the rest of a trajectory).
-    `transport`: "auto", "aiohttp" or "sdk" (model.transport).
     """
 
     def __init__(self, settings: ModelSettings, api_key: str, *, backoff_base: float = 1.0,
                  backoff_max: float = 30.0, retry_after_cap: float = 60.0,
-                 rng: random.Random | None = None, transport: str = "auto") -> None:
+                 rng: random.Random | None = None) -> None:
         self.model_name = settings.model
         self.base_url = settings.base_url or DEFAULT_BASE_URL
         self._settings = settings
@@ -104,8 +105,9 @@ class OpenAIClient:
         # The body fields of every request; extra_body is merged at the top level, as the SDK does.
         self._fields = {k: v for k, v in self._options.items() if k != "extra_body"}
         self._fields.update(self._options.get("extra_body", {}))
-        self._transport = make_transport(self.base_url, api_key, settings.request_timeout, transport)
+        self._transport: Transport = AiohttpTransport(self.base_url, api_key, settings.request_timeout)
         self._price = (settings.pricing or {}).get(settings.model)
+        self.policy = PolicyVersion(settings.policy_version)
 
     def __repr__(self) -> str:
         return f"OpenAIClient(model={self.model_name!r}, base_url={self.base_url!r})"
@@ -170,6 +172,7 @@ class OpenAIClient:
 
     async def _post(self, payload: bytes) -> Completion:
         timeout = self._settings.request_timeout
+        version = self.policy.value  # as the request leaves: a wait at the gate or a backoff may span an update
         try:
             async with asyncio.timeout(timeout):
                 reply = await self._transport.post(payload)
@@ -190,7 +193,9 @@ class OpenAIClient:
             # Scrubbed before it is cut: a key straddling the cut would otherwise leak its prefix.
             raise APIFailure(f"model API {self.base_url} returned invalid JSON: "
                              f"{self._scrub(raw.decode(errors='replace'))[:200]}") from exc
-        return self._completion(response)
+        completion = self._completion(response)
+        completion.policy_version = version
+        return completion
 
     def _status_error(self, status: int, headers: Mapping[str, str], body: bytes) -> Exception:
         detail = self._scrub(_error_detail(body))
@@ -236,10 +241,14 @@ class OpenAIClient:
         if not calls:
             content, calls = extract_hermes_tool_calls(content)
         finish = choice.get("finish_reason")
-        return Completion(content=content,
-                          reasoning=join_reasoning([reasoning_from_message(message), inline_reasoning]),
-                          tool_calls=calls, finish_reason=finish if isinstance(finish, str) else None,
-                          usage=call_usage(response.get("usage"), self._price))
+        completion = Completion(content=content,
+                                reasoning=join_reasoning([reasoning_from_message(message), inline_reasoning]),
+                                tool_calls=calls, finish_reason=finish if isinstance(finish, str) else None,
+                                usage=call_usage(response.get("usage"), self._price))
+        if self._settings.capture_tokens:
+            completion.tokens = from_reply(response, choice)
+            completion.tokens_missing = NOT_RETURNED if completion.tokens is None else None
+        return completion
 
 
 def _native_calls(raw: Any) -> list[ToolCall]:

@@ -1,54 +1,24 @@
-"""Choosing and building the model client for a run: API-key lookup, local vs remote backend.
+"""Choosing and building the model client for a run: the local backend or a remote endpoint.
 
-This is the one place that reads API keys from the environment, so the lookup order is defined
-once. It decides nothing about announcing a fallback to the local model; `should_use_local`
-only answers the question, and the runner says what it does.
+The endpoint and its key are model/endpoint.py's. This module decides nothing about announcing a
+fallback to the local model; `should_use_local` only answers the question, and the runner says
+what it does.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from collections.abc import Mapping
-from urllib.parse import urlsplit
 
 from trajforge.errors import UsageError
-from trajforge.model.client import DEFAULT_BASE_URL, OpenAIClient
+from trajforge.model.client import OpenAIClient
+from trajforge.model.endpoint import endpoint, resolve_api_key
 from trajforge.model.types import DEFAULT_MODEL, ModelClient, ModelSettings
-
-KEY_ENV_VARS = ("OPENROUTER_API_KEY", "OPENAI_API_KEY")
-NO_KEY_PLACEHOLDER = "no-key"
-
-
-def resolve_api_key(explicit: str | None, environ: Mapping[str, str]) -> str | None:
-    """The API key to use, in this order: the explicit --api_key value, then $OPENROUTER_API_KEY,
-    then $OPENAI_API_KEY. Empty or blank values are skipped. None when no key is found."""
-    candidates = [explicit] + [environ.get(name) for name in KEY_ENV_VARS]
-    for key in candidates:
-        if key and key.strip():
-            return key.strip()
-    return None
 
 
 def is_local_model(model: str) -> bool:
     """`local` or `local:/path/model.gguf` selects the in-process backend."""
     return model == "local" or model.startswith("local:")
-
-
-def is_loopback(url: str) -> bool:
-    """True when the URL's host is this machine (localhost, 127.0.0.0/8, ::1)."""
-    try:
-        host = urlsplit(url).hostname
-    except ValueError:
-        return False
-    if not host:
-        return False
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def should_use_local(settings: ModelSettings, environ: Mapping[str, str] = os.environ, *,
@@ -75,9 +45,7 @@ def check_client(settings: ModelSettings, environ: Mapping[str, str] = os.enviro
         if (reason := local_backend_status(settings.model)) is not None:
             raise UsageError(f"--model {settings.model}: {reason}")
         return
-    base_url = settings.base_url or DEFAULT_BASE_URL
-    if resolve_api_key(settings.api_key, environ) is None and not is_loopback(base_url):
-        raise UsageError(f"no API key for {base_url}: pass --api_key or set OPENROUTER_API_KEY / OPENAI_API_KEY")
+    endpoint(settings.base_url, api_key=settings.api_key, environ=environ)
 
 
 def make_client(settings: ModelSettings, environ: Mapping[str, str] = os.environ) -> ModelClient:
@@ -93,7 +61,4 @@ def make_client(settings: ModelSettings, environ: Mapping[str, str] = os.environ
             raise UsageError(f"the local model backend is not installed ({exc.msg}); "
                              "use a remote --model with --base_url / an API key instead") from exc
         return LocalModelClient(settings)
-    check_client(settings, environ)
-    # None only on loopback: local servers (vLLM, llama.cpp) accept any key; the SDK needs one.
-    key = resolve_api_key(settings.api_key, environ) or NO_KEY_PLACEHOLDER
-    return OpenAIClient(settings, key)
+    return OpenAIClient(settings, endpoint(settings.base_url, api_key=settings.api_key, environ=environ).key)

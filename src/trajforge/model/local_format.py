@@ -113,24 +113,33 @@ def to_chat_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]]
     return out
 
 
-def render_prompt(template: str | None, chat: list[dict[str, str]], bos_token: str = "", eos_token: str = "") -> str:
-    """Render with the model's Jinja chat template; fold the system turn into the first user
-    turn for templates that reject a system role (they call raise_exception)."""
+@lru_cache(maxsize=8)
+def _compiled(template: str) -> Any:
+    """The template compiled once (a conversation renders it a few times per call)."""
     # Imported here: jinja2 arrives with llama-cpp-python, and without it the client must still
     # import far enough to say what to install.
-    import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False, indent=indent)
+    return env.from_string(template)
+
+
+def render_prompt(template: str | None, chat: list[dict[str, str]], bos_token: str = "", eos_token: str = "",
+                  generation_prompt: bool = True) -> str:
+    """Render with the model's Jinja chat template; fold the system turn into the first user
+    turn for templates that reject a system role (they call raise_exception). Without
+    `generation_prompt`, the text ends where the last turn does (no assistant turn opened)."""
+    import jinja2
 
     def raise_exception(message: str) -> None:
         raise jinja2.TemplateError(message)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False, indent=indent)
-    compiled = env.from_string(template or CHATML_TEMPLATE)
+    compiled = _compiled(template or CHATML_TEMPLATE)
 
     def render(msgs: list[dict[str, str]]) -> str:
         return compiled.render(messages=msgs, bos_token=bos_token, eos_token=eos_token,
-                               add_generation_prompt=True, raise_exception=raise_exception)
+                               add_generation_prompt=generation_prompt, raise_exception=raise_exception)
 
     try:
         return render(chat)

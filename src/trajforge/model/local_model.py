@@ -11,7 +11,9 @@ a first run needs no API key, no server and no network. Prompt text, grammar and
   timeout) stops generation at the next token and the instance returns to the pool afterwards;
 - a conversation longer than the context loses its oldest middle turns; if even the head does
   not fit, the sample fails with a ModelOutputError (never the run);
-- sampling is seeded from the prompt text, so the same conversation gives the same output.
+- sampling is seeded from the prompt text, so the same conversation gives the same output;
+- under --capture_tokens, each call reports its token ids and logprobs, and prompts continue
+  token for token (model.local_tokens, which says why only then).
 
 Environment knobs: TRAJFORGE_LOCAL_N_CTX (default 4096), TRAJFORGE_LOCAL_THREADS (default: CPU
 count minus one, shared between instances), TRAJFORGE_LOCAL_MAX_TOOL_ROUNDS (default 3, see
@@ -28,6 +30,7 @@ import os
 import threading
 import time
 import zlib
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +38,9 @@ from trajforge.errors import FatalModelError, UsageError
 from trajforge.model import local_format as fmt
 from trajforge.model import working
 from trajforge.model.errors import APIFailure, ModelOutputError
-from trajforge.model.types import Completion, ModelSettings, ToolCall, Usage
+from trajforge.model.local_tokens import Continuation, Continuations, generate, prompt_ids
+from trajforge.model.policy import PolicyVersion
+from trajforge.model.types import NOT_REQUESTED, Completion, ModelSettings, TokenCapture, ToolCall, Usage
 
 log = logging.getLogger(__name__)
 
@@ -126,11 +131,21 @@ class _Instance:
             return ""
         return self.llm.detokenize([token], special=True).decode("utf-8", "replace")
 
-    def tokenize(self, chat: list[dict[str, str]]) -> list[int]:
-        prompt = fmt.render_prompt(self.template, chat, self.bos, self.eos)
-        # The model's add_bos flag decides; a template that already wrote BOS gets no second one.
-        add_bos = not (self.bos and prompt.startswith(self.bos))
-        return self.llm.tokenize(prompt.encode("utf-8"), add_bos=add_bos, special=True)
+    def render(self, chat: list[dict[str, str]], generation_prompt: bool = True) -> str:
+        return fmt.render_prompt(self.template, chat, self.bos, self.eos, generation_prompt)
+
+    def tokenize(self, text: str, start: bool = True) -> list[int]:
+        # The model's add_bos flag decides at a prompt's start; a template that already wrote
+        # BOS gets no second one, and a continued prompt none at all.
+        add_bos = start and not (self.bos and text.startswith(self.bos))
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
+
+    def prompt(self, chat: list[dict[str, str]], continuations: Continuations | None) -> array:
+        """The prompt's ids: continuing the call that wrote the chat's last assistant turn, when
+        there was one and `continuations` remembers it (model.local_tokens); else the chat rendered
+        and tokenized whole."""
+        found = continuations.find(chat) if continuations is not None else None
+        return prompt_ids(chat, self.render, self.tokenize, self.eos, found)
 
     def grammar(self, text: str) -> Any:
         """A LlamaGrammar for `text`, parsed once by llama.cpp here: an invalid grammar would
@@ -184,13 +199,15 @@ class LocalModelClient:
         # Half the token budget in characters keeps a rambling argument string closable in time.
         self._arg_chars = _env_int("TRAJFORGE_LOCAL_MAX_ARG_CHARS", max(32, (self._max_tokens - 48) // 2))
         self._temperature = DEFAULT_TEMPERATURE if settings.temperature is None else settings.temperature
-        self._sampling = {} if settings.top_p is None else {"top_p": settings.top_p}  # else llama.cpp's default
+        self._top_p = settings.top_p  # None: llama.cpp's default
         self._idle: asyncio.Queue[_Instance | None] = asyncio.Queue()
         for _ in range(self._instances):
             self._idle.put_nowait(None)
         self._loaded = 0
         self._load_lock = threading.Lock()
         self._closed = False
+        self._continuations = Continuations() if settings.capture_tokens else None
+        self.policy = PolicyVersion(settings.policy_version)
 
     async def _acquire(self) -> _Instance:
         # The queue starts with one empty slot (None) per instance, so waiting callers can never
@@ -232,7 +249,8 @@ class LocalModelClient:
         with working.waiting():  # a free instance (or the first load) is the run's wait, not this sample's work
             inst = await self._acquire()
         stop = threading.Event()
-        job = asyncio.ensure_future(asyncio.to_thread(self._generate, inst, messages, tools, stop))
+        version = self.policy.value
+        job = asyncio.ensure_future(asyncio.to_thread(self._generate, inst, messages, tools, stop, version))
         try:
             return await asyncio.shield(job)
         except asyncio.CancelledError:
@@ -245,9 +263,11 @@ class LocalModelClient:
                 job.add_done_callback(lambda j: (j.cancelled() or j.exception(), self._release(inst)))
 
     def _generate(self, inst: _Instance, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-                  stop: threading.Event) -> Completion:
+                  stop: threading.Event, version: int | None) -> Completion:
         try:
-            return self._generate_unchecked(inst, messages, tools, stop)
+            completion = self._generate_unchecked(inst, messages, tools, stop)
+            completion.policy_version = version
+            return completion
         except (ModelOutputError, FatalModelError):
             raise
         except Exception as exc:  # llama.cpp decode errors etc. fail this sample, not the run
@@ -255,36 +275,31 @@ class LocalModelClient:
 
     def _generate_unchecked(self, inst: _Instance, messages: list[dict[str, Any]],
                             tools: list[dict[str, Any]], stop: threading.Event) -> Completion:
-        from llama_cpp import StoppingCriteriaList
-
         mode = fmt.choose_mode(messages, tools, self._max_tool_rounds)
         grammar = inst.grammar(fmt.build_grammar(tools, mode, string_max=self._arg_chars))
         reserve = min(self._max_tokens, inst.n_ctx // 4)
-        chat, prompt = fit_to_context(fmt.to_chat_messages(messages, tools), inst.tokenize, inst.n_ctx - reserve)
-        out = inst.llm.create_completion(
-            prompt=prompt,
-            max_tokens=min(self._max_tokens, inst.n_ctx - len(prompt)),
-            temperature=self._temperature,
-            **self._sampling,
-            grammar=grammar,
-            stop=[inst.eos] if inst.eos else None,
-            seed=(zlib.crc32(repr(chat).encode()) ^ self._seed) & 0x7FFFFFFF,
-            stopping_criteria=StoppingCriteriaList([lambda _ids, _logits: stop.is_set()]),
-        )
-        choice = out["choices"][0]
-        parsed = fmt.parse_output(choice["text"])
+        chat, prompt = fit_to_context(fmt.to_chat_messages(messages, tools),
+                                      lambda c: inst.prompt(c, self._continuations), inst.n_ctx - reserve)
+        capture = self._continuations is not None
+        out = generate(inst.llm, prompt, max_tokens=min(self._max_tokens, inst.n_ctx - len(prompt)),
+                       temperature=self._temperature, top_p=self._top_p, grammar=grammar,
+                       seed=(zlib.crc32(repr(chat).encode()) ^ self._seed) & 0x7FFFFFFF, stop=stop,
+                       logprobs=capture)
+        text_ids = out.ids[:-1] if out.closed else out.ids
+        text = inst.llm.detokenize(list(text_ids), prev_tokens=list(prompt)).decode("utf-8", errors="ignore")
+        parsed = fmt.parse_output(text)
         # Ids continue the conversation's numbering (call_1, call_2, ...) so they stay unique.
         first = 1 + sum(len(m.get("tool_calls") or []) for m in messages if m.get("role") == "assistant")
         calls = [ToolCall(id=f"call_{i}", name=name, arguments=args)
                  for i, (name, args) in enumerate(parsed.tool_calls, start=first)]
-        finish = "tool_calls" if calls else ("length" if choice.get("finish_reason") == "length" else "stop")
-        usage = out.get("usage", {})
+        if self._continuations is not None:
+            self._continuations.remember_reply(chat, parsed.content, calls, Continuation(prompt + out.ids, out.closed))
+        finish = "tool_calls" if calls else ("length" if out.length else "stop")
         reasoning_tokens = len(inst.llm.tokenize(parsed.reasoning.encode(), add_bos=False)) if parsed.reasoning else 0
-        return Completion(content=parsed.content, reasoning=parsed.reasoning, tool_calls=calls,
-                          finish_reason=finish,
-                          usage=Usage(prompt_tokens=usage.get("prompt_tokens", len(prompt)),
-                                      completion_tokens=usage.get("completion_tokens", 0),
-                                      reasoning_tokens=reasoning_tokens, cost=0.0))
+        usage = Usage(prompt_tokens=len(prompt), completion_tokens=len(out.ids), reasoning_tokens=reasoning_tokens)
+        return Completion(content=parsed.content, reasoning=parsed.reasoning, tool_calls=calls, finish_reason=finish,
+                          usage=usage, tokens=TokenCapture(prompt, out.ids, out.logprobs) if capture else None,
+                          tokens_missing=None if capture else NOT_REQUESTED)
 
     async def aclose(self) -> None:
         """Free idle instances now; instances still generating are freed when they finish."""

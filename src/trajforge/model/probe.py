@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import ssl
 from typing import Any
 
 from trajforge import __version__
@@ -31,11 +32,7 @@ async def unreachable(base_url: str, *, timeout: float = ATTEMPT_SECONDS, policy
     import aiohttp
 
     url = base_url.rstrip("/") + "/models"
-    ssl_context: Any = None
-    if url.startswith("https:"):
-        import httpx2
-
-        ssl_context = httpx2.create_ssl_context()
+    ssl_context: Any = ssl.create_default_context() if url.startswith("https:") else None  # as the transport's
     rng = random.Random()
     why = ""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ssl_context),

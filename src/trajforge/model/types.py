@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from trajforge.model.policy import PolicyVersion
 
 # The defaults of --model and --base_url, declared once: config's field defaults and the model
 # factory's local-model fallback both read them here.
@@ -57,6 +60,24 @@ class Price:
                 + usage.completion_tokens * self.completion) / PER_TOKENS
 
 
+# Why a call's token ids are not recorded (a record's `tokens_missing`): they were not asked for
+# (--capture_tokens off), or asked for and the reply came without them (a server that ignores
+# the request field).
+NOT_REQUESTED = "not_requested"
+NOT_RETURNED = "not_returned_by_server"
+
+
+@dataclass(slots=True)
+class TokenCapture:
+    """The token ids of one call as the server reported them (or the embedded model used them):
+    never a re-tokenization of text. Arrays of 32-bit ids: a third of a list's memory, and
+    validated as whole numbers when made."""
+
+    prompt_ids: array  # array('i'): the prompt the model saw, as the server counted it
+    completion_ids: array  # array('i'): the ids it generated (its stop token included when it made one)
+    logprobs: list[float] | None  # one per completion id; None when the reply had none (or not one per id)
+
+
 @dataclass(slots=True)
 class Completion:
     """One assistant response, normalised from whatever shape the provider used."""
@@ -66,12 +87,16 @@ class Completion:
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str | None = None
     usage: Usage = field(default_factory=Usage)
+    tokens: TokenCapture | None = None
+    tokens_missing: str | None = NOT_REQUESTED  # why `tokens` is None (None when it is not)
+    policy_version: int | None = None  # of the policy serving the run when the call was sent (model.policy)
 
 
 class ModelClient(Protocol):
     """What the agent loop needs from a model: one chat completion with tools offered."""
 
     model_name: str
+    policy: PolicyVersion  # read once per call: the version its Completion carries
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
         """Return one completion. Raises trajforge.model.errors.ModelCallError subclasses."""
@@ -99,5 +124,7 @@ class ModelSettings:
     reasoning_effort: str | None = None
     reasoning_disabled: bool = False
     local_instances: int = 1
+    capture_tokens: bool = False  # ask the server for token ids and logprobs (vLLM's request fields)
+    policy_version: int | None = None  # the version calls are stamped with until someone changes it
     # USD per million tokens by model name (config `pricing`), for providers that report no cost.
     pricing: Mapping[str, Price] | None = None

@@ -13,13 +13,15 @@ The running sample's clock is found through a context variable, as model.spend f
 so a tool's auxiliary model call made deep inside a toolset stops the same clock without being
 handed it; code that runs outside a sample (the compressor, the client's own tests) has none and
 `waiting()` does nothing there. The wall-clock limit (`--sample_wall_timeout`) is a plain
-asyncio.timeout beside this one: it never stops.
+asyncio.timeout beside this one: it never stops. `observe` tells another part of the sample when
+it starts and stops waiting (the sample layer: a sample parked at the gate is no demand for a
+sandbox made ahead of time, sandbox/lazy.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 
@@ -37,6 +39,7 @@ class WorkingClock:
         self._waited = 0.0  # seconds stood still, ended waits only
         self._limit: asyncio.Timeout | None = None
         self._left: float | None = None  # seconds the limit had left when the clock stopped
+        self._observers: list[Callable[[bool], None]] = []
 
     @property
     def wall(self) -> float:
@@ -59,16 +62,24 @@ class WorkingClock:
         finally:
             self._limit, self._left = None, None
 
+    def observe(self, observer: Callable[[bool], None]) -> None:
+        """Call `observer(True)` whenever the sample starts waiting, `observer(False)` when it goes on."""
+        self._observers.append(observer)
+
     def stop(self) -> None:
         self._waits += 1
         if self._waits == 1:
             self._since = now = self._loop.time()
             self._hold(now)
+            for observer in self._observers:
+                observer(True)
 
     def go(self) -> None:
         self._waits -= 1
         if self._waits:
             return
+        for observer in self._observers:
+            observer(False)
         now = self._loop.time()
         self._waited += now - self._since
         limit, left, self._left = self._limit, self._left, None

@@ -1,7 +1,7 @@
 """What a run's event loop is given besides the work: its child watcher, its collector settings,
 its signals, its flush.
 
-runner.main runs the phases of a run; this module owns how the loop meets the operating system
+runner.invocation runs the phases of a run; this module owns how the loop meets the operating system
 while they run. On Python 3.11 the loop waits for subprocesses through pidfds (one `terminal`
 command need not cost a thread); SIGINT/SIGTERM first stop scheduling and give in-flight samples a
 few seconds, and a second one syncs the batch files and the checkpoint and exits at once (130);
@@ -21,9 +21,9 @@ import sys
 from collections.abc import Callable, Iterator
 
 from trajforge.errors import OutputError
-from trajforge.runner import store
-from trajforge.runner.checkpoint import Checkpoint
-from trajforge.runner.progress import Progress
+from trajforge.runner.state import store
+from trajforge.runner.state.checkpoint import Checkpoint
+from trajforge.runner.reporting.progress import Progress
 
 
 def use_pidfd_child_watcher() -> bool:

@@ -6,19 +6,18 @@ bad input never alters an existing run directory and a run that could only fail 
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from trajforge.catalog.executors import EXECUTORS
-from trajforge.catalog.sandboxes import AUTO, SANDBOXES, network_refusal, runs_on_host
+from trajforge.catalog.sandboxes import AUTO, SANDBOXES, NetworkMode, image_backend, network_refusal, runs_on_host
 from trajforge.config import RunConfig
 from trajforge.errors import UsageError
 from trajforge.jsonio import loads
 from trajforge.registry import words
 from trajforge.sandbox.sandbox_settings import SandboxSettings
-from trajforge.runner.rows import RunRows
+from trajforge.runner.scheduling.rows import RunRows
 
 
 def contradictions(config: RunConfig) -> list[str]:
@@ -78,36 +77,45 @@ def load_prefill(path: Path | None) -> list[dict[str, Any]] | None:
     return data
 
 
-def choose_model(config: RunConfig) -> RunConfig:
-    """The config with the model the run will use (the bundled local one when no API is reachable)."""
-    from trajforge.model.client import DEFAULT_BASE_URL
-    from trajforge.model.factory import check_client, is_local_model, is_loopback, resolve_api_key, should_use_local
+def choose_model(config: RunConfig) -> str:
+    """The model the run will use: --model, or the bundled local one when no API is reachable."""
+    from trajforge.model.endpoint import NoKey, endpoint
+    from trajforge.model.factory import is_local_model, should_use_local
 
     settings = config.model_settings()
     named = "model" in config.model_fields_set  # a flag or a config file key, even the default's name
     if should_use_local(settings, named=named) and not is_local_model(config.model):
         print("trajforge: no API key, no --base_url and no --model: using the bundled local model (--model "
               "local); set OPENROUTER_API_KEY or pass --base_url/--api_key to use an API", file=sys.stderr)
-        config = config.model_copy(update={"model": "local"})
-    if is_local_model(config.model):  # a missing model file or backend: refused before the start line
-        check_client(config.model_settings())
-        return config
-    url = settings.base_url or DEFAULT_BASE_URL
-    if not is_local_model(config.model) and not is_loopback(url) and resolve_api_key(settings.api_key, os.environ) is None:
+        return _local_model(config, "local")
+    if is_local_model(config.model):
+        return _local_model(config, config.model)
+    try:
+        endpoint(settings.base_url, api_key=settings.api_key)
+    except NoKey as e:
         instead = (f" (--model {config.model} was named, so the bundled local model does not stand in for it: "
                    "pass --model local for that)") if named and settings.base_url is None else ""
-        raise UsageError(f"no API key for {url}: pass --api_key or set OPENROUTER_API_KEY / OPENAI_API_KEY{instead}")
-    return config
+        raise UsageError(f"{e}{instead}") from None
+    return config.model
 
 
-def check_endpoint(config: RunConfig) -> None:
+def _local_model(config: RunConfig, model: str) -> str:
+    """`model` (local[:path]) once its file and backend are there: a missing one is refused here,
+    before the start line, said once."""
+    from trajforge.model.factory import check_client
+
+    check_client(config.model_settings(model))
+    return model
+
+
+def check_endpoint(config: RunConfig, model: str) -> None:
     """The model's endpoint answers (model.probe): a mistyped or down --base_url is refused here,
     naming the URL (exit 2), instead of after every sample has spent its retries on it."""
-    from trajforge.model.client import DEFAULT_BASE_URL
     from trajforge.model.factory import is_local_model
     from trajforge.model.probe import unreachable
+    from trajforge.model.types import DEFAULT_BASE_URL
 
-    if config.agent == "oracle" or is_local_model(config.model):
+    if config.agent == "oracle" or is_local_model(model):
         return
     if not EXECUTORS[config.executor].capabilities.in_process:
         return  # the nodes make the calls: a loopback URL means each node's own server, not this one's
@@ -118,16 +126,34 @@ def check_endpoint(config: RunConfig) -> None:
         raise UsageError(f"{flag} {url} does not answer ({why}); check the URL and that the server is up")
 
 
-def check_network(config: RunConfig, settings: SandboxSettings) -> tuple[RunConfig, SandboxSettings]:
-    """The config and the sandbox settings with `auto` fixed to the concrete network mode (the
-    sandbox's own resolution, sandbox/network.py); an explicit egress that cannot be had stops
-    here (exit 2)."""
+def check_network(settings: SandboxSettings) -> tuple[NetworkMode, SandboxSettings]:
+    """The run's network mode, `auto` resolved (the sandbox's own resolution, sandbox/network.py),
+    and the sandbox settings with it; an explicit egress that cannot be had stops here (exit 2)."""
     from trajforge.sandbox.network import resolve_mode
 
     mode, note = asyncio.run(resolve_mode(settings))
     if note:
         print(f"trajforge: {note}", file=sys.stderr)
-    return config.model_copy(update={"sandbox_network": str(mode)}), settings.with_network(mode)
+    return mode, settings.with_network(mode)
+
+
+def choose_backend(config: RunConfig, settings: SandboxSettings, rows: RunRows) -> tuple[str, str]:
+    """The sandbox backend of rows without an image, `--sandbox auto` decided here once (so the start
+    line, config.json and statistics.json name the backend the samples really use), and how the
+    start line shows it. A fallback to one that isolates less says why and how to get isolation."""
+    if config.tasks is not None:
+        return config.sandbox, f"{image_backend().name} (tasks)"
+    if not EXECUTORS[config.executor].capabilities.in_process:
+        return config.sandbox, f"{config.sandbox} (chosen on each node)" if config.sandbox == AUTO else config.sandbox
+    from trajforge.sandbox.factory import resolve_backend
+
+    kind, passed = asyncio.run(resolve_backend(settings))
+    for name, reason in passed:
+        print(f"trajforge: --sandbox auto: {name} is not usable here ({reason}), so commands run in the "
+              f"`{kind}` sandbox WITHOUT isolation from this host; run `trajforge doctor` to see how to get "
+              f"isolation, or pass --sandbox {kind} to accept it", file=sys.stderr)
+    runs_images = image_backend().name
+    return kind, f"{kind} (rows with an image: {runs_images})" if rows.with_image and kind != runs_images else kind
 
 
 def check_sandbox(config: RunConfig, settings: SandboxSettings) -> None:
@@ -148,17 +174,12 @@ def check_sandbox(config: RunConfig, settings: SandboxSettings) -> None:
 
 
 def check_executor(config: RunConfig) -> None:
-    spec = EXECUTORS[config.executor]
-    import importlib.util
-
-    for dep in spec.capabilities.needs:
-        if importlib.util.find_spec(dep) is None:
-            raise UsageError(f"--executor {spec.name}: {dep} is not installed; install it with: "
-                             f"pip install 'trajforge[{spec.capabilities.extra}]'")
+    if (why := EXECUTORS[config.executor].missing()) is not None:
+        raise UsageError(f"--executor {config.executor}: {why}")
 
 
 def load_input(config: RunConfig, cache: Path | None = None) -> RunRows:
-    """The run's samples: the dataset's rows (read in one pass, or on from `cache`: runner.rows),
+    """The run's samples: the dataset's rows (read in one pass, or on from `cache`: runner.scheduling.rows),
     or the tasks of --tasks (trajforge.tasks.load), held whole."""
     if config.tasks is not None:
         from trajforge.tasks.load import load_tasks

@@ -7,6 +7,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 FAILURE_CLASSES = ("rate_limit", "api_error", "timeout", "sandbox", "build", "model_error", "internal")
+# The discard reason of a finished record that called a tool it was not offered: the run's merge
+# drops it (trajforge.runner.reporting.merge), and the run's readers count it as discarded.
+HALLUCINATED = "hallucinated_tool"
 Status = Literal["done", "discarded", "failed"]
 
 
@@ -29,7 +32,7 @@ class Outcome:
     worker: str = "local"
     usage: dict[str, Any] | None = None  # tokens/cost of a discarded sample (a kept one has them in its record)
     api_calls: int = 0
-    cost: float = 0.0  # USD spent by attempts that ran in another process (Ray); runner.engine adds its own
+    cost: float = 0.0  # USD spent by attempts that ran in another process (Ray); runner.scheduling.engine adds its own
     retryable: bool = True  # False: another attempt would fail the same way (a sandbox limit): no in-run retry
 
     def scrubbed(self, scrub: Callable[[Any], Any]) -> Outcome:

@@ -1,4 +1,4 @@
-"""The runner's end of the in-sandbox helper (sandbox/helper.py): requests, replies, processes.
+"""The runner's end of the in-sandbox helper (sandbox/inside/helper.py): requests, replies, processes.
 
 One HelperChannel per helper (a sample's, or a container's file helper), over a non-blocking unix stream socket read by the event loop. Requests carry an id;
 replies and process-exit events come back as frames whose meta the runner parses (JSON) as

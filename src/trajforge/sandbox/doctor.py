@@ -1,23 +1,24 @@
-"""`trajforge doctor`: which sandbox backends work on this machine, and why the others do not.
+"""The report of `trajforge doctor` (the command: trajforge.cli.doctor): which sandbox backends
+work on this machine, and why the others do not.
 
 Every backend declared in trajforge.catalog.sandboxes gets a row, from its own real check (its
 spec's `status`: bwrap starts a probe sandbox, Podman answers `podman info`, the Docker CLI must
 reach a daemon). The output names what `--sandbox auto` will use, the network modes and the
 per-sample limits and how each is enforced here. Exit status 0 when the auto choice works (it
 always can fall back to local), so scripts may rely on `--json` rather than the code.
+`--repair` first runs each backend's `repair` (its spec's capability: the container backend frees
+a wedged Podman storage) and prints every step; exit status 1 when something is still broken.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import sys
 from typing import Any
 
 from trajforge.catalog.sandboxes import AUTO, SANDBOXES, BackendSpec, NetworkMode, auto_order, image_backend
 from trajforge.sandbox.interface import BackendStatus
-from trajforge.sandbox.factory import backend_status
+from trajforge.registry import load
+from trajforge.sandbox.factory import backend_status, choose_auto
 from trajforge.sandbox.host.cgroups import hierarchies
 from trajforge.sandbox.host.disk import disk_usable, human
 from trajforge.sandbox.network import doctor_rows
@@ -30,8 +31,11 @@ async def gather_report(engine_choice: str = "auto") -> tuple[dict[str, Any], di
     specs = SANDBOXES.specs()
     found = await asyncio.gather(*(backend_status(spec, settings) for spec in specs))
     statuses: dict[str, BackendStatus] = {spec.name: status for spec, status in zip(specs, found)}
-    order = auto_order()
-    auto = next((s.name for s in order[:-1] if statuses[s.name].usable), order[-1].name)
+
+    async def probed(spec: BackendSpec) -> BackendStatus:
+        return statuses[spec.name]
+
+    auto, _ = await choose_auto(probed)
     images = statuses[image_backend().name]
     report = {
         **{name: status.doctor_row() for name, status in statuses.items()},
@@ -64,7 +68,8 @@ def _limits() -> dict[str, dict[str, Any]]:
         "sandbox_disk": {"default": human(d.disk or 0), "enforced_by": "loop-mounted ext4 image per sample (with rootful Podman "
                          "also holding the container's own filesystem)" if disk
                          is None else f"NOT enforced ({disk}); only RLIMIT_FSIZE 1 GiB per file"},
-        "sandbox_nproc": {"default": "512", "enforced_by": "RLIMIT_NPROC of the per-sample uid (root mode)"
+        "sandbox_nproc": {"default": str(SandboxSettings().nproc),
+                          "enforced_by": "RLIMIT_NPROC of the per-sample uid (root mode)"
                           + (f" and {group('pids', '')}" if cg is not None and cg.has("pids") else "")},
         "sandbox_cpu_seconds": {"default": f"{d.cpu_seconds}", "enforced_by": "RLIMIT_CPU per process"},
     }
@@ -104,19 +109,11 @@ def format_report(r: dict[str, Any], statuses: dict[str, BackendStatus]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
-    from trajforge.cmdline import Parser, parse_flags
-
-    parser = Parser(prog="trajforge doctor", description="Show which sandbox backends work here.")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--container_engine", "--container-engine", choices=("auto", "podman", "docker"),
-                        default="auto", help="engine to check (default: both)")
-    ns = parse_flags(parser, argv, [("json", "bool", ""), ("container_engine", "str", "")])
-    report, statuses = asyncio.run(gather_report(ns.container_engine))
-    report["euid"] = os.geteuid()
-    if ns.json:
-        json.dump(report, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        print(format_report(report, statuses))
-    return 0
+async def repair() -> tuple[bool, list[str]]:
+    """Each backend's `repair`: (everything healthy afterwards, the steps taken and what is left)."""
+    healthy, lines = True, []
+    for spec in SANDBOXES.specs():
+        if spec.capabilities.repair is not None:
+            ok, said = await load(spec.capabilities.repair)()
+            healthy, lines = healthy and ok, [*lines, *(f"{spec.name}: {line}" for line in said)]
+    return healthy, lines

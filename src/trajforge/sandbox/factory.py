@@ -47,7 +47,7 @@ _open: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SandboxProvider] = w
 
 def limits_for(settings: SandboxSettings, *, memory_cgroup: bool = False) -> Limits:
     """Per-process rlimits of sandboxed commands: CPU seconds, and the memory limit as an
-    address-space limit where no memory cgroup holds the whole sample (sandbox/resources.py)."""
+    address-space limit where no memory cgroup holds the whole sample (sandbox/host/resources.py)."""
     return replace(DEFAULT_LIMITS, cpu_seconds=settings.limits.cpu_seconds,
                    address_space_bytes=None if memory_cgroup else settings.limits.memory)
 
@@ -61,8 +61,9 @@ class SandboxProvider:
         self._state: dict[str, Any] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._closing = contextlib.AsyncExitStack()
-        # Sandboxes handed out to be made on first use and not made yet: the demand a backend
-        # that makes sandboxes ahead of time sizes its pool to (bwrap as root: sandbox_pool.py).
+        # Sandboxes handed out to be made on first use and not made yet, whose samples are not
+        # parked: the demand a backend that makes sandboxes ahead of time sizes its pool to
+        # (bwrap as root: sandbox_pool.py).
         self.waiting = 0
         self.draining = False
         self._on_drain: list[Callable[[], None]] = []
@@ -105,11 +106,7 @@ class SandboxProvider:
         if image is not None or kind == runs_images.name:
             return runs_images.name
         if kind == AUTO:
-            order = auto_order()
-            for spec in order[:-1]:
-                if (await self.status(spec.name)).usable:
-                    return spec.name
-            return order[-1].name
+            return (await choose_auto(lambda spec: self.status(spec.name)))[0]
         return kind
 
     async def _backend(self, image: str | None) -> BackendSpec:
@@ -127,13 +124,14 @@ class SandboxProvider:
     def lazy(self, create: Callable[[], Awaitable[Sandbox]], *, image: str | None = None,
              root: Path | None = None) -> LazySandbox:
         """A sample's sandbox made by `create` at its first use (lazy.py), counted in `waiting`
-        until then; a backend with a `prepare(provider, root)` starts its run-level work now, in
-        the background (bwrap as root makes sandboxes ahead of time)."""
+        until then, except while its sample is parked (LazySandbox.park); a backend with a
+        `prepare(provider, root)` starts its run-level work now, in the background (bwrap as root
+        makes sandboxes ahead of time)."""
         self.waiting += 1
         if root is not None:
             self._prepare(image, root)
         self._demand_changed()
-        return LazySandbox(create, on_settled=self._settled)
+        return LazySandbox(create, demand=self._demand)
 
     def _prepare(self, image: str | None, root: Path) -> None:
         key = (image or "", root)
@@ -154,8 +152,8 @@ class SandboxProvider:
         for hook in self._on_demand:
             hook()
 
-    def _settled(self) -> None:
-        self.waiting -= 1
+    def _demand(self, delta: int) -> None:
+        self.waiting += delta
         self._demand_changed()
 
     def drain(self) -> None:
@@ -248,19 +246,27 @@ async def backend_status(spec: BackendSpec, settings: SandboxSettings) -> Backen
     return await probe(settings)
 
 
+async def choose_auto(status: Callable[[BackendSpec], Awaitable[BackendStatus]]
+                      ) -> tuple[str, list[tuple[str, str]]]:
+    """What `--sandbox auto` means here, the one decision of it: the usable backend of lowest rank
+    (the last of the order when none before it is usable), and each backend it passed over with
+    why it could not be used. `status` probes a backend (cached by the caller as it sees fit)."""
+    passed: list[tuple[str, str]] = []
+    order = auto_order()
+    for spec in order[:-1]:
+        found = await status(spec)
+        if found.usable:
+            return spec.name, passed
+        passed.append((spec.name, found.detail))
+    return order[-1].name, passed
+
+
 async def resolve_backend(settings: SandboxSettings) -> tuple[str, list[tuple[str, str]]]:
     """The backend `--sandbox` means on this machine for rows without an image, and, when `auto`
     passed over backends it prefers, each of them with why it could not be used."""
     if settings.backend != AUTO:
         return settings.backend, []
-    passed: list[tuple[str, str]] = []
-    order = auto_order()
-    for spec in order[:-1]:
-        status = await backend_status(spec, settings)
-        if status.usable:
-            return spec.name, passed
-        passed.append((spec.name, status.detail))
-    return order[-1].name, passed
+    return await choose_auto(lambda spec: backend_status(spec, settings))
 
 
 def _as_async(fn: Callable[[Any], Any]) -> Callable[[Any], Awaitable[None]]:

@@ -144,7 +144,7 @@ class Provider(Protocol):
 
     settings: SandboxSettings
     limits: Any  # process.Limits of the run's commands
-    waiting: int  # sandboxes to be made on first use, not made yet
+    waiting: int  # sandboxes to be made on first use, not made yet, for samples not parked (lazy.py)
 
     def on_drain(self, hook: Callable[[], None]) -> None: ...
 

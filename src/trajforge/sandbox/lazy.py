@@ -8,6 +8,11 @@ a first tool call takes one ready.) Every operation of the Sandbox interface mak
 first, once (one task, which every caller waits for); `close()` waits for one being made and
 closes it. A creation failure is the sample's `sandbox` failure, raised from the tool call that
 needed it, exactly as from an eager start.
+
+Until it is made (or closed unused) it is demand: a pool that makes sandboxes ahead keeps one
+for it. Not while its sample is parked (`park`: waiting at the model gate behind a provider's
+cap, or in a retry's backoff): only samples whose model call is under way may be about to call
+a tool, so sessions held back by the provider hold no sandbox either.
 """
 
 from __future__ import annotations
@@ -20,11 +25,13 @@ from trajforge.sandbox.interface import READ_CAP, ExecResult, Job, Sandbox, Sand
 
 
 class LazySandbox(Sandbox):
-    def __init__(self, create: Callable[[], Awaitable[Sandbox]], *, on_settled: Callable[[], None] | None = None) -> None:
+    def __init__(self, create: Callable[[], Awaitable[Sandbox]], *, demand: Callable[[int], None] | None = None) -> None:
+        """demand: told -1 when this sandbox stops being demand a pool may keep a sandbox ready for
+        (SandboxProvider.lazy counted it), +1 when it is again: once made (or its making failed)
+        or closed before any use, never again; meanwhile while its sample is parked."""
         self._create = create
-        # Called once: when the sandbox is made (or its making failed), or at a close before any
-        # use. Until then it is demand a pool may keep idle slots for (SandboxProvider.lazy).
-        self._on_settled = on_settled
+        self._demand = demand
+        self._parked = False
         self._real: Sandbox | None = None
         self._closed = False
         self._making: asyncio.Task[Sandbox] | None = None  # the one making: every caller waits for it
@@ -37,9 +44,17 @@ class LazySandbox(Sandbox):
         return self._real
 
     def _settle(self) -> None:
-        settled, self._on_settled = self._on_settled, None
-        if settled is not None:
-            settled()
+        demand, self._demand = self._demand, None
+        if demand is not None and not self._parked:
+            demand(-1)
+
+    def park(self, parked: bool) -> None:
+        """Its sample starts (True) or stops (False) waiting on the run: a parked sample is no
+        demand. Once the sandbox is being made, or settled, nothing changes."""
+        if self._demand is None or self._making is not None or parked == self._parked:
+            return
+        self._parked = parked
+        self._demand(-1 if parked else 1)
 
     async def real(self) -> Sandbox:
         if self._real is not None:

@@ -40,7 +40,7 @@ from trajforge.errors import UsageError
 from trajforge.netpolicy import BLOCKED_V4, BLOCKED_V6, host_addresses
 from trajforge.registry import load
 from trajforge.sandbox.interface import SandboxError
-from trajforge.sandbox.dns.service import MARK, PORT, DnsForwarder
+from trajforge.sandbox.dns.service import MARK, PORT, DnsForwarder, admission_rules
 from trajforge.sandbox.process import SAFE_PATH, tool_path
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ def ruleset(allow: list[str] | tuple[str, ...] = ()) -> str:
     for fam, nets in (("ip", v4), ("ip6", v6)):
         lines += [f"    {fam} daddr {{ {', '.join(nets)} }} meta l4proto tcp reject with tcp reset",
                   f"    {fam} daddr {{ {', '.join(nets)} }} reject with icmpx type admin-prohibited"]
-    lines += ["  }", "}"]
+    lines += ["  }", *admission_rules("output", "", SLIRP_DNS, 53), "}"]  # the forwarder's work bounded
     return "\n".join(lines) + "\n"
 
 

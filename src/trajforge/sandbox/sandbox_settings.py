@@ -1,20 +1,22 @@
-"""SandboxSettings: all the sandbox layer knows of the run, handed down by the sample layer.
+"""SandboxSettings: all the sandbox layer knows of the run, and the one spelling of its defaults.
 
 The sandbox never sees RunConfig (tests/test_architecture.py forbids trajforge.sandbox importing
-trajforge.config): trajforge.sample.lower_settings.sandbox_settings builds one SandboxSettings from it,
-which the run's SandboxProvider (factory.py) holds and every backend reads. Sizes are bytes.
+trajforge.config): RunConfig.sandbox_settings() builds one SandboxSettings from the sandbox's
+section of the configuration (section.py, whose defaults are these), which the run's
+SandboxProvider (factory.py) holds and every backend reads. Sizes are bytes. Standard library
+only: the bwrap backend imports it under a plain system Python too.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from trajforge.catalog.sandboxes import NetworkMode
+from trajforge.catalog.sandboxes import AUTO, NetworkMode
 
 
 @dataclass(frozen=True, slots=True)
 class ResourceLimits:
-    """Per-sample limits (resources.py); None: not limited."""
+    """Per-sample limits (host/resources.py); None: not limited."""
 
     memory: int | None = 4 << 30
     tmp_size: int | None = 1 << 30
@@ -40,8 +42,8 @@ class ContainerSettings:
 
 @dataclass(frozen=True, slots=True)
 class SandboxSettings:
-    backend: str = "auto"  # auto, or a backend of trajforge.catalog.sandboxes.SANDBOXES
-    network: str = "auto"  # auto, or a NetworkMode (catalog.sandboxes); the provider resolves auto once
+    backend: str = AUTO  # auto, or a backend of trajforge.catalog.sandboxes.SANDBOXES
+    network: str = AUTO  # auto, or a NetworkMode (catalog.sandboxes); the provider resolves auto once
     allow: tuple[str, ...] = ()  # `network.allow`: destinations the firewall opens (CIDRs)
     keep_workspaces: bool = False
     limits: ResourceLimits = field(default_factory=ResourceLimits)

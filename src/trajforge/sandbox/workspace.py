@@ -120,7 +120,7 @@ def create(root: Path, cwd: str | None) -> tuple[Path, Path]:
 
 def create_fresh(root: Path, cwd: str | None) -> tuple[Path, Path]:
     """Like create, in a directory of the runner's own that no sample can see or has seen (a
-    root-mode sandbox's, sandbox/pool.py): a plain name, and no real-path lookup (`root` is one
+    root-mode sandbox's, backends/bwrap/sandbox_pool.py): a plain name, and no real-path lookup (`root` is one
     already)."""
     try:
         workspace = root / f"sample-{os.urandom(6).hex()}"

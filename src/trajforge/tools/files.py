@@ -10,12 +10,11 @@ swapped in meanwhile) comes back as an error result.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from trajforge.sandbox.interface import FileOpError, PathEscapeError, SandboxError, SymlinkError
-from trajforge.sandbox.inside.fsops import SKIP_DIRS
+from trajforge.sandbox.inside.fsops import SKIP_DIRS, compile_pattern
 from trajforge.sandbox.inside.safe_fs import MAX_DEPTH
 from trajforge.tools.tool import Tool, ToolContext, ToolInfraError, Toolset, error, ok
 from trajforge.tools.patch_hints import change_diff, closest_hint, occurrence_lines
@@ -267,15 +266,14 @@ class SearchFilesTool(_FileTool):
         glob = _opt_str(args, "file_glob", None)
         limit = _int(args, "max_results", 50, 1, 500)
         try:
-            re.compile(pattern)  # checked here: the backend compiles it again where it searches
-        except re.error as e:
-            raise _Refused(f"invalid regular expression {pattern!r}: {e}") from None
-        try:
+            compile_pattern(pattern)  # checked here: the backend compiles it again where it searches
             found, more = await ctx.sandbox.search(shown, pattern, target=target, glob=glob, limit=limit,
                                                    max_file=MAX_SEARCH_FILE, max_files=MAX_SEARCH_FILES)
         except FileOpError as e:
             if e.kind == "not_found":
                 raise _Refused(f"path not found: {shown}") from None
+            if e.kind == "invalid_pattern":  # also from a helper whose Python refuses what ours took
+                raise _Refused(str(e)) from None
             raise
         key = "matches" if target == "content" else "files"
         hint = {"hint": "more results exist; narrow the pattern, path or file_glob"} if more else {}

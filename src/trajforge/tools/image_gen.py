@@ -25,9 +25,9 @@ from openai import AsyncOpenAI
 from trajforge.model.retry import RetryPolicy
 from trajforge.netpolicy import Policy, make_policy
 from trajforge.sandbox.interface import FileOpError, PathEscapeError
-from trajforge.tools import http_fetch
-from trajforge.tools.aux_models import ToolUnavailable, endpoint_key, endpoint_url
-from trajforge.tools.egress import policy_for
+from trajforge.tools.web import fetch
+from trajforge.tools.aux_models import ToolUnavailable, tool_endpoint
+from trajforge.tools.web.egress import policy_for
 from trajforge.tools.tool import Tool, ToolContext, Toolset, Unavailable, error, ok
 from trajforge.catalog.tools_config import ImageGenSettings
 from trajforge.tools.vision import image_mime
@@ -59,7 +59,7 @@ class ImageGenToolset(Toolset):
         self.base_url = base_url
         self._key = key
         # The API's download URLs go through the egress policy; the API's own host is the user's choice.
-        self.http = http_fetch.new_client(timeout=settings.timeout, max_redirects=5,
+        self.http = fetch.new_client(timeout=settings.timeout, max_redirects=5,
                                           policy=policy or make_policy([urlsplit(base_url).hostname or ""]),
                                           user_agent="Mozilla/5.0 (compatible; trajforge image_gen)")
         super().__init__("image_gen", [ImageGenerateTool(self)])
@@ -145,8 +145,8 @@ class ImageGenerateTool(Tool):
         if not url:
             raise ValueError(f"image API {self.owner.base_url} returned neither b64_json nor url")
         try:
-            fetched = await http_fetch.fetch(self.owner.http, url, max_bytes=limit, timeout=self.owner.settings.timeout)
-        except http_fetch.FetchError as e:
+            fetched = await fetch.fetch(self.owner.http, url, max_bytes=limit, timeout=self.owner.settings.timeout)
+        except fetch.FetchError as e:
             raise ValueError(str(e)) from None
         if fetched.status >= 400 or fetched.truncated:
             raise ValueError(f"cannot download the generated image from {url} "
@@ -159,11 +159,11 @@ async def build(run: ToolSettings) -> ImageGenToolset | Unavailable:
     if not (settings.base_url or run.model.base_url):
         return Unavailable("image_gen", "no images endpoint configured: set tools.image_gen.base_url (an "
                                         "OpenAI-compatible API serving /images/generations) or --base_url")
-    base_url = endpoint_url(run, settings.base_url)
     try:
-        key = endpoint_key(run, "image_gen", settings.base_url, settings.api_key_env)
+        at = tool_endpoint(run, "image_gen", settings.base_url, settings.api_key_env)
     except ToolUnavailable as e:
         return Unavailable("image_gen", str(e))
+    base_url, key = at.url, at.key
     # The SDK's own retries are off: the one policy (model.retry) retries, as for every model call.
     api = AsyncOpenAI(api_key=key, base_url=base_url, timeout=settings.timeout, max_retries=0)
     return ImageGenToolset(settings, api, base_url, key, RetryPolicy(run.model.max_retries).for_tool(),

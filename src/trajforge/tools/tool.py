@@ -90,7 +90,8 @@ def error(message: str, **fields: Any) -> str:
 
 
 def result_failed(result: str) -> bool:
-    """SPEC 5: failed if JSON with non-null `error` or `success: false`; non-JSON: empty or 'error:'."""
+    """Whether a tool result counts as failed in tool_stats: JSON with a non-null `error` or
+    `success: false`; other text, empty or starting with 'error:'."""
     text = result.strip()
     if text.startswith("{"):
         try:

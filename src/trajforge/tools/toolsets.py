@@ -3,15 +3,15 @@
 Each toolset lives in its own module exposing `build(settings) -> Toolset | Unavailable`, where
 settings is the run's ToolSettings (tools/tool_settings.py); modules are imported only when a run
 samples their toolset, so heavy backends (Playwright) cost nothing otherwise. KNOWN_TOOLS is
-fixed (SPEC section 4) so every trajectory has the same stats schema.
+fixed (the built-in toolsets' tools, in one order) so every trajectory has the same stats schema.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 from trajforge.catalog import KNOWN_TOOLS, TOOLSET_TOOLS, TOOLSETS
+from trajforge.registry import NotInstalled
 from trajforge.tools.tool import Tool, Toolset, Unavailable
 
 if TYPE_CHECKING:
@@ -25,13 +25,12 @@ async def build_toolsets(names: list[str], settings: ToolSettings) -> tuple[dict
     ready: dict[str, Toolset] = {}
     missing: list[Unavailable] = []
     for name in names:
-        module_name, _, function = TOOLSETS[name].target.partition(":")
         try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:  # an optional extra of this toolset is not installed
-            missing.append(Unavailable(name, f"backend not installed ({e.name})"))
+            build = TOOLSETS[name].load()
+        except NotInstalled as e:  # an optional extra of this toolset is not installed
+            missing.append(Unavailable(name, str(e)))
             continue
-        built = await getattr(module, function)(settings)
+        built = await build(settings)
         if isinstance(built, Unavailable):
             missing.append(built)
         else:

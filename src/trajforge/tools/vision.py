@@ -19,12 +19,12 @@ from trajforge.errors import FatalModelError
 from trajforge.model.errors import ModelCallError
 from trajforge.model.types import ModelClient
 from trajforge.sandbox.interface import FileOpError, PathEscapeError
-from trajforge.tools import http_fetch
+from trajforge.tools.web import fetch
 from trajforge.tools.aux_models import ToolUnavailable, record_usage, tool_client
 from trajforge.netpolicy import Policy, make_policy
 from trajforge.tools.tool import Tool, ToolContext, Toolset, Unavailable, error, ok
 from trajforge.catalog.tools_config import VisionSettings
-from trajforge.tools.egress import policy_for
+from trajforge.tools.web.egress import policy_for
 
 if TYPE_CHECKING:
     from trajforge.tools.tool_settings import ToolSettings
@@ -58,7 +58,7 @@ class VisionToolset(Toolset):
         self.model = model
         # None: --sandbox_network none, image URLs are refused (workspace files and data: URLs work).
         self.policy = policy
-        self.http = http_fetch.new_client(timeout=settings.timeout, max_redirects=5, policy=policy or make_policy(),
+        self.http = fetch.new_client(timeout=settings.timeout, max_redirects=5, policy=policy or make_policy(),
                                           user_agent="Mozilla/5.0 (compatible; trajforge vision)")
         super().__init__("vision", [VisionAnalyzeTool(self)])
 
@@ -114,8 +114,8 @@ class VisionAnalyzeTool(Tool):
             if not settings.fetch_urls:
                 return source
             try:
-                fetched = await http_fetch.fetch(self.owner.http, source, max_bytes=limit, timeout=settings.timeout)
-            except http_fetch.FetchError as e:
+                fetched = await fetch.fetch(self.owner.http, source, max_bytes=limit, timeout=settings.timeout)
+            except fetch.FetchError as e:
                 raise ValueError(str(e)) from None
             if fetched.status >= 400:
                 raise ValueError(f"fetching {source} returned HTTP {fetched.status} {fetched.reason}".strip())

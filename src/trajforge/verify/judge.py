@@ -14,7 +14,6 @@ lookup), like the endpoints of the tools' auxiliary models (tools/aux_models.py)
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import re
@@ -23,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from trajforge.errors import FatalModelError, UsageError
+from trajforge.errors import FatalModelError
+from trajforge.model.endpoint import Endpoint, NoKey, endpoint, settings_for
 from trajforge.model.errors import ModelCallError
 from trajforge.model.types import ModelClient, Usage
 from trajforge.verify.result import Part
@@ -79,49 +79,32 @@ def judge_settings_differ(config: RunConfig) -> bool:
     return any(v is not None for v in (config.judge_model, config.judge_base_url, config.judge_api_key_env))
 
 
+def judge_endpoint(config: RunConfig, environ: Mapping[str, str] = os.environ) -> Endpoint:
+    """The judge's endpoint: --judge_base_url (default: the run's --base_url) and the key in
+    --judge_api_key_env (default: the run's key). NoKey when it could only refuse every call."""
+    return endpoint(config.judge_base_url or config.base_url,
+                    api_key=config.api_key.get_secret_value() if config.api_key else None,
+                    key_env=config.judge_api_key_env, key_setting="--judge_api_key_env", environ=environ)
+
+
 def make_judge_client(config: RunConfig, environ: Mapping[str, str] = os.environ) -> ModelClient:
     """A client for the judge endpoint, with the run's retry policy. Raises UsageError."""
-    from trajforge.model.client import DEFAULT_BASE_URL
     from trajforge.model.factory import make_client
 
-    run = config.model_settings()
-    model = config.judge_model or config.model
-    url = config.judge_base_url or config.base_url or DEFAULT_BASE_URL
-    key = run.api_key  # None: make_client looks the key up like the run's own (model/factory.py)
-    if config.judge_api_key_env:
-        key = environ.get(config.judge_api_key_env, "").strip()
-        if not key:
-            raise UsageError(f"--judge_api_key_env names ${config.judge_api_key_env}, which is not set")
-    same_model = model == config.model
-    settings = dataclasses.replace(
-        run, model=model, base_url=url, api_key=key,
-        temperature=None, top_p=None,  # --temperature/--top_p sample the rollouts; the grader keeps its default
-        # Provider routing names providers of the run's model; for another model it may match none.
-        providers_allowed=run.providers_allowed if same_model else None,
-        providers_ignored=run.providers_ignored if same_model else None,
-        providers_order=run.providers_order if same_model else None,
-        provider_sort=run.provider_sort if same_model else None,
-    )
+    settings = settings_for(config.model_settings(), config.judge_model or config.resolved.model,
+                            judge_endpoint(config, environ))
     return make_client(settings, environ)
 
 
 def judge_endpoint_problem(config: RunConfig, environ: Mapping[str, str] = os.environ) -> str | None:
     """Why the judge endpoint cannot work (a missing key), checked before the run starts."""
-    from trajforge.model.client import DEFAULT_BASE_URL
-    from trajforge.model.factory import is_loopback, resolve_api_key
-
-    if config.judge_api_key_env:
-        if not environ.get(config.judge_api_key_env, "").strip():
-            return f"--judge_api_key_env names ${config.judge_api_key_env}, which is not set"
-        return None
-    url = config.judge_base_url or config.base_url or DEFAULT_BASE_URL
-    explicit = config.api_key.get_secret_value() if config.api_key else None
-    if is_loopback(url) or resolve_api_key(explicit, environ) is not None:
-        return None
     if not judge_settings_differ(config):
         return None  # the run's own client, whose key the runner has already checked
-    return (f"no API key for the judge endpoint {url}: pass --api_key, set OPENROUTER_API_KEY / OPENAI_API_KEY, "
-            "or name a variable holding the key in --judge_api_key_env")
+    try:
+        judge_endpoint(config, environ)
+    except NoKey as e:
+        return f"the judge: {e}"
+    return None
 
 
 async def judge(client: ModelClient, *, task: str, answer: str | None, rubric: str,

@@ -4,5 +4,5 @@ index.py reads the files, a slice at a time, into columns.py's arrays (offsets a
 a record, never conversations); lookup.py answers from them and reads the checkpoint and the lock;
 dataset.py finds the run's dataset rows; summary.py and overview.py turn them into the list's rows
 and the overview's figures; conversation.py turns one saved conversation into display turns;
-server.py is the web app (JSON API, static/ page); view_command.py the command.
+server.py is the web app (JSON API, static/ page); the command is trajforge.cli.view.
 """

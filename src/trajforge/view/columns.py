@@ -60,7 +60,7 @@ class Columns:
     offset: array = field(default_factory=lambda: array("Q"))
     length: array = field(default_factory=lambda: array("I"))
     line: array = field(default_factory=lambda: array("I"))  # line number in its file
-    key: array = field(default_factory=lambda: array("Q"))  # runner.keys.key_of(sample_id)
+    key: array = field(default_factory=lambda: array("Q"))  # runner.state.keys.key_of(sample_id)
     spelled: array = field(default_factory=lambda: array("B"))  # BY_ID, BY_LINE or BY_ID_AT_LINE
     prompt_index: array = field(default_factory=lambda: array("q"))  # -1: none
     batch: array = field(default_factory=lambda: array("q"))  # -1: none

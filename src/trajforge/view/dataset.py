@@ -7,7 +7,7 @@ there (derived from the run directory and output_dir) and then relative to the c
 A dataset that is gone or no longer valid just leaves those fields empty. A run of `--tasks`
 reads its task directories the same way (trajforge.tasks.load).
 
-The rows are held as the runner holds them (runner.rows: a few bytes a row, read back by
+The rows are held as the runner holds them (runner.scheduling.rows: a few bytes a row, read back by
 offset), taken from the run's own rows.idx when the file has not changed since, so a
 million-row dataset costs ~30 MB and, usually, no pass over the file.
 """
@@ -18,18 +18,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
 from pydantic import ValidationError
 
 from trajforge.config import RunConfig
 from trajforge.dataset import split_rollout
 from trajforge.errors import DatasetError
-from trajforge.runner import rowcache
-from trajforge.runner.keys import key_of
-from trajforge.runner.rows import RunRows
+from trajforge.runner.reader import RunReader, RunRows, key_of
 from trajforge.view.summary import PROMPT_CAP
 
-# config.json keys that decide which rows a dataset has (runner.rowcache.settings)
+# config.json keys that decide which rows a dataset has (runner.state.rowcache.settings)
 _ROW_SETTINGS = ("skip_invalid", "max_samples", "sandbox", "task_types", "check_timeout", "judge_threshold",
                  "samples_per_prompt", "agent")
 
@@ -41,18 +38,10 @@ class Row:
     prompt: str
 
 
-def _config(run_dir: Path) -> dict:
-    try:
-        config = orjson.loads((run_dir / "config.json").read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return {}
-    return config if isinstance(config, dict) else {}
-
-
 def find_dataset(run_dir: Path) -> tuple[Path | None, int | None]:
     """(dataset path, max_samples) from the run's config.json, or (None, None); the tasks'
     directory for a run of --tasks."""
-    config = _config(run_dir)
+    config = RunReader(run_dir).config()
     if not config:
         return None, None
     tasks = isinstance(config.get("tasks"), str)
@@ -118,7 +107,8 @@ def load_rows(run_dir: Path) -> tuple[DatasetRows | None, str | None]:
     path, limit = find_dataset(run_dir)
     if path is None:
         return None, "the run's dataset file was not found: failed samples show no prompt"
-    raw = _config(run_dir)
+    reader = RunReader(run_dir)
+    raw = reader.config()
     try:
         config = RunConfig.model_validate({**{k: raw[k] for k in _ROW_SETTINGS if k in raw},
                                            "dataset_file" if not isinstance(raw.get("tasks"), str) else "tasks": path,
@@ -133,7 +123,7 @@ def load_rows(run_dir: Path) -> tuple[DatasetRows | None, str | None]:
                                                    with_solution=config.agent == "oracle"))
         else:
             try:
-                rows = RunRows.read(config, run_dir / rowcache.FILE)
+                rows = reader.rows(config)
             except DatasetError:  # the dataset changed since the run: what is still valid of it
                 rows = RunRows.read(config.model_copy(update={"skip_invalid": True}))
     except (DatasetError, OSError) as e:

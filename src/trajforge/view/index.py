@@ -9,11 +9,11 @@ and the rest comes in behind it (`behind` says how many bytes are left). While a
 the next pass), and reloads checkpoint.json when it changed, so a poll costs a few stat calls when
 nothing happened. A file that shrank or was replaced (`--overwrite`) makes it start over.
 
-Kept records follow the run's own merge rules (runner/merge.py), so the figures match
+Kept records follow the run's own merge rules (runner/reporting/merge.py), so the figures match
 statistics.json: the first record of an identity wins, and a record that called a tool that does
 not exist or was not offered counts as discarded (`hallucinated_tool`). Samples with no record
 (failed, discarded) come from the checkpoint: checkpoint.json and its journal, read as the runner
-reads them (runner.checkpoint); the dataset (view.dataset) gives their prompts and positions, and
+reads them (runner.state.checkpoint); the dataset (view.dataset) gives their prompts and positions, and
 the task types records do not carry.
 A JSONL file may also be an `openai` export: its lines are read back into the records they came
 from (export.source.as_record); a line that is neither is named as a problem, never shown as an
@@ -32,10 +32,7 @@ import orjson
 
 from trajforge.dataset import split_rollout
 from trajforge.export.source import as_record
-from trajforge.runner import store
-from trajforge.runner.checkpoint_file import JOURNAL_FILE
-from trajforge.runner.keys import key_of
-from trajforge.runner.stats import Totals
+from trajforge.runner.reader import HALLUCINATED, RunLayout, Totals, key_of
 from trajforge.tools.toolsets import KNOWN_TOOLS
 from trajforge.view.columns import BY_ID, BY_ID_AT_LINE, BY_LINE, OUTCOME, Columns
 from trajforge.view.dataset import DatasetRows, load_rows
@@ -77,6 +74,7 @@ class RunIndex(Lookup):
     def __init__(self, source: Path) -> None:
         self.source = source
         self.run_dir = source if source.is_dir() else None
+        self.layout = RunLayout(source) if self.run_dir is not None else None
         self.files: list[Path] = []
         self._pos: dict[Path, _FilePos] = {}
         self.records = Columns()
@@ -94,8 +92,8 @@ class RunIndex(Lookup):
         self._outcomes_made = 0  # times the outcomes were made: the order holds their numbers
         self.dataset: DatasetRows | None = None
         self.dataset_note: str | None = None
-        self.dataset_pending = False  # the dataset is being read (view_command): figures may still change
-        self._row_keys = array("Q")  # each record's row (runner.keys), for its task type in the dataset
+        self.dataset_pending = False  # the dataset is being read (cli/view.py): figures may still change
+        self._row_keys = array("Q")  # each record's row (runner.state.keys), for its task type in the dataset
         self._typed = 0  # records whose task type the dataset was asked for
         self._rows_known: dict[str, Any] = {}  # identity -> dataset row (None: not in it), of samples without a record
         self.outcomes_not_in_dataset = 0  # failed or discarded samples of rows the dataset no longer has
@@ -118,10 +116,10 @@ class RunIndex(Lookup):
 
     # -- sources -------------------------------------------------------------------------------
     def _sources(self) -> list[Path]:
-        if self.run_dir is None:
+        if self.layout is None:
             return [self.source]
-        files = store.batch_files(self.run_dir)
-        merged = self.run_dir / "trajectories.jsonl"
+        files = self.layout.batch_files()
+        merged = self.layout.trajectories
         return files or ([merged] if merged.exists() else [])
 
     def _reset(self) -> None:
@@ -228,8 +226,8 @@ class RunIndex(Lookup):
         entry = summarise(rec, key="", seq=len(self.records), file=file_id, offset=offset, length=len(line), used=used)
         stats = rec.get("tool_stats")
         if self.run_dir is not None and isinstance(stats, dict) and not stats.keys() <= _KNOWN:
-            entry.status, entry.reason = "discarded", "hallucinated_tool"
-            self.totals.discarded["hallucinated_tool"] += 1
+            entry.status, entry.reason = "discarded", HALLUCINATED
+            self.totals.discarded[HALLUCINATED] += 1
         else:
             if isinstance(stats, dict) and not stats.keys() <= self.totals.tools.keys():
                 for name in stats:  # statistics.json lists every tool a record names, zeros too
@@ -256,12 +254,12 @@ class RunIndex(Lookup):
                 break
 
     def _load_checkpoint(self) -> bool:
-        """checkpoint.json with its journal (runner.checkpoint), read again when either changed."""
-        assert self.run_dir is not None
+        """checkpoint.json with its journal (runner.state.checkpoint), read again when either changed."""
+        assert self.run_dir is not None and self.layout is not None
         sig = []
-        for name in ("checkpoint.json", JOURNAL_FILE):
+        for path in (self.layout.checkpoint, self.layout.journal):
             try:
-                st = (self.run_dir / name).stat()
+                st = path.stat()
                 sig.append((st.st_mtime_ns, st.st_size))
             except FileNotFoundError:
                 sig.append(None)

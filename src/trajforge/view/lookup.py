@@ -6,7 +6,6 @@ read leniently, and the run's lock, read from /proc/locks.
 
 from __future__ import annotations
 
-import os
 import time
 from array import array
 from pathlib import Path
@@ -14,12 +13,9 @@ from typing import Any
 
 import orjson
 
-from trajforge.errors import OutputError
+from trajforge.errors import OutputError, RunStateError
 from trajforge.export.source import as_record
-from trajforge.runner import journal
-from trajforge.runner.checkpoint_file import JOURNAL_FILE
-from trajforge.runner.keys import key_of
-from trajforge.runner.stats import run_pace
+from trajforge.runner.reader import RunReader, key_of, run_pace
 from trajforge.view.columns import BY_ID, BY_LINE, OUTCOME, Columns
 from trajforge.view.summary import Entry, task_type_of
 
@@ -122,60 +118,25 @@ class Lookup:
         return sum(float(i.get("seconds", 0.0)) for i in inv if isinstance(i, dict))
 
     def pace(self) -> tuple[int, float] | None:
-        """The run's throughput basis, as statistics.json takes it (runner.stats.run_pace)."""
+        """The run's throughput basis, as statistics.json takes it (runner.reporting.stats.run_pace)."""
         inv = self.checkpoint.get("invocations")
         if not isinstance(inv, list) or not inv:
             return None
         return run_pace((int(i.get("ran", 0)), float(i.get("seconds", 0.0))) for i in inv if isinstance(i, dict))
 
     def live(self) -> bool:
-        """Whether a trajforge process holds the run's lock (read from /proc/locks, so the viewer
-        never takes the lock itself and cannot get in a starting run's way)."""
-        if self.run_dir is None:
-            return False
-        return lock_held(self.run_dir / ".lock")
-
-
-def lock_held(path: Path) -> bool:
-    try:
-        st = path.stat()
-        locks = Path("/proc/locks").read_text()
-    except OSError:
-        return False
-    # Lines read "1: FLOCK ADVISORY WRITE <pid> <major>:<minor>:<inode> 0 EOF". On overlay file
-    # systems stat() may report another device than the lock table: the inode decides then.
-    needle = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "
-    if needle in locks:
-        return True
-    return any(f":{st.st_ino} " in line and "FLOCK" in line for line in locks.splitlines())
+        """Whether a trajforge process runs the run now (runner.reader: never taking its lock)."""
+        return self.run_dir is not None and RunReader(self.run_dir).live()
 
 
 def read_checkpoint(run_dir: Path, problem: Any) -> dict[str, Any]:
-    """{"samples": failed and discarded ones, "invocations": [...]} from checkpoint.json and its
-    journal, read leniently (the viewer shows what it can of a file another version wrote)."""
-    data: dict[str, Any] = {}
+    """{"samples": failed and discarded ones, "invocations": [...]}, as JSON, from the run's
+    bookkeeping read the way the runner reads it (runner.reader); a problem, and nothing, when
+    the runner would refuse it."""
     try:
-        loaded = orjson.loads((run_dir / "checkpoint.json").read_bytes())
-        data = loaded if isinstance(loaded, dict) else {}
-    except FileNotFoundError:
-        pass
-    except (OSError, orjson.JSONDecodeError) as e:
-        problem(f"checkpoint.json: unreadable ({e}); failed and discarded samples not shown")
-    raw = data.get("samples")
-    samples = {k: v for k, v in raw.items() if isinstance(v, dict) and v.get("status") != "done"} \
-        if isinstance(raw, dict) else {}
-    invocations = [i for i in data.get("invocations") or [] if isinstance(i, dict)]
-    try:
-        replay = journal.read(run_dir / JOURNAL_FILE, data.get("journal", 0))
-    except OutputError:
-        replay = None
-    for line in (ln for group in (replay.groups if replay else []) for ln in group):
-        if "sample" in line:
-            samples[str(line["sample"])] = {k: v for k, v in line.items() if k != "sample"}
-        elif "done" in line or "forget" in line:
-            samples.pop(str(line.get("done", line.get("forget"))), None)
-        elif isinstance(line.get(journal.COMMIT), int):
-            entry = {k: v for k, v in line.items() if k != journal.COMMIT}
-            i = line[journal.COMMIT]
-            invocations[i:i + 1] = [entry]
-    return {"samples": samples, "invocations": invocations}
+        state = RunReader(run_dir).state(index=False)
+    except (RunStateError, OutputError) as e:
+        problem(f"{e}; failed and discarded samples not shown")
+        return {"samples": {}, "invocations": []}
+    return {"samples": {k: e.model_dump(exclude_unset=True) for k, e in state.samples.items()},
+            "invocations": [i.model_dump(exclude_unset=True) for i in state.invocations]}

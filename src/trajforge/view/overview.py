@@ -1,6 +1,6 @@
 """The run overview and the sample list's filtering, over the index's columns (view.columns).
 
-The overview's figures are the run's own `Totals` (runner/stats.py) over the same inputs the run
+The overview's figures are the run's own `Totals` (runner/reporting/stats.py) over the same inputs the run
 uses for statistics.json: the kept records, plus failed and discarded samples from the
 checkpoint, plus the invocations' seconds. So a finished run's page shows statistics.json's
 numbers, and a live run's page shows the same figures as they grow.

@@ -19,6 +19,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from trajforge.agent.segments import TOKENS
+from trajforge.runner.reader import RunReader, history
 from trajforge.sample.outcome import FAILURE_CLASSES
 from trajforge.view.conversation import display_turns
 from trajforge.view.index import RunIndex
@@ -46,11 +48,9 @@ async def catch_up(index: RunIndex, idle: asyncio.Event | None = None) -> None:
 
 
 def invocation_settings(invocations: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run's models and each change of settings between invocations (runner.settings), as
+    """The run's models and each change of settings between invocations (runner.reporting.settings), as
     statistics.json lists them: shown by the overview when a resume changed any."""
     from types import SimpleNamespace
-
-    from trajforge.runner.settings import history
 
     models, changed = history([SimpleNamespace(model=i.get("model"), settings=i.get("settings"))
                                for i in invocations])
@@ -100,21 +100,12 @@ class Viewer:
             self._cache[key] = (self.index.generation, value)
         return value
 
-    def _run_file(self, name: str) -> dict[str, Any]:
-        if self.index.run_dir is None:
-            return {}
-        try:
-            data = orjson.loads((self.index.run_dir / name).read_bytes())
-        except (OSError, orjson.JSONDecodeError):
-            return {}
-        return data if isinstance(data, dict) else {}
-
     def _stats_signature(self) -> tuple[int, int] | None:
         """statistics.json is written after the last batch line and checkpoint save: its own
         change must redraw the overview too."""
         try:
-            st = (self.index.run_dir / "statistics.json").stat()  # type: ignore[operator]
-        except (OSError, TypeError):
+            st = self.index.layout.statistics.stat()  # type: ignore[union-attr]
+        except (OSError, AttributeError):
             return None
         return st.st_mtime_ns, st.st_size
 
@@ -124,7 +115,8 @@ class Viewer:
         live = ix.live()
 
         def build() -> dict[str, Any]:
-            stats, config = self._run_file("statistics.json"), self._run_file("config.json")
+            reader = RunReader(ix.run_dir) if ix.run_dir is not None else None
+            stats, config = (reader.statistics(), reader.config()) if reader is not None else ({}, {})
             total = (stats.get("run") or {}).get("samples", {}).get("total")
             if ix.dataset is not None and (total is None or live):
                 total = len(ix.dataset)  # statistics.json, if any, is an earlier invocation's
@@ -208,8 +200,12 @@ class Viewer:
 
 
 def _record_fields(rec: dict[str, Any]) -> dict[str, Any]:
-    """The record without its conversation; per-tool figures only for tools it used."""
+    """The record without its conversation; per-tool figures only for tools it used; of its
+    token ids, how many segments and breaks (the page shows those, not thousands of ids)."""
     out = {k: v for k, v in rec.items() if k != "conversations"}
+    tokens = out.get(TOKENS)
+    if isinstance(tokens, dict):
+        out[TOKENS] = {"segments": len(tokens.get("segments") or ()), "prefix_breaks": tokens.get("prefix_breaks")}
     if isinstance(out.get("tool_stats"), dict):
         out["tool_stats"] = {n: s for n, s in out["tool_stats"].items() if isinstance(s, dict) and s.get("count")}
     if isinstance(out.get("tool_error_counts"), dict):

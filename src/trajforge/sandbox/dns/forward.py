@@ -10,14 +10,18 @@ to the upstream resolver, the control socket) and the event loop's own socket pa
 selector: no epoll descriptor). It opens nothing after that but the TCP connections it accepts,
 and exits when the control socket closes.
 
-Each query is parsed (parse.py): what is not a standard query goes nowhere (a TCP connection
-carrying it is closed), a query samples may not ask is answered REFUSED here, and any other is
-rebuilt from its parts and sent under a fresh random id on a random upstream socket. A reply goes
-back under the client's id once it is checked to answer that question. Upstream is always UDP:
-TCP clients get framed DNS both ways, their answers fetched over UDP (with the largest EDNS size
-when they sent EDNS; an answer still truncated there reaches them so). Bounds: pending queries in
-all and per client address, TCP connections in all and per client, queries per connection, idle
-and answer timeouts, the sizes of parse.py.
+Each query is first counted against its client's rate (fair.py: one client per sample address;
+beyond the rate it is dropped unread, and a TCP connection carrying it closed). Datagrams are read
+until the socket is empty into their clients' queues and handled round robin between clients.
+Each is parsed (parse.py): what is not a standard query goes nowhere (a TCP connection carrying it
+is closed), a query samples may not ask is answered REFUSED here, and any other goes upstream if
+its client has an upstream slot (else it is dropped: UDP clients retry; TCP ones get SERVFAIL),
+rebuilt from its parts under a fresh random id on a random upstream socket. A reply goes back
+under the client's id once it is checked to answer that question. Upstream is always UDP: TCP
+clients get framed DNS both ways, their answers fetched over UDP (with the largest EDNS size when
+they sent EDNS; an answer still truncated there reaches them so). Bounds: fair.py's rate, queue
+and upstream slots per client and in all, TCP connections in all and per client, queries per
+connection, idle and answer timeouts, the sizes of parse.py.
 """
 
 from __future__ import annotations
@@ -29,16 +33,18 @@ import resource
 import selectors
 import socket
 import sys
+import time
 from collections.abc import Callable
 
 from trajforge.sandbox.dns import parse as wire
+from trajforge.sandbox.dns.fair import FairShare, heavier
 from trajforge.sandbox.inside import guard
 
 ANSWER_TIMEOUT = 5.0  # an unanswered query is forgotten (UDP clients retry; TCP ones get SERVFAIL)
 IDLE_TIMEOUT = 10.0  # a TCP client that sends nothing for this long is closed
-MAX_PENDING, PENDING_PER_CLIENT = 1024, 64
 MAX_CONNECTIONS, CONNECTIONS_PER_CLIENT, QUERIES_PER_CONNECTION = 128, 8, 64
-_UDP_BACKLOG = 256 * 1024  # bytes of replies queued to clients before more are dropped
+READ_BATCH, WORK_BATCH = 1024, 64  # datagrams read, and handled, before the loop turns to its other work
+SWEEP_EVERY = 10.0  # seconds between two sweeps of idle clients' state (fair.FairShare.forget_idle)
 _PR_SET_DUMPABLE, _PR_SET_NAME = 4, 15
 
 Deliver = Callable[["bytes | None"], None]
@@ -53,27 +59,93 @@ class _Pending:
 
 
 class Forwarder:
-    """The queries in flight, keyed by (upstream socket, upstream id)."""
+    """The queries in flight, keyed by (upstream socket, upstream id), and each client's share."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.pending: dict[tuple[int, int], _Pending] = {}
-        self.per_client: dict[str, int] = {}
-        self.connections: dict[str, int] = {}
+        self.fair: FairShare[tuple[bytes, tuple[str, int]]] = FairShare()
+        self.connections: dict[str, dict[asyncio.StreamWriter, None]] = {}  # each client's, oldest first
         self.upstreams: list[asyncio.DatagramTransport] = []
         self.server: asyncio.Server | None = None
+        self.udp: socket.socket | None = None
+        self._working = False
 
     async def open(self, udp: socket.socket, tcp: socket.socket, upstreams: list[socket.socket]) -> None:
         for i, sock in enumerate(upstreams):
             transport, _ = await self.loop.create_datagram_endpoint(lambda i=i: _Upstream(self, i), sock=sock)
             self.upstreams.append(transport)
-        await self.loop.create_datagram_endpoint(lambda: _Clients(self), sock=udp)
+        udp.setblocking(False)
+        self.udp = udp
+        self.loop.add_reader(udp.fileno(), self._read)
         self.server = await asyncio.start_server(self.tcp_client, sock=tcp, limit=wire.MAX_QUERY + 2)
+        self._forget_idle()
 
-    def ask(self, q: wire.Query, client: str, deliver: Deliver, *, tcp: bool) -> bool:
-        """Send `q` upstream; `deliver` gets the checked reply (client's id) or None. False when full."""
-        if len(self.pending) >= MAX_PENDING or self.per_client.get(client, 0) >= PENDING_PER_CLIENT:
-            return False
+    def _forget_idle(self) -> None:
+        self.fair.forget_idle(time.monotonic())
+        self.loop.call_later(SWEEP_EVERY, self._forget_idle)
+
+    def admit(self, client: str) -> bool:
+        """Whether a TCP query of `client` is within its rate (fair.py); False: drop it unread."""
+        return self.fair.admit(client, time.monotonic())
+
+    def _read(self) -> None:
+        """The UDP socket is readable: read it empty (up to READ_BATCH) into the clients' queues."""
+        assert self.udp is not None
+        now = time.monotonic()
+        for _ in range(READ_BATCH):
+            try:
+                data, addr = self.udp.recvfrom(wire.MAX_QUERY + 1)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                continue  # an ICMP error of an earlier reply
+            client = addr[0]
+            if self.fair.admit(client, now):
+                self.fair.put(client, (data, addr), now)  # a full queue drops its oldest: the client retries
+        if not self._working and self.fair.ring:
+            self._working = True
+            self.loop.call_soon(self._work)
+
+    def _work(self) -> None:
+        """Handle up to WORK_BATCH queued datagrams round robin, then let the loop read again."""
+        for _ in range(WORK_BATCH):
+            turn = self.fair.take()
+            if turn is None:
+                break
+            client, (data, addr) = turn
+            self._datagram(client, data, addr)
+        if self.fair.ring:
+            self.loop.call_soon(self._work)
+        else:
+            self._working = False
+
+    def _datagram(self, client: str, data: bytes, addr: tuple[str, int]) -> None:
+        try:
+            q = wire.parse_query(data)
+        except wire.Malformed:
+            return
+        if wire.refusal(q) is not None:
+            self._reply(wire.answer(q, wire.REFUSED), addr)
+            return
+        self.ask(q, client, lambda reply: self._reply(reply, addr), tcp=False)
+
+    def _reply(self, reply: bytes | None, addr: tuple[str, int]) -> None:
+        if reply is not None and self.udp is not None:
+            try:
+                self.udp.sendto(reply, addr)
+            except OSError:  # a full send buffer: the client retries
+                pass
+
+    def ask(self, q: wire.Query, client: str, deliver: Deliver, *, tcp: bool) -> None:
+        """Send `q` upstream if its client has a slot; `deliver` gets the checked reply (client's
+        id), or None when it ends unanswered (no slot, timed out, or its slot taken)."""
+        may, free = self.fair.slot(client)
+        if not may:
+            deliver(None)
+            return
+        if free is not None:  # the heaviest client's oldest query gives its slot up
+            self._finish(free, None)  # type: ignore[arg-type]  (a key of self.pending)
         while True:
             rnd = int.from_bytes(os.urandom(3), "big")
             key = (rnd >> 16) % len(self.upstreams), rnd & 0xFFFF
@@ -82,9 +154,8 @@ class Forwarder:
         entry = _Pending(wire.for_upstream(q, key[1], tcp=tcp), q.id, client, deliver)
         entry.timer = self.loop.call_later(ANSWER_TIMEOUT, self._finish, key, None)
         self.pending[key] = entry
-        self.per_client[client] = self.per_client.get(client, 0) + 1
+        self.fair.sent(client, key)
         self.upstreams[key[0]].sendto(wire.encode_query(entry.sent))
-        return True
 
     def from_upstream(self, index: int, data: bytes) -> None:
         entry = self.pending.get((index, data[0] << 8 | data[1])) if len(data) >= 2 else None
@@ -102,28 +173,35 @@ class Forwarder:
             return
         if entry.timer is not None:
             entry.timer.cancel()
-        left = self.per_client[entry.client] - 1
-        if left:
-            self.per_client[entry.client] = left
-        else:
-            del self.per_client[entry.client]
+        self.fair.done(entry.client, key)
         entry.deliver(reply)
 
     async def tcp_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         client = str(peer[0]) if peer else ""
-        if sum(self.connections.values()) >= MAX_CONNECTIONS or \
-                self.connections.get(client, 0) >= CONNECTIONS_PER_CLIENT:
+        held = self.connections.setdefault(client, {})
+        if len(held) < CONNECTIONS_PER_CLIENT and sum(map(len, self.connections.values())) >= MAX_CONNECTIONS:
+            top = heavier({c: len(h) for c, h in self.connections.items()}, client)
+            if top is not None:  # the heaviest client's oldest connection gives its place up
+                oldest = next(iter(self.connections[top]))
+                del self.connections[top][oldest]
+                oldest.transport.abort()
+        if len(held) >= CONNECTIONS_PER_CLIENT or sum(map(len, self.connections.values())) >= MAX_CONNECTIONS:
+            if not held:
+                del self.connections[client]
             writer.transport.abort()
             return
-        self.connections[client] = self.connections.get(client, 0) + 1
+        held[writer] = None
         try:
             for _ in range(QUERIES_PER_CONNECTION):
                 async with asyncio.timeout(IDLE_TIMEOUT):
                     size = int.from_bytes(await reader.readexactly(2), "big")
                     if size > wire.MAX_QUERY:  # "GE" of an HTTP request: 18,245 bytes
                         break
-                    q = wire.parse_query(await reader.readexactly(size))
+                    data = await reader.readexactly(size)
+                if not self.admit(client):
+                    break  # over its rate: closed, as a datagram would be dropped
+                q = wire.parse_query(data)
                 reply = await self._tcp_answer(q, client)
                 writer.write(len(reply).to_bytes(2, "big") + reply)
                 async with asyncio.timeout(IDLE_TIMEOUT):
@@ -131,10 +209,8 @@ class Forwarder:
         except (wire.Malformed, asyncio.IncompleteReadError, TimeoutError, OSError):
             pass
         finally:
-            left = self.connections[client] - 1
-            if left:
-                self.connections[client] = left
-            else:
+            held.pop(writer, None)  # (gone already if it gave its place up)
+            if not held and self.connections.get(client) is held:
                 del self.connections[client]
             writer.close()  # after what is written (unread input makes it a reset)
 
@@ -142,36 +218,8 @@ class Forwarder:
         if wire.refusal(q) is not None:
             return wire.answer(q, wire.REFUSED)
         got: asyncio.Future[bytes | None] = self.loop.create_future()
-        if not self.ask(q, client, lambda r: got.done() or got.set_result(r), tcp=True):
-            return wire.answer(q, wire.SERVFAIL)
+        self.ask(q, client, lambda r: got.done() or got.set_result(r), tcp=True)
         return await got or wire.answer(q, wire.SERVFAIL)
-
-
-class _Clients(asyncio.DatagramProtocol):
-    def __init__(self, fwd: Forwarder) -> None:
-        self.fwd = fwd
-        self.transport: asyncio.DatagramTransport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def send(self, reply: bytes | None, addr: tuple[str, int]) -> None:
-        if reply is not None and self.transport is not None and \
-                self.transport.get_write_buffer_size() < _UDP_BACKLOG:
-            self.transport.sendto(reply, addr)
-
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        try:
-            q = wire.parse_query(data)
-        except wire.Malformed:
-            return
-        if wire.refusal(q) is not None:
-            self.send(wire.answer(q, wire.REFUSED), addr)
-            return
-        self.fwd.ask(q, addr[0], lambda reply: self.send(reply, addr), tcp=False)  # full: dropped, the client retries
-
-    def error_received(self, exc: Exception) -> None:
-        pass
 
 
 class _Upstream(asyncio.DatagramProtocol):

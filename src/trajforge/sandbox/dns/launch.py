@@ -1,17 +1,20 @@
 """The DNS forwarder's start: the only part of it that runs as root, before any sample byte.
 
-service.py runs this as `nsenter --net=<namespace> python -I -S -c LAUNCH ...`. Already in
-the network namespace the forwarder serves, it makes every socket the forwarder will use (the
-UDP and TCP listeners; UDP sockets connected to the upstream resolver, marked with SO_MARK,
-which takes CAP_NET_ADMIN to set, so that a container's firewall can tell the forwarder's
-queries from a sample's). It then leaves the host's files behind: a mount namespace of its own
-whose root is an empty read-only tmpfs holding, read-only, only the interpreter's prefix, the
-system's libraries and the forwarder's source (`confine_files`). Then it gives up every
-privilege: supplementary groups, real, effective and saved uid and gid set to the forwarder's
-own id, the capability bounding, ambient, inheritable, permitted and effective sets emptied,
-no_new_privs; it checks all of that in /proc/self/status and only then execs the forwarder
-(forward.py) in a fresh `-I -S` interpreter, with an empty environment and no descriptor
-but those sockets. Any failure is one line on the control socket. Stdlib only.
+service.py runs this as `nsenter --net=<namespace> python -I -S -c LAUNCH ...`. Already in the
+network namespace the forwarder serves, it makes every socket the forwarder will use (the UDP
+and TCP listeners; UDP sockets connected to the upstream resolver, marked with SO_MARK, which
+takes CAP_NET_ADMIN to set, so that a container's firewall can tell the forwarder's queries from
+a sample's; the UDP listener's receive buffer raised past the system's limit, which also takes
+it, so that the datagrams the samples' rates let through outlast a moment in which the forwarder
+does not get a CPU on a busy host). It raises its scheduling priority (NICE), then leaves the
+host's files behind: a mount namespace of its own whose root is an empty read-only tmpfs
+holding, read-only, only the interpreter's prefix, the system's libraries and the forwarder's
+source (`confine_files`). Then it gives up every privilege: supplementary groups, real,
+effective and saved uid and gid set to the forwarder's own id, the capability bounding, ambient,
+inheritable, permitted and effective sets emptied, no_new_privs; it checks all of that in
+/proc/self/status and only then execs the forwarder (forward.py) in a fresh `-I -S` interpreter,
+with an empty environment and no descriptor but those sockets. Any failure is one line on the
+control socket. Stdlib only.
 """
 
 from __future__ import annotations
@@ -27,6 +30,12 @@ SYSTEM = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/etc/ld.so.cache")  # 
 _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 38, 47, 4
 _CAPABILITY_VERSION_3 = 0x20080522
 _SO_MARK = getattr(socket, "SO_MARK", 36)
+_SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
+# Ahead of the samples for the CPU: it serves all of them, and what each can make it do is
+# bounded by its rate (dns/fair.py), so on a busy host a sample's lookups wait for the forwarder's
+# turn no longer than for their own, and no sample can make them wait longer by flooding.
+NICE = -10
+_RECEIVE_BUFFER = 4 << 20  # thousands of queries (a small datagram takes about 1 KiB of it)
 _NEWNS = 0x20000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -42,6 +51,7 @@ def _check(result: int, what: str) -> None:
 def _sockets(listen: tuple[str, int], upstream: tuple[str, int], mark: int, count: int) -> list[socket.socket]:
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     udp.bind(listen)  # no SO_REUSEADDR: a port something else holds is an error, not a shared port
+    udp.setsockopt(socket.SOL_SOCKET, _SO_RCVBUFFORCE, _RECEIVE_BUFFER)
     tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     tcp.bind(listen)
     tcp.listen(64)
@@ -124,6 +134,7 @@ def main(argv: list[str]) -> None:
         if not exe.startswith(prefix + "/"):
             raise OSError(f"the interpreter {exe} is outside its prefix {prefix}")
         confine_files([*SYSTEM, prefix, src])
+        os.setpriority(os.PRIO_PROCESS, 0, NICE)
         drop_privileges(int(uid), status)
         os.close(status)
         fds = [int(control), *(s.fileno() for s in socks)]

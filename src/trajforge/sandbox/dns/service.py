@@ -1,4 +1,5 @@
-"""Starting and stopping a DNS forwarder (forward.py) for samples in egress mode.
+"""Starting and stopping a DNS forwarder (forward.py) for samples in egress mode, and the kernel's
+share of its fairness (`admission_rules`).
 
 One per run in the router namespace (host/router.py), one per container with Podman's network
 (network.py). The runner starts it through nsenter into the namespace it serves and the root
@@ -21,6 +22,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from trajforge.sandbox.dns.fair import BURST, RATE
 from trajforge.sandbox.interface import SandboxError
 from trajforge.sandbox.process import SAFE_PATH, tool_path
 
@@ -28,10 +30,29 @@ FORWARDER_IDS = (1_700_000_000, 100_000_000)  # first id, how many
 MARK = 0x74660035  # SO_MARK of the forwarder's upstream sockets ("tf", 53)
 PORT = 5300  # where the forwarder listens: samples' port 53 is redirected there (unprivileged: no capability to bind)
 UPSTREAM_SOCKETS = 4
+CONNECT_RATE, CONNECT_BURST = 20, 40  # new TCP connections to the forwarder a second per sample, and at once
 START_TIMEOUT = 10.0
 LAUNCH = ("import sys; sys.path.append(sys.argv[1]); "
           "from trajforge.sandbox.dns.launch import main; main(sys.argv[1:])")
 SOURCE_ROOT = str(Path(__file__).resolve().parents[3])  # holds the trajforge package
+
+
+def admission_rules(hook: str, match: str, address: str, port: int) -> list[str]:
+    """Lines of an `inet` nftables table that drop, per sending address, DNS datagrams beyond the
+    forwarder's own per-client rate (fair.py) and new TCP connections beyond CONNECT_RATE, on the
+    `hook` (prerouting: from other namespaces; output: from this one) of packets to `address`:`port`
+    that `match` selects. Before conntrack (priority raw) and before they reach the forwarder's
+    socket: a socket one sample fills loses every other sample's datagrams, and dropping here costs
+    the sending sample's own CPU, not the forwarder's. The forwarder's own queries upstream (its
+    SO_MARK) pass."""
+    sets = {"dns_datagrams": (f"udp dport {port}", RATE, BURST),
+            "dns_connections": (f"tcp dport {port} tcp flags & (syn | ack) == syn", CONNECT_RATE, CONNECT_BURST)}
+    lines = [f"  set {name} {{ type ipv4_addr; size 65535; flags dynamic,timeout; timeout 1m; }}" for name in sets]
+    lines += ["  chain dns_admission {", f"    type filter hook {hook} priority raw; policy accept;",
+              f"    meta mark {MARK:#x} return"]
+    lines += [f"    {match}ip daddr {address} {what} update @{name} {{ ip saddr limit rate over {rate:g}/second "
+              f"burst {burst} packets }} drop" for name, (what, rate, burst) in sets.items()]
+    return [*lines, "  }"]
 
 
 class DnsForwarder:

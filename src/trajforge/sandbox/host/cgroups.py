@@ -114,10 +114,10 @@ class SampleGroup:
                     ("memory", d / ("memory.swap.max" if v2 else "memory.memsw.limit_in_bytes"),
                      "0" if v2 else str(self.memory), False)]  # no swap accounting here: RAM only
         cpu = self.where.parents.get("cpu")
-        if self.cpus and cpu is not None:
+        if self.cpus and cpu is not None:  # v1: a new group's period is the kernel's default, _PERIOD
             quota, d = max(1000, int(self.cpus * _PERIOD)), cpu / self.name
             out += [("cpu", d / "cpu.max", f"{quota} {_PERIOD}", True)] if v2 else \
-                [("cpu", d / "cpu.cfs_period_us", str(_PERIOD), True), ("cpu", d / "cpu.cfs_quota_us", str(quota), True)]
+                [("cpu", d / "cpu.cfs_quota_us", str(quota), True)]
         pids = self.where.parents.get("pids")
         if self.pid_limit and pids is not None:
             out.append(("pids", pids / self.name / "pids.max", str(self.pid_limit), True))
@@ -135,7 +135,7 @@ class SampleGroup:
                 d.mkdir()
             for _controller, path, value, required in self._settings():
                 try:
-                    path.write_text(value)
+                    write(path, value)
                 except OSError:
                     if required:
                         raise
@@ -171,6 +171,15 @@ class SampleGroup:
         self._fds.clear()
         for d in self.dirs:
             _remove(d)
+
+
+def write(path: Path | str, value: str) -> None:
+    """A cgroup file written in one write(2) (no text layer: a cgroup file takes one value a write)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
 
 
 def _remove(group: Path) -> None:

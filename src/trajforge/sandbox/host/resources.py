@@ -2,7 +2,7 @@
 
 - /tmp and /dev/shm: sized tmpfs (root_view.py for bwrap, the engine for containers);
   `tmpfs_full` tells that a sample filled one.
-- disk: a size-limited loop-mounted image (disk.py for a container's workspace and own layer,
+- disk: a size-limited loop-mounted image (disk.py for a container's workspace and own filesystem,
   loopdisk.py for the bwrap sandboxes' workspaces).
 A runner killed with SIGKILL cannot unmount or remove anything: `sweep_leftovers` (once per
 process, before the first sample's limits are set up) unmounts and deletes the disk images and
@@ -80,14 +80,9 @@ class Resources:
                     inside = path.split("/root", 1)[1]
                     raise SandboxLimitError(f"the sample filled {inside} ({human(size or 0)}, {key})")
         if self.disk is not None and self.disk.full():
-            also = "; the container's own filesystem counts toward it" if self.disk.layer is not None else ""
+            also = "; the container's own filesystem counts toward it" if self.disk.rootfs is not None else ""
             raise SandboxLimitError(f"the sample filled its workspace disk limit of {human(self.disk.size)} "
                                     f"(sandbox_disk{also})")
-
-    async def before_remove(self) -> None:
-        """Before the engine removes the container (container_layer.py)."""
-        if self.disk is not None:
-            await self.disk.detach_layer()
 
     async def close(self, keep: bool) -> None:
         if self.disk is not None:

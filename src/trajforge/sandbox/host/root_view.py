@@ -2,13 +2,23 @@
 
 `build` runs in the sandbox's first process (sandbox_init.py) while it is still root and nothing
 of a sample is there. It copies the run's template namespace (the read-only system view bwrap
-made once per run, bwrap_runtime.py), moves the copy onto a root of its own (a new tmpfs with the
-template's entries bound in, then pivot_root), so a mount point made for a row's cwd (/app/sub)
-exists in this sandbox alone; then a /proc of the sandbox's pid namespace (with bwrap's
-read-only parts), /dev/pts, /dev/mqueue, sized /tmp and /dev/shm, and the workspace at
-/workspace. `alias` binds the workspace's directory of an absolute row cwd at that path
-(`begin`, still before the drop). Nothing here is ever done again for another sample: a
-sandbox is used once. Stdlib and ctypes only: part of the zygote's assembled source.
+made once per run, bwrap_runtime.py) and gives the sandbox a root of its own (a new tmpfs, then
+pivot_root), so a mount point made for a row's cwd (/app/sub) exists in this sandbox alone. On
+that root, no inode is shared with the host or with another sample:
+- each system directory of the template (/usr, /opt, and /etc, the run's copy of the host's) is
+  a read-only overlay of this sandbox's own, whose lower layers are an empty directory of the
+  sandbox's root and the template's directory: the files are the host's, but every inode a
+  sample opens, locks (flock, fcntl) or watches (inotify) is the overlay's, so a lock taken in a
+  sample never blocks a host program or another sample, and an open in one sample wakes no
+  other's watch; `df /usr` shows the sandbox's small root, not the host's disk;
+- /dev is a directory of that root with its own device nodes (null, zero, full, random,
+  urandom, tty), not binds of the host's (the root is mounted without nodev for them; a sample,
+  without CAP_MKNOD and unable to write to the root, can make none);
+- then a /proc of the sandbox's pid namespace (with bwrap's read-only parts), /dev/pts,
+  /dev/mqueue, sized /tmp and /dev/shm, and the workspace at /workspace.
+`alias` binds the workspace's directory of an absolute row cwd at that path (`begin`, still
+before the drop). Nothing here is ever done again for another sample: a sandbox is used once.
+Stdlib and ctypes only: part of the zygote's assembled source.
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import stat
 
 _NEWNS = 0x20000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND = 0x1, 0x2, 0x4, 0x8, 0x20, 0x1000
@@ -29,8 +40,14 @@ _MOVE_MOUNT_F_EMPTY_PATH, _AT_FDCWD = 0x4, -100
 _MQUEUE = "/dev/mqueue"
 # The new root while it is built: the template's /tmp, a mount point the sandbox gets anew anyway.
 _STAGE = "/tmp"
-# Template entries the sandbox mounts afresh rather than binds.
-_FRESH = ("proc", "tmp", "workspace")
+# Template entries the sandbox mounts afresh rather than overlays.
+_FRESH = ("proc", "tmp", "workspace", "dev")
+# Its own device nodes: (name, major, minor), mode 0666 as the host's.
+_DEVICES = (("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0))
+_DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+              ("stderr", "/proc/self/fd/2"), ("core", "/proc/kcore"), ("ptmx", "pts/ptmx"))
+# The overlays' empty top layer: a directory of the sandbox's own root, hidden beneath its /tmp.
+_EMPTY = "/tmp"
 
 
 def checked(result: int, what: str) -> int:
@@ -66,9 +83,7 @@ class RootView:
             if os.path.exists(path):
                 self.mount(path, path, None, _MS_BIND | _MS_REC)
                 self.mount(None, path, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-        for path in ("/dev/pts", "/dev/shm"):  # the template's, shared by every copy: never the sandbox's
-            if os.path.ismount(path):
-                self.umount(path)
+        self._dev()
         self.mount("devpts", "/dev/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
         self._mqueue()
         for path, size in (("/tmp", tmp), ("/dev/shm", shm)):
@@ -78,32 +93,48 @@ class RootView:
         os.chdir("/")
 
     def _own_root(self) -> None:
-        """A root of this sandbox's own: a new tmpfs holding the template's entries (system
-        directories bound recursively, read-only as they are; links recreated), made the root
-        with pivot_root; the template's root, shared by every copy, is then detached."""
-        self.mount("tmpfs", _STAGE, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=1m,nr_inodes=4096")
+        """A root of this sandbox's own: a new tmpfs holding the template's entries (each system
+        directory a read-only overlay of its own over the template's, module doc; links
+        recreated), made the root with pivot_root; the template's root, shared by every copy,
+        is then detached."""
+        self.mount("tmpfs", _STAGE, "tmpfs", _MS_NOSUID, "mode=0755,size=1m,nr_inodes=4096")  # nodes in /dev
+        empty = _STAGE + _EMPTY
+        os.mkdir(empty, 0o755)
         with os.scandir("/") as entries:
             for entry in entries:
                 name, new = entry.name, f"{_STAGE}/{entry.name}"
-                if name == _STAGE.strip("/"):
-                    os.mkdir(new, 0o755)
-                elif entry.is_symlink():
+                if "/" + name == _EMPTY:
+                    continue
+                if entry.is_symlink():
                     os.symlink(os.readlink(entry.path), new)
                 elif entry.is_dir(follow_symlinks=False):
                     os.mkdir(new, 0o755)
-                    if name not in _FRESH:
-                        self.mount(entry.path, new, None, _MS_BIND | _MS_REC)
+                    if name not in _FRESH:  # overlay wants two layers when it has no upper one
+                        self.mount("overlay", new, "overlay", _MS_RDONLY | _MS_NOSUID | _MS_NODEV,
+                                   f"lowerdir={empty}:{entry.path}")
         os.chdir(_STAGE)
         machine = os.uname().machine
         checked(self.libc.syscall(_SYS_PIVOT_ROOT.get(machine, 41), b".", b"."), "pivot_root")
         self.umount(".")  # the old root, stacked beneath the new one
         os.chdir("/")
 
+    def _dev(self) -> None:
+        """/dev: its own device nodes and the usual links, on the sandbox's root (module doc), and
+        the mount points beneath it."""
+        umask = os.umask(0)  # the nodes' own modes, with no chmod after
+        try:
+            for name, major, minor in _DEVICES:
+                os.mknod(f"/dev/{name}", 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+        finally:
+            os.umask(umask)
+        for name, target in _DEV_LINKS:
+            os.symlink(target, f"/dev/{name}")
+        for name in ("pts", "shm", "mqueue"):
+            os.mkdir(f"/dev/{name}", 0o755)  # each with a filesystem of its own mounted over it
+
     def _mqueue(self) -> None:
         """The IPC namespace's POSIX queues, where the sample can list them. A kernel without
         them (no mqueue file system: mq_open fails there too) has nothing to list."""
-        if not os.path.isdir(_MQUEUE):
-            return  # the template has the mount point (bwrap_runtime.py)
         try:
             self.mount("mqueue", _MQUEUE, "mqueue", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
         except OSError as e:

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from trajforge.netpolicy import BLOCKED_V4, host_addresses
 from trajforge.sandbox.interface import SandboxError
 from trajforge.sandbox.dns.service import PORT as DNS_PORT
-from trajforge.sandbox.dns.service import DnsForwarder
+from trajforge.sandbox.dns.service import DnsForwarder, admission_rules
 from trajforge.sandbox.host.zygote_client import Zygote
 from trajforge.sandbox.process import SAFE_PATH, tool_path
 
@@ -77,7 +77,9 @@ def router_ruleset(allow: Sequence[str] = (), host_addrs: Sequence[str] | None =
               '    iifname "tap0" ct state established,related accept', '    iifname "tap0" drop',
               "  }",
               "  chain nat_out {", "    type nat hook postrouting priority 100; policy accept;",
-              '    oifname "tap0" masquerade', "  }", "}"]
+              '    oifname "tap0" masquerade', "  }",
+              # every sample's fair share of the forwarder (dns/fair.py): the kernel's part
+              *admission_rules("prerouting", f"{slot} ", SLIRP_DNS, 53), "}"]
     return "\n".join(lines) + "\n"
 
 

@@ -13,11 +13,11 @@ Then it waits. `begin`, sent by the runner when a sample takes the sandbox, name
 points of the row's absolute cwd (bound from the workspace, root_view.alias) and the commands'
 settings; then the process drops every privilege for good: real, effective and saved uid and
 gid become the sample's, the supplementary groups go, every capability set is emptied (the
-bounding set and no_new_privs are the zygote's, zygote.confine), it stops being dumpable, and
-seals its imports (guard.py). Only then does it read the sample's first request, as the
-sample's helper (helper.py), for the rest of its life. It exits when the runner closes the
-channel; the kernel then kills every process of its pid namespace, and the sandbox is gone:
-nothing of it is ever given to another sample. Stdlib and ctypes only: part of the zygote's
+bounding set and no_new_privs are the zygote's, zygote.confine), it stops being dumpable, takes
+the sample's seccomp filter (seccomp.py) and seals its imports (guard.py). Only then does it
+read the sample's first request, as the sample's helper (helper.py), for the rest of its life.
+It exits when the runner closes the channel; the kernel then kills every process of its pid
+namespace, and the sandbox is gone: nothing of it is ever given to another sample. Stdlib and ctypes only: part of the zygote's
 assembled source.
 """
 
@@ -29,6 +29,7 @@ import os
 from trajforge.sandbox.inside.guard import seal
 from trajforge.sandbox.inside.helper import Helper
 from trajforge.sandbox.host.root_view import RootView, checked
+from trajforge.sandbox.host.seccomp import confine_sample
 
 _NEWCGROUP, _NEWUTS, _NEWIPC, _NEWNET = 0x2000000, 0x4000000, 0x8000000, 0x40000000
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_NAME, _PR_CAP_AMBIENT = 1, 4, 15, 47
@@ -44,7 +45,8 @@ _IGNORED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIG
 def drop_privileges(libc, ctypes, uid: int, gid: int) -> None:  # type: ignore[no-untyped-def]
     """For good: uid and gid (real, effective, saved) become the sample's, no supplementary
     group, every capability set empty (the bounding set again: joining a user namespace fills
-    it), not dumpable. Raises if any of it did not hold."""
+    it), not dumpable, and the sample's seccomp filter (seccomp.py), which every command inherits.
+    Raises if any of it did not hold."""
     for cap in range(_CAP_LAST + 1):
         libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the kernel's last cap: fine
     os.setgroups([])
@@ -57,6 +59,7 @@ def drop_privileges(libc, ctypes, uid: int, gid: int) -> None:  # type: ignore[n
     if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid) or os.getgroups() \
             or libc.prctl(_PR_CAPBSET_READ, 0, 0, 0, 0) != 0:
         raise OSError("the sandbox helper could not drop its privileges")
+    confine_sample(libc)
 
 
 def close_all_but(keep: set[int]) -> None:
@@ -84,8 +87,11 @@ class SandboxInit:
             _signal.signal(getattr(_signal, name), _signal.SIG_IGN)
         _signal.set_wakeup_fd(-1)  # the zygote's wake-up pipe is not ours
         for procs in req.get("cgroups", ()):  # every command it starts inherits them
-            with open(procs, "w") as f:
-                f.write("0")
+            fd = os.open(procs, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
         tree = checked(libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, req["workspace"].encode(),
                                     _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC | _AT_SYMLINK_NOFOLLOW), "open_tree")
         if net >= 0:

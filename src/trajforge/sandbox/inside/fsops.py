@@ -226,14 +226,28 @@ def _small_file(dir_fd: int, name: str, max_file: int) -> bytes | None:
         return None if st.st_size > max_file else raw.read(max_file + 1)
 
 
+def compile_pattern(pattern: str):  # type: ignore[no-untyped-def]
+    """search_files' regular expression compiled, or FileOpError("invalid_pattern") saying why. Not
+    only syntax errors: a repeat count over `re`'s limit (`a{1,99999999999}`) raises OverflowError,
+    nesting deeper than its parser recurses RecursionError, a pattern too large for memory
+    MemoryError; each is the model's to fix, never a failure of the tool."""
+    import re
+
+    try:
+        return re.compile(pattern)
+    except (re.error, OverflowError, RecursionError, MemoryError) as e:
+        why = {RecursionError: "nested too deeply", MemoryError: "too large to compile"}.get(type(e), str(e))
+        shown = repr(pattern) if len(pattern) <= 100 else f"{pattern[:100]!r}... ({len(pattern)} characters)"
+        raise FileOpError("invalid_pattern", f"invalid regular expression {shown}: {why}") from None
+
+
 def scan(entries, shown: str, pattern: str, *, target: str, glob: str | None, limit: int,  # type: ignore[no-untyped-def]
          max_files: int) -> tuple[list[str], bool]:
     """The matching of `search` over (path below `shown`, file name, read() -> bytes or None)."""
     import fnmatch
     import posixpath
-    import re
 
-    rx = re.compile(pattern)
+    rx = compile_pattern(pattern)
     found: list[str] = []
     seen = 0
     for sub, name, read_fn in entries:
@@ -258,37 +272,3 @@ def scan(entries, shown: str, pattern: str, *, target: str, glob: str | None, li
                     return found, True
                 found.append(f"{display}:{num}: {line.strip()[:300]}")
     return found, False
-
-
-def tree_state(root: str, most: int = 32) -> list | None:
-    """The entries beneath `root` with their type, mode, owner and extended attribute names
-    (root's own first), without following a link; None past `most` entries or where one cannot
-    be read. A fresh workspace holds at most its cwd's directories: anything larger is a sample
-    that left files."""
-    out: list = []
-    stack = [""]
-    try:
-        out.append(_entry_state("", root))
-        while stack:
-            rel = stack.pop()
-            with os.scandir(os.path.join(root, rel) if rel else root) as it:
-                for entry in it:
-                    name = os.path.join(rel, entry.name) if rel else entry.name
-                    out.append(_entry_state(name, entry.path))
-                    if len(out) > most:
-                        return None
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append(name)
-    except OSError:
-        return None
-    out.sort()
-    return out
-
-
-def _entry_state(name: str, path: str) -> tuple:
-    st = os.lstat(path)
-    try:
-        attrs = sorted(os.listxattr(path, follow_symlinks=False))
-    except OSError:  # a file system without them
-        attrs = []
-    return (name, st.st_mode, st.st_uid, st.st_gid, tuple(attrs))

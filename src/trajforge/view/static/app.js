@@ -203,6 +203,7 @@ async function renderOverview(main) {
     figs.append(figure('not verified', v.unverified, fmt(v.unverified), 'verification.unverified'));
     if (v.mean_score !== null) figs.append(figure('mean score', v.mean_score, v.mean_score.toFixed(3), 'verification.mean_score'));
   }
+  if (f.token_capture) figs.append(figure('prefix integrity', f.token_capture.prefix_integrity, pct(f.token_capture.prefix_integrity), 'token_capture.prefix_integrity'));
   if (f.tasks) figs.append(figure('mean reward', f.tasks.all.mean_reward, f.tasks.all.mean_reward == null ? '–' : f.tasks.all.mean_reward.toFixed(3), 'tasks.mean_reward'));
   const failed = Object.entries(s.failed_by_class).map(([k, v]) => ({label: k, value: v}));
   const discarded = Object.entries(s.discarded_by_reason).map(([k, v]) => ({label: k, value: v}));
@@ -392,6 +393,8 @@ function metaTable(d) {
     ['tokens', fmt(e.tokens)], ['cost', money(e.cost)], ['attempts', e.attempts], ['message', e.message]];
   if (r.metadata) rows.push(['model', r.metadata.model], ['timestamp', r.metadata.timestamp]);
   if (r.api_calls !== undefined) rows.push(['API calls', r.api_calls]);
+  if (r.tokens) rows.push(['token ids', r.tokens.segments + ' segment(s), ' + r.tokens.prefix_breaks + ' prefix break(s)']);
+  else if (r.tokens_missing && r.tokens_missing !== 'not_requested') rows.push(['token ids', 'none (' + r.tokens_missing + ')']);
   if (r.toolsets_used) rows.push(['toolsets', r.toolsets_used.join(', ')]);
   if (r.usage) rows.push(['usage', Object.entries(r.usage).map(([k, v]) => k.replace(/_tokens$/, '') + ' ' + v).join(' · ')]);
   if (r.tool_stats) rows.push(['tool stats', Object.entries(r.tool_stats).map(([k, s]) => `${k} ${s.success}/${s.count} ok`).join(', ')]);

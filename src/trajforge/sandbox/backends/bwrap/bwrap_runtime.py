@@ -3,7 +3,9 @@
 - the zygote (zygote.py, zygote_client.py), which makes every sandbox's namespaces and first process;
 - the template: one bwrap per run builds the read-only system view that every sandbox's own
   mount namespace is copied from (bwrap.bwrap_argv; the holder is `cat`, which ends, and the
-  template with it, when the runner's end of its stdin closes or the runner dies);
+  template with it, when the runner's end of its stdin closes or the runner dies). Its /etc is
+  a tmpfs of its own holding the run's copy of the host's (etc_copy.py), never the host's files;
+  each sandbox sees the template's system directories through overlays of its own (root_view.py);
 - the router (router.py) in egress mode: one firewall and one slirp4netns for the whole run;
 - the sandbox pools (sandbox_pool.py), one per workspace root, which make sandboxes ahead of time.
 
@@ -16,19 +18,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from trajforge.sandbox.interface import SandboxError
-from trajforge.sandbox.backends.bwrap.bwrap_layout import (
-    NOT_FOUND,
-    WORKSPACE,
-    bwrap_argv,
-    find_bwrap,
-    host_layout,
-    resolv_conf_target,
-)
-from trajforge.sandbox.backends.bwrap.bwrap_start import args_pipe, helper_source, holder_ready, pipe_of
+from trajforge.sandbox.backends.bwrap.bwrap_layout import ETC, NOT_FOUND, WORKSPACE, bwrap_argv, find_bwrap, host_layout
+from trajforge.sandbox.backends.bwrap.bwrap_start import args_pipe, helper_source, holder_ready
+from trajforge.sandbox.host.etc_copy import copy_etc
 from trajforge.sandbox.host.zygote_client import Zygote
 from trajforge.sandbox.process import SAFE_PATH, kill_group
 from trajforge.sandbox.host.resources import ResourceLimits
@@ -39,12 +35,12 @@ from trajforge.sandbox.host.router import Router, resolv_conf
 
 class RootRuntime:
     def __init__(self, *, template_argv: Sequence[str], network: NetworkMode, allow: Sequence[str] = (),
-                 limits: ResourceLimits | None = None, files: Mapping[str, bytes] | None = None,
+                 limits: ResourceLimits | None = None, resolv: bytes | None = None,
                  nproc: int | None = None, demand: Callable[[], int] = lambda: 0) -> None:
-        """template_argv: the bwrap command line of the template (bwrap.bwrap_argv), up to the command;
-        files: read-only files of the system view by their path inside, bound from pipes (no host file)."""
+        """template_argv: the bwrap command line of the template (bwrap.bwrap_argv), up to the command,
+        with a tmpfs at /etc; resolv: the sandboxes' resolv.conf (None: the host's content)."""
         self.template_argv = list(template_argv)
-        self.files = dict(files or {})
+        self.resolv = resolv
         self.network, self.allow = network, tuple(allow)
         self.limits = limits or ResourceLimits(memory=None, disk=None)
         self.nproc, self.demand = nproc, demand
@@ -66,26 +62,29 @@ class RootRuntime:
         return self
 
     async def _start_template(self) -> None:
-        data = {inside: pipe_of(content) for inside, content in self.files.items()}
-        binds = [a for inside, fd in data.items()  # --perms: bwrap would make the file 0600, root's
-                 for a in ("--perms", "0444", "--ro-bind-data", str(fd), inside)]
-        args_r = args_pipe([*self.template_argv[1:], *binds])
+        args_r = args_pipe(self.template_argv[1:])
         try:
             self._holder = await asyncio.create_subprocess_exec(
                 self.template_argv[0], "--args", str(args_r), "cat", stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={"PATH": SAFE_PATH},
-                pass_fds=(args_r, *data.values()), start_new_session=True)
+                pass_fds=(args_r,), start_new_session=True)
         except OSError as e:
             raise SandboxError(f"cannot start bwrap: {e}") from e
         finally:
-            for fd in (args_r, *data.values()):
-                os.close(fd)
+            os.close(args_r)
         init = await holder_ready(self._holder)
+        # The run's /etc, written into the template's own tmpfs before any sandbox copies it.
+        try:
+            await asyncio.to_thread(copy_etc, Path(f"/proc/{init}/root/etc"), resolv=self.resolv)
+        except OSError as e:
+            raise SandboxError(f"cannot copy /etc into the sandboxes' template: {e}") from e
         await self.zygote.request("template", pid=init)
 
     def pool(self, root: Path) -> SandboxPool:
-        root = Path(root)
-        pool = self._pools.get(root)
+        pool = self._pools.get(root)  # (twice a sample: the root as given, no new Path)
+        if pool is None:
+            root = Path(root)
+            pool = self._pools.get(root)
         if pool is None:
             pool = self._pools[root] = SandboxPool(
                 root, self.zygote, network=self.network, router=self.router.ns if self.router else None,
@@ -133,8 +132,9 @@ async def root_runtime(bwrap: str | None, network: NetworkMode, allow: Sequence[
     bwrap = bwrap or find_bwrap()
     if bwrap is None:
         raise SandboxError(NOT_FOUND)
-    argv = bwrap_argv(bwrap, layout=host_layout(), binds=[], chdir="/", network=False, privileged=True,
-                      extra_ro=resolv_conf_target(), extra=["--dir", WORKSPACE, "--dir", "/dev/mqueue"])
-    files = {"/etc/resolv.conf": resolv_conf()} if network == NetworkMode.EGRESS else {}  # slirp's DNS forwarder
-    return await RootRuntime(template_argv=argv, network=network, allow=allow, limits=limits, files=files,
+    layout = [(name, target) for name, target in host_layout() if name != ETC]  # the run's copy instead
+    argv = bwrap_argv(bwrap, layout=layout, binds=[], chdir="/", network=False, privileged=True, mounts=False,
+                      extra=["--perms", "0755", "--tmpfs", f"/{ETC}", "--dir", WORKSPACE])
+    resolv = resolv_conf() if network == NetworkMode.EGRESS else None  # the run's DNS forwarder
+    return await RootRuntime(template_argv=argv, network=network, allow=allow, limits=limits, resolv=resolv,
                              nproc=nproc, demand=demand).start()

@@ -4,8 +4,8 @@ User mode (`start_user`): the helper is bwrap's command, started with a host int
 inside (helper_python), its source on stdin. Root mode runs one bwrap per run, the holder of the
 template namespace (bwrap_runtime.py): `cat`, which echoes one line once bwrap has set everything
 up (`holder_ready`). Both hand the mount setup to bwrap through `--args` (a pipe), so
-/proc/1/cmdline inside shows no host path. A user-mode helper also gets the seccomp filter that
-keeps samples from making user namespaces (seccomp.py), through bwrap's `--seccomp` (a pipe).
+/proc/1/cmdline inside shows no host path. A user-mode helper also gets the sample's seccomp
+filter (seccomp.py), through bwrap's `--seccomp` (a pipe).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from trajforge.sandbox.inside import helper
 from trajforge.sandbox.interface import SandboxError
 from trajforge.sandbox.channel import HelperChannel
 from trajforge.sandbox.process import SAFE_PATH, kill_group
-from trajforge.sandbox.host.seccomp import seccomp_program
+from trajforge.sandbox.host.seccomp import sample_program
 
 START_TIMEOUT = 10.0
 _BOOT = "import os;exec(compile(os.read(0,1<<17),'helper','exec'))"
@@ -73,9 +73,9 @@ async def start_user(argv: list[str], python: str, *, output_cap: int) -> Starte
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     # --as-pid-1: the helper is the pid namespace's init, which the kernel shields from every
     # signal sent inside without a handler (`kill -9 -1` spares it).
-    # bwrap installs the filter (seccomp.py) on the helper, whose every command inherits it: no
-    # sample makes a user namespace of its own inside the one bwrap made for it.
-    program = seccomp_program(os.uname().machine)
+    # bwrap installs the sample's filter (seccomp.py) on the helper, whose every command inherits
+    # it: among others, no sample makes a user namespace of its own inside the one bwrap made for it.
+    program = sample_program(os.uname().machine)
     filters = [pipe_of(program)] if program is not None else []
     args_r = args_pipe([*argv[1:], "--as-pid-1", *(a for fd in filters for a in ("--seccomp", str(fd)))])
     src_r = pipe_of(helper_source())  # the source comes on stdin, not argv: `ps` inside shows a one-liner

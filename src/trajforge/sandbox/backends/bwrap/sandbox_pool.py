@@ -4,7 +4,7 @@ Making a sandbox takes privileged work (namespaces, mounts, a cgroup, a loop-mou
 link): the pool does it before a sample asks, so a sample's first tool call finds one ready, and
 the work costs the run CPU but no sample any waiting. A `Prepared` sandbox is its first process
 (sandbox_init.py: pid 1 of its pid namespace, ready and waiting, holding nothing of the host),
-its channel, its uid, cgroup (cgroups.py), workspace (on a disk of its own, loopdisk.py, when the
+its channel, its uid (unique on the host while it lives: uids.py), cgroup (cgroups.py), workspace (on a disk of its own, loopdisk.py, when the
 workspace is size-limited) and network namespace (made by the zygote, in egress mode linked to
 the run's router). `take` hands one to a sample; `end` destroys it once the sample is over: its
 channel closed (the first process exits and the kernel kills its pid namespace), its cgroup,
@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import itertools
 import os
 import random
 import socket
@@ -40,14 +39,14 @@ from trajforge.sandbox.host.zygote_client import Zygote
 from trajforge.sandbox.process import DEFAULT_OUTPUT_CAP
 from trajforge.sandbox.backends.bwrap.prepared import Prepared
 from trajforge.sandbox.host.resources import sweep_leftovers
+from trajforge.sandbox.host.uids import SANDBOX_UIDS, sandbox_uids
 from trajforge.sandbox.sandbox_settings import ResourceLimits
 
 MAKING = 4  # sandboxes made at once: enough to keep the zygote, the disks' threads and the kernel busy
 THREADS = 16  # the pool's threads for calls that wait on the kernel (mounts, unmounts, cgroups)
 READY_TIMEOUT = 30.0
-# Sandbox uids come from a range no real account uses; a network link's index from 10.128.0.0/9's /30s.
-_UID_BASE, _UID_SPAN = 1_800_000_000, 200_000_000
-_LINKS = 1 << 21
+_LINKS = 1 << 21  # a network link's index: one of 10.128.0.0/9's /30s
+_UID_BASE = SANDBOX_UIDS[1]  # the lowest sandbox uid (the DNS forwarder's ids lie below: test_dns.py)
 T = TypeVar("T")
 
 
@@ -62,7 +61,6 @@ class SandboxPool:
         self.demand = demand
         self._ready: collections.deque[Prepared] = collections.deque()
         self._waiters: collections.deque[asyncio.Future[Prepared]] = collections.deque()
-        self._ids = itertools.count()
         self._links: set[int] = set()
         self._making = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -97,8 +95,9 @@ class SandboxPool:
             raise
 
     def wanted(self) -> int:
-        """Sandboxes to have ready or being made: the samples that may still want one."""
-        return max(self.demand(), sum(not w.done() for w in self._waiters))
+        """Sandboxes to have ready or being made: the samples that may still want one. (A waiter
+        leaves the deque as it is answered or cancelled, so its length counts those waiting.)"""
+        return max(self.demand(), len(self._waiters))
 
     def refill(self) -> None:
         """Start making sandboxes up to what is wanted, MAKING at a time; past it while
@@ -121,7 +120,8 @@ class SandboxPool:
 
     async def _make_one(self) -> None:
         try:
-            sandbox = await self._make(f"sb-{next(self._ids)}-{os.urandom(3).hex()}")
+            # No counter in the name: a sample without a disk sees it (its workspace's mount source).
+            sandbox = await self._make(f"sb-{os.urandom(6).hex()}")
         except Exception as e:  # the first waiter's failure, as its own making would have been
             waiter = self._first_waiter()
             if waiter is not None:
@@ -151,14 +151,11 @@ class SandboxPool:
     # --- making and destroying ---------------------------------------------------------------
     async def _make(self, name: str) -> Prepared:
         await sweep_leftovers()  # a killed runner's disks and cgroups, once per process
-        uid = _UID_BASE + random.randrange(_UID_SPAN)
-        sandbox = Prepared(name, uid, self.root / name)
+        # A uid no other sandbox on the host has while this one lives (host/uids.py).
+        sandbox = Prepared(name, sandbox_uids().take(), self.root / name)
         try:
-            await self._workspace(sandbox)
+            await self._blocking(self._workspace_and_group, sandbox, await self._workspace_disks())
             lim = self.limits
-            if self.cgroups is not None:
-                sandbox.group = await self._blocking(
-                    SampleGroup(self.cgroups, memory=lim.memory, cpus=lim.cpus, pids=self.nproc).create)
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             sandbox.channel = HelperChannel(ours, DEFAULT_OUTPUT_CAP)
             ready = sandbox.channel.expect(0)  # the first process's first frame says it is ready
@@ -179,21 +176,21 @@ class SandboxPool:
             raise
         return sandbox
 
-    async def _workspace(self, sandbox: Prepared) -> None:
-        """Its workspace: on a disk of its own when the workspace is size-limited; the sample's uid's."""
-        disks = await self._workspace_disks() if self.limits.disk else None
-
-        def make() -> None:  # a mount and a first write to a new filesystem: never on the event loop
-            if disks is not None:
-                sandbox.root, sandbox.disk = disks.mount(sandbox.name)
-                base = sandbox.root / loopdisk.WORKSPACES
-            else:
-                sandbox.root.mkdir(0o700)
-                base = sandbox.root
-            sandbox.workspace, _ = workspace.create_fresh(base, None)
-            os.chown(sandbox.workspace, sandbox.uid, sandbox.uid)
-
-        await self._blocking(make)
+    def _workspace_and_group(self, sandbox: Prepared, disks: loopdisk.Disks | None) -> None:
+        """Its workspace (on a disk of its own when the workspace is size-limited; the sample's
+        uid's) and its cgroup: mounts, a first write to a new filesystem, cgroup directories, in
+        one of the pool's threads (one hop from the event loop for all of it)."""
+        if disks is not None:
+            sandbox.root, sandbox.disk = disks.mount(sandbox.name)
+            base = sandbox.root / loopdisk.WORKSPACES
+        else:
+            sandbox.root.mkdir(0o700)
+            base = sandbox.root
+        sandbox.workspace, _ = workspace.create_fresh(base, None)
+        os.chown(sandbox.workspace, sandbox.uid, sandbox.uid)
+        lim = self.limits
+        if self.cgroups is not None:
+            sandbox.group = SampleGroup(self.cgroups, memory=lim.memory, cpus=lim.cpus, pids=self.nproc).create()
 
     async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
         """A blocking call in the pool's own threads: unmounts and cgroup removals wait on the kernel
@@ -208,10 +205,13 @@ class SandboxPool:
                 self._links.add(index)
                 return index
 
-    async def _workspace_disks(self) -> loopdisk.Disks:
+    async def _workspace_disks(self) -> loopdisk.Disks | None:
+        """The pool's disks, made at the first sandbox; None when the workspace has no size limit."""
+        if self._disks is not None or not self.limits.disk:
+            return self._disks
         async with self._disks_lock:
             if self._disks is None:
-                self._disks = await asyncio.to_thread(loopdisk.Disks(self.root, self.limits.disk or 0).create)
+                self._disks = await asyncio.to_thread(loopdisk.Disks(self.root, self.limits.disk).create)
             return self._disks
 
     async def end(self, sandbox: Prepared, *, keep: bool = False) -> Path | None:
@@ -229,20 +229,27 @@ class SandboxPool:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(10):
                         await asyncio.shield(sandbox.exited)
+        if sandbox.exited is None or sandbox.exited.done():  # no process of it left: its uid is free
+            sandbox_uids().give_back(sandbox.uid)
         kept = None
         if keep and sandbox.workspace != Path() and os.path.isdir(sandbox.workspace):
             kept = await self._blocking(workspace.keep, sandbox.workspace, self.root)
-        if sandbox.group is not None:
-            group, sandbox.group = sandbox.group, None
-            await self._blocking(group.remove)
         if sandbox.link is not None:
             self._links.discard(sandbox.link)
+        group, sandbox.group = sandbox.group, None
         disk, sandbox.disk = sandbox.disk, None
-        if disk is not None and self._disks is not None:
-            await self._blocking(self._disks.unmount, sandbox.root, disk)
-        elif sandbox.root.exists():
+        if group is not None or (disk is not None and self._disks is not None):
+            await self._blocking(self._release, sandbox.root, group, disk)
+        if disk is None and sandbox.root.exists():
             await workspace.remove(sandbox.root)
         return kept
+
+    def _release(self, root: Path, group: SampleGroup | None, disk: loopdisk.Region | None) -> None:
+        """Its cgroup and its disk gone, in one of the pool's threads (one hop for both)."""
+        if group is not None:
+            group.remove()
+        if disk is not None and self._disks is not None:
+            self._disks.unmount(root, disk)
 
     async def settle(self) -> None:
         """Until what is being made or destroyed in the background is done."""

@@ -29,12 +29,14 @@ SPAWN_WRAP = ('exec 3<&0; (cat <&3 >/dev/null 2>&1; kill -9 -$$ 2>/dev/null) & '
               + _SHELL_PICK.format(r=" </dev/null 3<&-") + 'kill $! 2>/dev/null; exit $rc')
 
 
-def run_args(*, name: str, run_name: str, workspace: str, mount_at: str, cwd: str, image: str,
+def run_args(*, name: str, run_name: str, workspace: str, mount_at: str, cwd: str, image: list[str],
              engine_flags: list[str], network: NetworkMode, engine_kind: str, memory: str | None,
              limits: ResourceLimits, pids_limit: int | None, cpus: float | None, idmap: int | None = None) -> list[str]:
     """`run` arguments of a sample's container: labels (the sweep finds a dead runner's by owner),
-    the workspace mount, the network, the limits, and `sleep infinity` as its process. `idmap`:
-    the host uid and gid that the container's 0 maps to, 65,536 ids from there (a user namespace)."""
+    the workspace mount, the network, the limits, and `sleep infinity` as its process. `image`: the
+    image's name, or what stands for it (rootfs.OwnRootfs.mount: its config, `--rootfs PATH`).
+    `idmap`: the host uid and gid that the container's 0 maps to, 65,536 ids from there (a user
+    namespace)."""
     args = ["run", "-d", "--name", name, "--label", "trajforge=1", "--label", f"trajforge.run={run_name}",
             "--label", f"trajforge.owner={socket.gethostname()}:{os.getpid()}",
             "-v", f"{workspace}:{mount_at}", "-w", cwd, *engine_flags]
@@ -53,7 +55,7 @@ def run_args(*, name: str, run_name: str, workspace: str, mount_at: str, cwd: st
         args += ["--pids-limit", str(pids_limit)]
     if cpus:
         args += ["--cpus", f"{cpus:g}"]
-    return args + ["--entrypoint", "sleep", image, "infinity"]
+    return args + ["--entrypoint", "sleep", *image, "infinity"]
 
 
 def network_args(network: NetworkMode, engine_kind: str) -> list[str]:

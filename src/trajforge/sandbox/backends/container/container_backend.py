@@ -6,8 +6,8 @@ crashed runner's leftovers swept once, each distinct image checked once (contain
 (zygote.py) that starts each container's file helper: a process in the container's mount
 namespace with the uid of the container's own process and no capability, so reads, writes and
 searches resolve exactly as the container sees its files (helper.py, fsops.py), at the cost of
-a message instead of an `exec`. With Podman, containers get its default seccomp profile with user
-namespaces refused (container_seccomp.py), and with either engine the capabilities of DROPPED_CAPS
+a message instead of an `exec`. With Podman, containers get trajforge's seccomp profile, as strict
+as Docker's default (container_seccomp.py), and with either engine the capabilities of DROPPED_CAPS
 are taken out of the engine's default set. Rootful Podman's containers get a user namespace, one
 range of unused host ids per run (`idmap`), so a sample that is root inside is no one on the host;
 the file helper then runs as the container process's host uid (zygote.op_enter). Also here: the
@@ -33,6 +33,7 @@ from trajforge.sandbox.backends.container.container_seccomp import profile_flags
 from trajforge.sandbox.backends.container.container_engine import Engine, detect, owner_dead
 from trajforge.sandbox.host.zygote_client import Zygote
 from trajforge.sandbox.backends.container.container_images import ImageChecker
+from trajforge.sandbox.backends.container.rootfs import OwnRootfs
 from trajforge.sandbox.host.cgroups import ROOT
 from trajforge.sandbox.host.disk import detach_all_now
 from trajforge.sandbox.host.resources import sweep_leftovers
@@ -55,7 +56,6 @@ _live: dict[str, Engine] = {}  # container name -> engine, for the atexit fallba
 @atexit.register
 def _remove_live() -> None:
     """Last resort at interpreter exit: remove containers whose sample never closed them."""
-    detach_all_now()  # their layers, if on a sample's disk (container_layer.py)
     groups: dict[int, tuple[Engine, list[str]]] = {}
     for name, engine in list(_live.items()):
         groups.setdefault(id(engine), (engine, []))[1].append(name)
@@ -63,6 +63,7 @@ def _remove_live() -> None:
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             subprocess.run([engine.binary, *engine.rm_args(*names)], env=engine.env, timeout=60, capture_output=True)
     _live.clear()
+    detach_all_now()  # their root filesystems, if on a sample's disk (rootfs.py)
 
 
 class ContainerBackend:
@@ -83,11 +84,12 @@ class ContainerBackend:
             if engine.kind == "podman" and os.geteuid() == 0 else None
         self.zygote: Zygote | None = None
         self._zygote_lock = asyncio.Lock()
+        self.own_rootfs = OwnRootfs(engine, self.idmap)  # containers' own filesystems on their disks
 
     @property
     def security(self) -> list[str]:
-        """`run` flags: with Podman, its default seccomp profile guarded against user namespaces
-        (container_seccomp.py), written once, at the first container; DROPPED_CAPS with both."""
+        """`run` flags: with Podman, trajforge's seccomp profile (container_seccomp.py), written once,
+        at the first container; DROPPED_CAPS with both."""
         if self._security is None:
             self._security = profile_flags(self.engine.kind) + [f"--cap-drop={c}" for c in DROPPED_CAPS]
         return self._security
@@ -128,20 +130,23 @@ class ContainerBackend:
 
     async def aclose(self) -> None:
         await self.images.aclose()
+        self.own_rootfs.close()
         if self.zygote is not None:
             await self.zygote.aclose()
             self.zygote = None
 
     async def sweep(self) -> list[str]:
-        """Remove containers left by crashed runners on this host; returns their names."""
-        res = await self.engine.run("ps", "-a", "--filter", "label=trajforge", "--format", "{{.Names}}", timeout=60)
+        """Remove containers left by crashed runners on this host, their root filesystems and
+        disks with them; returns their names. With Podman, storage-only containers too (`ps
+        --external`: a create or removal cut short leaves one, and it blocks `rmi` of its image):
+        those have no labels, so ours are told by name alone."""
+        external = ["--external"] if self.engine.kind == "podman" else ["--filter", "label=trajforge"]
+        res = await self.engine.run("ps", "-a", *external, "--format", "{{.Names}}", timeout=60)
         dead = [n for n in res.stdout.split() if owner_dead(n)] if res.exit_code == 0 else []
         if dead:
-            # Their disks (and workspace roots) first: a container's layer bound to one is a mount
-            # point the engine cannot delete (container_layer.py); a lazy unmount leaves it to the
-            # container until it is removed.
-            await sweep_leftovers(force=True)
             await self.engine.run(*self.engine.rm_args(*dead), timeout=120)
+        # Then their mounts, lazily (a container whose removal failed may still run on its root).
+        await sweep_leftovers(force=bool(dead))
         return dead
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import resource
 import secrets
 import shutil
@@ -127,9 +128,28 @@ async def _docker(binary: str) -> tuple[Engine | None, str]:
     return Engine("docker", binary, env, res.stdout.strip(), (note,)), note
 
 
+_LOG_LINE = re.compile(r'(?:time="[^"]*" )?level=(\w+) msg="((?:[^"\\]|\\.)*)"')
+
+
 def last_line(res: ExecResult) -> str:
-    text = (res.stderr.strip() or res.stdout.strip() or ("timed out" if res.timed_out else f"exit {res.exit_code}"))
-    return text.splitlines()[-1][:300]
+    """The line of an engine command's output that says what failed: its last `Error...` line (with
+    the `* ...` lines listing its causes), else its last error log entry, else its last line that
+    is not a log entry of a lesser level. Podman prints warnings around its error, before or after
+    it (`level=warning msg="Found incomplete layer..."`): quoting one of those hides the cause."""
+    text = res.stderr.strip() or res.stdout.strip()
+    if not text:
+        return "timed out" if res.timed_out else f"exit {res.exit_code}"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].lower().startswith(("error", "docker: error")):
+            causes = [line for line in lines[i + 1:] if line.startswith("* ")]
+            return " ".join([lines[i], *causes])[:500]
+    logged = [(m.group(1), m.group(2)) for m in map(_LOG_LINE.match, lines) if m is not None]
+    errors = [msg for level, msg in logged if level in ("error", "fatal", "panic")]
+    if errors:
+        return errors[-1].replace('\\"', '"')[:500]
+    plain = [line for line in lines if _LOG_LINE.match(line) is None]
+    return (plain or lines)[-1][:500]
 
 
 _cache: dict[str, EngineStatus] = {}

@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import secrets
 import tarfile
+import tempfile
 from dataclasses import replace
 from pathlib import Path
+from typing import IO
 
 from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.sandbox.interface import ExecResult, Provider, SandboxError
@@ -120,10 +123,44 @@ async def stop_all(sb: ContainerSandbox, keep: set[int]) -> None:
 
 
 async def copy_in(sb: ContainerSandbox, source: Path, dest: str) -> None:
-    """The contents of host directory `source` into the container's directory `dest` (which must exist)."""
-    res = await sb.engine.run("cp", f"{source}/.", f"{_name(sb)}:{dest}", timeout=300)
-    if res.exit_code != 0:
-        raise SandboxError(f"cannot copy {source} into {dest} of container {sb.name}: {last_line(res)}")
+    """The contents of host directory `source` into the container's directory `dest` (which must exist),
+    owned by the container's user (as `podman cp` does). On trajforge's root filesystem (rootfs.py)
+    Podman writes an archive's ids as host ids: a tar stream then carries that user's host ids."""
+    if sb.cp_owner is None:
+        res = await sb.engine.run("cp", f"{source}/.", f"{_name(sb)}:{dest}", timeout=300)
+        failed = last_line(res) if res.exit_code != 0 else ""
+    else:
+        with tempfile.TemporaryFile() as archive:
+            await asyncio.to_thread(_tar_owned, source, archive, sb.cp_owner)
+            proc = await asyncio.create_subprocess_exec(
+                *sb.engine.argv("cp", "--archive=false", "-", f"{_name(sb)}:{dest}"), stdin=archive,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env=sb.engine.env, cwd="/")
+            try:
+                async with asyncio.timeout(300):
+                    _, err = await proc.communicate()
+            except TimeoutError:
+                err = b"timed out"
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+        failed = last_line(ExecResult(proc.returncode, "", err.decode(errors="replace"))) if proc.returncode else ""
+    if failed:
+        raise SandboxError(f"cannot copy {source} into {dest} of container {sb.name}: {failed}")
+
+
+def _tar_owned(source: Path, archive: IO[bytes], owner: tuple[int, int]) -> None:
+    """`source`'s contents (not itself: `dest` keeps its mode) as a tar archive, links kept as links,
+    every entry owned by `owner` (uid, gid)."""
+    def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid, info.gid = owner
+        info.uname = info.gname = ""
+        return info
+
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        for entry in sorted(os.listdir(source)):
+            tar.add(source / entry, arcname=entry, filter=owned)
+    archive.seek(0)
 
 
 async def read_file_out(sb: ContainerSandbox, path: str, limit: int) -> bytes | None:

@@ -3,8 +3,8 @@
 A sample's container runs `sleep infinity` under an init, with the workspace mounted at the
 row's `cwd` (default /workspace; what the image has there is copied in first, see
 images.ImageChecker.seed) as its working directory, the configured memory/pids/cpu
-limits (plus /tmp, /dev/shm, CPU and a size-limited disk for the workspace and, with Podman, the
-container's own layer: resources.py, container_layer.py), the network
+limits (plus /tmp, /dev/shm, CPU and a size-limited disk for the workspace and, with rootful
+Podman, the container's own filesystem: resources.py, rootfs.py), the network
 of `--sandbox_network` (network.py), and only the image's own environment (the
 engine CLI never passes the runner's); with rootful Podman, in a user namespace
 (container_backend.py: the workspace's directories and the seeded files are then shifted to its
@@ -45,7 +45,6 @@ from trajforge.sandbox.backends.container.container_argv import (
 )
 from trajforge.sandbox.backends.container.container_backend import ContainerBackend, _live, backend_for, kill_exec_monitors
 from trajforge.sandbox.backends.container.container_files import ContainerFiles
-from trajforge.sandbox.backends.container.container_layer import layered, run_container
 from trajforge.sandbox.backends.container.container_engine import container_name, last_line
 from trajforge.sandbox.backends.local.local_sandbox import LocalJob
 from trajforge.sandbox.dns.service import DnsForwarder
@@ -99,14 +98,17 @@ class ContainerSandbox(Sandbox):
         self.network, self.memory, self.pids_limit, self.cpus = network, memory, pids_limit, cpus
         self.run_name = run_name or ""
         self.name: str | None = None
+        # On trajforge's root filesystem, whose ids Podman does not know, the host ids `podman cp`
+        # must write for a file to be the container's user's (container_ops.copy_in); else None.
+        self.cp_owner: tuple[int, int] | None = None
         self.allow = tuple(allow)
         # /tmp, /dev/shm and CPU from the engine; the disk image and the full-checks as for bwrap.
         self.limits = limits or ResourceLimits(memory=None, disk=None, tmp_size=None, shm_size=None, cpu_seconds=None)
         self._res = Resources(replace(self.limits, memory=None)) if os.geteuid() == 0 else None
 
-    def _create_args(self, name: str) -> list[str]:
+    def _create_args(self, name: str, image: list[str]) -> list[str]:
         return run_args(name=name, run_name=self.run_name, workspace=str(self.workspace), mount_at=self.mount_at,
-                        cwd=self.cwd, image=self.image, engine_flags=[*self.backend.init_flag, *self.backend.security],
+                        cwd=self.cwd, image=image, engine_flags=[*self.backend.init_flag, *self.backend.security],
                         network=self.network, engine_kind=self.engine.kind, memory=self.memory, limits=self.limits,
                         pids_limit=self.pids_limit, cpus=self.cpus, idmap=self.backend.idmap)
 
@@ -159,10 +161,11 @@ class ContainerSandbox(Sandbox):
                 if os.lstat(path).st_uid == 0:
                     os.lchown(path, self.backend.idmap, self.backend.idmap)
         async with self.backend.creating:
+            image = await self.backend.own_rootfs.mount(self.image, self._res.disk if self._res is not None else None)
+            self.cp_owner = image.cp_owner
             self.name = container_name()
             _live[self.name] = self.engine
-            disk = layered(self.engine, self._res.disk if self._res is not None else None)
-            res = await run_container(self.engine, self._create_args(self.name), self.name, disk)
+            res = await self.engine.run(*self._create_args(self.name, image.args), timeout=120)
         if res.exit_code != 0:
             raise SandboxError(f"cannot start a container from {self.image!r} ({self.engine.kind}): {last_line(res)}")
         await self._after_create()
@@ -282,8 +285,6 @@ class ContainerSandbox(Sandbox):
         for job in self._jobs:
             job.kill_now()  # the exec clients; what runs inside goes with the container
         if name is not None:
-            if self._res is not None:  # the engine deletes the layer's directory: no mount point then
-                await asyncio.shield(self._res.before_remove())
             res = await asyncio.shield(self.engine.run(*self.engine.rm_args(name), timeout=120))
             if res.exit_code == 0 or "no such container" in (res.stderr + res.stdout).lower():
                 _live.pop(name, None)

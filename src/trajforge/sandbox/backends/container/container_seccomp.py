@@ -1,15 +1,18 @@
-"""Podman's default seccomp profile with user namespaces refused, as bwrap's samples are (seccomp.py).
+"""Podman containers' seccomp profile: the sample's filter of bwrap samples (seccomp.py), as OCI JSON.
 
-Podman's default profile (containers-common) allows `clone`, `clone3` and `unshare` whatever
-their flags, so a container's sample could make a user namespace of its own: root there, with
-mounts and the kernel's root-only code in reach. Docker's built-in profile refuses that already
-(without CAP_SYS_ADMIN, which containers here never get). So for Podman the run writes a copy of
-the host's default profile (into the trajforge cache, beside a generated containers.conf) where
-those three calls are allowed only as seccomp.py allows them:
-`clone` and `unshare` without CLONE_NEWUSER (EPERM with it), `clone3` never (ENOSYS: the C
-library falls back to `clone`), and the kernel keyrings refused too (`add_key`, `request_key`,
-`keyctl`: EPERM, as in Docker's profile); every other rule stays as the host has it. A host without a
-readable default profile keeps the engine's own choice (`profile_flags` returns nothing).
+Podman's default profile (containers-common) allows `clone`, `clone3`, `unshare`, `setns`,
+`mount`, `keyctl`, `ptrace`'s relatives and more whatever the container's capabilities, relying on
+the capabilities to refuse them; a container's sample could then make a user namespace of its
+own, root there with mounts and the kernel's root-only code in reach. So the run gives Podman a
+profile of its own, written once into the trajforge cache beside a generated containers.conf and
+named by its content: seccomp.py's SYSCALLS_ALLOWED (the names of the 32-bit entries included:
+an image may hold 32-bit programs), chroot with CAP_SYS_CHROOT (which containers keep, as in
+Docker), the same argument checks (`clone` without a namespace flag, `clone3` ENOSYS so the C
+library falls back to clone, `personality`'s execution domains, `socket` but AF_ALG and
+AF_VSOCK), and everything else EPERM: io_uring, the keyrings, namespaces, mounts... Docker's
+built-in profile refuses the same but for the few calls seccomp.py refuses beyond it
+(`profile_flags` gives Docker nothing: its daemon's profile stands). On a machine without a
+seccomp table the engine's own profile stands too.
 """
 
 from __future__ import annotations
@@ -23,68 +26,69 @@ from pathlib import Path
 from typing import Any
 
 from trajforge.sandbox.backends.container.container_engine import cache_dir
+from trajforge.sandbox.host import seccomp
 
-# Where Podman looks for its default profile: the administrator's first.
-DEFAULT_PROFILES = ("/etc/containers/seccomp.json", "/usr/share/containers/seccomp.json")
-_NEWUSER = 0x10000000
-_GUARDED = ("clone", "clone3", "unshare", "add_key", "request_key", "keyctl")
-
-
-def without_user_namespaces(profile: dict[str, Any]) -> dict[str, Any]:
-    """The profile with `clone`, `clone3` and `unshare` taken out of every rule that allows them,
-    and allowed again only without CLONE_NEWUSER (pure)."""
-    rules = []
-    for rule in profile.get("syscalls", []):
-        names = rule.get("names", [])
-        if rule.get("action") == "SCMP_ACT_ALLOW" and any(n in _GUARDED for n in names):
-            rule = {**rule, "names": [n for n in names if n not in _GUARDED]}
-            if not rule["names"]:
-                continue
-        rules.append(rule)
-
-    def pair(names: list[str], index: int, **where: Any) -> list[dict[str, Any]]:
-        """Allowed without CLONE_NEWUSER in argument `index`, EPERM with it."""
-        def flags(value: int) -> list[dict[str, Any]]:
-            return [{"index": index, "value": _NEWUSER, "valueTwo": value, "op": "SCMP_CMP_MASKED_EQ"}]
-        return [{"names": names, "action": "SCMP_ACT_ALLOW", "args": flags(0), **where},
-                {"names": names, "action": "SCMP_ACT_ERRNO", "errnoRet": 1, "args": flags(_NEWUSER), **where}]
-
-    s390 = {"arches": ["s390", "s390x"]}  # whose clone takes its flags second
-    rules += [*pair(["unshare"], 0), *pair(["clone"], 0, excludes=s390), *pair(["clone"], 1, includes=s390),
-              {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38},
-              {"names": ["add_key", "request_key", "keyctl"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1}]
-    return {**profile, "syscalls": rules}
+PROFILE = "trajforge's (as strict as Docker's default, io_uring, user namespaces and keyrings refused)"
+_ARCHES = {"x86_64": ("SCMP_ARCH_X86_64", ["SCMP_ARCH_X86", "SCMP_ARCH_X32"]),
+           "aarch64": ("SCMP_ARCH_AARCH64", ["SCMP_ARCH_ARM"])}
 
 
-def write_profile(directory: Path, sources: tuple[str, ...] = DEFAULT_PROFILES) -> Path | None:
-    """The host's default profile, guarded, as a file in `directory` named by its content (so runs
-    share it and a killed one leaves nothing new); None when no default profile is readable."""
-    for source in sources:
-        try:
-            with open(source, encoding="utf-8") as f:
-                profile = json.load(f)
-        except (OSError, ValueError):
-            continue
-        if not isinstance(profile, dict) or not isinstance(profile.get("syscalls"), list):
-            continue
-        data = json.dumps(without_user_namespaces(profile), sort_keys=True).encode()
-        target = directory / f"seccomp-{hashlib.sha256(data).hexdigest()[:16]}.json"
-        with contextlib.suppress(OSError):
-            if target.read_bytes() == data:
-                return target
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".seccomp-", suffix=".json")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, target)
-        return target
-    return None
+def _checked(name: str, action: tuple[str, Any]) -> list[dict[str, Any]]:
+    """The rules of one of seccomp.SYSCALLS_CHECKED: what it allows (the default refuses the rest)."""
+    kind, arg = action
+
+    def allow(op: str, value: int) -> dict[str, Any]:
+        return {"names": [name], "action": "SCMP_ACT_ALLOW",
+                "args": [{"index": 0, "value": value, "valueTwo": 0, "op": op}]}
+
+    if kind == "ret":
+        return [{"names": [name], "action": "SCMP_ACT_ERRNO", "errnoRet": arg & 0xFFFF}]
+    if kind == "flags":
+        return [allow("SCMP_CMP_MASKED_EQ", arg)]  # (argument & value) == valueTwo: no flag of the mask
+    if kind == "only":
+        return [allow("SCMP_CMP_EQ", value) for value in arg]
+    # "not": one comparison of an argument per rule, so the values around the refused ones in rules of their own
+    low, high = min(arg), max(arg)
+    return [allow("SCMP_CMP_LT", low), allow("SCMP_CMP_GT", high),
+            *(allow("SCMP_CMP_EQ", v) for v in range(low + 1, high) if v not in arg)]
+
+
+def container_profile() -> dict[str, Any]:
+    """The profile (module doc; pure)."""
+    rules: list[dict[str, Any]] = [
+        {"names": sorted(seccomp.SYSCALLS_ALLOWED), "action": "SCMP_ACT_ALLOW"},
+        {"names": ["chroot"], "action": "SCMP_ACT_ALLOW", "includes": {"caps": ["CAP_SYS_CHROOT"]}}]
+    for name, action in seccomp.SYSCALLS_CHECKED.items():
+        rules += _checked(name, action)
+    return {"defaultAction": "SCMP_ACT_ERRNO", "defaultErrnoRet": seccomp.REFUSED_ERRNO,
+            "archMap": [{"architecture": a, "subArchitectures": subs} for a, subs in _ARCHES.values()],
+            "syscalls": rules}
+
+
+def write_profile(directory: Path) -> Path:
+    """The profile as a file in `directory` named by its content (so runs share it and a killed one
+    leaves nothing new)."""
+    data = json.dumps(container_profile(), sort_keys=True).encode()
+    target = directory / f"seccomp-{hashlib.sha256(data).hexdigest()[:16]}.json"
+    with contextlib.suppress(OSError):
+        if target.read_bytes() == data:
+            return target
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".seccomp-", suffix=".json")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, target)
+    return target
+
+
+def applies(engine_kind: str) -> bool:
+    """Whether containers of this engine get the profile here: Podman's, on a machine with a table."""
+    return engine_kind == "podman" and os.uname().machine in _ARCHES
 
 
 def profile_flags(engine_kind: str, directory: Path | None = None) -> list[str]:
-    """The `run` flags that apply the guarded profile, written under `directory` (the trajforge
-    cache by default): Podman only (Docker's built-in profile refuses user namespaces already)."""
-    if engine_kind != "podman":
+    """The `run` flags that apply the profile, written under `directory` (the trajforge cache by
+    default), where it `applies`."""
+    if not applies(engine_kind):
         return []
-    path = write_profile(directory or cache_dir())
-    return ["--security-opt", f"seccomp={path}"] if path is not None else []
+    return ["--security-opt", f"seccomp={write_profile(directory or cache_dir())}"]

@@ -15,6 +15,8 @@ from typing import Any
 
 from trajforge.sandbox.backends.container.container_backend import DROPPED_CAPS, ID_LOW
 from trajforge.sandbox.backends.container.container_engine import detect
+from trajforge.sandbox.backends.container.container_seccomp import PROFILE, applies
+from trajforge.sandbox.backends.container.storage import StorageReport, storage_report
 from trajforge.sandbox.network import EgressSupport
 from trajforge.sandbox.sandbox_settings import SandboxSettings
 
@@ -30,6 +32,7 @@ class ContainerStatus:
     detail: str
     engine: str | None  # the engine samples use here
     engines: dict[str, dict[str, Any]]  # each engine checked: usable, detail, binary, conf
+    storage: StorageReport | None = None  # Podman's storage, wedged or not (storage.py)
 
     @property
     def uses(self) -> str:
@@ -43,14 +46,15 @@ class ContainerStatus:
             who = ("rootful Podman (the runner is root) in a user namespace per run: the image's root is an "
                    f"unused host uid (from {ID_LOW:,} up), never this host's root"
                    if os.geteuid() == 0 else "rootless Podman: the image's users map into your uid's user namespace")
-            seccomp = "the host's default profile with user namespaces refused"
+            seccomp = PROFILE if applies("podman") else "Podman's default profile"
         else:
             who = "as the Docker daemon maps it (a rootful daemon: the image's root is this host's uid 0)"
             seccomp = "Docker's default profile"
         return f"runs as the image's user, {who}; seccomp: {seccomp}; capabilities dropped: {', '.join(DROPPED_CAPS)}"
 
     def doctor_row(self) -> dict[str, Any]:
-        return {"usable": self.usable, "engine": self.engine, "engines": self.engines, "isolation": self.isolation()}
+        return {"usable": self.usable, "engine": self.engine, "engines": self.engines, "isolation": self.isolation(),
+                "storage": self.storage.row() if self.storage is not None else None}
 
     def fix(self) -> str | None:
         """What to repair in each engine that is installed but does not work (installing another
@@ -65,6 +69,8 @@ class ContainerStatus:
         lines = [f"engine: {self.engine or 'none'}"]
         for kind, e in self.engines.items():
             lines.append(f"  {kind:<8} {'usable    ' if e['usable'] else 'NOT usable'}  {e['detail']}")
+            if kind == "podman" and self.storage is not None:
+                lines += [f"  {line}" for line in self.storage.lines()]
         if self.engine is not None:
             lines.append(f"  {self.engine} samples: {self.isolation()}")
         conf = next((e.get("conf") for e in self.engines.values() if e.get("conf")), None)
@@ -92,7 +98,10 @@ async def status(settings: SandboxSettings) -> ContainerStatus:
             engines[kind]["conf"] = found.engine.env.get("CONTAINERS_CONF")
             chosen = chosen or kind
     detail = f"engine: {chosen}" if chosen else "; ".join(f"{k}: {e['detail']}" for k, e in engines.items())
-    return ContainerStatus(chosen is not None, detail, chosen, engines)
+    storage = await storage_report() if "podman" in engines else None
+    if storage is not None and not storage.healthy:
+        detail += "; podman's storage is wedged (see trajforge doctor)"
+    return ContainerStatus(chosen is not None, detail, chosen, engines, storage)
 
 
 async def egress_probe() -> EgressSupport:

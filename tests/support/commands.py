@@ -1,0 +1,34 @@
+"""trajforge run as a user runs it: a child `python -m trajforge ...` with this checkout's src/.
+
+The one way the tests start the command in a process of its own (`run_trajforge`), its argv
+(`trajforge_argv`, for a Popen that a test drives itself) and the environment it gets by default
+(`user_env`: this one without the model API keys a developer's shell may hold).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+API_KEY_VARS = ("OPENROUTER_API_KEY", "OPENAI_API_KEY")
+
+
+def trajforge_argv(*args: object) -> list[str]:
+    return [sys.executable, "-m", "trajforge", *map(str, args)]
+
+
+def user_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in API_KEY_VARS}
+    env["PYTHONPATH"] = str(REPO / "src")
+    return env
+
+
+def run_trajforge(*args: object, cwd: Path | None = None, env: Mapping[str, str] | None = None,
+                  timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`trajforge ARGS` in `cwd`, to its end (at most `timeout` seconds), its output captured as text."""
+    return subprocess.run(trajforge_argv(*args), cwd=cwd, env=dict(user_env() if env is None else env),
+                          capture_output=True, text=True, timeout=timeout)
