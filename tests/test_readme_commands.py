@@ -27,7 +27,8 @@ in for something, said in the test's output:
 - `trajforge view` serves until stopped: it is started, asked for its status page, and stopped
   with SIGTERM; without a `--port` it gets `--port 0` (8765 may be taken).
 
-Commands are read from DOCUMENTS, in reading order, so documentation pages are added by name.
+Commands are read from DOCUMENTS, in reading order: README.md, then the pages of the docs site in
+the order of mkdocs.yml's nav (tests/support/docs.py), so a page added to the site is covered.
 """
 
 from __future__ import annotations
@@ -50,11 +51,12 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.conftest import REPO
+from tests.support.docs import documents
 from tests.support.policies import echo_policy
 from tests.support.scripted_server import ScriptedServer
 from trajforge.model.endpoint import is_loopback
 
-DOCUMENTS = ("README.md",)  # Markdown files whose code blocks hold commands, in reading order
+DOCUMENTS = documents()  # README.md, then the docs site's pages in its nav's order
 NOT_COMMANDS = {"yaml", "yml", "json", "jsonl", "toml", "python", "py", "text", "txt", "ini", "csv"}
 SHELL = {".", "source"}  # commands that change the shell the later ones run in (the venv's activate)
 KNOWN_PROGRAMS = {"trajforge", "python", "python3", "make", "pip", "pip3", *SHELL}
@@ -319,6 +321,7 @@ def test_the_readme_has_commands_and_every_one_is_judged() -> None:
     assert any(t.startswith(". .venv/bin/activate") for t in texts), texts
     assert any(t.startswith("trajforge run") for t in texts), texts
     assert any("trajectory_compressor.py" in t for t in texts), texts
+    assert any(c.doc.startswith("docs/") for c in COMMANDS), "the docs pages' commands are not read"
     assert [c for c in COMMANDS if plan(c, "http://127.0.0.1:1/v1").script is not None], "nothing runs offline"
 
 
