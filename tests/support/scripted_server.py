@@ -13,8 +13,8 @@ never takes a scripted reply; `drop_probes = N` drops the next N of them unanswe
 A provider's limits can be emulated: `concurrency_cap=N` answers 429 at once to a request that
 would be the N+1th in flight (counted in `rejected`, with `cap_headers`, e.g. a Retry-After);
 `with_usage` makes a handler's replies report given tokens and cost (OpenRouter's usage.cost).
-`hold_until = N` holds every request until N are in flight at once (then lets them all go, and
-every later one straight through; `held` says whether N was reached): a test of concurrency
+`hold_until = N` holds every request until N are in flight at once, or until `release()` (then lets
+them all go, and every later one straight through; `held` says whether N was reached): a test of concurrency
 then waits for the event itself, not for replies slow enough that a loaded machine keeps up.
 """
 
@@ -135,6 +135,11 @@ class ScriptedServer:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
+
+    def release(self) -> None:
+        """Let the requests `hold_until` holds go now (and every later one straight through)."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._all_in.set)
 
     def script(self, *replies: Reply) -> None:
         """Answer the next requests with these replies in order (before falling back to the handler)."""
