@@ -39,6 +39,12 @@ check-build-tools:
 demo: $(STAMP)
 	$(BIN)/trajforge run --dataset_file=examples/prompts.jsonl --run_name=demo --batch_size=5 \
 		--model=local --distribution=terminal_only --max_turns=4 --num_workers=2 --capture_tokens --overwrite
+	@echo ""
+	@echo "Next, from this directory:"
+	@echo "  look at the run in a browser:  $(BIN)/trajforge view data/demo"
+	@echo "  export it for training:        $(BIN)/trajforge export data/demo --format openai --output data/demo.openai.jsonl --overwrite"
+	@echo "  run on your own endpoint:      $(BIN)/trajforge run --dataset_file examples/prompts.jsonl --run_name first --base_url http://127.0.0.1:8000/v1 --model my-model"
+	@echo "  (README.md: 'Running a real job'; '. $(BIN)/activate' puts trajforge on PATH)"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

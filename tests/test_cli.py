@@ -56,6 +56,13 @@ VALUES: dict[str, tuple[str, object]] = {
     "sandbox": ("local", "local"),
     "sandbox_network": ("none", "none"),
     "max_sandboxes": ("3", 3),
+    "sandbox_memory": ("2g", "2g"),
+    "sandbox_tmp_size": ("64m", "64m"),
+    "sandbox_shm_size": ("8m", "8m"),
+    "sandbox_disk": ("0", "0"),
+    "sandbox_cpu_seconds": ("30", 30),
+    "sandbox_cpus": ("0.5", 0.5),
+    "sandbox_nproc": ("64", 64),
     "local_instances": ("2", 2),
     "executor": ("local", "local"),
     "ray_address": ("127.0.0.1:6379", "127.0.0.1:6379"),
@@ -388,13 +395,30 @@ def test_validate_counts_skipped_lines(tmp_path: Path, capsys: pytest.CaptureFix
     assert "--dataset_file: is empty (or '.'): give the path of a file" in capsys.readouterr().err
 
 
+def test_validate_help_says_what_skip_invalid_does(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Without it every invalid line is listed, not just the first; with it they are counted, exit 0.
+    assert main(["validate", "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "stopping at the first" not in help_text
+    assert "count the invalid lines and exit 0" in help_text and "listing them (up to 20" in help_text
+    ds = tmp_path / "many.jsonl"
+    ds.write_text("".join("not json\n" for _ in range(25)) + '{"prompt": "fine"}\n')
+    assert main(["validate", "--dataset_file", str(ds)]) == 1
+    listed = [line for line in capsys.readouterr().err.splitlines() if line.startswith(f"  {ds}:")]
+    assert len(listed) == 20 and listed[1].startswith(f"  {ds}:2: ")
+
+
 def test_a_verbose_run_never_shows_the_api_key(tmp_path: Path, clean_env: dict[str, str]) -> None:
     """The key reaches neither the terminal nor any file of the run (saved config, checkpoint, statistics)."""
+    from tests.support.scripted_server import ScriptedServer, http_error
+
     (tmp_path / "tasks.jsonl").write_text('{"prompt": "say hi"}\n')
     env = {**clean_env, "OPENROUTER_API_KEY": "sk-env-SECRET-1"}
-    proc = run(cli("run", "--dataset_file=tasks.jsonl", "--verbose", "--api_key=sk-cli-SECRET-2", *NO_MODEL,
-                   "--max_retries=0", "--sandbox=local", "--distribution=terminal_only"), tmp_path, env)
-    assert proc.returncode == 3, proc.stderr  # its one sample failed: no model there
+    with ScriptedServer(lambda req: http_error(500, "down")) as server:  # answers the start's probe, fails the call
+        proc = run(cli("run", "--dataset_file=tasks.jsonl", "--verbose", "--api_key=sk-cli-SECRET-2",
+                       f"--base_url={server.url}", "--model=x", "--max_retries=0", "--sandbox=local",
+                       "--distribution=terminal_only"), tmp_path, env)
+    assert proc.returncode == 3, proc.stderr  # its one sample failed: the model's server is down
     assert json.loads(proc.stderr.splitlines()[0])["api_key"] == "***"
     assert "SECRET" not in proc.stdout + proc.stderr
     files = [p for p in (tmp_path / "data").rglob("*") if p.is_file()]

@@ -413,3 +413,14 @@ def test_what_the_run_decides_is_one_resolved_value_and_the_settings_stay_as_giv
     assert asked.masked()["sandbox"] == "auto"
     # executors ship the configuration to other processes (Ray): the decision goes with it
     assert pickle.loads(pickle.dumps(decided)).resolved == decided.resolved
+
+
+@pytest.mark.parametrize("key", ["sandbox_memory", "sandbox_disk", "sandbox_tmp_size", "container_memory"])
+def test_a_size_written_as_a_whole_number_in_the_file_is_that_many_bytes(tmp_path: Path, key: str) -> None:
+    # YAML reads `sandbox_memory: 0` (the README's way to turn the limit off) as an integer, not "0".
+    c = build_config({}, yaml_file(tmp_path, f"{key}: 0\n"))
+    assert getattr(c, key) == "0"
+    assert getattr(build_config({}, yaml_file(tmp_path, f"{key}: 1048576\n")), key) == "1048576"
+    for bad in ("-1", "1.5", "true"):
+        assert f"key '{key}'" in error_of({}, yaml_file(tmp_path, f"{key}: {bad}\n"))
+

@@ -1,5 +1,5 @@
 """The failure-class table (trajforge.failures): what a trainer masks and what it scores, and the
-README's copy of the table."""
+docs' copy of the table (docs/training.md)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import re
 import pytest
 
 from tests.conftest import REPO
+from tests.support.docs import documents
 from trajforge.failures import (
     AGENT, DROPPED, ERROR, FAILED, PARTIAL, REWARD_0, SAMPLE_CLASSES, TABLE, failure_class, masks, rollout_class,
 )
@@ -19,10 +20,10 @@ def _row(cls) -> str:  # type: ignore[no-untyped-def]
     return f"| `{cls.name}` | {cls.stage} | {cls.mode or 'any'} | {cls.cause} | {cls.becomes} | {cls.when} |"
 
 
-def test_the_readme_holds_the_table_as_the_code_has_it() -> None:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    found = re.findall(r"<!-- failure-table -->\n(.*?)<!-- /failure-table -->", text, re.S)
-    assert len(found) == 1, "one failure table in the README"
+def test_the_docs_hold_the_table_as_the_code_has_it() -> None:
+    found = [t for doc in documents() for t in re.findall(r"<!-- failure-table -->\n(.*?)<!-- /failure-table -->",
+                                                           (REPO / doc).read_text(encoding="utf-8"), re.S)]
+    assert len(found) == 1, "one failure table in the docs"
     lines = found[0].strip().splitlines()
     assert lines[:2] == ["| failure | stage | mode | cause | becomes | when |", "| --- | --- | --- | --- | --- | --- |"]
     assert lines[2:] == [_row(c) for c in TABLE]

@@ -15,14 +15,17 @@ from tests.support.policies import echo_policy, tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call, with_usage
 from tests.runner.test_e2e import base_args, run_cli, write_dataset
 from tests.support.run_state import read_records
+from tests.support.docs import nav_pages, page
 from trajforge.runner.console import SafeStream
 
-README = (REPO / "README.md").read_text()
+README = page("README.md")
+SANDBOXES = page("sandboxes.md")
+ARCHITECTURE = page("architecture.md")
 
 
-def _paragraph(starting: str) -> str:
-    start = README.index(starting)
-    return README[start:README.index("\n- ", start + 1)]
+def _paragraph(starting: str, text: str = SANDBOXES) -> str:
+    start = text.index(starting)
+    return text[start:text.index("\n- ", start + 1)]
 
 
 def test_the_readme_does_not_claim_docker_support_it_cannot_have_tested() -> None:
@@ -102,7 +105,8 @@ def test_the_local_model_stands_in_only_when_no_model_was_named(clean_env: dict[
 
 
 def test_the_exit_code_table_lists_every_code_a_run_exits_with() -> None:
-    table = README[README.index("### Exit codes"):README.index("`--fail_on_error N`")]
+    text = page("troubleshooting.md")
+    table = text[text.index("## Exit codes"):text.index("`--fail_on_error N`")]
     from trajforge.runner.scheduling.budget import BUDGET_EXIT_CODE
 
     codes = {int(m) for m in re.findall(r"^\| (\d+) \|", table, re.MULTILINE)}
@@ -110,8 +114,8 @@ def test_the_exit_code_table_lists_every_code_a_run_exits_with() -> None:
 
 
 def test_the_layer_diagram_names_every_top_level_module() -> None:
-    start = README.index("## Architecture")
-    diagram = README[README.index("```\ncommands", start):README.index("```\n\n", README.index("```\ncommands", start) + 4)]
+    start = ARCHITECTURE.index("```\ncommands")
+    diagram = ARCHITECTURE[start:ARCHITECTURE.index("```\n\n", start + 4)]
     modules = {p.name for p in (REPO / "src" / "trajforge").glob("*.py")} - {"__init__.py", "__main__.py"}
     packages = {f"{p.name}/" for p in (REPO / "src" / "trajforge").iterdir() if (p / "__init__.py").is_file()}
     assert [m for m in sorted(modules | packages) if m not in diagram] == []
@@ -126,7 +130,7 @@ def test_the_registration_table_names_one_registration_line_per_extension() -> N
     helps = {f.name: f.help for f in run_flags()}
     assert helps["sandbox"] == ", ".join(["auto", *SANDBOXES][:-1]) + f" or {SANDBOXES.names()[-1]}"
     assert helps["executor"] == " or ".join(EXECUTORS)
-    table = README[README.index("| to add | write | register in |"):]
+    table = ARCHITECTURE[ARCHITECTURE.index("| to add | write | register in |"):]
     for row, place in (("| a sandbox backend |", "`catalog/sandboxes.py`"), ("| an executor |", "`catalog/executors.py`")):
         line = table[table.index(row):table.index("\n", table.index(row))]
         assert place in line and "Literal" not in line, line
@@ -362,3 +366,34 @@ def test_the_first_build_says_it_needs_a_compiler_and_cmake(tmp_path: Path) -> N
     assert bare.returncode == 0, bare.stderr
     assert "no C compiler (cc, gcc or clang) found" in bare.stderr and "no C++ compiler" in bare.stderr
     assert "cmake not found" in bare.stderr
+
+
+def test_where_a_repeated_tool_call_id_is_renamed_and_what_is_kept(tmp_path: Path, server: ScriptedServer,
+                                                                   clean_env: dict[str, str]) -> None:
+    """The README said every renamed id keeps its original in metadata.sharegpt.renamed_tool_calls:
+    an id repeated within one reply is renamed by the runner as it records the reply, keeping
+    nothing; one repeated in a later turn is renamed by the export, which keeps the original."""
+    def repeats(req: Recorded) -> Reply:
+        done = len(tool_messages(req.body))
+        if done == 0:  # two calls of one reply under one id
+            return chat(None, reasoning="two at once", tool_calls=[tool_call("terminal", {"command": "echo a"}, "dup"),
+                                                                   tool_call("terminal", {"command": "echo b"}, "dup")])
+        if done == 2:  # the same id again, a turn later
+            return chat(None, reasoning="once more", tool_calls=[tool_call("terminal", {"command": "echo c"}, "dup")])
+        return chat("done", reasoning="finished")
+
+    server.handler = repeats
+    ds = write_dataset(tmp_path / "ds.jsonl", ["say a"])
+    assert run_cli(tmp_path, clean_env, *base_args(server, ds, "r")).returncode == 0
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.run(cli("export", str(tmp_path / "data" / "r"), "--format", "openai", "--output", str(out)),
+                          env=clean_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    item = json.loads(out.read_text())
+    ids = [m["tool_call_id"] for m in item["messages"] if m["role"] == "tool"]
+    assert ids[:2] == ["dup", "call_2"] and ids[2] != "dup" and len(set(ids)) == 3  # call_2: the runner's
+    assert item["metadata"]["sharegpt"]["renamed_tool_calls"] == [{"id": ids[2], "original": "dup"}]
+    docs = " ".join(" ".join(page(p).split()) for p in ["README.md", *nav_pages()])
+    assert "the runner renames an id a provider repeated within one reply" in docs
+    assert "keeping nothing of the original" in docs
+    assert "the original kept in `metadata.sharegpt.renamed_tool_calls`" in docs

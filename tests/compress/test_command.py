@@ -248,16 +248,38 @@ def test_a_named_summariser_without_a_key_is_refused_before_any_file_is_written(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
 
 
-@pytest.mark.parametrize("sigint_ignored", [False, True], ids=["foreground", "background-job"])
-def test_sigterm_keeps_the_progress_like_ctrl_c(tmp_path: Path, sigint_ignored: bool) -> None:
+def test_input_that_is_not_trajectories_is_refused_before_any_file_or_summary(tmp_path: Path) -> None:
+    """A dataset of prompts given as --input, or a bad line after many good ones: named, exit 2,
+    and no `.partial*` file left behind that says to re-run the same command."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "say hi"}\n{"prompt": "say ho"}\n', encoding="utf-8")
+    good = [trajectory(i, steps=8, response_words=120) for i in range(5)]  # each needs a summary
+    late = write_jsonl(tmp_path / "late.jsonl", good)
+    with late.open("a", encoding="utf-8") as f:
+        f.write('{"conversations": "not a list"}\n')
+    with ScriptedServer(lambda rec: chat("summary")) as srv:
+        for src, where in ((prompts, f"{prompts}:1: field 'conversations'"), (late, f"{late}:6: field 'conversations'")):
+            proc = _compressor([f"--input={src}", "--target_max_tokens=1500", f"--base_url={srv.url}", "--model=m"])
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 2, err
+            assert where in err and "re-run" not in err and "Traceback" not in err, err
+        assert srv.requests == []  # not one summary paid for
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["late.jsonl", "prompts.jsonl"]
+
+
+@pytest.mark.parametrize("sig, sigint_ignored", [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGINT, True)],
+                         ids=["sigterm-foreground", "sigterm-background-job", "sigint-background-job"])
+def test_sigterm_and_sigint_keep_the_progress_like_ctrl_c(tmp_path: Path, sig: signal.Signals,
+                                                          sigint_ignored: bool) -> None:
     """Also in a process whose SIGINT is ignored (a job a script started with `&`, then stopped by
-    a scheduler's SIGTERM): it raised KeyboardInterrupt inside a task, leaving a traceback."""
+    a scheduler's SIGTERM): it raised KeyboardInterrupt inside a task, leaving a traceback; and
+    SIGINT, which such a job ignored, stops it too, as it stops `trajforge run`."""
     run = _SlowRun(tmp_path)
     with ScriptedServer(run.slow) as srv:
         proc = _compressor([*run.args, f"--base_url={srv.url}"], sigint_ignored)
         try:
             assert run.saved.wait(60), "no progress"
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(sig)
             _, err = proc.communicate(timeout=60)
         finally:
             if proc.poll() is None:
@@ -269,3 +291,37 @@ def test_sigterm_keeps_the_progress_like_ctrl_c(tmp_path: Path, sigint_ignored: 
     assert not run.out.exists() and Paths.for_output(run.out).partial.exists()
     stdout, _ = run.resume()
     assert "resuming" in stdout and [r["prompt_index"] for r in read_jsonl(run.out)] == list(range(30))
+
+
+def test_the_dry_run_estimate_holds_against_real_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The tokens after compression depend on the summaries' length: a real run with summaries at
+    their ~750-token target lands on the dry run's upper figure, one with summaries of a quarter of
+    that where the dry run says (it said "about" the upper figure, 20% off such a run)."""
+    import random
+    import re
+
+    from trajforge.compress.config import load_config
+    from trajforge.compress.tokenize import load_counter
+
+    rng = random.Random(1)
+    src = write_jsonl(tmp_path / "in.jsonl", [trajectory(i, steps=rng.randint(1, 14), response_words=rng.randint(20, 300))
+                                              for i in range(30)])
+    args = [f"--input={src}", "--target_max_tokens=2000"]
+    assert main([*args, "--dry_run"]) == 0
+    dry = capsys.readouterr().out
+    m = re.search(r"tokens: ([\d,]+) -> ([\d,]+) to ([\d,]+), .* ([\d,]+) fewer for each 100 tokens .*summary calls: (\d+)",
+                  dry)
+    assert m, dry
+    before, low, high, per_100, calls = (int(g.replace(",", "")) for g in m.groups())
+    counter = load_counter(load_config(None, {}).tokenizer.name)
+    assert calls > 5 and per_100 == 100 * calls and low == high - 750 * calls
+    for words, n in ((750, "full"), (190, "short")):  # " word" is one cl100k token
+        with ScriptedServer(lambda rec: chat(" ".join(["word"] * words))) as srv:
+            out = tmp_path / f"{n}.jsonl"
+            assert main([*args, f"--output={out}", f"--base_url={srv.url}", "--model=m"]) == 0
+        capsys.readouterr()
+        after = sum(sum(counter.turn_counts(r["conversations"])) for r in read_jsonl(out))  # the real count
+        metrics = json.loads((tmp_path / f"{n}_metrics.json").read_text())
+        assert metrics["tokens"]["total_after"] == after and metrics["summarization"]["api_calls"] == calls
+        expected = high - calls * (750 - words)  # each summary's own length, where the dry run says
+        assert low <= after <= high and abs(after - expected) <= calls * 2, (low, after, expected, high)

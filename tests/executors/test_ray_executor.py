@@ -148,6 +148,25 @@ def test_ray_executor_gives_the_same_trajectories_and_statistics(tmp_path: Path,
 
 
 @needs_ray
+def test_config_and_statistics_name_the_sandbox_the_nodes_chose(tmp_path: Path, server: ScriptedServer,
+                                                                ray_env: dict[str, str]) -> None:
+    # `--sandbox auto` is decided on each node; config.json and statistics.json said "auto".
+    from trajforge.sandbox.factory import resolve_backend
+    from trajforge.sandbox.sandbox_settings import SandboxSettings
+
+    server.handler = echo_policy(turns=1)
+    ds = write_dataset(tmp_path / "ds.jsonl", 4)
+    args = [a for a in run_args(server, ds, "ray", "--num_workers=2", "--executor=ray") if a != "--sandbox=local"]
+    proc = subprocess.run(cli("run", *args), cwd=tmp_path, env=ray_env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    chosen, _ = asyncio.run(resolve_backend(SandboxSettings()))  # what auto is on this machine, the only node
+    run = tmp_path / "data" / "ray"
+    assert json.loads((run / "statistics.json").read_text())["sandbox"] == chosen != "auto"
+    assert json.loads((run / "config.json").read_text())["sandbox"] == chosen
+    assert f"sandbox {chosen} (chosen on each node) -> " in proc.stderr, proc.stderr
+
+
+@needs_ray
 def test_budget_holds_at_the_driver_with_costs_reported_by_the_actors(tmp_path: Path, server: ScriptedServer,
                                                                        ray_env: dict[str, str]) -> None:
     server.handler = with_usage(echo_policy(turns=1, delay=0.05), 100, 20, cost=0.01)  # $0.02 a sample

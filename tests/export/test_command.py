@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.docs import page
 from tests.conftest import REPO
 from tests.support.commands import user_env
 from tests.support.export_run import make_run, run_export
@@ -111,8 +112,8 @@ def test_parquet_reads_back_with_the_documented_schema(run_dir: Path, tmp_path: 
     assert table.schema.remove_metadata().equals(SCHEMA)
     documented = {name.strip() for key in DOC for name in key.split(",")}
     assert documented == set(SCHEMA.names)
-    readme = (REPO / "README.md").read_text()
-    assert all(f"`{name}`" in readme for name in SCHEMA.names)
+    documented_page = page("exports.md")
+    assert all(f"`{name}`" in documented_page for name in SCHEMA.names)
     rows = table.to_pylist()
     saved = lines(run_dir / "trajectories.jsonl")
     assert [r["sample_id"] for r in rows] == [r["sample_id"] for r in saved]

@@ -1,6 +1,6 @@
 """`trajforge export --format tokens`: a real run that captured ids (a server rendering a real chat
 template with a real tokenizer), exported through the real CLI and read back with pyarrow and
-datasets; the README's example run as written."""
+datasets; the docs' example (docs/training.md) run as written."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.docs import page
 from tests.conftest import REPO
 from tests.support.commands import user_env
 from tests.support.export_run import run_export
@@ -166,9 +167,8 @@ def test_a_segment_that_is_not_what_a_run_writes_names_its_line(runs: tuple[Path
 
 
 def readme_example() -> tuple[str, str]:
-    """The export command and the Python example of the README's token section."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    section = text.split("## Training on rollouts (tokens)", 1)[1].split("\n## ", 1)[0]
+    """The export command and the Python example of the docs' token page (docs/training.md)."""
+    section = page("training.md")
     command = next(line.strip() for line in section.splitlines()
                    if line.strip().startswith("trajforge export") and "--format tokens" in line)
     code = re.search(r"```python\n(.*?)```", section, re.S)

@@ -91,9 +91,15 @@ def test_existing_run_needs_resume_or_overwrite(tmp_path: Path, server: Scripted
     proc = run_cli(tmp_path, clean_env, *base_args(server, ds))
     assert proc.returncode != 0 and "--resume" in proc.stderr and "--overwrite" in proc.stderr
     assert (tmp_path / "data" / "r" / "trajectories.jsonl").read_bytes() == traj
+    mine = tmp_path / "data" / "r" / "notes.txt"  # a file of the user's in the run directory
+    mine.write_text("kept")
     proc = run_cli(tmp_path, clean_env, *base_args(server, ds), "--overwrite")
     assert proc.returncode == 0, proc.stderr
     assert len(read_records(tmp_path / "data" / "r")) == 2
+    # --overwrite deletes the run's own files, not its directory, as its --help says
+    assert mine.read_text() == "kept"
+    help_text = " ".join(run_trajforge("run", "--help", env=clean_env, timeout=60).stdout.split())
+    assert "--overwrite delete the run's own files" in help_text and "other files in its directory stay" in help_text
 
 
 def test_batch_runner_script_from_repo_root_form(tmp_path: Path, server: ScriptedServer, clean_env) -> None:

@@ -148,25 +148,22 @@ def test_torn_last_line_is_cut_not_glued(tmp_path: Path, server: ScriptedServer,
 
 
 def test_second_process_on_same_run_is_refused(tmp_path: Path, server: ScriptedServer, clean_env) -> None:
-    echo, release = echo_policy(turns=1), threading.Event()
-
-    def held(req: Recorded) -> Reply:  # the first run keeps its lock until the second one was refused
-        release.wait(120)
-        return echo(req)
-
-    server.handler = held
+    server.handler = echo_policy(turns=1)
+    server.hold_until = 3  # never 3 in flight with 2 samples: the first run waits, holding its lock, until release();
+    # held in the server's loop, not by blocking it, so the second run's endpoint probe is answered
     ds = write_dataset(tmp_path / "ds.jsonl", ["say a", "say b"])
     args = base_args(server, ds)
     first = subprocess.Popen(cli("run", *args), cwd=tmp_path, env=clean_env, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        while not server.requests and first.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)  # its first model call: it holds the run's lock
+        while not server.requests and time.monotonic() < deadline and first.poll() is None:
+            time.sleep(0.05)
+        assert server.requests, "the first run made no model call"
         second = run_cli(tmp_path, clean_env, *args, "--resume")
         assert second.returncode != 0
         assert "another trajforge process" in second.stderr
     finally:
-        release.set()
+        server.release()
         assert first.wait(120) == 0
 
 

@@ -185,3 +185,29 @@ def test_records_before_the_last_written_one_rewrite_a_small_file_and_are_append
     assert out is not None and out.state["out_of_order"] == 1
     got = [r["sample_id"] for r in read_records(tmp_path)]
     assert got == [ids[0], ids[2], ids[1]]
+
+
+@pytest.mark.parametrize("drop", ["samples", "invocations", "finished", "journal", "run_name", "extents"])
+def test_a_snapshot_missing_a_key_every_writer_writes_is_refused_naming_it(tmp_path: Path, drop: str) -> None:
+    # `{"version": 2}` alone used to load as an empty checkpoint: the run's failed and discarded
+    # samples and its spend were lost without a word. Checkpoint.load refuses it like a corrupt file.
+    from trajforge.errors import RunStateError
+
+    ckpt = started(tmp_path)
+    ckpt.compact()
+    ckpt.close()
+    data = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert Checkpoint.load(RunLayout(tmp_path), "r").version == 2  # as written: fine
+    del data[drop]
+    (tmp_path / "checkpoint.json").write_text(json.dumps(data))
+    with pytest.raises(RunStateError, match=f"not a trajforge checkpoint .*'{drop}'.*move it away"):
+        Checkpoint.load(RunLayout(tmp_path), "r")
+
+
+@pytest.mark.parametrize("text", ['{"version": 2}', '{"version": 1}', '{"version": 1, "samples": {}}'])
+def test_a_bare_version_is_not_a_checkpoint(tmp_path: Path, text: str) -> None:
+    from trajforge.errors import RunStateError
+
+    (tmp_path / "checkpoint.json").write_text(text)
+    with pytest.raises(RunStateError, match="not a trajforge checkpoint"):
+        Checkpoint.load(RunLayout(tmp_path), "r")

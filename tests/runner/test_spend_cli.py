@@ -72,6 +72,19 @@ def test_a_budget_without_a_known_price_is_refused_before_anything_runs(tmp_path
     assert server.requests == []
 
 
+def test_the_refusal_of_an_unpriced_budget_does_not_claim_the_endpoint_reports_no_cost(
+        tmp_path: Path, clean_env) -> None:
+    # This endpoint does report each call's cost; trajforge cannot know that before a call, and says
+    # what it relies on instead of a falsehood about the endpoint.
+    with ScriptedServer(with_usage(echo_policy(1), 100, 20, cost=0.01)) as srv:
+        ds = write_dataset(tmp_path / "ds.jsonl", ["say a"])
+        proc = run_cli(tmp_path, clean_env, *base_args(srv, ds, "r", "--max_cost=5"))
+        assert proc.returncode == 2 and srv.chat_requests() == []
+    error = " ".join(proc.stderr.split())
+    assert "does not report" not in error, error
+    assert "openrouter.ai" in error and "pricing: {\"scripted-model\": {prompt: USD_PER_MTOK" in error, error
+
+
 def test_table_prices_calls_of_a_provider_that_reports_no_cost(tmp_path: Path, clean_env) -> None:
     with ScriptedServer(with_usage(echo_policy(1), 100, 20)) as srv:
         ds = write_dataset(tmp_path / "ds.jsonl", ["say a", "say b"])

@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.docs import page
 from tests.conftest import REPO
 from tests.support.images import busybox_image, podman  # noqa: F401 (fixtures)
 from tests.support.seccomp_probe import (
@@ -114,9 +115,9 @@ def test_the_zygote_s_filter_refuses_only_user_namespaces_and_keyrings(machine: 
 
 
 def readme_refused() -> list[str]:
-    text = (REPO / "README.md").read_text()
+    text = page("sandboxes.md")
     found = re.search(r"<!-- refused calls: tests/sandbox/test_seccomp.py -->(.*?)<!-- end -->", text, re.S)
-    assert found, "the README's list of refused calls is missing"
+    assert found, "the sandboxes page's list of refused calls is missing"
     return re.findall(r"`(\w+)`", found.group(1))
 
 

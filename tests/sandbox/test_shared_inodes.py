@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.docs import page
 from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.sandbox.backends.bwrap.bwrap_backend import probe
 from trajforge.sandbox.backends.bwrap.bwrap_sandbox import BwrapSandbox, root_runtime
@@ -246,8 +247,7 @@ def test_no_lock_open_or_write_of_one_sample_reaches_another(channel: str) -> No
 
 
 # Channels that remain, measured: what the kernel shares between all its processes. Each with the
-# rule a receiver decodes by; the README lists each one by its name here.
-README = Path(__file__).resolve().parents[2] / "README.md"
+# rule a receiver decodes by; the sandboxes page (docs/sandboxes.md) lists each one by its name here.
 CACHED_US = 50  # a read served from the page cache takes microseconds; from the disk, hundreds
 Decode = Callable[[list[str]], list[int]]
 
@@ -284,7 +284,7 @@ RESIDUAL = {"page cache": _page_cache(SYSTEM_FILE), "/proc/loadavg": _threads()}
 
 @pytest.mark.parametrize("channel", list(RESIDUAL))
 def test_what_still_passes_between_samples_is_measured_and_listed(channel: str) -> None:
-    """A channel that carries bits here is one the README lists: the page cache of the system's
+    """A channel that carries bits here is one the sandboxes page lists: the page cache of the system's
     files (a read or an eviction in one sample, timed in another) and the kernel's counters of
     the whole host (/proc/loadavg's thread count). The error rates print with -s."""
     if channel == "page cache" and not SYSTEM_FILE:
@@ -294,6 +294,6 @@ def test_what_still_passes_between_samples_is_measured_and_listed(channel: str) 
     seen = asyncio.run(_send(bits, one, zero, probe))
     errors = sum(a != b for a, b in zip(bits, decode(seen)))
     print(f"{channel}: {errors} errors in {BITS} bits: {seen}")
-    if errors < BITS // 4:  # it carries: the README's list of what still passes must name it
-        listed = README.read_text().split("What still passes between samples")[1].split("\n  - ")[0]
+    if errors < BITS // 4:  # it carries: the sandboxes page's list of what still passes must name it
+        listed = page("sandboxes.md").split("What still passes between samples")[1].split("\n  - ")[0]
         assert f"**{channel}**" in listed, f"{channel} carries {BITS - errors}/{BITS} bits and is not listed"

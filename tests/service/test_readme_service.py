@@ -1,4 +1,4 @@
-"""The README's `trajforge serve` block, run: the service with the README's flags (its model
+"""The docs' `trajforge serve` block (docs/training.md), run: the service with the README's flags (its model
 server replaced by the scripted one on loopback, its port by a free one), then each curl of the
 block in order against it; each must exit 0 and answer what the README says."""
 
@@ -15,12 +15,13 @@ import pytest
 
 from tests.conftest import REPO
 from tests.service.test_serve import Service
+from tests.support.docs import page
 from tests.support.policies import echo_policy
 from tests.support.scripted_server import ScriptedServer
 
 
 def serve_block() -> list[str]:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+    text = page("training.md")
     section = text[text.index("## Rollout service for RL trainers"):]
     block = re.search(r"```bash\n(.*?)```", section, re.S)
     assert block is not None

@@ -6,11 +6,15 @@ completions (content, tool calls, reasoning in any provider shape, usage), HTTP 
 headers, delays (for timeouts and concurrency), or a dropped connection. Every request is
 recorded, and the maximum number of requests in flight at once is tracked.
 
+The endpoint probe a run makes before it starts (trajforge.model.probe: `GET .../models`, its
+User-Agent says so) is answered with a model list, as OpenAI-compatible servers do, and counted in `probes`, not in `requests`, and
+never takes a scripted reply; `drop_probes = N` drops the next N of them unanswered (a blip).
+
 A provider's limits can be emulated: `concurrency_cap=N` answers 429 at once to a request that
 would be the N+1th in flight (counted in `rejected`, with `cap_headers`, e.g. a Retry-After);
 `with_usage` makes a handler's replies report given tokens and cost (OpenRouter's usage.cost).
-`hold_until = N` holds every request until N are in flight at once (then lets them all go, and
-every later one straight through; `held` says whether N was reached): a test of concurrency
+`hold_until = N` holds every request until N are in flight at once, or until `release()` (then lets
+them all go, and every later one straight through; `held` says whether N was reached): a test of concurrency
 then waits for the event itself, not for replies slow enough that a loaded machine keeps up.
 """
 
@@ -113,6 +117,9 @@ class ScriptedServer:
         self.rejected = 0  # requests answered 429 by the concurrency cap
         self._queue: list[Reply] = []
         self.requests: list[Recorded] = []
+        self.probes = 0  # GET .../models answered (model.probe)
+        self.drop_probes = 0  # the next this many probes get their connection closed unanswered
+        self.probe_dropped = threading.Event()  # set when one was
         self.in_flight = 0
         self.max_in_flight = 0
         self.hold_until: int | None = None
@@ -129,6 +136,11 @@ class ScriptedServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
+    def release(self) -> None:
+        """Let the requests `hold_until` holds go now (and every later one straight through)."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._all_in.set)
+
     def script(self, *replies: Reply) -> None:
         """Answer the next requests with these replies in order (before falling back to the handler)."""
         with self._lock:
@@ -138,6 +150,8 @@ class ScriptedServer:
         return [r.body for r in self.requests if r.path.endswith("/chat/completions")]
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method == "GET" and "(endpoint probe)" in request.headers.get("User-Agent", ""):
+            return self._probe(request)
         raw = await request.read()
         try:
             body = json.loads(raw) if raw else None
@@ -177,6 +191,17 @@ class ScriptedServer:
         finally:
             with self._lock:
                 self.in_flight -= 1
+
+    def _probe(self, request: web.Request) -> web.StreamResponse:
+        with self._lock:
+            self.probes += 1
+            drop, self.drop_probes = self.drop_probes > 0, max(0, self.drop_probes - 1)
+        if drop:
+            assert request.transport is not None
+            request.transport.close()
+            self.probe_dropped.set()
+            return web.Response(status=500)
+        return web.json_response({"object": "list", "data": [{"id": "scripted", "object": "model", "owned_by": "test"}]})
 
     def __enter__(self) -> ScriptedServer:
         started = threading.Event()

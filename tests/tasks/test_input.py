@@ -214,7 +214,7 @@ def test_examples_have_no_stray_directories() -> None:
 
 
 def test_task_verification_failures_follow_who_could_cause_them() -> None:
-    """The README's copy of the table is tests/test_failures.py's to check."""
+    """The docs' copy of the table is tests/test_failures.py's to check."""
     from trajforge import failures
 
     assert failures.failure_class("verifier_crashed", "default").becomes == failures.REWARD_0

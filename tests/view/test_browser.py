@@ -331,7 +331,7 @@ def test_plain_jsonl_file_with_verification(run_dir: Path, tmp_path: Path, viewe
     page.goto(v.url + "#/samples")
     page.wait_for_selector("#samples tbody tr")
     verdicts = page.locator("#samples tbody tr td:nth-child(9)").all_inner_texts()
-    assert verdicts.count("✓ pass 1.00") == passed and verdicts.count("✗ fail 0.00") == len(recs) - passed
+    assert verdicts.count("✓ passed 1.00") == passed and verdicts.count("✗ failed 0.00") == len(recs) - passed
     _open_sample(page, v.url, "parallel")
     assert page.locator(".call").count() == 2
     assert "expected <b>42</b>" in page.locator("table.meta").inner_text()

@@ -149,7 +149,8 @@ def test_the_index_reads_the_checkpoint_as_the_runner_does(tmp_path: Path) -> No
     run = tmp_path / "run"
     run.mkdir()
     (run / "batch_0.jsonl").write_bytes(lines(record(0)))
-    (run / "checkpoint.json").write_text(json.dumps({"version": 2, "journal": 1, "samples": {
+    (run / "checkpoint.json").write_text(json.dumps({"version": 2, "run_name": "run", "journal": 1, "finished": None,
+                                                     "extents": {}, "samples": {
         "id0:0": {"status": "failed", "batch": 0, "reason": "timeout"},
         "id5:0": {"status": "failed", "batch": 0, "reason": "sandbox"}},
         "invocations": [{"started": 0.0, "seconds": 5.0}]}))
@@ -180,7 +181,8 @@ def test_plain_jsonl_keeps_every_line_and_its_verification(tmp_path: Path) -> No
     assert len(entries) == 5 and entries[3].key.startswith("id0:0@")  # a repeated id stays distinct
     assert entries[4].key == "line-5" and entries[4].tools == ("web_search",) and entries[4].tool_calls == 1
     ver = distributions(entries)["verification"]
-    assert ver == {"verified": 3, "passed": 2, "failed": 1, "pass_rate": 0.6667, "mean_score": 0.75}
+    assert ver == {"verified": 3, "passed": 2, "failed": 1, "pass_rate": 0.6667, "errors": 0, "errors_by_kind": {},
+                   "unverified": 2, "mean_score": 0.75}
     assert [e.passed for e in apply(Query(q="NUMBER 1"), entries)] == [False]
 
 

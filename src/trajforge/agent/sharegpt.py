@@ -1,6 +1,6 @@
 """Conversion of a finished session to the saved ShareGPT trajectory (pure functions).
 
-Format (the README's "Output"): a system turn listing the offered tools inside <tools>, the human
+Format (docs/user-guide.md, "Output"): a system turn listing the offered tools inside <tools>, the human
 prompt, `gpt` turns with <think> reasoning, text and <tool_call> JSON blocks, and one `tool`
 turn per step holding a <tool_response> block per call, paired to its call by tool_call_id.
 """

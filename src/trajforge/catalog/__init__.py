@@ -48,7 +48,7 @@ def register(spec: ToolsetSpec) -> ToolsetSpec:
 
 
 def toolset_names() -> tuple[str, ...]:
-    """Every declared toolset, in registration order (the order --list_distributions and the README list them)."""
+    """Every declared toolset, in registration order (the order --list_distributions and the user guide list them)."""
     return TOOLSETS.names()
 
 
@@ -66,7 +66,7 @@ register(toolset("browser", ("browser_navigate", "browser_snapshot", "browser_cl
                              "browser_vision", "browser_console"), "trajforge.tools.browser.toolset:build", "browser",
                  needs=("playwright",), extra="browser"))
 
-# The built-in toolsets' tools, in the fixed order of every trajectory's tool_stats (README, "Output"):
+# The built-in toolsets' tools, in the fixed order of every trajectory's tool_stats (docs/user-guide.md, "Output"):
 # a record's schema does not change with what a run or a test registers later.
 _STATS_ORDER = ("terminal", "file", "web", "browser", "vision", "image_gen", "moa")
 TOOLSET_TOOLS: dict[str, tuple[str, ...]] = {name: TOOLSETS[name].capabilities.tools for name in _STATS_ORDER}

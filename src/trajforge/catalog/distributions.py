@@ -1,4 +1,4 @@
-"""Named toolset distributions and the seeded per-sample draw of toolsets (README, "Toolsets and distributions").
+"""Named toolset distributions and the seeded per-sample draw of toolsets (docs/user-guide.md, "Toolsets and distributions").
 
 A distribution gives each toolset an independent probability in percent. The draw flips each
 toolset on its own and keeps the ones that came up and are available on this machine; when none

@@ -78,6 +78,11 @@ def main(argv: list[str], prog: str | None = None) -> int:
     if prog is None:
         prog = PROG if Path(sys.argv[0]).name == PROG else "trajforge compress"
     previous = signal.signal(signal.SIGTERM, _as_interrupt)
+    # Started with SIGINT ignored (a job a non-interactive shell started with `&`), it still stops
+    # on SIGINT, as `trajforge run` does: asyncio.run then handles it as it handles Ctrl-C.
+    previous_int = signal.getsignal(signal.SIGINT)
+    if previous_int is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return _run(list(argv), prog)
     except TrajforgeError as e:
@@ -90,3 +95,5 @@ def main(argv: list[str], prog: str | None = None) -> int:
         return e.code if isinstance(e.code, int) else 0
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if previous_int is signal.SIG_IGN:
+            signal.signal(signal.SIGINT, previous_int)

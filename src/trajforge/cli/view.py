@@ -20,7 +20,7 @@ from trajforge.errors import UsageError
 from trajforge.run_layout import BATCHES, RunLayout
 from trajforge.view.index import RunIndex
 from trajforge.view.dataset import load_rows
-from trajforge.view.server import Viewer, allowed_hosts, catch_up, make_app
+from trajforge.view.server import SLICE, Viewer, allowed_hosts, catch_up, make_app
 
 FLAGS = [Flag("source", "path", "a run directory (data/<run_name>) or a JSONL file of trajectories", positional=True,
               metavar="RUN_DIR_OR_JSONL"),
@@ -59,6 +59,7 @@ async def serve(index: RunIndex, host: str, port: int) -> int:
             from None
     background = [asyncio.create_task(catch_up(index, viewer.idle))]
     if index.run_dir is not None:  # the dataset (prompts of failed samples, task types): a thread of its own
+        index.dataset_pending = True  # said by /api/status from the first request on: figures may still change
         background.append(asyncio.create_task(_attach_dataset(index, viewer.idle)))
     bound = runner.addresses[0][1]
     allowed = viewer.allowed_hosts = allowed_hosts(host, bound)
@@ -83,7 +84,11 @@ async def serve(index: RunIndex, host: str, port: int) -> int:
 
 async def _attach_dataset(index: RunIndex, idle: asyncio.Event) -> None:
     assert index.run_dir is not None
-    index.use_dataset(*await asyncio.to_thread(load_rows, index.run_dir))
+    try:  # until it is read, the samples of rows no longer in the dataset cannot be told apart
+        index.use_dataset(*await asyncio.to_thread(load_rows, index.run_dir))
+        index.refresh(SLICE)  # the samples without a record, made again with their rows: the figures are right now
+    finally:
+        index.dataset_pending = False
     await catch_up(index, idle)  # the records read so far get their task types
 
 

@@ -1,4 +1,4 @@
-"""The trajectory compressor (README, "Trajectory compressor"): fit saved trajectories into a training token budget.
+"""The trajectory compressor (docs/user-guide.md, "Trajectory compressor"): fit saved trajectories into a training token budget.
 
 Entry points: `trajforge.cli.compress.main(argv)` (both `trajforge compress` and the root
 `trajectory_compressor.py`), and `trajforge.compress.pipeline.run(Options, CompressionConfig)`.

@@ -1,4 +1,4 @@
-"""The compressor's settings: the reference's YAML layout (README, "Trajectory compressor"),
+"""The compressor's settings: the reference's YAML layout (docs/user-guide.md, "Trajectory compressor"),
 validated, plus CLI overrides.
 
 Users of the reference already have `trajectory_compression.yaml` files, so the section and key

@@ -4,9 +4,10 @@ Trajectories are processed concurrently but written in input order through a bou
 reader starts a task per line and queues it; the writer awaits the queue head, so at most
 `window` trajectories are in memory whatever the input size. CPU work (parsing, token counting)
 runs in worker threads (tiktoken releases the GIL); model calls are bounded by
-`processing.max_concurrent_requests`. A bad input line stops the run after everything before it
-is written and checkpointed; a rejected or missing API key stops it at once. Either way the
-next run with the same flags resumes.
+`processing.max_concurrent_requests`. Every input line is checked before anything is written or
+any summary paid for (subset.checked_count): a bad one stops the command with nothing created. A
+rejected API key, Ctrl-C or SIGTERM stops it after everything done is written and checkpointed,
+and the next run with the same flags resumes.
 """
 
 from __future__ import annotations
@@ -90,9 +91,10 @@ def run(options: Options, config: CompressionConfig, *, environ: Mapping[str, st
         info["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         writer.finish(lambda details: write_report(
             report_path, report(writer.totals, info, flagged_lines(details)), details))
-    except (TrajforgeError, KeyboardInterrupt):
-        print(f"progress ({writer.totals.trajectories} trajectories done) is kept in {writer.paths.partial}; "
-              "re-run the same command to continue (add --fresh if the input changed)", file=sys.stderr)
+    except (TrajforgeError, KeyboardInterrupt) as e:
+        if not isinstance(e, InputError):  # every line was checked at the start: this one changed since
+            print(f"progress ({writer.totals.trajectories} trajectories done) is kept in {writer.paths.partial}; "
+                  "re-run the same command to continue (add --fresh if the input changed)", file=sys.stderr)
         raise
     finally:
         writer.close()

@@ -105,6 +105,3 @@ def iter_lines(path: Path, start: Position = Position()) -> Iterator[RawLine]:
             yield RawLine(line_no, ordinal, data, offset)
             ordinal += 1
 
-
-def count_trajectories(path: Path) -> int:
-    return sum(1 for _ in iter_lines(path))

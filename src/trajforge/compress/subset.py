@@ -35,7 +35,7 @@ from typing import Any
 import orjson
 
 from trajforge.compress.compressor import parse_entry
-from trajforge.compress.records import count_trajectories, iter_lines
+from trajforge.compress.records import iter_lines
 
 SCORE_FORMULA = ("verification.score when present, then 4*finished + 2*tool_success_rate + 2*has_reasoning + "
                  "2*no_hallucinated_calls; ties: more distinct tools used, then a seeded hash")
@@ -141,9 +141,20 @@ def _tiebreak(seed: int, ordinal: int) -> int:
     return int.from_bytes(digest, "big")
 
 
+def checked_count(path: Path) -> int:
+    """The input's trajectories, every line checked (compressor.parse_entry) on the way: a line that
+    is no trajectory is named (InputError) before any file is written or any summary paid for."""
+    total = 0
+    for raw in iter_lines(path):
+        parse_entry(raw.data, f"{path}:{raw.line_no}")
+        total += 1
+    return total
+
+
 def select(path: Path, percent: float | None, mode: str, seed: int) -> Selection:
-    """The selection for this input: a counting pass, plus a scoring pass in quality mode."""
-    total = count_trajectories(path)
+    """The selection for this input: a counting pass that checks every line, plus a scoring pass
+    in quality mode."""
+    total = checked_count(path)
     if percent is None:
         return Selection("all", total, None, {})
     k = sample_size(total, percent)

@@ -29,7 +29,7 @@ from trajforge.catalog.distributions import Distribution, all_distributions
 from trajforge.catalog.executors import EXECUTORS
 from trajforge.catalog.sandboxes import NetworkMode
 from trajforge.catalog.tools_config import ToolsConfig
-from trajforge.config.checks import CHECKED_FIELDS, check_value, check_whole_numbers
+from trajforge.config.checks import CHECKED_FIELDS, SIZE_FIELDS, check_value, check_whole_numbers, whole_size
 from trajforge.config.resolved import Resolved
 from trajforge.config.sections import DistributionConfig, TaskTypeConfig, UnknownDistribution
 from trajforge.fields import FILE_ONLY, OneOf, shown
@@ -60,7 +60,8 @@ class RunSection(BaseModel):
     max_turns: int = Field(10, ge=1, le=10_000, description="max tool-calling iterations per prompt")
     num_workers: int = Field(4, ge=1, le=100_000, description="agent sessions in flight at once")
     resume: bool = Field(False, description="resume the run: skip finished samples, retry failed ones")
-    overwrite: bool = Field(False, description="delete an existing run directory of this name and start over")
+    overwrite: bool = Field(False, description="delete the run's own files (batch files, trajectories, checkpoint, "
+                            "statistics, config, kept workspaces) and start over; other files in its directory stay")
     verbose: bool = Field(False, description="log every step of every sample, and print the resolved configuration")
     max_samples: int | None = Field(None, ge=1, le=1_000_000_000,
                                     description="only the first N valid samples of the dataset",
@@ -131,7 +132,7 @@ class RunConfig(TaskSection, VerifySection, SandboxSection, ToolSection, ModelSe
     @classmethod
     def _checked(cls, v: Any, info: ValidationInfo) -> Any:
         check_value(info.field_name or "", v)  # a path, URL or size that could only fail (or harm) later
-        return v
+        return whole_size(v) if info.field_name in SIZE_FIELDS else v
 
     @field_validator("tools")
     @classmethod

@@ -47,6 +47,12 @@ class OutOfRange(ValueError):
         self.path, self.value, self.bound = path, value, bound
 
 
+def whole_size(value: Any) -> Any:
+    """A size given as a whole number (YAML reads `sandbox_memory: 0` as one) as the string of bytes it
+    means; anything else as it is (a bool or float is left to the pattern, which refuses it)."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else value
+
+
 def run_name_problem(name: str) -> str | None:
     """Why `name` cannot be the run's directory under output_dir, or None. The run directory is
     deleted by --overwrite, so it must be exactly one new component: never `.`, `..`, an absolute
@@ -80,6 +86,7 @@ def check_value(field: str, value: Any) -> None:
         if value == "" or (isinstance(value, PurePath) and str(value) == "."):
             raise PydanticCustomError("empty_path", "is empty (or '.'): give the path of a file")
     elif field in SIZE_FIELDS:  # the pattern itself is the field's own constraint, checked after this
+        value = whole_size(value)
         if isinstance(value, str) and re.fullmatch(SIZE_PATTERN, value) and size_bytes(value) > SIZE_MAX:
             raise ValueError(f"must be at most {SIZE_MAX_TEXT} ({SIZE_MAX_TEXT[:-1]} TiB)")
     elif isinstance(value, str):

@@ -66,6 +66,7 @@ class RayExecutor:
         self._actors: list[_Actor] = []
         self._suspect: dict[str, float] = {}  # node id -> when one of its actors stopped answering
         self._unavailable: dict[str, Unavailable] = {}
+        self.sandboxes: set[str] = set()  # the backends the nodes' samples run in (what auto became on each)
         self._changed = asyncio.Condition()
         self._plan_lock = asyncio.Lock()
         self._planning = 0  # re-plans pending or running
@@ -208,6 +209,7 @@ class RayExecutor:
         try:
             async with asyncio.timeout(START_TIMEOUT):
                 unavailable = await handle.start.remote()
+                self.sandboxes.add(await handle.sandbox.remote())
         except RayTaskError as e:  # building its toolsets failed: a config problem, fatal for the run
             ray.kill(handle)
             raise (e.cause if isinstance(e.cause, TrajforgeError) else e) from None

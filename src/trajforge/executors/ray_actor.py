@@ -61,6 +61,11 @@ class SampleActor:
     async def start(self) -> list[Unavailable]:
         return await self._worker.start()
 
+    async def sandbox(self) -> str:
+        """The backend this node's samples run in (`--sandbox auto` is decided here, per node)."""
+        assert self._worker.sandboxes is not None
+        return await self._worker.sandboxes.backend_name(None)
+
     async def process(self, sample: Sample, attempt: int) -> Outcome:
         meter = spend.SampleSpend()
         with model_gate.bound(self._gate), spend.bound(meter):

@@ -5,7 +5,7 @@ Arrow types; run figures are typed columns. Values whose shape is open-ended are
 string column: `tools` (JSON Schemas of the offered tools), `row` (the dataset row's extra
 fields), `verification.detail` when it is not text, and `extra` (any other record field), so the
 schema never changes with the data and a record loses nothing but what `DROPS` lists.
-README.md ("Exporting trajectories") documents the same columns.
+docs/exports.md documents the same columns.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def row_of(item: dict[str, Any], record: dict[str, Any], split: str | None) -> d
     }
 
 
-# Column -> meaning, for the dataset card and README.md.
+# Column -> meaning, for the dataset card and docs/exports.md.
 DOC = {
     "prompt_index": "index of the sample among the dataset's valid rows",
     "sample_id": "stable sample identity (content hash and occurrence; `#k` for rollout k > 0)",

@@ -22,7 +22,7 @@ from trajforge.export.exporter import Exporter, Item, SplitFiles, Summary, file_
 from trajforge.export.filters import passed, verification_of
 from trajforge.jsonio import dumps
 
-# Column -> meaning (README.md's "Training on rollouts (tokens)" lists the same).
+# Column -> meaning (docs/training.md lists the same).
 DOC = {
     "sample_id, row_id, rollout, prompt_index": "the sample, its dataset row (shared by the row's rollouts), which "
                                                 "rollout it is, and the row's index",

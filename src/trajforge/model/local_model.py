@@ -74,16 +74,30 @@ def bundled_model_path() -> Path:
 
 def resolve_model_path(model: str) -> Path:
     """`local` -> the bundled model; `local:PATH` -> PATH (which must be an existing file)."""
+    found = _model_path(model)
+    if isinstance(found, str):
+        raise UsageError(f"--model {model}: {found}")
+    return found
+
+
+def _model_path(model: str) -> Path | str:
+    """The model file `model` names, or why there is none (said without the flag: callers name it once)."""
     if model == "local":
-        return bundled_model_path()
+        try:
+            return bundled_model_path()
+        except UsageError as exc:
+            return str(exc)
     if not model.startswith("local:") or not model[len("local:"):].strip():
-        raise UsageError(f"--model {model!r}: expected `local` or `local:/path/to/model.gguf`")
+        return "expected `local` or `local:/path/to/model.gguf`"
     path = Path(model[len("local:"):].strip()).expanduser()
     if not path.is_file():
-        raise UsageError(f"--model {model}: no such model file: {path}")
-    with path.open("rb") as f:
-        if f.read(4) != b"GGUF":
-            raise UsageError(f"--model {model}: {path} is not a GGUF model file")
+        return f"no such model file: {path}"
+    try:
+        with path.open("rb") as f:
+            if f.read(4) != b"GGUF":
+                return f"{path} is not a GGUF model file"
+    except OSError as exc:
+        return f"cannot read {path}: {exc.strerror or exc}"
     return path.resolve()
 
 
@@ -93,11 +107,8 @@ def local_backend_status(model: str = "local") -> str | None:
         import llama_cpp  # noqa: F401
     except Exception as exc:  # ImportError, or OSError when the compiled library fails to load
         return f"llama-cpp-python is not usable ({exc}); install it: {LLAMA_INSTALL}"
-    try:
-        resolve_model_path(model)
-    except UsageError as exc:
-        return str(exc)
-    return None
+    found = _model_path(model)
+    return found if isinstance(found, str) else None
 
 
 class _Instance:

@@ -16,6 +16,7 @@ rebuilt from what is on disk (runner.reporting.report).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 import time
 from typing import Any
@@ -102,14 +103,6 @@ class Invocation:
                 "record is missing or unreadable in the batch files: they run again")
         if rows.skipped:
             say(f"skipped {len(rows.skipped)} invalid dataset line(s)")
-        say(f"run '{config.run_name}': {len(rows)} samples, {len(rows) - len(todo)} already finished, "
-            f"{len(todo)} to run, sandbox {self.sandbox} -> {layout.root}")
-        masked = config.masked()
-        used = settings.shaping(masked)
-        earlier = next((i.settings for i in reversed(checkpoint.invocations) if i.settings is not None), None)
-        if diff := settings.changes(earlier, used):
-            say(f"this invocation runs with other settings than the previous one: {settings.describe(diff)} "
-                "(the run's records will mix them; statistics.json lists each change)")
 
         self.batch_store = store.BatchStore(layout)
         self.totals = Totals()
@@ -126,6 +119,21 @@ class Invocation:
             except BaseException:
                 await executor.aclose()
                 raise
+        if nodes := getattr(executor, "sandboxes", None):  # decided on each node: config.json and statistics.json name them
+            decided = config.resolved
+            self.config = config = config.resolve(dataclasses.replace(decided, backend=", ".join(sorted(nodes))))
+            if config.resolved.backend != decided.backend:
+                self.sandbox = f"{config.resolved.backend} (chosen on each node)"
+        # Said once the executor started: what it refuses (no toolset of the distribution can be
+        # offered, a model that cannot load) comes before this line, never after it.
+        say(f"run '{config.run_name}': {len(rows)} samples, {len(rows) - len(todo)} already finished, "
+            f"{len(todo)} to run, sandbox {self.sandbox} -> {layout.root}")
+        masked = config.masked()
+        used = settings.shaping(masked)
+        earlier = next((i.settings for i in reversed(checkpoint.invocations) if i.settings is not None), None)
+        if diff := settings.changes(earlier, used):
+            say(f"this invocation runs with other settings than the previous one: {settings.describe(diff)} "
+                "(the run's records will mix them; statistics.json lists each change)")
         self.rundir.save_config(masked)  # once the start was not refused, which keeps a resumed run's own
         self.budget = budget = budget_for(config, checkpoint.invocations, len(todo), (restored.spent, restored.samples))
         self.monitor = RunMonitor(getattr(executor, "gate", None), budget)

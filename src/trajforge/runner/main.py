@@ -28,8 +28,8 @@ from trajforge.runner.eventloop import tuned_collector, use_pidfd_child_watcher
 from trajforge.runner.scheduling.governor import check_prices
 from trajforge.runner.invocation import Invocation
 from trajforge.runner.preflight import (
-    check_container_images, check_executor, check_network, check_task_engine, choose_backend, choose_model, load_input,
-    load_prefill, refuse_contradictions,
+    check_container_images, check_endpoint, check_executor, check_network, check_sandbox, check_task_engine,
+    choose_backend, choose_model, load_input, load_prefill, refuse_contradictions,
 )
 from trajforge.runner.reporting.report import ORACLE_MODEL
 from trajforge.runner.scheduling.rows import RunRows
@@ -104,10 +104,12 @@ def _prepare(config: RunConfig) -> tuple[RunConfig, str, RunRows, list[dict[str,
     else:  # the oracle calls no model: no endpoint, key or price to check, and its records say "oracle"
         model = ORACLE_MODEL
     network, sandbox = check_network(config.sandbox_settings())
+    check_sandbox(config, sandbox)
     check_executor(config)
     check_container_images(config, rows)
     check_task_engine(config, sandbox)
     check_verification_settings(config, rows.path, rows.rubric, rows.verified)
+    check_endpoint(config, model)  # the one check that waits on the network
     backend, shown = choose_backend(config, sandbox, rows)
     config = config.resolve(Resolved(model, backend, network))  # what the run decided, once
     return config, shown, rows, prefill, RunDir(layout)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from trajforge.catalog.executors import EXECUTORS
-from trajforge.catalog.sandboxes import AUTO, NetworkMode, image_backend, network_refusal, runs_on_host
+from trajforge.catalog.sandboxes import AUTO, SANDBOXES, NetworkMode, image_backend, network_refusal, runs_on_host
 from trajforge.config import RunConfig
 from trajforge.errors import UsageError
 from trajforge.jsonio import loads
@@ -87,15 +87,43 @@ def choose_model(config: RunConfig) -> str:
     if should_use_local(settings, named=named) and not is_local_model(config.model):
         print("trajforge: no API key, no --base_url and no --model: using the bundled local model (--model "
               "local); set OPENROUTER_API_KEY or pass --base_url/--api_key to use an API", file=sys.stderr)
-        return "local"
-    if not is_local_model(config.model):
-        try:
-            endpoint(settings.base_url, api_key=settings.api_key)
-        except NoKey as e:
-            instead = (f" (--model {config.model} was named, so the bundled local model does not stand in for it: "
-                       "pass --model local for that)") if named and settings.base_url is None else ""
-            raise UsageError(f"{e}{instead}") from None
+        return _local_model(config, "local")
+    if is_local_model(config.model):
+        return _local_model(config, config.model)
+    try:
+        endpoint(settings.base_url, api_key=settings.api_key)
+    except NoKey as e:
+        instead = (f" (--model {config.model} was named, so the bundled local model does not stand in for it: "
+                   "pass --model local for that)") if named and settings.base_url is None else ""
+        raise UsageError(f"{e}{instead}") from None
     return config.model
+
+
+def _local_model(config: RunConfig, model: str) -> str:
+    """`model` (local[:path]) once its file and backend are there: a missing one is refused here,
+    before the start line, said once."""
+    from trajforge.model.factory import check_client
+
+    check_client(config.model_settings(model))
+    return model
+
+
+def check_endpoint(config: RunConfig, model: str) -> None:
+    """The model's endpoint answers (model.probe): a mistyped or down --base_url is refused here,
+    naming the URL (exit 2), instead of after every sample has spent its retries on it."""
+    from trajforge.model.factory import is_local_model
+    from trajforge.model.probe import unreachable
+    from trajforge.model.types import DEFAULT_BASE_URL
+
+    if config.agent == "oracle" or is_local_model(model):
+        return
+    if not EXECUTORS[config.executor].capabilities.in_process:
+        return  # the nodes make the calls: a loopback URL means each node's own server, not this one's
+    url = config.base_url or DEFAULT_BASE_URL
+    why = asyncio.run(unreachable(url, timeout=min(config.request_timeout, 10.0)))
+    if why is not None:
+        flag = "--base_url" if config.base_url else "the default endpoint (no --base_url)"
+        raise UsageError(f"{flag} {url} does not answer ({why}); check the URL and that the server is up")
 
 
 def check_network(settings: SandboxSettings) -> tuple[NetworkMode, SandboxSettings]:
@@ -126,6 +154,23 @@ def choose_backend(config: RunConfig, settings: SandboxSettings, rows: RunRows) 
               f"isolation, or pass --sandbox {kind} to accept it", file=sys.stderr)
     runs_images = image_backend().name
     return kind, f"{kind} (rows with an image: {runs_images})" if rows.with_image and kind != runs_images else kind
+
+
+def check_sandbox(config: RunConfig, settings: SandboxSettings) -> None:
+    """An explicit `--sandbox NAME` whose backend does not work here would let every sample spend a
+    model call and then fail as `sandbox`: refuse before any work, with what is broken (exit 2), as
+    an explicit egress that cannot be had is. `auto` picks a working one itself; the nodes of
+    another executor and the containers of --tasks are checked where they run."""
+    if config.sandbox == AUTO or config.tasks is not None or not EXECUTORS[config.executor].capabilities.in_process:
+        return
+    from trajforge.sandbox.factory import backend_status
+
+    spec = SANDBOXES[config.sandbox]
+    status = asyncio.run(backend_status(spec, settings))
+    if not status.usable:  # fix(): what is broken and how to repair it; else it is missing: install it
+        why = status.fix() or f"{status.detail}; {spec.capabilities.enable}".rstrip("; ")
+        raise UsageError(f"--sandbox {spec.name} cannot work here: {why}. `trajforge doctor` shows which sandboxes "
+                         "work here (--sandbox auto picks the best of them)")
 
 
 def check_executor(config: RunConfig) -> None:

@@ -19,5 +19,5 @@ The invariant every backend keeps, and the tests check from inside the helper
    /tmp, /dev/shm and workspace is made for one sample and destroyed after it (sandbox_pool.py makes
    them ahead of time, in the background).
 
-`local` is the exception by name: no isolation at all (the README says what it hides).
+`local` is the exception by name: no isolation at all (docs/sandboxes.md says what it hides).
 """

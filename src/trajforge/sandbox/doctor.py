@@ -75,6 +75,13 @@ def _limits() -> dict[str, dict[str, Any]]:
     }
 
 
+def enable_hint(spec: BackendSpec, status: BackendStatus) -> str | None:
+    """How to make backend `spec` usable here: repair what is installed but broken, else install it."""
+    if status.usable:
+        return None
+    return status.fix() or spec.capabilities.enable or None
+
+
 def _mark(ok: bool) -> str:
     return "usable    " if ok else "NOT usable"
 
@@ -97,8 +104,8 @@ def format_report(r: dict[str, Any], statuses: dict[str, BackendStatus]) -> str:
     if not n[NetworkMode.EGRESS]["usable"]:
         lines.append("to enable egress: run as root with slirp4netns and nftables installed")
     for spec in SANDBOXES.specs():
-        if not statuses[spec.name].usable and spec.capabilities.enable:
-            lines.append(f"to enable {spec.name}: {spec.capabilities.enable}")
+        if how := enable_hint(spec, statuses[spec.name]):
+            lines.append(f"to enable {spec.name}: {how}")
     return "\n".join(lines)
 
 

@@ -245,6 +245,9 @@ class PlainStatus:
     def doctor_lines(self) -> list[str]:
         return [self.detail]
 
+    def fix(self) -> str | None:
+        return None
+
 
 async def backend_status(spec: BackendSpec, settings: SandboxSettings) -> BackendStatus:
     """Whether backend `spec` works here, by its own probe (`status` capability)."""

@@ -339,6 +339,10 @@ class BackendStatus(Protocol):
     def doctor_lines(self) -> list[str]:
         """`doctor`'s text of this backend: the rest of its own line, then lines beneath it."""
 
+    def fix(self) -> str | None:
+        """How to make it work when it is installed but broken here; None when it is usable, or
+        missing (then its spec's `enable`, how to install it, is the way)."""
+
 
 def raise_reply(reply: dict[str, Any]) -> None:
     """Raise what an error reply of the helper protocol (fsops.reply_of) stands for; nothing for a

@@ -50,22 +50,18 @@ class SandboxSection(BaseModel):
     sandbox_network: Annotated[str, OneOf(network_choices, network_help)] = Field(_SETTINGS.network, description="{choices}")
     network: NetworkConfig = Field(default_factory=NetworkConfig, json_schema_extra=FILE_ONLY)
     keep_workspaces: bool = Field(_SETTINGS.keep_workspaces, description="keep each sample's workspace directory after it ends")
-    sandbox_memory: str = Field(size_text(_LIMITS.memory), pattern=SIZE_PATTERN, description="memory of one sample (bwrap: cgroup)",
-                                json_schema_extra=FILE_ONLY)
-    sandbox_tmp_size: str = Field(size_text(_LIMITS.tmp_size), pattern=SIZE_PATTERN, description="size of a sample's /tmp (tmpfs)",
-                                  json_schema_extra=FILE_ONLY)
-    sandbox_shm_size: str = Field(size_text(_LIMITS.shm_size), pattern=SIZE_PATTERN, description="size of a sample's /dev/shm",
-                                  json_schema_extra=FILE_ONLY)
-    sandbox_disk: str = Field(size_text(_LIMITS.disk), pattern=SIZE_PATTERN, description="bytes a sample may write to its workspace",
-                              json_schema_extra=FILE_ONLY)
-    sandbox_cpu_seconds: int | None = Field(_LIMITS.cpu_seconds, ge=1, le=10**7, description="CPU seconds per process of a command",
-                                            json_schema_extra=FILE_ONLY)
+    sandbox_memory: str = Field(size_text(_LIMITS.memory), pattern=SIZE_PATTERN,
+                                description="memory of one sample, e.g. 4g (bwrap: a cgroup); 0 turns the limit off")
+    sandbox_tmp_size: str = Field(size_text(_LIMITS.tmp_size), pattern=SIZE_PATTERN, description="size of a sample's /tmp (tmpfs)")
+    sandbox_shm_size: str = Field(size_text(_LIMITS.shm_size), pattern=SIZE_PATTERN, description="size of a sample's /dev/shm")
+    sandbox_disk: str = Field(size_text(_LIMITS.disk), pattern=SIZE_PATTERN,
+                              description="bytes a sample may write to its workspace, e.g. 10g (a disk of its own, "
+                              "as root); 0 turns the disk off")
+    sandbox_cpu_seconds: int | None = Field(_LIMITS.cpu_seconds, ge=1, le=10**7, description="CPU seconds per process of a command")
     sandbox_cpus: float | None = Field(_LIMITS.cpus, gt=0, le=4096,
-                                       description="CPUs one sample may keep busy (cgroup CPU quota)",
-                                       json_schema_extra=FILE_ONLY)
+                                       description="CPUs one sample may keep busy (cgroup CPU quota)")
     max_sandboxes: int = Field(_CONTAINER.max_sandboxes, ge=1, le=100_000, description="containers being created at once")
-    sandbox_nproc: int = Field(_SETTINGS.nproc, ge=16, le=PID_MAX, description="processes of one bwrap sample (enforced as root)",
-                               json_schema_extra=FILE_ONLY)
+    sandbox_nproc: int = Field(_SETTINGS.nproc, ge=16, le=PID_MAX, description="processes of one bwrap sample (enforced as root)")
     container_engine: Literal["auto", "podman", "docker"] = Field(
         _CONTAINER.engine, description="{choices}: engine of the container sandbox")
     container_image: str | None = Field(None, description="image of --sandbox container rows without an image",

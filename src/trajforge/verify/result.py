@@ -50,6 +50,17 @@ def combine(parts: list[Part]) -> dict[str, Any]:
             "method": method, "detail": detail, "error": None}
 
 
+def verdict(verification: Any) -> tuple[str, str | None]:
+    """A record's `verification` as one of four states, with the error kind of "error": "unverified"
+    (no verification, or the row asked for none), "error" (it could not run), "passed", "failed".
+    statistics.json counts records this way (runner.verify_stats) and the viewer shows them so."""
+    if not isinstance(verification, dict) or verification.get("method", "none") == "none":
+        return "unverified", None
+    if verification.get("error"):
+        return "error", str(verification["error"])
+    return ("passed" if verification.get("passed") is True else "failed"), None
+
+
 def passed(record: dict[str, Any] | None) -> bool:
     """Whether a trajectory record's verification passed (False for none, a fail or an error)."""
     v = (record or {}).get("verification")

@@ -75,11 +75,13 @@ class Columns:
     passed: array = field(default_factory=lambda: array("b"))  # -1: none
     score: array = field(default_factory=lambda: array("d"))  # nan: none
     task_type: array = field(default_factory=lambda: array("H"))  # task_types.values
+    verdict: array = field(default_factory=lambda: array("H"))  # verdicts.values
     text: bytearray = field(default_factory=bytearray)  # casefolded prompts, each followed by a NUL
     text_at: array = field(default_factory=lambda: array("Q"))  # where each record's prompt starts in `text`
     reasons: Codes[str] = field(default_factory=Codes)
     tool_sets: Codes[tuple[str, ...]] = field(default_factory=Codes)
     task_types: Codes[str] = field(default_factory=Codes)
+    verdicts: Codes[str] = field(default_factory=Codes)
 
     def __len__(self) -> int:
         return len(self.key)
@@ -105,6 +107,7 @@ class Columns:
         self.passed.append(-1 if e.passed is None else int(e.passed))
         self.score.append(_optf(e.score))
         self.task_type.append(self.task_types.number(e.task_type))
+        self.verdict.append(self.verdicts.number(e.verdict))
         self.text_at.append(len(self.text))
         self.text += e.prompt[:PROMPT_CAP].casefold().replace("\0", " ").encode() + b"\0"
 
@@ -123,7 +126,8 @@ class Columns:
                      turns=self.turns[i], tools=self.tool_sets.values[self.tools[i]] or (),
                      tool_calls=self.tool_calls[i], tool_failures=self.tool_failures[i], tokens=opt(self.tokens[i]),
                      cost=optf(self.cost[i]), passed=None if passed < 0 else bool(passed), score=optf(self.score[i]),
-                     task_type=self.task_types.values[self.task_type[i]], prompt=prompt[:PROMPT_CAP])
+                     task_type=self.task_types.values[self.task_type[i]], prompt=prompt[:PROMPT_CAP],
+                     verdict=self.verdicts.values[self.verdict[i]])
 
     def search(self, needle: str) -> set[int]:
         """The records whose prompt holds `needle`, case-insensitively."""

@@ -93,10 +93,11 @@ class DatasetRows:
                 if key in wanted:
                     try:
                         s = self.rows.sample(i, 0, f)
+                        task_type, prompt = s.task_type, s.prompt[:PROMPT_CAP]
                     except (OSError, DatasetError):
-                        continue  # the file changed since: no prompt to show
+                        task_type, prompt = None, ""  # the file changed since: its row, no prompt to show
                     for identity in wanted[key]:
-                        found[identity] = Row(i, s.task_type, s.prompt[:PROMPT_CAP])
+                        found[identity] = Row(i, task_type, prompt)
         return found
 
 

@@ -92,9 +92,11 @@ class RunIndex(Lookup):
         self._outcomes_made = 0  # times the outcomes were made: the order holds their numbers
         self.dataset: DatasetRows | None = None
         self.dataset_note: str | None = None
+        self.dataset_pending = False  # the dataset is being read (cli/view.py): figures may still change
         self._row_keys = array("Q")  # each record's row (runner.state.keys), for its task type in the dataset
         self._typed = 0  # records whose task type the dataset was asked for
-        self._rows_known: dict[str, Any] = {}  # identity -> dataset row, of samples without a record
+        self._rows_known: dict[str, Any] = {}  # identity -> dataset row (None: not in it), of samples without a record
+        self.outcomes_not_in_dataset = 0  # failed or discarded samples of rows the dataset no longer has
 
     def attach_dataset(self) -> None:
         """Read the run's dataset for what records and the checkpoint lack (before refresh, or at
@@ -121,9 +123,9 @@ class RunIndex(Lookup):
         return files or ([merged] if merged.exists() else [])
 
     def _reset(self) -> None:
-        dataset, note = self.dataset, self.dataset_note
+        dataset, note, pending = self.dataset, self.dataset_note, self.dataset_pending
         self.__init__(self.source)  # type: ignore[misc]
-        self.dataset, self.dataset_note = dataset, note
+        self.dataset, self.dataset_note, self.dataset_pending = dataset, note, pending
 
     def refresh(self, budget: float | None = None) -> bool:
         """Take in what was appended since the last call, for at most `budget` seconds (None: all of
@@ -271,6 +273,7 @@ class RunIndex(Lookup):
     def _rebuild_outcomes(self) -> None:
         samples = self.checkpoint.get("samples")
         self.outcomes = []
+        self.outcomes_not_in_dataset = 0
         self._outcomes_made += 1
         if not isinstance(samples, dict):
             return
@@ -279,10 +282,16 @@ class RunIndex(Lookup):
                 and info.get("status") in ("failed", "discarded") and key_of(identity) not in self._taken}
         unknown = [identity for identity in left if identity not in self._rows_known]
         if unknown and self.dataset is not None:  # one pass over the dataset's keys for all of them
+            self._rows_known.update(dict.fromkeys(unknown))
             self._rows_known.update(self.dataset.rows_of(unknown))
         for identity, info in left.items():  # (the others: a later attempt finished them)
-            entry = outcome_entry(identity, info, seq)
             row = self._rows_known.get(identity)
+            if row is None and self.dataset is not None:
+                # Its row was edited out of the dataset: the run no longer has this sample, and
+                # statistics.json does not count it (runner.report), so neither does the page.
+                self.outcomes_not_in_dataset += 1
+                continue
+            entry = outcome_entry(identity, info, seq)
             if row is not None:
                 entry.prompt_index, entry.task_type, entry.prompt = row.index, row.task_type, row.prompt
             self.outcomes.append(entry)

@@ -99,14 +99,21 @@ def histogram(values: list[int], bins: int = 12) -> list[dict[str, Any]]:
 
 
 def verification(entries: Entries) -> dict[str, Any] | None:
+    """The kept records' verification counted as statistics.json's `verification` counts it
+    (verify.result.verdict): passed, failed, errors by kind, unverified; None when none was verified."""
     cols, records, _ = entries.split()
-    kept = [i for i in records if cols.status[i] < 2 and cols.passed[i] >= 0]  # completed, partial
-    if not kept:
+    kept = [i for i in records if cols.status[i] < 2]  # completed, partial
+    labels = Counter(cols.verdicts.values[cols.verdict[i]] for i in kept)
+    errors = {str(k).partition(":")[2]: n for k, n in labels.items() if str(k).startswith("error:")}
+    passed, failed = labels.get("passed", 0), labels.get("failed", 0)
+    if not (passed or failed or errors):
         return None
-    passed = sum(1 for i in kept if cols.passed[i])
-    scores = [cols.score[i] for i in kept if not math.isnan(cols.score[i])]
-    return {"verified": len(kept), "passed": passed, "failed": len(kept) - passed,
-            "pass_rate": round(passed / len(kept), 4),
+    scores = [cols.score[i] for i in kept if cols.verdicts.values[cols.verdict[i]] in ("passed", "failed")
+              and not math.isnan(cols.score[i])]
+    return {"verified": passed + failed, "passed": passed, "failed": failed,
+            "pass_rate": round(passed / (passed + failed), 4) if passed + failed else None,
+            "errors": sum(errors.values()), "errors_by_kind": dict(sorted(errors.items())),
+            "unverified": labels.get("unverified", 0),
             "mean_score": round(sum(scores) / len(scores), 4) if scores else None}
 
 

@@ -127,6 +127,7 @@ class Viewer:
                     "failure_classes": list(FAILURE_CLASSES),
                     "run_name": config.get("run_name") or stats.get("run_name"),
                     "model": config.get("model") or stats.get("model"), "duplicates": ix.duplicates,
+                    "outcomes_not_in_dataset": ix.outcomes_not_in_dataset,
                     **invocation_settings(ix.checkpoint.get("invocations") or []),
                     "problems": ix.problems + ([ix.dataset_note] if ix.dataset_note else [])}
 
@@ -136,7 +137,7 @@ class Viewer:
         ix = self.index
         return {"generation": ix.generation, "live": ix.live(), "source": str(ix.source),
                 "kind": "run" if ix.run_dir is not None else "jsonl", "samples": len(ix.records) + len(ix.outcomes),
-                "indexing_bytes_left": ix.behind}
+                "indexing_bytes_left": ix.behind, "reading_dataset": ix.dataset_pending}
 
     def filtered(self, query: Query) -> list[Any]:
         return self._cached(("q", query), lambda: apply(query, self.index.entries()))

@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from trajforge.verify.result import verdict
+
 PROMPT_CAP = 4000  # characters of a prompt kept for the list and for search
 _CALL_NAME = re.compile(r'<tool_call>\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 
@@ -39,6 +41,9 @@ class Entry:
     task_type: str | None
     prompt: str  # the first human turn, capped at PROMPT_CAP characters
     attempts: int | None = None
+    # the record's verification as statistics.json counts it (verify.result.verdict): passed,
+    # failed, unverified or error:<kind>; None for a sample without a record
+    verdict: str | None = None
 
     def row(self) -> dict[str, Any]:
         """What the sample list shows of it (the prompt shortened)."""
@@ -46,7 +51,22 @@ class Entry:
                 "reason": self.reason, "message": self.message, "turns": self.turns, "tools": list(self.tools),
                 "tool_calls": self.tool_calls, "tool_failures": self.tool_failures, "tokens": self.tokens,
                 "cost": self.cost, "passed": self.passed, "score": self.score, "task_type": self.task_type,
-                "prompt": self.prompt[:300], "attempts": self.attempts, "has_record": self.file >= 0}
+                "prompt": self.prompt[:300], "attempts": self.attempts, "has_record": self.file >= 0,
+                "verification": verdict_view(self.verdict)}
+
+
+def verdict_label(verification: Any) -> str:
+    """One string for a record's verification state (verify.result.verdict): `error:<kind>` for an error."""
+    state, error = verdict(verification)
+    return f"error:{error}" if error is not None else state
+
+
+def verdict_view(label: str | None) -> dict[str, Any] | None:
+    """What the page gets of a verdict label: {state, error}."""
+    if label is None:
+        return None
+    state, _, error = label.partition(":")
+    return {"state": state, "error": error or None}
 
 
 def _int(v: Any) -> int | None:
@@ -102,7 +122,8 @@ def summarise(rec: dict[str, Any], *, key: str, seq: int, file: int, offset: int
                  prompt_index=_int(rec.get("prompt_index")), batch=_int(meta.get("batch_num")), status=status,
                  reason=None, message=None, turns=turns, tools=tools, tool_calls=calls, tool_failures=failures,
                  tokens=tokens, cost=_num(usage.get("cost")), passed=passed, score=_num(ver.get("score")),
-                 task_type=task_type_of(rec), prompt=str(prompt)[:PROMPT_CAP])
+                 task_type=task_type_of(rec), prompt=str(prompt)[:PROMPT_CAP],
+                 verdict=verdict_label(rec.get("verification")))
 
 
 def outcome_entry(identity: str, info: dict[str, Any], seq: int) -> Entry:

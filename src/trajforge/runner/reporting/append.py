@@ -7,7 +7,7 @@ trajectories.jsonl, and the run's figures go on from those the last merge kept (
 checkpoint). The file stays in dataset order while the new samples come after those already in
 it; when some come before (failed samples that a resume finished), a file under REWRITE_LIMIT is
 written anew in order instead, and a larger one gets them appended at its end (statistics.json's
-merge.out_of_order counts them; the README says how to get the order back).
+merge.out_of_order counts them; docs/user-guide.md, "Output", says how to get the order back).
 
 Crash safety: the append starts at the size the saved state names (cutting what a merge killed
 before its state was saved appended), is fsynced, and is cut back when it fails (disk full), so

@@ -75,7 +75,7 @@ def finish(config: RunConfig, rows: RunRows, checkpoint: Checkpoint, invocation:
               "batch files but not in trajectories.jsonl", file=sys.stderr)
     if state.get("out_of_order"):
         print(f"trajforge: {state['out_of_order']} record(s) of trajectories.jsonl follow records that come after "
-              "them in the dataset (appended by a resume, not rewritten: the README's Output section says how to "
+              "them in the dataset (appended by a resume, not rewritten: docs/user-guide.md, 'Output', says how to "
               "get the order back)", file=sys.stderr)
     path = checkpoint.layout.statistics
     try:

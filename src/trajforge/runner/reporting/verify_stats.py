@@ -20,7 +20,7 @@ from typing import Any
 from trajforge.dataset import split_rollout
 from trajforge.runner.reporting.figures import PassAtK, RowFigures, TaskTypeFigures, VerifyFigures, usd
 from trajforge.verify.passk import mean_pass_at_k_counted
-from trajforge.verify.result import ERROR_KINDS
+from trajforge.verify.result import ERROR_KINDS, verdict
 
 NO_TASK_TYPE = "(none)"
 _ROW_LIMIT = 1 << 31  # prompt indexes past this (or none) are rows of `irregular`
@@ -68,15 +68,16 @@ class VerifyTotals:
             at = self.irregular.setdefault(row_id, [int(index) if isinstance(index, int) else -1, 0, 0, 0])
         self._bump(at, index, 0)
         v = rec.get("verification")
-        if not isinstance(v, dict) or v.get("method", "none") == "none":
+        state, error = verdict(v)
+        if state == "unverified":
             self.unverified += 1
             return
         name = (task_type if typed else self.task_types.get(row_id)) or NO_TASK_TYPE
         tt = self.by_type.setdefault(name, [0, 0, 0])
-        if v.get("error"):
-            self.errors[str(v["error"])] += 1
+        if state == "error":
+            self.errors[str(error)] += 1
             tt[2] += 1
-        elif v.get("passed") is True:
+        elif state == "passed":
             self.passed += 1
             tt[0] += 1
             self._bump(at, index, 1)
@@ -85,7 +86,7 @@ class VerifyTotals:
             self.failed += 1
             tt[1] += 1
             self._bump(at, index, 2)
-            if v.get("failure"):
+            if isinstance(v, dict) and v.get("failure"):
                 self.failures[str(v["failure"])] += 1
 
     def _bump(self, at: list[int] | None, index: int, which: int) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from trajforge.config import RunConfig
 from trajforge.errors import UsageError
 from trajforge.model.client import DEFAULT_BASE_URL
-from trajforge.model.pricing import price_known
+from trajforge.model.pricing import COST_REPORTING_HOSTS, price_known
 from trajforge.runner.scheduling.budget import Budget
 from trajforge.runner.state.checkpoint_file import InvocationEntry
 
@@ -27,10 +27,13 @@ def check_prices(config: RunConfig, model: str) -> None:
     settings = config.model_settings()
     url = settings.base_url or DEFAULT_BASE_URL
     if not price_known(model, url, settings.pricing):
+        # Whether this endpoint puts a cost in its replies cannot be known before a call: say what
+        # trajforge relies on, not that the endpoint lacks it (a proxy may well report one).
         raise UsageError(
-            f"--{flags[0]} needs the price of model {model!r}: {url} does not report the cost of "
-            f"its calls. Add it to the --config file: pricing: {{{json.dumps(model)}: {{prompt: USD_PER_MTOK, "
-            "completion: USD_PER_MTOK}}")
+            f"--{flags[0]} needs the price of model {model!r} before the run starts: trajforge relies on "
+            f"a reply's own cost only from {' or '.join(COST_REPORTING_HOSTS)}, and the --config file's pricing "
+            f"table has no entry for this model at {url}. Add one: pricing: {{{json.dumps(model)}: "
+            "{prompt: USD_PER_MTOK, completion: USD_PER_MTOK}}")
 
 
 def budget_for(config: RunConfig, invocations: Iterable[InvocationEntry], to_run: int,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 VERSION = 2
 
@@ -75,6 +75,24 @@ class CheckpointFile(_Entry):
     samples: dict[str, SampleEntry] = {}  # version 2: failed and discarded samples only
     invocations: list[InvocationEntry] = []
     merge: dict[str, Any] | None = None  # runner.reporting.merge's state
+
+    @model_validator(mode="after")
+    def _whole(self) -> CheckpointFile:
+        """Every writer of a version wrote these keys: a file without one (`{"version": 2}` alone, a
+        hand-edited or half-copied one) is not a checkpoint, and used as one it would lose the
+        run's failed and discarded samples and its spend without a word."""
+        missing = [k for k in WRITTEN[self.version] if k not in self.model_fields_set]
+        if missing:
+            raise ValueError(f"no {', '.join(repr(k) for k in missing)}: every checkpoint.json of version "
+                             f"{self.version} has {'them' if len(missing) > 1 else 'it'}")
+        return self
+
+
+# The keys every writer of each version wrote (runner.checkpoint's compact, for version 2).
+WRITTEN: dict[int, tuple[str, ...]] = {
+    1: ("samples", "invocations"),
+    2: ("run_name", "journal", "finished", "extents", "samples", "invocations"),
+}
 
 
 def plain_done(data: Any) -> set[str]:

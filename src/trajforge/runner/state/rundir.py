@@ -59,7 +59,7 @@ class RunDir:
             if not overwrite:
                 self.release()
                 raise RunStateError(f"{self.path} already holds results of run '{self.path.name}': "
-                                    "pass --resume to continue it, or --overwrite to delete it and start over")
+                                    "pass --resume to continue it, or --overwrite to delete its results and start over")
             self._wipe()
 
     def _wipe(self) -> None:

@@ -1,4 +1,4 @@
-"""The ten `browser` tools (README, "Toolsets and distributions"), each a thin action on the sample's current page.
+"""The ten `browser` tools (docs/user-guide.md, "Toolsets and distributions"), each a thin action on the sample's current page.
 
 Every call runs under the sample's session lock and an overall deadline, on top of Playwright's
 own navigation/action timeouts (page scripts can hang `evaluate`). The tools' own scripts run in

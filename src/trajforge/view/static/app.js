@@ -69,8 +69,9 @@ function setStatus(s) {
   // a big run is read behind the first page: the list and figures grow until it is all in
   const left = s.indexing_bytes_left || 0;
   const reading = document.getElementById('indexing');
-  reading.textContent = left ? 'reading the run: ' + fmt(Math.ceil(left / 1e6)) + ' MB left' : '';
-  reading.hidden = !left;
+  reading.textContent = left ? 'reading the run: ' + fmt(Math.ceil(left / 1e6)) + ' MB left'
+    : s.reading_dataset ? 'reading the dataset' : '';
+  reading.hidden = !left && !s.reading_dataset;
   generation = s.generation;
 }
 
@@ -147,14 +148,27 @@ function taskTable(t) {
   return el('section', {class: 'chart', id: 'tasks'}, el('h3', {text: 'Rewards by task'}), el('table', {class: 'samples'}, head, ...rows));
 }
 
-// A task's verification: reward, the metrics of reward.json, or the error; what the agent tampered
-// with; the test script's output and the files it wrote under /logs/verifier/.
-function verifyView(v, logs) {
-  const state = v.error ? 'error: ' + v.error : v.failure ? 'failed (' + v.failure + ')' : v.passed ? 'passed' : 'failed';
-  const reward = v.reward != null ? ' · reward ' + v.reward : '';
+// A record's verification state, as statistics.json counts it (the server's verdict: passed, failed,
+// error with its kind, or unverified): its words, and the class that colours it.
+const VERDICTS = {passed: ['passed', 'pass'], failed: ['failed', 'fail'], error: ['error', 'err'], unverified: ['not verified', 'none']};
+
+function verdictWords(s) {
+  if (!s) return ['–', 'none'];
+  const [words, cls] = VERDICTS[s.state] || [s.state, 'none'];
+  return [s.state === 'error' && s.error ? words + ' (' + s.error + ')' : words, cls];
+}
+
+// The verification banner under the conversation: for a task, its reward, the metrics of
+// reward.json, the verifier's mode, what the agent tampered with, the test script's output and the
+// files it wrote under /logs/verifier/; for a dataset row, its state, score and method.
+function verifyView(v, s, logs) {
+  const [words, cls] = verdictWords(s);
+  const state = s && s.state === 'failed' && v.failure ? words + ' (' + v.failure + ')' : words;  // sabotage: its kind
+  const extra = v.method === 'tests' ? (v.reward != null ? ' · reward ' + v.reward : '')
+    : (v.score != null ? ' · score ' + v.score : '') + (v.method && v.method !== 'none' ? ' · ' + v.method : '');
   const mode = v.isolation ? ' · ' + v.isolation + ' verifier' : '';
-  const box = el('section', {class: 'turn verify ' + (v.passed ? 'pass' : 'fail'), id: 'verification'},
-    el('div', {class: 'th', text: 'Verification: ' + state + reward + mode}));
+  const box = el('section', {class: 'turn verify ' + cls, id: 'verification', 'data-verdict': s ? s.state : ''},
+    el('div', {class: 'th', text: 'Verification: ' + state + extra + mode}));
   if (v.rewards && Object.keys(v.rewards).length > 1)
     box.append(el('p', {class: 'rewards', text: Object.entries(v.rewards).map(([k, x]) => k + ' ' + x).join(' · ')}));
   const tests = v.detail && v.detail.tests;
@@ -190,9 +204,14 @@ async function renderOverview(main) {
     figure('samples / min', f.throughput_samples_per_minute ?? null, fmt(f.throughput_samples_per_minute), 'throughput_samples_per_minute'),
     figure('duration', f.duration_seconds ?? null, f.duration_seconds == null ? '–' : f.duration_seconds.toFixed(1) + ' s', 'duration_seconds'),
     figure('reasoning coverage', f.reasoning.coverage, pct(f.reasoning.coverage), 'reasoning.coverage'));
-  if (o.verification) {
+  if (o.verification) {  // counted as statistics.json counts them: errors and unverified records apart
     const v = o.verification;
     figs.append(figure('verification pass rate', v.pass_rate, pct(v.pass_rate) + ' of ' + fmt(v.verified), 'verification.pass_rate'));
+    figs.append(figure('passed', v.passed, fmt(v.passed), 'verification.passed'));
+    figs.append(figure('failed verification', v.failed, fmt(v.failed), 'verification.failed'));
+    const kinds = Object.entries(v.errors_by_kind).map(([k, n]) => k + ' ' + fmt(n)).join(', ');
+    figs.append(figure('verification errors' + (kinds ? ' (' + kinds + ')' : ''), v.errors, fmt(v.errors), 'verification.errors'));
+    figs.append(figure('not verified', v.unverified, fmt(v.unverified), 'verification.unverified'));
     if (v.mean_score !== null) figs.append(figure('mean score', v.mean_score, v.mean_score.toFixed(3), 'verification.mean_score'));
   }
   if (f.token_capture) figs.append(figure('prefix integrity', f.token_capture.prefix_integrity, pct(f.token_capture.prefix_integrity), 'token_capture.prefix_integrity'));
@@ -214,6 +233,8 @@ async function renderOverview(main) {
   if (f.tasks) notes.append(taskTable(f.tasks));
   const stale = o.statistics && o.statistics.merge && o.statistics.merge.not_in_dataset;
   if (stale) notes.append(el('p', {class: 'muted', text: stale + ' finished sample(s) are no longer in the dataset: listed and counted here, left out of trajectories.jsonl and statistics.json'}));
+  if (o.outcomes_not_in_dataset) notes.append(el('p', {class: 'muted', id: 'outcomes_not_in_dataset', text: o.outcomes_not_in_dataset +
+    ' failed or discarded sample(s) of rows no longer in the dataset: left out here, as statistics.json leaves them out'}));
   if (o.duplicates) notes.append(el('p', {class: 'muted', text: o.duplicates + ' duplicate record(s) ignored (the first one of a sample counts)'}));
   for (const c of o.settings_changes || [])  // a resume with another model or settings: the run mixes them
     notes.append(el('p', {class: 'warn-text', id: 'settings_change', text: 'invocation ' + c.invocation + ' changed ' +
@@ -245,9 +266,12 @@ function statusBadge(e) {
 }
 
 function verdict(e) {
-  if (e.passed === null || e.passed === undefined) return '–';
-  return el('span', {class: e.passed ? 'pass' : 'fail',
-    text: (e.passed ? '✓ pass' : '✗ fail') + (e.score !== null ? ' ' + Number(e.score).toFixed(2) : '')});
+  const s = e.verification;
+  if (!s) return '–';
+  const [words, cls] = verdictWords(s);
+  const mark = {passed: '✓ ', failed: '✗ ', error: '⚠ '}[s.state] || '';
+  const score = (s.state === 'passed' || s.state === 'failed') && e.score !== null ? ' ' + Number(e.score).toFixed(2) : '';
+  return el('span', {class: 'verdict ' + cls, 'data-verdict': s.state, text: mark + words + score});
 }
 
 let searchTimer = null;
@@ -388,12 +412,13 @@ function metaTable(d) {
   if (r.task) rows.push(['task', r.task.name + ' (' + r.task.path + ')'], ['task metadata', JSON.stringify(r.task.metadata)]);
   if (r.verification && r.verification.method === 'tests') {
     const v = r.verification;
-    rows.push(['reward', v.reward == null ? 'none (' + v.error + ')' : String(v.reward) + (v.passed ? ' · passed' : ' · failed') + (v.failure ? ' (' + v.failure + ')' : '')]);
+    rows.push(['reward', v.reward == null ? 'none (' + v.error + ')' : String(v.reward) + ' · ' + verdictWords(e.verification)[0] + (v.failure ? ' (' + v.failure + ')' : '')]);
     if (v.tampered && v.tampered.length) rows.push(['tampered', (v.tampered_count || v.tampered.length) + ' change(s) to what the tests depend on']);
   } else if (r.verification) {
     const v = r.verification;
-    rows.push(['verification', (v.passed ? 'passed' : 'failed') + (v.score != null ? ' · score ' + v.score : '') + (v.method ? ' · ' + v.method : '')]);
-    if (v.detail) rows.push(['verification detail', typeof v.detail === 'string' ? v.detail : JSON.stringify(v.detail)]);
+    rows.push(['verification', verdictWords(e.verification)[0] + (v.score != null ? ' · score ' + v.score : '') +
+      (v.method && v.method !== 'none' ? ' · ' + v.method : '')]);
+    if (v.detail && Object.keys(v.detail).length) rows.push(['verification detail', typeof v.detail === 'string' ? v.detail : JSON.stringify(v.detail)]);
   }
   return el('table', {class: 'meta'}, rows.filter(([, v]) => v !== null && v !== undefined && v !== '')
     .map(([k, v]) => el('tr', {}, el('th', {text: k}), el('td', {text: v}))));
@@ -409,12 +434,7 @@ async function renderSample(main, params) {
   let n = 0;
   for (const t of d.turns || []) turns.append(turnView(t, t.kind === 'gpt' ? ++n : n));
   if (!d.turns) turns.append(el('p', {class: 'muted', text: 'No trajectory was saved for this sample.'}));
-  if (d.record && d.record.verification && d.record.verification.method === 'tests') {
-    turns.append(verifyView(d.record.verification, d.verifier_logs));
-  } else if (d.record && d.record.verification) {
-    const v = d.record.verification;
-    turns.append(el('section', {class: 'turn verify ' + (v.passed ? 'pass' : 'fail')}, el('div', {class: 'th', text: 'Verification: ' + (v.passed ? 'passed' : 'failed')})));
-  }
+  if (d.record && d.record.verification) turns.append(verifyView(d.record.verification, d.entry.verification, d.verifier_logs));
   main.replaceChildren(nav, metaTable(d), turns);
   window.scrollTo(0, 0);
 }

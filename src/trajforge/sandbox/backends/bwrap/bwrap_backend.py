@@ -56,6 +56,15 @@ class BwrapStatus:
     def doctor_lines(self) -> list[str]:
         return [f"{self.path or '-'}: {self.detail}{self.note()}"]
 
+    def fix(self) -> str | None:
+        if self.usable or self.path is None:
+            return None  # usable, or not installed: the spec's `enable` says how to install it
+        how = ("the kernel or a security policy (AppArmor, SELinux, a container this runs in) refuses its "
+               "namespaces" if self.mode == "root" else
+               "unprivileged user namespaces are off (sysctl kernel.unprivileged_userns_clone / "
+               "user.max_user_namespaces) or refused by a security policy; or run trajforge as root")
+        return f"{self.path} is installed but its test sandbox failed ({self.detail}): {how}"
+
 
 async def probe() -> BwrapStatus:
     """Whether bwrap works here, by starting a real sandbox. Not cached: the run's provider keeps

@@ -57,6 +57,7 @@ class Engine:
 class EngineStatus:
     engine: Engine | None
     reasons: dict[str, str]  # engine kind -> why it is not usable (or how it is set up)
+    binaries: dict[str, str] = field(default_factory=dict)  # engine kind -> its program, when found
 
 
 def engine_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -155,17 +156,19 @@ async def detect(choice: str = "auto", refresh: bool = False) -> EngineStatus:
     if choice in _cache and not refresh:
         return _cache[choice]
     reasons: dict[str, str] = {}
+    binaries: dict[str, str] = {}
     chosen: Engine | None = None
     for kind in (("podman", "docker") if choice == "auto" else (choice,)):
         binary = shutil.which(kind, path=os.environ.get("PATH", SAFE_PATH) + os.pathsep + SAFE_PATH)
         if binary is None:
             reasons[kind] = f"{kind} not found on PATH"
             continue
+        binaries[kind] = binary
         engine, reasons[kind] = await (_podman(binary) if kind == "podman" else _docker(binary))
         if engine is not None:
             chosen = engine
             break
-    _cache[choice] = EngineStatus(chosen, reasons)
+    _cache[choice] = EngineStatus(chosen, reasons, binaries)
     return _cache[choice]
 
 

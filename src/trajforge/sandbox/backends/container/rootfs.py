@@ -25,7 +25,7 @@ writes the archive's ids as host ids (ContainerTaskSandbox.upload shifts them, i
 
 Elsewhere (Docker, rootless Podman, no loop devices, SELinux enforcing, a kernel or filesystem
 without idmapped overlay layers) a container runs on the engine's layer as before, its own
-filesystem unlimited (one warning a run; the README lists the cases).
+filesystem unlimited (one warning a run; docs/sandboxes.md lists the cases).
 
 The cache: `<trajforge cache>/rootfs/<image ID>` (0700, root's: an image's setuid files keep their
 owners there), made under a temporary name and renamed, so a killed runner leaves at worst a

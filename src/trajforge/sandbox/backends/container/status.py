@@ -21,6 +21,9 @@ from trajforge.sandbox.network import EgressSupport
 from trajforge.sandbox.sandbox_settings import SandboxSettings
 
 ENGINES = ("podman", "docker")  # what `container_engine: auto` tries, in this order
+# What to do about an engine found on PATH that does not work (its own check says why).
+REPAIR = {"podman": "run `podman info` to see why and fix Podman's setup (storage, runtime, /etc/containers)",
+          "docker": "start its daemon, or point DOCKER_HOST at one"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,15 @@ class ContainerStatus:
         return {"usable": self.usable, "engine": self.engine, "engines": self.engines, "isolation": self.isolation(),
                 "storage": self.storage.row() if self.storage is not None else None}
 
+    def fix(self) -> str | None:
+        """What to repair in each engine that is installed but does not work (installing another
+        is not the way)."""
+        if self.usable:
+            return None
+        broken = [f"{kind} is installed ({e['binary']}) but does not work ({e['detail']}): {REPAIR[kind]}"
+                  for kind, e in self.engines.items() if e.get("binary")]
+        return "; ".join(broken) or None
+
     def doctor_lines(self) -> list[str]:
         lines = [f"engine: {self.engine or 'none'}"]
         for kind, e in self.engines.items():
@@ -80,8 +92,9 @@ async def status(settings: SandboxSettings) -> ContainerStatus:
     for kind in ENGINES if choice == "auto" else (choice,):
         found = await detect(kind)
         engines[kind] = {"usable": found.engine is not None, "detail": found.reasons.get(kind, "")}
+        if kind in found.binaries:  # installed, usable or not
+            engines[kind]["binary"] = found.binaries[kind]
         if found.engine is not None:
-            engines[kind]["binary"] = found.engine.binary
             engines[kind]["conf"] = found.engine.env.get("CONTAINERS_CONF")
             chosen = chosen or kind
     detail = f"engine: {chosen}" if chosen else "; ".join(f"{k}: {e['detail']}" for k, e in engines.items())
