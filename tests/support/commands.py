@@ -23,12 +23,15 @@ def trajforge_argv(*args: object) -> list[str]:
     return [sys.executable, "-m", "trajforge", *map(str, args)]
 
 
-def make_recipe(*words: str) -> list[str]:
-    """The words of what `make WORDS` would run (make's own dry run), with this interpreter's venv;
-    [] when make refuses."""
+def make_recipe(*words: str) -> list[list[str]]:
+    """The commands `make WORDS` would run (make's own dry run), each as its words, with this
+    interpreter's venv; [] when make refuses."""
     proc = subprocess.run(["make", "-n", "-f", str(REPO / "Makefile"), *words, f"VENV={sys.prefix}", "STAMP="],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
-    return shlex.split(proc.stdout.replace("\\\n", " "), comments=True) if proc.returncode == 0 else []
+    if proc.returncode != 0:
+        return []
+    lines = proc.stdout.replace("\\\n", " ").splitlines()
+    return [words for words in (shlex.split(line, comments=True) for line in lines) if words]
 
 
 def user_env() -> dict[str, str]:
