@@ -29,7 +29,8 @@ MARK = "/app/ran-inside"  # what the replaced shells write when anything runs th
 # Replaces every shell of the image with one that leaves a mark and exits 0 (the real bash kept
 # aside to interpret it), after starting an orphaned loop (the container's init its parent) that
 # keeps planting a reward; a background job (an `exec` of its own: the engine's child) loops too.
-LOOP = "while :; do mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt; done"
+# The reward is written beside and renamed into place, so that a read never meets it truncated.
+LOOP = "while :; do mkdir -p /logs/verifier; echo 1 > /logs/verifier/.r; mv -f /logs/verifier/.r /logs/verifier/reward.txt; done"
 HOSTILE = (
     "cp /usr/bin/bash /usr/bin/.b && "
     f"(/usr/bin/.b -c '{LOOP}' >/dev/null 2>&1 < /dev/null &) && until [ -s /logs/verifier/reward.txt ]; do :; done && "
