@@ -44,3 +44,23 @@ def test_only_the_wanted_paths_are_listed(tmp_path: Path) -> None:
     _tree(upper, {"bin/sh": "agent", "app/out.txt": "agent"})
     assert [(c.kind, c.path) for c in overlay_changes(lower, upper, lambda p: p.startswith("/bin/"))] == \
         [("C", "/bin/sh")]
+
+
+def test_a_directory_swapped_for_a_link_during_the_walk_leads_nowhere(tmp_path: Path) -> None:
+    """A process of the sample still running could swap a directory the walk has listed for a
+    link to a host directory before the walk goes into it: the walk opens each level from its
+    parent's descriptor without following a link, so it lists the host directory's files never.
+    (A walk that opened `upper/deep` by its path listed /deep/host-secret.)"""
+    lower, upper, host = tmp_path / "lower", tmp_path / "upper", tmp_path / "host"
+    _tree(upper, {"deep/mine.txt": "agent"})
+    _tree(host, {"host-secret": "host"})
+
+    def swap_when_listed(path: str) -> bool:
+        if path == "/deep":  # noted while its parent is read, before the walk goes into it
+            (upper / "deep").rename(upper / "moved")
+            os.symlink(host, upper / "deep")
+        return True
+
+    changes = {(c.kind, c.path) for c in overlay_changes(lower, upper, swap_when_listed)}
+    assert ("A", "/deep") in changes
+    assert not any("host-secret" in p for _, p in changes), changes
