@@ -22,6 +22,13 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# Under `make test` the suite inherits make's MAKELEVEL and MAKEFLAGS, and every `make` a test runs
+# (the README's commands, dry runs of a recipe) would act as a sub-make: it prints "make[1]:
+# Entering directory ..." among its output. The tests run make as a user's shell does.
+for _var in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS"):
+    os.environ.pop(_var, None)
+
+
 @pytest.fixture
 def server() -> Iterator[ScriptedServer]:
     with ScriptedServer() as srv:

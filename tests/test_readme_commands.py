@@ -51,6 +51,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.conftest import REPO
+from tests.support.commands import make_dry_run
 from tests.support.docs import documents
 from tests.support.policies import echo_policy
 from tests.support.scripted_server import ScriptedServer
@@ -202,7 +203,7 @@ def plan(cmd: Command, server_url: str, clone: Path = REPO) -> Plan:
 
 def demo_recipe(server_url: str, clone: Path) -> str:
     """What `make demo` runs (make's own dry run, in the clone), on the scripted server."""
-    proc = subprocess.run(["make", "-n", "demo", "STAMP="], cwd=clone, capture_output=True, text=True, timeout=60)
+    proc = make_dry_run(clone, "demo", "STAMP=")
     assert proc.returncode == 0, proc.stderr
     recipe = proc.stdout.replace("\\\n", " ")
     assert "--model=local" in recipe, recipe

@@ -23,11 +23,17 @@ def trajforge_argv(*args: object) -> list[str]:
     return [sys.executable, "-m", "trajforge", *map(str, args)]
 
 
+def make_dry_run(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`make -n ARGS` in `directory`: the recipe make would run, printed, not run (never a
+    "make[1]: Entering directory" line among it, whoever started the tests: tests/conftest.py)."""
+    return subprocess.run(["make", "-n", "--no-print-directory", *args], cwd=directory,
+                          capture_output=True, text=True, timeout=60)
+
+
 def make_recipe(*words: str) -> list[list[str]]:
     """The commands `make WORDS` would run (make's own dry run), each as its words, with this
     interpreter's venv; [] when make refuses."""
-    proc = subprocess.run(["make", "-n", "-f", str(REPO / "Makefile"), *words, f"VENV={sys.prefix}", "STAMP="],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    proc = make_dry_run(REPO, "-f", str(REPO / "Makefile"), *words, f"VENV={sys.prefix}", "STAMP=")
     if proc.returncode != 0:
         return []
     lines = proc.stdout.replace("\\\n", " ").splitlines()
