@@ -24,7 +24,7 @@ import secrets
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -217,17 +217,40 @@ def assert_bounded(got: Measured) -> None:
     assert got.delivered <= 1.2 * (flood + lookups) + 100, (got.delivered, flood, lookups)
 
 
+ATTEMPTS = 3
+
+
+def fair_in_one_of(attempts: int, take: Callable[[], Measured]) -> Measured:
+    """The first of up to `attempts` measurements that `assert_fair` accepts; the last one's
+    failure if none is.
+
+    A host's load spike (a second test suite, a compiler on a shared 2-core machine) can fall on a
+    round's flood half and miss its control half, and then one measurement fails with the
+    forwarder fair. Noise only ever makes a lookup slower: it cannot make a starving forwarder
+    look fair, which starves the victim in every measurement (the mutation checks below take one
+    measurement, and fail it)."""
+    for attempt in range(1, attempts + 1):
+        got = take()
+        try:
+            assert_fair(got)
+        except AssertionError:
+            if attempt == attempts:
+                raise
+            continue
+        return got
+    raise AssertionError("no attempt")  # attempts >= 1
+
+
 @needs_net_admin
 def test_a_sample_flooding_from_four_processes_starves_no_other_and_costs_the_forwarder_little() -> None:
-    got = one_flooder()
-    assert_fair(got)
+    got = fair_in_one_of(ATTEMPTS, one_flooder)
     assert_bounded(got)
     assert got.cpu < 0.25 * got.flooding, got  # before: the flood kept it busy on a whole CPU
 
 
 @needs_net_admin
 def test_sixteen_colluding_samples_deny_no_other() -> None:
-    assert_fair(colluders())
+    fair_in_one_of(ATTEMPTS, colluders)
 
 
 def unfair_source(root: Path) -> Path:
