@@ -44,3 +44,14 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     env["PYTHONPATH"] = str(REPO / "src")
     return env
 
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The task images only this session built go with it (tests.support.tasks)."""
+    import shutil
+    import sys
+
+    tasks = sys.modules.get("tests.support.tasks")
+    podman = shutil.which("podman")
+    if tasks is not None and podman is not None:
+        tasks.remove_session_images(podman)

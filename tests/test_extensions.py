@@ -135,9 +135,9 @@ def test_a_backend_that_runs_images_runs_a_harbor_task(tmp_path: Path, relay_bac
     """A registered backend that runs images gets the task's build, its sandbox, the oracle and the
     tests: the task layer reaches it through the interface alone (every call is a RelaySandbox's)."""
     from tests.support import relay_backend
-    from tests.support.tasks import REWARD_IF, write_task
+    from tests.support.tasks import REWARD_IF, unique_nonce, write_task
 
-    task = write_task(tmp_path / "tasks", "relayed", nonce=str(tmp_path), solve_sh="echo done > /app/out.txt\n",
+    task = write_task(tmp_path / "tasks", "relayed", nonce=unique_nonce(), solve_sh="echo done > /app/out.txt\n",
                       test_sh=REWARD_IF.format(cond="[ \"$(cat /app/out.txt)\" = done ]"))
     relay_backend.CALLS.clear()
     code = cli.main(["run", f"--tasks={task}", "--agent=oracle", "--sandbox=relay", "--sandbox_network=none",

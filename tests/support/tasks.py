@@ -4,6 +4,11 @@ The base image is the example tasks' (examples/tasks/base_image.py): this host's
 grep, sed and findutils imported as `localhost/trajforge-example-base:latest`, made once per test
 session, without a registry. `write_task` lays out a Harbor-format task; a `nonce` in its build
 context makes its image new to this session (so a test sees it built), or shared between tasks.
+
+An image only this session can have built (its nonce or Dockerfile holds `unique_nonce()`'s token)
+carries the label `trajforge.test-session=<token>`, and `remove_session_images` removes those when
+the session ends (tests/conftest.py): a suite leaves the host's engine no image of its own, and
+never touches one a suite running beside it may use.
 """
 
 from __future__ import annotations
@@ -25,6 +30,28 @@ from tests.support.scripted_server import Recorded, Reply, chat, tool_call
 from trajforge.sandbox.backends.container.engine import Engine
 
 EXAMPLES = REPO / "examples" / "tasks"
+SESSION = uuid.uuid4().hex[:16]  # in every nonce of unique_nonce(): images only this session builds
+SESSION_LABEL = "trajforge.test-session"
+_labelled = False  # whether a task of this session's own was written
+
+
+def unique_nonce() -> str:
+    """A nonce no other test and no other session uses: its task's image is this session's alone."""
+    return f"{SESSION}-{uuid.uuid4().hex[:12]}"
+
+
+def remove_session_images(binary: str) -> list[str]:
+    """Remove the images this session labelled as its own (none if it wrote no such task); an
+    image a container still uses stays (`rmi` without --force). The ids `rmi` named."""
+    if not _labelled:
+        return []
+    found = subprocess.run([binary, "images", "-q", "--filter", f"label={SESSION_LABEL}={SESSION}"],
+                           capture_output=True, text=True, timeout=600)
+    ids = sorted(set(found.stdout.split()))
+    if found.returncode != 0 or not ids:
+        return []
+    subprocess.run([binary, "rmi", *ids], capture_output=True, text=True, timeout=600)
+    return ids
 
 
 def _base_module():  # type: ignore[no-untyped-def]
@@ -76,6 +103,10 @@ def write_task(root: Path, name: str, *, test_sh: str, instruction: str | None =
     (task / "tests").mkdir()
     (task / "task.toml").write_text(f'[task]\nname = "{name}"\n{toml}')
     (task / "instruction.md").write_text(instruction or f"task {name}: do what the tests want.\n")
+    if SESSION in (nonce or "") + dockerfile:
+        global _labelled
+        _labelled = True
+        dockerfile = f"{dockerfile.rstrip(chr(10))}\nLABEL {SESSION_LABEL}={SESSION}\n"
     (task / "environment" / "Dockerfile").write_text(dockerfile)
     if nonce is not None:
         (task / "environment" / "nonce.txt").write_text(nonce)

@@ -34,7 +34,7 @@ from tests.conftest import cli
 from tests.support.images import podman  # noqa: F401 (fixture)
 from tests.support.python_image import python_base  # noqa: F401 (fixture)
 from tests.support.scripted_server import ScriptedServer
-from tests.support.tasks import EXAMPLES, scripted_agent, task_base, write_task  # noqa: F401 (fixture)
+from tests.support.tasks import EXAMPLES, scripted_agent, task_base, unique_nonce, write_task  # noqa: F401 (fixture)
 from trajforge.sandbox.backends.container.engine import Engine
 from trajforge.sandbox.host.disk import disk_usable
 
@@ -110,7 +110,7 @@ def test_a_hostile_agent_in_default_and_sealed_mode(tmp_path: Path, server: Scri
                                                      clean_env: dict[str, str], podman: Engine,
                                                      python_base: str) -> None:
     server.handler = agent_policy
-    tasks = attack_tasks(tmp_path / "tasks", uuid.uuid4().hex)
+    tasks = attack_tasks(tmp_path / "tasks", unique_nonce())
     (tmp_path / "cfg.yaml").write_text("container_pids_limit: 256\n")  # what the fork bomb fills
     common = ["--tasks", str(tasks), "--base_url", server.url, "--model", "scripted", "--distribution",
               "terminal_only", "--num_workers", "3", "--container_engine", "podman", "--config", "cfg.yaml"]
@@ -226,7 +226,7 @@ def test_tasks_prune_removes_only_what_this_user_built(tmp_path: Path, clean_env
     from trajforge.sandbox.sandbox_settings import ContainerSettings, SandboxSettings
     from trajforge.tasks.environment import prune
 
-    task = write_task(tmp_path / "t", "prunable", nonce=uuid.uuid4().hex, test_sh="echo 1 > /logs/verifier/reward.txt\n",
+    task = write_task(tmp_path / "t", "prunable", nonce=unique_nonce(), test_sh="echo 1 > /logs/verifier/reward.txt\n",
                       solve_sh="true\n")
     proc = subprocess.run(cli("run", "--tasks", str(task), "--agent", "oracle", "--run_name", "p",
                               "--container_engine", "podman"), cwd=tmp_path, env=clean_env, capture_output=True,
@@ -269,7 +269,7 @@ def test_the_build_cache_follows_its_base_and_trusts_no_tag(tmp_path: Path, clea
     bytes, mode bits and owners, its build arguments are the same and its label carries the key: a
     base changed under the same tag, a file's mode or owner changed, another build argument, or an
     impostor under the task image's tag, is built over; --rebuild builds anyway."""
-    base = f"localhost/trajforge-test-cachebase:{uuid.uuid4().hex[:12]}"
+    base = f"localhost/trajforge-test-cachebase:{unique_nonce()}"  # its task images: this session's own
     engine = lambda *a: subprocess.run([podman.binary, *a], env=podman.env, capture_output=True, text=True,  # noqa: E731
                                        timeout=300)
     assert engine("tag", task_base, base).returncode == 0

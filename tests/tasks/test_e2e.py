@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import time
-import uuid
 from pathlib import Path
 
 import atif
@@ -26,7 +25,7 @@ from tests.support.images import containers_with_label, podman  # noqa: F401 (fi
 from tests.support.policies import tool_messages
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, tool_call
 from tests.support.tasks import (  # noqa: F401 (fixture)
-    EXAMPLES, REWARD_IF, pinned_base, scripted_agent, task_base, task_name, write_task,
+    EXAMPLES, REWARD_IF, pinned_base, scripted_agent, task_base, task_name, unique_nonce, write_task,
 )
 from tests.support.run_state import read_batch_records, read_records
 from trajforge.sandbox.backends.container.engine import Engine
@@ -103,7 +102,7 @@ def tool_outputs(rec: dict) -> str:
 def test_a_model_run_of_tasks(tmp_path: Path, server: ScriptedServer, clean_env: dict[str, str], podman: Engine,
                               pinned_base: str) -> None:
     server.handler = agent_policy
-    tasks = model_tasks(tmp_path / "tasks", uuid.uuid4().hex, pinned_base)
+    tasks = model_tasks(tmp_path / "tasks", unique_nonce(), pinned_base)
     args = ["--tasks", str(tasks), "--base_url", server.url, "--model", "scripted", "--distribution",
             "terminal_only", "--num_workers", "4", "--container_engine", "podman", "--timeout_multiplier", "0.5",
             "--task_max_memory", "256m"]
@@ -230,7 +229,7 @@ def test_a_run_killed_while_verifying_resumes_with_nothing_verified_twice_or_los
         return chat("Done.", reasoning="Done.")
 
     server.handler = policy
-    nonce = uuid.uuid4().hex
+    nonce = unique_nonce()
     for i in range(4):  # t2 hangs in its tests while /app/slow exists: the run is killed there
         # No network: a killed runner's egress container breaks `podman ps` here (see the report of issue 38).
         write_task(tmp_path / "tasks", f"t{i}", nonce=nonce, toml="[environment]\nallow_internet = false\n", test_sh="if [ -f /app/slow ]; then touch /app/verifying; "
@@ -325,7 +324,7 @@ def test_a_budget_stops_a_task_run_and_a_resume_with_more_finishes_it_once(
 
     server.handler = with_usage(one_step, 100, 20, cost=0.01)  # $0.02 a task
     tasks = tmp_path / "tasks"
-    nonce = uuid.uuid4().hex
+    nonce = unique_nonce()
     for i in range(5):
         write_task(tasks, f"budget-{i}", nonce=f"{nonce}-budget", test_sh=REWARD_IF.format(cond="[ -f /app/out.txt ]"))
     conf = tmp_path / "config.yaml"
