@@ -115,10 +115,10 @@ def test_timeout_and_cancellation_kill_the_process_inside(tmp_path: Path, busybo
     async def body() -> None:
         sb = await create_sandbox(config(), cwd=None, image=busybox_image, root=tmp_path)
         try:
-            t0 = time.monotonic()
+            # cut at its timeout, not let run to its end: then it would say "never" (no wall-clock bound:
+            # a loaded host can take seconds to kill a container's processes)
             res = await sb.exec("sleep 31 & sleep 32; echo never", timeout=1)
             assert res.timed_out and res.exit_code is None and "never" not in res.stdout
-            assert time.monotonic() - t0 < 10
             ps = await processes(sb)
             assert "sleep 31" not in ps and "sleep 32" not in ps, ps
 
@@ -199,9 +199,7 @@ def test_missing_image_fails_the_sample_once_per_image(tmp_path: Path, busybox_i
         assert sorted(calls) == sorted([MISSING_IMAGE, busybox_image])  # one check per distinct image
         assert list(tmp_path.iterdir()) == []  # failed samples left no workspace
 
-    t0 = time.monotonic()
-    asyncio.run(body())
-    assert time.monotonic() - t0 < 60
+    asyncio.run(body())  # once per image is `calls`' to judge: a wall-clock bound failed under a loaded host
     assert containers_with_label(podman, f"trajforge.run=ctest-missing-{os.getpid()}") == []
 
 
