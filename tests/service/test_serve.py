@@ -17,7 +17,7 @@ import threading
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -277,3 +277,33 @@ def test_a_policy_change_with_restart_runs_the_rollouts_in_flight_again_under_th
             assert service.stop() == 0
     assert [(r["status"], r["policy_versions"]) for r in group["rollouts"]] == [("scored", [1, 1])] * 2
     assert bad[0] == 422 and "'continue' or 'restart'" in bad[1]["error"]
+
+
+def prompted(prompt: str) -> Callable[[Recorded], bool]:
+    return lambda req: req.path.endswith("/chat/completions") and user_prompt(req.body) == prompt
+
+
+def test_a_delivered_or_cancelled_groups_rollouts_never_run_again(server: ScriptedServer, tmp_path: Path) -> None:
+    service = Service(server, tmp_path)
+    try:
+        _, masked = service.request("POST", "/groups", {"rows": [{"prompt": "flaky", "check": "true"}], "n": 2})
+        (group,) = service.take(1)
+        assert [r["status"] for r in group["rollouts"]] == ["masked", "masked"]
+        flaky_calls = sum(map(prompted("flaky"), server.requests))
+        assert flaky_calls >= 2
+        server.hold_until = 1 << 30  # every call waits for release(): the next pass is held in its first call
+        _, held = service.request("POST", "/groups", {"rows": [{"prompt": "say held", "check": "true"}], "n": 1})
+        assert server.wait_for(prompted("say held"))
+        _, doomed = service.request("POST", "/groups", {"rows": [{"prompt": "say cancelled"}], "n": 2})
+        assert service.request("DELETE", f"/groups/{doomed['ids'][0]}")[0] == 200
+        server.release()
+        (group,) = service.take(1, cursor=1)
+        assert group["id"] == held["ids"][0]
+        # a later pass resumes over the whole dataset: the masked group's and the cancelled one's rows too
+        _, last = service.request("POST", "/groups", {"rows": [{"prompt": "say last", "check": "true"}], "n": 1})
+        (group,) = service.take(1, cursor=2)
+        assert group["id"] == last["ids"][0] and group["rollouts"][0]["status"] == "scored"
+    finally:
+        assert service.stop() == 0
+    assert sum(map(prompted("flaky"), server.requests)) == flaky_calls, "a delivered group's rollouts ran again"
+    assert not any(map(prompted("say cancelled"), server.requests)), "a cancelled group's rollouts ran"

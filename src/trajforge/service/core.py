@@ -4,7 +4,8 @@ It is `run`'s engine run again and again on one run directory: an accepted group
 appended to the service's dataset (RunLayout.service_rows) once per rollout, and while any group
 is open the service runs an invocation of the run over that dataset (runner.main.invoke, with
 --resume after the first), which runs what is not finished yet: new rollouts, and failed ones
-again. The service hears each rollout's end through its outcome listener (service.listener), so
+again; a gate in front of the run's executor (OpenGate) ends at once, with no sandbox and no model
+call, every rollout whose slot the service closed (its group delivered or cancelled). The service hears each rollout's end through its outcome listener (service.listener), so
 what it streams passed the same scrubbing and filters as trajectories.jsonl. Groups submitted
 while an invocation runs wait for the next one.
 
@@ -37,7 +38,7 @@ from trajforge.catalog.sandboxes import runs_on_host
 from trajforge.config import RunConfig
 from trajforge.dataset import checked_row
 from trajforge.errors import UsageError
-from trajforge.failures import STALE, masks, rollout_class
+from trajforge.failures import CLOSED, STALE, masks, rollout_class
 from trajforge.jsonio import dumps
 from trajforge.redact import REGISTRY
 from trajforge.run_layout import RunLayout
@@ -221,13 +222,17 @@ class RolloutService:
 
     def _executor_of(self, config: RunConfig, prefill: list[dict[str, Any]] | None, run_dir: Path) -> Executor:
         self.executor = self.make_executor(config, prefill, run_dir)
-        return StalenessGate(self.executor, self) if self.max_staleness is not None else self.executor
+        return OpenGate(self.executor, self)
 
-    def stale(self, idx: int) -> str | None:
-        """Why the rollout at `idx` must not start now (max_staleness), or None: it starts, under
-        the current version."""
+    def refusal(self, idx: int) -> tuple[str, str] | None:
+        """Why the rollout at `idx` must not start now, as (failure class, message), or None: it
+        starts, under the current version. A resumed pass runs every failed sample of the dataset
+        again, and the dataset holds every group's rows: a rollout whose slot is closed (its group
+        delivered, acked or cancelled) must cost no sandbox and no model call."""
         slot = self.store.slot(idx)
-        if slot is None or self.max_staleness is None:
+        if slot is None:
+            return CLOSED, "its group was delivered or cancelled"
+        if self.max_staleness is None:
             return None
         versions = self.started_under.get(slot.gid)
         if versions is None:  # a resumed service: what its settled rollouts ran under
@@ -236,7 +241,7 @@ class RolloutService:
                 (r["policy_versions"] or [None])[0] for r in group["rollouts"] if r and r["record"]}
         if too_stale(versions, self.policy_version, self.max_staleness):
             self.held_stale += 1
-            return (f"max_staleness {self.max_staleness}: its group started under policy versions "
+            return STALE, (f"max_staleness {self.max_staleness}: its group started under policy versions "
                     f"{sorted(v for v in versions if v is not None)}, the policy is at {self.policy_version}")
         versions.add(self.policy_version)
         return None
@@ -358,9 +363,11 @@ def too_stale(started: set[int | None], current: int | None, k: int) -> bool:
     return len(started | {current}) > k
 
 
-class StalenessGate:
-    """The run's executor, but a rollout whose group would mix too many policy versions is not
-    started: it ends at once as failed (`stale`), masked like any failure the policy did not cause."""
+class OpenGate:
+    """The run's executor, but a rollout the service does not want run (RolloutService.refusal:
+    its slot is closed, or its group would mix too many policy versions) is not started: it ends
+    at once as failed, with no sandbox and no model call; a stale one is masked like any failure
+    the policy did not cause, a closed one is heard by nobody (its slot is closed)."""
 
     def __init__(self, inner: Executor, service: RolloutService) -> None:
         self.inner, self.service = inner, service
@@ -375,11 +382,12 @@ class StalenessGate:
         return await self.inner.start(images)
 
     async def process(self, sample: Sample, attempt: int) -> Outcome:
-        why = self.service.stale(sample.index)
-        if why is None:
+        refused = self.service.refusal(sample.index)
+        if refused is None:
             return await self.inner.process(sample, attempt)
+        reason, why = refused
         return Outcome(sample.index, sample.identity, batch_number(sample.index, self.service.config.batch_size),
-                       "failed", reason=STALE, message=why, retryable=False)
+                       "failed", reason=reason, message=why, retryable=False)
 
     def drain(self) -> None:
         self.inner.drain()
