@@ -283,7 +283,7 @@ def prompted(prompt: str) -> Callable[[Recorded], bool]:
     return lambda req: req.path.endswith("/chat/completions") and user_prompt(req.body) == prompt
 
 
-def test_a_delivered_or_cancelled_groups_rollouts_never_run_again(server: ScriptedServer, tmp_path: Path) -> None:
+def test_a_delivered_or_cancelled_groups_rollouts_never_run_again_and_status_counts_warm_sandboxes(server: ScriptedServer, tmp_path: Path) -> None:
     service = Service(server, tmp_path)
     try:
         _, masked = service.request("POST", "/groups", {"rows": [{"prompt": "flaky", "check": "true"}], "n": 2})
@@ -294,6 +294,7 @@ def test_a_delivered_or_cancelled_groups_rollouts_never_run_again(server: Script
         server.hold_until = 1 << 30  # every call waits for release(): the next pass is held in its first call
         _, held = service.request("POST", "/groups", {"rows": [{"prompt": "say held", "check": "true"}], "n": 1})
         assert server.wait_for(prompted("say held"))
+        assert service.request("GET", "/status")[1]["sandboxes_warm"] >= 1  # its sandbox is up, its call held
         _, doomed = service.request("POST", "/groups", {"rows": [{"prompt": "say cancelled"}], "n": 2})
         assert service.request("DELETE", f"/groups/{doomed['ids'][0]}")[0] == 200
         server.release()
@@ -303,6 +304,7 @@ def test_a_delivered_or_cancelled_groups_rollouts_never_run_again(server: Script
         _, last = service.request("POST", "/groups", {"rows": [{"prompt": "say last", "check": "true"}], "n": 1})
         (group,) = service.take(1, cursor=2)
         assert group["id"] == last["ids"][0] and group["rollouts"][0]["status"] == "scored"
+        assert service.request("GET", "/status")[1]["sandboxes_warm"] == 0  # every open rollout ended
     finally:
         assert service.stop() == 0
     assert sum(map(prompted("flaky"), server.requests)) == flaky_calls, "a delivered group's rollouts ran again"

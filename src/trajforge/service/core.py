@@ -306,7 +306,14 @@ class RolloutService:
                 "running": self.running, "invocations": self.invocations, "policy_version": self.policy_version,
                 "not_pushed": dict(self.unpushed), "max_staleness": self.max_staleness,
                 "held_stale": self.held_stale, "spent": round(self.spent, 6), "model": self._model(),
-                "error": self.error}
+                "sandboxes_warm": self._sandboxes_warm(), "error": self.error}
+
+    def _sandboxes_warm(self) -> int | None:
+        """The running pass's sandboxes alive now (made, not yet removed): 0 between passes; None
+        for an executor that does not count them (Ray's are on its nodes)."""
+        if self.executor is None:
+            return 0
+        return getattr(self.executor, "sandboxes_warm", None)
 
     def _model(self) -> dict[str, int] | None:
         """The running invocation's model calls (its gate: in flight, 429/503 replies), if one runs."""
