@@ -27,6 +27,8 @@ from tests.conftest import REPO
 from tests.support.failing_backend import BROKEN
 from tests.support.policies import echo_policy, tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call
+from trajforge.config.load import build_config
+from trajforge.errors import UsageError
 
 KEY = "sk-serve-SeCrEt-0123456789abcdef"
 FAILING = "tests.support.failing_backend:SPEC"
@@ -309,3 +311,51 @@ def test_a_delivered_or_cancelled_groups_rollouts_never_run_again_and_status_cou
         assert service.stop() == 0
     assert sum(map(prompted("flaky"), server.requests)) == flaky_calls, "a delivered group's rollouts ran again"
     assert not any(map(prompted("say cancelled"), server.requests)), "a cancelled group's rollouts ran"
+
+
+def chats(server: ScriptedServer) -> list[Recorded]:
+    return [r for r in server.requests if r.path.endswith("/chat/completions")]
+
+
+def test_a_policy_change_of_endpoint_and_model_reaches_the_new_server_from_the_next_rollout_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    second_key = "sk-second-SeCrEt-fedcba9876543210"
+    monkeypatch.setenv("TRAJFORGE_TEST_SECOND_KEY", second_key)
+    with pytest.raises(UsageError) as run_said:
+        build_config({"dataset_file": "rows.jsonl", "base_url": "ftp://x"})
+    with ScriptedServer(policy) as first, ScriptedServer(policy) as second:
+        service = Service(first, tmp_path, "--num_workers=1", "--policy_version=0")
+        try:
+            status, body = service.request("POST", "/policy", {"version": 1, "base_url": "ftp://x"})
+            assert (status, body["error"]) == (422, str(run_said.value).replace("--base_url", "field 'base_url'", 1))
+            status, body = service.request("POST", "/policy", {"version": 1, "api_key_env": "TRAJFORGE_NO_SUCH_VAR"})
+            assert status == 422 and "field 'api_key_env'" in body["error"]
+            status, body = service.request("POST", "/policy", {"model": 7})
+            assert status == 422 and body["error"].startswith("field 'model': invalid value 7")
+            assert service.request("GET", "/status")[1]["policy_version"] == 0  # a refused change changes nothing
+            first.hold_until = 1 << 30  # the first rollout's first call is held while the policy changes
+            service.request("POST", "/groups", {"rows": [{"prompt": "say a", "check": "true"}], "n": 2})
+            assert first.wait_for(prompted("say a"))
+            status, body = service.request("POST", "/policy", {
+                "version": 3, "base_url": second.url, "model": "second-model", "api_key_env": "TRAJFORGE_TEST_SECOND_KEY"})
+            assert status == 200 and (body["policy_version"], body["model"]) == (3, "second-model")
+            assert second_key not in json.dumps(body)
+            first.release()
+            (group,) = service.take(1)
+        finally:
+            service.kill()  # the endpoint is kept in the service's state: a resumed service goes on with it
+        again = Service(first, tmp_path, "--resume", "--num_workers=1")
+        try:
+            again.request("POST", "/groups", {"rows": [{"prompt": "say b", "check": "true"}], "n": 1})
+            (later,) = again.take(1, cursor=1)
+        finally:
+            assert again.stop() == 0
+    # the rollout in flight finished on the old endpoint (its later call stamped with the new
+    # version); the next rollout started on the new one, with its model and key
+    assert [(r["status"], r["policy_versions"]) for r in group["rollouts"]] == [("scored", [0, 3]), ("scored", [3, 3])]
+    assert later["rollouts"][0]["policy_versions"] == [3, 3]
+    assert [user_prompt(r.body) for r in chats(first)] == ["say a"] * 2
+    assert [user_prompt(r.body) for r in chats(second)] == ["say a"] * 2 + ["say b"] * 2
+    assert {r.body["model"] for r in chats(first)} == {"scripted-model"}
+    assert {r.body["model"] for r in chats(second)} == {"second-model"}
+    assert {r.headers["Authorization"] for r in chats(second)} == {f"Bearer {second_key}"}

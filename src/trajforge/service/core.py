@@ -38,7 +38,7 @@ from trajforge.catalog.sandboxes import runs_on_host
 from trajforge.config import RunConfig
 from trajforge.dataset import checked_row
 from trajforge.errors import UsageError
-from trajforge.failures import CLOSED, STALE, masks, rollout_class
+from trajforge.failures import CLOSED, DEFERRED, STALE, masks, rollout_class
 from trajforge.jsonio import dumps
 from trajforge.redact import REGISTRY
 from trajforge.run_layout import RunLayout
@@ -49,6 +49,7 @@ from trajforge.dataset import Sample
 from trajforge.sample.outcome import Outcome, batch_number
 from trajforge.service import listener
 from trajforge.service.atropos import AtroposPush
+from trajforge.service.policy import ENDPOINT_FIELDS, with_endpoint
 from trajforge.service.store import ServiceStore
 
 log = logging.getLogger("trajforge")
@@ -99,6 +100,12 @@ class RolloutService:
         self.store = ServiceStore(self.layout.service_state)
         self.keep_passed = config.keep == "passed"
         self.policy_version: int | None = self.store.get("policy_version", config.policy_version)
+        # the endpoint a POST /v1/policy named (kept, so --resume keeps it): the passes' config
+        self.endpoint: dict[str, Any] = self.store.get("endpoint", {})
+        if self.endpoint:
+            self.config = with_endpoint(self.config, self.endpoint)
+        self.endpoint_changes = 0  # the endpoint's changes by this service's life
+        self._pass_endpoint = 0  # endpoint_changes when the running pass began
         self.executor: Executor | None = None
         self.finished = asyncio.Condition()
         self.stop = asyncio.Event()
@@ -191,6 +198,7 @@ class RolloutService:
             self._fresh = False
             config = self.config.model_copy(update={"resume": resume, "overwrite": overwrite,
                                                     "policy_version": self.policy_version})
+            self._pass_endpoint = self.endpoint_changes
             self.running = True
             # this invocation's stop: the service's, or a policy change with in_flight "restart"
             cycle = self._cycle_stop = asyncio.Event()
@@ -232,6 +240,8 @@ class RolloutService:
         slot = self.store.slot(idx)
         if slot is None:
             return CLOSED, "its group was delivered or cancelled"
+        if self._pass_endpoint != self.endpoint_changes:
+            return DEFERRED, "the policy's endpoint changed: it runs in the next pass, on the new one"
         if self.max_staleness is None:
             return None
         versions = self.started_under.get(slot.gid)
@@ -277,16 +287,35 @@ class RolloutService:
         self._wake.set()
         return [g[0] for g in groups]
 
-    def set_policy(self, version: int, in_flight: str = "continue") -> None:
-        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+    def set_policy(self, version: int | None, in_flight: str = "continue",
+                   endpoint: dict[str, Any] | None = None) -> None:
+        """A new policy version (None: the same) and, with `endpoint` (ENDPOINT_FIELDS), a new
+        endpoint or model for the rollouts that start from now on. Everything is checked before
+        anything changes."""
+        if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 0):
             raise BadGroups(f"field 'version' must be a whole number of 0 or more, not {version!r}")
         if in_flight not in ("continue", "restart"):
             raise BadGroups(f"field 'in_flight' must be 'continue' or 'restart', not {in_flight!r}")
-        self.policy_version = version
-        self.store.put("policy_version", version)
-        policy = getattr(self.executor, "policy", None)  # the run's own executor, under any gate
-        if policy is not None:
-            policy.set(version)  # calls sent from now on carry it (model.policy)
+        named = {k: v for k, v in (endpoint or {}).items() if k in ENDPOINT_FIELDS and v is not None}
+        if version is None and not named:
+            raise BadGroups(f"give field 'version' or one of {', '.join(map(repr, ENDPOINT_FIELDS))}")
+        if named:
+            try:
+                config = with_endpoint(self.config, named)
+            except UsageError as e:
+                raise BadGroups(str(e)) from None
+            self.config, self.endpoint = config, {**self.endpoint, **named}
+            self.store.put("endpoint", self.endpoint)
+            # the running pass starts no new rollout (OpenGate defers them); the next runs on this endpoint
+            self.endpoint_changes += 1
+            if self.running:
+                self._restart = True
+        if version is not None:
+            self.policy_version = version
+            self.store.put("policy_version", version)
+            policy = getattr(self.executor, "policy", None)  # the run's own executor, under any gate
+            if policy is not None:
+                policy.set(version)  # calls sent from now on carry it (model.policy)
         if in_flight == "restart" and self._cycle_stop is not None:
             # the running invocation stops: rollouts in flight get its stop's grace, the rest are
             # cancelled, unsaved, and run again from the start in the next one, under `version`
@@ -344,6 +373,8 @@ class RolloutService:
         """A rollout of the running invocation ended (scrubbed and judged: runner.listeners.Ended)."""
         o = ended.outcome
         self.spent += o.cost  # the sample's every model call, failed attempts too (runner.scheduling.engine)
+        if o.status == "failed" and o.reason == DEFERRED:
+            return  # not run: the next pass runs it (no attempt of the service's)
         slot = self.store.slot(o.index)
         if slot is None:
             return  # a cancelled group's, or one settled already
