@@ -80,6 +80,11 @@ class RunLayout:
         return self.root / "service_rows.jsonl"
 
     @property
+    def service_lanes(self) -> Path:
+        """The rollout service's other lanes (groups with a policy of their own): a run directory each."""
+        return self.root / "lanes"
+
+    @property
     def service_state(self) -> Path:
         """The rollout service's groups, their rollouts, the stream's cursor and the acks (sqlite3)."""
         return self.root / "service.sqlite"

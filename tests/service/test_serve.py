@@ -359,3 +359,62 @@ def test_a_policy_change_of_endpoint_and_model_reaches_the_new_server_from_the_n
     assert {r.body["model"] for r in chats(first)} == {"scripted-model"}
     assert {r.body["model"] for r in chats(second)} == {"second-model"}
     assert {r.headers["Authorization"] for r in chats(second)} == {f"Bearer {second_key}"}
+
+
+def test_groups_with_a_policy_of_their_own_run_in_their_own_lane_on_their_own_endpoint(
+        server: ScriptedServer, tmp_path: Path) -> None:
+    with ScriptedServer(policy) as first, ScriptedServer(policy) as second:
+        policies = {"one": {"base_url": first.url, "model": "model-one", "sampling": {"temperature": 0.25,
+                                                                                      "max_tokens": 77},
+                            "limits": {"max_turns": 3, "timeout": 600}},
+                    "two": {"base_url": second.url, "model": "model-two", "sampling": {"temperature": 0.75,
+                                                                                       "top_p": 0.5}}}
+        service = Service(server, tmp_path)
+        try:
+            refused = [service.request("POST", "/groups", {"rows": [{"prompt": "say x"}], "policy": bad})
+                       for bad in ({"sampling": {"temperature": 5}}, {"limits": {"num_workers": 2}},
+                                   {"base_url": "ftp://x"}, {"api_key_env": "TRAJFORGE_NO_SUCH_VAR"}, ["x"])]
+            assert [status for status, _ in refused] == [422] * 5
+            assert [body["error"] for _, body in refused[:4]] == [
+                "field 'policy.sampling.temperature': invalid value 5: must be at most 2",
+                "field 'policy.limits.num_workers' is unknown (known: max_turns, timeout, sample_wall_timeout, "
+                "max_tokens_per_sample, max_cost_per_sample)",
+                "field 'policy.base_url': invalid value 'ftp://x': not a valid URL: needs a scheme (http or https) "
+                "and a host, e.g. http://127.0.0.1:8000/v1",
+                "field 'policy.api_key_env': the service's environment has no variable 'TRAJFORGE_NO_SUCH_VAR' "
+                "(set it where the service starts)"]
+            shown = service.request("GET", "/status")[1]
+            assert (shown["queued"], shown["lanes"]) == (0, 1)  # nothing was made of them
+            made = {name: service.request("POST", "/groups", {"rows": [{"prompt": f"say {name}", "check": "true"}],
+                                                             "n": 2, "policy": p})[1]["ids"][0]
+                    for name, p in policies.items()}
+            made["plain"] = service.request("POST", "/groups", {"rows": [{"prompt": "say plain", "check": "true"}],
+                                                                "n": 1})[1]["ids"][0]
+            groups = {g["id"]: g for g in service.take(3)}
+            assert sorted(groups) == sorted(made.values())
+            assert all(r["status"] == "scored" for g in groups.values() for r in g["rollouts"])
+            first.hold_until = 1 << 30  # the next lane "one" rollout is held when the service is killed
+            again_id = service.request("POST", "/groups", {"rows": [{"prompt": "say again", "check": "true"}],
+                                                           "n": 1, "policy": policies["one"]})[1]["ids"][0]
+            assert first.wait_for(prompted("say again"))
+            assert service.request("GET", "/status")[1]["lanes"] == 3
+        finally:
+            service.kill()
+        first.release()
+        again = Service(server, tmp_path, "--resume")
+        try:
+            (group,) = again.take(1, cursor=3)  # the resumed service goes on with the lane's open group
+        finally:
+            assert again.stop() == 0
+    assert group["id"] == again_id and group["rollouts"][0]["status"] == "scored"
+    bodies = {name: [r.body for r in chats(s)] for name, s in (("one", first), ("two", second), ("plain", server))}
+    assert {user_prompt(b) for b in bodies["one"]} == {"say one", "say again"}
+    assert {user_prompt(b) for b in bodies["two"]} == {"say two"}
+    assert {user_prompt(b) for b in bodies["plain"]} == {"say plain"}
+    sent = {name: {(b["model"], b.get("temperature"), b.get("top_p"), b.get("max_tokens")) for b in found}
+            for name, found in bodies.items()}
+    assert sent == {"one": {("model-one", 0.25, None, 77)}, "two": {("model-two", 0.75, 0.5, None)},
+                    "plain": {("scripted-model", None, None, None)}}
+    lanes = sorted(p.name for p in (tmp_path / "svc" / "lanes").iterdir())
+    assert len(lanes) == 2 and all((tmp_path / "svc" / "lanes" / lane / "trajectories.jsonl").exists()
+                                   for lane in lanes)
