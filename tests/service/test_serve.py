@@ -25,9 +25,12 @@ import pytest
 
 from tests.conftest import REPO
 from tests.support.failing_backend import BROKEN
+from tests.support.images import podman  # noqa: F401 (fixture)
 from tests.support.policies import echo_policy, tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call
+from tests.support.tasks import REWARD_IF, scripted_agent, task_base, write_task  # noqa: F401 (fixture)
 from trajforge.config.load import build_config
+from trajforge.sandbox.backends.container.engine import Engine
 from trajforge.errors import UsageError
 
 KEY = "sk-serve-SeCrEt-0123456789abcdef"
@@ -206,6 +209,9 @@ def test_the_service_refuses_what_it_must(server: ScriptedServer, tmp_path: Path
         assert status == 422 and "rows[0]: field 'cwd' would cover the system directory /etc" in body["error"]
         status, body = service.request("POST", "/groups", {"rows": [{"prompt": "ok"}], "n": 2, "model": "x"})
         assert status == 422 and "unknown field 'model'" in body["error"]
+        status, body = service.request("POST", "/groups", {"tasks": ["/etc"], "n": 1})
+        assert (status, body["error"]) == (422, "field 'tasks[0]': this service takes no task paths (start it with "
+                                                "--tasks_root DIR)")
         assert service.request("GET", "/status")[1]["queued"] == 0  # no half-made group
         _, made = service.request("POST", "/groups", {"rows": [{"prompt": "hang"}, {"prompt": "say a"}], "n": 1})
         assert service.request("DELETE", f"/groups/{made['ids'][0]}") == (200, {"cancelled": made["ids"][0]})
@@ -418,3 +424,35 @@ def test_groups_with_a_policy_of_their_own_run_in_their_own_lane_on_their_own_en
     lanes = sorted(p.name for p in (tmp_path / "svc" / "lanes").iterdir())
     assert len(lanes) == 2 and all((tmp_path / "svc" / "lanes" / lane / "trajectories.jsonl").exists()
                                    for lane in lanes)
+
+
+def test_task_groups_run_the_tasks_under_tasks_root_and_no_other_path(
+        tmp_path: Path, podman: Engine, task_base: str) -> None:  # noqa: F811 (fixtures)
+    root = tmp_path / "tasks"
+    dockerfile = f"FROM {task_base}\nWORKDIR /app\n"
+    write_task(root, "hello", dockerfile=dockerfile, test_sh=REWARD_IF.format(cond="[ -f /app/out.txt ]"))
+    outside = write_task(tmp_path, "outside", dockerfile=dockerfile, test_sh="echo 1 > /logs/verifier/reward.txt\n")
+    (root / "escape").symlink_to(outside)
+    (write_task(root, "untestable", dockerfile=dockerfile, test_sh="true\n") / "tests" / "test.sh").unlink()
+    with ScriptedServer(scripted_agent({"hello": ["echo done > /app/out.txt"]})) as server:
+        service = Service(server, tmp_path, f"--tasks_root={root}", "--sandbox=container", "--container_engine=podman")
+        try:
+            refused = {given: service.request("POST", "/groups", {"tasks": ["hello", given], "n": 1})
+                       for given in ("../outside", "escape", str(outside), "untestable", "nosuch")}
+            assert {given: status for given, (status, _) in refused.items()} == dict.fromkeys(refused, 422)
+            assert {given: body["error"] for given, (_, body) in refused.items()} == {
+                "../outside": "field 'tasks[1]': '../outside' must not hold '..'",
+                "escape": "field 'tasks[1]': 'escape' is not inside --tasks_root once its links are resolved",
+                str(outside): f"field 'tasks[1]': {str(outside)!r} is not inside --tasks_root once its links are "
+                              "resolved",
+                "untestable": "field 'tasks[1]': 'untestable': tests has no test.sh: the task cannot be verified",
+                "nosuch": "field 'tasks[1]': 'nosuch' is not a task directory under --tasks_root"}
+            assert service.request("GET", "/status")[1]["queued"] == 0  # the whole request or nothing
+            status, made = service.request("POST", "/groups", {"tasks": [str(root / "hello")], "n": 2})
+            assert status == 200
+            (group,) = service.take(1)
+        finally:
+            assert service.stop() == 0
+    assert (group["id"], group["row"]) == (made["ids"][0], {"task": "hello"})
+    assert [(r["status"], r["reward"]) for r in group["rollouts"]] == [("scored", 1.0)] * 2
+    assert {r["record"]["task"]["name"] for r in group["rollouts"]} == {"hello"}

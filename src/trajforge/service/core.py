@@ -33,6 +33,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ from trajforge.service import listener
 from trajforge.service.atropos import AtroposPush
 from trajforge.service.policy import ENDPOINT_FIELDS, with_endpoint, with_policy
 from trajforge.service.store import ServiceStore
+from trajforge.service.task_input import accepted_task, copy_task, link_rollouts
 
 log = logging.getLogger("trajforge")
 SCORED, MASKED, DROPPED = "scored", "masked", "dropped"
@@ -101,10 +103,12 @@ class RolloutService:
     """The engine as a long-lived service on one run directory. Use `async with`."""
 
     def __init__(self, config: RunConfig, make_executor: ExecutorFactory, *, retry_masked: int = 0,
-                 resume: bool = False, push: str | None = None, max_staleness: int | None = None) -> None:
+                 resume: bool = False, push: str | None = None, max_staleness: int | None = None,
+                 tasks_root: Path | None = None) -> None:
         """`push`: `atropos=URL` sends each finished group to that Atropos API server (service.atropos).
         `max_staleness K`: a rollout whose start would make its group's rollouts start under more
-        than K policy versions is not started (it is masked as `stale`)."""
+        than K policy versions is not started (it is masked as `stale`). `tasks_root`: the directory
+        whose Harbor tasks a group may name (service.task_input); None: no task groups."""
         assert config.run_name is not None
         push_url = None
         if push is not None:
@@ -120,6 +124,10 @@ class RolloutService:
         if not resume:
             for path in (self.layout.service_state, self.layout.service_rows):
                 path.unlink(missing_ok=True)
+            shutil.rmtree(self.layout.service_lanes, ignore_errors=True)  # an old service's lanes (--overwrite)
+        if tasks_root is not None and not tasks_root.is_dir():
+            raise UsageError(f"--tasks_root {tasks_root}: not a directory")
+        self.tasks_root = tasks_root
         self.base = config.model_copy(update={"dataset_file": self.layout.service_rows, "samples_per_prompt": 1})
         self.config = self.base  # the default lane's: the service's flags, and POST /v1/policy's endpoint
         self.make_executor = make_executor
@@ -132,8 +140,8 @@ class RolloutService:
         if self.endpoint:
             self.config = with_endpoint(self.config, self.endpoint)
         self.lanes = {"": Lane("", self.config, fresh=not resume)}
-        for key, policy in self.store.lanes().items():  # a resumed service's
-            self.lanes[key] = Lane(key, self._lane_config(key, policy), fresh=False)
+        for key, spec in self.store.lanes().items():  # a resumed service's
+            self.lanes[key] = Lane(key, self._lane_config(key, spec), fresh=False)
         self.finished = asyncio.Condition()
         self.stop = asyncio.Event()
         self.invocations = 0
@@ -165,11 +173,14 @@ class RolloutService:
         listener.ATTACHED[lane.layout.root.resolve()] = partial(self.on_ended, lane)
         lane.task = asyncio.create_task(self._generate(lane), name=f"rollout-service-lane{lane.key}")
 
-    def _lane_config(self, key: str, policy: Any) -> RunConfig:
-        """The run config of the lane `key`, whose groups run under `policy` (service.policy); UsageError."""
+    def _lane_config(self, key: str, spec: dict[str, Any]) -> RunConfig:
+        """The run config of the lane `key`, whose groups run under spec["policy"] (service.policy,
+        None: the service's flags), of rows or (spec["tasks"]) of tasks; UsageError."""
         layout = RunLayout(self.layout.service_lanes / key)
-        return with_policy(self.base, policy).model_copy(update={
-            "output_dir": self.layout.service_lanes, "run_name": key, "dataset_file": layout.service_rows})
+        config = self.base if spec["policy"] is None else with_policy(self.base, spec["policy"])
+        source = {"dataset_file": None, "tasks": layout.service_tasks} if spec["tasks"] else \
+            {"dataset_file": layout.service_rows}
+        return config.model_copy(update={"output_dir": self.layout.service_lanes, "run_name": key, **source})
 
     def _recover(self, lane: Lane) -> None:
         """Rollouts that a killed service's run saved but the service never heard of (the kill
@@ -295,6 +306,9 @@ class RolloutService:
     def _write_dataset(self, lane: Lane) -> None:
         """The lane's dataset from the store: each of its groups' row once per rollout, in sample
         order (the file only grows, so the run's rows.idx stays valid)."""
+        if lane.config.tasks is not None:
+            link_rollouts(lane.config.tasks, lane.layout.service_task_copies, self.store.lane_rollouts(lane.key))
+            return
         path = lane.layout.service_rows
         path.parent.mkdir(parents=True, exist_ok=True)
         lines = [row for row, n in self.store.lane_rows(lane.key) for _ in range(n)]
@@ -303,11 +317,51 @@ class RolloutService:
         os.replace(tmp, path)
 
     # ---- requests ----
-    def submit(self, rows: Sequence[Any], n: int, policy: Any = None) -> list[str]:
-        """Validate every row as `run` does, and the `policy` (service.policy.with_policy) their
-        groups run under (None: the service's), then accept them all (one group each) or none."""
+    def submit(self, rows: Sequence[Any] | None, n: int, policy: Any = None,
+               tasks: Sequence[Any] | None = None) -> list[str]:
+        """Validate every row as `run` does (or every task path: service.task_input), and the
+        `policy` (service.policy.with_policy) their groups run under (None: the service's), then
+        accept them all (one group each) or none."""
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_GROUP_SIZE:
             raise BadGroups(f"field 'n' must be a whole number from 1 to {MAX_GROUP_SIZE}, not {n!r}")
+        if (rows is None) == (tasks is None):
+            raise BadGroups("give field 'rows' (dataset rows) or field 'tasks' (task paths), not both")
+        found = []
+        if tasks is not None:
+            if not isinstance(tasks, list) or not tasks:
+                raise BadGroups("field 'tasks' must be a non-empty list of task paths")
+            try:
+                found = [accepted_task(self.tasks_root, given, i) for i, given in enumerate(tasks)]
+            except UsageError as e:
+                raise BadGroups(str(e)) from None
+            root = self.tasks_root.resolve()  # type: ignore[union-attr]
+            lines = [dumps({"task": str(task.relative_to(root))}) for task in found]
+        else:
+            lines = self._row_lines(rows)
+        spec = {"policy": policy, "tasks": tasks is not None}
+        key = "tasks" if tasks is not None else ""
+        if policy is not None:
+            key += ("-" if key else "") + hashlib.sha256(orjson.dumps(policy, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+        lane = None
+        if key not in self.lanes:
+            try:
+                lane = Lane(key, self._lane_config(key, spec), fresh=False)
+            except UsageError as e:
+                raise BadGroups(str(e)) from None
+        if self.stop.is_set():
+            raise BadGroups("the service is stopping")
+        groups = [(uuid.uuid4().hex, line, n) for line in lines]
+        target = (lane or self.lanes[key]).layout.service_task_copies
+        for (gid, _, _), task in zip(groups, found):  # what was checked is what runs
+            copy_task(task, target / gid)
+        self.store.add_groups(groups, key, spec if key else None)
+        if lane is not None:
+            self.lanes[key] = lane
+            self._start_lane(lane)
+        self.lanes[key].wake.set()
+        return [g[0] for g in groups]
+
+    def _row_lines(self, rows: Any) -> list[bytes]:
         if not isinstance(rows, list) or not rows:
             raise BadGroups("field 'rows' must be a non-empty list of dataset rows")
         host_cwd = runs_on_host(self.config.sandbox)  # as the run's rows are judged
@@ -317,23 +371,7 @@ class RolloutService:
             if problem is not None:
                 raise BadGroups(f"rows[{i}]: {problem}")
             lines.append(dumps(row))
-        key, lane = "", None
-        if policy is not None:
-            key = hashlib.sha256(orjson.dumps(policy, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
-            if key not in self.lanes:
-                try:
-                    lane = Lane(key, self._lane_config(key, policy), fresh=False)
-                except UsageError as e:
-                    raise BadGroups(str(e)) from None
-        if self.stop.is_set():
-            raise BadGroups("the service is stopping")
-        groups = [(uuid.uuid4().hex, line, n) for line in lines]
-        self.store.add_groups(groups, key, policy if key else None)
-        if lane is not None:
-            self.lanes[key] = lane
-            self._start_lane(lane)
-        self.lanes[key].wake.set()
-        return [g[0] for g in groups]
+        return lines
 
     def set_policy(self, version: int | None, in_flight: str = "continue",
                    endpoint: dict[str, Any] | None = None) -> None:

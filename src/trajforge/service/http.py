@@ -1,6 +1,6 @@
 """The rollout service's HTTP API (aiohttp), a thin layer on service.core.RolloutService.
 
-POST /v1/groups {"rows": [...], "n": N, "policy": {...}} -> {"ids": [...]}; GET /v1/groups/stream?cursor=C[&follow=0]
+POST /v1/groups {"rows": [...] or "tasks": [...], "n": N, "policy": {...}} -> {"ids": [...]}; GET /v1/groups/stream?cursor=C[&follow=0]
 -> NDJSON, one finished group a line; POST /v1/groups/ack {"ids": [...]}; POST /v1/policy
 {"version": V, "in_flight": "continue", "base_url": U, "model": M, "api_key_env": VAR}; DELETE /v1/groups/{id}; GET /v1/status.
 
@@ -57,8 +57,8 @@ def make_app(service: RolloutService, *, token: str | None, max_body: int) -> we
             return _problem(413, f"the body is larger than {max_body} bytes")
 
     async def groups(request: web.Request) -> web.Response:
-        rows, n, policy = await _body(request, "rows", "n", "policy")
-        return web.json_response({"ids": service.submit(rows, 1 if n is None else n, policy)})
+        rows, n, policy, tasks = await _body(request, "rows", "n", "policy", "tasks")
+        return web.json_response({"ids": service.submit(rows, 1 if n is None else n, policy, tasks)})
 
     async def stream(request: web.Request) -> web.StreamResponse:
         try:

@@ -81,17 +81,21 @@ class ServiceStore:
         self.db.execute("INSERT OR IGNORE INTO lanes VALUES (?, ?)", (key, orjson.dumps(policy).decode()))
 
     def lanes(self) -> dict[str, dict[str, Any]]:
-        """Each lane but the default one: its policy (a POST /v1/groups `policy`)."""
+        """Each lane but the default one: {"policy": a POST /v1/groups `policy` or None, "tasks": whether of tasks}."""
         return {key: orjson.loads(policy) for key, policy in self.db.execute("SELECT key, policy FROM lanes")}
 
     def lane_rows(self, lane: str) -> Iterator[tuple[str, int]]:
         """(row, n) of the lane's groups, in the order they were accepted: its run's dataset."""
         yield from self.db.execute("SELECT row, n FROM groups WHERE lane = ? ORDER BY seq", (lane,)).fetchall()
 
+    def lane_rollouts(self, lane: str) -> list[tuple[int, str]]:
+        """(sample index, group id) of the lane's rollouts, in sample order."""
+        return self.db.execute("SELECT lidx, gid FROM rollouts WHERE lane = ? ORDER BY lidx", (lane,)).fetchall()
+
     # ---- groups ----
     def add_groups(self, groups: Sequence[tuple[str, bytes, int]], lane: str = "",
                    policy: dict[str, Any] | None = None) -> None:
-        """(id, row line, n) each, of `lane` (with its `policy`), in one transaction: all of them or none."""
+        """(id, row line, n) each, of `lane` (with its `policy`: Lane's spec), in one transaction: all of them or none."""
         with self._tx():
             if policy is not None:
                 self.add_lane(lane, policy)
