@@ -291,7 +291,8 @@ def prompted(prompt: str) -> Callable[[Recorded], bool]:
     return lambda req: req.path.endswith("/chat/completions") and user_prompt(req.body) == prompt
 
 
-def test_a_delivered_or_cancelled_groups_rollouts_never_run_again_and_status_counts_warm_sandboxes(server: ScriptedServer, tmp_path: Path) -> None:
+def test_a_delivered_or_cancelled_groups_rollouts_never_run_again_and_status_counts_warm_sandboxes(
+        server: ScriptedServer, tmp_path: Path) -> None:
     service = Service(server, tmp_path)
     try:
         _, masked = service.request("POST", "/groups", {"rows": [{"prompt": "flaky", "check": "true"}], "n": 2})
@@ -343,7 +344,8 @@ def test_a_policy_change_of_endpoint_and_model_reaches_the_new_server_from_the_n
             service.request("POST", "/groups", {"rows": [{"prompt": "say a", "check": "true"}], "n": 2})
             assert first.wait_for(prompted("say a"))
             status, body = service.request("POST", "/policy", {
-                "version": 3, "base_url": second.url, "model": "second-model", "api_key_env": "TRAJFORGE_TEST_SECOND_KEY"})
+                "version": 3, "base_url": second.url, "model": "second-model",
+                "api_key_env": "TRAJFORGE_TEST_SECOND_KEY"})
             assert status == 200 and (body["policy_version"], body["model"]) == (3, "second-model")
             assert second_key not in json.dumps(body)
             first.release()
@@ -429,11 +431,11 @@ def test_groups_with_a_policy_of_their_own_run_in_their_own_lane_on_their_own_en
 def test_task_groups_run_the_tasks_under_tasks_root_and_no_other_path(
         tmp_path: Path, podman: Engine, task_base: str) -> None:  # noqa: F811 (fixtures)
     root = tmp_path / "tasks"
-    dockerfile = f"FROM {task_base}\nWORKDIR /app\n"
-    write_task(root, "hello", dockerfile=dockerfile, test_sh=REWARD_IF.format(cond="[ -f /app/out.txt ]"))
-    outside = write_task(tmp_path, "outside", dockerfile=dockerfile, test_sh="echo 1 > /logs/verifier/reward.txt\n")
+    prebuilt = f'[environment]\ndocker_image = "{task_base}"\n'  # no image of the test's own to leave behind
+    write_task(root, "hello", toml=prebuilt, test_sh=REWARD_IF.format(cond="[ -f /app/out.txt ]"))
+    outside = write_task(tmp_path, "outside", toml=prebuilt, test_sh="echo 1 > /logs/verifier/reward.txt\n")
     (root / "escape").symlink_to(outside)
-    (write_task(root, "untestable", dockerfile=dockerfile, test_sh="true\n") / "tests" / "test.sh").unlink()
+    (write_task(root, "untestable", toml=prebuilt, test_sh="true\n") / "tests" / "test.sh").unlink()
     with ScriptedServer(scripted_agent({"hello": ["echo done > /app/out.txt"]})) as server:
         service = Service(server, tmp_path, f"--tasks_root={root}", "--sandbox=container", "--container_engine=podman")
         try:

@@ -340,8 +340,9 @@ class RolloutService:
             lines = self._row_lines(rows)
         spec = {"policy": policy, "tasks": tasks is not None}
         key = "tasks" if tasks is not None else ""
-        if policy is not None:
-            key += ("-" if key else "") + hashlib.sha256(orjson.dumps(policy, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+        if policy is not None:  # one lane per distinct policy, whatever the order of its keys
+            digest = hashlib.sha256(orjson.dumps(policy, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+            key = f"{key}-{digest}" if key else digest
         lane = None
         if key not in self.lanes:
             try:

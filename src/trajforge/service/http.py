@@ -1,8 +1,9 @@
 """The rollout service's HTTP API (aiohttp), a thin layer on service.core.RolloutService.
 
-POST /v1/groups {"rows": [...] or "tasks": [...], "n": N, "policy": {...}} -> {"ids": [...]}; GET /v1/groups/stream?cursor=C[&follow=0]
--> NDJSON, one finished group a line; POST /v1/groups/ack {"ids": [...]}; POST /v1/policy
-{"version": V, "in_flight": "continue", "base_url": U, "model": M, "api_key_env": VAR}; DELETE /v1/groups/{id}; GET /v1/status.
+POST /v1/groups {"rows": [...] or "tasks": [...], "n": N, "policy": {...}} -> {"ids": [...]};
+GET /v1/groups/stream?cursor=C[&follow=0] -> NDJSON, one finished group a line; POST
+/v1/groups/ack {"ids": [...]}; POST /v1/policy {"version": V, "in_flight": "continue",
+"base_url": U, "model": M, "api_key_env": VAR}; DELETE /v1/groups/{id}; GET /v1/status.
 
 With a token every request needs `Authorization: Bearer TOKEN` (401 otherwise, compared in
 constant time); bodies larger than the cap get 413 before they are read whole.

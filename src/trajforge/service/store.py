@@ -5,9 +5,9 @@ what only the service knows: the groups it accepted (their row, size, lane and f
 each rollout became for a trainer, the stream's cursor (a group's place in the order groups
 finished), the acks, the policy version, and each lane's policy. A lane is the groups that share
 one policy and so one run of the engine (the default lane, '', is the service's own run); a
-rollout has a service-wide `idx` and its sample index in its lane's run, `lidx`. Every change is one transaction, so a SIGKILL leaves the state
-of the last one: an acked group stays acked, a finished group keeps its cursor, and a group is
-never half made.
+rollout has a service-wide `idx` and its sample index in its lane's run, `lidx`. Every change is
+one transaction, so a SIGKILL leaves the state of the last one: an acked group stays acked, a
+finished group keeps its cursor, and a group is never half made.
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ class ServiceStore:
     # ---- groups ----
     def add_groups(self, groups: Sequence[tuple[str, bytes, int]], lane: str = "",
                    policy: dict[str, Any] | None = None) -> None:
-        """(id, row line, n) each, of `lane` (with its `policy`: Lane's spec), in one transaction: all of them or none."""
+        """(id, row line, n) each, of `lane` (with its `policy`: the lane's spec, stored once), in one
+        transaction: all of them or none."""
         with self._tx():
             if policy is not None:
                 self.add_lane(lane, policy)
