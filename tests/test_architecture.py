@@ -253,7 +253,9 @@ OTHER_MEANINGS: dict[str, dict[str, str]] = {
     "sharegpt": {p: "the sharegpt format's conversion and schema" for p in ("export/convert.py", "export/schema.py")},
     "image_gen": {"catalog/distributions.py": "a distribution of that name"},
     "tasks": {p: "not the subcommand: statistics' task figures (`run.tasks`)"
-              for p in ("runner/reporting/figures.py", "view/dataset.py")},
+              for p in ("runner/reporting/figures.py", "view/dataset.py")}
+             | {p: "not the subcommand: the rollout service's task groups (the request's field, their lane, "
+                   "the run's --tasks)" for p in ("service/core.py", "service/http.py")},
     "tokens": {p: "not the export format: token counts (a figure, a metric's key), or the record's field of "
                   "captured token ids (agent/segments.py spells it for everyone else)"
                for p in ("agent/segments.py", "compress/metrics.py", "export/card.py", "view/columns.py",

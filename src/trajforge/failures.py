@@ -72,6 +72,10 @@ TABLE: tuple[FailureClass, ...] = (
     FailureClass("internal", SAMPLE, None, INFRASTRUCTURE, FAILED, "a bug of trajforge"),
     FailureClass("stale", SERVICE, None, BUDGET, FAILED,
                  "the rollout service's max_staleness: its group would have mixed too many policy versions"),
+    FailureClass("closed", SERVICE, None, BUDGET, FAILED,
+                 "the rollout service did not start it: its group had been delivered or cancelled"),
+    FailureClass("deferred", SERVICE, None, BUDGET, FAILED,
+                 "the rollout service's policy endpoint changed before it started: the next pass runs it"),
     *_verifier("verifier_timeout", "the tests passed [verifier].timeout_sec"),
     *_verifier("verifier_crashed", "the tests wrote no reward and exited non-zero"),
     *_verifier("reward_missing", "the tests wrote no reward and exited 0"),
@@ -121,6 +125,8 @@ def verification_kinds(mode: str) -> tuple[str, ...]:
 
 SAMPLE_CLASSES = tuple(r.name for r in TABLE if r.stage == SAMPLE)
 STALE = "stale"
+CLOSED = "closed"
+DEFERRED = "deferred"
 
 
 def masks(row: FailureClass) -> bool:

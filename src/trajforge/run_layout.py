@@ -80,6 +80,21 @@ class RunLayout:
         return self.root / "service_rows.jsonl"
 
     @property
+    def service_lanes(self) -> Path:
+        """The rollout service's other lanes (groups with a policy of their own): a run directory each."""
+        return self.root / "lanes"
+
+    @property
+    def service_tasks(self) -> Path:
+        """A rollout service's task lane's --tasks: one link per rollout to its group's task copy."""
+        return self.root / "service_tasks"
+
+    @property
+    def service_task_copies(self) -> Path:
+        """A rollout service's task lane's copies of the accepted tasks, one per group."""
+        return self.root / "service_task_copies"
+
+    @property
     def service_state(self) -> Path:
         """The rollout service's groups, their rollouts, the stream's cursor and the acks (sqlite3)."""
         return self.root / "service.sqlite"

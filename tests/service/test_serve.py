@@ -17,7 +17,7 @@ import threading
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,13 @@ import pytest
 
 from tests.conftest import REPO
 from tests.support.failing_backend import BROKEN
+from tests.support.images import podman  # noqa: F401 (fixture)
 from tests.support.policies import echo_policy, tool_messages, user_prompt
 from tests.support.scripted_server import Recorded, Reply, ScriptedServer, chat, http_error, tool_call
+from tests.support.tasks import REWARD_IF, scripted_agent, task_base, write_task  # noqa: F401 (fixture)
+from trajforge.config.load import build_config
+from trajforge.sandbox.backends.container.engine import Engine
+from trajforge.errors import UsageError
 
 KEY = "sk-serve-SeCrEt-0123456789abcdef"
 FAILING = "tests.support.failing_backend:SPEC"
@@ -204,6 +209,9 @@ def test_the_service_refuses_what_it_must(server: ScriptedServer, tmp_path: Path
         assert status == 422 and "rows[0]: field 'cwd' would cover the system directory /etc" in body["error"]
         status, body = service.request("POST", "/groups", {"rows": [{"prompt": "ok"}], "n": 2, "model": "x"})
         assert status == 422 and "unknown field 'model'" in body["error"]
+        status, body = service.request("POST", "/groups", {"tasks": ["/etc"], "n": 1})
+        assert (status, body["error"]) == (422, "field 'tasks[0]': this service takes no task paths (start it with "
+                                                "--tasks_root DIR)")
         assert service.request("GET", "/status")[1]["queued"] == 0  # no half-made group
         _, made = service.request("POST", "/groups", {"rows": [{"prompt": "hang"}, {"prompt": "say a"}], "n": 1})
         assert service.request("DELETE", f"/groups/{made['ids'][0]}") == (200, {"cancelled": made["ids"][0]})
@@ -277,3 +285,176 @@ def test_a_policy_change_with_restart_runs_the_rollouts_in_flight_again_under_th
             assert service.stop() == 0
     assert [(r["status"], r["policy_versions"]) for r in group["rollouts"]] == [("scored", [1, 1])] * 2
     assert bad[0] == 422 and "'continue' or 'restart'" in bad[1]["error"]
+
+
+def prompted(prompt: str) -> Callable[[Recorded], bool]:
+    return lambda req: req.path.endswith("/chat/completions") and user_prompt(req.body) == prompt
+
+
+def test_a_delivered_or_cancelled_groups_rollouts_never_run_again_and_status_counts_warm_sandboxes(
+        server: ScriptedServer, tmp_path: Path) -> None:
+    service = Service(server, tmp_path)
+    try:
+        _, masked = service.request("POST", "/groups", {"rows": [{"prompt": "flaky", "check": "true"}], "n": 2})
+        (group,) = service.take(1)
+        assert [r["status"] for r in group["rollouts"]] == ["masked", "masked"]
+        flaky_calls = sum(map(prompted("flaky"), server.requests))
+        assert flaky_calls >= 2
+        server.hold_until = 1 << 30  # every call waits for release(): the next pass is held in its first call
+        _, held = service.request("POST", "/groups", {"rows": [{"prompt": "say held", "check": "true"}], "n": 1})
+        assert server.wait_for(prompted("say held"))
+        assert service.request("GET", "/status")[1]["sandboxes_warm"] >= 1  # its sandbox is up, its call held
+        _, doomed = service.request("POST", "/groups", {"rows": [{"prompt": "say cancelled"}], "n": 2})
+        assert service.request("DELETE", f"/groups/{doomed['ids'][0]}")[0] == 200
+        server.release()
+        (group,) = service.take(1, cursor=1)
+        assert group["id"] == held["ids"][0]
+        # a later pass resumes over the whole dataset: the masked group's and the cancelled one's rows too
+        _, last = service.request("POST", "/groups", {"rows": [{"prompt": "say last", "check": "true"}], "n": 1})
+        (group,) = service.take(1, cursor=2)
+        assert group["id"] == last["ids"][0] and group["rollouts"][0]["status"] == "scored"
+        assert service.request("GET", "/status")[1]["sandboxes_warm"] == 0  # every open rollout ended
+    finally:
+        assert service.stop() == 0
+    assert sum(map(prompted("flaky"), server.requests)) == flaky_calls, "a delivered group's rollouts ran again"
+    assert not any(map(prompted("say cancelled"), server.requests)), "a cancelled group's rollouts ran"
+
+
+def chats(server: ScriptedServer) -> list[Recorded]:
+    return [r for r in server.requests if r.path.endswith("/chat/completions")]
+
+
+def test_a_policy_change_of_endpoint_and_model_reaches_the_new_server_from_the_next_rollout_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    second_key = "sk-second-SeCrEt-fedcba9876543210"
+    monkeypatch.setenv("TRAJFORGE_TEST_SECOND_KEY", second_key)
+    with pytest.raises(UsageError) as run_said:
+        build_config({"dataset_file": "rows.jsonl", "base_url": "ftp://x"})
+    with ScriptedServer(policy) as first, ScriptedServer(policy) as second:
+        service = Service(first, tmp_path, "--num_workers=1", "--policy_version=0")
+        try:
+            status, body = service.request("POST", "/policy", {"version": 1, "base_url": "ftp://x"})
+            assert (status, body["error"]) == (422, str(run_said.value).replace("--base_url", "field 'base_url'", 1))
+            status, body = service.request("POST", "/policy", {"version": 1, "api_key_env": "TRAJFORGE_NO_SUCH_VAR"})
+            assert status == 422 and "field 'api_key_env'" in body["error"]
+            status, body = service.request("POST", "/policy", {"model": 7})
+            assert status == 422 and body["error"].startswith("field 'model': invalid value 7")
+            assert service.request("GET", "/status")[1]["policy_version"] == 0  # a refused change changes nothing
+            first.hold_until = 1 << 30  # the first rollout's first call is held while the policy changes
+            service.request("POST", "/groups", {"rows": [{"prompt": "say a", "check": "true"}], "n": 2})
+            assert first.wait_for(prompted("say a"))
+            status, body = service.request("POST", "/policy", {
+                "version": 3, "base_url": second.url, "model": "second-model",
+                "api_key_env": "TRAJFORGE_TEST_SECOND_KEY"})
+            assert status == 200 and (body["policy_version"], body["model"]) == (3, "second-model")
+            assert second_key not in json.dumps(body)
+            first.release()
+            (group,) = service.take(1)
+        finally:
+            service.kill()  # the endpoint is kept in the service's state: a resumed service goes on with it
+        again = Service(first, tmp_path, "--resume", "--num_workers=1")
+        try:
+            again.request("POST", "/groups", {"rows": [{"prompt": "say b", "check": "true"}], "n": 1})
+            (later,) = again.take(1, cursor=1)
+        finally:
+            assert again.stop() == 0
+    # the rollout in flight finished on the old endpoint (its later call stamped with the new
+    # version); the next rollout started on the new one, with its model and key
+    assert [(r["status"], r["policy_versions"]) for r in group["rollouts"]] == [("scored", [0, 3]), ("scored", [3, 3])]
+    assert later["rollouts"][0]["policy_versions"] == [3, 3]
+    assert [user_prompt(r.body) for r in chats(first)] == ["say a"] * 2
+    assert [user_prompt(r.body) for r in chats(second)] == ["say a"] * 2 + ["say b"] * 2
+    assert {r.body["model"] for r in chats(first)} == {"scripted-model"}
+    assert {r.body["model"] for r in chats(second)} == {"second-model"}
+    assert {r.headers["Authorization"] for r in chats(second)} == {f"Bearer {second_key}"}
+
+
+def test_groups_with_a_policy_of_their_own_run_in_their_own_lane_on_their_own_endpoint(
+        server: ScriptedServer, tmp_path: Path) -> None:
+    with ScriptedServer(policy) as first, ScriptedServer(policy) as second:
+        policies = {"one": {"base_url": first.url, "model": "model-one", "sampling": {"temperature": 0.25,
+                                                                                      "max_tokens": 77},
+                            "limits": {"max_turns": 3, "timeout": 600}},
+                    "two": {"base_url": second.url, "model": "model-two", "sampling": {"temperature": 0.75,
+                                                                                       "top_p": 0.5}}}
+        service = Service(server, tmp_path)
+        try:
+            refused = [service.request("POST", "/groups", {"rows": [{"prompt": "say x"}], "policy": bad})
+                       for bad in ({"sampling": {"temperature": 5}}, {"limits": {"num_workers": 2}},
+                                   {"base_url": "ftp://x"}, {"api_key_env": "TRAJFORGE_NO_SUCH_VAR"}, ["x"])]
+            assert [status for status, _ in refused] == [422] * 5
+            assert [body["error"] for _, body in refused[:4]] == [
+                "field 'policy.sampling.temperature': invalid value 5: must be at most 2",
+                "field 'policy.limits.num_workers' is unknown (known: max_turns, timeout, sample_wall_timeout, "
+                "max_tokens_per_sample, max_cost_per_sample)",
+                "field 'policy.base_url': invalid value 'ftp://x': not a valid URL: needs a scheme (http or https) "
+                "and a host, e.g. http://127.0.0.1:8000/v1",
+                "field 'policy.api_key_env': the service's environment has no variable 'TRAJFORGE_NO_SUCH_VAR' "
+                "(set it where the service starts)"]
+            shown = service.request("GET", "/status")[1]
+            assert (shown["queued"], shown["lanes"]) == (0, 1)  # nothing was made of them
+            made = {name: service.request("POST", "/groups", {"rows": [{"prompt": f"say {name}", "check": "true"}],
+                                                             "n": 2, "policy": p})[1]["ids"][0]
+                    for name, p in policies.items()}
+            made["plain"] = service.request("POST", "/groups", {"rows": [{"prompt": "say plain", "check": "true"}],
+                                                                "n": 1})[1]["ids"][0]
+            groups = {g["id"]: g for g in service.take(3)}
+            assert sorted(groups) == sorted(made.values())
+            assert all(r["status"] == "scored" for g in groups.values() for r in g["rollouts"])
+            first.hold_until = 1 << 30  # the next lane "one" rollout is held when the service is killed
+            again_id = service.request("POST", "/groups", {"rows": [{"prompt": "say again", "check": "true"}],
+                                                           "n": 1, "policy": policies["one"]})[1]["ids"][0]
+            assert first.wait_for(prompted("say again"))
+            assert service.request("GET", "/status")[1]["lanes"] == 3
+        finally:
+            service.kill()
+        first.release()
+        again = Service(server, tmp_path, "--resume")
+        try:
+            (group,) = again.take(1, cursor=3)  # the resumed service goes on with the lane's open group
+        finally:
+            assert again.stop() == 0
+    assert group["id"] == again_id and group["rollouts"][0]["status"] == "scored"
+    bodies = {name: [r.body for r in chats(s)] for name, s in (("one", first), ("two", second), ("plain", server))}
+    assert {user_prompt(b) for b in bodies["one"]} == {"say one", "say again"}
+    assert {user_prompt(b) for b in bodies["two"]} == {"say two"}
+    assert {user_prompt(b) for b in bodies["plain"]} == {"say plain"}
+    sent = {name: {(b["model"], b.get("temperature"), b.get("top_p"), b.get("max_tokens")) for b in found}
+            for name, found in bodies.items()}
+    assert sent == {"one": {("model-one", 0.25, None, 77)}, "two": {("model-two", 0.75, 0.5, None)},
+                    "plain": {("scripted-model", None, None, None)}}
+    lanes = sorted(p.name for p in (tmp_path / "svc" / "lanes").iterdir())
+    assert len(lanes) == 2 and all((tmp_path / "svc" / "lanes" / lane / "trajectories.jsonl").exists()
+                                   for lane in lanes)
+
+
+def test_task_groups_run_the_tasks_under_tasks_root_and_no_other_path(
+        tmp_path: Path, podman: Engine, task_base: str) -> None:  # noqa: F811 (fixtures)
+    root = tmp_path / "tasks"
+    prebuilt = f'[environment]\ndocker_image = "{task_base}"\n'  # no image of the test's own to leave behind
+    write_task(root, "hello", toml=prebuilt, test_sh=REWARD_IF.format(cond="[ -f /app/out.txt ]"))
+    outside = write_task(tmp_path, "outside", toml=prebuilt, test_sh="echo 1 > /logs/verifier/reward.txt\n")
+    (root / "escape").symlink_to(outside)
+    (write_task(root, "untestable", toml=prebuilt, test_sh="true\n") / "tests" / "test.sh").unlink()
+    with ScriptedServer(scripted_agent({"hello": ["echo done > /app/out.txt"]})) as server:
+        service = Service(server, tmp_path, f"--tasks_root={root}", "--sandbox=container", "--container_engine=podman")
+        try:
+            refused = {given: service.request("POST", "/groups", {"tasks": ["hello", given], "n": 1})
+                       for given in ("../outside", "escape", str(outside), "untestable", "nosuch")}
+            assert {given: status for given, (status, _) in refused.items()} == dict.fromkeys(refused, 422)
+            assert {given: body["error"] for given, (_, body) in refused.items()} == {
+                "../outside": "field 'tasks[1]': '../outside' must not hold '..'",
+                "escape": "field 'tasks[1]': 'escape' is not inside --tasks_root once its links are resolved",
+                str(outside): f"field 'tasks[1]': {str(outside)!r} is not inside --tasks_root once its links are "
+                              "resolved",
+                "untestable": "field 'tasks[1]': 'untestable': tests has no test.sh: the task cannot be verified",
+                "nosuch": "field 'tasks[1]': 'nosuch' is not a task directory under --tasks_root"}
+            assert service.request("GET", "/status")[1]["queued"] == 0  # the whole request or nothing
+            status, made = service.request("POST", "/groups", {"tasks": [str(root / "hello")], "n": 2})
+            assert status == 200
+            (group,) = service.take(1)
+        finally:
+            assert service.stop() == 0
+    assert (group["id"], group["row"]) == (made["ids"][0], {"task": "hello"})
+    assert [(r["status"], r["reward"]) for r in group["rollouts"]] == [("scored", 1.0)] * 2
+    assert {r["record"]["task"]["name"] for r in group["rollouts"]} == {"hello"}

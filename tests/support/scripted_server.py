@@ -16,6 +16,7 @@ would be the N+1th in flight (counted in `rejected`, with `cap_headers`, e.g. a 
 `hold_until = N` holds every request until N are in flight at once, or until `release()` (then lets
 them all go, and every later one straight through; `held` says whether N was reached): a test of concurrency
 then waits for the event itself, not for replies slow enough that a loaded machine keeps up.
+`wait_for(match)` waits until a request that `match`es has arrived (a held one included).
 """
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ class ScriptedServer:
         self.held = False
         self._all_in = asyncio.Event()
         self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)  # notified at each recorded request
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
@@ -140,6 +142,11 @@ class ScriptedServer:
         """Let the requests `hold_until` holds go now (and every later one straight through)."""
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._all_in.set)
+
+    def wait_for(self, match: Callable[[Recorded], bool], count: int = 1, timeout: float = 120.0) -> bool:
+        """Whether `count` requests that `match` arrived within `timeout` seconds (held ones count)."""
+        with self._arrived:
+            return self._arrived.wait_for(lambda: sum(map(match, self.requests)) >= count, timeout)
 
     def script(self, *replies: Reply) -> None:
         """Answer the next requests with these replies in order (before falling back to the handler)."""
@@ -160,6 +167,7 @@ class ScriptedServer:
         rec = Recorded(request.path, body, dict(request.headers))
         with self._lock:
             self.requests.append(rec)
+            self._arrived.notify_all()
             if self.concurrency_cap is not None and self.in_flight >= self.concurrency_cap:
                 self.rejected += 1
                 capped = http_error(429, "too many concurrent requests", headers=self.cap_headers)

@@ -13,6 +13,7 @@ import asyncio
 import ipaddress
 import signal
 import sys
+from pathlib import Path
 
 from aiohttp import web
 
@@ -28,7 +29,9 @@ FLAGS = [Flag("host", "str", "address to listen on (not loopback: needs --token)
          Flag("max_body", "int", "the largest request body, in bytes", default=8 << 20),
          Flag("max_staleness", "int", "start no rollout whose group's rollouts would start under more than K "
               "policy versions (it is masked as stale)", default=None),
-         Flag("push", "str", "also send each finished group to atropos=URL (an Atropos API server)", default=None)]
+         Flag("push", "str", "also send each finished group to atropos=URL (an Atropos API server)", default=None),
+         Flag("tasks_root", "str", "the directory whose Harbor tasks a group may name (POST /v1/groups "
+              "{\"tasks\": [...]}); only paths inside it", default=None)]
 
 
 def is_loopback(host: str) -> bool:
@@ -68,7 +71,8 @@ async def _serve(config, make_executor, ns) -> int:  # type: ignore[no-untyped-d
     from trajforge.service.http import make_app
 
     service = RolloutService(config, make_executor, retry_masked=ns.retry_masked, resume=config.resume,
-                              push=ns.push, max_staleness=ns.max_staleness)
+                              push=ns.push, max_staleness=ns.max_staleness,
+                              tasks_root=None if ns.tasks_root is None else Path(ns.tasks_root))
     async with service:
         runner = web.AppRunner(make_app(service, token=ns.token, max_body=ns.max_body), access_log=None,
                                handle_signals=False)

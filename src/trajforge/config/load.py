@@ -131,6 +131,16 @@ def build_config(cli_values: dict[str, Any], config_file: Path | None = None,
         raise UsageError(_describe(e, flags, config_file, origin)) from None
 
 
+def updated_config(config: RunConfig, changes: dict[str, Any], names: dict[str, str]) -> RunConfig:
+    """`config` with `changes`, validated as a new RunConfig is (each field's own checks, in the
+    same words as build_config's): `model_copy(update=...)` would check nothing. An error names a
+    changed key as `names` says (e.g. "field 'base_url'"), any other as its flag."""
+    try:
+        return RunConfig.model_validate({**config.model_dump(exclude_unset=True), **changes})
+    except ValidationError as e:
+        raise UsageError(_describe(e, {k: names.get(k, f"--{k}") for k in changes}, None, {})) from None
+
+
 def _describe(e: ValidationError, flags: dict[str, str], config_file: Path | None, origin: dict[str, str]) -> str:
     """One line per problem: `--flag: invalid value V: what is allowed`, or `file: key 'k': ...`."""
     lines = []

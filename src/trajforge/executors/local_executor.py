@@ -45,6 +45,11 @@ class LocalExecutor:
         """The version the model client stamps its calls with (model.policy), once started."""
         return getattr(self._worker.model, "policy", None)
 
+    @property
+    def sandboxes_warm(self) -> int:
+        """The samples' sandboxes alive now: made and not yet closed."""
+        return self._worker.sandboxes_alive
+
     def drain(self) -> None:
         self._worker.drain()
 

@@ -85,6 +85,7 @@ class SampleWorker:
         self._tmp: RunRoot | None = None
         self.workspace_root: Path = Path()
         self.sandboxes: SandboxProvider | None = None
+        self.sandboxes_alive = 0  # samples' sandboxes made and not yet closed (the rollout service shows it)
 
     async def start(self, model: ModelClient | None = None) -> list[Unavailable]:
         from trajforge.model.factory import make_client
@@ -199,11 +200,17 @@ class SampleWorker:
                                                          self.toolsets)
         tools = tools_for(offered, self.toolsets)
         provider = self.sandboxes
+        made = False
 
         async def create() -> Sandbox:
+            nonlocal made
             if task is not None:  # the task's own image (built if need be) and limits
-                return await task.create(provider, self.workspace_root)
-            return await provider.create(cwd=sample.cwd, image=sample.image, root=self.workspace_root)
+                box = await task.create(provider, self.workspace_root)
+            else:
+                box = await provider.create(cwd=sample.cwd, image=sample.image, root=self.workspace_root)
+            made = True
+            self.sandboxes_alive += 1
+            return box
 
         async def create_waiting() -> Sandbox:
             with working.waiting():  # a slot being free (or made) is the run's wait, not the sample's work
@@ -242,6 +249,9 @@ class SampleWorker:
             except asyncio.CancelledError:
                 await closing
                 raise
+            finally:
+                if made:
+                    self.sandboxes_alive -= 1
         if task is None and self._verifies(session):  # the answer and the judge need no sandbox: it is closed
             assert self.verifier is not None and spec is not None
             verification, judge_usage = await self.verifier.finish(

@@ -1,8 +1,9 @@
 """The rollout service's HTTP API (aiohttp), a thin layer on service.core.RolloutService.
 
-POST /v1/groups {"rows": [...], "n": N} -> {"ids": [...]}; GET /v1/groups/stream?cursor=C[&follow=0]
--> NDJSON, one finished group a line; POST /v1/groups/ack {"ids": [...]}; POST /v1/policy
-{"version": V, "in_flight": "continue"}; DELETE /v1/groups/{id}; GET /v1/status.
+POST /v1/groups {"rows": [...] or "tasks": [...], "n": N, "policy": {...}} -> {"ids": [...]};
+GET /v1/groups/stream?cursor=C[&follow=0] -> NDJSON, one finished group a line; POST
+/v1/groups/ack {"ids": [...]}; POST /v1/policy {"version": V, "in_flight": "continue",
+"base_url": U, "model": M, "api_key_env": VAR}; DELETE /v1/groups/{id}; GET /v1/status.
 
 With a token every request needs `Authorization: Bearer TOKEN` (401 otherwise, compared in
 constant time); bodies larger than the cap get 413 before they are read whole.
@@ -18,6 +19,7 @@ import orjson
 from aiohttp import web
 
 from trajforge.service.core import BadGroups, RolloutService
+from trajforge.service.policy import ENDPOINT_FIELDS
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -56,8 +58,8 @@ def make_app(service: RolloutService, *, token: str | None, max_body: int) -> we
             return _problem(413, f"the body is larger than {max_body} bytes")
 
     async def groups(request: web.Request) -> web.Response:
-        rows, n = await _body(request, "rows", "n")
-        return web.json_response({"ids": service.submit(rows, 1 if n is None else n)})
+        rows, n, policy, tasks = await _body(request, "rows", "n", "policy", "tasks")
+        return web.json_response({"ids": service.submit(rows, 1 if n is None else n, policy, tasks)})
 
     async def stream(request: web.Request) -> web.StreamResponse:
         try:
@@ -82,9 +84,9 @@ def make_app(service: RolloutService, *, token: str | None, max_body: int) -> we
         return web.json_response({"acked": service.ack(ids)})
 
     async def policy(request: web.Request) -> web.Response:
-        version, in_flight = await _body(request, "version", "in_flight")
-        service.set_policy(version, in_flight or "continue")
-        return web.json_response({"policy_version": service.policy_version})
+        version, in_flight, *endpoint = await _body(request, "version", "in_flight", *ENDPOINT_FIELDS)
+        service.set_policy(version, in_flight or "continue", dict(zip(ENDPOINT_FIELDS, endpoint)))
+        return web.json_response({"policy_version": service.policy_version, **service.endpoint})
 
     async def cancel(request: web.Request) -> web.Response:
         gid = request.match_info["gid"]

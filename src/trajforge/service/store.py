@@ -1,11 +1,13 @@
 """The rollout service's own state, in a sqlite3 file of the run directory (RunLayout.service_state).
 
 The run's files (batch files, checkpoint) hold every rollout as they do for `run`; this store holds
-what only the service knows: the groups it accepted (their row, size and first sample), what each
-rollout became for a trainer, the stream's cursor (a group's place in the order groups finished),
-the acks, and the policy version. Every change is one transaction, so a SIGKILL leaves the state
-of the last one: an acked group stays acked, a finished group keeps its cursor, and a group is
-never half made.
+what only the service knows: the groups it accepted (their row, size, lane and first sample), what
+each rollout became for a trainer, the stream's cursor (a group's place in the order groups
+finished), the acks, the policy version, and each lane's policy. A lane is the groups that share
+one policy and so one run of the engine (the default lane, '', is the service's own run); a
+rollout has a service-wide `idx` and its sample index in its lane's run, `lidx`. Every change is
+one transaction, so a SIGKILL leaves the state of the last one: an acked group stays acked, a
+finished group keeps its cursor, and a group is never half made.
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ QUEUED, FINISHED, ACKED, CANCELLED = "queued", "finished", "acked", "cancelled"
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS groups (
     id TEXT PRIMARY KEY, seq INTEGER NOT NULL UNIQUE, row TEXT NOT NULL, n INTEGER NOT NULL,
-    first INTEGER NOT NULL, state TEXT NOT NULL, cursor INTEGER UNIQUE, payload TEXT);
+    first INTEGER NOT NULL, state TEXT NOT NULL, cursor INTEGER UNIQUE, payload TEXT,
+    lane TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS rollouts (
     idx INTEGER PRIMARY KEY, gid TEXT NOT NULL, k INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
-    result BLOB, scored INTEGER NOT NULL DEFAULT 0);
+    result BLOB, scored INTEGER NOT NULL DEFAULT 0, lane TEXT NOT NULL DEFAULT '', lidx INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS rollouts_of_group ON rollouts (gid);
+CREATE TABLE IF NOT EXISTS lanes (key TEXT PRIMARY KEY, policy TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS pushed (gid TEXT PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
@@ -40,6 +44,7 @@ class Slot:
     gid: str
     k: int
     attempts: int
+    idx: int  # service-wide (the slot's lane-local index is its sample index in the lane's run)
 
 
 class ServiceStore:
@@ -49,6 +54,16 @@ class ServiceStore:
         # WAL with NORMAL: a commit survives the process's kill (SIGKILL), and costs no fsync each
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(_SCHEMA)
+        self._add_lanes()
+        self.db.execute("CREATE UNIQUE INDEX IF NOT EXISTS rollouts_of_lane ON rollouts (lane, lidx)")
+
+    def _add_lanes(self) -> None:
+        """A state written before lanes: every group is the default lane's, at its own index."""
+        for table, added in (("groups", "lane TEXT NOT NULL DEFAULT ''"), ("rollouts", "lane TEXT NOT NULL DEFAULT ''"),
+                             ("rollouts", "lidx INTEGER")):
+            if added.split()[0] not in {c[1] for c in self.db.execute(f"PRAGMA table_info({table})")}:
+                self.db.execute(f"ALTER TABLE {table} ADD COLUMN {added}")
+        self.db.execute("UPDATE rollouts SET lidx = idx WHERE lidx IS NULL")
 
     def close(self) -> None:
         self.db.close()
@@ -61,29 +76,47 @@ class ServiceStore:
     def put(self, key: str, value: Any) -> None:
         self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, orjson.dumps(value).decode()))
 
+    # ---- lanes ----
+    def add_lane(self, key: str, policy: dict[str, Any]) -> None:
+        self.db.execute("INSERT OR IGNORE INTO lanes VALUES (?, ?)", (key, orjson.dumps(policy).decode()))
+
+    def lanes(self) -> dict[str, dict[str, Any]]:
+        """Each lane but the default one: {"policy": a POST /v1/groups `policy` or None, "tasks": whether of tasks}."""
+        return {key: orjson.loads(policy) for key, policy in self.db.execute("SELECT key, policy FROM lanes")}
+
+    def lane_rows(self, lane: str) -> Iterator[tuple[str, int]]:
+        """(row, n) of the lane's groups, in the order they were accepted: its run's dataset."""
+        yield from self.db.execute("SELECT row, n FROM groups WHERE lane = ? ORDER BY seq", (lane,)).fetchall()
+
+    def lane_rollouts(self, lane: str) -> list[tuple[int, str]]:
+        """(sample index, group id) of the lane's rollouts, in sample order."""
+        return self.db.execute("SELECT lidx, gid FROM rollouts WHERE lane = ? ORDER BY lidx", (lane,)).fetchall()
+
     # ---- groups ----
-    def next_index(self) -> int:
-        """The sample index the next group's first rollout gets (the service's dataset's next line)."""
-        row = self.db.execute("SELECT MAX(idx) FROM rollouts").fetchone()
-        return 0 if row[0] is None else row[0] + 1
-
-    def add_groups(self, groups: Sequence[tuple[str, bytes, int]]) -> None:
-        """(id, row line, n) each, in one transaction: all of them or none."""
+    def add_groups(self, groups: Sequence[tuple[str, bytes, int]], lane: str = "",
+                   policy: dict[str, Any] | None = None) -> None:
+        """(id, row line, n) each, of `lane` (with its `policy`: the lane's spec, stored once), in one
+        transaction: all of them or none."""
         with self._tx():
+            if policy is not None:
+                self.add_lane(lane, policy)
             seq = self.db.execute("SELECT COALESCE(MAX(seq), -1) FROM groups").fetchone()[0] + 1
-            first = self.next_index()
+            idx = self.db.execute("SELECT COALESCE(MAX(idx), -1) FROM rollouts").fetchone()[0] + 1
+            first = self.db.execute("SELECT COALESCE(MAX(lidx), -1) FROM rollouts WHERE lane = ?",
+                                    (lane,)).fetchone()[0] + 1
             for gid, line, n in groups:
-                self.db.execute("INSERT INTO groups VALUES (?, ?, ?, ?, ?, ?, NULL, NULL)",
-                                (gid, seq, line.decode(), n, first, QUEUED))
-                self.db.executemany("INSERT INTO rollouts (idx, gid, k) VALUES (?, ?, ?)",
-                                    [(first + k, gid, k) for k in range(n)])
-                seq, first = seq + 1, first + n
+                self.db.execute("INSERT INTO groups VALUES (?, ?, ?, ?, ?, ?, NULL, NULL, ?)",
+                                (gid, seq, line.decode(), n, first, QUEUED, lane))
+                self.db.executemany("INSERT INTO rollouts (idx, gid, k, lane, lidx) VALUES (?, ?, ?, ?, ?)",
+                                    [(idx + k, gid, k, lane, first + k) for k in range(n)])
+                seq, idx, first = seq + 1, idx + n, first + n
 
-    def slot(self, idx: int) -> Slot | None:
-        """The rollout at sample index `idx` while it is still open (its group queued, it not final)."""
+    def slot(self, lane: str, lidx: int) -> Slot | None:
+        """The rollout at sample index `lidx` of `lane`'s run while it is still open (its group
+        queued, it not final)."""
         row = self.db.execute(
-            "SELECT r.gid, r.k, r.attempts FROM rollouts r JOIN groups g ON g.id = r.gid "
-            "WHERE r.idx = ? AND r.result IS NULL AND g.state = ?", (idx, QUEUED)).fetchone()
+            "SELECT r.gid, r.k, r.attempts, r.idx FROM rollouts r JOIN groups g ON g.id = r.gid "
+            "WHERE r.lane = ? AND r.lidx = ? AND r.result IS NULL AND g.state = ?", (lane, lidx, QUEUED)).fetchone()
         return Slot(*row) if row else None
 
     def note_attempt(self, idx: int) -> None:
@@ -101,10 +134,17 @@ class ServiceStore:
             self.db.execute("UPDATE groups SET state = ?, cursor = ? WHERE id = ?", (FINISHED, cursor, gid))
             return str(gid)
 
-    def open_indices(self) -> list[int]:
+    def open_indices(self, lane: str) -> list[int]:
+        """The sample indices in `lane`'s run of its open rollouts."""
         return [r[0] for r in self.db.execute(
-            "SELECT r.idx FROM rollouts r JOIN groups g ON g.id = r.gid WHERE r.result IS NULL AND g.state = ?",
-            (QUEUED,))]
+            "SELECT r.lidx FROM rollouts r JOIN groups g ON g.id = r.gid WHERE r.result IS NULL AND g.state = ? "
+            "AND r.lane = ?", (QUEUED, lane))]
+
+    def open_lanes(self) -> dict[str, int]:
+        """Each lane with open rollouts: how many."""
+        return dict(self.db.execute(
+            "SELECT r.lane, COUNT(*) FROM rollouts r JOIN groups g ON g.id = r.gid WHERE r.result IS NULL "
+            "AND g.state = ? GROUP BY r.lane", (QUEUED,)).fetchall())
 
     def group(self, gid: str) -> dict[str, Any] | None:
         row = self.db.execute("SELECT id, row, n, state, cursor FROM groups WHERE id = ?", (gid,)).fetchone()
