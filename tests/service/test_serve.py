@@ -35,6 +35,7 @@ from trajforge.errors import UsageError
 
 KEY = "sk-serve-SeCrEt-0123456789abcdef"
 FAILING = "tests.support.failing_backend:SPEC"
+TOKEN = "serve-test-token"  # a service with one takes endpoints and key variables from requests
 
 
 def policy(req: Recorded) -> Reply:
@@ -331,7 +332,24 @@ def test_a_policy_change_of_endpoint_and_model_reaches_the_new_server_from_the_n
     with pytest.raises(UsageError) as run_said:
         build_config({"dataset_file": "rows.jsonl", "base_url": "ftp://x"})
     with ScriptedServer(policy) as first, ScriptedServer(policy) as second:
-        service = Service(first, tmp_path, "--num_workers=1", "--policy_version=0")
+        (tmp_path / "plain").mkdir()
+        plain = Service(first, tmp_path / "plain", "--num_workers=1", "--policy_version=0")
+        try:  # a service that takes requests from anyone local takes no endpoint or key variable from them
+            said = [plain.request("POST", "/policy", {"version": 1, **fields})
+                    for fields in ({"base_url": second.url}, {"api_key_env": "TRAJFORGE_TEST_SECOND_KEY"})]
+            assert said == [(422, {"error": f"field '{name}': a service without --token takes no endpoint or key "
+                                            "variable from a request (any local user could have its key sent to "
+                                            "an address of theirs); start it with --token, or set --base_url "
+                                            "where it starts"}) for name in ("base_url", "api_key_env")]
+            refused = plain.request("POST", "/groups", {"rows": [{"prompt": "say a"}],
+                                                        "policy": {"base_url": second.url}})
+            assert refused[0] == 422 and refused[1]["error"].startswith("field 'policy.base_url': a service without")
+            status, body = plain.request("POST", "/policy", {"version": 1, "model": "another-model"})
+            assert (status, body["model"]) == (200, "another-model")  # the same endpoint and key: anyone may
+            assert (plain.request("GET", "/status")[1]["queued"], len(chats(second))) == (0, 0)
+        finally:
+            assert plain.stop() == 0
+        service = Service(first, tmp_path, "--num_workers=1", "--policy_version=0", token=TOKEN)
         try:
             status, body = service.request("POST", "/policy", {"version": 1, "base_url": "ftp://x"})
             assert (status, body["error"]) == (422, str(run_said.value).replace("--base_url", "field 'base_url'", 1))
@@ -352,7 +370,7 @@ def test_a_policy_change_of_endpoint_and_model_reaches_the_new_server_from_the_n
             (group,) = service.take(1)
         finally:
             service.kill()  # the endpoint is kept in the service's state: a resumed service goes on with it
-        again = Service(first, tmp_path, "--resume", "--num_workers=1")
+        again = Service(first, tmp_path, "--resume", "--num_workers=1", token=TOKEN)
         try:
             again.request("POST", "/groups", {"rows": [{"prompt": "say b", "check": "true"}], "n": 1})
             (later,) = again.take(1, cursor=1)
@@ -377,7 +395,7 @@ def test_groups_with_a_policy_of_their_own_run_in_their_own_lane_on_their_own_en
                             "limits": {"max_turns": 3, "timeout": 600}},
                     "two": {"base_url": second.url, "model": "model-two", "sampling": {"temperature": 0.75,
                                                                                        "top_p": 0.5}}}
-        service = Service(server, tmp_path)
+        service = Service(server, tmp_path, token=TOKEN)
         try:
             refused = [service.request("POST", "/groups", {"rows": [{"prompt": "say x"}], "policy": bad})
                        for bad in ({"sampling": {"temperature": 5}}, {"limits": {"num_workers": 2}},
@@ -409,7 +427,7 @@ def test_groups_with_a_policy_of_their_own_run_in_their_own_lane_on_their_own_en
         finally:
             service.kill()
         first.release()
-        again = Service(server, tmp_path, "--resume")
+        again = Service(server, tmp_path, "--resume", token=TOKEN)
         try:
             (group,) = again.take(1, cursor=3)  # the resumed service goes on with the lane's open group
         finally:

@@ -72,7 +72,8 @@ async def _serve(config, make_executor, ns) -> int:  # type: ignore[no-untyped-d
 
     service = RolloutService(config, make_executor, retry_masked=ns.retry_masked, resume=config.resume,
                               push=ns.push, max_staleness=ns.max_staleness,
-                              tasks_root=None if ns.tasks_root is None else Path(ns.tasks_root))
+                              tasks_root=None if ns.tasks_root is None else Path(ns.tasks_root),
+                              redirects=ns.token is not None)
     async with service:
         runner = web.AppRunner(make_app(service, token=ns.token, max_body=ns.max_body), access_log=None,
                                handle_signals=False)

@@ -58,7 +58,7 @@ from trajforge.dataset import Sample
 from trajforge.sample.outcome import Outcome, batch_number
 from trajforge.service import listener
 from trajforge.service.atropos import AtroposPush
-from trajforge.service.policy import ENDPOINT_FIELDS, with_endpoint, with_policy
+from trajforge.service.policy import ENDPOINT_FIELDS, refuse_redirect, with_endpoint, with_policy
 from trajforge.service.store import ServiceStore
 from trajforge.service.task_input import accepted_task, copy_task, link_rollouts
 
@@ -104,11 +104,13 @@ class RolloutService:
 
     def __init__(self, config: RunConfig, make_executor: ExecutorFactory, *, retry_masked: int = 0,
                  resume: bool = False, push: str | None = None, max_staleness: int | None = None,
-                 tasks_root: Path | None = None) -> None:
+                 tasks_root: Path | None = None, redirects: bool = False) -> None:
         """`push`: `atropos=URL` sends each finished group to that Atropos API server (service.atropos).
         `max_staleness K`: a rollout whose start would make its group's rollouts start under more
         than K policy versions is not started (it is masked as `stale`). `tasks_root`: the directory
-        whose Harbor tasks a group may name (service.task_input); None: no task groups."""
+        whose Harbor tasks a group may name (service.task_input); None: no task groups. `redirects`:
+        whether requests may name an endpoint or key variable (service.policy.refuse_redirect): only
+        when the clients are authenticated."""
         assert config.run_name is not None
         push_url = None
         if push is not None:
@@ -128,6 +130,7 @@ class RolloutService:
         if tasks_root is not None and not tasks_root.is_dir():
             raise UsageError(f"--tasks_root {tasks_root}: not a directory")
         self.tasks_root = tasks_root
+        self.redirects = redirects
         self.base = config.model_copy(update={"dataset_file": self.layout.service_rows, "samples_per_prompt": 1})
         self.config = self.base  # the default lane's: the service's flags, and POST /v1/policy's endpoint
         self.make_executor = make_executor
@@ -346,6 +349,8 @@ class RolloutService:
         lane = None
         if key not in self.lanes:
             try:
+                if isinstance(policy, dict) and not self.redirects:
+                    refuse_redirect(policy, "policy.")
                 lane = Lane(key, self._lane_config(key, spec), fresh=False)
             except UsageError as e:
                 raise BadGroups(str(e)) from None
@@ -388,6 +393,8 @@ class RolloutService:
             raise BadGroups(f"give field 'version' or one of {', '.join(map(repr, ENDPOINT_FIELDS))}")
         if named:
             try:
+                if not self.redirects:
+                    refuse_redirect(named, "")
                 config = with_endpoint(self.config, named)
             except UsageError as e:
                 raise BadGroups(str(e)) from None

@@ -4,6 +4,11 @@ never travels in a request) and, per group, sampling settings and limits. POST /
 changes the service's endpoint; a POST /v1/groups `policy` gives its groups their own lane. Every
 field is checked by RunConfig's own validation (config.load.updated_config), so a bad value gets
 the words `run` gives its flag, naming the request's field instead.
+
+A new `base_url` is sent the run's key (or the variable `api_key_env` names): a client who may set
+them can have a key of the service's delivered to an address of its choice. So only a service that
+authenticates its clients (`serve --token`, or the in-process Python API) takes them
+(`refuse_redirect`); a loopback service without a token trusts every local user of the machine.
 """
 
 from __future__ import annotations
@@ -46,6 +51,19 @@ def with_policy(config: RunConfig, policy: Any, environ: Mapping[str, str] = os.
         changes.update(given)
         names.update({k: f"field 'policy.{part}.{k}'" for k in given})
     return updated_config(config, changes, names)
+
+
+REDIRECTING = ("base_url", "api_key_env")
+
+
+def refuse_redirect(fields: Mapping[str, Any], where: str) -> None:
+    """UsageError if `fields` name an endpoint or a key variable: for a service whose clients are
+    not authenticated."""
+    named = [k for k in REDIRECTING if fields.get(k) is not None]
+    if named:
+        raise UsageError(f"field '{where}{named[0]}': a service without --token takes no endpoint or key variable "
+                         "from a request (any local user could have its key sent to an address of theirs); "
+                         "start it with --token, or set --base_url where it starts")
 
 
 def _known(fields: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:

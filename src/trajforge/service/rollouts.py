@@ -36,7 +36,8 @@ class Rollouts:
             from trajforge.executors import make_executor as local_or_ray
 
             make_executor = local_or_ray
-        self.service = RolloutService(config, make_executor, retry_masked=retry_masked, resume=resume)
+        # in-process: the caller is the service's owner, and may name any endpoint (service.policy)
+        self.service = RolloutService(config, make_executor, retry_masked=retry_masked, resume=resume, redirects=True)
 
     async def __aenter__(self) -> Rollouts:
         await self.service.__aenter__()
