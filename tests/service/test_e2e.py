@@ -3,8 +3,8 @@ through `trajforge serve` and the scripted model on loopback. The client streams
 goes, changes the policy version twice, drops its own connection once, and the service is
 SIGKILLed and resumed once. Every group arrives, is acked exactly once and never comes again;
 each rollout says its policy versions; the rollouts the test breaks (a sandbox that cannot start,
-a provider answering 500) come out masked, never as reward 0. The embedded model does a smaller
-run of the same (it needs ~1 minute per rollout-turn on two shared cores)."""
+a provider answering 500) come out masked, never as reward 0. The embedded model runs the same
+steps with 2 groups of 2 (a rollout of it takes tens of seconds on two shared cores)."""
 
 from __future__ import annotations
 
@@ -112,18 +112,35 @@ def test_fifty_groups_of_eight_through_a_kill_a_dropped_connection_and_two_polic
     assert len({json.loads(x)["sample_id"] for x in kept}) == 40 * N
 
 
-def test_the_embedded_model_serves_groups(tmp_path: Path) -> None:
+def test_the_embedded_model_serves_groups_through_an_ack_a_policy_change_and_a_kill(tmp_path: Path) -> None:
+    """The scenario above at the embedded model's pace: a group streamed and acked, the policy
+    version changed, a second group, the service SIGKILLed and resumed; the acked group never
+    comes again and the second one comes once, its rollouts under the new version."""
     pytest.importorskip("llama_cpp")
+    flags = ("--model=local", "--max_turns=1", "--max_tokens=16", "--policy_version=4", "--keep_no_reasoning",
+             "--num_workers=2")
     with ScriptedServer(policy) as unused:  # the Service helper names a model server: the local model ignores it
-        service = Service(unused, tmp_path, "--model=local", "--max_turns=1", "--max_tokens=16", "--policy_version=4", "--keep_no_reasoning",
-                          "--num_workers=2")
+        service = Service(unused, tmp_path, *flags)
         try:
             _, made = service.request("POST", "/groups", {"rows": [{"prompt": "Say hi.", "check": "true"}], "n": 2})
-            (group,) = service.take(1)
+            (first,) = service.take(1)
+            assert service.request("POST", "/groups/ack", {"ids": [first["id"]]})[1] == {"acked": 1}
+            assert service.request("POST", "/policy", {"version": 5})[0] == 200
+            _, later = service.request("POST", "/groups", {"rows": [{"prompt": "Say bye.", "check": "true"}],
+                                                           "n": 2})
+        finally:
+            service.kill()  # whether the second group had started, ended or not: --resume goes on with it
+        service = Service(unused, tmp_path, "--resume", *flags)
+        try:
+            seen = service.take(1)  # from cursor 0: only what is not acked
+            status = service.request("GET", "/status")[1]
         finally:
             assert service.stop() == 0
-    assert group["id"] == made["ids"][0] and len(group["rollouts"]) == 2
-    for r in group["rollouts"]:  # a small model's answer: scored with its check's reward
-        assert (r["status"], r["reward"]) == ("scored", 1.0), r
-        assert r["record"]["metadata"]["model"].startswith("local")
-        assert set(r["policy_versions"]) == {4}
+    assert first["id"] == made["ids"][0] and [g["id"] for g in seen] == later["ids"]
+    assert (status["acked"], status["queued"], status["policy_version"]) == (1, 0, 5)
+    for group, version in ((first, 4), (seen[0], 5)):
+        assert len(group["rollouts"]) == 2
+        for r in group["rollouts"]:  # a small model's answer: scored with its check's reward
+            assert (r["status"], r["reward"]) == ("scored", 1.0), r
+            assert r["record"]["metadata"]["model"].startswith("local")
+            assert set(r["policy_versions"]) == {version}
