@@ -322,13 +322,11 @@ def test_a_run_under_fifo_swaps_exits_on_its_own(tmp_path: Path, server: Scripte
     server.handler = fifo_policy
     (tmp_path / "ds.jsonl").write_text("".join(json.dumps({"prompt": f"task {i}"}) + "\n" for i in range(3)))
     (tmp_path / "cfg.yaml").write_text("distributions:\n  seeing:\n    toolsets: {terminal: 100, vision: 100}\n")
-    t0 = time.monotonic()
     proc = subprocess.run(cli("run", "--dataset_file=ds.jsonl", "--batch_size=3", "--run_name=fifo", "--config=cfg.yaml",
                               f"--base_url={server.url}", "--model=scripted", "--distribution=seeing",
                               f"--sandbox={sandbox}", "--tool_timeout=20", "--num_workers=3", "--max_turns=40"),
                           cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr
-    assert time.monotonic() - t0 < 200
+    assert proc.returncode == 0, proc.stderr  # the hang this guards against is the timeout above
     records = read_records(tmp_path / "data" / "fifo")
     assert len(records) == 3
     for record in records:
