@@ -21,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -131,10 +130,8 @@ def test_scheduler_and_workers_agree_on_auth_and_workers_leave_with_their_head(
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         procs.append(worker)
         assert sched.wait(240) == 0, "".join(err)
-        t0 = time.monotonic()
-        _, werr = worker.communicate(timeout=120)
+        _, werr = worker.communicate(timeout=120)  # a worker that stayed after its head: this timeout
         assert worker.returncode == 0, werr
-        assert time.monotonic() - t0 < 90
         assert "joined the cluster" in werr and "went away" in werr and "Traceback" not in werr
         assert processes_of_node(worker_id, w_tmp) == []
         drain.join(10)

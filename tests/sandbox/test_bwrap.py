@@ -182,9 +182,11 @@ def test_fork_bomb_is_contained_and_the_sandbox_survives(tmp_path: Path) -> None
     async def body() -> None:
         sb = await started(tmp_path, network=NetworkMode.NONE, nproc=64)
         try:
-            t0 = time.monotonic()
-            await sb.exec(":(){ :|:& };:", timeout=10)
-            assert time.monotonic() - t0 < 20
+            # The bomb's shell returns at once and its forks hold the output. Its timeout outlasts the
+            # suite's per-test timeout, so exec comes back only by killing the forks after the detach
+            # grace (a hang fails the test); the process count below shows none of them is left.
+            bomb = await sb.exec(":(){ :|:& };:", timeout=3600)
+            assert not bomb.timed_out and "process tool" in bomb.stderr, bomb
             res = await sb.exec("ulimit -u; echo alive", timeout=10)
             assert res.stdout.split() == ["64", "alive"], res
             res = await sb.exec(FORK_COUNT, timeout=30)
@@ -301,13 +303,11 @@ def test_default_sandbox_contains_a_hostile_sample_end_to_end(tmp_path: Path, cl
         prompts = [*HOSTILE, f"curl -sS -m 5 {server.url}/models; echo curl=$?"]
         ds = tmp_path / "ds.jsonl"
         ds.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
-        t0 = time.monotonic()
         proc = subprocess.run(cli("run", f"--dataset_file={ds}", "--batch_size=10", "--run_name=hostile",
                                   f"--base_url={server.url}", "--model=scripted", "--distribution=terminal_only",
                                   "--sandbox_network=none", "--tool_timeout=15", "--num_workers=2"),
                               cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr
-        assert time.monotonic() - t0 < 120
+        assert proc.returncode == 0, proc.stderr  # a hostile sample that hung the run: the timeout above
         models_requests = [r for r in server.requests if r.path.endswith("/models")]
     records = read_records(tmp_path / "data" / "hostile")
     outputs = {prompts[r["prompt_index"]]: r["conversations"][-1]["value"] for r in records}

