@@ -2,8 +2,8 @@
 
 Used by task environments (trajforge.tasks.environment), which decide what to build and when;
 this module only runs the engine: `build` with its whole output in a log file (never in memory:
-a build may print megabytes), killed with its process group at the timeout, and `image inspect`
-for the id, WORKDIR, USER and labels of an image. The engine's environment is Engine.env, so no
+a build may print megabytes), stopped at the timeout (`_stop_build`), and `image inspect` for the
+id, WORKDIR, USER and labels of an image. The engine's environment is Engine.env, so no
 key of the runner reaches a build (a Dockerfile's RUN lines are the task author's code).
 """
 
@@ -84,23 +84,78 @@ async def build_image(engine: Engine, *, context: Path, tag: str, timeout: float
             async with asyncio.timeout(timeout):
                 code = await proc.wait()
         except TimeoutError:
-            _kill_group(proc.pid)
-            await proc.wait()
+            await _stop_build(proc, engine.kind)
             out.write(f"\ntrajforge: build stopped after {timeout:g} s (build_timeout_sec)\n".encode())
             return BuildOutcome(False, time.monotonic() - started, f"timed out after {timeout:g} s")
         except BaseException:  # cancelled: the build must not go on without us
-            _kill_group(proc.pid)
-            await proc.wait()
+            await asyncio.shield(_stop_build(proc, engine.kind))
             raise
     seconds = time.monotonic() - started
     return BuildOutcome(code == 0, seconds, "" if code == 0 else f"exit code {code}")
 
 
-def _kill_group(pid: int) -> None:
+STOP_GRACE = 30.0  # seconds a podman build has to fail its step and remove its working container
+
+
+async def _stop_build(proc: asyncio.subprocess.Process, kind: str) -> None:
+    """End a build without leaving anything in the engine's storage.
+
+    A podman build killed itself (SIGKILL, and SIGTERM or SIGINT alike) leaves its working container
+    in the engine's storage for good. So the processes of its RUN step, every descendant of the
+    podman process, are killed instead: the step fails, and podman removes its working container
+    as after any failed build (--force-rm, its default) and exits. If it has not within STOP_GRACE
+    (no step was running: a pull, a commit), or for docker (its client's children are not the
+    build's), the whole process group is killed."""
+    if kind == "podman" and _kill_descendants(proc.pid):
+        try:
+            async with asyncio.timeout(STOP_GRACE):
+                await proc.wait()
+            return
+        except TimeoutError:
+            pass
     try:
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    await proc.wait()
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _kill_descendants(root: int) -> int:
+    """SIGKILL every descendant of `root` (not `root`); how many were signalled. Each is signalled
+    through a pidfd opened while it was still its parent's child, so a reused pid is never hit."""
+    signalled, todo = 0, [root]
+    while todo:
+        parent = todo.pop()
+        for child in _children(parent):
+            try:
+                fd = os.pidfd_open(child)
+            except OSError:
+                continue
+            try:
+                if child in _children(parent):  # the pidfd is of that child, not of a pid reused since
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    signalled += 1
+                    todo.append(child)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+    return signalled
 
 
 async def image_info(engine: Engine, image: str) -> ImageInfo | None:
