@@ -35,8 +35,9 @@ def stopped_build(podman: Engine, busybox_image: str, tmp_path: Path) -> list[st
     assert engine("tag", busybox_image, base).returncode == 0
     context, log = tmp_path / "context", tmp_path / "build.log"
     context.mkdir()
-    # the step prints "started" (its RUN line, echoed in the log, has the word split)
-    (context / "Dockerfile").write_text(f'FROM {base}\nRUN echo "sta""rted" && sleep 3600\n')
+    # the step prints "started" (its RUN line, echoed in the log, has the word split), then outlives
+    # the test's wait; not by much: with podman killed (the mutation) nobody ends its sleep
+    (context / "Dockerfile").write_text(f'FROM {base}\nRUN echo "sta""rted" && sleep 120\n')
 
     async def body() -> None:
         build = asyncio.create_task(image_build.build_image(podman, context=context, tag=f"{base}-built",
