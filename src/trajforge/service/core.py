@@ -132,7 +132,6 @@ class RolloutService:
         self.tasks_root = tasks_root
         self.redirects = redirects
         self.base = config.model_copy(update={"dataset_file": self.layout.service_rows, "samples_per_prompt": 1})
-        self.config = self.base  # the default lane's: the service's flags, and POST /v1/policy's endpoint
         self.make_executor = make_executor
         self.retry_masked = retry_masked
         self.store = ServiceStore(self.layout.service_state)
@@ -140,9 +139,8 @@ class RolloutService:
         self.policy_version: int | None = self.store.get("policy_version", config.policy_version)
         # the endpoint a POST /v1/policy named (kept, so --resume keeps it): the passes' config
         self.endpoint: dict[str, Any] = self.store.get("endpoint", {})
-        if self.endpoint:
-            self.config = with_endpoint(self.config, self.endpoint)
-        self.lanes = {"": Lane("", self.config, fresh=not resume)}
+        default = with_endpoint(self.base, self.endpoint) if self.endpoint else self.base
+        self.lanes = {"": Lane("", default, fresh=not resume)}
         for key, spec in self.store.lanes().items():  # a resumed service's
             self.lanes[key] = Lane(key, self._lane_config(key, spec), fresh=False)
         self.finished = asyncio.Condition()
@@ -158,6 +156,11 @@ class RolloutService:
         if push_url is not None:
             self.pusher = AtroposPush(push_url, self.store.note_pushed, self.unpushed)
         self.error: str | None = None  # why the last invocation failed (a run-fatal problem), until one ends well
+
+    @property
+    def config(self) -> RunConfig:
+        """The default lane's: the service's flags, and POST /v1/policy's endpoint."""
+        return self.lanes[""].config
 
     # ---- life ----
     async def __aenter__(self) -> RolloutService:
@@ -399,7 +402,7 @@ class RolloutService:
             except UsageError as e:
                 raise BadGroups(str(e)) from None
             default = self.lanes[""]  # groups with a policy of their own keep it
-            self.config = default.config = config
+            default.config = config
             self.endpoint = {**self.endpoint, **named}
             self.store.put("endpoint", self.endpoint)
             # the running pass starts no new rollout (OpenGate defers them); the next runs on this endpoint

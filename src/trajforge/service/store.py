@@ -84,9 +84,9 @@ class ServiceStore:
         """Each lane but the default one: {"policy": a POST /v1/groups `policy` or None, "tasks": whether of tasks}."""
         return {key: orjson.loads(policy) for key, policy in self.db.execute("SELECT key, policy FROM lanes")}
 
-    def lane_rows(self, lane: str) -> Iterator[tuple[str, int]]:
+    def lane_rows(self, lane: str) -> list[tuple[str, int]]:
         """(row, n) of the lane's groups, in the order they were accepted: its run's dataset."""
-        yield from self.db.execute("SELECT row, n FROM groups WHERE lane = ? ORDER BY seq", (lane,)).fetchall()
+        return self.db.execute("SELECT row, n FROM groups WHERE lane = ? ORDER BY seq", (lane,)).fetchall()
 
     def lane_rollouts(self, lane: str) -> list[tuple[int, str]]:
         """(sample index, group id) of the lane's rollouts, in sample order."""
